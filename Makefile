@@ -1,0 +1,30 @@
+# multicluster-runtime for Rust. Every target prepares what it needs.
+SHELL := /usr/bin/env bash
+
+.PHONY: all test lint fmt bench demo controlplane tools
+
+all: lint test
+
+## controlplane: build (first run) or reuse the cached etcd/kube-apiserver binaries
+controlplane:
+	@hack/controlplane/build.sh >/dev/null
+
+## tools: command-line tools the tests call (kubectl)
+tools:
+	@hack/ensure-tools.sh
+
+## test: the whole test suite against real control planes
+test: controlplane tools
+	hack/test-all.sh
+
+## lint: formatting and clippy with warnings as errors
+lint:
+	hack/lint.sh
+
+## fmt: format the workspace
+fmt:
+	cargo fmt --all
+
+## bench: benchmarks (figures go to BENCHMARKS.md)
+bench: controlplane
+	hack/bench.sh

@@ -1,0 +1,98 @@
+//! Service-account identities with bearer tokens, for RBAC and credential
+//! rotation tests.
+
+use std::time::Duration;
+
+use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::config::Kubeconfig;
+
+use crate::{ControlPlane, Error};
+
+impl ControlPlane {
+    /// Creates (if missing) the namespace and the service account
+    /// `namespace/name`, requests a token for it valid for `expiration`
+    /// (the API server enforces a minimum of 10 minutes), and returns a
+    /// kubeconfig that authenticates with that token.
+    ///
+    /// Tokens are bound to the service account: deleting the service account
+    /// revokes every token issued for it, which is how rotation tests retire
+    /// old credentials.
+    pub async fn service_account_kubeconfig(
+        &self,
+        namespace: &str,
+        name: &str,
+        expiration: Duration,
+    ) -> Result<Kubeconfig, Error> {
+        let client = self.client().await?;
+        let what = |action: &str| format!("{action} service account {namespace}/{name}");
+        create_if_missing(
+            &Api::<Namespace>::all(client.clone()),
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some(namespace.to_string()),
+                    ..ObjectMeta::default()
+                },
+                ..Namespace::default()
+            },
+        )
+        .await
+        .map_err(|source| Error::Api {
+            what: format!("creating namespace {namespace}"),
+            source,
+        })?;
+        let accounts = Api::<ServiceAccount>::namespaced(client, namespace);
+        create_if_missing(
+            &accounts,
+            &ServiceAccount {
+                metadata: ObjectMeta {
+                    name: Some(name.to_string()),
+                    ..ObjectMeta::default()
+                },
+                ..ServiceAccount::default()
+            },
+        )
+        .await
+        .map_err(|source| Error::Api {
+            what: what("creating"),
+            source,
+        })?;
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: Vec::new(),
+                expiration_seconds: Some(i64::try_from(expiration.as_secs()).unwrap_or(i64::MAX)),
+                ..TokenRequestSpec::default()
+            },
+            ..TokenRequest::default()
+        };
+        let issued = accounts
+            .create_token_request(name, &PostParams::default(), &request)
+            .await
+            .map_err(|source| Error::Api {
+                what: what("requesting a token for"),
+                source,
+            })?;
+        let token = issued
+            .status
+            .map(|status| status.token)
+            .filter(|token| !token.is_empty())
+            .ok_or_else(|| Error::Api {
+                what: what("requesting a token for"),
+                source: kube::Error::Service("the TokenRequest came back without a token".into()),
+            })?;
+        Ok(self.token_kubeconfig(&format!("{namespace}-{name}"), token))
+    }
+}
+
+/// Creates `object`, treating "already exists" as success.
+async fn create_if_missing<K>(api: &Api<K>, object: &K) -> Result<(), kube::Error>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + serde::Serialize + std::fmt::Debug,
+{
+    match api.create(&PostParams::default(), object).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(()),
+        Err(err) => Err(err),
+    }
+}
