@@ -1,0 +1,305 @@
+//! One watch of one resource type in one cluster, its store, its field
+//! indexes and its subscribers.
+//!
+//! An informer consumes a kube-runtime `watcher` stream. Every event updates
+//! the store and the indexes and is then fanned out to every subscriber, all
+//! under one lock, so a subscriber that joins late first receives the current
+//! contents and then exactly the events that follow them.
+
+use std::collections::HashSet;
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+
+use futures::{Stream, StreamExt};
+use kube::Resource;
+use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
+use kube::runtime::watcher;
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::ClusterName;
+use crate::cache::index::Indexes;
+
+/// A change seen by an informer.
+#[derive(Debug)]
+pub enum CacheEvent<K> {
+    /// The object was created or changed. `old` is the previous version the
+    /// cache held, if any (a late subscriber's initial contents have none).
+    Applied {
+        /// The version before the change.
+        old: Option<Arc<K>>,
+        /// The current version.
+        new: Arc<K>,
+    },
+    /// The object was deleted (also reported when a relist no longer finds
+    /// an object, i.e. it was deleted while the watch was down).
+    Deleted(Arc<K>),
+}
+
+impl<K> CacheEvent<K> {
+    /// The object the event is about (the new version for `Applied`).
+    pub fn object(&self) -> &Arc<K> {
+        match self {
+            CacheEvent::Applied { new, .. } => new,
+            CacheEvent::Deleted(obj) => obj,
+        }
+    }
+}
+
+impl<K> Clone for CacheEvent<K> {
+    fn clone(&self) -> Self {
+        match self {
+            CacheEvent::Applied { old, new } => CacheEvent::Applied {
+                old: old.clone(),
+                new: new.clone(),
+            },
+            CacheEvent::Deleted(obj) => CacheEvent::Deleted(obj.clone()),
+        }
+    }
+}
+
+/// A stream of [`CacheEvent`]s for one subscriber. Dropping it unsubscribes.
+pub struct Subscription<K> {
+    receiver: mpsc::UnboundedReceiver<CacheEvent<K>>,
+}
+
+impl<K> Subscription<K> {
+    /// The next event, or `None` once the informer has stopped.
+    pub async fn recv(&mut self) -> Option<CacheEvent<K>> {
+        self.receiver.recv().await
+    }
+}
+
+impl<K> Stream for Subscription<K> {
+    type Item = CacheEvent<K>;
+
+    fn poll_next(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Self::Item>> {
+        self.receiver.poll_recv(cx)
+    }
+}
+
+/// A shared watch of one resource type in one cluster.
+pub struct Informer<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    dyntype: K::DynamicType,
+    store: Store<K>,
+    state: Mutex<State<K>>,
+    ready: watch::Receiver<bool>,
+}
+
+struct State<K>
+where
+    K: Resource + Clone + 'static,
+    K::DynamicType: Eq + Hash + Clone,
+{
+    writer: Writer<K>,
+    subscribers: Vec<mpsc::UnboundedSender<CacheEvent<K>>>,
+    indexes: Indexes<K>,
+    /// Keys seen since the current relist began.
+    relisted: Option<HashSet<ObjectRef<K>>>,
+    last_error: Option<String>,
+}
+
+impl<K> Informer<K>
+where
+    K: Resource + Clone + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+{
+    /// Starts consuming `events` until `stop` is cancelled.
+    pub(crate) fn spawn<S>(
+        cluster: ClusterName,
+        dyntype: K::DynamicType,
+        events: S,
+        indexes: Indexes<K>,
+        stop: CancellationToken,
+    ) -> Arc<Self>
+    where
+        S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    {
+        let writer = Writer::new(dyntype.clone());
+        let kind = K::kind(&dyntype).to_string();
+        let (ready_tx, ready) = watch::channel(false);
+        let informer = Arc::new(Self {
+            dyntype,
+            store: writer.as_reader(),
+            state: Mutex::new(State {
+                writer,
+                subscribers: Vec::new(),
+                indexes,
+                relisted: None,
+                last_error: None,
+            }),
+            ready,
+        });
+        let weak = Arc::downgrade(&informer);
+        tokio::spawn(async move {
+            let mut events = std::pin::pin!(events);
+            loop {
+                let event = tokio::select! {
+                    () = stop.cancelled() => break,
+                    event = events.next() => event,
+                };
+                let Some(event) = event else { break };
+                // Everyone who could read the informer is gone.
+                let Some(informer) = weak.upgrade() else {
+                    break;
+                };
+                match event {
+                    Ok(event) => {
+                        if informer.apply(event) {
+                            ready_tx.send_replace(true);
+                        }
+                    }
+                    Err(err) => {
+                        tracing::warn!(%cluster, kind, error = %err, "watch failed; retrying with backoff");
+                        informer.lock().last_error = Some(err.to_string());
+                    }
+                }
+            }
+            tracing::debug!(%cluster, kind, "informer stopped");
+            // Dropping the senders ends every subscription.
+            if let Some(informer) = weak.upgrade() {
+                informer.lock().subscribers.clear();
+            }
+        });
+        informer
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State<K>> {
+        // The state stays consistent even if a holder panicked: every update
+        // is applied to the store before anything else can fail.
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Applies one watcher event; returns true when an initial list or relist
+    /// has completed.
+    fn apply(&self, event: watcher::Event<K>) -> bool {
+        let mut state = self.lock();
+        state.last_error = None;
+        let mut outgoing = Vec::new();
+        let mut synced = false;
+        match &event {
+            watcher::Event::Init => {
+                state.relisted = Some(HashSet::new());
+            }
+            watcher::Event::InitApply(obj) | watcher::Event::Apply(obj) => {
+                let key = ObjectRef::from_obj_with(obj, self.dyntype.clone());
+                let old = self.store.get(&key);
+                let new = Arc::new(obj.clone());
+                state.indexes.replace(&key, old.as_deref(), Some(&new));
+                if let Some(seen) = state.relisted.as_mut() {
+                    seen.insert(key);
+                }
+                outgoing.push(CacheEvent::Applied { old, new });
+            }
+            watcher::Event::Delete(obj) => {
+                let key = ObjectRef::from_obj_with(obj, self.dyntype.clone());
+                let old = self.store.get(&key);
+                state.indexes.replace(&key, old.as_deref(), None);
+                outgoing.push(CacheEvent::Deleted(Arc::new(obj.clone())));
+            }
+            watcher::Event::InitDone => {
+                let seen = state.relisted.take().unwrap_or_default();
+                for gone in self.store.state() {
+                    let key = ObjectRef::from_obj_with(&*gone, self.dyntype.clone());
+                    if !seen.contains(&key) {
+                        state.indexes.replace(&key, Some(&gone), None);
+                        outgoing.push(CacheEvent::Deleted(gone));
+                    }
+                }
+                synced = true;
+            }
+        }
+        state.writer.apply_watcher_event(&event);
+        state.subscribers.retain(|subscriber| {
+            outgoing
+                .iter()
+                .all(|event| subscriber.send(event.clone()).is_ok())
+        });
+        synced
+    }
+
+    /// Subscribes to changes. The current contents arrive first, as
+    /// `Applied` events without an old version.
+    pub fn subscribe(&self) -> Subscription<K> {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let mut state = self.lock();
+        for obj in self.store.state() {
+            let _ = sender.send(CacheEvent::Applied {
+                old: None,
+                new: obj,
+            });
+        }
+        state.subscribers.push(sender);
+        Subscription { receiver }
+    }
+
+    /// The informer's store, for reads.
+    pub fn store(&self) -> &Store<K> {
+        &self.store
+    }
+
+    /// The object with that namespace and name, if cached.
+    pub fn get(&self, namespace: Option<&str>, name: &str) -> Option<Arc<K>> {
+        let mut key = ObjectRef::new_with(name, self.dyntype.clone());
+        if let Some(ns) = namespace {
+            key = key.within(ns);
+        }
+        self.store.get(&key)
+    }
+
+    /// Every cached object, optionally only those in `namespace`.
+    pub fn list(&self, namespace: Option<&str>) -> Vec<Arc<K>> {
+        match namespace {
+            None => self.store.state(),
+            Some(ns) => self
+                .store
+                .state_filter(|obj| obj.meta().namespace.as_deref() == Some(ns)),
+        }
+    }
+
+    /// Objects whose indexed `field` has `value`, optionally only those in
+    /// `namespace`. Unknown fields give an empty answer; see
+    /// [`crate::cache::Cache::index_field`].
+    pub fn by_index(&self, field: &str, value: &str, namespace: Option<&str>) -> Vec<Arc<K>> {
+        let keys = self.lock().indexes.lookup(field, value);
+        keys.into_iter()
+            .filter(|key| namespace.is_none() || key.namespace.as_deref() == namespace)
+            .filter_map(|key| self.store.get(&key))
+            .collect()
+    }
+
+    /// Adds an index, computing it for the objects already cached.
+    pub(crate) fn add_index(&self, field: String, extractor: crate::cache::index::Extractor<K>) {
+        let mut state = self.lock();
+        if state.indexes.insert(field.clone(), extractor) {
+            let objects = self.store.state();
+            state.indexes.rebuild(&field, &objects);
+        }
+    }
+
+    /// Whether the initial list has completed.
+    pub fn is_ready(&self) -> bool {
+        *self.ready.borrow()
+    }
+
+    /// Waits until the initial list has completed.
+    pub async fn wait_ready(&self) {
+        let mut ready = self.ready.clone();
+        let _ = ready.wait_for(|ready| *ready).await;
+    }
+
+    /// The last watch error, cleared by the next successful event.
+    pub fn last_error(&self) -> Option<String> {
+        self.lock().last_error.clone()
+    }
+}

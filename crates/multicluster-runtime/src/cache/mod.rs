@@ -1,0 +1,449 @@
+//! A cluster's shared cache: one watch per resource type, shared by every
+//! controller that reads that type in that cluster.
+//!
+//! Informers are created on first use ([`Cache::informer`],
+//! [`Cache::dynamic`], [`Cache::metadata`]) and run until the cache is
+//! stopped or dropped. Each is a kube-runtime `watcher` with its own backoff,
+//! so one failing watch never slows another cluster's. Field indexes
+//! registered on the cache ([`Cache::index_field`]) reach informers of that
+//! type created before and after.
+
+mod index;
+mod informer;
+
+use std::any::{Any, TypeId};
+use std::fmt::Debug;
+use std::hash::Hash;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::Stream;
+use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta};
+use kube::core::{ClusterResourceScope, DynamicResourceScope, NamespaceResourceScope};
+use kube::runtime::{WatchStreamExt, watcher};
+use kube::{Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
+
+pub use index::{Extractor, FieldIndex};
+pub use informer::{CacheEvent, Informer, Subscription};
+
+use crate::{ClusterName, Error};
+use index::Indexes;
+
+/// Default time [`Cache::wait_for_sync`] callers use.
+pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How a cache watches.
+#[derive(Clone, Debug)]
+pub struct CacheOptions {
+    /// Watch only this namespace (namespaced resources); `None` watches all.
+    /// Lets an instance run with RBAC for one namespace.
+    pub namespace: Option<String>,
+    /// Drop `metadata.managedFields` before storing objects (default true):
+    /// it is often the largest part of an object and controllers rarely
+    /// read it.
+    pub strip_managed_fields: bool,
+    /// Watcher settings (label/field selectors, page size, ...), applied to
+    /// every watch of the cache.
+    pub watcher: watcher::Config,
+}
+
+impl Default for CacheOptions {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            strip_managed_fields: true,
+            watcher: watcher::Config::default(),
+        }
+    }
+}
+
+/// How a watch is limited to the cache's namespace restriction, by resource
+/// scope: namespaced resources are watched in that namespace only,
+/// cluster-scoped ones everywhere.
+pub trait WatchScope: 'static {
+    /// Applies the restriction to `api`.
+    fn restrict<K: Resource<Scope = Self>>(api: Api<K>, namespace: &str) -> Api<K>;
+}
+
+impl WatchScope for NamespaceResourceScope {
+    fn restrict<K: Resource<Scope = Self>>(api: Api<K>, namespace: &str) -> Api<K> {
+        api.constrain(namespace)
+    }
+}
+
+impl WatchScope for DynamicResourceScope {
+    fn restrict<K: Resource<Scope = Self>>(api: Api<K>, namespace: &str) -> Api<K> {
+        api.constrain(namespace)
+    }
+}
+
+impl WatchScope for ClusterResourceScope {
+    fn restrict<K: Resource<Scope = Self>>(api: Api<K>, _namespace: &str) -> Api<K> {
+        api
+    }
+}
+
+/// A Rust type the cache can watch: any k8s-openapi or `kube::CustomResource`
+/// type.
+pub trait CachedResource:
+    Resource<DynamicType = (), Scope: WatchScope>
+    + Clone
+    + DeserializeOwned
+    + Debug
+    + Send
+    + Sync
+    + 'static
+{
+}
+
+impl<K> CachedResource for K where
+    K: Resource<DynamicType = (), Scope: WatchScope>
+        + Clone
+        + DeserializeOwned
+        + Debug
+        + Send
+        + Sync
+        + 'static
+{
+}
+
+/// Identifies one informer of a cache.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct ResourceKey {
+    rust_type: TypeId,
+    group: String,
+    version: String,
+    plural: String,
+    metadata_only: bool,
+}
+
+impl ResourceKey {
+    pub(crate) fn typed<K: Resource + 'static>(
+        dyntype: &K::DynamicType,
+        metadata_only: bool,
+    ) -> Self {
+        Self {
+            rust_type: TypeId::of::<K>(),
+            group: K::group(dyntype).into_owned(),
+            version: K::version(dyntype).into_owned(),
+            plural: K::plural(dyntype).into_owned(),
+            metadata_only,
+        }
+    }
+}
+
+/// One cluster's shared cache. Cheap to clone; clones share informers.
+/// Dropping the last clone stops every informer.
+#[derive(Clone)]
+pub struct Cache {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    cluster: ClusterName,
+    client: kube::Client,
+    options: CacheOptions,
+    stop: CancellationToken,
+    informers: Mutex<Vec<(ResourceKey, Arc<dyn ErasedInformer>)>>,
+    indexes: Mutex<Vec<FieldIndex>>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+/// What the cache needs of an informer without knowing its type.
+trait ErasedInformer: Send + Sync {
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
+    fn is_ready(&self) -> bool;
+    fn last_error(&self) -> Option<String>;
+    fn add_index(&self, index: &FieldIndex);
+}
+
+impl<K> ErasedInformer for Informer<K>
+where
+    K: Resource + Clone + Debug + Send + Sync + 'static,
+    K::DynamicType: Eq + Hash + Clone + Send + Sync,
+{
+    fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync> {
+        self
+    }
+    fn is_ready(&self) -> bool {
+        Informer::is_ready(self)
+    }
+    fn last_error(&self) -> Option<String> {
+        Informer::last_error(self)
+    }
+    fn add_index(&self, index: &FieldIndex) {
+        if let Some(extractor) = index.extractor::<K>() {
+            Informer::add_index(self, index.field.clone(), extractor);
+        }
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Cache {
+    /// A cache for `cluster` (used in logs) that watches through `client`.
+    pub fn new(cluster: impl Into<ClusterName>, client: kube::Client) -> Self {
+        Self::with_options(cluster, client, CacheOptions::default())
+    }
+
+    /// A cache with explicit options.
+    pub fn with_options(
+        cluster: impl Into<ClusterName>,
+        client: kube::Client,
+        options: CacheOptions,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                cluster: cluster.into(),
+                client,
+                options,
+                stop: CancellationToken::new(),
+                informers: Mutex::new(Vec::new()),
+                indexes: Mutex::new(Vec::new()),
+            }),
+        }
+    }
+
+    /// The shared informer for the typed resource `K`, started on first use.
+    pub fn informer<K>(&self) -> Arc<Informer<K>>
+    where
+        K: CachedResource,
+    {
+        let key = ResourceKey::typed::<K>(&(), false);
+        self.ensure(key, (), || {
+            let api = self.api::<K>(&());
+            let strip = self.inner.options.strip_managed_fields;
+            watcher(api, self.inner.options.watcher.clone())
+                .default_backoff()
+                .modify(move |obj| strip_managed_fields(obj, strip))
+        })
+    }
+
+    /// The shared informer for a resource known only at run time.
+    ///
+    /// With a namespace restriction the resource is watched in that namespace;
+    /// use an unrestricted cache for cluster-scoped dynamic resources.
+    pub fn dynamic(&self, resource: &ApiResource) -> Arc<Informer<DynamicObject>> {
+        let key = ResourceKey::typed::<DynamicObject>(resource, false);
+        self.ensure(key, resource.clone(), || {
+            let api = self.api::<DynamicObject>(resource);
+            let strip = self.inner.options.strip_managed_fields;
+            watcher(api, self.inner.options.watcher.clone())
+                .default_backoff()
+                .modify(move |obj| strip_managed_fields(obj, strip))
+        })
+    }
+
+    /// A metadata-only informer for `K`: objects carry only their metadata,
+    /// which keeps memory low when a controller needs no spec or status.
+    pub fn metadata<K>(&self) -> Arc<Informer<PartialObjectMeta<K>>>
+    where
+        K: CachedResource,
+    {
+        let key = ResourceKey::typed::<K>(&(), true);
+        self.ensure(key, (), || {
+            let api = self.api::<PartialObjectMeta<K>>(&());
+            let strip = self.inner.options.strip_managed_fields;
+            watcher(api, self.inner.options.watcher.clone())
+                .default_backoff()
+                .modify(move |obj| strip_managed_fields(obj, strip))
+        })
+    }
+
+    fn api<K>(&self, dyntype: &K::DynamicType) -> Api<K>
+    where
+        K: Resource<Scope: WatchScope>,
+    {
+        let api = Api::all_with(self.inner.client.clone(), dyntype);
+        match &self.inner.options.namespace {
+            Some(ns) => K::Scope::restrict(api, ns),
+            None => api,
+        }
+    }
+
+    fn ensure<K, S>(
+        &self,
+        key: ResourceKey,
+        dyntype: K::DynamicType,
+        events: impl FnOnce() -> S,
+    ) -> Arc<Informer<K>>
+    where
+        K: Resource + Clone + Debug + Send + Sync + 'static,
+        K::DynamicType: Eq + Hash + Clone + Send + Sync,
+        S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    {
+        let mut informers = lock(&self.inner.informers);
+        if let Some(existing) = informers
+            .iter()
+            .find(|(existing, _)| *existing == key)
+            .and_then(|(_, informer)| informer.clone().into_any().downcast::<Informer<K>>().ok())
+        {
+            return existing;
+        }
+        let mut indexes = Indexes::new(dyntype.clone());
+        for index in lock(&self.inner.indexes)
+            .iter()
+            .filter(|index| index.resource == key)
+        {
+            if let Some(extractor) = index.extractor::<K>() {
+                indexes.insert(index.field.clone(), extractor);
+            }
+        }
+        let informer = Informer::spawn(
+            self.inner.cluster.clone(),
+            dyntype,
+            events(),
+            indexes,
+            self.inner.stop.child_token(),
+        );
+        informers.push((key, informer.clone()));
+        informer
+    }
+
+    /// Registers a field index on this cache, for informers of its resource
+    /// that exist now or are created later. Registering a field twice keeps
+    /// the first extractor.
+    pub fn index_field(&self, index: &FieldIndex) {
+        let informers = lock(&self.inner.informers);
+        {
+            let mut indexes = lock(&self.inner.indexes);
+            if indexes
+                .iter()
+                .any(|known| known.resource == index.resource && known.field == index.field)
+            {
+                return;
+            }
+            indexes.push(index.clone());
+        }
+        for (_, informer) in informers.iter().filter(|(key, _)| *key == index.resource) {
+            informer.add_index(index);
+        }
+    }
+
+    /// Typed objects of `K` in `namespace` (all when `None`), from the cache.
+    /// Waits for the informer's first list, at most `DEFAULT_SYNC_TIMEOUT`.
+    pub async fn list<K>(&self, namespace: Option<&str>) -> Result<Vec<Arc<K>>, Error>
+    where
+        K: CachedResource,
+    {
+        let informer = self.informer::<K>();
+        self.wait_informer(&*informer, informer.wait_ready())
+            .await?;
+        Ok(informer.list(namespace))
+    }
+
+    /// One typed object from the cache; waits like [`Cache::list`].
+    pub async fn get<K>(&self, namespace: Option<&str>, name: &str) -> Result<Option<Arc<K>>, Error>
+    where
+        K: CachedResource,
+    {
+        let informer = self.informer::<K>();
+        self.wait_informer(&*informer, informer.wait_ready())
+            .await?;
+        Ok(informer.get(namespace, name))
+    }
+
+    /// Typed objects whose indexed `field` has `value`, optionally only in
+    /// `namespace`; waits like [`Cache::list`].
+    pub async fn by_index<K>(
+        &self,
+        field: &str,
+        value: &str,
+        namespace: Option<&str>,
+    ) -> Result<Vec<Arc<K>>, Error>
+    where
+        K: CachedResource,
+    {
+        let informer = self.informer::<K>();
+        self.wait_informer(&*informer, informer.wait_ready())
+            .await?;
+        Ok(informer.by_index(field, value, namespace))
+    }
+
+    async fn wait_informer(
+        &self,
+        informer: &dyn ErasedInformer,
+        ready: impl Future<Output = ()>,
+    ) -> Result<(), Error> {
+        tokio::time::timeout(DEFAULT_SYNC_TIMEOUT, ready)
+            .await
+            .map_err(|_| Error::NotReady {
+                name: self.inner.cluster.clone(),
+                timeout: DEFAULT_SYNC_TIMEOUT,
+                reason: informer
+                    .last_error()
+                    .unwrap_or_else(|| "the informer has not listed yet".into()),
+            })
+    }
+
+    /// Whether every informer created so far has completed its first list.
+    pub fn is_synced(&self) -> bool {
+        lock(&self.inner.informers)
+            .iter()
+            .all(|(_, informer)| informer.is_ready())
+    }
+
+    /// Waits until [`Cache::is_synced`], or fails after `timeout` with the last
+    /// watch error.
+    pub async fn wait_for_sync(&self, timeout: Duration) -> Result<(), Error> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            if self.is_synced() {
+                return Ok(());
+            }
+            if tokio::time::Instant::now() >= deadline {
+                let reason = lock(&self.inner.informers)
+                    .iter()
+                    .find_map(|(_, informer)| informer.last_error())
+                    .unwrap_or_else(|| "informers have not listed yet".into());
+                return Err(Error::NotReady {
+                    name: self.inner.cluster.clone(),
+                    timeout,
+                    reason,
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// The number of informers (watches) this cache runs.
+    pub fn informer_count(&self) -> usize {
+        lock(&self.inner.informers).len()
+    }
+
+    /// Stops every informer; subscriptions end.
+    pub fn stop(&self) {
+        self.inner.stop.cancel();
+    }
+
+    /// The client the cache watches through.
+    pub fn client(&self) -> kube::Client {
+        self.inner.client.clone()
+    }
+}
+
+impl std::fmt::Debug for Cache {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Cache")
+            .field("cluster", &self.inner.cluster)
+            .field("informers", &self.informer_count())
+            .finish_non_exhaustive()
+    }
+}
+
+fn strip_managed_fields<K: Resource>(obj: &mut K, strip: bool) {
+    if strip {
+        obj.managed_fields_mut().clear();
+    }
+}

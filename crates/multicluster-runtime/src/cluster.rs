@@ -1,0 +1,98 @@
+//! One cluster of the fleet: its name, a client and a cache.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::ClusterName;
+use crate::cache::Cache;
+
+/// A cluster as providers hand it out and reconcilers receive it.
+///
+/// Cheap to clone; clones share the client and the cache. A provider can back
+/// a cluster with *scoped views*: the client may be any `kube::Client` (for
+/// example one whose service rewrites paths into a host namespace) and the
+/// cache may be a view of another cluster's cache ([`Cache::scoped`]), so one
+/// host watch can serve many virtual clusters.
+#[derive(Clone)]
+pub struct Cluster {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: ClusterName,
+    client: kube::Client,
+    cache: Cache,
+    stable_id: Option<String>,
+}
+
+impl Cluster {
+    /// A cluster whose cache watches through `client`.
+    pub fn new(name: impl Into<ClusterName>, client: kube::Client) -> Self {
+        let name = name.into();
+        let cache = Cache::new(name.clone(), client.clone());
+        Self::with_cache(name, client, cache)
+    }
+
+    /// A cluster with an explicit cache, e.g. a scoped view.
+    pub fn with_cache(name: impl Into<ClusterName>, client: kube::Client, cache: Cache) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                name: name.into(),
+                client,
+                cache,
+                stable_id: None,
+            }),
+        }
+    }
+
+    /// Attaches a stable cluster ID (e.g. the `cluster.clusterset.k8s.io`
+    /// ClusterProperty), for logs, metrics and sharding keys.
+    #[must_use]
+    pub fn with_stable_id(self, id: impl Into<String>) -> Self {
+        let inner = &self.inner;
+        Self {
+            inner: Arc::new(Inner {
+                name: inner.name.clone(),
+                client: inner.client.clone(),
+                cache: inner.cache.clone(),
+                stable_id: Some(id.into()),
+            }),
+        }
+    }
+
+    /// The name the provider created the cluster with; used in logs.
+    pub fn name(&self) -> &ClusterName {
+        &self.inner.name
+    }
+
+    /// A client for the cluster.
+    pub fn client(&self) -> kube::Client {
+        self.inner.client.clone()
+    }
+
+    /// The cluster's shared cache.
+    pub fn cache(&self) -> &Cache {
+        &self.inner.cache
+    }
+
+    /// The stable cluster ID, when the provider knows one.
+    pub fn stable_id(&self) -> Option<&str> {
+        self.inner.stable_id.as_deref()
+    }
+
+    /// Whether two handles are the same cluster instance (not merely the
+    /// same name): engaging the same instance twice is a no-op, a different
+    /// instance under one name replaces the old one.
+    pub fn same_instance(&self, other: &Cluster) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
+    }
+}
+
+impl fmt::Debug for Cluster {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Cluster")
+            .field("name", &self.inner.name)
+            .field("stable_id", &self.inner.stable_id)
+            .finish_non_exhaustive()
+    }
+}

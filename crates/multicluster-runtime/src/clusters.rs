@@ -1,0 +1,221 @@
+//! The set of clusters a provider keeps (Go: `pkg/clusters.Clusters[T]`).
+//!
+//! Providers add and remove clusters as their inventory changes; the set
+//! gives each cluster a lifetime, applies every stored field index to it
+//! (also to clusters added later), and engages it with the manager once the
+//! provider has started. Safe to use from many tasks at once.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::FieldIndex;
+use crate::{Aware, Cluster, ClusterName, Error};
+
+/// Called with errors that have no caller to return to (an engagement that
+/// failed while the provider was adding clusters in the background).
+pub type ErrorHandler = Arc<dyn Fn(&ClusterName, &Error) + Send + Sync>;
+
+/// A provider's clusters, by name.
+#[derive(Clone)]
+pub struct Clusters {
+    inner: Arc<Mutex<State>>,
+    on_error: ErrorHandler,
+}
+
+#[derive(Default)]
+struct State {
+    entries: BTreeMap<ClusterName, Entry>,
+    indexes: Vec<FieldIndex>,
+    started: Option<(CancellationToken, Arc<dyn Aware>)>,
+}
+
+struct Entry {
+    cluster: Cluster,
+    lifetime: CancellationToken,
+    /// What the provider built the cluster from (e.g. a kubeconfig hash);
+    /// add-or-replace keeps the cluster when it is unchanged.
+    fingerprint: Option<String>,
+}
+
+impl Default for Clusters {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clusters {
+    /// An empty set whose background errors are logged.
+    pub fn new() -> Self {
+        Self::with_error_handler(Arc::new(|name, err| {
+            tracing::error!(cluster = %name, error = %err, "cluster engagement failed");
+        }))
+    }
+
+    /// An empty set that reports background errors to `on_error`.
+    pub fn with_error_handler(on_error: ErrorHandler) -> Self {
+        Self {
+            inner: Arc::new(Mutex::new(State::default())),
+            on_error,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Engages every cluster added so far and every one added later through
+    /// `aware`, with lifetimes that end at the latest with `shutdown`.
+    pub fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
+        let mut state = self.lock();
+        if state.started.is_some() {
+            return Err(Error::AlreadyStarted("cluster set"));
+        }
+        state.started = Some((shutdown.clone(), aware.clone()));
+        for (name, entry) in state.entries.iter_mut() {
+            entry.lifetime = shutdown.child_token();
+            self.engage(&aware, entry.lifetime.clone(), name, &entry.cluster);
+        }
+        Ok(())
+    }
+
+    /// Adds a cluster; a name that exists is an error.
+    pub fn add(&self, name: impl Into<ClusterName>, cluster: Cluster) -> Result<(), Error> {
+        self.insert(name.into(), cluster, None, false)
+    }
+
+    /// Adds a cluster, replacing one of the same name unless its fingerprint
+    /// is equal (same connection config), in which case nothing happens.
+    /// Returns whether the set changed.
+    pub fn add_or_replace(
+        &self,
+        name: impl Into<ClusterName>,
+        cluster: Cluster,
+        fingerprint: impl Into<String>,
+    ) -> bool {
+        let name = name.into();
+        let fingerprint = fingerprint.into();
+        {
+            let state = self.lock();
+            if state
+                .entries
+                .get(&name)
+                .is_some_and(|entry| entry.fingerprint.as_deref() == Some(fingerprint.as_str()))
+            {
+                return false;
+            }
+        }
+        self.insert(name, cluster, Some(fingerprint), true).is_ok()
+    }
+
+    fn insert(
+        &self,
+        name: ClusterName,
+        cluster: Cluster,
+        fingerprint: Option<String>,
+        replace: bool,
+    ) -> Result<(), Error> {
+        let mut state = self.lock();
+        if let Some(old) = state.entries.get(&name) {
+            if !replace {
+                return Err(Error::ClusterExists(name));
+            }
+            old.lifetime.cancel();
+        }
+        for index in &state.indexes {
+            cluster.cache().index_field(index);
+        }
+        let lifetime = match &state.started {
+            Some((shutdown, _)) => shutdown.child_token(),
+            None => CancellationToken::new(),
+        };
+        if let Some((_, aware)) = &state.started {
+            self.engage(aware, lifetime.clone(), &name, &cluster);
+        }
+        state.entries.insert(
+            name,
+            Entry {
+                cluster,
+                lifetime,
+                fingerprint,
+            },
+        );
+        Ok(())
+    }
+
+    fn engage(
+        &self,
+        aware: &Arc<dyn Aware>,
+        lifetime: CancellationToken,
+        name: &ClusterName,
+        cluster: &Cluster,
+    ) {
+        if let Err(err) = aware.engage(lifetime, name.clone(), cluster.clone()) {
+            (self.on_error)(name, &err);
+        }
+    }
+
+    /// Removes a cluster and ends its lifetime; returns whether it was there.
+    pub fn remove(&self, name: &ClusterName) -> bool {
+        match self.lock().entries.remove(name) {
+            Some(entry) => {
+                entry.lifetime.cancel();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Removes every cluster for which `keep` is false.
+    pub fn retain(&self, mut keep: impl FnMut(&ClusterName) -> bool) {
+        self.lock().entries.retain(|name, entry| {
+            let kept = keep(name);
+            if !kept {
+                entry.lifetime.cancel();
+            }
+            kept
+        });
+    }
+
+    /// The cluster of that name, or [`Error::ClusterNotFound`].
+    pub fn get(&self, name: &ClusterName) -> Result<Cluster, Error> {
+        self.lock()
+            .entries
+            .get(name)
+            .map(|entry| entry.cluster.clone())
+            .ok_or_else(|| Error::ClusterNotFound(name.clone()))
+    }
+
+    /// The fingerprint a cluster was added with.
+    pub fn fingerprint(&self, name: &ClusterName) -> Option<String> {
+        self.lock()
+            .entries
+            .get(name)
+            .and_then(|entry| entry.fingerprint.clone())
+    }
+
+    /// Names of all clusters, sorted.
+    pub fn names(&self) -> Vec<ClusterName> {
+        self.lock().entries.keys().cloned().collect()
+    }
+
+    /// Stores an index and applies it to every cluster, present and future.
+    pub fn index_field(&self, index: FieldIndex) {
+        let mut state = self.lock();
+        for entry in state.entries.values() {
+            entry.cluster.cache().index_field(&index);
+        }
+        state.indexes.push(index);
+    }
+}
+
+impl std::fmt::Debug for Clusters {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Clusters")
+            .field("names", &self.names())
+            .finish()
+    }
+}

@@ -1,0 +1,593 @@
+//! Multi-cluster controllers.
+//!
+//! A controller watches a primary resource (and optionally owned and other
+//! resources) in every engaged cluster its sources select, turns events into
+//! [`Request`]s — (cluster, namespace, name) — and runs a reconciler for each
+//! with a handle to that cluster.
+//!
+//! Guarantees, per controller:
+//!
+//! - at most `max_concurrent_reconciles` reconciles at once, and never two of
+//!   one request;
+//! - duplicate requests collapse, and a request that arrives while it is being
+//!   reconciled runs once more afterwards;
+//! - errors back off per request, exponentially ([`Backoff`]);
+//!   [`Action::requeue`] is honoured;
+//! - clusters are served in turn, so a busy cluster cannot starve a quiet one;
+//! - when a cluster is disengaged its sources stop, its queued requests are
+//!   dropped and no new reconcile starts for it;
+//! - a slow or unreachable cluster holds only its own requests: watches and
+//!   backoffs are per cluster, and nothing waits for every cluster to sync.
+
+mod queue;
+mod source;
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use kube::api::{ApiResource, DynamicObject};
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+pub use queue::Backoff;
+pub use source::{Clusters, Filter, Mapper, filters};
+
+use crate::cache::CachedResource;
+use crate::metrics::Metrics;
+use crate::{Aware, Cluster, ClusterName, Error};
+use queue::{Outcome, Queue};
+use source::{DynamicSource, Source, TypedSource};
+
+/// What to reconcile: an object in a cluster.
+#[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Request {
+    /// The cluster ([`ClusterName::local`] for the local cluster).
+    pub cluster: ClusterName,
+    /// The object's namespace; `None` for cluster-scoped objects.
+    pub namespace: Option<String>,
+    /// The object's name.
+    pub name: String,
+}
+
+impl Request {
+    /// A request for `namespace/name` in `cluster`.
+    pub fn new(
+        cluster: impl Into<ClusterName>,
+        namespace: Option<&str>,
+        name: impl Into<String>,
+    ) -> Self {
+        Self {
+            cluster: cluster.into(),
+            namespace: namespace.map(str::to_string),
+            name: name.into(),
+        }
+    }
+}
+
+impl fmt::Display for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.namespace {
+            Some(ns) => write!(f, "{}/{}/{}", self.cluster, ns, self.name),
+            None => write!(f, "{}/{}", self.cluster, self.name),
+        }
+    }
+}
+
+impl fmt::Debug for Request {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+/// What to do after a successful reconcile.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Action {
+    requeue_after: Option<Duration>,
+}
+
+impl Action {
+    /// Reconcile again after `after`, even without a change.
+    pub fn requeue(after: Duration) -> Self {
+        Self {
+            requeue_after: Some(after),
+        }
+    }
+
+    /// Reconcile again only when something changes.
+    pub fn await_change() -> Self {
+        Self::default()
+    }
+
+    /// The requeue delay, if any.
+    pub fn requeue_after(&self) -> Option<Duration> {
+        self.requeue_after
+    }
+}
+
+/// The error type reconcilers return, boxed.
+pub type ReconcileError = Box<dyn std::error::Error + Send + Sync>;
+
+type Reconciler = Arc<
+    dyn Fn(Request, Cluster) -> BoxFuture<'static, Result<Action, ReconcileError>> + Send + Sync,
+>;
+
+/// Which clusters and events a watch covers; used with the builder's
+/// `for_resource`, `owns` and `watches`.
+pub struct Watch<K> {
+    clusters: Clusters,
+    filters: Vec<Filter<K>>,
+}
+
+impl<K> Default for Watch<K> {
+    fn default() -> Self {
+        Self {
+            clusters: Clusters::Fleet,
+            filters: Vec::new(),
+        }
+    }
+}
+
+impl<K> Watch<K> {
+    /// The fleet, every event.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Watch these clusters instead of the fleet.
+    #[must_use]
+    pub fn clusters(mut self, clusters: Clusters) -> Self {
+        self.clusters = clusters;
+        self
+    }
+
+    /// Only events passing `filter` (all filters must pass).
+    #[must_use]
+    pub fn filter(mut self, filter: Filter<K>) -> Self {
+        self.filters.push(filter);
+        self
+    }
+}
+
+type OwnedSource = Box<dyn FnOnce(&(String, String)) -> Arc<dyn Source> + Send>;
+
+/// Builds a [`Controller`].
+pub struct ControllerBuilder {
+    name: String,
+    primary: Option<(String, String)>,
+    sources: Vec<Arc<dyn Source>>,
+    /// Owned-type sources wait for the primary's (apiVersion, kind).
+    owned: Vec<OwnedSource>,
+    max_concurrent_reconciles: usize,
+    backoff: Backoff,
+    metrics: Option<Metrics>,
+}
+
+impl ControllerBuilder {
+    /// Reconcile objects of `K`: each event of a `K` requests its own
+    /// reconcile.
+    #[must_use]
+    pub fn for_resource<K: CachedResource>(mut self, watch: Watch<K>) -> Self {
+        self.primary = Some((K::api_version(&()).into_owned(), K::kind(&()).into_owned()));
+        self.sources.push(Arc::new(TypedSource::<K> {
+            clusters: watch.clusters,
+            filters: watch.filters,
+            mapper: Arc::new(|obj: &K| {
+                vec![(
+                    obj.meta().namespace.clone(),
+                    obj.meta().name.clone().unwrap_or_default(),
+                )]
+            }),
+        }));
+        self
+    }
+
+    /// Reconcile the controlling owner (of the primary kind) of every `O` that
+    /// changes.
+    #[must_use]
+    pub fn owns<O: CachedResource>(mut self, watch: Watch<O>) -> Self {
+        self.owned.push(Box::new(move |(api_version, kind)| {
+            let (api_version, kind) = (api_version.clone(), kind.clone());
+            Arc::new(TypedSource::<O> {
+                clusters: watch.clusters,
+                filters: watch.filters,
+                mapper: Arc::new(move |obj: &O| {
+                    obj.meta()
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .filter(|owner| {
+                            owner.controller == Some(true)
+                                && owner.kind == kind
+                                && owner.api_version == api_version
+                        })
+                        .map(|owner| (obj.meta().namespace.clone(), owner.name.clone()))
+                        .collect()
+                }),
+            }) as Arc<dyn Source>
+        }));
+        self
+    }
+
+    /// Reconcile whatever `mapper` maps each changed `W` to (in the same
+    /// cluster).
+    #[must_use]
+    pub fn watches<W: CachedResource>(
+        mut self,
+        watch: Watch<W>,
+        mapper: impl Fn(&W) -> Vec<(Option<String>, String)> + Send + Sync + 'static,
+    ) -> Self {
+        self.sources.push(Arc::new(TypedSource::<W> {
+            clusters: watch.clusters,
+            filters: watch.filters,
+            mapper: Arc::new(mapper),
+        }));
+        self
+    }
+
+    /// Like [`ControllerBuilder::watches`] for a resource known at run time.
+    #[must_use]
+    pub fn watches_dynamic(
+        mut self,
+        resource: ApiResource,
+        watch: Watch<DynamicObject>,
+        mapper: impl Fn(&DynamicObject) -> Vec<(Option<String>, String)> + Send + Sync + 'static,
+    ) -> Self {
+        self.sources.push(Arc::new(DynamicSource {
+            resource,
+            clusters: watch.clusters,
+            filters: watch.filters,
+            mapper: Arc::new(mapper),
+        }));
+        self
+    }
+
+    /// Reconciles running at once across all clusters (default 1, as
+    /// controller-runtime).
+    #[must_use]
+    pub fn max_concurrent_reconciles(mut self, limit: usize) -> Self {
+        self.max_concurrent_reconciles = limit.max(1);
+        self
+    }
+
+    /// Error backoff (default 5 ms doubling up to 1000 s).
+    #[must_use]
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Record reconcile metrics in `metrics` (the manager passes its own).
+    #[must_use]
+    pub fn metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Builds the controller around `reconcile`.
+    pub fn build<F, Fut, E>(self, reconcile: F) -> Result<Controller, Error>
+    where
+        F: Fn(Request, Cluster) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: std::error::Error + Send + Sync + 'static,
+    {
+        let mut sources = self.sources;
+        if !self.owned.is_empty() {
+            let primary = self.primary.as_ref().ok_or_else(|| {
+                Error::Other(format!(
+                    "controller {}: owns() needs for_resource() to name the owner kind",
+                    self.name
+                ))
+            })?;
+            sources.extend(self.owned.into_iter().map(|make| make(primary)));
+        }
+        if sources.is_empty() {
+            return Err(Error::Other(format!(
+                "controller {} watches nothing",
+                self.name
+            )));
+        }
+        let reconcile = Arc::new(reconcile);
+        let reconciler: Reconciler = Arc::new(move |request, cluster| {
+            let reconcile = reconcile.clone();
+            async move {
+                reconcile(request, cluster)
+                    .await
+                    .map_err(|err| Box::new(err) as ReconcileError)
+            }
+            .boxed()
+        });
+        Ok(Controller {
+            inner: Arc::new(Inner {
+                name: self.name,
+                sources,
+                reconciler,
+                queue: Arc::new(Queue::new(self.backoff)),
+                max_concurrent_reconciles: self.max_concurrent_reconciles,
+                clusters: Mutex::new(HashMap::new()),
+                metrics: self
+                    .metrics
+                    .map(std::sync::OnceLock::from)
+                    .unwrap_or_default(),
+            }),
+        })
+    }
+}
+
+/// A multi-cluster controller. Engage it with clusters (the manager does
+/// this for every component) and drive it with [`Controller::run`].
+#[derive(Clone)]
+pub struct Controller {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: String,
+    sources: Vec<Arc<dyn Source>>,
+    reconciler: Reconciler,
+    queue: Arc<Queue>,
+    max_concurrent_reconciles: usize,
+    clusters: Mutex<HashMap<ClusterName, Engaged>>,
+    /// Set by the builder, else by the manager the controller is added to,
+    /// else a private registry on first use.
+    metrics: std::sync::OnceLock<Metrics>,
+}
+
+impl Inner {
+    fn metrics(&self) -> &Metrics {
+        self.metrics.get_or_init(Metrics::default)
+    }
+}
+
+struct Engaged {
+    cluster: Cluster,
+    stop: CancellationToken,
+    generation: u64,
+}
+
+static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Controller {
+    /// Starts building a controller named `name` (used in logs and metrics).
+    pub fn builder(name: impl Into<String>) -> ControllerBuilder {
+        ControllerBuilder {
+            name: name.into(),
+            primary: None,
+            sources: Vec::new(),
+            owned: Vec::new(),
+            max_concurrent_reconciles: 1,
+            backoff: Backoff::default(),
+            metrics: None,
+        }
+    }
+
+    /// The controller's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Names of the clusters the controller works on, sorted.
+    pub fn engaged_clusters(&self) -> Vec<ClusterName> {
+        let mut names: Vec<_> = lock(&self.inner.clusters).keys().cloned().collect();
+        names.sort();
+        names
+    }
+
+    /// Records metrics in `metrics` unless the controller already has a
+    /// registry; the manager calls this with its own.
+    pub fn use_metrics(&self, metrics: &Metrics) {
+        let _ = self.inner.metrics.set(metrics.clone());
+    }
+
+    /// Queues a reconcile of `request` by hand (ignored for clusters that are
+    /// not engaged).
+    pub fn enqueue(&self, request: Request) {
+        self.inner.queue.add(request);
+    }
+
+    /// Queues a reconcile of `request` after `delay`.
+    pub fn enqueue_after(&self, request: Request, delay: Duration) {
+        self.inner.queue.add_after(request, delay);
+    }
+
+    /// Runs reconciles until `shutdown` fires, then lets running reconciles
+    /// finish for at most `grace` before abandoning them.
+    pub async fn run(&self, shutdown: CancellationToken, grace: Duration) {
+        let inner = &self.inner;
+        let slots = Arc::new(Semaphore::new(inner.max_concurrent_reconciles));
+        let mut running = JoinSet::new();
+        loop {
+            let slot = tokio::select! {
+                () = shutdown.cancelled() => break,
+                slot = slots.clone().acquire_owned() => match slot { Ok(slot) => slot, Err(_) => break },
+            };
+            let Some(request) = self.next_request(&shutdown).await else {
+                break;
+            };
+            inner
+                .metrics()
+                .queue_depth(&inner.name, inner.queue.depth());
+            while running.try_join_next().is_some() {}
+            let cluster = lock(&inner.clusters)
+                .get(&request.cluster)
+                .map(|e| e.cluster.clone());
+            let Some(cluster) = cluster else {
+                // Disengaged between queueing and now: drop it.
+                inner.queue.done(&request, Outcome::Success(None));
+                continue;
+            };
+            let span = tracing::info_span!(
+                "reconcile",
+                controller = %inner.name,
+                cluster = %request.cluster,
+                namespace = request.namespace.as_deref().unwrap_or(""),
+                name = %request.name,
+            );
+            let inner = self.inner.clone();
+            running.spawn(
+                async move {
+                    let started = tokio::time::Instant::now();
+                    let result = AssertUnwindSafe((inner.reconciler)(request.clone(), cluster))
+                        .catch_unwind()
+                        .await;
+                    let elapsed = started.elapsed();
+                    let outcome = match result {
+                        Ok(Ok(action)) => {
+                            inner.metrics().reconciled(
+                                &inner.name,
+                                &request.cluster,
+                                "success",
+                                elapsed,
+                            );
+                            tracing::debug!(?elapsed, ?action, "reconciled");
+                            Outcome::Success(action.requeue_after())
+                        }
+                        Ok(Err(err)) => {
+                            inner.metrics().reconciled(
+                                &inner.name,
+                                &request.cluster,
+                                "error",
+                                elapsed,
+                            );
+                            tracing::warn!(error = %err, "reconcile failed");
+                            Outcome::Failure
+                        }
+                        Err(_) => {
+                            inner.metrics().reconciled(
+                                &inner.name,
+                                &request.cluster,
+                                "error",
+                                elapsed,
+                            );
+                            tracing::error!("reconciler panicked");
+                            Outcome::Failure
+                        }
+                    };
+                    inner.queue.done(&request, outcome);
+                    inner
+                        .metrics()
+                        .queue_depth(&inner.name, inner.queue.depth());
+                    drop(slot);
+                }
+                .instrument(span),
+            );
+        }
+        if tokio::time::timeout(grace, async {
+            while running.join_next().await.is_some() {}
+        })
+        .await
+        .is_err()
+        {
+            tracing::warn!(controller = %inner.name, left = running.len(), "reconciles still running after the shutdown grace period; abandoning them");
+            running.abort_all();
+        }
+    }
+
+    async fn next_request(&self, shutdown: &CancellationToken) -> Option<Request> {
+        loop {
+            let changed = self.inner.queue.changed();
+            let next_due = match self.inner.queue.next() {
+                Ok(request) => return Some(request),
+                Err(next_due) => next_due,
+            };
+            let wait_due = async {
+                match next_due {
+                    Some(due) => tokio::time::sleep_until(due).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = shutdown.cancelled() => return None,
+                () = changed => {}
+                () = wait_due => {}
+            }
+        }
+    }
+
+    fn disengage(&self, name: &ClusterName, generation: u64) {
+        let mut clusters = lock(&self.inner.clusters);
+        if clusters
+            .get(name)
+            .is_some_and(|engaged| engaged.generation == generation)
+        {
+            clusters.remove(name);
+            self.inner.queue.disengage(name);
+            tracing::info!(controller = %self.inner.name, cluster = %name, "cluster disengaged");
+        }
+    }
+}
+
+impl Aware for Controller {
+    fn engage(
+        &self,
+        lifetime: CancellationToken,
+        name: ClusterName,
+        cluster: Cluster,
+    ) -> Result<(), Error> {
+        let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let stop = lifetime.child_token();
+        {
+            let mut clusters = lock(&self.inner.clusters);
+            if let Some(existing) = clusters.get(&name) {
+                if existing.cluster.same_instance(&cluster) && !existing.stop.is_cancelled() {
+                    return Ok(());
+                }
+                // A new instance under the same name (e.g. rotated
+                // credentials): the old one's sources stop, queued requests
+                // stay and run against the new instance.
+                existing.stop.cancel();
+            }
+            clusters.insert(
+                name.clone(),
+                Engaged {
+                    cluster: cluster.clone(),
+                    stop: stop.clone(),
+                    generation,
+                },
+            );
+            self.inner.queue.engage(name.clone());
+        }
+        for source in self
+            .inner
+            .sources
+            .iter()
+            .filter(|source| source.clusters().includes(&name))
+        {
+            source.start(
+                name.clone(),
+                &cluster,
+                self.inner.queue.clone(),
+                stop.clone(),
+            );
+        }
+        tracing::info!(controller = %self.inner.name, cluster = %name, "cluster engaged");
+        let this = self.clone();
+        tokio::spawn(async move {
+            stop.cancelled().await;
+            this.disengage(&name, generation);
+        });
+        Ok(())
+    }
+}
+
+impl fmt::Debug for Controller {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Controller")
+            .field("name", &self.inner.name)
+            .field("clusters", &self.engaged_clusters())
+            .finish_non_exhaustive()
+    }
+}

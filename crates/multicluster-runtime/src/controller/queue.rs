@@ -1,0 +1,347 @@
+//! The work queue of one controller.
+//!
+//! Requests wait in one FIFO per cluster, and clusters are served in turn, so
+//! a cluster with thousands of pending requests cannot starve one with a
+//! single request (Go's queue is a single FIFO for the whole fleet). A request
+//! is either waiting, running, or running-and-dirty; duplicates collapse, and
+//! a request added while it runs runs once more afterwards. Delayed requests
+//! (requeue-after, error backoff) wait in a timer heap until due.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use tokio::sync::Notify;
+use tokio::time::Instant;
+
+use super::Request;
+use crate::ClusterName;
+
+/// Per-request exponential backoff after errors.
+#[derive(Clone, Copy, Debug)]
+pub struct Backoff {
+    /// Delay after the first error (default 5 ms, as controller-runtime).
+    pub base: Duration,
+    /// Longest delay (default 1000 s, as controller-runtime).
+    pub max: Duration,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self {
+            base: Duration::from_millis(5),
+            max: Duration::from_secs(1000),
+        }
+    }
+}
+
+impl Backoff {
+    /// The delay after `failures` consecutive errors (1 = first error).
+    pub fn delay(&self, failures: u32) -> Duration {
+        let factor = 2u32.saturating_pow(failures.saturating_sub(1));
+        self.base.saturating_mul(factor).min(self.max)
+    }
+}
+
+/// How a reconcile ended, for [`Queue::done`].
+pub(crate) enum Outcome {
+    /// Success; run again after the delay if one is given.
+    Success(Option<Duration>),
+    /// Failure; back off.
+    Failure,
+}
+
+#[derive(Default)]
+struct State {
+    /// Clusters whose requests are accepted.
+    engaged: HashSet<ClusterName>,
+    waiting: HashMap<ClusterName, VecDeque<Request>>,
+    /// Clusters with waiting requests, in serving order.
+    turn: VecDeque<ClusterName>,
+    queued: HashSet<Request>,
+    running: HashSet<Request>,
+    dirty: HashSet<Request>,
+    delayed: BinaryHeap<Reverse<(Instant, u64, Request)>>,
+    /// The earliest due time per delayed request; heap entries with another
+    /// time are stale (a request is delayed at most once, at its earliest).
+    due: HashMap<Request, Instant>,
+    sequence: u64,
+    failures: HashMap<Request, u32>,
+}
+
+pub(crate) struct Queue {
+    state: Mutex<State>,
+    changed: Notify,
+    backoff: Backoff,
+}
+
+impl Queue {
+    pub(crate) fn new(backoff: Backoff) -> Self {
+        Self {
+            state: Mutex::new(State::default()),
+            changed: Notify::new(),
+            backoff,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Accepts requests for `cluster` from now on.
+    pub(crate) fn engage(&self, cluster: ClusterName) {
+        self.lock().engaged.insert(cluster);
+    }
+
+    /// Drops everything queued or delayed for `cluster` and refuses its
+    /// requests until it is engaged again. Running reconciles finish but are
+    /// not requeued.
+    pub(crate) fn disengage(&self, cluster: &ClusterName) {
+        let mut state = self.lock();
+        state.engaged.remove(cluster);
+        state.waiting.remove(cluster);
+        state.turn.retain(|name| name != cluster);
+        state.queued.retain(|req| &req.cluster != cluster);
+        state.dirty.retain(|req| &req.cluster != cluster);
+        state.failures.retain(|req, _| &req.cluster != cluster);
+        state.due.retain(|req, _| &req.cluster != cluster);
+        let delayed = std::mem::take(&mut state.delayed);
+        state.delayed = delayed
+            .into_iter()
+            .filter(|Reverse((_, _, req))| &req.cluster != cluster)
+            .collect();
+    }
+
+    /// Adds a request to run as soon as possible.
+    pub(crate) fn add(&self, request: Request) {
+        let mut state = self.lock();
+        if Self::enqueue(&mut state, request) {
+            drop(state);
+            self.changed.notify_one();
+        }
+    }
+
+    fn enqueue(state: &mut State, request: Request) -> bool {
+        if !state.engaged.contains(&request.cluster) {
+            return false;
+        }
+        if state.running.contains(&request) {
+            state.dirty.insert(request);
+            return false;
+        }
+        if !state.queued.insert(request.clone()) {
+            return false;
+        }
+        let cluster = request.cluster.clone();
+        let waiting = state.waiting.entry(cluster.clone()).or_default();
+        waiting.push_back(request);
+        if waiting.len() == 1 {
+            state.turn.push_back(cluster);
+        }
+        true
+    }
+
+    /// Adds a request to run after `delay`.
+    pub(crate) fn add_after(&self, request: Request, delay: Duration) {
+        let mut state = self.lock();
+        if !state.engaged.contains(&request.cluster) {
+            return;
+        }
+        Self::delay(&mut state, request, delay);
+        drop(state);
+        self.changed.notify_one();
+    }
+
+    fn delay(state: &mut State, request: Request, delay: Duration) {
+        let due = Instant::now() + delay;
+        if state
+            .due
+            .get(&request)
+            .is_some_and(|earlier| *earlier <= due)
+        {
+            return;
+        }
+        state.due.insert(request.clone(), due);
+        state.sequence += 1;
+        let entry = (due, state.sequence, request);
+        state.delayed.push(Reverse(entry));
+    }
+
+    /// Takes the next request to run, serving clusters in turn, and marks it
+    /// running. Returns the time the next delayed request is due when none is
+    /// ready.
+    pub(crate) fn next(&self) -> Result<Request, Option<Instant>> {
+        let mut state = self.lock();
+        let now = Instant::now();
+        while state
+            .delayed
+            .peek()
+            .is_some_and(|Reverse((due, _, _))| *due <= now)
+        {
+            if let Some(Reverse((due, _, request))) = state.delayed.pop()
+                && state.due.get(&request) == Some(&due)
+            {
+                state.due.remove(&request);
+                Self::enqueue(&mut state, request);
+            }
+        }
+        while let Some(cluster) = state.turn.pop_front() {
+            let Some(waiting) = state.waiting.get_mut(&cluster) else {
+                continue;
+            };
+            let Some(request) = waiting.pop_front() else {
+                continue;
+            };
+            if waiting.is_empty() {
+                state.waiting.remove(&cluster);
+            } else {
+                state.turn.push_back(cluster);
+            }
+            state.queued.remove(&request);
+            state.running.insert(request.clone());
+            return Ok(request);
+        }
+        Err(state.delayed.peek().map(|Reverse((due, _, _))| *due))
+    }
+
+    /// Waits until something may have become ready.
+    pub(crate) async fn changed(&self) {
+        self.changed.notified().await;
+    }
+
+    /// Records the end of a reconcile of `request`.
+    pub(crate) fn done(&self, request: &Request, outcome: Outcome) {
+        let mut state = self.lock();
+        state.running.remove(request);
+        let engaged = state.engaged.contains(&request.cluster);
+        let delay = match outcome {
+            Outcome::Success(after) => {
+                state.failures.remove(request);
+                after
+            }
+            Outcome::Failure if engaged => {
+                let failures = state.failures.entry(request.clone()).or_default();
+                *failures = failures.saturating_add(1);
+                Some(self.backoff.delay(*failures))
+            }
+            Outcome::Failure => None,
+        };
+        let dirty = state.dirty.remove(request);
+        if engaged {
+            if dirty {
+                Self::enqueue(&mut state, request.clone());
+            }
+            if let Some(delay) = delay {
+                Self::delay(&mut state, request.clone(), delay);
+            }
+        }
+        drop(state);
+        self.changed.notify_one();
+    }
+
+    /// Requests waiting to run now (not delayed, not running).
+    pub(crate) fn depth(&self) -> usize {
+        self.lock().queued.len()
+    }
+
+    /// Requests waiting for `cluster`.
+    #[cfg(test)]
+    pub(crate) fn depth_of(&self, cluster: &ClusterName) -> usize {
+        self.lock().waiting.get(cluster).map_or(0, VecDeque::len)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req(cluster: &str, name: &str) -> Request {
+        Request::new(cluster, Some("default"), name)
+    }
+
+    fn queue(clusters: &[&str]) -> Queue {
+        let queue = Queue::new(Backoff::default());
+        for cluster in clusters {
+            queue.engage((*cluster).into());
+        }
+        queue
+    }
+
+    #[test]
+    fn duplicates_collapse() {
+        let q = queue(&["a"]);
+        q.add(req("a", "x"));
+        q.add(req("a", "x"));
+        assert_eq!(q.next().ok(), Some(req("a", "x")));
+        assert!(q.next().is_err());
+    }
+
+    #[test]
+    fn clusters_are_served_in_turn() {
+        let q = queue(&["busy", "quiet"]);
+        for i in 0..100 {
+            q.add(req("busy", &format!("obj-{i}")));
+        }
+        q.add(req("quiet", "only"));
+        let first_two: Vec<_> = (0..2).filter_map(|_| q.next().ok()).collect();
+        assert!(first_two.contains(&req("quiet", "only")), "{first_two:?}");
+    }
+
+    #[test]
+    fn a_request_added_while_running_runs_once_more_afterwards() {
+        let q = queue(&["a"]);
+        q.add(req("a", "x"));
+        let running = q.next().expect("ready");
+        q.add(req("a", "x"));
+        q.add(req("a", "x"));
+        assert!(q.next().is_err(), "never twice at once");
+        q.done(&running, Outcome::Success(None));
+        assert_eq!(q.next().ok(), Some(req("a", "x")));
+        q.done(&running, Outcome::Success(None));
+        assert!(q.next().is_err(), "only once more");
+    }
+
+    #[test]
+    fn disengaging_drops_queued_and_delayed_requests_and_refuses_new_ones() {
+        let q = queue(&["a", "b"]);
+        q.add(req("a", "x"));
+        q.add_after(req("a", "y"), Duration::ZERO);
+        q.add(req("b", "z"));
+        q.disengage(&"a".into());
+        q.add(req("a", "late"));
+        assert_eq!(q.depth_of(&"a".into()), 0);
+        assert_eq!(q.next().ok(), Some(req("b", "z")));
+        assert!(q.next().is_err());
+    }
+
+    #[test]
+    fn a_delayed_request_is_kept_once_at_its_earliest_time() {
+        let q = queue(&["a"]);
+        q.add_after(req("a", "x"), Duration::from_secs(600));
+        q.add_after(req("a", "x"), Duration::ZERO);
+        q.add_after(req("a", "x"), Duration::from_secs(300));
+        assert_eq!(q.next().ok(), Some(req("a", "x")));
+        assert_eq!(q.lock().due.len(), 0);
+    }
+
+    #[test]
+    fn failures_back_off_exponentially_and_success_resets() {
+        let backoff = Backoff::default();
+        assert_eq!(backoff.delay(1), Duration::from_millis(5));
+        assert_eq!(backoff.delay(2), Duration::from_millis(10));
+        assert_eq!(backoff.delay(4), Duration::from_millis(40));
+        assert_eq!(backoff.delay(100), Duration::from_secs(1000));
+
+        let q = queue(&["a"]);
+        q.add(req("a", "x"));
+        let r = q.next().expect("ready");
+        q.done(&r, Outcome::Failure);
+        q.done(&r, Outcome::Failure);
+        assert_eq!(q.lock().failures.get(&r), Some(&2));
+        q.done(&r, Outcome::Success(None));
+        assert_eq!(q.lock().failures.get(&r), None);
+    }
+}

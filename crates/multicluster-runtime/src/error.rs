@@ -1,0 +1,39 @@
+//! Errors of the core crate.
+
+use crate::ClusterName;
+
+/// What can go wrong in providers, clusters and the manager.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No cluster of that name is engaged (Go: `ErrClusterNotFound`).
+    #[error("cluster {0} not found")]
+    ClusterNotFound(ClusterName),
+    /// A cluster of that name is already present.
+    #[error("cluster {0} already exists")]
+    ClusterExists(ClusterName),
+    /// A cluster did not become reachable and synced in time.
+    #[error("cluster {name} not ready within {timeout:?}: {reason}")]
+    NotReady {
+        /// The cluster.
+        name: ClusterName,
+        /// How long was waited.
+        timeout: std::time::Duration,
+        /// The last failure seen.
+        reason: String,
+    },
+    /// A provider or component was started twice.
+    #[error("{0} already started")]
+    AlreadyStarted(&'static str),
+    /// A call to a cluster's API server failed.
+    #[error("cluster {cluster}: {source}")]
+    Kube {
+        /// The cluster the call went to.
+        cluster: ClusterName,
+        /// The client error.
+        #[source]
+        source: kube::Error,
+    },
+    /// Anything else, with a message that names what failed.
+    #[error("{0}")]
+    Other(String),
+}

@@ -1,0 +1,475 @@
+//! The manager: the local cluster, a provider, and the cluster-aware
+//! components (controllers) that every engaged cluster reaches.
+//!
+//! Each engagement runs as one ordered sequence for its cluster: check that
+//! the API server answers and the cluster's cache has synced, then hand the
+//! cluster to the coordinator, which engages the components. A cluster that
+//! does not answer in time is not dropped (Go removes it and forgets it): it
+//! is reported [`ClusterState::Unreachable`], retried with backoff, and
+//! engaged once it answers, while the rest of the fleet carries on.
+//!
+//! Providers run on every replica, leader or not, so any replica can answer
+//! for any cluster; the coordinator decides which components engage.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::controller::Controller;
+use crate::metrics::Metrics;
+use crate::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
+
+/// Where an engaged cluster stands.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ClusterState {
+    /// Engaged by the provider; waiting for the API server and cache.
+    Syncing,
+    /// Handed to the components.
+    Ready,
+    /// The API server did not answer or the cache did not sync in time; the
+    /// reason is the last error. Retried with backoff.
+    Unreachable(String),
+}
+
+/// Decides which components engage a cluster. The basic coordinator engages
+/// all of them; a sharded one engages only clusters this replica owns.
+pub trait Coordinator: Send + Sync {
+    /// Engages `cluster` with `components` as this replica sees fit.
+    fn engage(
+        &self,
+        lifetime: CancellationToken,
+        name: ClusterName,
+        cluster: Cluster,
+        components: &[Arc<dyn Aware>],
+    ) -> Result<(), Error>;
+}
+
+/// Engages every component with every cluster.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EngageAll;
+
+impl Coordinator for EngageAll {
+    fn engage(
+        &self,
+        lifetime: CancellationToken,
+        name: ClusterName,
+        cluster: Cluster,
+        components: &[Arc<dyn Aware>],
+    ) -> Result<(), Error> {
+        for component in components {
+            component.engage(lifetime.clone(), name.clone(), cluster.clone())?;
+        }
+        Ok(())
+    }
+}
+
+/// Manager settings.
+#[derive(Clone, Debug)]
+pub struct ManagerOptions {
+    /// How long a newly engaged cluster may take to answer and sync before
+    /// it is reported unreachable (default 30 s).
+    pub sync_timeout: Duration,
+    /// First retry delay for unreachable clusters, doubling up to
+    /// `max_retry_delay` (default 1 s).
+    pub retry_delay: Duration,
+    /// Longest retry delay (default 60 s).
+    pub max_retry_delay: Duration,
+    /// How long running reconciles may take to finish at shutdown (default
+    /// 30 s).
+    pub shutdown_grace: Duration,
+}
+
+impl Default for ManagerOptions {
+    fn default() -> Self {
+        Self {
+            sync_timeout: crate::cache::DEFAULT_SYNC_TIMEOUT,
+            retry_delay: Duration::from_secs(1),
+            max_retry_delay: Duration::from_secs(60),
+            shutdown_grace: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Runs controllers over the local cluster and a provider's fleet.
+#[derive(Clone)]
+pub struct Manager {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    local: Cluster,
+    provider: Option<Arc<dyn Provider>>,
+    runnable: Option<Arc<dyn RunnableProvider>>,
+    coordinator: Arc<dyn Coordinator>,
+    options: ManagerOptions,
+    metrics: Metrics,
+    components: Mutex<Vec<Arc<dyn Aware>>>,
+    controllers: Mutex<Vec<Controller>>,
+    clusters: Mutex<BTreeMap<ClusterName, Tracked>>,
+    started: CancellationToken,
+}
+
+struct Tracked {
+    cluster: Cluster,
+    lifetime: CancellationToken,
+    state: ClusterState,
+    generation: u64,
+}
+
+static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Manager {
+    /// A manager for the local cluster `local`, without a provider.
+    pub fn new(local: Cluster) -> Self {
+        Self::build(local, None, None, ManagerOptions::default())
+    }
+
+    /// A manager whose fleet comes from a provider that discovers clusters
+    /// itself; [`Manager::run`] starts it.
+    pub fn with_provider<P: RunnableProvider + 'static>(
+        local: Cluster,
+        provider: Arc<P>,
+        options: ManagerOptions,
+    ) -> Self {
+        let runnable: Arc<dyn RunnableProvider> = provider.clone();
+        let lookup: Arc<dyn Provider> = provider;
+        Self::build(local, Some(lookup), Some(runnable), options)
+    }
+
+    /// A manager with a provider that is only looked up (its clusters are
+    /// engaged by whoever drives it).
+    pub fn with_lookup_provider(
+        local: Cluster,
+        provider: Arc<dyn Provider>,
+        options: ManagerOptions,
+    ) -> Self {
+        Self::build(local, Some(provider), None, options)
+    }
+
+    fn build(
+        local: Cluster,
+        provider: Option<Arc<dyn Provider>>,
+        runnable: Option<Arc<dyn RunnableProvider>>,
+        options: ManagerOptions,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                local,
+                provider,
+                runnable,
+                coordinator: Arc::new(EngageAll),
+                options,
+                metrics: Metrics::default(),
+                components: Mutex::new(Vec::new()),
+                controllers: Mutex::new(Vec::new()),
+                clusters: Mutex::new(BTreeMap::new()),
+                started: CancellationToken::new(),
+            }),
+        }
+    }
+
+    /// Replaces the coordinator (before [`Manager::run`]).
+    #[must_use]
+    pub fn with_coordinator(mut self, coordinator: Arc<dyn Coordinator>) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.coordinator = coordinator;
+        }
+        self
+    }
+
+    /// Replaces the metrics registry (before [`Manager::run`]), e.g. one
+    /// with per-cluster labels.
+    #[must_use]
+    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.metrics = metrics;
+        }
+        self
+    }
+
+    /// The manager's metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.inner.metrics
+    }
+
+    /// The local cluster.
+    pub fn local_cluster(&self) -> &Cluster {
+        &self.inner.local
+    }
+
+    /// The cluster of that name: the local cluster for the empty name,
+    /// otherwise the provider's.
+    pub async fn get_cluster(&self, name: &ClusterName) -> Result<Cluster, Error> {
+        if name.is_local() {
+            return Ok(self.inner.local.clone());
+        }
+        match &self.inner.provider {
+            Some(provider) => provider.get(name).await,
+            None => Err(Error::ClusterNotFound(name.clone())),
+        }
+    }
+
+    /// Adds a cluster-aware component; clusters already ready are engaged
+    /// with it at once.
+    pub fn add(&self, component: Arc<dyn Aware>) -> Result<(), Error> {
+        lock(&self.inner.components).push(component.clone());
+        let ready: Vec<_> = lock(&self.inner.clusters)
+            .iter()
+            .filter(|(_, tracked)| tracked.state == ClusterState::Ready)
+            .map(|(name, tracked)| {
+                (
+                    name.clone(),
+                    tracked.cluster.clone(),
+                    tracked.lifetime.clone(),
+                )
+            })
+            .collect();
+        for (name, cluster, lifetime) in ready {
+            self.inner.coordinator.engage(
+                lifetime,
+                name,
+                cluster,
+                std::slice::from_ref(&component),
+            )?;
+        }
+        Ok(())
+    }
+
+    /// Adds a controller: it is engaged like any component and run by
+    /// [`Manager::run`].
+    pub fn add_controller(&self, controller: Controller) -> Result<(), Error> {
+        controller.use_metrics(&self.inner.metrics);
+        lock(&self.inner.controllers).push(controller.clone());
+        self.add(Arc::new(controller))
+    }
+
+    /// Each engaged cluster and its state, sorted by name.
+    pub fn cluster_states(&self) -> Vec<(ClusterName, ClusterState)> {
+        lock(&self.inner.clusters)
+            .iter()
+            .map(|(name, tracked)| (name.clone(), tracked.state.clone()))
+            .collect()
+    }
+
+    /// Whether [`Manager::run`] has engaged the local cluster and started
+    /// the provider (the readiness endpoint reports this).
+    pub fn is_started(&self) -> bool {
+        self.inner.started.is_cancelled()
+    }
+
+    /// Runs until `shutdown` fires: engages the local cluster, starts the
+    /// provider and every controller; at shutdown stops taking work and
+    /// lets running reconciles finish for up to the shutdown grace period.
+    pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
+        let components_stop = shutdown.child_token();
+        self.engage(
+            components_stop.child_token(),
+            ClusterName::local(),
+            self.inner.local.clone(),
+        )?;
+
+        let mut tasks = tokio::task::JoinSet::new();
+        let grace = self.inner.options.shutdown_grace;
+        let controllers = lock(&self.inner.controllers).clone();
+        for controller in controllers {
+            let stop = shutdown.clone();
+            tasks.spawn(async move { controller.run(stop, grace).await });
+        }
+        let provider_task = self.inner.runnable.clone().map(|provider| {
+            let aware: Arc<dyn Aware> = Arc::new(self.clone());
+            let stop = components_stop.clone();
+            tokio::spawn(async move { provider.start(stop, aware).await })
+        });
+        self.inner.started.cancel();
+
+        shutdown.cancelled().await;
+        tracing::info!("shutting down: no new reconciles; waiting for running ones");
+        while tasks.join_next().await.is_some() {}
+        components_stop.cancel();
+        if let Some(task) = provider_task {
+            match task.await {
+                Ok(result) => result?,
+                Err(err) => return Err(Error::Other(format!("provider task failed: {err}"))),
+            }
+        }
+        Ok(())
+    }
+
+    /// [`Manager::run`] until SIGTERM or Ctrl-C.
+    pub async fn run_until_signal(&self) -> Result<(), Error> {
+        let shutdown = CancellationToken::new();
+        let trigger = shutdown.clone();
+        tokio::spawn(async move {
+            wait_for_signal().await;
+            trigger.cancel();
+        });
+        self.run(shutdown).await
+    }
+
+    /// Brings an engaged cluster through syncing to ready (or unreachable
+    /// and retried), then hands it to the coordinator.
+    async fn bring_up(self, name: ClusterName, generation: u64) {
+        let options = self.inner.options.clone();
+        let mut delay = options.retry_delay;
+        loop {
+            let Some((cluster, lifetime)) = self.tracked(&name, generation) else {
+                return;
+            };
+            let check = tokio::time::timeout(options.sync_timeout, probe(&cluster));
+            let failure = tokio::select! {
+                () = lifetime.cancelled() => return,
+                result = check => match result {
+                    Ok(Ok(())) => None,
+                    Ok(Err(err)) => Some(err),
+                    Err(_) => Some(format!("no answer within {:?}", options.sync_timeout)),
+                },
+            };
+            match failure {
+                None => {
+                    if !self.set_state(&name, generation, ClusterState::Ready) {
+                        return;
+                    }
+                    tracing::info!(cluster = %name, "cluster ready; engaging components");
+                    let components = lock(&self.inner.components).clone();
+                    if let Err(err) =
+                        self.inner
+                            .coordinator
+                            .engage(lifetime, name.clone(), cluster, &components)
+                    {
+                        tracing::error!(cluster = %name, error = %err, "engaging components failed");
+                    }
+                    return;
+                }
+                Some(reason) => {
+                    tracing::warn!(cluster = %name, %reason, retry_in = ?delay, "cluster unreachable");
+                    if !self.set_state(&name, generation, ClusterState::Unreachable(reason)) {
+                        return;
+                    }
+                    tokio::select! {
+                        () = lifetime.cancelled() => return,
+                        () = tokio::time::sleep(delay) => {}
+                    }
+                    delay = (delay * 2).min(options.max_retry_delay);
+                }
+            }
+        }
+    }
+
+    fn tracked(&self, name: &ClusterName, generation: u64) -> Option<(Cluster, CancellationToken)> {
+        lock(&self.inner.clusters)
+            .get(name)
+            .filter(|tracked| tracked.generation == generation)
+            .map(|tracked| (tracked.cluster.clone(), tracked.lifetime.clone()))
+    }
+
+    fn set_state(&self, name: &ClusterName, generation: u64, state: ClusterState) -> bool {
+        match lock(&self.inner.clusters).get_mut(name) {
+            Some(tracked) if tracked.generation == generation => {
+                tracked.state = state;
+                true
+            }
+            _ => false,
+        }
+    }
+}
+
+impl Aware for Manager {
+    fn engage(
+        &self,
+        lifetime: CancellationToken,
+        name: ClusterName,
+        cluster: Cluster,
+    ) -> Result<(), Error> {
+        let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        {
+            let mut clusters = lock(&self.inner.clusters);
+            if let Some(existing) = clusters.get(&name) {
+                if existing.cluster.same_instance(&cluster) && !existing.lifetime.is_cancelled() {
+                    return Ok(());
+                }
+                // Replaced by a new instance: the old one's lifetime ends here
+                // so its components let go even if the provider forgot to.
+                existing.lifetime.cancel();
+            } else {
+                self.inner.metrics.cluster_engaged();
+            }
+            clusters.insert(
+                name.clone(),
+                Tracked {
+                    cluster,
+                    lifetime: lifetime.child_token(),
+                    state: ClusterState::Syncing,
+                    generation,
+                },
+            );
+        }
+        tokio::spawn(self.clone().bring_up(name.clone(), generation));
+        let this = self.clone();
+        tokio::spawn(async move {
+            lifetime.cancelled().await;
+            let mut clusters = lock(&this.inner.clusters);
+            if clusters
+                .get(&name)
+                .is_some_and(|tracked| tracked.generation == generation)
+            {
+                clusters.remove(&name);
+                this.inner.metrics.cluster_disengaged();
+                tracing::info!(cluster = %name, "cluster left the fleet");
+            }
+        });
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Manager {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Manager")
+            .field("clusters", &self.cluster_states())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Whether the cluster answers and its cache has synced.
+async fn probe(cluster: &Cluster) -> Result<(), String> {
+    let request = http::Request::get("/version")
+        .body(Vec::new())
+        .map_err(|err| err.to_string())?;
+    cluster
+        .client()
+        .request_text(request)
+        .await
+        .map_err(|err| err.to_string())?;
+    cluster
+        .cache()
+        .wait_for_sync(Duration::from_secs(3600))
+        .await
+        .map_err(|err| err.to_string())
+}
+
+async fn wait_for_signal() {
+    #[cfg(unix)]
+    {
+        let Ok(mut terminate) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        else {
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        };
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}

@@ -1,0 +1,47 @@
+//! The provider contract: how clusters enter and leave the fleet.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::FieldIndex;
+use crate::{Cluster, ClusterName, Error};
+
+/// Something that wants to know about every cluster of the fleet: the
+/// manager, controllers, other cluster-aware components.
+pub trait Aware: Send + Sync {
+    /// Start working on `cluster`, known in the fleet as `name`, until
+    /// `lifetime` is cancelled. (The fleet name can differ from
+    /// [`Cluster::name`]: the multi provider prefixes it.)
+    ///
+    /// Must not block (spawn what runs for the cluster's life) and must be
+    /// re-entrant. Engaging the same instance again is a no-op; engaging a
+    /// different instance under the same name replaces the old one (for
+    /// example after credential rotation), whose work stops.
+    fn engage(
+        &self,
+        lifetime: CancellationToken,
+        name: ClusterName,
+        cluster: Cluster,
+    ) -> Result<(), Error>;
+}
+
+/// Looks up clusters of the fleet by name.
+#[async_trait::async_trait]
+pub trait Provider: Send + Sync {
+    /// The engaged cluster of that name, or [`Error::ClusterNotFound`].
+    async fn get(&self, name: &ClusterName) -> Result<Cluster, Error>;
+
+    /// Registers a field index on every cluster this provider has, now and
+    /// later.
+    async fn index_field(&self, index: FieldIndex) -> Result<(), Error>;
+}
+
+/// A provider that discovers clusters by itself.
+#[async_trait::async_trait]
+pub trait RunnableProvider: Provider {
+    /// Runs discovery until `shutdown` fires, engaging every cluster found
+    /// through `aware` with a lifetime that is cancelled when the cluster
+    /// leaves the fleet.
+    async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error>;
+}
