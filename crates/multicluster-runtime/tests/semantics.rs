@@ -1,0 +1,322 @@
+//! The controller's guarantees, observed through reconciles of real objects:
+//! concurrency limit, one reconcile per request at a time, re-run after a
+//! mid-reconcile event, requeue-after, per-request error backoff, panics,
+//! dropping a disengaged cluster's queue, and the `cluster` field on spans.
+
+mod common;
+
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use multicluster_envtest::ControlPlane;
+use multicluster_runtime::controller::{Action, Backoff, Controller, Request, Watch};
+use multicluster_runtime::{ClusterName, Manager, ManagerOptions};
+use tokio::sync::Notify;
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct TestError(&'static str);
+
+/// A manager over `names`, each a cluster on `cp`, running `controller`.
+async fn fleet_of(
+    cp: &ControlPlane,
+    names: &[&str],
+    controller: Controller,
+) -> (Manager, TestProvider) {
+    let provider = TestProvider::default();
+    for name in names {
+        provider
+            .clusters
+            .add(*name, cluster_for(name, cp).await)
+            .expect("add");
+    }
+    let manager = Manager::with_provider(
+        cluster_for("local", cp).await,
+        Arc::new(provider.clone()),
+        ManagerOptions::default(),
+    );
+    manager.add_controller(controller).expect("add controller");
+    (manager, provider)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrency_is_limited_and_a_request_never_runs_twice_at_once() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    for i in 0..10 {
+        create_config_map(&cp, &format!("cm-{i}"), &[]).await;
+    }
+    let in_flight = Arc::new(Mutex::new(HashSet::<Request>::new()));
+    let most = Arc::new(AtomicUsize::new(0));
+    let overlapped = Arc::new(AtomicBool::new(false));
+    let recorder = Recorder::default();
+    let api = Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default");
+    let touched = Arc::new(AtomicBool::new(false));
+    let controller = {
+        let (in_flight, most, overlapped, recorder, api, touched) = (
+            in_flight.clone(),
+            most.clone(),
+            overlapped.clone(),
+            recorder.clone(),
+            api.clone(),
+            touched.clone(),
+        );
+        Controller::builder("limited")
+            .for_resource(Watch::<ConfigMap>::new())
+            .max_concurrent_reconciles(3)
+            .build(move |request, _cluster| {
+                let (in_flight, most, overlapped, recorder, api, touched) = (
+                    in_flight.clone(),
+                    most.clone(),
+                    overlapped.clone(),
+                    recorder.clone(),
+                    api.clone(),
+                    touched.clone(),
+                );
+                async move {
+                    {
+                        let mut running = in_flight.lock().expect("lock");
+                        if !running.insert(request.clone()) {
+                            overlapped.store(true, Ordering::SeqCst);
+                        }
+                        most.fetch_max(running.len(), Ordering::SeqCst);
+                    }
+                    // While cm-0 in cluster a is being reconciled, change it:
+                    // the event arrives mid-reconcile and must cause one more run.
+                    if request == req("a", "cm-0") && !touched.swap(true, Ordering::SeqCst) {
+                        api.patch(
+                            "cm-0",
+                            &PatchParams::default(),
+                            &Patch::Merge(serde_json::json!({"data": {"touched": "yes"}})),
+                        )
+                        .await
+                        .expect("patch");
+                    }
+                    // Work that takes a while, so reconciles overlap.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    in_flight.lock().expect("lock").remove(&request);
+                    recorder.record(&request);
+                    Ok::<_, TestError>(Action::await_change())
+                }
+            })
+            .expect("controller")
+    };
+    let (manager, _provider) = fleet_of(&cp, &["a", "b"], controller).await;
+    let (shutdown, task) = run_manager(&manager);
+
+    eventually("every object reconciled in both clusters", || async {
+        (0..10).all(|i| {
+            recorder.count(&req("a", &format!("cm-{i}"))) > 0
+                && recorder.count(&req("b", &format!("cm-{i}"))) > 0
+        })
+    })
+    .await;
+    recorder.wait_for_more(&req("a", "cm-0"), 1).await;
+
+    assert!(
+        !overlapped.load(Ordering::SeqCst),
+        "a request ran twice at once"
+    );
+    let most = most.load(Ordering::SeqCst);
+    assert!(most <= 3, "at most 3 at once, saw {most}");
+    assert!(most >= 2, "reconciles ran in parallel (saw at most {most})");
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requeue_after_and_error_backoff_are_per_request() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    for name in ["again", "flaky", "steady"] {
+        create_config_map(&cp, name, &[]).await;
+    }
+    let recorder = Recorder::default();
+    let controller = {
+        let recorder = recorder.clone();
+        Controller::builder("timing")
+            .for_resource(Watch::<ConfigMap>::new())
+            .max_concurrent_reconciles(2)
+            .backoff(Backoff {
+                base: Duration::from_millis(100),
+                max: Duration::from_secs(10),
+            })
+            .build(move |request, _cluster| {
+                let recorder = recorder.clone();
+                async move {
+                    recorder.record(&request);
+                    let runs = recorder.count(&request);
+                    match request.name.as_str() {
+                        "again" if runs < 4 => Ok(Action::requeue(Duration::from_millis(200))),
+                        "flaky" if runs < 4 => Err(TestError("not yet")),
+                        "flaky" if runs == 4 => panic!("a panicking reconciler is an error too"),
+                        _ => Ok(Action::await_change()),
+                    }
+                }
+            })
+            .expect("controller")
+    };
+    let (manager, _provider) = fleet_of(&cp, &["a"], controller).await;
+    let (shutdown, task) = run_manager(&manager);
+
+    recorder.wait_for_more(&req("a", "again"), 3).await;
+    recorder.wait_for_more(&req("a", "flaky"), 4).await;
+    recorder.wait_for_more(&req("a", "steady"), 0).await;
+
+    let gaps = |name: &str| -> Vec<Duration> {
+        let times = recorder.times(&req("a", name));
+        times.windows(2).map(|w| w[1] - w[0]).collect()
+    };
+    for gap in gaps("again") {
+        assert!(
+            gap >= Duration::from_millis(200),
+            "requeue-after honoured: {gap:?}"
+        );
+    }
+    // 100 ms, 200 ms, 400 ms, 800 ms after the 1st..4th failure.
+    let flaky = gaps("flaky");
+    for (gap, least) in flaky.iter().zip([100u64, 200, 400, 800]) {
+        assert!(
+            *gap >= Duration::from_millis(least),
+            "backoff grows: {flaky:?}"
+        );
+    }
+    assert_eq!(
+        recorder.count(&req("a", "steady")),
+        1,
+        "other requests are not held back or repeated"
+    );
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disengaged_cluster_has_its_queue_dropped() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    for i in 0..5 {
+        create_config_map(&cp, &format!("cm-{i}"), &[]).await;
+    }
+    let release = Arc::new(Notify::new());
+    let blocked = Arc::new(AtomicBool::new(false));
+    let recorder = Recorder::default();
+    let controller = {
+        let (release, blocked, recorder) = (release.clone(), blocked.clone(), recorder.clone());
+        Controller::builder("one-at-a-time")
+            .for_resource(Watch::<ConfigMap>::new())
+            .build(move |request, _cluster| {
+                let (release, blocked, recorder) =
+                    (release.clone(), blocked.clone(), recorder.clone());
+                async move {
+                    // The first reconcile holds the only slot until released,
+                    // so everything else stays queued.
+                    if !blocked.swap(true, Ordering::SeqCst) {
+                        release.notified().await;
+                    }
+                    recorder.record(&request);
+                    Ok::<_, TestError>(Action::await_change())
+                }
+            })
+            .expect("controller")
+    };
+    let (manager, provider) = fleet_of(&cp, &["doomed"], controller).await;
+    let (shutdown, task) = run_manager(&manager);
+
+    eventually("the first reconcile to start", || async {
+        blocked.load(Ordering::SeqCst)
+    })
+    .await;
+    assert!(provider.clusters.remove(&ClusterName::from("doomed")));
+    eventually("the cluster to leave the manager", || async {
+        !manager
+            .cluster_states()
+            .iter()
+            .any(|(name, _)| name.as_str() == "doomed")
+    })
+    .await;
+    provider
+        .clusters
+        .add("survivor", cluster_for("survivor", &cp).await)
+        .expect("add");
+    release.notify_one();
+
+    eventually("the survivor's objects", || async {
+        (0..5).all(|i| recorder.count(&req("survivor", &format!("cm-{i}"))) > 0)
+    })
+    .await;
+    assert!(
+        recorder.for_cluster("doomed") <= 1,
+        "only the reconcile already running finished; queued ones were dropped"
+    );
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+#[tokio::test]
+async fn reconcile_spans_carry_the_cluster_name() {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    #[derive(Clone, Default)]
+    struct Clusters(Arc<Mutex<HashSet<String>>>);
+    struct Visitor<'a>(&'a Clusters);
+    impl tracing::field::Visit for Visitor<'_> {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            if field.name() == "cluster" {
+                self.0.0.lock().expect("lock").insert(format!("{value:?}"));
+            }
+        }
+    }
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Clusters {
+        fn on_new_span(
+            &self,
+            attrs: &tracing::span::Attributes<'_>,
+            _id: &tracing::span::Id,
+            _ctx: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            if attrs.metadata().name() == "reconcile" {
+                attrs.record(&mut Visitor(self));
+            }
+        }
+    }
+
+    let seen = Clusters::default();
+    // The default runtime of #[tokio::test] runs every task on this thread,
+    // so a thread-local subscriber sees the controller's spans.
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(seen.clone()));
+
+    let cp = ControlPlane::start().await.expect("control plane");
+    create_config_map(&cp, "traced", &[]).await;
+    let recorder = Recorder::default();
+    let controller = {
+        let recorder = recorder.clone();
+        Controller::builder("traced")
+            .for_resource(Watch::<ConfigMap>::new())
+            .build(move |request, _cluster| {
+                let recorder = recorder.clone();
+                async move {
+                    recorder.record(&request);
+                    Ok::<_, TestError>(Action::await_change())
+                }
+            })
+            .expect("controller")
+    };
+    let (manager, _provider) = fleet_of(&cp, &["east", "west"], controller).await;
+    let (shutdown, task) = run_manager(&manager);
+    recorder.wait_for_more(&req("east", "traced"), 0).await;
+    recorder.wait_for_more(&req("west", "traced"), 0).await;
+
+    let clusters = seen.0.lock().expect("lock").clone();
+    assert!(
+        clusters.contains("east") && clusters.contains("west"),
+        "{clusters:?}"
+    );
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
