@@ -219,3 +219,135 @@ impl std::fmt::Debug for Clusters {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+
+    use super::*;
+
+    /// Records every engagement's lifetime per cluster name.
+    #[derive(Default)]
+    struct Recording(Mutex<HashMap<ClusterName, Vec<CancellationToken>>>);
+
+    impl Aware for Recording {
+        fn engage(
+            &self,
+            lifetime: CancellationToken,
+            name: ClusterName,
+            _cluster: Cluster,
+        ) -> Result<(), Error> {
+            self.0
+                .lock()
+                .expect("lock")
+                .entry(name)
+                .or_default()
+                .push(lifetime);
+            Ok(())
+        }
+    }
+
+    fn cluster(name: &str) -> Cluster {
+        let config = kube::Config::new("https://127.0.0.1:1".parse().expect("uri"));
+        Cluster::new(name, kube::Client::try_from(config).expect("client"))
+    }
+
+    #[tokio::test]
+    async fn names_are_sorted_and_unknown_names_are_not_found() {
+        let set = Clusters::new();
+        set.add("b", cluster("b")).expect("add");
+        set.add("a", cluster("a")).expect("add");
+        assert!(matches!(
+            set.add("a", cluster("a")),
+            Err(Error::ClusterExists(_))
+        ));
+        assert_eq!(
+            set.names(),
+            [ClusterName::from("a"), ClusterName::from("b")]
+        );
+        assert!(matches!(
+            set.get(&"zzz".into()),
+            Err(Error::ClusterNotFound(_))
+        ));
+        let kept = cluster("c");
+        assert!(set.add_or_replace("c", kept.clone(), "v1"));
+        assert!(
+            !set.add_or_replace("c", cluster("c"), "v1"),
+            "equal config is a no-op"
+        );
+        assert!(set.get(&"c".into()).expect("c").same_instance(&kept));
+        assert!(set.add_or_replace("c", cluster("c"), "v2"));
+        assert!(!set.get(&"c".into()).expect("c").same_instance(&kept));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn concurrent_use_keeps_exactly_one_live_engagement_per_present_cluster() {
+        let set = Clusters::new();
+        let aware = Arc::new(Recording::default());
+        let shutdown = CancellationToken::new();
+        set.start(shutdown.clone(), aware.clone()).expect("start");
+        assert!(matches!(
+            set.start(shutdown.clone(), aware.clone()),
+            Err(Error::AlreadyStarted(_))
+        ));
+
+        let mut tasks = tokio::task::JoinSet::new();
+        for worker in 0..16u32 {
+            let set = set.clone();
+            tasks.spawn(async move {
+                for step in 0..200u32 {
+                    let name = format!("c{}", (worker * 7 + step) % 10);
+                    match step % 5 {
+                        0 => {
+                            let _ = set.add(name.as_str(), cluster(&name));
+                        }
+                        1 => {
+                            set.add_or_replace(
+                                name.as_str(),
+                                cluster(&name),
+                                format!("v{}", step % 3),
+                            );
+                        }
+                        2 => {
+                            set.remove(&ClusterName::from(name));
+                        }
+                        3 => set.index_field(crate::cache::FieldIndex::new::<
+                            k8s_openapi::api::core::v1::ConfigMap,
+                        >(
+                            format!("f{worker}"), |_| Vec::new()
+                        )),
+                        _ => {
+                            let _ = set.get(&ClusterName::from(name));
+                        }
+                    }
+                    tokio::task::yield_now().await;
+                }
+            });
+        }
+        while let Some(result) = tasks.join_next().await {
+            result.expect("no task panicked");
+        }
+
+        let names = set.names();
+        let mut sorted = names.clone();
+        sorted.sort();
+        sorted.dedup();
+        assert_eq!(names, sorted);
+        let engagements = aware.0.lock().expect("lock");
+        for (name, lifetimes) in engagements.iter() {
+            let live = lifetimes
+                .iter()
+                .filter(|lifetime| !lifetime.is_cancelled())
+                .count();
+            let present = names.contains(name);
+            assert_eq!(
+                live,
+                usize::from(present),
+                "{name}: {live} live engagements, present: {present}"
+            );
+        }
+        for name in &names {
+            assert!(set.get(name).is_ok());
+        }
+    }
+}

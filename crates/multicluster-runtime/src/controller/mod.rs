@@ -411,12 +411,18 @@ impl Controller {
         let mut running = JoinSet::new();
         loop {
             let slot = tokio::select! {
+                biased;
                 () = shutdown.cancelled() => break,
                 slot = slots.clone().acquire_owned() => match slot { Ok(slot) => slot, Err(_) => break },
             };
             let Some(request) = self.next_request(&shutdown).await else {
                 break;
             };
+            if shutdown.is_cancelled() {
+                // Leave it queued: the queue is dropped with the controller.
+                inner.queue.done(&request, Outcome::Success(None));
+                break;
+            }
             inner
                 .metrics()
                 .queue_depth(&inner.name, inner.queue.depth());
@@ -509,7 +515,11 @@ impl Controller {
                     None => std::future::pending().await,
                 }
             };
+            if shutdown.is_cancelled() {
+                return None;
+            }
             tokio::select! {
+                biased;
                 () = shutdown.cancelled() => return None,
                 () = changed => {}
                 () = wait_due => {}

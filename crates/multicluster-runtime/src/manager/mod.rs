@@ -11,7 +11,10 @@
 //! Providers run on every replica, leader or not, so any replica can answer
 //! for any cluster; the coordinator decides which components engage.
 
+mod health;
+
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -79,6 +82,9 @@ pub struct ManagerOptions {
     /// How long running reconciles may take to finish at shutdown (default
     /// 30 s).
     pub shutdown_grace: Duration,
+    /// Where to serve `/healthz`, `/readyz`, `/metrics` and `/clusters`;
+    /// `None` (the default) serves nothing.
+    pub health_address: Option<SocketAddr>,
 }
 
 impl Default for ManagerOptions {
@@ -88,6 +94,7 @@ impl Default for ManagerOptions {
             retry_delay: Duration::from_secs(1),
             max_retry_delay: Duration::from_secs(60),
             shutdown_grace: Duration::from_secs(30),
+            health_address: None,
         }
     }
 }
@@ -269,6 +276,14 @@ impl Manager {
     /// provider and every controller; at shutdown stops taking work and
     /// lets running reconciles finish for up to the shutdown grace period.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
+        if let Some(address) = self.inner.options.health_address {
+            let listener = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|err| {
+                    Error::Other(format!("binding the health endpoint to {address}: {err}"))
+                })?;
+            self.serve_health(listener, shutdown.clone());
+        }
         let components_stop = shutdown.child_token();
         self.engage(
             components_stop.child_token(),
@@ -301,6 +316,13 @@ impl Manager {
             }
         }
         Ok(())
+    }
+
+    /// Serves the health, readiness, metrics and cluster-state endpoints on
+    /// `listener` until `shutdown` fires (what `health_address` does, for a
+    /// listener the caller bound).
+    pub fn serve_health(&self, listener: tokio::net::TcpListener, shutdown: CancellationToken) {
+        tokio::spawn(health::serve(listener, self.clone(), shutdown));
     }
 
     /// [`Manager::run`] until SIGTERM or Ctrl-C.
