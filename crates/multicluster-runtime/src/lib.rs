@@ -15,6 +15,8 @@
 //!
 //! Each part is usable alone: the cache without a controller, a controller
 //! without a manager.
+//!
+#![doc = include_str!("../README.md")]
 
 pub mod cache;
 mod cluster;

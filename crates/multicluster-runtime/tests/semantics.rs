@@ -1,7 +1,7 @@
 //! The controller's guarantees, observed through reconciles of real objects:
 //! concurrency limit, one reconcile per request at a time, re-run after a
 //! mid-reconcile event, requeue-after, per-request error backoff, panics,
-//! dropping a disengaged cluster's queue, and the `cluster` field on spans.
+//! dropping a disengaged cluster's queue, and event filters.
 
 mod common;
 
@@ -257,46 +257,69 @@ async fn a_disengaged_cluster_has_its_queue_dropped() {
     task.await.expect("task").expect("clean stop");
 }
 
-#[tokio::test]
-async fn reconcile_spans_carry_the_cluster_name() {
-    use tracing_subscriber::layer::SubscriberExt;
-
-    #[derive(Clone, Default)]
-    struct Clusters(Arc<Mutex<HashSet<String>>>);
-    struct Visitor<'a>(&'a Clusters);
-    impl tracing::field::Visit for Visitor<'_> {
-        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-            if field.name() == "cluster" {
-                self.0.0.lock().expect("lock").insert(format!("{value:?}"));
-            }
-        }
-    }
-    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Clusters {
-        fn on_new_span(
-            &self,
-            attrs: &tracing::span::Attributes<'_>,
-            _id: &tracing::span::Id,
-            _ctx: tracing_subscriber::layer::Context<'_, S>,
-        ) {
-            if attrs.metadata().name() == "reconcile" {
-                attrs.record(&mut Visitor(self));
-            }
-        }
-    }
-
-    let seen = Clusters::default();
-    // The default runtime of #[tokio::test] runs every task on this thread,
-    // so a thread-local subscriber sees the controller's spans.
-    let _guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(seen.clone()));
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn event_filters_decide_which_changes_reconcile() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use multicluster_runtime::controller::filters;
 
     let cp = ControlPlane::start().await.expect("control plane");
-    create_config_map(&cp, "traced", &[]).await;
+    let deployments = Api::<Deployment>::namespaced(cp.client().await.expect("client"), "default");
+    let deployment: Deployment = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "web", "labels": {"team": "blue"}},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "web", "image": "example.invalid/web:1"}]}
+            }
+        }
+    }))
+    .expect("deployment");
+    deployments
+        .create(&Default::default(), &deployment)
+        .await
+        .expect("create");
+    create_config_map(&cp, "labelled", &[]).await;
+    create_config_map(&cp, "unlabelled", &[]).await;
+    let config_maps = Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default");
+    config_maps
+        .patch(
+            "labelled",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"sync": "yes"}}})),
+        )
+        .await
+        .expect("label");
+
     let recorder = Recorder::default();
     let controller = {
         let recorder = recorder.clone();
-        Controller::builder("traced")
-            .for_resource(Watch::<ConfigMap>::new())
+        Controller::builder("filtered")
+            .for_resource(Watch::<Deployment>::new().filter(filters::generation_changed()))
+            .watches(
+                Watch::<ConfigMap>::new()
+                    .filter(filters::labels(
+                        [("sync".to_string(), "yes".to_string())].into(),
+                    ))
+                    .filter(filters::custom(
+                        |event: &multicluster_runtime::cache::CacheEvent<ConfigMap>| {
+                            !event
+                                .object()
+                                .metadata
+                                .name
+                                .as_deref()
+                                .unwrap_or("")
+                                .starts_with("skip")
+                        },
+                    )),
+                |cm: &ConfigMap| {
+                    vec![(
+                        cm.metadata.namespace.clone(),
+                        format!("cm-{}", cm.metadata.name.clone().unwrap_or_default()),
+                    )]
+                },
+            )
             .build(move |request, _cluster| {
                 let recorder = recorder.clone();
                 async move {
@@ -306,16 +329,56 @@ async fn reconcile_spans_carry_the_cluster_name() {
             })
             .expect("controller")
     };
-    let (manager, _provider) = fleet_of(&cp, &["east", "west"], controller).await;
+    let (manager, _provider) = fleet_of(&cp, &["a"], controller).await;
     let (shutdown, task) = run_manager(&manager);
-    recorder.wait_for_more(&req("east", "traced"), 0).await;
-    recorder.wait_for_more(&req("west", "traced"), 0).await;
 
-    let clusters = seen.0.lock().expect("lock").clone();
-    assert!(
-        clusters.contains("east") && clusters.contains("west"),
-        "{clusters:?}"
+    recorder.wait_for_more(&req("a", "web"), 0).await;
+    recorder.wait_for_more(&req("a", "cm-labelled"), 0).await;
+    // A label change leaves the generation alone: filtered out. The spec
+    // change after it bumps the generation and is the next reconcile.
+    deployments
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"team": "red"}}})),
+        )
+        .await
+        .expect("label change");
+    deployments
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"spec": {"replicas": 2}})),
+        )
+        .await
+        .expect("spec change");
+    recorder.wait_for_more(&req("a", "web"), 1).await;
+    assert_eq!(
+        recorder.count(&req("a", "web")),
+        2,
+        "create and spec change only"
     );
+
+    // Label filter: unlabelled ConfigMaps never map; custom filter drops
+    // labelled ones whose name starts with "skip".
+    let labelled_skip = {
+        let mut cm = config_map("skip-me", &[]);
+        cm.metadata.labels = Some([("sync".to_string(), "yes".to_string())].into());
+        cm
+    };
+    config_maps
+        .create(&Default::default(), &labelled_skip)
+        .await
+        .expect("create");
+    let mut later = config_map("later", &[]);
+    later.metadata.labels = Some([("sync".to_string(), "yes".to_string())].into());
+    config_maps
+        .create(&Default::default(), &later)
+        .await
+        .expect("create");
+    recorder.wait_for_more(&req("a", "cm-later"), 0).await;
+    assert_eq!(recorder.count(&req("a", "cm-unlabelled")), 0);
+    assert_eq!(recorder.count(&req("a", "cm-skip-me")), 0);
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
