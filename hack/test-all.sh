@@ -3,7 +3,8 @@
 # process was left behind.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-leftovers() { pgrep -x etcd || true; pgrep -x kube-apiserver || true; pgrep -x kube-controller-manager || true; }
+# kube-controller-manager shows as "kube-controller": process names are cut to 15 characters.
+leftovers() { pgrep -x etcd || true; pgrep -x kube-apiserver || true; pgrep -x kube-controller || true; }
 before=$(leftovers | sort)
 status=0
 # Benches are left to `make bench`: --all-targets would run them here too.

@@ -27,6 +27,7 @@ pub mod manager;
 pub mod metrics;
 mod name;
 mod provider;
+pub mod testing;
 
 pub use cluster::Cluster;
 pub use error::Error;

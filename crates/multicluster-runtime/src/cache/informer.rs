@@ -82,6 +82,12 @@ impl<K> Stream for Subscription<K> {
     }
 }
 
+/// A subscription without the initial contents.
+pub(crate) struct RawSubscription<K> {
+    sender: mpsc::UnboundedSender<CacheEvent<K>>,
+    pub(crate) receiver: mpsc::UnboundedReceiver<CacheEvent<K>>,
+}
+
 /// A shared watch of one resource type in one cluster.
 pub struct Informer<K>
 where
@@ -231,16 +237,26 @@ where
     /// Subscribes to changes. The current contents arrive first, as
     /// `Applied` events without an old version.
     pub fn subscribe(&self) -> Subscription<K> {
-        let (sender, receiver) = mpsc::unbounded_channel();
-        let mut state = self.lock();
-        for obj in self.store.state() {
-            let _ = sender.send(CacheEvent::Applied {
+        let (snapshot, subscription) = self.snapshot_and_subscribe();
+        for obj in snapshot {
+            let _ = subscription.sender.send(CacheEvent::Applied {
                 old: None,
                 new: obj,
             });
         }
-        state.subscribers.push(sender);
-        Subscription { receiver }
+        Subscription {
+            receiver: subscription.receiver,
+        }
+    }
+
+    /// The current contents and a subscription to every change after them,
+    /// taken atomically.
+    pub(crate) fn snapshot_and_subscribe(&self) -> (Vec<Arc<K>>, RawSubscription<K>) {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        let mut state = self.lock();
+        let snapshot = self.store.state();
+        state.subscribers.push(sender.clone());
+        (snapshot, RawSubscription { sender, receiver })
     }
 
     /// The informer's store, for reads.

@@ -10,6 +10,7 @@
 
 mod index;
 mod informer;
+mod scoped;
 
 use std::any::{Any, TypeId};
 use std::fmt::Debug;
@@ -27,6 +28,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use index::{Extractor, FieldIndex};
 pub use informer::{CacheEvent, Informer, Subscription};
+pub use scoped::VIRTUAL_NAMESPACE;
 
 use crate::{ClusterName, Error};
 use index::Indexes;
@@ -143,8 +145,7 @@ pub struct Cache {
 
 struct Inner {
     cluster: ClusterName,
-    client: kube::Client,
-    options: CacheOptions,
+    backend: Backend,
     stop: CancellationToken,
     informers: Mutex<Vec<(ResourceKey, Arc<dyn ErasedInformer>)>>,
     indexes: Mutex<Vec<FieldIndex>>,
@@ -154,6 +155,17 @@ impl Drop for Inner {
     fn drop(&mut self) {
         self.stop.cancel();
     }
+}
+
+/// Where a cache's informers get their events.
+enum Backend {
+    /// Watches against an API server.
+    Api {
+        client: kube::Client,
+        options: CacheOptions,
+    },
+    /// One namespace of a host cache, shown as `default`.
+    Scoped { host: Cache, namespace: String },
 }
 
 /// What the cache needs of an informer without knowing its type.
@@ -203,11 +215,33 @@ impl Cache {
         client: kube::Client,
         options: CacheOptions,
     ) -> Self {
+        Self::with_backend(cluster.into(), Backend::Api { client, options })
+    }
+
+    /// A view of `host` that shows only `namespace`, renamed to
+    /// [`VIRTUAL_NAMESPACE`] (`default`). Its informers are fed by the
+    /// host's, so any number of views share one watch per type; lists and
+    /// index queries through the view see only that namespace. The host
+    /// cache must not be restricted to another namespace.
+    pub fn scoped(
+        cluster: impl Into<ClusterName>,
+        host: &Cache,
+        namespace: impl Into<String>,
+    ) -> Self {
+        Self::with_backend(
+            cluster.into(),
+            Backend::Scoped {
+                host: host.clone(),
+                namespace: namespace.into(),
+            },
+        )
+    }
+
+    fn with_backend(cluster: ClusterName, backend: Backend) -> Self {
         Self {
             inner: Arc::new(Inner {
-                cluster: cluster.into(),
-                client,
-                options,
+                cluster,
+                backend,
                 stop: CancellationToken::new(),
                 informers: Mutex::new(Vec::new()),
                 indexes: Mutex::new(Vec::new()),
@@ -221,13 +255,16 @@ impl Cache {
         K: CachedResource,
     {
         let key = ResourceKey::typed::<K>(&(), false);
-        self.ensure(key, (), || {
-            let api = self.api::<K>(&());
-            let strip = self.inner.options.strip_managed_fields;
-            watcher(api, self.inner.options.watcher.clone())
-                .default_backoff()
-                .modify(move |obj| strip_managed_fields(obj, strip))
-        })
+        match &self.inner.backend {
+            Backend::Api { client, options } => self.ensure(key, (), || {
+                let api = restricted_api::<K>(client, options, &());
+                watch_events(api, options)
+            }),
+            Backend::Scoped { host, namespace } => {
+                let host = host.informer::<K>();
+                self.ensure(key, (), || scoped::events(host, namespace.clone()))
+            }
+        }
     }
 
     /// The shared informer for a resource known only at run time.
@@ -236,13 +273,18 @@ impl Cache {
     /// use an unrestricted cache for cluster-scoped dynamic resources.
     pub fn dynamic(&self, resource: &ApiResource) -> Arc<Informer<DynamicObject>> {
         let key = ResourceKey::typed::<DynamicObject>(resource, false);
-        self.ensure(key, resource.clone(), || {
-            let api = self.api::<DynamicObject>(resource);
-            let strip = self.inner.options.strip_managed_fields;
-            watcher(api, self.inner.options.watcher.clone())
-                .default_backoff()
-                .modify(move |obj| strip_managed_fields(obj, strip))
-        })
+        match &self.inner.backend {
+            Backend::Api { client, options } => self.ensure(key, resource.clone(), || {
+                let api = restricted_api::<DynamicObject>(client, options, resource);
+                watch_events(api, options)
+            }),
+            Backend::Scoped { host, namespace } => {
+                let host = host.dynamic(resource);
+                self.ensure(key, resource.clone(), || {
+                    scoped::events(host, namespace.clone())
+                })
+            }
+        }
     }
 
     /// A metadata-only informer for `K`: objects carry only their metadata,
@@ -252,23 +294,15 @@ impl Cache {
         K: CachedResource,
     {
         let key = ResourceKey::typed::<K>(&(), true);
-        self.ensure(key, (), || {
-            let api = self.api::<PartialObjectMeta<K>>(&());
-            let strip = self.inner.options.strip_managed_fields;
-            watcher(api, self.inner.options.watcher.clone())
-                .default_backoff()
-                .modify(move |obj| strip_managed_fields(obj, strip))
-        })
-    }
-
-    fn api<K>(&self, dyntype: &K::DynamicType) -> Api<K>
-    where
-        K: Resource<Scope: WatchScope>,
-    {
-        let api = Api::all_with(self.inner.client.clone(), dyntype);
-        match &self.inner.options.namespace {
-            Some(ns) => K::Scope::restrict(api, ns),
-            None => api,
+        match &self.inner.backend {
+            Backend::Api { client, options } => self.ensure(key, (), || {
+                let api = restricted_api::<PartialObjectMeta<K>>(client, options, &());
+                watch_events(api, options)
+            }),
+            Backend::Scoped { host, namespace } => {
+                let host = host.metadata::<K>();
+                self.ensure(key, (), || scoped::events(host, namespace.clone()))
+            }
         }
     }
 
@@ -426,11 +460,6 @@ impl Cache {
     pub fn stop(&self) {
         self.inner.stop.cancel();
     }
-
-    /// The client the cache watches through.
-    pub fn client(&self) -> kube::Client {
-        self.inner.client.clone()
-    }
 }
 
 impl std::fmt::Debug for Cache {
@@ -442,8 +471,37 @@ impl std::fmt::Debug for Cache {
     }
 }
 
-fn strip_managed_fields<K: Resource>(obj: &mut K, strip: bool) {
-    if strip {
-        obj.managed_fields_mut().clear();
+/// An API for `K` honouring the namespace restriction.
+fn restricted_api<K>(
+    client: &kube::Client,
+    options: &CacheOptions,
+    dyntype: &K::DynamicType,
+) -> Api<K>
+where
+    K: Resource<Scope: WatchScope>,
+{
+    let api = Api::all_with(client.clone(), dyntype);
+    match &options.namespace {
+        Some(ns) => K::Scope::restrict(api, ns),
+        None => api,
     }
+}
+
+/// A watch with its own backoff, stripping managed fields when asked.
+fn watch_events<K>(
+    api: Api<K>,
+    options: &CacheOptions,
+) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+where
+    K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    K::DynamicType: Clone + Eq + Hash,
+{
+    let strip = options.strip_managed_fields;
+    watcher(api, options.watcher.clone())
+        .default_backoff()
+        .modify(move |obj| {
+            if strip {
+                obj.managed_fields_mut().clear();
+            }
+        })
 }

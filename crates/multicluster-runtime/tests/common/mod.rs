@@ -1,11 +1,10 @@
 //! Helpers shared by the integration tests: a minimal provider over a
 //! cluster set, a reconcile recorder, and polling with a deadline.
-#![allow(dead_code, unreachable_pub)]
+#![allow(dead_code, unreachable_pub, unused_imports)]
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
@@ -16,7 +15,7 @@ use multicluster_runtime::controller::Request;
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
-pub const DEADLINE: Duration = Duration::from_secs(60);
+pub const DEADLINE: Duration = multicluster_runtime::testing::DEFAULT_DEADLINE;
 
 /// The smallest runnable provider: clusters added and removed by the test.
 #[derive(Clone, Default)]
@@ -72,88 +71,8 @@ pub async fn create_config_map(cp: &ControlPlane, name: &str, data: &[(&str, &st
         .expect("create config map");
 }
 
-/// Every reconcile a test's reconciler saw, in order.
-#[derive(Clone, Default)]
-pub struct Recorder {
-    seen: Arc<Mutex<Vec<(Request, Instant)>>>,
-}
-
-impl Recorder {
-    pub fn record(&self, request: &Request) {
-        self.seen
-            .lock()
-            .expect("lock")
-            .push((request.clone(), Instant::now()));
-    }
-
-    pub fn count(&self, request: &Request) -> usize {
-        self.seen
-            .lock()
-            .expect("lock")
-            .iter()
-            .filter(|(r, _)| r == request)
-            .count()
-    }
-
-    pub fn times(&self, request: &Request) -> Vec<Instant> {
-        self.seen
-            .lock()
-            .expect("lock")
-            .iter()
-            .filter(|(r, _)| r == request)
-            .map(|(_, t)| *t)
-            .collect()
-    }
-
-    pub fn for_cluster(&self, cluster: &str) -> usize {
-        self.seen
-            .lock()
-            .expect("lock")
-            .iter()
-            .filter(|(r, _)| r.cluster.as_str() == cluster)
-            .count()
-    }
-
-    pub fn total(&self) -> usize {
-        self.seen.lock().expect("lock").len()
-    }
-
-    /// Waits until `request` has been reconciled more than `before` times.
-    pub async fn wait_for_more(&self, request: &Request, before: usize) {
-        eventually(&format!("a reconcile of {request}"), || async {
-            self.count(request) > before
-        })
-        .await;
-    }
-}
-
-/// Polls `check` until true, failing after [`DEADLINE`].
-pub async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = bool>,
-{
-    let deadline = Instant::now() + DEADLINE;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
+pub use multicluster_runtime::testing::{Recorder, eventually, run_manager};
 
 pub fn req(cluster: &str, name: &str) -> Request {
     Request::new(cluster, Some("default"), name)
-}
-
-/// Runs the manager in the background; cancel the token to stop it.
-pub fn run_manager(
-    manager: &multicluster_runtime::Manager,
-) -> (
-    CancellationToken,
-    tokio::task::JoinHandle<Result<(), Error>>,
-) {
-    let shutdown = CancellationToken::new();
-    let stop = shutdown.clone();
-    let manager = manager.clone();
-    let task = tokio::spawn(async move { manager.run(stop).await });
-    (shutdown, task)
 }

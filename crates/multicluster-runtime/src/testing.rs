@@ -1,0 +1,128 @@
+//! Helpers for testing controllers and providers across several clusters
+//! in tests of your own: a recorder of reconciles, a controller
+//! that records, and polling with a deadline instead of sleeps.
+
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::cache::CachedResource;
+use crate::controller::{Action, Controller, Request, Watch};
+use crate::{ClusterName, Error};
+
+/// How long [`eventually`] waits by default.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Every reconcile a recording controller saw, in order, with the time.
+#[derive(Clone, Default)]
+pub struct Recorder {
+    seen: Arc<Mutex<Vec<(Request, Instant)>>>,
+}
+
+impl Recorder {
+    fn seen(&self) -> std::sync::MutexGuard<'_, Vec<(Request, Instant)>> {
+        self.seen
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Notes a reconcile of `request` now.
+    pub fn record(&self, request: &Request) {
+        self.seen().push((request.clone(), Instant::now()));
+    }
+
+    /// How often `request` was reconciled.
+    pub fn count(&self, request: &Request) -> usize {
+        self.seen().iter().filter(|(r, _)| r == request).count()
+    }
+
+    /// When `request` was reconciled.
+    pub fn times(&self, request: &Request) -> Vec<Instant> {
+        self.seen()
+            .iter()
+            .filter(|(r, _)| r == request)
+            .map(|(_, t)| *t)
+            .collect()
+    }
+
+    /// Reconciles of any object in `cluster`.
+    pub fn for_cluster(&self, cluster: &str) -> usize {
+        self.seen()
+            .iter()
+            .filter(|(r, _)| r.cluster.as_str() == cluster)
+            .count()
+    }
+
+    /// Names of the clusters seen, sorted and without repeats.
+    pub fn clusters(&self) -> Vec<ClusterName> {
+        let mut names: Vec<_> = self.seen().iter().map(|(r, _)| r.cluster.clone()).collect();
+        names.sort();
+        names.dedup();
+        names
+    }
+
+    /// All reconciles so far.
+    pub fn total(&self) -> usize {
+        self.seen().len()
+    }
+
+    /// Waits until `request` has been reconciled more than `before` times;
+    /// panics after [`DEFAULT_DEADLINE`].
+    pub async fn wait_for_more(&self, request: &Request, before: usize) {
+        eventually(&format!("a reconcile of {request}"), || async {
+            self.count(request) > before
+        })
+        .await;
+    }
+}
+
+/// A controller for `K` over `watch` that records every reconcile and does
+/// nothing else.
+pub fn recording_controller<K: CachedResource>(
+    name: &str,
+    watch: Watch<K>,
+    recorder: &Recorder,
+) -> Result<Controller, Error> {
+    #[derive(Debug, thiserror::Error)]
+    #[error("unreachable")]
+    struct Never;
+    let recorder = recorder.clone();
+    Controller::builder(name)
+        .for_resource(watch)
+        .max_concurrent_reconciles(4)
+        .build(move |request, _cluster| {
+            let recorder = recorder.clone();
+            async move {
+                recorder.record(&request);
+                Ok::<_, Never>(Action::await_change())
+            }
+        })
+}
+
+/// Polls `check` every 50 ms until it holds; panics naming `what` after
+/// [`DEFAULT_DEADLINE`].
+pub async fn eventually<F, Fut>(what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + DEFAULT_DEADLINE;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Runs `manager` in the background until the returned token is cancelled.
+pub fn run_manager(
+    manager: &crate::Manager,
+) -> (
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<Result<(), Error>>,
+) {
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let stop = shutdown.clone();
+    let manager = manager.clone();
+    let task = tokio::spawn(async move { manager.run(stop).await });
+    (shutdown, task)
+}

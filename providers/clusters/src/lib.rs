@@ -1,0 +1,75 @@
+//! A provider whose clusters are added and removed by hand (Go:
+//! `providers/clusters`).
+//!
+//! Clusters may be added before or after the provider starts; those added
+//! before are engaged when it starts. Removing a cluster ends its lifetime,
+//! which disengages it everywhere. [`Provider::get`] returns the very
+//! instance that was added. Starting twice is an error.
+
+use std::sync::Arc;
+
+use multicluster_runtime::cache::FieldIndex;
+use multicluster_runtime::clusters::Clusters;
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
+use tokio_util::sync::CancellationToken;
+
+/// Clusters managed by the caller.
+#[derive(Clone, Debug, Default)]
+pub struct ClustersProvider {
+    clusters: Clusters,
+}
+
+impl ClustersProvider {
+    /// An empty provider.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a cluster; an existing name is [`Error::ClusterExists`].
+    pub fn add(&self, name: impl Into<ClusterName>, cluster: Cluster) -> Result<(), Error> {
+        self.clusters.add(name, cluster)
+    }
+
+    /// Adds or replaces a cluster; `fingerprint` identifies its connection
+    /// config, and an equal fingerprint leaves the existing cluster in
+    /// place. Returns whether anything changed.
+    pub fn add_or_replace(
+        &self,
+        name: impl Into<ClusterName>,
+        cluster: Cluster,
+        fingerprint: impl Into<String>,
+    ) -> bool {
+        self.clusters.add_or_replace(name, cluster, fingerprint)
+    }
+
+    /// Removes a cluster; returns whether it was there.
+    pub fn remove(&self, name: &ClusterName) -> bool {
+        self.clusters.remove(name)
+    }
+
+    /// Names of the clusters, sorted.
+    pub fn names(&self) -> Vec<ClusterName> {
+        self.clusters.names()
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for ClustersProvider {
+    async fn get(&self, name: &ClusterName) -> Result<Cluster, Error> {
+        self.clusters.get(name)
+    }
+
+    async fn index_field(&self, index: FieldIndex) -> Result<(), Error> {
+        self.clusters.index_field(index);
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl RunnableProvider for ClustersProvider {
+    async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
+        self.clusters.start(shutdown.clone(), aware)?;
+        shutdown.cancelled().await;
+        Ok(())
+    }
+}

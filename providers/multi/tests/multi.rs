@@ -1,0 +1,182 @@
+//! Several providers under one fleet: prefixed names, providers added and
+//! removed at runtime, indexes reaching providers added later.
+
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, PostParams};
+use multicluster_envtest::ControlPlane;
+use multicluster_provider_clusters::ClustersProvider;
+use multicluster_provider_multi::MultiProvider;
+use multicluster_runtime::cache::FieldIndex;
+use multicluster_runtime::controller::{Request, Watch};
+use multicluster_runtime::testing::{Recorder, eventually, recording_controller, run_manager};
+use multicluster_runtime::{Cluster, ClusterName, Error, Manager, ManagerOptions, Provider};
+
+async fn create(cp: &ControlPlane, name: &str, color: &str) {
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some(name.into());
+    cm.data = Some([("color".to_string(), color.to_string())].into());
+    Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default")
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("create");
+}
+
+fn by_color() -> FieldIndex {
+    FieldIndex::new::<ConfigMap>("data.color", |cm: &ConfigMap| {
+        cm.data
+            .as_ref()
+            .and_then(|d| d.get("color").cloned())
+            .into_iter()
+            .collect()
+    })
+}
+
+fn req(cluster: &str, name: &str) -> Request {
+    Request::new(cluster, Some("default"), name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn providers_share_a_fleet_under_prefixed_names() {
+    let (east, west) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (east, west) = (east.expect("east"), west.expect("west"));
+    create(&east, "in-east", "blue").await;
+    create(&west, "in-west", "blue").await;
+
+    let multi = Arc::new(MultiProvider::new());
+    // Registered before any provider exists: must reach providers added later.
+    multi.index_field(by_color()).await.expect("index");
+
+    // The same inner name, "member", in two providers.
+    let first = Arc::new(ClustersProvider::new());
+    first
+        .add(
+            "member",
+            Cluster::new("member", east.client().await.expect("client")),
+        )
+        .expect("add");
+    multi
+        .add_runnable("first", first.clone())
+        .await
+        .expect("add first");
+    assert!(
+        multi.add_runnable("first", first.clone()).await.is_err(),
+        "duplicate provider name"
+    );
+    assert!(
+        multi.add_runnable("bad#name", first.clone()).await.is_err(),
+        "separator in name"
+    );
+
+    let manager = Manager::with_provider(
+        Cluster::new("local", east.client().await.expect("client")),
+        multi.clone(),
+        ManagerOptions::default(),
+    );
+    let recorder = Recorder::default();
+    manager
+        .add_controller(
+            recording_controller("multi", Watch::<ConfigMap>::new(), &recorder)
+                .expect("controller"),
+        )
+        .expect("add");
+    let (shutdown, task) = run_manager(&manager);
+    recorder
+        .wait_for_more(&req("first#member", "in-east"), 0)
+        .await;
+
+    // A provider added after start is started.
+    let second = Arc::new(ClustersProvider::new());
+    second
+        .add(
+            "member",
+            Cluster::new("member", west.client().await.expect("client")),
+        )
+        .expect("add");
+    multi
+        .add_runnable("second", second.clone())
+        .await
+        .expect("add second");
+    recorder
+        .wait_for_more(&req("second#member", "in-west"), 0)
+        .await;
+    assert_eq!(
+        recorder.count(&req("second#member", "in-east")),
+        0,
+        "names stay distinct"
+    );
+    assert_eq!(
+        recorder.count(&req("first#member", "in-west")),
+        0,
+        "names stay distinct"
+    );
+    assert_eq!(multi.provider_names(), ["first", "second"]);
+
+    // Lookups split at the first separator; the index reached both.
+    let west_member = multi
+        .get(&ClusterName::from("second#member"))
+        .await
+        .expect("get");
+    let blue = west_member
+        .cache()
+        .by_index::<ConfigMap>("data.color", "blue", None)
+        .await
+        .expect("query");
+    assert_eq!(
+        blue.iter()
+            .filter_map(|cm| cm.metadata.name.clone())
+            .collect::<Vec<_>>(),
+        ["in-west"]
+    );
+    for missing in ["nobody#member", "second#nobody", "no-separator"] {
+        assert!(
+            matches!(multi.get(&ClusterName::from(missing)).await, Err(Error::ClusterNotFound(name)) if name.as_str() == missing),
+            "{missing}"
+        );
+    }
+
+    // Removing a provider stops it and disengages its clusters.
+    assert!(multi.remove("first"));
+    eventually("first#member to leave the fleet", || async {
+        !manager
+            .cluster_states()
+            .iter()
+            .any(|(name, _)| name.as_str() == "first#member")
+    })
+    .await;
+    assert!(matches!(
+        multi.get(&ClusterName::from("first#member")).await,
+        Err(Error::ClusterNotFound(_))
+    ));
+    create(&east, "after-removal", "red").await;
+    create(&west, "marker", "red").await;
+    recorder
+        .wait_for_more(&req("second#member", "marker"), 0)
+        .await;
+    assert_eq!(recorder.count(&req("first#member", "after-removal")), 0);
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+#[tokio::test]
+async fn the_separator_is_configurable() {
+    let multi = MultiProvider::with_separator("/");
+    let inner = Arc::new(ClustersProvider::new());
+    let config = kube::Config::new("https://127.0.0.1:1".parse().expect("uri"));
+    let cluster = Cluster::new("c", kube::Client::try_from(config).expect("client"));
+    inner.add("c", cluster.clone()).expect("add");
+    multi.add_runnable("p", inner).await.expect("add");
+    assert!(
+        multi
+            .get(&ClusterName::from("p/c"))
+            .await
+            .expect("get")
+            .same_instance(&cluster)
+    );
+    assert!(matches!(
+        multi.get(&ClusterName::from("p#c")).await,
+        Err(Error::ClusterNotFound(_))
+    ));
+}
