@@ -1,0 +1,151 @@
+//! Every namespace of one host cluster as a cluster (Go: `providers/namespace`).
+//!
+//! Each namespace becomes a virtual cluster named after it. Inside, the
+//! virtual cluster has one namespace, `default`, which is the host namespace:
+//!
+//! - its client moves reads, writes, patches (merge, JSON, strategic, apply)
+//!   and watches into the host namespace and answers with `default`; other
+//!   namespaces, Namespace objects and cluster-scoped resources are refused
+//!   with a 403 naming the reason (Go's provider panics on patch);
+//! - its cache is a view of the host cache ([`Cache::scoped`]), so one host
+//!   watch per type serves every virtual cluster;
+//! - a namespace that is deleted or starts terminating leaves the fleet.
+//!
+//! With a watch filter only namespaces labelled
+//! `cluster.x-k8s.io/watch-filter=<value>` become clusters, so several
+//! instances can split one host between them.
+
+mod client;
+mod rewrite;
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Namespace;
+use multicluster_runtime::cache::{Cache, CacheEvent, FieldIndex};
+use multicluster_runtime::clusters::Clusters;
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
+use tokio_util::sync::CancellationToken;
+
+pub use multicluster_runtime::cache::VIRTUAL_NAMESPACE;
+
+/// The label key of the watch-filter convention.
+pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
+
+/// Options of the namespace provider.
+#[derive(Clone, Debug, Default)]
+pub struct NamespaceOptions {
+    /// Only namespaces whose `cluster.x-k8s.io/watch-filter` label has this
+    /// value become clusters; `None` takes every namespace.
+    pub watch_filter: Option<String>,
+}
+
+/// Namespaces of a host cluster as virtual clusters.
+pub struct NamespaceProvider {
+    host: Cluster,
+    options: NamespaceOptions,
+    clusters: Clusters,
+    discovery: Arc<client::Discovery>,
+}
+
+impl NamespaceProvider {
+    /// A provider over the namespaces of `host`. The host's cache must see
+    /// every namespace (no namespace restriction).
+    pub fn new(host: Cluster, options: NamespaceOptions) -> Self {
+        Self {
+            host,
+            options,
+            clusters: Clusters::new(),
+            discovery: Arc::default(),
+        }
+    }
+
+    /// Names of the virtual clusters, sorted.
+    pub fn names(&self) -> Vec<ClusterName> {
+        self.clusters.names()
+    }
+
+    fn wanted(&self, namespace: &Namespace) -> bool {
+        if namespace.metadata.deletion_timestamp.is_some() {
+            return false;
+        }
+        match &self.options.watch_filter {
+            None => true,
+            Some(value) => {
+                namespace
+                    .metadata
+                    .labels
+                    .as_ref()
+                    .and_then(|labels| labels.get(WATCH_FILTER_LABEL))
+                    == Some(value)
+            }
+        }
+    }
+
+    fn virtual_cluster(&self, namespace: &str) -> Cluster {
+        let client = client::scoped_client(self.host.client(), namespace, self.discovery.clone());
+        let cache = Cache::scoped(namespace, self.host.cache(), namespace);
+        Cluster::with_cache(namespace, client, cache)
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for NamespaceProvider {
+    async fn get(&self, name: &ClusterName) -> Result<Cluster, Error> {
+        self.clusters.get(name)
+    }
+
+    async fn index_field(&self, index: FieldIndex) -> Result<(), Error> {
+        self.clusters.index_field(index);
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl RunnableProvider for NamespaceProvider {
+    async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
+        self.clusters.start(shutdown.clone(), aware)?;
+        let mut namespaces = self.host.cache().informer::<Namespace>().subscribe();
+        loop {
+            let event = tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                event = namespaces.next() => event,
+            };
+            let Some(event) = event else {
+                return Err(Error::Other(
+                    "the host cache stopped watching namespaces".into(),
+                ));
+            };
+            let Some(name) = event.object().metadata.name.clone() else {
+                continue;
+            };
+            let cluster_name = ClusterName::from(name.as_str());
+            match &event {
+                CacheEvent::Applied { new, .. } if self.wanted(new) => {
+                    if self.clusters.get(&cluster_name).is_err() {
+                        tracing::info!(namespace = %name, "namespace joins the fleet");
+                        if let Err(err) =
+                            self.clusters.add(cluster_name, self.virtual_cluster(&name))
+                        {
+                            tracing::warn!(namespace = %name, error = %err, "could not add the namespace");
+                        }
+                    }
+                }
+                _ => {
+                    if self.clusters.remove(&cluster_name) {
+                        tracing::info!(namespace = %name, "namespace leaves the fleet");
+                    }
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for NamespaceProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NamespaceProvider")
+            .field("options", &self.options)
+            .field("clusters", &self.names())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,391 @@
+//! Namespaces of a real host cluster as virtual clusters: reconciles, writes
+//! and every patch type through the scoped client, watches, index queries,
+//! namespaces created and deleted while running, and refusals.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{StreamExt, TryStreamExt};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use multicluster_envtest::ControlPlane;
+use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider, WATCH_FILTER_LABEL};
+use multicluster_runtime::cache::FieldIndex;
+use multicluster_runtime::controller::{Action, Controller, Request, Watch};
+use multicluster_runtime::testing::{Recorder, eventually, run_manager};
+use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions, Provider};
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct ReconcileError(String);
+
+async fn create_namespace(client: &kube::Client, name: &str, labels: &[(&str, &str)]) {
+    Api::<Namespace>::all(client.clone())
+        .create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some(name.into()),
+                    labels: Some(
+                        labels
+                            .iter()
+                            .map(|(k, v)| (k.to_string(), v.to_string()))
+                            .collect(),
+                    ),
+                    ..ObjectMeta::default()
+                },
+                ..Namespace::default()
+            },
+        )
+        .await
+        .expect("namespace");
+}
+
+async fn create_config_map(client: &kube::Client, namespace: &str, name: &str, color: &str) {
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some(name.into());
+    cm.data = Some([("color".to_string(), color.to_string())].into());
+    Api::<ConfigMap>::namespaced(client.clone(), namespace)
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("config map");
+}
+
+fn req(cluster: &str, name: &str) -> Request {
+    Request::new(cluster, Some("default"), name)
+}
+
+fn color(cm: &ConfigMap) -> Option<String> {
+    cm.data.as_ref().and_then(|d| d.get("color").cloned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_are_clusters_with_scoped_clients_and_caches() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let admin = cp.client().await.expect("client");
+    for ns in ["team-a", "team-b", "team-c"] {
+        create_namespace(&admin, ns, &[]).await;
+        create_config_map(&admin, ns, "existing", "blue").await;
+    }
+
+    let host = Cluster::new("host", admin.clone());
+    let provider = Arc::new(NamespaceProvider::new(
+        host.clone(),
+        NamespaceOptions::default(),
+    ));
+    provider
+        .index_field(FieldIndex::new::<ConfigMap>(
+            "data.color",
+            |cm: &ConfigMap| color(cm).into_iter().collect(),
+        ))
+        .await
+        .expect("index");
+    let manager = Manager::with_provider(host.clone(), provider.clone(), ManagerOptions::default());
+    let recorder = Recorder::default();
+    let controller = {
+        let recorder = recorder.clone();
+        Controller::builder("copy")
+            .for_resource(Watch::<ConfigMap>::new())
+            .max_concurrent_reconciles(2)
+            .build(move |request, cluster: Cluster| {
+                let recorder = recorder.clone();
+                async move {
+                    if request.name.starts_with("copy-") {
+                        return Ok(Action::await_change());
+                    }
+                    recorder.record(&request);
+                    let namespace = request.namespace.clone().unwrap_or_default();
+                    let Some(source) = cluster
+                        .cache()
+                        .get::<ConfigMap>(Some(&namespace), &request.name)
+                        .await
+                        .map_err(|err| ReconcileError(err.to_string()))?
+                    else {
+                        return Ok(Action::await_change());
+                    };
+                    // Through the virtual client: server-side apply in "default".
+                    let copy = serde_json::json!({
+                        "apiVersion": "v1",
+                        "kind": "ConfigMap",
+                        "metadata": {"name": format!("copy-{}", request.name), "namespace": "default"},
+                        "data": source.data,
+                    });
+                    Api::<ConfigMap>::namespaced(cluster.client(), "default")
+                        .patch(
+                            &format!("copy-{}", request.name),
+                            &PatchParams::apply("namespace-test").force(),
+                            &Patch::Apply(copy),
+                        )
+                        .await
+                        .map_err(|err| ReconcileError(err.to_string()))?;
+                    Ok::<_, ReconcileError>(Action::await_change())
+                }
+            })
+            .expect("controller")
+    };
+    manager.add_controller(controller).expect("add");
+    let (shutdown, task) = run_manager(&manager);
+
+    // Existing objects in every namespace, written back into the right one.
+    for ns in ["team-a", "team-b", "team-c"] {
+        recorder.wait_for_more(&req(ns, "existing"), 0).await;
+        let copies = Api::<ConfigMap>::namespaced(admin.clone(), ns);
+        eventually(&format!("the copy in {ns}"), || {
+            let copies = copies.clone();
+            async move {
+                copies
+                    .get_opt("copy-existing")
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some()
+            }
+        })
+        .await;
+    }
+    assert_eq!(
+        recorder.for_cluster("host"),
+        0,
+        "the host itself is not a virtual cluster"
+    );
+
+    // A namespace created later joins; a deleted one leaves.
+    create_namespace(&admin, "team-d", &[]).await;
+    create_config_map(&admin, "team-d", "late", "red").await;
+    recorder.wait_for_more(&req("team-d", "late"), 0).await;
+    Api::<Namespace>::all(admin.clone())
+        .delete("team-b", &DeleteParams::default())
+        .await
+        .expect("delete namespace");
+    eventually("team-b to leave the fleet", || async {
+        !provider.names().contains(&ClusterName::from("team-b"))
+            && !manager
+                .cluster_states()
+                .iter()
+                .any(|(name, _)| name.as_str() == "team-b")
+    })
+    .await;
+
+    // Reads, writes and every patch type through a virtual client.
+    let team_a = provider
+        .get(&ClusterName::from("team-a"))
+        .await
+        .expect("team-a");
+    let virtual_api = Api::<ConfigMap>::namespaced(team_a.client(), "default");
+    let host_api = Api::<ConfigMap>::namespaced(admin.clone(), "team-a");
+    let read = virtual_api.get("existing").await.expect("get");
+    assert_eq!(read.metadata.namespace.as_deref(), Some("default"));
+    let listed = virtual_api.list(&Default::default()).await.expect("list");
+    assert!(
+        listed
+            .items
+            .iter()
+            .all(|cm| cm.metadata.namespace.as_deref() == Some("default"))
+    );
+    assert!(
+        listed
+            .items
+            .iter()
+            .any(|cm| cm.metadata.name.as_deref() == Some("existing"))
+    );
+    let mut created = ConfigMap::default();
+    created.metadata.name = Some("written".into());
+    created.metadata.namespace = Some("default".into());
+    let created = virtual_api
+        .create(&PostParams::default(), &created)
+        .await
+        .expect("create");
+    assert_eq!(created.metadata.namespace.as_deref(), Some("default"));
+    assert!(
+        host_api
+            .get_opt("written")
+            .await
+            .expect("host get")
+            .is_some(),
+        "landed in team-a"
+    );
+
+    let patches = [
+        (
+            "merge",
+            Patch::Merge(serde_json::json!({"data": {"merge": "yes"}})),
+        ),
+        (
+            "json",
+            Patch::Json(
+                serde_json::from_value(
+                    serde_json::json!([{"op": "add", "path": "/data/json", "value": "yes"}]),
+                )
+                .expect("json patch"),
+            ),
+        ),
+        (
+            "strategic",
+            Patch::Strategic(serde_json::json!({"data": {"strategic": "yes"}})),
+        ),
+    ];
+    for (key, patch) in &patches {
+        let patched = virtual_api
+            .patch("written", &PatchParams::default(), patch)
+            .await
+            .expect(key);
+        assert_eq!(
+            patched.metadata.namespace.as_deref(),
+            Some("default"),
+            "{key}"
+        );
+    }
+    let applied = virtual_api
+        .patch(
+            "written",
+            &PatchParams::apply("namespace-test"),
+            &Patch::Apply(serde_json::json!({
+                "apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "written", "namespace": "default"},
+                "data": {"apply": "yes"}
+            })),
+        )
+        .await
+        .expect("apply");
+    assert_eq!(applied.metadata.namespace.as_deref(), Some("default"));
+    let on_host = host_api.get("written").await.expect("host get");
+    for key in ["merge", "json", "strategic", "apply"] {
+        assert_eq!(
+            on_host
+                .data
+                .as_ref()
+                .and_then(|d| d.get(key))
+                .map(String::as_str),
+            Some("yes"),
+            "{key} patch landed in the host namespace"
+        );
+    }
+
+    // Watches through the virtual client come back in "default".
+    let mut events = watcher(
+        virtual_api.clone(),
+        watcher::Config::default().fields("metadata.name=watched"),
+    )
+    .applied_objects()
+    .boxed();
+    create_config_map(&admin, "team-a", "watched", "green").await;
+    let seen = tokio::time::timeout(Duration::from_secs(30), events.try_next())
+        .await
+        .expect("event in time")
+        .expect("healthy stream")
+        .expect("an object");
+    assert_eq!(seen.metadata.namespace.as_deref(), Some("default"));
+
+    // Other namespaces and cluster-scoped resources are refused, clearly.
+    let other = Api::<ConfigMap>::namespaced(team_a.client(), "kube-system")
+        .list(&Default::default())
+        .await;
+    assert!(
+        matches!(&other, Err(kube::Error::Api(status)) if status.code == 403 && status.message.contains("kube-system")),
+        "{other:?}"
+    );
+    let namespaces = Api::<Namespace>::all(team_a.client())
+        .list(&Default::default())
+        .await;
+    assert!(
+        matches!(&namespaces, Err(kube::Error::Api(status)) if status.code == 403),
+        "{namespaces:?}"
+    );
+    let smuggled = {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some("smuggled".into());
+        cm.metadata.namespace = Some("team-c".into());
+        virtual_api.create(&PostParams::default(), &cm).await
+    };
+    assert!(
+        matches!(&smuggled, Err(kube::Error::Api(status)) if status.code == 403),
+        "{smuggled:?}"
+    );
+
+    // Index queries on a virtual cluster: only its objects, in "default";
+    // the host cache sees all of them with their real namespaces.
+    let blue_in_a = team_a
+        .cache()
+        .by_index::<ConfigMap>("data.color", "blue", None)
+        .await
+        .expect("query");
+    let blue_in_a: Vec<_> = blue_in_a
+        .iter()
+        .map(|cm| {
+            (
+                cm.metadata.namespace.clone().unwrap_or_default(),
+                cm.metadata.name.clone().unwrap_or_default(),
+            )
+        })
+        .collect();
+    assert!(
+        blue_in_a
+            .iter()
+            .all(|(ns, name)| ns == "default" && (name == "existing" || name == "copy-existing")),
+        "{blue_in_a:?}"
+    );
+    assert!(blue_in_a.iter().any(|(_, name)| name == "existing"));
+    let host_blue = host.cache().informer::<ConfigMap>().list(None);
+    let host_namespaces: std::collections::BTreeSet<_> = host_blue
+        .iter()
+        .filter(|cm| {
+            color(cm).as_deref() == Some("blue") && cm.metadata.name.as_deref() == Some("existing")
+        })
+        .filter_map(|cm| cm.metadata.namespace.clone())
+        .collect();
+    assert!(
+        host_namespaces.contains("team-a") && host_namespaces.contains("team-c"),
+        "{host_namespaces:?}"
+    );
+
+    // One host watch per type, however many virtual clusters.
+    assert_eq!(
+        host.cache().informer_count(),
+        2,
+        "Namespace and ConfigMap watches only"
+    );
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_filter_splits_namespaces_between_instances() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let admin = cp.client().await.expect("client");
+    create_namespace(&admin, "mine", &[(WATCH_FILTER_LABEL, "one")]).await;
+    create_namespace(&admin, "theirs", &[(WATCH_FILTER_LABEL, "two")]).await;
+    create_namespace(&admin, "nobodys", &[]).await;
+
+    let host = Cluster::new("host", admin.clone());
+    let one = Arc::new(NamespaceProvider::new(
+        host.clone(),
+        NamespaceOptions {
+            watch_filter: Some("one".into()),
+        },
+    ));
+    let manager = Manager::with_provider(host, one.clone(), ManagerOptions::default());
+    let (shutdown, task) = run_manager(&manager);
+    eventually("the labelled namespace", || async {
+        one.names() == [ClusterName::from("mine")]
+    })
+    .await;
+    // A namespace labelled later for this instance joins too.
+    Api::<Namespace>::all(admin)
+        .patch(
+            "nobodys",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {WATCH_FILTER_LABEL: "one"}}})),
+        )
+        .await
+        .expect("label");
+    eventually("the newly labelled namespace", || async {
+        one.names() == [ClusterName::from("mine"), ClusterName::from("nobodys")]
+    })
+    .await;
+    assert!(!one.names().contains(&ClusterName::from("theirs")));
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
