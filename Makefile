@@ -1,7 +1,7 @@
 # multicluster-runtime for Rust. Every target prepares what it needs.
 SHELL := /usr/bin/env bash
 
-.PHONY: all test lint fmt bench demo controlplane tools
+.PHONY: all test lint fmt bench demo controlplane tools examples
 
 all: lint test
 
@@ -28,3 +28,7 @@ fmt:
 ## bench: benchmarks (figures go to BENCHMARKS.md)
 bench: controlplane
 	hack/bench.sh
+
+## demo: a local control plane, three namespaces, and examples/namespace reconciling them (Ctrl-C stops)
+demo:
+	hack/demo.sh

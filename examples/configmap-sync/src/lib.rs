@@ -1,0 +1,98 @@
+//! The controller the examples share: in every cluster, a ConfigMap labelled
+//! `multicluster.example/sync=true` is copied into `<name>-copy`, which it
+//! owns; the copy follows every change and is deleted with its source.
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Resource;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use multicluster_runtime::controller::{Action, Controller, Request, Watch, filters};
+use multicluster_runtime::{Cluster, Error};
+
+/// The label that marks a ConfigMap to copy.
+pub const SYNC_LABEL: &str = "multicluster.example/sync";
+
+/// Why a reconcile failed.
+#[derive(Debug, thiserror::Error)]
+pub enum SyncError {
+    /// Reading the cache failed.
+    #[error("reading {0} from the cache: {1}")]
+    Cache(Request, #[source] Error),
+    /// Writing the copy failed.
+    #[error("writing the copy of {0}: {1}")]
+    Write(Request, #[source] kube::Error),
+}
+
+/// The name of the copy of `source`.
+pub fn copy_name(source: &str) -> String {
+    format!("{source}-copy")
+}
+
+/// Builds the controller; `name` shows up in logs and metrics.
+pub fn controller(name: &str) -> Result<Controller, Error> {
+    Controller::builder(name)
+        .for_resource(Watch::<ConfigMap>::new().filter(filters::labels(
+            [(SYNC_LABEL.to_string(), "true".to_string())].into(),
+        )))
+        .owns(Watch::<ConfigMap>::new())
+        .max_concurrent_reconciles(4)
+        .build(reconcile)
+}
+
+async fn reconcile(request: Request, cluster: Cluster) -> Result<Action, SyncError> {
+    let namespace = request
+        .namespace
+        .clone()
+        .unwrap_or_else(|| "default".into());
+    let copies = Api::<ConfigMap>::namespaced(cluster.client(), &namespace);
+    let copy = copy_name(&request.name);
+    let source = cluster
+        .cache()
+        .get::<ConfigMap>(Some(&namespace), &request.name)
+        .await
+        .map_err(|err| SyncError::Cache(request.clone(), err))?;
+    let Some(source) = source.filter(|cm| {
+        cm.metadata.deletion_timestamp.is_none()
+            && cm
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(SYNC_LABEL))
+                .map(String::as_str)
+                == Some("true")
+    }) else {
+        // Gone (or no longer labelled): the copy goes too. Garbage collection
+        // would do it for deletions, but not every cluster runs it.
+        match copies.delete(&copy, &DeleteParams::default()).await {
+            Ok(_) => {
+                tracing::info!(cluster = %request.cluster, "{namespace}/{copy} deleted: its source is gone")
+            }
+            Err(kube::Error::Api(status)) if status.code == 404 => {}
+            Err(err) => return Err(SyncError::Write(request, err)),
+        }
+        return Ok(Action::await_change());
+    };
+    let owner = source
+        .controller_owner_ref(&())
+        .map(|owner| serde_json::to_value(owner).unwrap_or_default());
+    let desired = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": copy, "namespace": namespace, "ownerReferences": owner.into_iter().collect::<Vec<_>>()},
+        "data": source.data.clone().unwrap_or_default(),
+    });
+    copies
+        .patch(
+            &copy,
+            &PatchParams::apply("multicluster-example").force(),
+            &Patch::Apply(desired),
+        )
+        .await
+        .map_err(|err| SyncError::Write(request.clone(), err))?;
+    tracing::info!(
+        cluster = %request.cluster,
+        keys = source.data.as_ref().map_or(0, |d| d.len()),
+        "{namespace}/{} copied to {copy}",
+        request.name
+    );
+    Ok(Action::await_change())
+}

@@ -1,0 +1,48 @@
+//! Starts a local control plane (etcd, kube-apiserver, kube-controller-manager)
+//! with the test control plane crate, writes its admin kubeconfig, and keeps
+//! it running until Ctrl-C or SIGTERM. `make demo` uses it; so can you.
+
+use std::path::PathBuf;
+
+use clap::Parser;
+use multicluster_envtest::ControlPlane;
+
+/// Run a local Kubernetes control plane for demos.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// Where to write the admin kubeconfig.
+    #[arg(long, default_value = "local-control-plane.kubeconfig")]
+    kubeconfig: PathBuf,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .init();
+    let args = Args::parse();
+    let control_plane = ControlPlane::builder()
+        .controller_manager(true)
+        .start()
+        .await?;
+    std::fs::write(
+        &args.kubeconfig,
+        multicluster_envtest::to_yaml(control_plane.kubeconfig())?,
+    )?;
+    println!(
+        "control plane ready at {}; kubeconfig written to {}",
+        control_plane.server(),
+        args.kubeconfig.display()
+    );
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate.recv() => {}
+    }
+    // Dropping the control plane stops its processes and removes its data.
+    drop(control_plane);
+    let _ = std::fs::remove_file(&args.kubeconfig);
+    println!("control plane stopped");
+    Ok(())
+}

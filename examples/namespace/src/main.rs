@@ -1,0 +1,53 @@
+//! Every namespace of a cluster as a cluster, running the ConfigMap-copy
+//! controller in each: label a ConfigMap `multicluster.example/sync=true` in
+//! any namespace and a `<name>-copy` appears beside it and follows it.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use clap::Parser;
+use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
+use multicluster_runtime::{Cluster, Manager, ManagerOptions};
+
+/// Copy labelled ConfigMaps in every namespace, treating each namespace as a cluster.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// Only namespaces labelled cluster.x-k8s.io/watch-filter=<value> become clusters.
+    #[arg(long, env = "WATCH_FILTER")]
+    watch_filter: Option<String>,
+    /// Serve /healthz, /readyz, /metrics and /clusters here.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    health_address: SocketAddr,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn".into()),
+        )
+        .init();
+    let args = Args::parse();
+    // The host cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
+    let host = Cluster::new("host", kube::Client::try_default().await?);
+    let provider = Arc::new(NamespaceProvider::new(
+        host.clone(),
+        NamespaceOptions {
+            watch_filter: args.watch_filter,
+        },
+    ));
+    let options = ManagerOptions {
+        health_address: Some(args.health_address),
+        ..ManagerOptions::default()
+    };
+    let manager = Manager::with_provider(host, provider, options);
+    manager.add_controller(multicluster_example_configmap_sync::controller(
+        "configmap-copy",
+    )?)?;
+    tracing::info!("running; Ctrl-C stops");
+    manager.run_until_signal().await?;
+    tracing::info!("stopped");
+    Ok(())
+}
