@@ -63,19 +63,6 @@ struct Observed {
     latencies: Vec<Duration>,
 }
 
-fn rss_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find(|line| line.starts_with("VmRSS:"))
-                .and_then(|line| line.split_whitespace().nth(1))
-                .and_then(|kb| kb.parse::<f64>().ok())
-        })
-        .map_or(f64::NAN, |kb| kb / 1024.0)
-}
-
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
@@ -116,7 +103,7 @@ async fn run(cp: &ControlPlane, clusters: usize) -> Result<(), Box<dyn std::erro
         }
     }
 
-    let rss_before = rss_mib();
+    let rss_before = multicluster_runtime::testing::resident_memory_mib();
     let provider = BenchProvider::default();
     for c in 0..clusters {
         let name = format!("bench-{clusters}-{c}");
@@ -185,7 +172,7 @@ async fn run(cp: &ControlPlane, clusters: usize) -> Result<(), Box<dyn std::erro
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let first_pass = started.elapsed();
-    let rss_after = rss_mib();
+    let rss_after = multicluster_runtime::testing::resident_memory_mib();
 
     // Steady update load: one patch every UPDATE_INTERVAL, round-robin over
     // clusters; latency = patch sent -> reconcile of that object begins.

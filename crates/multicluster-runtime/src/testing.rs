@@ -126,3 +126,18 @@ pub fn run_manager(
     let task = tokio::spawn(async move { manager.run(stop).await });
     (shutdown, task)
 }
+
+/// This process's resident memory in MiB (Linux; NaN elsewhere), for
+/// benchmarks that report memory per cluster.
+pub fn resident_memory_mib() -> f64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find(|line| line.starts_with("VmRSS:"))
+                .and_then(|line| line.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<f64>().ok())
+        })
+        .map_or(f64::NAN, |kb| kb / 1024.0)
+}
