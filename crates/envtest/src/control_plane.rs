@@ -232,7 +232,7 @@ impl ControlPlane {
             &binaries.kube_controller_manager,
             args([
                 format!("--kubeconfig={}", self.admin_kubeconfig_path.display()),
-                "--controllers=namespace-controller,garbage-collector-controller,serviceaccount-controller".into(),
+                "--controllers=namespace-controller,garbage-collector-controller,serviceaccount-controller,clusterrole-aggregation-controller".into(),
                 "--leader-elect=false".into(),
                 "--secure-port=0".into(),
                 format!("--service-account-private-key-file={}", root.join("sa.key").display()),

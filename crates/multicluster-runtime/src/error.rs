@@ -33,6 +33,15 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
+    /// A kubeconfig that cannot be used. The message names where it came
+    /// from and what is wrong, and never quotes it.
+    #[error("kubeconfig from {origin}: {reason}")]
+    InvalidKubeconfig {
+        /// Where the kubeconfig came from (Secret, file, command).
+        origin: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// Anything else, with a message that names what failed.
     #[error("{0}")]
     Other(String),

@@ -23,6 +23,7 @@ mod cluster;
 pub mod clusters;
 pub mod controller;
 mod error;
+pub mod kubeconfig;
 pub mod manager;
 pub mod metrics;
 mod name;

@@ -1,0 +1,180 @@
+//! Turning kubeconfig text from a Secret, a file or a CLI into a client,
+//! with errors that name where the kubeconfig came from and what is wrong
+//! with it — and never quote it, since it holds credentials.
+
+use std::hash::{Hash, Hasher};
+
+use kube::config::{KubeConfigOptions, Kubeconfig};
+
+use crate::Error;
+
+/// Parses kubeconfig YAML. `source` says where it came from (e.g. `Secret
+/// fleet/prod key kubeconfig`) and is used in errors.
+///
+/// Parser messages are not passed on: they can quote the offending value,
+/// which may be a token or a key.
+pub fn parse(text: &str, source: &str) -> Result<Kubeconfig, Error> {
+    if text.trim().is_empty() {
+        return Err(invalid(source, "it is empty"));
+    }
+    let kubeconfig = Kubeconfig::from_yaml(text)
+        .map_err(|_| invalid(source, "it is not valid kubeconfig YAML"))?;
+    if kubeconfig.clusters.is_empty() && kubeconfig.contexts.is_empty() {
+        return Err(invalid(
+            source,
+            "it has no clusters and no contexts: not a kubeconfig",
+        ));
+    }
+    Ok(kubeconfig)
+}
+
+/// The names of the contexts in a kubeconfig, in file order.
+pub fn context_names(kubeconfig: &Kubeconfig) -> Vec<String> {
+    kubeconfig
+        .contexts
+        .iter()
+        .map(|context| context.name.clone())
+        .collect()
+}
+
+/// Builds a client for `context` (the current context when `None`),
+/// checking first that the context, its cluster and its user exist so the
+/// error can name the missing piece.
+pub async fn client(
+    kubeconfig: &Kubeconfig,
+    context: Option<&str>,
+    source: &str,
+) -> Result<kube::Client, Error> {
+    let context_name = match context {
+        Some(name) => name.to_string(),
+        None => kubeconfig
+            .current_context
+            .clone()
+            .filter(|name| !name.is_empty())
+            .ok_or_else(|| invalid(source, "it has no current-context"))?,
+    };
+    let entry = kubeconfig
+        .contexts
+        .iter()
+        .find(|named| named.name == context_name)
+        .and_then(|named| named.context.as_ref())
+        .ok_or_else(|| invalid(source, &format!("context {context_name:?} does not exist")))?;
+    if !kubeconfig
+        .clusters
+        .iter()
+        .any(|cluster| cluster.name == entry.cluster)
+    {
+        return Err(invalid(
+            source,
+            &format!(
+                "context {context_name:?} names cluster {:?}, which does not exist",
+                entry.cluster
+            ),
+        ));
+    }
+    if let Some(user) = entry.user.as_deref()
+        && !kubeconfig.auth_infos.iter().any(|auth| auth.name == user)
+    {
+        return Err(invalid(
+            source,
+            &format!("context {context_name:?} names user {user:?}, which does not exist"),
+        ));
+    }
+    let options = KubeConfigOptions {
+        context: Some(context_name.clone()),
+        ..KubeConfigOptions::default()
+    };
+    let config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &options)
+        .await
+        .map_err(|err| invalid(source, &format!("context {context_name:?}: {err}")))?;
+    kube::Client::try_from(config)
+        .map_err(|err| invalid(source, &format!("context {context_name:?}: {err}")))
+}
+
+/// A short, stable digest of kubeconfig text, for telling whether a
+/// cluster's connection config changed (not a security measure).
+pub fn fingerprint(text: &str) -> String {
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    text.hash(&mut hasher);
+    format!("{:016x}", hasher.finish())
+}
+
+fn invalid(source: &str, reason: &str) -> Error {
+    Error::InvalidKubeconfig {
+        origin: source.to_string(),
+        reason: reason.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SECRET_TOKEN: &str = "very-secret-token-value";
+
+    fn kubeconfig(current: &str, cluster: &str, user: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: {current}\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\ncontexts:\n- name: ctx\n  context:\n    cluster: {cluster}\n    user: {user}\nusers:\n- name: u\n  user:\n    token: {SECRET_TOKEN}\n"
+        )
+    }
+
+    #[tokio::test]
+    async fn broken_kubeconfigs_are_named_and_never_quoted() {
+        let cases: Vec<(String, &str)> = vec![
+            (String::new(), "empty"),
+            (
+                format!("token: [{SECRET_TOKEN}"),
+                "not valid kubeconfig YAML",
+            ),
+            ("just: a map\n".into(), "not a kubeconfig"),
+            (
+                format!("clusters: {SECRET_TOKEN}\n"),
+                "not valid kubeconfig YAML",
+            ),
+            (kubeconfig("", "c", "u"), "no current-context"),
+            (
+                kubeconfig("other", "c", "u"),
+                "context \"other\" does not exist",
+            ),
+            (kubeconfig("ctx", "missing", "u"), "cluster \"missing\""),
+            (kubeconfig("ctx", "c", "nobody"), "user \"nobody\""),
+        ];
+        for (text, expected) in cases {
+            let result = match parse(&text, "Secret fleet/prod key kubeconfig") {
+                Ok(parsed) => client(&parsed, None, "Secret fleet/prod key kubeconfig")
+                    .await
+                    .map(|_| ()),
+                Err(err) => Err(err),
+            };
+            let message = result.expect_err(expected).to_string();
+            assert!(
+                message.contains("Secret fleet/prod key kubeconfig"),
+                "{message}"
+            );
+            assert!(
+                message.contains(expected),
+                "{message} should say {expected}"
+            );
+            assert!(
+                !message.contains(SECRET_TOKEN),
+                "credentials leaked: {message}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn a_valid_kubeconfig_gives_a_client_and_a_stable_fingerprint() {
+        let text = kubeconfig("ctx", "c", "u");
+        let parsed = parse(&text, "test").expect("parses");
+        assert_eq!(context_names(&parsed), ["ctx"]);
+        client(&parsed, None, "test").await.expect("client");
+        client(&parsed, Some("ctx"), "test")
+            .await
+            .expect("named context");
+        assert_eq!(fingerprint(&text), fingerprint(&text));
+        assert_ne!(
+            fingerprint(&text),
+            fingerprint(&kubeconfig("ctx", "c", "v"))
+        );
+    }
+}

@@ -1,0 +1,195 @@
+//! The kind provider against a stand-in `kind` executable that lists
+//! clusters from a directory and prints kubeconfigs for a real control plane.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, PostParams};
+use multicluster_envtest::ControlPlane;
+use multicluster_provider_kind::{KindOptions, KindProvider};
+use multicluster_runtime::controller::{Request, Watch};
+use multicluster_runtime::testing::{Recorder, eventually, recording_controller, run_manager};
+use multicluster_runtime::{
+    Aware, Cluster, ClusterName, Manager, ManagerOptions, RunnableProvider,
+};
+use tokio_util::sync::CancellationToken;
+
+/// A directory standing in for kind's state, and a script reading it:
+/// `clusters` lists names, `<name>.kubeconfig` holds each kubeconfig, and a
+/// `fail` file makes every call fail.
+struct FakeKind {
+    dir: tempfile::TempDir,
+}
+
+impl FakeKind {
+    fn new() -> Self {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let state = dir.path().display();
+        let script = format!(
+            r#"#!/bin/sh
+state="{state}"
+if [ -e "$state/fail" ]; then echo x >> "$state/failures"; echo "ERROR: failed to list clusters: docker is not running" >&2; exit 1; fi
+case "$1 $2" in
+  "get clusters")
+    if [ -s "$state/clusters" ]; then cat "$state/clusters"; else echo "No kind clusters found." >&2; fi ;;
+  "get kubeconfig")
+    [ "$3" = "--name" ] && [ -e "$state/$4.kubeconfig" ] || {{ echo "ERROR: could not locate any control plane nodes for cluster named '$4'" >&2; exit 1; }}
+    cat "$state/$4.kubeconfig" ;;
+  *) echo "unexpected: $*" >&2; exit 2 ;;
+esac
+"#
+        );
+        let path = dir.path().join("kind");
+        std::fs::write(&path, script).expect("script");
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        std::fs::write(dir.path().join("clusters"), "").expect("clusters");
+        Self { dir }
+    }
+
+    fn command(&self) -> PathBuf {
+        self.dir.path().join("kind")
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn set_clusters(&self, clusters: &[(&str, &str)]) {
+        let names: String = clusters
+            .iter()
+            .map(|(name, _)| format!("{name}\n"))
+            .collect();
+        for (name, kubeconfig) in clusters {
+            std::fs::write(self.path(&format!("{name}.kubeconfig")), kubeconfig)
+                .expect("kubeconfig");
+        }
+        std::fs::write(self.path("clusters"), names).expect("clusters");
+    }
+
+    fn failing(&self, fail: bool) {
+        if fail {
+            std::fs::write(self.path("fail"), "").expect("fail");
+        } else {
+            let _ = std::fs::remove_file(self.path("fail"));
+        }
+    }
+}
+
+fn options(kind: &Path, prefix: Option<&str>) -> KindOptions {
+    KindOptions {
+        prefix: prefix.map(str::to_string),
+        poll_interval: Duration::from_millis(100),
+        kind_command: kind.to_path_buf(),
+    }
+}
+
+async fn create(cp: &ControlPlane, name: &str) {
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some(name.into());
+    Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default")
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("create");
+}
+
+fn req(cluster: &str, name: &str) -> Request {
+    Request::new(cluster, Some("default"), name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kind_clusters_are_engaged_added_filtered_and_removed() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    create(&cp, "hello").await;
+    let kubeconfig = multicluster_envtest::to_yaml(cp.kubeconfig()).expect("yaml");
+    let kind = FakeKind::new();
+    kind.set_clusters(&[
+        ("dev-a", &kubeconfig),
+        ("other", &kubeconfig),
+        ("dev-broken", "not: [a kubeconfig"),
+    ]);
+
+    let provider = Arc::new(KindProvider::new(options(&kind.command(), Some("dev-"))));
+    let manager = Manager::with_provider(
+        Cluster::new("local", cp.client().await.expect("client")),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    let recorder = Recorder::default();
+    manager
+        .add_controller(
+            recording_controller("kind", Watch::<ConfigMap>::new(), &recorder).expect("controller"),
+        )
+        .expect("add");
+    let (shutdown, task) = run_manager(&manager);
+
+    recorder.wait_for_more(&req("dev-a", "hello"), 0).await;
+    // The prefix filters (and is kept); a broken kubeconfig skips only its cluster.
+    assert_eq!(provider.names(), [ClusterName::from("dev-a")]);
+
+    kind.set_clusters(&[("dev-a", &kubeconfig), ("dev-b", &kubeconfig)]);
+    recorder.wait_for_more(&req("dev-b", "hello"), 0).await;
+
+    // A failing CLI later on is logged; the fleet stays as it was.
+    kind.failing(true);
+    eventually("three failed polls", || async {
+        std::fs::read_to_string(kind.path("failures")).is_ok_and(|calls| calls.lines().count() >= 3)
+    })
+    .await;
+    assert_eq!(
+        provider.names(),
+        [ClusterName::from("dev-a"), ClusterName::from("dev-b")]
+    );
+    kind.failing(false);
+
+    kind.set_clusters(&[("dev-b", &kubeconfig)]);
+    eventually("dev-a to be removed", || async {
+        provider.names() == [ClusterName::from("dev-b")]
+            && !manager
+                .cluster_states()
+                .iter()
+                .any(|(name, _)| name.as_str() == "dev-a")
+    })
+    .await;
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+#[tokio::test]
+async fn a_failing_first_listing_fails_start_with_the_reason() {
+    let kind = FakeKind::new();
+    kind.failing(true);
+    let provider = KindProvider::new(options(&kind.command(), None));
+    let aware: Arc<dyn Aware> = Arc::new(Manager::new(Cluster::new(
+        "local",
+        kube::Client::try_from(kube::Config::new(
+            "https://127.0.0.1:1".parse().expect("uri"),
+        ))
+        .expect("client"),
+    )));
+    let err = provider
+        .start(CancellationToken::new(), aware)
+        .await
+        .expect_err("start fails");
+    assert!(err.to_string().contains("docker is not running"), "{err}");
+}
+
+#[tokio::test]
+async fn a_missing_kind_cli_is_a_clear_error() {
+    let provider = KindProvider::new(options(Path::new("/nonexistent/kind"), None));
+    let aware: Arc<dyn Aware> = Arc::new(Manager::new(Cluster::new(
+        "local",
+        kube::Client::try_from(kube::Config::new(
+            "https://127.0.0.1:1".parse().expect("uri"),
+        ))
+        .expect("client"),
+    )));
+    let err = provider
+        .start(CancellationToken::new(), aware)
+        .await
+        .expect_err("start fails");
+    assert!(err.to_string().contains("kind CLI was not found"), "{err}");
+}

@@ -1,0 +1,220 @@
+//! Clusters from kubeconfig Secrets in a management cluster (Go:
+//! `providers/kubeconfig`).
+//!
+//! Every Secret labelled `sigs.k8s.io/multicluster-runtime-kubeconfig=true`
+//! (label configurable) in the watched namespace becomes a cluster built from
+//! the kubeconfig in its `kubeconfig` data key (key configurable):
+//!
+//! - cluster name: the Secret name; when watching every namespace (Go cannot)
+//!   `<namespace>/<name>`, so equal names in two namespaces stay distinct;
+//! - data changed → the cluster is replaced (credential rotation); changes to
+//!   metadata only → nothing happens;
+//! - Secret deleted or being deleted, or its key emptied → cluster removed;
+//! - key missing or empty, kubeconfig unusable → logged (naming the Secret
+//!   and key, never quoting the data), counted in
+//!   `mcr_cluster_engagement_failures`, and skipped; the rest of the fleet is
+//!   unaffected. An unreachable server is the manager's business: reported
+//!   `unreachable` and retried, never blocking other clusters.
+//!
+//! With a watch filter only Secrets also labelled
+//! `cluster.x-k8s.io/watch-filter=<value>` count, so several instances can
+//! share a namespace.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::runtime::watcher;
+use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions, FieldIndex};
+use multicluster_runtime::clusters::Clusters;
+use multicluster_runtime::metrics::Metrics;
+use multicluster_runtime::{
+    Aware, Cluster, ClusterName, Error, Provider, RunnableProvider, kubeconfig,
+};
+use tokio_util::sync::CancellationToken;
+
+/// The default label marking kubeconfig Secrets (value `true`).
+pub const DEFAULT_LABEL: &str = "sigs.k8s.io/multicluster-runtime-kubeconfig";
+/// The default data key holding the kubeconfig.
+pub const DEFAULT_DATA_KEY: &str = "kubeconfig";
+/// The label key of the watch-filter convention.
+pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
+
+/// Options of the kubeconfig provider.
+#[derive(Clone, Debug)]
+pub struct KubeconfigOptions {
+    /// The namespace to watch; `None` watches every namespace.
+    pub namespace: Option<String>,
+    /// The label marking kubeconfig Secrets (its value must be `true`).
+    pub label: String,
+    /// The data key holding the kubeconfig.
+    pub data_key: String,
+    /// Only Secrets labelled `cluster.x-k8s.io/watch-filter=<value>`.
+    pub watch_filter: Option<String>,
+    /// Where to count Secrets that could not be turned into clusters (the
+    /// manager's registry, typically).
+    pub metrics: Option<Metrics>,
+}
+
+impl Default for KubeconfigOptions {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            label: DEFAULT_LABEL.to_string(),
+            data_key: DEFAULT_DATA_KEY.to_string(),
+            watch_filter: None,
+            metrics: None,
+        }
+    }
+}
+
+/// Clusters from kubeconfig Secrets.
+#[derive(Debug)]
+pub struct KubeconfigProvider {
+    options: KubeconfigOptions,
+    secrets: Cache,
+    clusters: Clusters,
+}
+
+impl KubeconfigProvider {
+    /// Watches Secrets through `management` (a client for the cluster holding
+    /// them). Only labelled Secrets are listed and cached, so RBAC to
+    /// `list`/`watch` Secrets in the namespace is all it needs.
+    pub fn new(management: kube::Client, options: KubeconfigOptions) -> Self {
+        let mut selector = format!("{}=true", options.label);
+        if let Some(filter) = &options.watch_filter {
+            selector.push_str(&format!(",{WATCH_FILTER_LABEL}={filter}"));
+        }
+        let secrets = Cache::with_options(
+            "kubeconfig-secrets",
+            management,
+            CacheOptions {
+                namespace: options.namespace.clone(),
+                watcher: watcher::Config::default().labels(&selector),
+                ..CacheOptions::default()
+            },
+        );
+        Self {
+            options,
+            secrets,
+            clusters: Clusters::new(),
+        }
+    }
+
+    /// Names of the engaged clusters, sorted.
+    pub fn names(&self) -> Vec<ClusterName> {
+        self.clusters.names()
+    }
+
+    fn cluster_name(&self, secret: &Secret) -> Option<ClusterName> {
+        let name = secret.metadata.name.as_deref()?;
+        Some(
+            match (
+                &self.options.namespace,
+                secret.metadata.namespace.as_deref(),
+            ) {
+                (None, Some(namespace)) => ClusterName::from(format!("{namespace}/{name}")),
+                _ => ClusterName::from(name),
+            },
+        )
+    }
+
+    async fn apply(&self, name: ClusterName, secret: &Secret) {
+        let source = format!(
+            "Secret {}/{} key {:?}",
+            secret.metadata.namespace.as_deref().unwrap_or_default(),
+            secret.metadata.name.as_deref().unwrap_or_default(),
+            self.options.data_key
+        );
+        let data = secret
+            .data
+            .as_ref()
+            .and_then(|data| data.get(&self.options.data_key))
+            .map(|bytes| bytes.0.clone())
+            .filter(|bytes| !bytes.is_empty());
+        let Some(data) = data else {
+            tracing::warn!(cluster = %name, "{source} is missing or empty; ignoring the Secret");
+            if self.clusters.remove(&name) {
+                tracing::info!(cluster = %name, "cluster removed: its kubeconfig is gone");
+            }
+            self.failed("missing-key");
+            return;
+        };
+        let Ok(text) = String::from_utf8(data) else {
+            tracing::warn!(cluster = %name, "{source} is not UTF-8 text; ignoring the Secret");
+            self.failed("invalid-kubeconfig");
+            return;
+        };
+        let fingerprint = kubeconfig::fingerprint(&text);
+        if self.clusters.fingerprint(&name).as_deref() == Some(fingerprint.as_str()) {
+            return;
+        }
+        let client = match kubeconfig::parse(&text, &source) {
+            Ok(parsed) => kubeconfig::client(&parsed, None, &source).await,
+            Err(err) => Err(err),
+        };
+        match client {
+            Ok(client) => {
+                let replaced = self.clusters.get(&name).is_ok();
+                self.clusters.add_or_replace(
+                    name.clone(),
+                    Cluster::new(name.clone(), client),
+                    fingerprint,
+                );
+                tracing::info!(cluster = %name, replaced, "cluster engaged from {source}");
+            }
+            Err(err) => {
+                tracing::warn!(cluster = %name, error = %err, "ignoring the Secret");
+                self.failed("invalid-kubeconfig");
+            }
+        }
+    }
+
+    fn failed(&self, reason: &'static str) {
+        if let Some(metrics) = &self.options.metrics {
+            metrics.engagement_failed("kubeconfig", reason);
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for KubeconfigProvider {
+    async fn get(&self, name: &ClusterName) -> Result<Cluster, Error> {
+        self.clusters.get(name)
+    }
+
+    async fn index_field(&self, index: FieldIndex) -> Result<(), Error> {
+        self.clusters.index_field(index);
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl RunnableProvider for KubeconfigProvider {
+    async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
+        self.clusters.start(shutdown.clone(), aware)?;
+        let mut secrets = self.secrets.informer::<Secret>().subscribe();
+        loop {
+            let event = tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                event = secrets.next() => event,
+            };
+            let Some(event) = event else {
+                return Err(Error::Other("the kubeconfig Secret watch stopped".into()));
+            };
+            let Some(name) = self.cluster_name(event.object()) else {
+                continue;
+            };
+            match &event {
+                CacheEvent::Applied { new, .. } if new.metadata.deletion_timestamp.is_none() => {
+                    self.apply(name, new).await;
+                }
+                _ => {
+                    if self.clusters.remove(&name) {
+                        tracing::info!(cluster = %name, "cluster removed: its Secret is gone");
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,358 @@
+//! Kubeconfig Secrets in a management control plane pointing at three member
+//! control planes: engagement, rotation with a revoked old token, repointing,
+//! removal, bad Secrets ignored while the rest of the fleet works.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use multicluster_envtest::ControlPlane;
+use multicluster_provider_kubeconfig::{DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider};
+use multicluster_runtime::controller::{Request, Watch};
+use multicluster_runtime::metrics::Metrics;
+use multicluster_runtime::testing::{Recorder, eventually, recording_controller, run_manager};
+use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
+
+const NAMESPACE: &str = "fleet";
+
+fn secret(name: &str, data: Option<&str>, labels: &[(&str, &str)]) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(NAMESPACE.into()),
+            labels: Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            ),
+            ..ObjectMeta::default()
+        },
+        data: data.map(|text| {
+            BTreeMap::from([(
+                "kubeconfig".to_string(),
+                ByteString(text.as_bytes().to_vec()),
+            )])
+        }),
+        ..Secret::default()
+    }
+}
+
+async fn create(cp: &ControlPlane, name: &str) {
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some(name.into());
+    Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default")
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("create");
+}
+
+/// A kubeconfig for a new service account bound to cluster-admin.
+async fn admin_service_account(cp: &ControlPlane, name: &str) -> String {
+    let kubeconfig = cp
+        .service_account_kubeconfig("robots", name, Duration::from_secs(3600))
+        .await
+        .expect("service account");
+    Api::<ClusterRoleBinding>::all(cp.client().await.expect("client"))
+        .create(
+            &PostParams::default(),
+            &ClusterRoleBinding {
+                metadata: ObjectMeta {
+                    name: Some(format!("{name}-admin")),
+                    ..ObjectMeta::default()
+                },
+                role_ref: RoleRef {
+                    api_group: "rbac.authorization.k8s.io".into(),
+                    kind: "ClusterRole".into(),
+                    name: "cluster-admin".into(),
+                },
+                subjects: Some(vec![Subject {
+                    kind: "ServiceAccount".into(),
+                    name: name.into(),
+                    namespace: Some("robots".into()),
+                    ..Subject::default()
+                }]),
+            },
+        )
+        .await
+        .expect("binding");
+    multicluster_envtest::to_yaml(&kubeconfig).expect("yaml")
+}
+
+fn req(cluster: &str, name: &str) -> Request {
+    Request::new(cluster, Some("default"), name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubeconfig_secrets_engage_rotate_and_remove_member_clusters() {
+    let (management, a, b, c) = tokio::join!(
+        ControlPlane::start(),
+        ControlPlane::start(),
+        ControlPlane::start(),
+        ControlPlane::start()
+    );
+    let (management, a, b, c) = (
+        management.expect("m"),
+        a.expect("a"),
+        b.expect("b"),
+        c.expect("c"),
+    );
+    for (cp, name) in [(&a, "in-a"), (&b, "in-b"), (&c, "in-c")] {
+        create(cp, name).await;
+    }
+    let admin = management.client().await.expect("client");
+    Api::<Namespace>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some(NAMESPACE.into()),
+                    ..ObjectMeta::default()
+                },
+                ..Namespace::default()
+            },
+        )
+        .await
+        .expect("namespace");
+    let secrets = Api::<Secret>::namespaced(admin.clone(), NAMESPACE);
+    let labelled = [(DEFAULT_LABEL, "true")];
+    let yaml = |cp: &ControlPlane| multicluster_envtest::to_yaml(cp.kubeconfig()).expect("yaml");
+    let c_first_token = admin_service_account(&c, "first").await;
+    for (name, kubeconfig) in [("a", yaml(&a)), ("b", yaml(&b)), ("c", c_first_token)] {
+        secrets
+            .create(
+                &PostParams::default(),
+                &secret(name, Some(&kubeconfig), &labelled),
+            )
+            .await
+            .expect("secret");
+    }
+    // Not labelled: never a cluster.
+    secrets
+        .create(
+            &PostParams::default(),
+            &secret("unlabelled", Some(&yaml(&a)), &[]),
+        )
+        .await
+        .expect("secret");
+
+    let metrics = Metrics::default();
+    let provider = Arc::new(KubeconfigProvider::new(
+        admin.clone(),
+        KubeconfigOptions {
+            namespace: Some(NAMESPACE.into()),
+            metrics: Some(metrics.clone()),
+            ..KubeconfigOptions::default()
+        },
+    ));
+    let manager = Manager::with_provider(
+        Cluster::new("local", admin.clone()),
+        provider.clone(),
+        ManagerOptions::default(),
+    )
+    .with_metrics(metrics.clone());
+    let recorder = Recorder::default();
+    manager
+        .add_controller(
+            recording_controller("kubeconfig", Watch::<ConfigMap>::new(), &recorder)
+                .expect("controller"),
+        )
+        .expect("add");
+    let (shutdown, task) = run_manager(&manager);
+
+    for (cluster, object) in [("a", "in-a"), ("b", "in-b"), ("c", "in-c")] {
+        recorder.wait_for_more(&req(cluster, object), 0).await;
+    }
+    assert_eq!(
+        provider.names(),
+        [
+            ClusterName::from("a"),
+            ClusterName::from("b"),
+            ClusterName::from("c")
+        ]
+    );
+
+    // New and updated objects in a member.
+    create(&a, "new-in-a").await;
+    recorder.wait_for_more(&req("a", "new-in-a"), 0).await;
+
+    // Labelled Secrets without the key, with an empty key, or with garbage
+    // are ignored (and counted); a good Secret created after them is the
+    // synchronisation point.
+    secrets
+        .create(&PostParams::default(), &secret("no-key", None, &labelled))
+        .await
+        .expect("secret");
+    secrets
+        .create(
+            &PostParams::default(),
+            &secret("empty-key", Some(""), &labelled),
+        )
+        .await
+        .expect("secret");
+    secrets
+        .create(
+            &PostParams::default(),
+            &secret("garbage", Some("token: [very-secret"), &labelled),
+        )
+        .await
+        .expect("secret");
+    secrets
+        .create(
+            &PostParams::default(),
+            &secret("b-again", Some(&yaml(&b)), &labelled),
+        )
+        .await
+        .expect("secret");
+    recorder.wait_for_more(&req("b-again", "in-b"), 0).await;
+    for ignored in ["no-key", "empty-key", "garbage", "unlabelled"] {
+        assert!(
+            !provider.names().contains(&ClusterName::from(ignored)),
+            "{ignored} ignored"
+        );
+    }
+    let exported = metrics.encode();
+    assert!(exported.contains(r#"reason="missing-key""#), "{exported}");
+    assert!(
+        exported.contains(r#"reason="invalid-kubeconfig""#),
+        "{exported}"
+    );
+    assert!(!exported.contains("very-secret"));
+
+    // Metadata-only change: nothing is re-engaged.
+    let before = provider.names();
+    let instance = manager
+        .get_cluster(&ClusterName::from("a"))
+        .await
+        .expect("a");
+    secrets
+        .patch(
+            "a",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {"touched": "yes"}}})),
+        )
+        .await
+        .expect("annotate");
+    create(&a, "after-annotation").await;
+    recorder
+        .wait_for_more(&req("a", "after-annotation"), 0)
+        .await;
+    assert!(
+        manager
+            .get_cluster(&ClusterName::from("a"))
+            .await
+            .expect("a")
+            .same_instance(&instance)
+    );
+    assert_eq!(provider.names(), before);
+
+    // Rotation: c gets a new service-account token, the old account is
+    // deleted (its tokens revoked), and c keeps reconciling.
+    let c_first = manager
+        .get_cluster(&ClusterName::from("c"))
+        .await
+        .expect("c");
+    let c_second_token = admin_service_account(&c, "second").await;
+    secrets
+        .replace(
+            "c",
+            &PostParams::default(),
+            &secret("c", Some(&c_second_token), &labelled),
+        )
+        .await
+        .expect("rotate");
+    eventually("c to be replaced by a new instance", || async {
+        manager
+            .get_cluster(&ClusterName::from("c"))
+            .await
+            .is_ok_and(|cluster| !cluster.same_instance(&c_first))
+    })
+    .await;
+    Api::<ServiceAccount>::namespaced(c.client().await.expect("client"), "robots")
+        .delete("first", &DeleteParams::default())
+        .await
+        .expect("revoke the old token");
+    create(&c, "after-rotation").await;
+    recorder.wait_for_more(&req("c", "after-rotation"), 0).await;
+
+    // Repointing b at another API server re-engages it there.
+    secrets
+        .replace(
+            "b",
+            &PostParams::default(),
+            &secret("b", Some(&yaml(&a)), &labelled),
+        )
+        .await
+        .expect("repoint");
+    recorder.wait_for_more(&req("b", "in-a"), 0).await;
+
+    // Deleting a Secret removes its cluster.
+    secrets
+        .delete("b-again", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("b-again to leave", || async {
+        !provider.names().contains(&ClusterName::from("b-again"))
+            && !manager
+                .cluster_states()
+                .iter()
+                .any(|(name, _)| name.as_str() == "b-again")
+    })
+    .await;
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_namespace_is_watched_when_none_is_given() {
+    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (management, member) = (management.expect("m"), member.expect("member"));
+    let admin = management.client().await.expect("client");
+    let kubeconfig = multicluster_envtest::to_yaml(member.kubeconfig()).expect("yaml");
+    for ns in ["east", "west"] {
+        Api::<Namespace>::all(admin.clone())
+            .create(
+                &PostParams::default(),
+                &Namespace {
+                    metadata: ObjectMeta {
+                        name: Some(ns.into()),
+                        ..ObjectMeta::default()
+                    },
+                    ..Namespace::default()
+                },
+            )
+            .await
+            .expect("namespace");
+        let mut s = secret("prod", Some(&kubeconfig), &[(DEFAULT_LABEL, "true")]);
+        s.metadata.namespace = Some(ns.into());
+        Api::<Secret>::namespaced(admin.clone(), ns)
+            .create(&PostParams::default(), &s)
+            .await
+            .expect("secret");
+    }
+    let provider = Arc::new(KubeconfigProvider::new(
+        admin.clone(),
+        KubeconfigOptions::default(),
+    ));
+    let manager = Manager::with_provider(
+        Cluster::new("local", admin),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    let (shutdown, task) = run_manager(&manager);
+    eventually("both namespaced clusters", || async {
+        provider.names()
+            == [
+                ClusterName::from("east/prod"),
+                ClusterName::from("west/prod"),
+            ]
+    })
+    .await;
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
