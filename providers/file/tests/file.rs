@@ -1,0 +1,180 @@
+//! Kubeconfig files and directories: contexts as clusters, changes picked up
+//! from the file system, bad files skipped, unreachable servers harmless.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, PostParams};
+use kube::config::Kubeconfig;
+use multicluster_envtest::ControlPlane;
+use multicluster_provider_file::{FileOptions, FileProvider};
+use multicluster_runtime::controller::{Request, Watch};
+use multicluster_runtime::manager::ClusterState;
+use multicluster_runtime::testing::{Recorder, eventually, recording_controller, run_manager};
+use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
+
+/// `base` with its only context renamed to each of `contexts`.
+fn with_contexts(base: &Kubeconfig, contexts: &[&str]) -> String {
+    let mut kubeconfig = base.clone();
+    let template = kubeconfig.contexts[0].clone();
+    kubeconfig.contexts = contexts
+        .iter()
+        .map(|name| {
+            let mut context = template.clone();
+            context.name = (*name).to_string();
+            context
+        })
+        .collect();
+    kubeconfig.current_context = contexts.first().map(|c| (*c).to_string());
+    multicluster_envtest::to_yaml(&kubeconfig).expect("yaml")
+}
+
+/// `base` pointing at a port where nothing listens.
+fn unreachable(base: &Kubeconfig) -> String {
+    let mut kubeconfig = base.clone();
+    if let Some(cluster) = kubeconfig.clusters[0].cluster.as_mut() {
+        cluster.server = Some("https://127.0.0.1:1".into());
+    }
+    kubeconfig.contexts[0].name = "down".into();
+    kubeconfig.current_context = Some("down".into());
+    multicluster_envtest::to_yaml(&kubeconfig).expect("yaml")
+}
+
+fn name(path: &Path, context: &str) -> ClusterName {
+    ClusterName::from(format!("{}+{context}", path.display()))
+}
+
+/// Writes via a temporary file and a rename, as editors and tools do.
+fn write(path: &Path, text: &str) {
+    let tmp = path.with_extension("tmp-write");
+    std::fs::write(&tmp, text).expect("write");
+    std::fs::rename(&tmp, path).expect("rename");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn contexts_of_watched_files_come_and_go_with_the_files() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("hello".into());
+    Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default")
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("create");
+    let base = cp.kubeconfig().clone();
+
+    let dir = tempfile::tempdir().expect("dir");
+    let watched = dir.path().join("watched");
+    std::fs::create_dir(&watched).expect("mkdir");
+    let explicit = dir.path().join("explicit.yaml");
+    write(&explicit, &with_contexts(&base, &["one", "two"]));
+
+    let provider = Arc::new(FileProvider::new(FileOptions {
+        files: vec![explicit.clone()],
+        directories: vec![watched.clone()],
+        ..FileOptions::default()
+    }));
+    let manager = Manager::with_provider(
+        Cluster::new("local", cp.client().await.expect("client")),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    let recorder = Recorder::default();
+    manager
+        .add_controller(
+            recording_controller("files", Watch::<ConfigMap>::new(), &recorder)
+                .expect("controller"),
+        )
+        .expect("add");
+    let (shutdown, task) = run_manager(&manager);
+
+    // An explicit file with two contexts gives two clusters; the watched
+    // directory is empty so far.
+    let req = |cluster: &ClusterName| Request::new(cluster.clone(), Some("default"), "hello");
+    recorder
+        .wait_for_more(&req(&name(&explicit, "one")), 0)
+        .await;
+    recorder
+        .wait_for_more(&req(&name(&explicit, "two")), 0)
+        .await;
+    assert_eq!(
+        provider.names(),
+        [name(&explicit, "one"), name(&explicit, "two")]
+    );
+
+    // A matching file appearing in the directory adds its contexts (union of
+    // sources); files that do not match the patterns, or are broken, are
+    // skipped without harming the rest.
+    let appeared = watched.join("team.kubeconfig");
+    write(
+        &watched.join("notes.txt"),
+        "not a kubeconfig and not matched",
+    );
+    write(&watched.join("broken.kubeconfig"), "clusters: [not: {valid");
+    write(&appeared, &with_contexts(&base, &["three"]));
+    recorder
+        .wait_for_more(&req(&name(&appeared, "three")), 0)
+        .await;
+    assert_eq!(provider.names().len(), 3, "{:?}", provider.names());
+
+    // A context whose server is down is still discovered; the manager
+    // reports it unreachable while the others keep working.
+    let down = watched.join("down.kubeconfig");
+    write(&down, &unreachable(&base));
+    eventually("the unreachable context to be reported", || async {
+        manager.cluster_states().iter().any(|(cluster, state)| {
+            *cluster == name(&down, "down") && matches!(state, ClusterState::Unreachable(_))
+        })
+    })
+    .await;
+
+    // Rewriting a file swaps its contexts.
+    write(&explicit, &with_contexts(&base, &["two", "four"]));
+    recorder
+        .wait_for_more(&req(&name(&explicit, "four")), 0)
+        .await;
+    eventually("context one to be removed", || async {
+        !provider.names().contains(&name(&explicit, "one"))
+    })
+    .await;
+    assert!(provider.names().contains(&name(&explicit, "two")));
+
+    // Deleting a file removes its clusters.
+    std::fs::remove_file(&appeared).expect("remove");
+    eventually("the deleted file's cluster to leave", || async {
+        !provider.names().contains(&name(&appeared, "three"))
+            && !manager
+                .cluster_states()
+                .iter()
+                .any(|(cluster, _)| *cluster == name(&appeared, "three"))
+    })
+    .await;
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_paths_are_skipped_until_they_appear() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let dir = tempfile::tempdir().expect("dir");
+    let later = dir.path().join("later.yaml");
+    let provider = Arc::new(FileProvider::new(FileOptions {
+        files: vec![later.clone()],
+        ..FileOptions::default()
+    }));
+    let manager = Manager::with_provider(
+        Cluster::new("local", cp.client().await.expect("client")),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    let (shutdown, task) = run_manager(&manager);
+    eventually("the manager to start", || async { manager.is_started() }).await;
+    write(&later, &with_contexts(cp.kubeconfig(), &["ctx"]));
+    eventually("the file's context", || async {
+        provider.names() == [name(&later, "ctx")]
+    })
+    .await;
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
