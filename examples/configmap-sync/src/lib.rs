@@ -22,6 +22,16 @@ pub enum SyncError {
     Write(Request, #[source] kube::Error),
 }
 
+/// Logs to stderr; `RUST_LOG` overrides the default (`info`, kube quiet).
+pub fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info,kube=warn".into()),
+        )
+        .init();
+}
+
 /// The name of the copy of `source`.
 pub fn copy_name(source: &str) -> String {
     format!("{source}-copy")

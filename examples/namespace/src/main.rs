@@ -23,12 +23,7 @@ struct Args {
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,kube=warn".into()),
-        )
-        .init();
+    multicluster_example_configmap_sync::init_logging();
     let args = Args::parse();
     // The host cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
     let host = Cluster::new("host", kube::Client::try_default().await?);

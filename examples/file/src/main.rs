@@ -1,0 +1,52 @@
+//! The ConfigMap-copy controller over every context of kubeconfig files and
+//! directories.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Parser;
+use multicluster_provider_file::{DEFAULT_SEPARATOR, FileOptions, FileProvider};
+use multicluster_runtime::{Cluster, Manager, ManagerOptions};
+
+/// Copy labelled ConfigMaps in every context of the given kubeconfigs.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// A kubeconfig file (repeatable).
+    #[arg(long = "file")]
+    files: Vec<PathBuf>,
+    /// A directory searched for kubeconfig files (repeatable).
+    #[arg(long = "directory")]
+    directories: Vec<PathBuf>,
+    /// Separator between path and context in cluster names.
+    #[arg(long, default_value = DEFAULT_SEPARATOR)]
+    separator: String,
+    /// Serve /healthz, /readyz, /metrics and /clusters here.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    health_address: SocketAddr,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    multicluster_example_configmap_sync::init_logging();
+    let args = Args::parse();
+    let provider = Arc::new(FileProvider::new(FileOptions {
+        files: args.files,
+        directories: args.directories,
+        separator: args.separator,
+        ..FileOptions::default()
+    }));
+    // The local cluster is the current context of $KUBECONFIG / ~/.kube/config.
+    let local = Cluster::new("local", kube::Client::try_default().await?);
+    let options = ManagerOptions {
+        health_address: Some(args.health_address),
+        ..ManagerOptions::default()
+    };
+    let manager = Manager::with_provider(local, provider, options);
+    manager.add_controller(multicluster_example_configmap_sync::controller(
+        "configmap-copy",
+    )?)?;
+    manager.run_until_signal().await?;
+    Ok(())
+}

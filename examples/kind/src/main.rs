@@ -1,0 +1,52 @@
+//! The ConfigMap-copy controller over local kind clusters: label a ConfigMap
+//! `multicluster.example/sync=true` in any kind cluster and a `<name>-copy`
+//! appears beside it and follows it.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use multicluster_provider_kind::{KindOptions, KindProvider};
+use multicluster_runtime::{Cluster, Manager, ManagerOptions};
+
+/// Copy labelled ConfigMaps in every kind cluster.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// Only kind clusters whose name starts with this prefix.
+    #[arg(long)]
+    prefix: Option<String>,
+    /// Seconds between `kind get clusters` polls.
+    #[arg(long, default_value_t = 2)]
+    poll_seconds: u64,
+    /// The kind CLI.
+    #[arg(long, default_value = "kind")]
+    kind: PathBuf,
+    /// Serve /healthz, /readyz, /metrics and /clusters here.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    health_address: SocketAddr,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    multicluster_example_configmap_sync::init_logging();
+    let args = Args::parse();
+    let provider = Arc::new(KindProvider::new(KindOptions {
+        prefix: args.prefix,
+        poll_interval: Duration::from_secs(args.poll_seconds),
+        kind_command: args.kind,
+    }));
+    let local = Cluster::new("local", kube::Client::try_default().await?);
+    let options = ManagerOptions {
+        health_address: Some(args.health_address),
+        ..ManagerOptions::default()
+    };
+    let manager = Manager::with_provider(local, provider, options);
+    manager.add_controller(multicluster_example_configmap_sync::controller(
+        "configmap-copy",
+    )?)?;
+    manager.run_until_signal().await?;
+    Ok(())
+}

@@ -1,0 +1,63 @@
+//! The ConfigMap-copy controller over clusters from kubeconfig Secrets
+//! (create them with `hack/create-kubeconfig-secret.sh`).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use clap::Parser;
+use multicluster_provider_kubeconfig::{
+    DEFAULT_DATA_KEY, DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider,
+};
+use multicluster_runtime::metrics::Metrics;
+use multicluster_runtime::{Cluster, Manager, ManagerOptions};
+
+/// Copy labelled ConfigMaps in every cluster named by a kubeconfig Secret.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// Namespace of the kubeconfig Secrets in the management cluster; every namespace when unset.
+    #[arg(long, env = "NAMESPACE")]
+    namespace: Option<String>,
+    /// Only Secrets labelled cluster.x-k8s.io/watch-filter=<value>.
+    #[arg(long, env = "WATCH_FILTER")]
+    watch_filter: Option<String>,
+    /// Label (value "true") marking kubeconfig Secrets.
+    #[arg(long, default_value = DEFAULT_LABEL)]
+    label: String,
+    /// Data key holding the kubeconfig.
+    #[arg(long, default_value = DEFAULT_DATA_KEY)]
+    key: String,
+    /// Serve /healthz, /readyz, /metrics and /clusters here.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    health_address: SocketAddr,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    multicluster_example_configmap_sync::init_logging();
+    let args = Args::parse();
+    // The management cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
+    let management = kube::Client::try_default().await?;
+    let metrics = Metrics::default();
+    let provider = Arc::new(KubeconfigProvider::new(
+        management.clone(),
+        KubeconfigOptions {
+            namespace: args.namespace,
+            label: args.label,
+            data_key: args.key,
+            watch_filter: args.watch_filter,
+            metrics: Some(metrics.clone()),
+        },
+    ));
+    let options = ManagerOptions {
+        health_address: Some(args.health_address),
+        ..ManagerOptions::default()
+    };
+    let manager = Manager::with_provider(Cluster::new("management", management), provider, options)
+        .with_metrics(metrics);
+    manager.add_controller(multicluster_example_configmap_sync::controller(
+        "configmap-copy",
+    )?)?;
+    manager.run_until_signal().await?;
+    Ok(())
+}
