@@ -356,3 +356,165 @@ async fn every_namespace_is_watched_when_none_is_given() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// Each broken kubeconfig is either skipped (cannot be built) or engaged and
+/// reported unreachable (cannot be reached); a healthy cluster added after
+/// all of them is engaged and reconciled regardless.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_kubeconfigs_affect_only_their_own_secret() {
+    let (management, member, stranger) = tokio::join!(
+        ControlPlane::start(),
+        ControlPlane::start(),
+        ControlPlane::start()
+    );
+    let (management, member, stranger) = (
+        management.expect("m"),
+        member.expect("member"),
+        stranger.expect("stranger"),
+    );
+    create(&member, "hello").await;
+    let admin = management.client().await.expect("client");
+    Api::<Namespace>::all(admin.clone())
+        .create(
+            &PostParams::default(),
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some(NAMESPACE.into()),
+                    ..ObjectMeta::default()
+                },
+                ..Namespace::default()
+            },
+        )
+        .await
+        .expect("namespace");
+    let good = member.kubeconfig().clone();
+    let edited = |edit: &dyn Fn(&mut kube::config::Kubeconfig)| {
+        let mut kubeconfig = good.clone();
+        edit(&mut kubeconfig);
+        multicluster_envtest::to_yaml(&kubeconfig).expect("yaml")
+    };
+    enum Outcome {
+        Skipped,
+        Unreachable,
+    }
+    let cases: Vec<(&str, String, Outcome)> = vec![
+        ("not-yaml", "{{{ not yaml".into(), Outcome::Skipped),
+        (
+            "not-a-kubeconfig",
+            "apiVersion: v1\nkind: ConfigMap\ndata: {}\n".into(),
+            Outcome::Skipped,
+        ),
+        (
+            "no-current-context",
+            edited(&|k| k.current_context = None),
+            Outcome::Skipped,
+        ),
+        (
+            "missing-cluster",
+            edited(&|k| k.clusters.clear()),
+            Outcome::Skipped,
+        ),
+        (
+            "missing-user",
+            edited(&|k| k.auth_infos.clear()),
+            Outcome::Skipped,
+        ),
+        (
+            "refused",
+            edited(&|k| {
+                if let Some(cluster) = k.clusters[0].cluster.as_mut() {
+                    cluster.server = Some("https://127.0.0.1:1".into());
+                }
+            }),
+            Outcome::Unreachable,
+        ),
+        (
+            "wrong-ca",
+            edited(&|k| {
+                let stranger_ca = stranger.kubeconfig().clusters[0]
+                    .cluster
+                    .as_ref()
+                    .and_then(|c| c.certificate_authority_data.clone());
+                if let Some(cluster) = k.clusters[0].cluster.as_mut() {
+                    cluster.certificate_authority_data = stranger_ca;
+                }
+            }),
+            Outcome::Unreachable,
+        ),
+    ];
+    let secrets = Api::<Secret>::namespaced(admin.clone(), NAMESPACE);
+    for (name, text, _) in &cases {
+        secrets
+            .create(
+                &PostParams::default(),
+                &secret(name, Some(text), &[(DEFAULT_LABEL, "true")]),
+            )
+            .await
+            .expect("secret");
+    }
+    secrets
+        .create(
+            &PostParams::default(),
+            &secret(
+                "healthy",
+                Some(&multicluster_envtest::to_yaml(&good).expect("yaml")),
+                &[(DEFAULT_LABEL, "true")],
+            ),
+        )
+        .await
+        .expect("secret");
+
+    let options = ManagerOptions {
+        sync_timeout: Duration::from_secs(3),
+        ..ManagerOptions::default()
+    };
+    let provider = Arc::new(KubeconfigProvider::new(
+        admin.clone(),
+        KubeconfigOptions {
+            namespace: Some(NAMESPACE.into()),
+            ..KubeconfigOptions::default()
+        },
+    ));
+    let manager = Manager::with_provider(Cluster::new("local", admin), provider.clone(), options);
+    let recorder = Recorder::default();
+    manager
+        .add_controller(
+            recording_controller("broken", Watch::<ConfigMap>::new(), &recorder)
+                .expect("controller"),
+        )
+        .expect("add");
+    let (shutdown, task) = run_manager(&manager);
+    recorder.wait_for_more(&req("healthy", "hello"), 0).await;
+
+    // Unreachable ones first: the provider handles Secrets in order, so once
+    // these are engaged every Secret before them has been looked at.
+    for (name, _, outcome) in &cases {
+        if let Outcome::Unreachable = outcome {
+            eventually(&format!("{name} reported unreachable"), || async {
+                manager.cluster_states().iter().any(|(cluster, state)| {
+                    cluster.as_str() == *name
+                        && matches!(
+                            state,
+                            multicluster_runtime::manager::ClusterState::Unreachable(_)
+                        )
+                })
+            })
+            .await;
+        }
+    }
+    for (name, _, outcome) in &cases {
+        if let Outcome::Skipped = outcome {
+            assert!(
+                !provider.names().contains(&ClusterName::from(*name)),
+                "{name} skipped"
+            );
+        }
+    }
+    assert_eq!(
+        recorder.for_cluster("refused") + recorder.for_cluster("wrong-ca"),
+        0
+    );
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
