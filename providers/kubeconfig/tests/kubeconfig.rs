@@ -15,7 +15,7 @@ use multicluster_provider_kubeconfig::{DEFAULT_LABEL, KubeconfigOptions, Kubecon
 use multicluster_runtime::controller::{Request, Watch};
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::testing::{Recorder, eventually, recording_controller, run_manager};
-use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
+use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions, Provider};
 
 const NAMESPACE: &str = "fleet";
 
@@ -179,6 +179,44 @@ async fn kubeconfig_secrets_engage_rotate_and_remove_member_clusters() {
     // New and updated objects in a member.
     create(&a, "new-in-a").await;
     recorder.wait_for_more(&req("a", "new-in-a"), 0).await;
+    Api::<ConfigMap>::namespaced(a.client().await.expect("client"), "default")
+        .patch(
+            "new-in-a",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"data": {"v": "2"}})),
+        )
+        .await
+        .expect("update");
+    recorder.wait_for_more(&req("a", "new-in-a"), 1).await;
+
+    // An index registered on the provider answers per cluster.
+    provider
+        .index_field(multicluster_runtime::cache::FieldIndex::new::<ConfigMap>(
+            "name-prefix",
+            |cm: &ConfigMap| {
+                cm.metadata
+                    .name
+                    .iter()
+                    .filter_map(|n| n.split('-').next().map(str::to_string))
+                    .collect()
+            },
+        ))
+        .await
+        .expect("index");
+    let in_a = manager
+        .get_cluster(&ClusterName::from("a"))
+        .await
+        .expect("a")
+        .cache()
+        .by_index::<ConfigMap>("name-prefix", "new", Some("default"))
+        .await
+        .expect("query");
+    assert_eq!(
+        in_a.iter()
+            .filter_map(|cm| cm.metadata.name.clone())
+            .collect::<Vec<_>>(),
+        ["new-in-a"]
+    );
 
     // Labelled Secrets without the key, with an empty key, or with garbage
     // are ignored (and counted); a good Secret created after them is the
