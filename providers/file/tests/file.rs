@@ -178,3 +178,93 @@ async fn missing_paths_are_skipped_until_they_appear() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// Broken files and contexts are skipped one by one; a good context in the
+/// same file as a broken one still works; servers that cannot be reached or
+/// trusted are engaged and reported unreachable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_files_and_contexts_affect_only_themselves() {
+    let (cp, stranger) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (cp, stranger) = (cp.expect("control plane"), stranger.expect("stranger"));
+    let base = cp.kubeconfig().clone();
+    let dir = tempfile::tempdir().expect("dir");
+    let file = |name: &str| dir.path().join(format!("{name}.kubeconfig"));
+
+    write(&file("not-yaml"), "{{{ not yaml");
+    write(
+        &file("not-a-kubeconfig"),
+        "apiVersion: v1\nkind: ConfigMap\n",
+    );
+    // One good context and two naming a missing cluster or user.
+    let mut mixed = base.clone();
+    let mut no_cluster = mixed.contexts[0].clone();
+    no_cluster.name = "no-cluster".into();
+    if let Some(context) = no_cluster.context.as_mut() {
+        context.cluster = "missing".into();
+    }
+    let mut no_user = mixed.contexts[0].clone();
+    no_user.name = "no-user".into();
+    if let Some(context) = no_user.context.as_mut() {
+        context.user = Some("missing".into());
+    }
+    mixed.contexts[0].name = "good".into();
+    mixed.contexts.extend([no_cluster, no_user]);
+    write(
+        &file("mixed"),
+        &multicluster_envtest::to_yaml(&mixed).expect("yaml"),
+    );
+    let mut wrong_ca = base.clone();
+    wrong_ca.contexts[0].name = "wrong-ca".into();
+    if let Some(cluster) = wrong_ca.clusters[0].cluster.as_mut() {
+        cluster.certificate_authority_data = stranger.kubeconfig().clusters[0]
+            .cluster
+            .as_ref()
+            .and_then(|c| c.certificate_authority_data.clone());
+    }
+    write(
+        &file("wrong-ca"),
+        &multicluster_envtest::to_yaml(&wrong_ca).expect("yaml"),
+    );
+
+    let provider = Arc::new(FileProvider::new(FileOptions {
+        directories: vec![dir.path().to_path_buf()],
+        ..FileOptions::default()
+    }));
+    let options = ManagerOptions {
+        sync_timeout: std::time::Duration::from_secs(3),
+        ..ManagerOptions::default()
+    };
+    let manager = Manager::with_provider(
+        Cluster::new("local", cp.client().await.expect("client")),
+        provider.clone(),
+        options,
+    );
+    let (shutdown, task) = run_manager(&manager);
+
+    let wrong_ca_name = name(&file("wrong-ca"), "wrong-ca");
+    eventually(
+        "the untrusted server to be reported unreachable",
+        || async {
+            manager.cluster_states().iter().any(|(cluster, state)| {
+                *cluster == wrong_ca_name && matches!(state, ClusterState::Unreachable(_))
+            })
+        },
+    )
+    .await;
+    let good = name(&file("mixed"), "good");
+    eventually("the good context to be ready", || async {
+        manager
+            .cluster_states()
+            .iter()
+            .any(|(cluster, state)| *cluster == good && *state == ClusterState::Ready)
+    })
+    .await;
+    assert_eq!(
+        provider.names(),
+        [good, wrong_ca_name],
+        "everything else skipped"
+    );
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
