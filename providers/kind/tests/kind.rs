@@ -193,3 +193,28 @@ async fn a_missing_kind_cli_is_a_clear_error() {
         .expect_err("start fails");
     assert!(err.to_string().contains("kind CLI was not found"), "{err}");
 }
+
+#[tokio::test]
+async fn a_manager_whose_provider_cannot_start_stops_with_the_providers_error() {
+    let provider = Arc::new(KindProvider::new(options(
+        Path::new("/nonexistent/kind"),
+        None,
+    )));
+    let local = Cluster::new(
+        "local",
+        kube::Client::try_from(kube::Config::new(
+            "https://127.0.0.1:1".parse().expect("uri"),
+        ))
+        .expect("client"),
+    );
+    let manager = Manager::with_provider(local, provider, ManagerOptions::default());
+    // Never cancelled: run() must end by itself.
+    let result = tokio::time::timeout(
+        Duration::from_secs(30),
+        manager.run(CancellationToken::new()),
+    )
+    .await
+    .expect("run() returns when the provider fails");
+    let err = result.expect_err("the provider's error");
+    assert!(err.to_string().contains("kind CLI was not found"), "{err}");
+}

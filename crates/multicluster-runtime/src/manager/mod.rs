@@ -109,7 +109,7 @@ struct Inner {
     local: Cluster,
     provider: Option<Arc<dyn Provider>>,
     runnable: Option<Arc<dyn RunnableProvider>>,
-    coordinator: Arc<dyn Coordinator>,
+    coordinator: Mutex<Arc<dyn Coordinator>>,
     options: ManagerOptions,
     metrics: Metrics,
     components: Mutex<Vec<Arc<dyn Aware>>>,
@@ -172,7 +172,7 @@ impl Manager {
                 local,
                 provider,
                 runnable,
-                coordinator: Arc::new(EngageAll),
+                coordinator: Mutex::new(Arc::new(EngageAll)),
                 options,
                 metrics: Metrics::default(),
                 components: Mutex::new(Vec::new()),
@@ -183,21 +183,29 @@ impl Manager {
         }
     }
 
-    /// Replaces the coordinator (before [`Manager::run`]).
+    /// Replaces the coordinator; clusters engaged from now on go through
+    /// it (set it before [`Manager::run`]).
     #[must_use]
-    pub fn with_coordinator(mut self, coordinator: Arc<dyn Coordinator>) -> Self {
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.coordinator = coordinator;
-        }
+    pub fn with_coordinator(self, coordinator: Arc<dyn Coordinator>) -> Self {
+        *lock(&self.inner.coordinator) = coordinator;
         self
     }
 
-    /// Replaces the metrics registry (before [`Manager::run`]), e.g. one
-    /// with per-cluster labels.
+    fn coordinator(&self) -> Arc<dyn Coordinator> {
+        lock(&self.inner.coordinator).clone()
+    }
+
+    /// Replaces the metrics registry, e.g. with one that has per-cluster
+    /// labels or is shared with a provider. Only possible on a manager that
+    /// has not been cloned yet (call it right after construction); otherwise
+    /// the registry stays as it was and a warning is logged.
     #[must_use]
     pub fn with_metrics(mut self, metrics: Metrics) -> Self {
-        if let Some(inner) = Arc::get_mut(&mut self.inner) {
-            inner.metrics = metrics;
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => inner.metrics = metrics,
+            None => {
+                tracing::warn!("with_metrics on a manager already shared; keeping its registry")
+            }
         }
         self
     }
@@ -240,12 +248,8 @@ impl Manager {
             })
             .collect();
         for (name, cluster, lifetime) in ready {
-            self.inner.coordinator.engage(
-                lifetime,
-                name,
-                cluster,
-                std::slice::from_ref(&component),
-            )?;
+            self.coordinator()
+                .engage(lifetime, name, cluster, std::slice::from_ref(&component))?;
         }
         Ok(())
     }
@@ -284,7 +288,11 @@ impl Manager {
                 })?;
             self.serve_health(listener, shutdown.clone());
         }
-        let components_stop = shutdown.child_token();
+        // `stop` ends reconciling (on shutdown, or when the provider fails);
+        // `components_stop` ends cluster lifetimes and the provider, only
+        // after running reconciles have finished with their clusters.
+        let stop = shutdown.child_token();
+        let components_stop = CancellationToken::new();
         self.engage(
             components_stop.child_token(),
             ClusterName::local(),
@@ -295,27 +303,44 @@ impl Manager {
         let grace = self.inner.options.shutdown_grace;
         let controllers = lock(&self.inner.controllers).clone();
         for controller in controllers {
-            let stop = shutdown.clone();
+            let stop = stop.clone();
             tasks.spawn(async move { controller.run(stop, grace).await });
         }
-        let provider_task = self.inner.runnable.clone().map(|provider| {
+        let mut provider_task = self.inner.runnable.clone().map(|provider| {
             let aware: Arc<dyn Aware> = Arc::new(self.clone());
             let stop = components_stop.clone();
             tokio::spawn(async move { provider.start(stop, aware).await })
         });
         self.inner.started.cancel();
 
-        shutdown.cancelled().await;
+        // A provider that ends on its own (it failed, or gave up) ends the
+        // manager: carrying on without a fleet would hide the failure.
+        let provider_ended = match provider_task.as_mut() {
+            Some(task) => tokio::select! {
+                () = stop.cancelled() => None,
+                result = task => Some(result),
+            },
+            None => {
+                stop.cancelled().await;
+                None
+            }
+        };
+        if provider_ended.is_some() {
+            tracing::error!("the provider stopped; shutting down");
+            stop.cancel();
+        }
         tracing::info!("shutting down: no new reconciles; waiting for running ones");
         while tasks.join_next().await.is_some() {}
         components_stop.cancel();
-        if let Some(task) = provider_task {
-            match task.await {
-                Ok(result) => result?,
-                Err(err) => return Err(Error::Other(format!("provider task failed: {err}"))),
-            }
+        let provider_result = match (provider_ended, provider_task) {
+            (Some(result), _) => result,
+            (None, Some(task)) => task.await,
+            (None, None) => Ok(Ok(())),
+        };
+        match provider_result {
+            Ok(result) => result,
+            Err(err) => Err(Error::Other(format!("provider task failed: {err}"))),
         }
-        Ok(())
     }
 
     /// Serves the health, readiness, metrics and cluster-state endpoints on
@@ -362,8 +387,7 @@ impl Manager {
                     tracing::info!(cluster = %name, "cluster ready; engaging components");
                     let components = lock(&self.inner.components).clone();
                     if let Err(err) =
-                        self.inner
-                            .coordinator
+                        self.coordinator()
                             .engage(lifetime, name.clone(), cluster, &components)
                     {
                         tracing::error!(cluster = %name, error = %err, "engaging components failed");
