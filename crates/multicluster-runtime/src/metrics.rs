@@ -33,6 +33,7 @@ struct Inner {
     engagements: Counter,
     disengagements: Counter,
     engagement_failures: Family<Labels, Counter>,
+    clusters_by_state: Family<Labels, Gauge>,
     reconciles: Family<Labels, Counter>,
     reconcile_errors: Family<Labels, Counter>,
     reconcile_time: Family<Labels, Histogram>,
@@ -54,6 +55,7 @@ impl Metrics {
         let engagements = Counter::default();
         let disengagements = Counter::default();
         let engagement_failures = Family::<Labels, Counter>::default();
+        let clusters_by_state = Family::<Labels, Gauge>::default();
         let reconciles = Family::<Labels, Counter>::default();
         let reconcile_errors = Family::<Labels, Counter>::default();
         let reconcile_time = Family::<Labels, Histogram>::new_with_constructor(
@@ -79,6 +81,11 @@ impl Metrics {
             "mcr_cluster_engagement_failures",
             "Clusters that could not be engaged (unreachable, not synced), by provider-given reason",
             engagement_failures.clone(),
+        );
+        registry.register(
+            "mcr_clusters",
+            "Engaged clusters by state: syncing, ready, unreachable",
+            clusters_by_state.clone(),
         );
         registry.register(
             "controller_runtime_reconcile",
@@ -108,6 +115,7 @@ impl Metrics {
                 engagements,
                 disengagements,
                 engagement_failures,
+                clusters_by_state,
                 reconciles,
                 reconcile_errors,
                 reconcile_time,
@@ -160,6 +168,19 @@ impl Metrics {
                 ("reason", reason.to_string()),
             ])
             .inc();
+    }
+
+    pub(crate) fn cluster_states(&self, syncing: usize, ready: usize, unreachable: usize) {
+        for (state, count) in [
+            ("syncing", syncing),
+            ("ready", ready),
+            ("unreachable", unreachable),
+        ] {
+            self.inner
+                .clusters_by_state
+                .get_or_create(&vec![("state", state.to_string())])
+                .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
     }
 
     pub(crate) fn reconciled(

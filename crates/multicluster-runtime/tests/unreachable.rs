@@ -80,6 +80,11 @@ async fn an_unreachable_cluster_is_reported_retried_and_engaged_once_it_answers(
     })
     .await;
     assert_eq!(recorder.for_cluster("down"), 0);
+    let metrics = manager.metrics().encode();
+    assert!(
+        metrics.contains(r#"mcr_clusters{state="unreachable"} 1"#),
+        "{metrics}"
+    );
 
     down.start_api_server().await.expect("restart");
     recorder.wait_for_more(&req("down", "waiting"), 0).await;

@@ -11,7 +11,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
-use multicluster_provider_kubeconfig::{DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider};
+use multicluster_provider_kubeconfig::{
+    DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider, WATCH_FILTER_LABEL,
+};
 use multicluster_runtime::controller::{Request, Watch};
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::testing::{Recorder, eventually, recording_controller, run_manager};
@@ -347,7 +349,7 @@ async fn kubeconfig_secrets_engage_rotate_and_remove_member_clusters() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_namespace_is_watched_when_none_is_given() {
+async fn every_namespace_is_watched_when_none_is_given_and_a_watch_filter_splits_instances() {
     let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
     let (management, member) = (management.expect("m"), member.expect("member"));
     let admin = management.client().await.expect("client");
@@ -373,24 +375,57 @@ async fn every_namespace_is_watched_when_none_is_given() {
             .await
             .expect("secret");
     }
+    // A Secret for another instance, by watch filter.
+    let mut filtered = secret(
+        "staging",
+        Some(&kubeconfig),
+        &[(DEFAULT_LABEL, "true"), (WATCH_FILTER_LABEL, "other")],
+    );
+    filtered.metadata.namespace = Some("east".into());
+    Api::<Secret>::namespaced(admin.clone(), "east")
+        .create(&PostParams::default(), &filtered)
+        .await
+        .expect("secret");
+
     let provider = Arc::new(KubeconfigProvider::new(
         admin.clone(),
         KubeconfigOptions::default(),
     ));
+    let other = Arc::new(KubeconfigProvider::new(
+        admin.clone(),
+        KubeconfigOptions {
+            watch_filter: Some("other".into()),
+            ..KubeconfigOptions::default()
+        },
+    ));
     let manager = Manager::with_provider(
-        Cluster::new("local", admin),
+        Cluster::new("local", admin.clone()),
         provider.clone(),
         ManagerOptions::default(),
     );
+    let other_manager = Manager::with_provider(
+        Cluster::new("local", admin),
+        other.clone(),
+        ManagerOptions::default(),
+    );
     let (shutdown, task) = run_manager(&manager);
-    eventually("both namespaced clusters", || async {
+    let (other_shutdown, other_task) = run_manager(&other_manager);
+    // Without a filter every labelled Secret counts; with one, only its own.
+    eventually("all three namespaced clusters", || async {
         provider.names()
             == [
                 ClusterName::from("east/prod"),
+                ClusterName::from("east/staging"),
                 ClusterName::from("west/prod"),
             ]
     })
     .await;
+    eventually("the filtered instance's cluster", || async {
+        other.names() == [ClusterName::from("east/staging")]
+    })
+    .await;
+    other_shutdown.cancel();
+    other_task.await.expect("task").expect("clean stop");
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }

@@ -417,13 +417,31 @@ impl Manager {
     }
 
     fn set_state(&self, name: &ClusterName, generation: u64, state: ClusterState) -> bool {
-        match lock(&self.inner.clusters).get_mut(name) {
+        let mut clusters = lock(&self.inner.clusters);
+        let changed = match clusters.get_mut(name) {
             Some(tracked) if tracked.generation == generation => {
                 tracked.state = state;
                 true
             }
             _ => false,
+        };
+        self.publish_states(&clusters);
+        changed
+    }
+
+    /// Updates the per-state cluster gauge from the tracked clusters.
+    fn publish_states(&self, clusters: &BTreeMap<ClusterName, Tracked>) {
+        let mut counts = [0usize; 3];
+        for tracked in clusters.values() {
+            counts[match tracked.state {
+                ClusterState::Syncing => 0,
+                ClusterState::Ready => 1,
+                ClusterState::Unreachable(_) => 2,
+            }] += 1;
         }
+        self.inner
+            .metrics
+            .cluster_states(counts[0], counts[1], counts[2]);
     }
 }
 
@@ -456,6 +474,7 @@ impl Aware for Manager {
                     generation,
                 },
             );
+            self.publish_states(&clusters);
         }
         tokio::spawn(self.clone().bring_up(name.clone(), generation));
         let this = self.clone();
@@ -468,6 +487,7 @@ impl Aware for Manager {
             {
                 clusters.remove(&name);
                 this.inner.metrics.cluster_disengaged();
+                this.publish_states(&clusters);
                 tracing::info!(cluster = %name, "cluster left the fleet");
             }
         });
