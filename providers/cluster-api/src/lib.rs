@@ -1,0 +1,292 @@
+//! Cluster API workload clusters as a fleet (Go: `providers/cluster-api`).
+//!
+//! The provider watches Cluster API `Cluster` objects in a management
+//! cluster. A Cluster that is ready is engaged as `<namespace>/<name>` with
+//! the kubeconfig in its `<name>-kubeconfig` Secret (data key `value`):
+//!
+//! - readiness by default: v1beta2 `status.initialization.controlPlaneInitialized`;
+//!   v1beta1 `status.phase == Provisioned` or `status.controlPlaneReady`;
+//!   [`ClusterApiOptions::readiness`] overrides it. A Cluster that is not
+//!   ready yet is engaged when it becomes ready; one already engaged is not
+//!   dropped for turning not-ready;
+//! - the kubeconfig Secrets are watched too, so a rotated kubeconfig replaces
+//!   the cluster at once (Go waits for the next Cluster event); a missing
+//!   Secret or key is logged naming it, and the Cluster is engaged as soon as
+//!   the Secret appears;
+//! - a Cluster deleted or being deleted is removed;
+//! - a paused Cluster (annotation `cluster.x-k8s.io/paused`, or
+//!   `spec.paused: true`) is left exactly as it is: not engaged, replaced or
+//!   removed until it is unpaused (deletion still removes it);
+//! - `namespace` limits the watches to one namespace, and `watch_filter` to
+//!   Clusters labelled `cluster.x-k8s.io/watch-filter=<value>` (Cluster API's
+//!   multi-instance contract), so instances never touch each other's clusters.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::watcher;
+use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions, FieldIndex};
+use multicluster_runtime::clusters::Clusters;
+use multicluster_runtime::{
+    Aware, Cluster, ClusterName, Error, Provider, RunnableProvider, kubeconfig,
+};
+use tokio_util::sync::CancellationToken;
+
+/// The label key of the watch-filter convention.
+pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
+/// The annotation that pauses a Cluster.
+pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
+/// The label Cluster API puts on a cluster's Secrets.
+pub const CLUSTER_NAME_LABEL: &str = "cluster.x-k8s.io/cluster-name";
+/// The data key of the kubeconfig Secret.
+pub const KUBECONFIG_KEY: &str = "value";
+
+/// The Cluster API version to watch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ClusterApiVersion {
+    /// `cluster.x-k8s.io/v1beta2` (current).
+    #[default]
+    V1Beta2,
+    /// `cluster.x-k8s.io/v1beta1` (still widely deployed).
+    V1Beta1,
+}
+
+impl ClusterApiVersion {
+    fn resource(self) -> ApiResource {
+        let version = match self {
+            ClusterApiVersion::V1Beta2 => "v1beta2",
+            ClusterApiVersion::V1Beta1 => "v1beta1",
+        };
+        ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "cluster.x-k8s.io",
+            version,
+            "Cluster",
+        ))
+    }
+
+    /// The default readiness of a Cluster of this version.
+    pub fn is_ready(self, cluster: &DynamicObject) -> bool {
+        let status = &cluster.data["status"];
+        match self {
+            ClusterApiVersion::V1Beta2 => {
+                status["initialization"]["controlPlaneInitialized"] == true
+            }
+            ClusterApiVersion::V1Beta1 => {
+                status["phase"] == "Provisioned" || status["controlPlaneReady"] == true
+            }
+        }
+    }
+}
+
+/// Decides whether a Cluster is ready to be engaged.
+pub type Readiness = Arc<dyn Fn(&DynamicObject) -> bool + Send + Sync>;
+
+/// Options of the Cluster API provider.
+#[derive(Clone, Default)]
+pub struct ClusterApiOptions {
+    /// Watch Clusters and Secrets in this namespace only.
+    pub namespace: Option<String>,
+    /// Only Clusters labelled `cluster.x-k8s.io/watch-filter=<value>`.
+    pub watch_filter: Option<String>,
+    /// Which Cluster API version to watch.
+    pub version: ClusterApiVersion,
+    /// Overrides the version's default readiness.
+    pub readiness: Option<Readiness>,
+}
+
+impl std::fmt::Debug for ClusterApiOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterApiOptions")
+            .field("namespace", &self.namespace)
+            .field("watch_filter", &self.watch_filter)
+            .field("version", &self.version)
+            .field("custom_readiness", &self.readiness.is_some())
+            .finish()
+    }
+}
+
+/// Cluster API workload clusters.
+#[derive(Debug)]
+pub struct ClusterApiProvider {
+    options: ClusterApiOptions,
+    resource: ApiResource,
+    management: Cache,
+    secrets: Cache,
+    clusters: Clusters,
+}
+
+impl ClusterApiProvider {
+    /// Watches Clusters and their kubeconfig Secrets through `management`.
+    pub fn new(management: kube::Client, options: ClusterApiOptions) -> Self {
+        let clusters_watch = match &options.watch_filter {
+            Some(value) => {
+                watcher::Config::default().labels(&format!("{WATCH_FILTER_LABEL}={value}"))
+            }
+            None => watcher::Config::default(),
+        };
+        let cache = |name: &str, watch: watcher::Config| {
+            Cache::with_options(
+                name,
+                management.clone(),
+                CacheOptions {
+                    namespace: options.namespace.clone(),
+                    watcher: watch,
+                    ..CacheOptions::default()
+                },
+            )
+        };
+        Self {
+            resource: options.version.resource(),
+            management: cache("cluster-api-clusters", clusters_watch),
+            // Only Secrets that belong to a cluster are cached.
+            secrets: cache(
+                "cluster-api-secrets",
+                watcher::Config::default().labels(CLUSTER_NAME_LABEL),
+            ),
+            options,
+            clusters: Clusters::new(),
+        }
+    }
+
+    /// Names of the engaged clusters, sorted.
+    pub fn names(&self) -> Vec<ClusterName> {
+        self.clusters.names()
+    }
+
+    fn ready(&self, cluster: &DynamicObject) -> bool {
+        match &self.options.readiness {
+            Some(readiness) => readiness(cluster),
+            None => self.options.version.is_ready(cluster),
+        }
+    }
+
+    /// Brings the fleet in line with the Cluster `namespace/name`.
+    async fn reconcile(&self, namespace: &str, name: &str) {
+        let fleet_name = ClusterName::from(format!("{namespace}/{name}"));
+        let object = self
+            .management
+            .dynamic(&self.resource)
+            .get(Some(namespace), name);
+        let Some(object) = object.filter(|object| object.metadata.deletion_timestamp.is_none())
+        else {
+            if self.clusters.remove(&fleet_name) {
+                tracing::info!(cluster = %fleet_name, "Cluster deleted; removed from the fleet");
+            }
+            return;
+        };
+        let paused = object
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|annotations| annotations.contains_key(PAUSED_ANNOTATION))
+            || object.data["spec"]["paused"] == true;
+        if paused {
+            tracing::debug!(cluster = %fleet_name, "Cluster is paused; leaving it as it is");
+            return;
+        }
+        if !self.ready(&object) {
+            tracing::debug!(cluster = %fleet_name, "Cluster is not ready yet");
+            return;
+        }
+        let secret_name = format!("{name}-kubeconfig");
+        let source = format!("Secret {namespace}/{secret_name} key {KUBECONFIG_KEY:?}");
+        let Some(secret) = self
+            .secrets
+            .informer::<Secret>()
+            .get(Some(namespace), &secret_name)
+        else {
+            tracing::warn!(cluster = %fleet_name, "{source} does not exist (yet); engaging when it appears");
+            return;
+        };
+        let Some(text) = secret
+            .data
+            .as_ref()
+            .and_then(|data| data.get(KUBECONFIG_KEY))
+            .and_then(|bytes| String::from_utf8(bytes.0.clone()).ok())
+            .filter(|text| !text.trim().is_empty())
+        else {
+            tracing::warn!(cluster = %fleet_name, "{source} is missing, empty or not text; skipping the cluster");
+            return;
+        };
+        let fingerprint = kubeconfig::fingerprint(&text);
+        if self.clusters.fingerprint(&fleet_name).as_deref() == Some(fingerprint.as_str()) {
+            return;
+        }
+        let client = match kubeconfig::parse(&text, &source) {
+            Ok(parsed) => kubeconfig::client(&parsed, None, &source).await,
+            Err(err) => Err(err),
+        };
+        match client {
+            Ok(client) => {
+                self.clusters.add_or_replace(
+                    fleet_name.clone(),
+                    Cluster::new(fleet_name.clone(), client),
+                    fingerprint,
+                );
+                tracing::info!(cluster = %fleet_name, "workload cluster engaged");
+            }
+            Err(err) => tracing::warn!(cluster = %fleet_name, error = %err, "skipping the cluster"),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Provider for ClusterApiProvider {
+    async fn get(&self, name: &ClusterName) -> Result<Cluster, Error> {
+        self.clusters.get(name)
+    }
+
+    async fn index_field(&self, index: FieldIndex) -> Result<(), Error> {
+        self.clusters.index_field(index);
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl RunnableProvider for ClusterApiProvider {
+    async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
+        self.clusters.start(shutdown.clone(), aware)?;
+        let secrets = self.secrets.informer::<Secret>();
+        let mut secret_events = secrets.subscribe();
+        // Secrets first, so a ready Cluster finds its kubeconfig on the first pass.
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = secrets.wait_ready() => {}
+        }
+        let mut cluster_events = self.management.dynamic(&self.resource).subscribe();
+        loop {
+            let key = tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                event = cluster_events.next() => match event {
+                    Some(event) => key_of_cluster(&event),
+                    None => return Err(Error::Other("the Cluster watch stopped".into())),
+                },
+                event = secret_events.next() => match event {
+                    Some(event) => key_of_secret(&event),
+                    None => return Err(Error::Other("the kubeconfig Secret watch stopped".into())),
+                },
+            };
+            if let Some((namespace, name)) = key {
+                self.reconcile(&namespace, &name).await;
+            }
+        }
+    }
+}
+
+fn key_of_cluster(event: &CacheEvent<DynamicObject>) -> Option<(String, String)> {
+    let meta = &event.object().metadata;
+    Some((meta.namespace.clone()?, meta.name.clone()?))
+}
+
+/// The Cluster a Secret belongs to: its `cluster.x-k8s.io/cluster-name`
+/// label, for Secrets named `<cluster>-kubeconfig`.
+fn key_of_secret(event: &CacheEvent<Secret>) -> Option<(String, String)> {
+    let meta = &event.object().metadata;
+    let cluster = meta.labels.as_ref()?.get(CLUSTER_NAME_LABEL)?;
+    if meta.name.as_deref()? != format!("{cluster}-kubeconfig") {
+        return None;
+    }
+    Some((meta.namespace.clone()?, cluster.clone()))
+}

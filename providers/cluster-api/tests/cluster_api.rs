@@ -1,0 +1,369 @@
+//! The Cluster API provider against a management control plane with the
+//! Cluster CRD and real workload control planes behind kubeconfig Secrets.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta, Patch,
+    PatchParams, PostParams,
+};
+use multicluster_envtest::ControlPlane;
+use multicluster_provider_cluster_api::{
+    CLUSTER_NAME_LABEL, ClusterApiOptions, ClusterApiProvider, ClusterApiVersion,
+    PAUSED_ANNOTATION, WATCH_FILTER_LABEL,
+};
+use multicluster_runtime::controller::{Request, Watch};
+use multicluster_runtime::testing::{Recorder, eventually, recording_controller, run_manager};
+use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
+
+const CRD: &str = include_str!("crds/cluster.yaml");
+
+struct Management {
+    cp: ControlPlane,
+    client: kube::Client,
+}
+
+impl Management {
+    async fn start(namespaces: &[&str]) -> Self {
+        let cp = ControlPlane::start().await.expect("management");
+        cp.install_crds(CRD).await.expect("CRD");
+        let client = cp.client().await.expect("client");
+        for ns in namespaces {
+            Api::<Namespace>::all(client.clone())
+                .create(
+                    &PostParams::default(),
+                    &Namespace {
+                        metadata: ObjectMeta {
+                            name: Some((*ns).into()),
+                            ..ObjectMeta::default()
+                        },
+                        ..Namespace::default()
+                    },
+                )
+                .await
+                .expect("namespace");
+        }
+        Self { cp, client }
+    }
+
+    fn clusters(&self, namespace: &str, version: &str) -> Api<DynamicObject> {
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "cluster.x-k8s.io",
+            version,
+            "Cluster",
+        ));
+        Api::namespaced_with(self.client.clone(), namespace, &resource)
+    }
+
+    async fn create_cluster(
+        &self,
+        namespace: &str,
+        name: &str,
+        labels: &[(&str, &str)],
+        annotations: &[(&str, &str)],
+    ) {
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "cluster.x-k8s.io",
+            "v1beta2",
+            "Cluster",
+        ));
+        let mut object = DynamicObject::new(name, &resource).within(namespace);
+        object.metadata.labels = Some(
+            labels
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        object.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        object.data = serde_json::json!({"spec": {}});
+        self.clusters(namespace, "v1beta2")
+            .create(&PostParams::default(), &object)
+            .await
+            .expect("Cluster");
+    }
+
+    async fn set_status(
+        &self,
+        namespace: &str,
+        name: &str,
+        version: &str,
+        status: serde_json::Value,
+    ) {
+        self.clusters(namespace, version)
+            .patch_status(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"status": status})),
+            )
+            .await
+            .expect("status");
+    }
+
+    async fn set_ready(&self, namespace: &str, name: &str) {
+        self.set_status(
+            namespace,
+            name,
+            "v1beta2",
+            serde_json::json!({"initialization": {"controlPlaneInitialized": true}}),
+        )
+        .await;
+    }
+
+    /// Creates or replaces `<cluster>-kubeconfig` pointing at `workload`.
+    async fn put_kubeconfig(&self, namespace: &str, cluster: &str, workload: &ControlPlane) {
+        let secret = Secret {
+            metadata: ObjectMeta {
+                name: Some(format!("{cluster}-kubeconfig")),
+                namespace: Some(namespace.into()),
+                labels: Some([(CLUSTER_NAME_LABEL.to_string(), cluster.to_string())].into()),
+                ..ObjectMeta::default()
+            },
+            type_: Some("cluster.x-k8s.io/secret".into()),
+            data: Some(BTreeMap::from([(
+                "value".to_string(),
+                ByteString(
+                    multicluster_envtest::to_yaml(workload.kubeconfig())
+                        .expect("yaml")
+                        .into_bytes(),
+                ),
+            )])),
+            ..Secret::default()
+        };
+        Api::<Secret>::namespaced(self.client.clone(), namespace)
+            .patch(
+                &format!("{cluster}-kubeconfig"),
+                &PatchParams::apply("test").force(),
+                &Patch::Apply(secret),
+            )
+            .await
+            .expect("kubeconfig Secret");
+    }
+}
+
+async fn workload(object: &str) -> ControlPlane {
+    let cp = ControlPlane::start().await.expect("workload");
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some(object.into());
+    Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default")
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("object");
+    cp
+}
+
+fn req(cluster: &str, name: &str) -> Request {
+    Request::new(cluster, Some("default"), name)
+}
+
+fn manager_for(management: &Management, provider: Arc<ClusterApiProvider>) -> Manager {
+    Manager::with_provider(
+        Cluster::new("management", management.client.clone()),
+        provider,
+        ManagerOptions::default(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_clusters_are_engaged_and_follow_their_kubeconfig_secrets() {
+    let (management, first, second) = tokio::join!(
+        Management::start(&["team-a", "team-b"]),
+        workload("in-first"),
+        workload("in-second")
+    );
+
+    // Ready with a Secret; not ready yet; ready without a Secret yet.
+    management.create_cluster("team-a", "one", &[], &[]).await;
+    management.set_ready("team-a", "one").await;
+    management.put_kubeconfig("team-a", "one", &first).await;
+    management.create_cluster("team-b", "two", &[], &[]).await;
+    management.put_kubeconfig("team-b", "two", &second).await;
+    management.create_cluster("team-a", "three", &[], &[]).await;
+    management.set_ready("team-a", "three").await;
+
+    let provider = Arc::new(ClusterApiProvider::new(
+        management.client.clone(),
+        ClusterApiOptions::default(),
+    ));
+    let manager = manager_for(&management, provider.clone());
+    let recorder = Recorder::default();
+    manager
+        .add_controller(
+            recording_controller("capi", Watch::<ConfigMap>::new(), &recorder).expect("controller"),
+        )
+        .expect("add");
+    let (shutdown, task) = run_manager(&manager);
+
+    recorder
+        .wait_for_more(&req("team-a/one", "in-first"), 0)
+        .await;
+    assert_eq!(
+        provider.names(),
+        [ClusterName::from("team-a/one")],
+        "two not ready, three has no Secret"
+    );
+
+    // Becoming ready later, and a Secret created later, both engage.
+    management.set_ready("team-b", "two").await;
+    recorder
+        .wait_for_more(&req("team-b/two", "in-second"), 0)
+        .await;
+    management.put_kubeconfig("team-a", "three", &second).await;
+    recorder
+        .wait_for_more(&req("team-a/three", "in-second"), 0)
+        .await;
+
+    // A rotated kubeconfig replaces the cluster at once: "one" now reaches
+    // the second workload cluster.
+    management.put_kubeconfig("team-a", "one", &second).await;
+    recorder
+        .wait_for_more(&req("team-a/one", "in-second"), 0)
+        .await;
+
+    // Paused: a kubeconfig change is not applied until unpaused.
+    let before = manager
+        .get_cluster(&ClusterName::from("team-a/three"))
+        .await
+        .expect("three");
+    management
+        .clusters("team-a", "v1beta2")
+        .patch(
+            "three",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"metadata": {"annotations": {PAUSED_ANNOTATION: ""}}}),
+            ),
+        )
+        .await
+        .expect("pause");
+    management.put_kubeconfig("team-a", "three", &first).await;
+    // The rotated Secret of an unpaused cluster is the synchronisation point.
+    management.put_kubeconfig("team-a", "one", &first).await;
+    eventually("one to move back to the first workload", || async {
+        recorder.count(&req("team-a/one", "in-first")) >= 2
+    })
+    .await;
+    assert!(
+        manager
+            .get_cluster(&ClusterName::from("team-a/three"))
+            .await
+            .expect("three")
+            .same_instance(&before),
+        "a paused cluster is left as it is"
+    );
+    management
+        .clusters("team-a", "v1beta2")
+        .patch(
+            "three",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"metadata": {"annotations": {PAUSED_ANNOTATION: null}}}),
+            ),
+        )
+        .await
+        .expect("unpause");
+    recorder
+        .wait_for_more(&req("team-a/three", "in-first"), 0)
+        .await;
+
+    // Deleted → removed.
+    management
+        .clusters("team-b", "v1beta2")
+        .delete("two", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("two to leave the fleet", || async {
+        !provider.names().contains(&ClusterName::from("team-b/two"))
+            && !manager
+                .cluster_states()
+                .iter()
+                .any(|(name, _)| name.as_str() == "team-b/two")
+    })
+    .await;
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+    drop(management.cp);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn watch_filters_split_clusters_between_instances_and_v1beta1_readiness_works() {
+    let (management, workload) = tokio::join!(Management::start(&["fleet"]), workload("hello"));
+    for (name, filter) in [
+        ("x-one", "x"),
+        ("x-two", "x"),
+        ("y-one", "y"),
+        ("unlabelled", ""),
+    ] {
+        let labels: Vec<(&str, &str)> = if filter.is_empty() {
+            vec![]
+        } else {
+            vec![(WATCH_FILTER_LABEL, filter)]
+        };
+        management.create_cluster("fleet", name, &labels, &[]).await;
+        management.put_kubeconfig("fleet", name, &workload).await;
+    }
+    // The "y" instance watches v1beta1 and judges readiness by its phase.
+    for name in ["x-one", "x-two"] {
+        management.set_ready("fleet", name).await;
+    }
+    management
+        .set_status(
+            "fleet",
+            "y-one",
+            "v1beta1",
+            serde_json::json!({"phase": "Provisioned"}),
+        )
+        .await;
+
+    let x = Arc::new(ClusterApiProvider::new(
+        management.client.clone(),
+        ClusterApiOptions {
+            namespace: Some("fleet".into()),
+            watch_filter: Some("x".into()),
+            ..ClusterApiOptions::default()
+        },
+    ));
+    let y = Arc::new(ClusterApiProvider::new(
+        management.client.clone(),
+        ClusterApiOptions {
+            namespace: Some("fleet".into()),
+            watch_filter: Some("y".into()),
+            version: ClusterApiVersion::V1Beta1,
+            ..ClusterApiOptions::default()
+        },
+    ));
+    let (x_manager, y_manager) = (
+        manager_for(&management, x.clone()),
+        manager_for(&management, y.clone()),
+    );
+    let (x_stop, x_task) = run_manager(&x_manager);
+    let (y_stop, y_task) = run_manager(&y_manager);
+    eventually("each instance's clusters", || async {
+        x.names()
+            == [
+                ClusterName::from("fleet/x-one"),
+                ClusterName::from("fleet/x-two"),
+            ]
+            && y.names() == [ClusterName::from("fleet/y-one")]
+    })
+    .await;
+    assert!(
+        !x.names()
+            .iter()
+            .chain(y.names().iter())
+            .any(|name| name.as_str() == "fleet/unlabelled")
+    );
+
+    x_stop.cancel();
+    y_stop.cancel();
+    x_task.await.expect("task").expect("clean stop");
+    y_task.await.expect("task").expect("clean stop");
+}
