@@ -1,0 +1,62 @@
+//! The ConfigMap-copy controller over Cluster API workload clusters.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use clap::{Parser, ValueEnum};
+use multicluster_provider_cluster_api::{ClusterApiOptions, ClusterApiProvider, ClusterApiVersion};
+use multicluster_runtime::{Cluster, Manager, ManagerOptions};
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Version {
+    V1beta2,
+    V1beta1,
+}
+
+/// Copy labelled ConfigMaps in every ready Cluster API workload cluster.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// Namespace of the Cluster objects in the management cluster; every namespace when unset.
+    #[arg(long, env = "NAMESPACE")]
+    namespace: Option<String>,
+    /// Only Clusters labelled cluster.x-k8s.io/watch-filter=<value>.
+    #[arg(long, env = "WATCH_FILTER")]
+    watch_filter: Option<String>,
+    /// The cluster.x-k8s.io version to watch.
+    #[arg(long, value_enum, default_value = "v1beta2")]
+    api_version: Version,
+    /// Serve /healthz, /readyz, /metrics and /clusters here.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    health_address: SocketAddr,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    multicluster_example_configmap_sync::init_logging();
+    let args = Args::parse();
+    // The management cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
+    let management = kube::Client::try_default().await?;
+    let provider = Arc::new(ClusterApiProvider::new(
+        management.clone(),
+        ClusterApiOptions {
+            namespace: args.namespace,
+            watch_filter: args.watch_filter,
+            version: match args.api_version {
+                Version::V1beta2 => ClusterApiVersion::V1Beta2,
+                Version::V1beta1 => ClusterApiVersion::V1Beta1,
+            },
+            readiness: None,
+        },
+    ));
+    let options = ManagerOptions {
+        health_address: Some(args.health_address),
+        ..ManagerOptions::default()
+    };
+    let manager = Manager::with_provider(Cluster::new("management", management), provider, options);
+    manager.add_controller(multicluster_example_configmap_sync::controller(
+        "configmap-copy",
+    )?)?;
+    manager.run_until_signal().await?;
+    Ok(())
+}
