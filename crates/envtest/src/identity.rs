@@ -27,21 +27,7 @@ impl ControlPlane {
     ) -> Result<Kubeconfig, Error> {
         let client = self.client().await?;
         let what = |action: &str| format!("{action} service account {namespace}/{name}");
-        create_if_missing(
-            &Api::<Namespace>::all(client.clone()),
-            &Namespace {
-                metadata: ObjectMeta {
-                    name: Some(namespace.to_string()),
-                    ..ObjectMeta::default()
-                },
-                ..Namespace::default()
-            },
-        )
-        .await
-        .map_err(|source| Error::Api {
-            what: format!("creating namespace {namespace}"),
-            source,
-        })?;
+        self.create_namespace(namespace).await?;
         let accounts = Api::<ServiceAccount>::namespaced(client, namespace);
         create_if_missing(
             &accounts,
@@ -82,6 +68,27 @@ impl ControlPlane {
                 source: kube::Error::Service("the TokenRequest came back without a token".into()),
             })?;
         Ok(self.token_kubeconfig(&format!("{namespace}-{name}"), token))
+    }
+}
+
+impl ControlPlane {
+    /// Creates the namespace `name` if it does not exist yet.
+    pub async fn create_namespace(&self, name: &str) -> Result<(), Error> {
+        create_if_missing(
+            &Api::<Namespace>::all(self.client().await?),
+            &Namespace {
+                metadata: ObjectMeta {
+                    name: Some(name.to_string()),
+                    ..ObjectMeta::default()
+                },
+                ..Namespace::default()
+            },
+        )
+        .await
+        .map_err(|source| Error::Api {
+            what: format!("creating namespace {name}"),
+            source,
+        })
     }
 }
 

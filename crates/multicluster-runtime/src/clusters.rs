@@ -111,6 +111,26 @@ impl Clusters {
         self.insert(name, cluster, Some(fingerprint), true).is_ok()
     }
 
+    /// Adds or replaces `name` with a cluster built from kubeconfig `text`
+    /// (its current context), unless the text is unchanged since the last
+    /// call. `source` names where the text came from, for errors (which
+    /// never quote it). Returns whether the set changed.
+    pub async fn add_or_replace_from_kubeconfig(
+        &self,
+        name: impl Into<ClusterName>,
+        text: &str,
+        source: &str,
+    ) -> Result<bool, Error> {
+        let name = name.into();
+        let fingerprint = crate::kubeconfig::fingerprint(text);
+        if self.fingerprint(&name).as_deref() == Some(fingerprint.as_str()) {
+            return Ok(false);
+        }
+        let parsed = crate::kubeconfig::parse(text, source)?;
+        let client = crate::kubeconfig::client(&parsed, None, source).await?;
+        Ok(self.add_or_replace(name.clone(), Cluster::new(name, client), fingerprint))
+    }
+
     fn insert(
         &self,
         name: ClusterName,

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use common::*;
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
 use kube::api::{Api, ApiResource, GroupVersionKind, ObjectMeta, PostParams};
 use multicluster_envtest::ControlPlane;
@@ -114,19 +114,7 @@ async fn a_namespace_restricted_cache_needs_rbac_for_that_namespace_only() {
     let cp = ControlPlane::start().await.expect("control plane");
     let admin = cp.client().await.expect("client");
     for ns in ["tenant-a", "tenant-b"] {
-        Api::<Namespace>::all(admin.clone())
-            .create(
-                &PostParams::default(),
-                &Namespace {
-                    metadata: ObjectMeta {
-                        name: Some(ns.into()),
-                        ..ObjectMeta::default()
-                    },
-                    ..Namespace::default()
-                },
-            )
-            .await
-            .expect("namespace");
+        cp.create_namespace(ns).await.expect("namespace");
         Api::<ConfigMap>::namespaced(admin.clone(), ns)
             .create(
                 &PostParams::default(),

@@ -29,9 +29,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions, FieldIndex};
 use multicluster_runtime::clusters::Clusters;
-use multicluster_runtime::{
-    Aware, Cluster, ClusterName, Error, Provider, RunnableProvider, kubeconfig,
-};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 /// The label key of the watch-filter convention.
@@ -210,23 +208,13 @@ impl ClusterApiProvider {
             tracing::warn!(cluster = %fleet_name, "{source} is missing, empty or not text; skipping the cluster");
             return;
         };
-        let fingerprint = kubeconfig::fingerprint(&text);
-        if self.clusters.fingerprint(&fleet_name).as_deref() == Some(fingerprint.as_str()) {
-            return;
-        }
-        let client = match kubeconfig::parse(&text, &source) {
-            Ok(parsed) => kubeconfig::client(&parsed, None, &source).await,
-            Err(err) => Err(err),
-        };
-        match client {
-            Ok(client) => {
-                self.clusters.add_or_replace(
-                    fleet_name.clone(),
-                    Cluster::new(fleet_name.clone(), client),
-                    fingerprint,
-                );
-                tracing::info!(cluster = %fleet_name, "workload cluster engaged");
-            }
+        match self
+            .clusters
+            .add_or_replace_from_kubeconfig(fleet_name.clone(), &text, &source)
+            .await
+        {
+            Ok(true) => tracing::info!(cluster = %fleet_name, "workload cluster engaged"),
+            Ok(false) => {}
             Err(err) => tracing::warn!(cluster = %fleet_name, error = %err, "skipping the cluster"),
         }
     }

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta, Patch,
     PatchParams, PostParams,
@@ -32,19 +32,7 @@ impl Management {
         cp.install_crds(CRD).await.expect("CRD");
         let client = cp.client().await.expect("client");
         for ns in namespaces {
-            Api::<Namespace>::all(client.clone())
-                .create(
-                    &PostParams::default(),
-                    &Namespace {
-                        metadata: ObjectMeta {
-                            name: Some((*ns).into()),
-                            ..ObjectMeta::default()
-                        },
-                        ..Namespace::default()
-                    },
-                )
-                .await
-                .expect("namespace");
+            cp.create_namespace(ns).await.expect("namespace");
         }
         Self { cp, client }
     }

@@ -18,9 +18,7 @@ use std::time::Duration;
 
 use multicluster_runtime::cache::FieldIndex;
 use multicluster_runtime::clusters::Clusters;
-use multicluster_runtime::{
-    Aware, Cluster, ClusterName, Error, Provider, RunnableProvider, kubeconfig,
-};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 /// Options of the kind provider.
@@ -135,21 +133,11 @@ impl KindProvider {
                 name.to_string(),
             ])
             .await?;
-        let fingerprint = kubeconfig::fingerprint(&text);
-        if self
-            .clusters
-            .fingerprint(&ClusterName::from(name))
-            .as_deref()
-            == Some(fingerprint.as_str())
-        {
-            return Ok(());
-        }
         let source = format!("`kind get kubeconfig --name {name}`");
-        let parsed = kubeconfig::parse(&text, &source)?;
-        let client = kubeconfig::client(&parsed, None, &source).await?;
         if self
             .clusters
-            .add_or_replace(name, Cluster::new(name, client), fingerprint)
+            .add_or_replace_from_kubeconfig(name, &text, &source)
+            .await?
         {
             tracing::info!(cluster = %name, "kind cluster engaged");
         }

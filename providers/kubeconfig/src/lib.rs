@@ -28,9 +28,7 @@ use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions, FieldIndex};
 use multicluster_runtime::clusters::Clusters;
 use multicluster_runtime::metrics::Metrics;
-use multicluster_runtime::{
-    Aware, Cluster, ClusterName, Error, Provider, RunnableProvider, kubeconfig,
-};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 /// The default label marking kubeconfig Secrets (value `true`).
@@ -145,24 +143,16 @@ impl KubeconfigProvider {
             self.failed("invalid-kubeconfig");
             return;
         };
-        let fingerprint = kubeconfig::fingerprint(&text);
-        if self.clusters.fingerprint(&name).as_deref() == Some(fingerprint.as_str()) {
-            return;
-        }
-        let client = match kubeconfig::parse(&text, &source) {
-            Ok(parsed) => kubeconfig::client(&parsed, None, &source).await,
-            Err(err) => Err(err),
-        };
-        match client {
-            Ok(client) => {
-                let replaced = self.clusters.get(&name).is_ok();
-                self.clusters.add_or_replace(
-                    name.clone(),
-                    Cluster::new(name.clone(), client),
-                    fingerprint,
-                );
-                tracing::info!(cluster = %name, replaced, "cluster engaged from {source}");
+        let existed = self.clusters.get(&name).is_ok();
+        match self
+            .clusters
+            .add_or_replace_from_kubeconfig(name.clone(), &text, &source)
+            .await
+        {
+            Ok(true) => {
+                tracing::info!(cluster = %name, replaced = existed, "cluster engaged from {source}")
             }
+            Ok(false) => {}
             Err(err) => {
                 tracing::warn!(cluster = %name, error = %err, "ignoring the Secret");
                 self.failed("invalid-kubeconfig");

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
@@ -107,17 +107,8 @@ async fn kubeconfig_secrets_engage_rotate_and_remove_member_clusters() {
         create(cp, name).await;
     }
     let admin = management.client().await.expect("client");
-    Api::<Namespace>::all(admin.clone())
-        .create(
-            &PostParams::default(),
-            &Namespace {
-                metadata: ObjectMeta {
-                    name: Some(NAMESPACE.into()),
-                    ..ObjectMeta::default()
-                },
-                ..Namespace::default()
-            },
-        )
+    management
+        .create_namespace(NAMESPACE)
         .await
         .expect("namespace");
     let secrets = Api::<Secret>::namespaced(admin.clone(), NAMESPACE);
@@ -355,19 +346,7 @@ async fn every_namespace_is_watched_when_none_is_given_and_a_watch_filter_splits
     let admin = management.client().await.expect("client");
     let kubeconfig = multicluster_envtest::to_yaml(member.kubeconfig()).expect("yaml");
     for ns in ["east", "west"] {
-        Api::<Namespace>::all(admin.clone())
-            .create(
-                &PostParams::default(),
-                &Namespace {
-                    metadata: ObjectMeta {
-                        name: Some(ns.into()),
-                        ..ObjectMeta::default()
-                    },
-                    ..Namespace::default()
-                },
-            )
-            .await
-            .expect("namespace");
+        management.create_namespace(ns).await.expect("namespace");
         let mut s = secret("prod", Some(&kubeconfig), &[(DEFAULT_LABEL, "true")]);
         s.metadata.namespace = Some(ns.into());
         Api::<Secret>::namespaced(admin.clone(), ns)
@@ -447,17 +426,8 @@ async fn broken_kubeconfigs_affect_only_their_own_secret() {
     );
     create(&member, "hello").await;
     let admin = management.client().await.expect("client");
-    Api::<Namespace>::all(admin.clone())
-        .create(
-            &PostParams::default(),
-            &Namespace {
-                metadata: ObjectMeta {
-                    name: Some(NAMESPACE.into()),
-                    ..ObjectMeta::default()
-                },
-                ..Namespace::default()
-            },
-        )
+    management
+        .create_namespace(NAMESPACE)
         .await
         .expect("namespace");
     let good = member.kubeconfig().clone();
