@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use clap::{Parser, ValueEnum};
 use multicluster_provider_cluster_api::{ClusterApiOptions, ClusterApiProvider, ClusterApiVersion};
-use multicluster_runtime::{Cluster, Manager, ManagerOptions};
+use multicluster_runtime::Cluster;
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Version {
@@ -49,14 +49,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             readiness: None,
         },
     ));
-    let options = ManagerOptions {
-        health_address: Some(args.health_address),
-        ..ManagerOptions::default()
-    };
-    let manager = Manager::with_provider(Cluster::new("management", management), provider, options);
-    manager.add_controller(multicluster_example_configmap_sync::controller(
-        "configmap-copy",
-    )?)?;
-    manager.run_until_signal().await?;
+    multicluster_example_configmap_sync::run(
+        Cluster::new("management", management),
+        provider,
+        args.health_address,
+        None,
+    )
+    .await?;
     Ok(())
 }

@@ -22,6 +22,30 @@ pub enum SyncError {
     Write(Request, #[source] kube::Error),
 }
 
+/// Runs the copy controller over `provider`'s fleet (and `local`) until
+/// SIGTERM or Ctrl-C, serving health, readiness, metrics and cluster states
+/// on `health_address`.
+pub async fn run<P: multicluster_runtime::RunnableProvider + 'static>(
+    local: Cluster,
+    provider: std::sync::Arc<P>,
+    health_address: std::net::SocketAddr,
+    metrics: Option<multicluster_runtime::metrics::Metrics>,
+) -> Result<(), Error> {
+    let options = multicluster_runtime::ManagerOptions {
+        health_address: Some(health_address),
+        ..multicluster_runtime::ManagerOptions::default()
+    };
+    let mut manager = multicluster_runtime::Manager::with_provider(local, provider, options);
+    if let Some(metrics) = metrics {
+        manager = manager.with_metrics(metrics);
+    }
+    manager.add_controller(controller("configmap-copy")?)?;
+    tracing::info!("running; Ctrl-C stops");
+    manager.run_until_signal().await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
 /// Logs to stderr; `RUST_LOG` overrides the default (`info`, kube quiet).
 pub fn init_logging() {
     tracing_subscriber::fmt()

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use multicluster_provider_kind::{KindOptions, KindProvider};
-use multicluster_runtime::{Cluster, Manager, ManagerOptions};
+use multicluster_runtime::Cluster;
 
 /// Copy labelled ConfigMaps in every kind cluster.
 #[derive(Parser)]
@@ -39,14 +39,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         kind_command: args.kind,
     }));
     let local = Cluster::new("local", kube::Client::try_default().await?);
-    let options = ManagerOptions {
-        health_address: Some(args.health_address),
-        ..ManagerOptions::default()
-    };
-    let manager = Manager::with_provider(local, provider, options);
-    manager.add_controller(multicluster_example_configmap_sync::controller(
-        "configmap-copy",
-    )?)?;
-    manager.run_until_signal().await?;
+    multicluster_example_configmap_sync::run(local, provider, args.health_address, None).await?;
     Ok(())
 }

@@ -8,8 +8,8 @@ use clap::Parser;
 use multicluster_provider_kubeconfig::{
     DEFAULT_DATA_KEY, DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider,
 };
+use multicluster_runtime::Cluster;
 use multicluster_runtime::metrics::Metrics;
-use multicluster_runtime::{Cluster, Manager, ManagerOptions};
 
 /// Copy labelled ConfigMaps in every cluster named by a kubeconfig Secret.
 #[derive(Parser)]
@@ -49,15 +49,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             metrics: Some(metrics.clone()),
         },
     ));
-    let options = ManagerOptions {
-        health_address: Some(args.health_address),
-        ..ManagerOptions::default()
-    };
-    let manager = Manager::with_provider(Cluster::new("management", management), provider, options)
-        .with_metrics(metrics);
-    manager.add_controller(multicluster_example_configmap_sync::controller(
-        "configmap-copy",
-    )?)?;
-    manager.run_until_signal().await?;
+    multicluster_example_configmap_sync::run(
+        Cluster::new("management", management),
+        provider,
+        args.health_address,
+        Some(metrics),
+    )
+    .await?;
     Ok(())
 }

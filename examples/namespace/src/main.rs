@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
-use multicluster_runtime::{Cluster, Manager, ManagerOptions};
+use multicluster_runtime::Cluster;
 
 /// Copy labelled ConfigMaps in every namespace, treating each namespace as a cluster.
 #[derive(Parser)]
@@ -33,16 +33,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             watch_filter: args.watch_filter,
         },
     ));
-    let options = ManagerOptions {
-        health_address: Some(args.health_address),
-        ..ManagerOptions::default()
-    };
-    let manager = Manager::with_provider(host, provider, options);
-    manager.add_controller(multicluster_example_configmap_sync::controller(
-        "configmap-copy",
-    )?)?;
-    tracing::info!("running; Ctrl-C stops");
-    manager.run_until_signal().await?;
-    tracing::info!("stopped");
+    multicluster_example_configmap_sync::run(host, provider, args.health_address, None).await?;
     Ok(())
 }
