@@ -355,3 +355,115 @@ async fn watch_filters_split_clusters_between_instances_and_v1beta1_readiness_wo
     x_task.await.expect("task").expect("clean stop");
     y_task.await.expect("task").expect("clean stop");
 }
+
+/// A Secret without the `value` key or with a broken kubeconfig skips only
+/// its Cluster; a server that cannot be trusted is engaged and reported
+/// unreachable; a healthy Cluster created last is engaged regardless.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn broken_kubeconfig_secrets_affect_only_their_own_cluster() {
+    let (management, healthy, stranger) = tokio::join!(
+        Management::start(&["fleet"]),
+        workload("hello"),
+        workload("other")
+    );
+    let secrets = Api::<Secret>::namespaced(management.client.clone(), "fleet");
+    let bad = |cluster: &str, data: Option<&str>| Secret {
+        metadata: ObjectMeta {
+            name: Some(format!("{cluster}-kubeconfig")),
+            namespace: Some("fleet".into()),
+            labels: Some([(CLUSTER_NAME_LABEL.to_string(), cluster.to_string())].into()),
+            ..ObjectMeta::default()
+        },
+        data: data.map(|text| {
+            BTreeMap::from([("value".to_string(), ByteString(text.as_bytes().to_vec()))])
+        }),
+        ..Secret::default()
+    };
+    for (cluster, data) in [
+        ("no-value", None),
+        ("garbage", Some("{{{ not a kubeconfig")),
+    ] {
+        management.create_cluster("fleet", cluster, &[], &[]).await;
+        management.set_ready("fleet", cluster).await;
+        secrets
+            .create(&PostParams::default(), &bad(cluster, data))
+            .await
+            .expect("secret");
+    }
+    let mut untrusted = healthy.kubeconfig().clone();
+    if let Some(cluster) = untrusted.clusters[0].cluster.as_mut() {
+        cluster.certificate_authority_data = stranger.kubeconfig().clusters[0]
+            .cluster
+            .as_ref()
+            .and_then(|c| c.certificate_authority_data.clone());
+    }
+    management
+        .create_cluster("fleet", "untrusted", &[], &[])
+        .await;
+    management.set_ready("fleet", "untrusted").await;
+    secrets
+        .create(
+            &PostParams::default(),
+            &bad(
+                "untrusted",
+                Some(&multicluster_envtest::to_yaml(&untrusted).expect("yaml")),
+            ),
+        )
+        .await
+        .expect("secret");
+
+    let provider = Arc::new(ClusterApiProvider::new(
+        management.client.clone(),
+        ClusterApiOptions::default(),
+    ));
+    let manager = Manager::with_provider(
+        Cluster::new("management", management.client.clone()),
+        provider.clone(),
+        ManagerOptions {
+            sync_timeout: std::time::Duration::from_secs(3),
+            ..ManagerOptions::default()
+        },
+    );
+    let recorder = Recorder::default();
+    manager
+        .add_controller(
+            recording_controller("capi", Watch::<ConfigMap>::new(), &recorder).expect("controller"),
+        )
+        .expect("add");
+    let (shutdown, task) = run_manager(&manager);
+    eventually(
+        "the untrusted cluster to be reported unreachable",
+        || async {
+            manager.cluster_states().iter().any(|(name, state)| {
+                name.as_str() == "fleet/untrusted"
+                    && matches!(
+                        state,
+                        multicluster_runtime::manager::ClusterState::Unreachable(_)
+                    )
+            })
+        },
+    )
+    .await;
+
+    management
+        .create_cluster("fleet", "healthy", &[], &[])
+        .await;
+    management.set_ready("fleet", "healthy").await;
+    management
+        .put_kubeconfig("fleet", "healthy", &healthy)
+        .await;
+    recorder
+        .wait_for_more(&req("fleet/healthy", "hello"), 0)
+        .await;
+    assert_eq!(
+        provider.names(),
+        [
+            ClusterName::from("fleet/healthy"),
+            ClusterName::from("fleet/untrusted")
+        ]
+    );
+    assert_eq!(recorder.for_cluster("fleet/untrusted"), 0);
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
