@@ -6,7 +6,7 @@
 //! under one lock, so a subscriber that joins late first receives the current
 //! contents and then exactly the events that follow them.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
@@ -84,7 +84,6 @@ impl<K> Stream for Subscription<K> {
 
 /// A subscription without the initial contents.
 pub(crate) struct RawSubscription<K> {
-    sender: mpsc::UnboundedSender<CacheEvent<K>>,
     pub(crate) receiver: mpsc::UnboundedReceiver<CacheEvent<K>>,
 }
 
@@ -108,8 +107,9 @@ where
     writer: Writer<K>,
     subscribers: Vec<mpsc::UnboundedSender<CacheEvent<K>>>,
     indexes: Indexes<K>,
-    /// Keys seen since the current relist began.
-    relisted: Option<HashSet<ObjectRef<K>>>,
+    /// Objects listed since the current (re)list began. The store only
+    /// shows them at `InitDone`, so late subscribers get them from here.
+    relisted: Option<HashMap<ObjectRef<K>, Arc<K>>>,
     last_error: Option<String>,
 }
 
@@ -195,16 +195,22 @@ where
         let mut synced = false;
         match &event {
             watcher::Event::Init => {
-                state.relisted = Some(HashSet::new());
+                state.relisted = Some(HashMap::new());
             }
-            watcher::Event::InitApply(obj) | watcher::Event::Apply(obj) => {
+            // Listed objects are announced at InitDone, once the store shows
+            // them: a subscriber reading the store on an event must find the
+            // object there.
+            watcher::Event::InitApply(obj) => {
+                let key = ObjectRef::from_obj_with(obj, self.dyntype.clone());
+                if let Some(listed) = state.relisted.as_mut() {
+                    listed.insert(key, Arc::new(obj.clone()));
+                }
+            }
+            watcher::Event::Apply(obj) => {
                 let key = ObjectRef::from_obj_with(obj, self.dyntype.clone());
                 let old = self.store.get(&key);
                 let new = Arc::new(obj.clone());
                 state.indexes.replace(&key, old.as_deref(), Some(&new));
-                if let Some(seen) = state.relisted.as_mut() {
-                    seen.insert(key);
-                }
                 outgoing.push(CacheEvent::Applied { old, new });
             }
             watcher::Event::Delete(obj) => {
@@ -214,13 +220,22 @@ where
                 outgoing.push(CacheEvent::Deleted(Arc::new(obj.clone())));
             }
             watcher::Event::InitDone => {
-                let seen = state.relisted.take().unwrap_or_default();
-                for gone in self.store.state() {
-                    let key = ObjectRef::from_obj_with(&*gone, self.dyntype.clone());
-                    if !seen.contains(&key) {
-                        state.indexes.replace(&key, Some(&gone), None);
-                        outgoing.push(CacheEvent::Deleted(gone));
-                    }
+                let listed = state.relisted.take().unwrap_or_default();
+                let mut previous: HashMap<ObjectRef<K>, Arc<K>> = self
+                    .store
+                    .state()
+                    .into_iter()
+                    .map(|obj| (ObjectRef::from_obj_with(&*obj, self.dyntype.clone()), obj))
+                    .collect();
+                for (key, new) in listed {
+                    let old = previous.remove(&key);
+                    state.indexes.replace(&key, old.as_deref(), Some(&new));
+                    outgoing.push(CacheEvent::Applied { old, new });
+                }
+                // Whatever the new list lacks was deleted while unwatched.
+                for (key, gone) in previous {
+                    state.indexes.replace(&key, Some(&gone), None);
+                    outgoing.push(CacheEvent::Deleted(gone));
                 }
                 synced = true;
             }
@@ -237,16 +252,17 @@ where
     /// Subscribes to changes. The current contents arrive first, as
     /// `Applied` events without an old version.
     pub fn subscribe(&self) -> Subscription<K> {
-        let (snapshot, subscription) = self.snapshot_and_subscribe();
-        for obj in snapshot {
-            let _ = subscription.sender.send(CacheEvent::Applied {
+        let (sender, receiver) = mpsc::unbounded_channel();
+        // Under the lock, so no newer event can overtake the contents.
+        let mut state = self.lock();
+        for obj in self.store.state() {
+            let _ = sender.send(CacheEvent::Applied {
                 old: None,
                 new: obj,
             });
         }
-        Subscription {
-            receiver: subscription.receiver,
-        }
+        state.subscribers.push(sender);
+        Subscription { receiver }
     }
 
     /// The current contents and a subscription to every change after them,
@@ -255,8 +271,8 @@ where
         let (sender, receiver) = mpsc::unbounded_channel();
         let mut state = self.lock();
         let snapshot = self.store.state();
-        state.subscribers.push(sender.clone());
-        (snapshot, RawSubscription { sender, receiver })
+        state.subscribers.push(sender);
+        (snapshot, RawSubscription { receiver })
     }
 
     /// The informer's store, for reads.
@@ -317,5 +333,80 @@ where
     /// The last watch error, cleared by the next successful event.
     pub fn last_error(&self) -> Option<String> {
         self.lock().last_error.clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    use super::*;
+
+    fn config_map(name: &str) -> ConfigMap {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some(name.into());
+        cm.metadata.namespace = Some("default".into());
+        cm
+    }
+
+    /// A subscriber that joins after some objects of the first list were
+    /// received, but before the list completed, must still get them, and
+    /// only once the store shows them.
+    #[tokio::test]
+    async fn a_subscriber_joining_mid_list_gets_the_objects_listed_so_far() {
+        let (events, stream) = futures::channel::mpsc::unbounded();
+        let informer = Informer::<ConfigMap>::spawn(
+            ClusterName::from("test"),
+            (),
+            stream,
+            Indexes::new(()),
+            CancellationToken::new(),
+        );
+        events
+            .unbounded_send(Ok(watcher::Event::Init))
+            .expect("send");
+        events
+            .unbounded_send(Ok(watcher::Event::InitApply(config_map("early"))))
+            .expect("send");
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while informer
+            .lock()
+            .relisted
+            .as_ref()
+            .is_none_or(HashMap::is_empty)
+        {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the informer did not apply the event"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+
+        let mut late = informer.subscribe();
+        events
+            .unbounded_send(Ok(watcher::Event::InitApply(config_map("later"))))
+            .expect("send");
+        events
+            .unbounded_send(Ok(watcher::Event::InitDone))
+            .expect("send");
+        let mut names = Vec::new();
+        for _ in 0..2 {
+            let event = tokio::time::timeout(Duration::from_secs(10), late.recv())
+                .await
+                .expect("an event")
+                .expect("open");
+            let name = event.object().metadata.name.clone().unwrap_or_default();
+            assert!(
+                informer.get(Some("default"), &name).is_some(),
+                "{name} is in the store when announced"
+            );
+            names.push(name);
+        }
+        names.sort();
+        assert_eq!(names, ["early", "later"]);
+        informer.wait_ready().await;
+        assert_eq!(informer.list(None).len(), 2);
     }
 }
