@@ -1,0 +1,281 @@
+//! ClusterProfiles with the Secret credentials strategy, on a real hub
+//! control plane with workload control planes behind the Secrets.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{
+    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta, Patch,
+    PatchParams, PostParams,
+};
+use multicluster_envtest::ControlPlane;
+use multicluster_provider_cluster_inventory_api::{
+    CLUSTER_ID_PROPERTY, CONSUMER_LABEL, ClusterProfileOptions, ClusterProfileProvider,
+    PROFILE_LABEL, SECRET_KEY,
+};
+use multicluster_runtime::controller::{Request, Watch};
+use multicluster_runtime::testing::{Recorder, eventually, recording_controller, run_manager};
+use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
+
+const CRD: &str = include_str!("crds/clusterprofile.yaml");
+const NS: &str = "inventory";
+
+fn profiles(hub: &kube::Client) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "multicluster.x-k8s.io",
+        "v1alpha1",
+        "ClusterProfile",
+    ));
+    Api::namespaced_with(hub.clone(), NS, &resource)
+}
+
+async fn create_profile(hub: &kube::Client, name: &str) {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "multicluster.x-k8s.io",
+        "v1alpha1",
+        "ClusterProfile",
+    ));
+    let mut profile = DynamicObject::new(name, &resource).within(NS);
+    profile.data =
+        serde_json::json!({"spec": {"displayName": name, "clusterManager": {"name": "test"}}});
+    profiles(hub)
+        .create(&PostParams::default(), &profile)
+        .await
+        .expect("profile");
+}
+
+async fn set_health(hub: &kube::Client, name: &str, healthy: bool, cluster_id: Option<&str>) {
+    let mut status = serde_json::json!({"conditions": [{
+        "type": "ControlPlaneHealthy",
+        "status": if healthy { "True" } else { "False" },
+        "reason": "Test",
+        "message": "set by the test",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }]});
+    if let Some(id) = cluster_id {
+        status["properties"] = serde_json::json!([{"name": CLUSTER_ID_PROPERTY, "value": id}]);
+    }
+    profiles(hub)
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"status": status})),
+        )
+        .await
+        .expect("status");
+}
+
+fn credentials(name: &str, profile: &str, consumer: &str, workload: &ControlPlane) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(NS.into()),
+            labels: Some(
+                [
+                    (CONSUMER_LABEL.to_string(), consumer.to_string()),
+                    (PROFILE_LABEL.to_string(), profile.to_string()),
+                ]
+                .into(),
+            ),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            SECRET_KEY.to_string(),
+            ByteString(
+                multicluster_envtest::to_yaml(workload.kubeconfig())
+                    .expect("yaml")
+                    .into_bytes(),
+            ),
+        )])),
+        ..Secret::default()
+    }
+}
+
+async fn workload(object: &str) -> ControlPlane {
+    let cp = ControlPlane::start().await.expect("workload");
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some(object.into());
+    Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default")
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("object");
+    cp
+}
+
+fn req(cluster: &str, name: &str) -> Request {
+    Request::new(cluster, Some("default"), name)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_profiles_are_engaged_with_their_consumers_secret() {
+    let (hub_cp, first, second) = tokio::join!(
+        ControlPlane::start(),
+        workload("in-first"),
+        workload("in-second")
+    );
+    let hub_cp = hub_cp.expect("hub");
+    hub_cp.install_crds(CRD).await.expect("CRD");
+    hub_cp.create_namespace(NS).await.expect("namespace");
+    let hub = hub_cp.client().await.expect("client");
+    let secrets = Api::<Secret>::namespaced(hub.clone(), NS);
+
+    create_profile(&hub, "alpha").await;
+    set_health(&hub, "alpha", true, Some("id-alpha")).await;
+    secrets
+        .create(
+            &PostParams::default(),
+            &credentials("alpha-creds", "alpha", "me", &first),
+        )
+        .await
+        .expect("secret");
+    // Another consumer's Secret for the same profile is not ours.
+    secrets
+        .create(
+            &PostParams::default(),
+            &credentials("alpha-other", "alpha", "someone-else", &second),
+        )
+        .await
+        .expect("secret");
+    create_profile(&hub, "beta").await;
+    set_health(&hub, "beta", false, None).await;
+    secrets
+        .create(
+            &PostParams::default(),
+            &credentials("beta-creds", "beta", "me", &second),
+        )
+        .await
+        .expect("secret");
+    create_profile(&hub, "gamma").await;
+    set_health(&hub, "gamma", true, None).await;
+    // Two Secrets for one profile: an error for that profile only.
+    create_profile(&hub, "delta").await;
+    set_health(&hub, "delta", true, None).await;
+    secrets
+        .create(
+            &PostParams::default(),
+            &credentials("delta-1", "delta", "me", &first),
+        )
+        .await
+        .expect("secret");
+    secrets
+        .create(
+            &PostParams::default(),
+            &credentials("delta-2", "delta", "me", &second),
+        )
+        .await
+        .expect("secret");
+
+    let provider = Arc::new(ClusterProfileProvider::new(
+        hub.clone(),
+        ClusterProfileOptions::with_secrets("me"),
+    ));
+    let manager = Manager::with_provider(
+        Cluster::new("hub", hub.clone()),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    let recorder = Recorder::default();
+    manager
+        .add_controller(
+            recording_controller("profiles", Watch::<ConfigMap>::new(), &recorder)
+                .expect("controller"),
+        )
+        .expect("add");
+    let (shutdown, task) = run_manager(&manager);
+
+    recorder
+        .wait_for_more(&req("inventory/alpha", "in-first"), 0)
+        .await;
+    let alpha = manager
+        .get_cluster(&ClusterName::from("inventory/alpha"))
+        .await
+        .expect("alpha");
+    assert_eq!(alpha.stable_id(), Some("id-alpha"));
+
+    // Becoming healthy engages. Events are handled in order, so by now the
+    // whole initial list has been looked at.
+    set_health(&hub, "beta", true, None).await;
+    recorder
+        .wait_for_more(&req("inventory/beta", "in-second"), 0)
+        .await;
+    assert_eq!(
+        provider.names(),
+        [
+            ClusterName::from("inventory/alpha"),
+            ClusterName::from("inventory/beta")
+        ],
+        "gamma has no Secret, delta has two"
+    );
+
+    // A Secret created later engages; removing delta's extra Secret does too.
+    secrets
+        .create(
+            &PostParams::default(),
+            &credentials("gamma-creds", "gamma", "me", &second),
+        )
+        .await
+        .expect("secret");
+    recorder
+        .wait_for_more(&req("inventory/gamma", "in-second"), 0)
+        .await;
+    secrets
+        .delete("delta-1", &DeleteParams::default())
+        .await
+        .expect("delete");
+    recorder
+        .wait_for_more(&req("inventory/delta", "in-second"), 0)
+        .await;
+
+    // Unchanged credentials (a metadata-only change) never re-engage.
+    secrets
+        .patch(
+            "alpha-creds",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {"x": "y"}}})),
+        )
+        .await
+        .expect("annotate");
+    // A ready profile turning unhealthy stays engaged.
+    set_health(&hub, "alpha", false, Some("id-alpha")).await;
+    // Rotation of beta's Secret is the synchronisation point.
+    secrets
+        .replace(
+            "beta-creds",
+            &PostParams::default(),
+            &credentials("beta-creds", "beta", "me", &first),
+        )
+        .await
+        .expect("rotate");
+    recorder
+        .wait_for_more(&req("inventory/beta", "in-first"), 0)
+        .await;
+    assert!(
+        manager
+            .get_cluster(&ClusterName::from("inventory/alpha"))
+            .await
+            .expect("alpha")
+            .same_instance(&alpha),
+        "alpha neither re-engaged nor dropped"
+    );
+
+    // Deleted → removed.
+    profiles(&hub)
+        .delete("beta", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("beta to leave the fleet", || async {
+        !provider
+            .names()
+            .contains(&ClusterName::from("inventory/beta"))
+            && !manager
+                .cluster_states()
+                .iter()
+                .any(|(name, _)| name.as_str() == "inventory/beta")
+    })
+    .await;
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
