@@ -44,7 +44,7 @@ use crate::cache::CachedResource;
 use crate::metrics::Metrics;
 use crate::{Aware, Cluster, ClusterName, Error};
 use queue::{Outcome, Queue};
-use source::{DynamicSource, Source, TypedSource};
+use source::{InformerSource, Source};
 
 /// What to reconcile: an object in a cluster.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -148,6 +148,10 @@ impl<K> Watch<K> {
         self
     }
 
+    fn into_parts(self) -> (Clusters, Vec<Filter<K>>) {
+        (self.clusters, self.filters)
+    }
+
     /// Only events passing `filter` (all filters must pass).
     #[must_use]
     pub fn filter(mut self, filter: Filter<K>) -> Self {
@@ -176,16 +180,15 @@ impl ControllerBuilder {
     #[must_use]
     pub fn for_resource<K: CachedResource>(mut self, watch: Watch<K>) -> Self {
         self.primary = Some((K::api_version(&()).into_owned(), K::kind(&()).into_owned()));
-        self.sources.push(Arc::new(TypedSource::<K> {
-            clusters: watch.clusters,
-            filters: watch.filters,
-            mapper: Arc::new(|obj: &K| {
+        self.sources.push(Arc::new(InformerSource::typed(
+            watch,
+            Arc::new(|obj: &K| {
                 vec![(
                     obj.meta().namespace.clone(),
                     obj.meta().name.clone().unwrap_or_default(),
                 )]
             }),
-        }));
+        )));
         self
     }
 
@@ -195,10 +198,9 @@ impl ControllerBuilder {
     pub fn owns<O: CachedResource>(mut self, watch: Watch<O>) -> Self {
         self.owned.push(Box::new(move |(api_version, kind)| {
             let (api_version, kind) = (api_version.clone(), kind.clone());
-            Arc::new(TypedSource::<O> {
-                clusters: watch.clusters,
-                filters: watch.filters,
-                mapper: Arc::new(move |obj: &O| {
+            Arc::new(InformerSource::typed(
+                watch,
+                Arc::new(move |obj: &O| {
                     obj.meta()
                         .owner_references
                         .iter()
@@ -211,7 +213,7 @@ impl ControllerBuilder {
                         .map(|owner| (obj.meta().namespace.clone(), owner.name.clone()))
                         .collect()
                 }),
-            }) as Arc<dyn Source>
+            )) as Arc<dyn Source>
         }));
         self
     }
@@ -224,11 +226,8 @@ impl ControllerBuilder {
         watch: Watch<W>,
         mapper: impl Fn(&W) -> Vec<(Option<String>, String)> + Send + Sync + 'static,
     ) -> Self {
-        self.sources.push(Arc::new(TypedSource::<W> {
-            clusters: watch.clusters,
-            filters: watch.filters,
-            mapper: Arc::new(mapper),
-        }));
+        self.sources
+            .push(Arc::new(InformerSource::typed(watch, Arc::new(mapper))));
         self
     }
 
@@ -240,12 +239,11 @@ impl ControllerBuilder {
         watch: Watch<DynamicObject>,
         mapper: impl Fn(&DynamicObject) -> Vec<(Option<String>, String)> + Send + Sync + 'static,
     ) -> Self {
-        self.sources.push(Arc::new(DynamicSource {
+        self.sources.push(Arc::new(InformerSource::dynamic(
             resource,
-            clusters: watch.clusters,
-            filters: watch.filters,
-            mapper: Arc::new(mapper),
-        }));
+            watch,
+            Arc::new(mapper),
+        )));
         self
     }
 

@@ -106,13 +106,57 @@ pub(crate) trait Source: Send + Sync {
     );
 }
 
-pub(crate) struct TypedSource<K> {
-    pub(crate) clusters: Clusters,
-    pub(crate) filters: Vec<Filter<K>>,
-    pub(crate) mapper: Mapper<K>,
+/// Opens a subscription to one informer of a cluster's cache.
+type Subscribe<K> =
+    Arc<dyn Fn(&crate::cache::Cache) -> crate::cache::Subscription<K> + Send + Sync>;
+
+/// Events of one informer per cluster, filtered and mapped to requests.
+pub(crate) struct InformerSource<K> {
+    clusters: Clusters,
+    filters: Vec<Filter<K>>,
+    mapper: Mapper<K>,
+    subscribe: Subscribe<K>,
 }
 
-impl<K: CachedResource> Source for TypedSource<K> {
+impl<K: CachedResource> InformerSource<K> {
+    /// A source over the typed informer of `K`.
+    pub(crate) fn typed(watch: super::Watch<K>, mapper: Mapper<K>) -> Self {
+        Self::new(
+            watch,
+            mapper,
+            Arc::new(|cache| cache.informer::<K>().subscribe()),
+        )
+    }
+}
+
+impl InformerSource<DynamicObject> {
+    /// A source over the dynamic informer of `resource`.
+    pub(crate) fn dynamic(
+        resource: kube::api::ApiResource,
+        watch: super::Watch<DynamicObject>,
+        mapper: Mapper<DynamicObject>,
+    ) -> Self {
+        Self::new(
+            watch,
+            mapper,
+            Arc::new(move |cache| cache.dynamic(&resource).subscribe()),
+        )
+    }
+}
+
+impl<K> InformerSource<K> {
+    fn new(watch: super::Watch<K>, mapper: Mapper<K>, subscribe: Subscribe<K>) -> Self {
+        let (clusters, filters) = watch.into_parts();
+        Self {
+            clusters,
+            filters,
+            mapper,
+            subscribe,
+        }
+    }
+}
+
+impl<K: Send + Sync + 'static> Source for InformerSource<K> {
     fn clusters(&self) -> &Clusters {
         &self.clusters
     }
@@ -124,38 +168,7 @@ impl<K: CachedResource> Source for TypedSource<K> {
         queue: Arc<Queue>,
         stop: CancellationToken,
     ) {
-        let subscription = cluster.cache().informer::<K>().subscribe();
-        forward(
-            subscription,
-            name,
-            self.filters.clone(),
-            self.mapper.clone(),
-            queue,
-            stop,
-        );
-    }
-}
-
-pub(crate) struct DynamicSource {
-    pub(crate) resource: kube::api::ApiResource,
-    pub(crate) clusters: Clusters,
-    pub(crate) filters: Vec<Filter<DynamicObject>>,
-    pub(crate) mapper: Mapper<DynamicObject>,
-}
-
-impl Source for DynamicSource {
-    fn clusters(&self) -> &Clusters {
-        &self.clusters
-    }
-
-    fn start(
-        &self,
-        name: ClusterName,
-        cluster: &Cluster,
-        queue: Arc<Queue>,
-        stop: CancellationToken,
-    ) {
-        let subscription = cluster.cache().dynamic(&self.resource).subscribe();
+        let subscription = (self.subscribe)(cluster.cache());
         forward(
             subscription,
             name,
