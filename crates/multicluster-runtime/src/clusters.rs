@@ -121,14 +121,33 @@ impl Clusters {
         text: &str,
         source: &str,
     ) -> Result<bool, Error> {
+        self.add_or_replace_from_kubeconfig_with_id(name, text, source, None)
+            .await
+    }
+
+    /// Like [`Clusters::add_or_replace_from_kubeconfig`], attaching a stable
+    /// cluster ID ([`Cluster::stable_id`]); a changed ID also replaces the
+    /// cluster.
+    pub async fn add_or_replace_from_kubeconfig_with_id(
+        &self,
+        name: impl Into<ClusterName>,
+        text: &str,
+        source: &str,
+        stable_id: Option<&str>,
+    ) -> Result<bool, Error> {
         let name = name.into();
-        let fingerprint = crate::kubeconfig::fingerprint(text);
+        let fingerprint =
+            crate::kubeconfig::fingerprint(&format!("{}\n{text}", stable_id.unwrap_or_default()));
         if self.fingerprint(&name).as_deref() == Some(fingerprint.as_str()) {
             return Ok(false);
         }
         let parsed = crate::kubeconfig::parse(text, source)?;
         let client = crate::kubeconfig::client(&parsed, None, source).await?;
-        Ok(self.add_or_replace(name.clone(), Cluster::new(name, client), fingerprint))
+        let mut cluster = Cluster::new(name.clone(), client);
+        if let Some(id) = stable_id {
+            cluster = cluster.with_stable_id(id);
+        }
+        Ok(self.add_or_replace(name, cluster, fingerprint))
     }
 
     fn insert(

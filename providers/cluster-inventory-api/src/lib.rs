@@ -30,9 +30,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions, FieldIndex};
 use multicluster_runtime::clusters::Clusters;
-use multicluster_runtime::{
-    Aware, Cluster, ClusterName, Error, Provider, RunnableProvider, kubeconfig,
-};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 /// The label naming the consumer a credentials Secret is for.
@@ -249,28 +247,18 @@ impl ClusterProfileProvider {
             }
         };
         let stable_id = stable_id(&profile);
-        // The ID is part of what the cluster is built from: a new ID re-engages.
-        let fingerprint = kubeconfig::fingerprint(&format!(
-            "{}\n{text}",
-            stable_id.as_deref().unwrap_or_default()
-        ));
-        if self.clusters.fingerprint(&fleet_name).as_deref() == Some(fingerprint.as_str()) {
-            return;
-        }
-        let client = match kubeconfig::parse(&text, &source) {
-            Ok(parsed) => kubeconfig::client(&parsed, None, &source).await,
-            Err(err) => Err(err),
-        };
-        match client {
-            Ok(client) => {
-                let mut cluster = Cluster::new(fleet_name.clone(), client);
-                if let Some(id) = stable_id {
-                    cluster = cluster.with_stable_id(id);
-                }
-                self.clusters
-                    .add_or_replace(fleet_name.clone(), cluster, fingerprint);
-                tracing::info!(cluster = %fleet_name, "ClusterProfile engaged");
-            }
+        match self
+            .clusters
+            .add_or_replace_from_kubeconfig_with_id(
+                fleet_name.clone(),
+                &text,
+                &source,
+                stable_id.as_deref(),
+            )
+            .await
+        {
+            Ok(true) => tracing::info!(cluster = %fleet_name, "ClusterProfile engaged"),
+            Ok(false) => {}
             Err(err) => {
                 tracing::warn!(cluster = %fleet_name, error = %err, "skipping the ClusterProfile")
             }
