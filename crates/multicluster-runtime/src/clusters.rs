@@ -287,8 +287,7 @@ mod tests {
     }
 
     fn cluster(name: &str) -> Cluster {
-        let config = kube::Config::new("https://127.0.0.1:1".parse().expect("uri"));
-        Cluster::new(name, kube::Client::try_from(config).expect("client"))
+        crate::testing::offline_cluster(name)
     }
 
     #[tokio::test]

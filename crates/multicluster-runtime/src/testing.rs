@@ -113,6 +113,16 @@ where
     }
 }
 
+/// A cluster whose client points at a loopback port where nothing listens:
+/// for tests that need a `Cluster` but no API server. Needs a tokio runtime.
+pub fn offline_cluster(name: &str) -> crate::Cluster {
+    // Port 1 is privileged and unused on test machines.
+    let config = kube::Config::new(http::Uri::from_static("https://127.0.0.1:1"));
+    let client = kube::Client::try_from(config)
+        .unwrap_or_else(|err| panic!("building an offline client: {err}"));
+    crate::Cluster::new(name, client)
+}
+
 /// Runs `manager` in the background until the returned token is cancelled.
 pub fn run_manager(
     manager: &crate::Manager,

@@ -163,13 +163,9 @@ async fn a_failing_first_listing_fails_start_with_the_reason() {
     let kind = FakeKind::new();
     kind.failing(true);
     let provider = KindProvider::new(options(&kind.command(), None));
-    let aware: Arc<dyn Aware> = Arc::new(Manager::new(Cluster::new(
-        "local",
-        kube::Client::try_from(kube::Config::new(
-            "https://127.0.0.1:1".parse().expect("uri"),
-        ))
-        .expect("client"),
-    )));
+    let aware: Arc<dyn Aware> = Arc::new(Manager::new(
+        multicluster_runtime::testing::offline_cluster("local"),
+    ));
     let err = provider
         .start(CancellationToken::new(), aware)
         .await
@@ -180,13 +176,9 @@ async fn a_failing_first_listing_fails_start_with_the_reason() {
 #[tokio::test]
 async fn a_missing_kind_cli_is_a_clear_error() {
     let provider = KindProvider::new(options(Path::new("/nonexistent/kind"), None));
-    let aware: Arc<dyn Aware> = Arc::new(Manager::new(Cluster::new(
-        "local",
-        kube::Client::try_from(kube::Config::new(
-            "https://127.0.0.1:1".parse().expect("uri"),
-        ))
-        .expect("client"),
-    )));
+    let aware: Arc<dyn Aware> = Arc::new(Manager::new(
+        multicluster_runtime::testing::offline_cluster("local"),
+    ));
     let err = provider
         .start(CancellationToken::new(), aware)
         .await
@@ -200,13 +192,7 @@ async fn a_manager_whose_provider_cannot_start_stops_with_the_providers_error() 
         Path::new("/nonexistent/kind"),
         None,
     )));
-    let local = Cluster::new(
-        "local",
-        kube::Client::try_from(kube::Config::new(
-            "https://127.0.0.1:1".parse().expect("uri"),
-        ))
-        .expect("client"),
-    );
+    let local = multicluster_runtime::testing::offline_cluster("local");
     let manager = Manager::with_provider(local, provider, ManagerOptions::default());
     // Never cancelled: run() must end by itself.
     let result = tokio::time::timeout(
