@@ -87,8 +87,47 @@ pub async fn client(
     let config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &options)
         .await
         .map_err(|err| invalid(source, &format!("context {context_name:?}: {err}")))?;
-    kube::Client::try_from(config)
-        .map_err(|err| invalid(source, &format!("context {context_name:?}: {err}")))
+    let plugin = exec_command(kubeconfig, entry.user.as_deref())
+        .map(|command| {
+            format!(
+                " (user {:?}, credential plugin {command:?})",
+                entry.user.as_deref().unwrap_or_default()
+            )
+        })
+        .unwrap_or_default();
+    // An exec credential plugin runs synchronously while the client is
+    // built; that must not hold up an async worker thread.
+    tokio::task::spawn_blocking(move || kube::Client::try_from(config))
+        .await
+        .map_err(|_| {
+            invalid(
+                source,
+                &format!("context {context_name:?}: building the client panicked"),
+            )
+        })?
+        .map_err(|err| {
+            invalid(
+                source,
+                &format!(
+                    "context {context_name:?}{plugin}: {}",
+                    crate::redact::kube_error(&err)
+                ),
+            )
+        })
+}
+
+/// The command of `user`'s exec credential plugin, if it has one.
+fn exec_command<'a>(kubeconfig: &'a Kubeconfig, user: Option<&str>) -> Option<&'a str> {
+    kubeconfig
+        .auth_infos
+        .iter()
+        .find(|auth| Some(auth.name.as_str()) == user)?
+        .auth_info
+        .as_ref()?
+        .exec
+        .as_ref()?
+        .command
+        .as_deref()
 }
 
 /// A short, stable digest of kubeconfig text, for telling whether a
@@ -160,6 +199,65 @@ mod tests {
                 "credentials leaked: {message}"
             );
         }
+    }
+
+    fn plugin(script: &str) -> String {
+        format!("{}/testdata/plugins/{script}", env!("CARGO_MANIFEST_DIR"))
+    }
+
+    fn exec_kubeconfig(command: &str, args: &[&str]) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: ctx\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\ncontexts:\n- name: ctx\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: {command}\n      args: {args:?}\n      interactiveMode: Never\n      env:\n      - name: PLUGIN_SECRET\n        value: {SECRET_TOKEN}\n"
+        )
+    }
+
+    #[tokio::test]
+    async fn a_failing_credential_plugin_is_named_and_its_secrets_are_not_quoted() {
+        let command = plugin("refuse.sh");
+        let text = exec_kubeconfig(&command, &["--password=very-secret-argument"]);
+        let parsed = parse(&text, "Secret fleet/prod key kubeconfig").expect("parses");
+        let message = client(&parsed, None, "Secret fleet/prod key kubeconfig")
+            .await
+            .map(|_| ())
+            .expect_err("the plugin fails")
+            .to_string();
+        for expected in [
+            "Secret fleet/prod key kubeconfig",
+            "user \"u\"",
+            command.as_str(),
+            "exit status: 3",
+            "no access to this cluster",
+        ] {
+            assert!(
+                message.contains(expected),
+                "{message} should say {expected}"
+            );
+        }
+        assert!(
+            !message.contains(SECRET_TOKEN),
+            "credentials leaked: {message}"
+        );
+        assert!(
+            !message.contains("very-secret-argument"),
+            "arguments leaked: {message}"
+        );
+    }
+
+    /// On a single-threaded runtime the plugin can only get its file if it
+    /// runs somewhere else while the runtime goes on.
+    #[tokio::test(flavor = "current_thread")]
+    async fn credential_plugins_run_off_the_async_thread() {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let go = dir.path().join("go");
+        let text = exec_kubeconfig(
+            &plugin("token-once-file-exists.sh"),
+            &[go.to_str().expect("utf-8 path")],
+        );
+        let parsed = parse(&text, "test").expect("parses");
+        let (built, ()) = tokio::join!(client(&parsed, None, "test"), async {
+            std::fs::write(&go, "").expect("write");
+        });
+        built.expect("the plugin saw the file and gave a token");
     }
 
     #[tokio::test]

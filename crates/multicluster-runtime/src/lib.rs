@@ -28,6 +28,7 @@ pub mod manager;
 pub mod metrics;
 mod name;
 mod provider;
+pub mod redact;
 pub mod testing;
 
 pub use cluster::Cluster;

@@ -164,8 +164,9 @@ where
                         }
                     }
                     Err(err) => {
+                        let err = crate::redact::watcher_error(&err);
                         tracing::warn!(%cluster, kind, error = %err, "watch failed; retrying with backoff");
-                        informer.lock().last_error = Some(err.to_string());
+                        informer.lock().last_error = Some(err);
                     }
                 }
             }

@@ -1,0 +1,147 @@
+//! Error text that is safe to log.
+//!
+//! kube-rs describes a failed exec credential plugin with the `Debug` form
+//! of the command it ran, which lists the environment it set (the
+//! kubeconfig's `env` entries, often secrets) and every argument, followed by
+//! the plugin's raw output (which holds a token when the plugin half
+//! worked). These helpers describe such failures by exit status and the
+//! plugin's own diagnostic line instead, and pass every other error through.
+
+use std::error::Error as StdError;
+
+use kube::client::AuthError;
+use kube::runtime::watcher;
+
+/// How much of a plugin's stderr is kept: enough for its own explanation.
+const STDERR_LIMIT: usize = 300;
+
+/// Describes a kube error without credentials.
+pub fn kube_error(err: &kube::Error) -> String {
+    match auth_error_in(err) {
+        Some(auth) => auth_error(auth),
+        None => err.to_string(),
+    }
+}
+
+/// Describes a watcher error without credentials.
+pub fn watcher_error(err: &watcher::Error) -> String {
+    match err {
+        watcher::Error::InitialListFailed(inner) => {
+            format!(
+                "failed to perform initial object list: {}",
+                kube_error(inner)
+            )
+        }
+        watcher::Error::WatchStartFailed(inner) => {
+            format!("failed to start watching object: {}", kube_error(inner))
+        }
+        watcher::Error::WatchFailed(inner) => {
+            format!("watch stream failed: {}", kube_error(inner))
+        }
+        other => other.to_string(),
+    }
+}
+
+/// Describes a client authentication error without credentials.
+pub fn auth_error(err: &AuthError) -> String {
+    match err {
+        AuthError::AuthExecRun { out, .. } => {
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            match last_line(&stderr) {
+                Some(line) => {
+                    format!("the credential plugin failed ({}): {line}", out.status)
+                }
+                None => format!("the credential plugin failed ({})", out.status),
+            }
+        }
+        AuthError::AuthExecStart(io) => format!("the credential plugin could not be run: {io}"),
+        // Parser messages can quote the output, i.e. the credential.
+        AuthError::AuthExecParse(_) => {
+            "the credential plugin's output is not an ExecCredential".to_string()
+        }
+        AuthError::InvalidBearerToken(_) => {
+            "the credential is not a valid bearer token".to_string()
+        }
+        AuthError::InvalidBasicAuth(_) => "the basic auth credentials are not valid".to_string(),
+        other => other.to_string(),
+    }
+}
+
+fn auth_error_in(err: &kube::Error) -> Option<&AuthError> {
+    let mut current: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(err) = current {
+        if let Some(auth) = err.downcast_ref::<AuthError>() {
+            return Some(auth);
+        }
+        current = err.source();
+    }
+    None
+}
+
+fn last_line(text: &str) -> Option<String> {
+    let line = text.lines().map(str::trim).rfind(|line| !line.is_empty())?;
+    let mut line = line.to_string();
+    if line.len() > STDERR_LIMIT {
+        let mut cut = STDERR_LIMIT;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+        line.push('…');
+    }
+    Some(line)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{ExitStatus, Output};
+
+    use super::*;
+
+    const SECRET: &str = "hunter2-secret-value";
+
+    fn failed_run(stdout: &str, stderr: &str) -> AuthError {
+        AuthError::AuthExecRun {
+            cmd: format!("KUBE_PASSWORD=\"{SECRET}\" \"plugin\" \"--token={SECRET}\""),
+            out: Box::new(Output {
+                status: ExitStatus::from_raw(3 << 8),
+                stdout: stdout.as_bytes().to_vec(),
+                stderr: stderr.as_bytes().to_vec(),
+            }),
+        }
+    }
+
+    #[test]
+    fn a_failed_plugin_is_described_by_status_and_its_last_stderr_line() {
+        let err = failed_run(
+            &format!("{{\"token\": \"{SECRET}\"}}"),
+            "starting\nno access\n\n",
+        );
+        let text = auth_error(&err);
+        assert!(text.contains("exit status: 3"), "{text}");
+        assert!(text.ends_with("no access"), "{text}");
+        assert!(!text.contains(SECRET), "{text}");
+        // Wrapped the way kube-rs wraps a failed refresh during a request.
+        let wrapped = kube::Error::Service(Box::new(failed_run("", "")));
+        let text = kube_error(&wrapped);
+        assert!(text.starts_with("the credential plugin failed"), "{text}");
+        assert!(!text.contains(SECRET), "{text}");
+        let watch = watcher::Error::WatchFailed(kube::Error::Auth(failed_run("", "")));
+        assert!(!watcher_error(&watch).contains(SECRET));
+    }
+
+    #[test]
+    fn long_stderr_is_cut_on_a_character_boundary() {
+        let line = "é".repeat(STDERR_LIMIT);
+        let cut = last_line(&line).expect("a line");
+        assert!(cut.len() <= STDERR_LIMIT + '…'.len_utf8());
+        assert!(cut.ends_with('…'));
+    }
+
+    #[test]
+    fn other_errors_keep_their_text() {
+        let err = kube::Error::LinesCodecMaxLineLengthExceeded;
+        assert_eq!(kube_error(&err), err.to_string());
+    }
+}
