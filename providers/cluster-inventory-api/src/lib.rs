@@ -19,19 +19,35 @@
 //! - the `cluster.clusterset.k8s.io` property, when present, becomes the
 //!   cluster's stable ID ([`Cluster::stable_id`]).
 //!
-//! Access providers with exec credential plugins (KEP-5339) are the next
-//! strategy to come; see the README.
+//! The access-provider strategy (KEP-5339) reads the consumer's
+//! [`access::ProviderFile`] and runs an exec credential plugin per profile;
+//! see [`access`].
+//!
+//! A profile that cannot be engaged is logged, counted in
+//! `mcr_cluster_engagement_failures{provider="cluster-inventory-api"}` and
+//! listed by [`ClusterProfileProvider::failures`]; the rest of the fleet goes
+//! on. When building its client fails (a credential plugin that fails, a
+//! kubeconfig that does not work) it is retried with exponential backoff;
+//! other problems wait for the profile or its Secret to change.
 
-use std::sync::Arc;
+pub mod access;
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions, FieldIndex};
 use multicluster_runtime::clusters::Clusters;
+use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
 use tokio_util::sync::CancellationToken;
+
+use crate::access::ProviderFile;
 
 /// The label naming the consumer a credentials Secret is for.
 pub const CONSUMER_LABEL: &str = "x-k8s.io/cluster-inventory-consumer";
@@ -53,6 +69,9 @@ pub enum Credentials {
         /// This consumer's name (value of `x-k8s.io/cluster-inventory-consumer`).
         consumer: String,
     },
+    /// Exec credential plugins chosen per profile from the consumer's
+    /// provider file (KEP-5339).
+    AccessProviders(ProviderFile),
 }
 
 /// Decides whether a profile is ready to be engaged.
@@ -69,18 +88,38 @@ pub struct ClusterProfileOptions {
     pub watch_filter: Option<String>,
     /// Overrides the default readiness (`ControlPlaneHealthy` is `True`).
     pub readiness: Option<Readiness>,
+    /// The first wait before building a failed profile's client again; it
+    /// doubles with each failure, up to five minutes.
+    pub retry_delay: Duration,
+    /// Where engagement failures are counted.
+    pub metrics: Option<Metrics>,
 }
+
+/// The longest wait between attempts at a profile whose client failed.
+const MAX_RETRY_DELAY: Duration = Duration::from_secs(300);
 
 impl ClusterProfileOptions {
     /// Options for the Secret strategy with everything else at defaults.
     pub fn with_secrets(consumer: impl Into<String>) -> Self {
+        Self::with_credentials(Credentials::Secret {
+            consumer: consumer.into(),
+        })
+    }
+
+    /// Options for the access-provider strategy with everything else at
+    /// defaults.
+    pub fn with_access_providers(providers: ProviderFile) -> Self {
+        Self::with_credentials(Credentials::AccessProviders(providers))
+    }
+
+    fn with_credentials(credentials: Credentials) -> Self {
         Self {
-            credentials: Credentials::Secret {
-                consumer: consumer.into(),
-            },
+            credentials,
             namespace: None,
             watch_filter: None,
             readiness: None,
+            retry_delay: Duration::from_secs(1),
+            metrics: None,
         }
     }
 }
@@ -92,6 +131,8 @@ impl std::fmt::Debug for ClusterProfileOptions {
             .field("namespace", &self.namespace)
             .field("watch_filter", &self.watch_filter)
             .field("custom_readiness", &self.readiness.is_some())
+            .field("retry_delay", &self.retry_delay)
+            .field("metrics", &self.metrics.is_some())
             .finish()
     }
 }
@@ -113,13 +154,28 @@ pub struct ClusterProfileProvider {
     options: ClusterProfileOptions,
     resource: ApiResource,
     profiles: Cache,
-    secrets: Cache,
+    /// Only for the Secret strategy.
+    secrets: Option<Cache>,
     clusters: Clusters,
+    failures: Mutex<BTreeMap<ClusterName, String>>,
+}
+
+/// A profile's key in the hub: namespace and name.
+type ProfileKey = (String, String);
+
+/// What became of one look at a profile.
+enum Outcome {
+    /// Engaged (or unchanged), or removed: nothing to come back for.
+    Settled,
+    /// Waits for the profile or its Secret to change.
+    Waiting,
+    /// Building its client failed; worth another attempt later.
+    Failed,
 }
 
 impl ClusterProfileProvider {
-    /// Watches profiles and credential Secrets through `hub` (the cluster
-    /// holding the inventory).
+    /// Watches profiles (and, for the Secret strategy, credential Secrets)
+    /// through `hub`, the cluster holding the inventory.
     pub fn new(hub: kube::Client, options: ClusterProfileOptions) -> Self {
         let cache = |name: &str, watch: watcher::Config| {
             Cache::with_options(
@@ -138,9 +194,13 @@ impl ClusterProfileProvider {
             }
             None => watcher::Config::default(),
         };
-        let Credentials::Secret { consumer } = &options.credentials;
-        let secrets_watch =
-            watcher::Config::default().labels(&format!("{CONSUMER_LABEL}={consumer}"));
+        let secrets = match &options.credentials {
+            Credentials::Secret { consumer } => Some(cache(
+                "cluster-profile-secrets",
+                watcher::Config::default().labels(&format!("{CONSUMER_LABEL}={consumer}")),
+            )),
+            Credentials::AccessProviders(_) => None,
+        };
         Self {
             resource: ApiResource::from_gvk(&GroupVersionKind::gvk(
                 "multicluster.x-k8s.io",
@@ -148,9 +208,10 @@ impl ClusterProfileProvider {
                 "ClusterProfile",
             )),
             profiles: cache("cluster-profiles", profiles_watch),
-            secrets: cache("cluster-profile-secrets", secrets_watch),
+            secrets,
             options,
             clusters: Clusters::new(),
+            failures: Mutex::default(),
         }
     }
 
@@ -159,10 +220,43 @@ impl ClusterProfileProvider {
         self.clusters.names()
     }
 
+    /// Profiles that are ready but could not be engaged with their current
+    /// settings, each with the reason; an entry goes once the profile is
+    /// engaged or gone.
+    pub fn failures(&self) -> BTreeMap<ClusterName, String> {
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
     fn ready(&self, profile: &DynamicObject) -> bool {
         match &self.options.readiness {
             Some(readiness) => readiness(profile),
             None => control_plane_healthy(profile),
+        }
+    }
+
+    /// The kubeconfig text for a profile and a description of where it came
+    /// from, for errors.
+    fn credentials(&self, profile: &DynamicObject) -> Result<(String, String), String> {
+        match &self.options.credentials {
+            Credentials::Secret { .. } => self.secret_credentials(
+                profile.metadata.namespace.as_deref().unwrap_or_default(),
+                profile.metadata.name.as_deref().unwrap_or_default(),
+            ),
+            Credentials::AccessProviders(providers) => {
+                let access = providers
+                    .access_for(profile)
+                    .map_err(|err| err.to_string())?;
+                let source = format!(
+                    "ClusterProfile {}/{} access provider {:?}",
+                    profile.metadata.namespace.as_deref().unwrap_or_default(),
+                    profile.metadata.name.as_deref().unwrap_or_default(),
+                    access.provider
+                );
+                Ok((access.text(), source))
+            }
         }
     }
 
@@ -174,9 +268,8 @@ impl ClusterProfileProvider {
     ) -> Result<(String, String), String> {
         let matching: Vec<_> = self
             .secrets
-            .informer::<Secret>()
-            .list(Some(namespace))
-            .into_iter()
+            .iter()
+            .flat_map(|secrets| secrets.informer::<Secret>().list(Some(namespace)))
             .filter(|secret| {
                 secret
                     .metadata
@@ -219,17 +312,18 @@ impl ClusterProfileProvider {
         Ok((text, source))
     }
 
-    async fn reconcile(&self, namespace: &str, name: &str) {
+    async fn reconcile(&self, namespace: &str, name: &str) -> Outcome {
         let fleet_name = ClusterName::from(format!("{namespace}/{name}"));
         let profile = self
             .profiles
             .dynamic(&self.resource)
             .get(Some(namespace), name);
         let Some(profile) = profile.filter(|p| p.metadata.deletion_timestamp.is_none()) else {
+            self.settle(&fleet_name);
             if self.clusters.remove(&fleet_name) {
                 tracing::info!(cluster = %fleet_name, "ClusterProfile deleted; removed from the fleet");
             }
-            return;
+            return Outcome::Settled;
         };
         if !self.ready(&profile) {
             if self.clusters.get(&fleet_name).is_ok() {
@@ -237,13 +331,14 @@ impl ClusterProfileProvider {
             } else {
                 tracing::debug!(cluster = %fleet_name, "ClusterProfile is not ready yet");
             }
-            return;
+            return Outcome::Waiting;
         }
-        let (text, source) = match self.secret_credentials(namespace, name) {
+        let (text, source) = match self.credentials(&profile) {
             Ok(found) => found,
             Err(reason) => {
                 tracing::warn!(cluster = %fleet_name, %reason, "no credentials for the ClusterProfile");
-                return;
+                self.fail(&fleet_name, reason, "no-credentials");
+                return Outcome::Waiting;
             }
         };
         let stable_id = stable_id(&profile);
@@ -257,12 +352,43 @@ impl ClusterProfileProvider {
             )
             .await
         {
-            Ok(true) => tracing::info!(cluster = %fleet_name, "ClusterProfile engaged"),
-            Ok(false) => {}
+            Ok(changed) => {
+                if changed {
+                    tracing::info!(cluster = %fleet_name, "ClusterProfile engaged from {source}");
+                }
+                self.settle(&fleet_name);
+                Outcome::Settled
+            }
             Err(err) => {
-                tracing::warn!(cluster = %fleet_name, error = %err, "skipping the ClusterProfile")
+                tracing::warn!(cluster = %fleet_name, error = %err, "cannot engage the ClusterProfile");
+                self.fail(&fleet_name, err.to_string(), "client");
+                Outcome::Failed
             }
         }
+    }
+
+    fn fail(&self, name: &ClusterName, reason: String, kind: &'static str) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(name.clone(), reason);
+        if let Some(metrics) = &self.options.metrics {
+            metrics.engagement_failed("cluster-inventory-api", kind);
+        }
+    }
+
+    fn settle(&self, name: &ClusterName) {
+        self.failures
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(name);
+    }
+
+    fn retry_delay(&self, attempts: u32) -> Duration {
+        self.options
+            .retry_delay
+            .saturating_mul(2u32.saturating_pow(attempts.min(16)))
+            .min(MAX_RETRY_DELAY)
     }
 }
 
@@ -292,15 +418,25 @@ impl Provider for ClusterProfileProvider {
 impl RunnableProvider for ClusterProfileProvider {
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
         self.clusters.start(shutdown.clone(), aware)?;
-        let secrets = self.secrets.informer::<Secret>();
-        let mut secret_events = secrets.subscribe();
-        tracing::debug!("waiting for the credentials Secrets to be listed");
-        tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
-            () = secrets.wait_ready() => {}
-        }
-        tracing::debug!("credentials Secrets listed; watching ClusterProfiles");
+        // Profiles are only looked at once the Secrets they may need are
+        // listed, so a Secret that exists is never reported missing.
+        let mut secret_events = match &self.secrets {
+            Some(secrets) => {
+                let secrets = secrets.informer::<Secret>();
+                let events = secrets.subscribe();
+                tracing::debug!("waiting for the credentials Secrets to be listed");
+                tokio::select! {
+                    () = shutdown.cancelled() => return Ok(()),
+                    () = secrets.wait_ready() => {}
+                }
+                events.boxed()
+            }
+            None => futures::stream::pending().boxed(),
+        };
         let mut profile_events = self.profiles.dynamic(&self.resource).subscribe();
+        let mut attempts: HashMap<ProfileKey, u32> = HashMap::new();
+        let mut scheduled: HashSet<ProfileKey> = HashSet::new();
+        let mut retries = FuturesUnordered::new();
         loop {
             let key = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
@@ -315,15 +451,34 @@ impl RunnableProvider for ClusterProfileProvider {
                     Some(event) => profile_of_secret(&event),
                     None => return Err(Error::Other("the credentials Secret watch stopped".into())),
                 },
+                Some(key) = retries.next() => {
+                    scheduled.remove(&key);
+                    Some(key)
+                }
             };
-            if let Some((namespace, name)) = key {
-                self.reconcile(&namespace, &name).await;
+            let Some(key) = key else { continue };
+            match self.reconcile(&key.0, &key.1).await {
+                Outcome::Settled | Outcome::Waiting => {
+                    attempts.remove(&key);
+                }
+                Outcome::Failed => {
+                    let attempt = attempts.entry(key.clone()).or_default();
+                    let delay = self.retry_delay(*attempt);
+                    *attempt += 1;
+                    if scheduled.insert(key.clone()) {
+                        tracing::debug!(profile = %format!("{}/{}", key.0, key.1), ?delay, "trying the ClusterProfile again later");
+                        retries.push(async move {
+                            tokio::time::sleep(delay).await;
+                            key
+                        });
+                    }
+                }
             }
         }
     }
 }
 
-fn profile_of_secret(event: &CacheEvent<Secret>) -> Option<(String, String)> {
+fn profile_of_secret(event: &CacheEvent<Secret>) -> Option<ProfileKey> {
     let meta = &event.object().metadata;
     let profile = meta.labels.as_ref()?.get(PROFILE_LABEL)?;
     Some((meta.namespace.clone()?, profile.clone()))

@@ -1,0 +1,351 @@
+//! Access providers (KEP-5339): the consumer's provider file and the
+//! kubeconfig it yields for a ClusterProfile.
+//!
+//! The provider file lists exec credential plugins by access-provider name.
+//! For a profile, the first provider in file order that the profile offers
+//! (in `status.accessProviders`, or the deprecated
+//! `status.credentialProviders`) is used: the server and CA come from the
+//! profile's `cluster` entry, the credentials from the plugin. kube-rs runs
+//! the plugin, passes the cluster entry (and its
+//! `client.authentication.k8s.io/exec` extension as `spec.cluster.config`)
+//! when `provideClusterInfo` is set, and runs it again before the token
+//! expires.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::Path;
+
+use kube::api::DynamicObject;
+use kube::config::{
+    AuthInfo, Cluster, Context, ExecConfig, ExecInteractiveMode, Kubeconfig, NamedAuthInfo,
+    NamedCluster, NamedContext,
+};
+use serde::{Deserialize, Serialize};
+
+/// Profile extension with extra plugin arguments (a list of strings).
+pub const ADDITIONAL_ARGS_EXTENSION: &str =
+    "clusterprofiles.multicluster.x-k8s.io/exec/additional-args";
+/// Profile extension with extra plugin environment variables (a string map).
+pub const ADDITIONAL_ENVS_EXTENSION: &str =
+    "clusterprofiles.multicluster.x-k8s.io/exec/additional-envs";
+
+/// The consumer's provider file (Go flag `--clusterprofile-provider-file`).
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct ProviderFile {
+    /// Plugins by access-provider name; earlier entries are preferred.
+    pub providers: Vec<AccessProvider>,
+}
+
+/// One access provider of the provider file.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AccessProvider {
+    /// The name profiles list in `status.accessProviders[].name`.
+    pub name: String,
+    /// The exec credential plugin (kubeconfig `users[].user.exec` format).
+    pub exec_config: ExecConfig,
+    /// What to do with a profile's additional-args extension.
+    #[serde(default, rename = "profileSourcedCLIArgsPolicy")]
+    pub profile_sourced_cli_args_policy: ArgsPolicy,
+    /// What to do with a profile's additional-envs extension.
+    #[serde(default)]
+    pub profile_sourced_env_vars_policy: EnvVarsPolicy,
+}
+
+/// How arguments from a profile's additional-args extension are used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ArgsPolicy {
+    /// Not used (also the meaning of an empty value).
+    #[default]
+    #[serde(alias = "")]
+    Ignore,
+    /// Appended after the configured arguments.
+    Append,
+}
+
+/// How variables from a profile's additional-envs extension are used.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum EnvVarsPolicy {
+    /// Not used (also the meaning of an empty value).
+    #[default]
+    #[serde(alias = "")]
+    Ignore,
+    /// Added unless the configured environment already sets them.
+    AppendIfNotExists,
+    /// Added, overriding configured values of the same name.
+    Replace,
+}
+
+/// Why the provider file or a profile's access cannot be used. Messages
+/// name the file or profile and never quote values (they can be secrets).
+#[derive(Debug, thiserror::Error)]
+pub enum AccessError {
+    /// The provider file cannot be read or is not valid.
+    #[error("provider file {path}: {reason}")]
+    ProviderFile {
+        /// The file.
+        path: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// The profile cannot be accessed with the configured providers.
+    #[error("ClusterProfile {profile}: {reason}")]
+    Profile {
+        /// `<namespace>/<name>` of the profile.
+        profile: String,
+        /// What is wrong.
+        reason: String,
+    },
+}
+
+impl ProviderFile {
+    /// Reads and checks a provider file.
+    pub fn from_path(path: impl AsRef<Path>) -> Result<Self, AccessError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|err| AccessError::ProviderFile {
+            path: path.display().to_string(),
+            reason: format!("cannot be read: {err}"),
+        })?;
+        Self::from_json(&text, &path.display().to_string())
+    }
+
+    /// Parses and checks provider-file JSON; `source` names it in errors.
+    pub fn from_json(text: &str, source: &str) -> Result<Self, AccessError> {
+        let invalid = |reason: String| AccessError::ProviderFile {
+            path: source.to_string(),
+            reason,
+        };
+        let file: Self = serde_json::from_str(text).map_err(|err| invalid(json_problem(&err)))?;
+        file.check().map_err(invalid)?;
+        Ok(file)
+    }
+
+    fn check(&self) -> Result<(), String> {
+        if self.providers.is_empty() {
+            return Err("it lists no providers".into());
+        }
+        let mut seen = std::collections::HashSet::new();
+        for (index, provider) in self.providers.iter().enumerate() {
+            if provider.name.is_empty() {
+                return Err(format!("provider #{index} has no name"));
+            }
+            if !seen.insert(provider.name.as_str()) {
+                return Err(format!("provider {:?} is listed twice", provider.name));
+            }
+            if provider
+                .exec_config
+                .command
+                .as_deref()
+                .is_none_or(str::is_empty)
+            {
+                return Err(format!(
+                    "provider {:?} has no execConfig.command",
+                    provider.name
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// The access to `profile`: the first provider in file order that the
+    /// profile offers, with its plugin call adjusted for the profile.
+    pub fn access_for(&self, profile: &DynamicObject) -> Result<ProfileAccess, AccessError> {
+        let profile_name = format!(
+            "{}/{}",
+            profile.metadata.namespace.as_deref().unwrap_or_default(),
+            profile.metadata.name.as_deref().unwrap_or_default()
+        );
+        let problem = |reason: String| AccessError::Profile {
+            profile: profile_name.clone(),
+            reason,
+        };
+        let offered = offered_providers(profile);
+        let (provider, (field, entry)) = self
+            .providers
+            .iter()
+            .find_map(|provider| Some((provider, offered.get(provider.name.as_str())?.clone())))
+            .ok_or_else(|| {
+                problem(format!(
+                    "none of its access providers ({}) is in the provider file ({})",
+                    quoted_list(offered.keys().copied()),
+                    quoted_list(self.providers.iter().map(|p| p.name.as_str()))
+                ))
+            })?;
+        if field == "credentialProviders" {
+            tracing::warn!(profile = %profile_name, provider = %provider.name,
+                "the profile uses the deprecated status.credentialProviders; it should move to status.accessProviders");
+        }
+        let at = format!("status.{field}[{:?}]", provider.name);
+        let cluster: Cluster = serde_json::from_value(entry["cluster"].clone())
+            .map_err(|_| problem(format!("{at}.cluster is not a kubeconfig cluster entry")))?;
+        if cluster.server.as_deref().is_none_or(str::is_empty) {
+            return Err(problem(format!("{at}.cluster has no server")));
+        }
+        let exec =
+            plugin_call(provider, &cluster).map_err(|reason| problem(format!("{at}: {reason}")))?;
+        let kubeconfig = Kubeconfig {
+            clusters: vec![NamedCluster {
+                name: profile_name.clone(),
+                cluster: Some(cluster),
+                ..NamedCluster::default()
+            }],
+            auth_infos: vec![NamedAuthInfo {
+                name: provider.name.clone(),
+                auth_info: Some(AuthInfo {
+                    exec: Some(exec),
+                    ..AuthInfo::default()
+                }),
+                ..NamedAuthInfo::default()
+            }],
+            contexts: vec![NamedContext {
+                name: profile_name.clone(),
+                context: Some(Context {
+                    cluster: profile_name.clone(),
+                    user: Some(provider.name.clone()),
+                    ..Context::default()
+                }),
+                ..NamedContext::default()
+            }],
+            current_context: Some(profile_name),
+            ..Kubeconfig::default()
+        };
+        Ok(ProfileAccess {
+            provider: provider.name.clone(),
+            kubeconfig,
+        })
+    }
+}
+
+/// What the provider file yields for one profile.
+#[derive(Clone, Debug)]
+pub struct ProfileAccess {
+    /// The access provider chosen.
+    pub provider: String,
+    /// One context: the profile's cluster entry with the provider's plugin.
+    pub kubeconfig: Kubeconfig,
+}
+
+impl ProfileAccess {
+    /// The kubeconfig as JSON text (which is also YAML) with object keys
+    /// sorted, so equal settings always give equal text. kube-rs keeps exec
+    /// `env` entries in hash maps, whose order changes from one map to the
+    /// next; serde_json sorts them only while no crate in the build enables
+    /// its `preserve_order` feature, so the keys are sorted here.
+    pub fn text(&self) -> String {
+        let value = serde_json::to_value(&self.kubeconfig).unwrap_or_default();
+        sorted(value).to_string()
+    }
+}
+
+fn sorted(value: serde_json::Value) -> serde_json::Value {
+    match value {
+        serde_json::Value::Object(map) => {
+            let entries: BTreeMap<String, serde_json::Value> = map.into_iter().collect();
+            serde_json::Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+        }
+        serde_json::Value::Array(items) => {
+            serde_json::Value::Array(items.into_iter().map(sorted).collect())
+        }
+        other => other,
+    }
+}
+
+/// The profile's access providers by name, each with the status field it
+/// came from; on a name clash `accessProviders` wins over the deprecated
+/// `credentialProviders`.
+fn offered_providers(profile: &DynamicObject) -> BTreeMap<&str, (&'static str, serde_json::Value)> {
+    let mut offered = BTreeMap::new();
+    for field in ["credentialProviders", "accessProviders"] {
+        for entry in profile.data["status"][field]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if let Some(name) = entry["name"].as_str() {
+                offered.insert(name, (field, entry.clone()));
+            }
+        }
+    }
+    offered
+}
+
+/// The provider's exec settings adjusted for one profile — on a copy, so
+/// one profile's extensions never reach another's plugin call.
+fn plugin_call(provider: &AccessProvider, cluster: &Cluster) -> Result<ExecConfig, String> {
+    let mut exec = provider.exec_config.clone();
+    // Nobody is at a terminal to answer a prompt.
+    exec.interactive_mode = Some(ExecInteractiveMode::Never);
+    for extension in cluster.extensions.iter().flatten() {
+        match extension.name.as_str() {
+            ADDITIONAL_ARGS_EXTENSION => match provider.profile_sourced_cli_args_policy {
+                ArgsPolicy::Ignore => {}
+                ArgsPolicy::Append => {
+                    let extra: Vec<String> = serde_json::from_value(extension.extension.clone())
+                        .map_err(|_| {
+                            format!(
+                                "extension {ADDITIONAL_ARGS_EXTENSION} is not a list of strings"
+                            )
+                        })?;
+                    exec.args.get_or_insert_default().extend(extra);
+                }
+            },
+            ADDITIONAL_ENVS_EXTENSION => {
+                let policy = provider.profile_sourced_env_vars_policy;
+                if policy == EnvVarsPolicy::Ignore {
+                    continue;
+                }
+                let extra: BTreeMap<String, String> =
+                    serde_json::from_value(extension.extension.clone()).map_err(|_| {
+                        format!("extension {ADDITIONAL_ENVS_EXTENSION} is not a map of strings")
+                    })?;
+                let env = exec.env.get_or_insert_default();
+                for (name, value) in extra {
+                    let existing = env.iter_mut().find(|var| var.get("name") == Some(&name));
+                    match (existing, policy) {
+                        (Some(var), EnvVarsPolicy::Replace) => {
+                            var.insert("value".into(), value);
+                        }
+                        (Some(_), _) => {}
+                        (None, _) => env.push(HashMap::from([
+                            ("name".to_string(), name),
+                            ("value".to_string(), value),
+                        ])),
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(exec)
+}
+
+fn quoted_list<'a>(names: impl Iterator<Item = &'a str>) -> String {
+    let names: Vec<String> = names.map(|name| format!("{name:?}")).collect();
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// A serde_json error without the values it may quote.
+fn json_problem(err: &serde_json::Error) -> String {
+    let text = err.to_string();
+    let at = format!("line {} column {}", err.line(), err.column());
+    match err.classify() {
+        serde_json::error::Category::Data
+            if text.starts_with("unknown variant")
+                || text.starts_with("missing field")
+                || text.starts_with("unknown field") =>
+        {
+            text
+        }
+        serde_json::error::Category::Data => format!("a value has the wrong type or form at {at}"),
+        serde_json::error::Category::Io => format!("cannot be read: {text}"),
+        serde_json::error::Category::Syntax | serde_json::error::Category::Eof => {
+            format!("it is not valid JSON (at {at})")
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

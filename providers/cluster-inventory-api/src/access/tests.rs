@@ -1,0 +1,340 @@
+use kube::api::{ApiResource, GroupVersionKind};
+use serde_json::json;
+
+use super::*;
+
+const SECRET: &str = "s3cr3t-api-key";
+
+fn file(json: serde_json::Value) -> ProviderFile {
+    ProviderFile::from_json(&json.to_string(), "providers.json").expect("valid provider file")
+}
+
+fn provider(name: &str, args_policy: &str, envs_policy: &str) -> serde_json::Value {
+    json!({
+        "name": name,
+        "execConfig": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": format!("/plugins/{name}"),
+            "args": ["--base"],
+            "env": [{"name": "KEEP", "value": "configured"}, {"name": "API_KEY", "value": SECRET}],
+            "provideClusterInfo": true,
+        },
+        "profileSourcedCLIArgsPolicy": args_policy,
+        "profileSourcedEnvVarsPolicy": envs_policy,
+    })
+}
+
+fn profile(status: serde_json::Value) -> DynamicObject {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "multicluster.x-k8s.io",
+        "v1alpha1",
+        "ClusterProfile",
+    ));
+    let mut profile = DynamicObject::new("edge-1", &resource).within("fleet");
+    profile.data = json!({ "status": status });
+    profile
+}
+
+fn entry(name: &str, server: &str, extensions: serde_json::Value) -> serde_json::Value {
+    json!({"name": name, "cluster": {
+        "server": server,
+        "certificate-authority-data": "Q0EK",
+        "extensions": extensions,
+    }})
+}
+
+fn exec(access: &ProfileAccess) -> &ExecConfig {
+    access.kubeconfig.auth_infos[0]
+        .auth_info
+        .as_ref()
+        .and_then(|user| user.exec.as_ref())
+        .expect("exec user")
+}
+
+fn env(exec: &ExecConfig) -> Vec<(String, String)> {
+    exec.env
+        .iter()
+        .flatten()
+        .map(|var| (var["name"].clone(), var["value"].clone()))
+        .collect()
+}
+
+#[test]
+fn the_first_provider_in_file_order_that_the_profile_offers_is_used() {
+    let providers = file(json!({"providers": [
+        provider("preferred", "", ""),
+        provider("fallback", "", ""),
+    ]}));
+    let offers_both = profile(json!({"accessProviders": [
+        entry("fallback", "https://fallback:6443", json!([])),
+        entry("preferred", "https://preferred:6443", json!([])),
+    ]}));
+    let access = providers.access_for(&offers_both).expect("access");
+    assert_eq!(access.provider, "preferred");
+    let cluster = access.kubeconfig.clusters[0]
+        .cluster
+        .as_ref()
+        .expect("cluster");
+    assert_eq!(cluster.server.as_deref(), Some("https://preferred:6443"));
+    assert_eq!(cluster.certificate_authority_data.as_deref(), Some("Q0EK"));
+    assert_eq!(exec(&access).command.as_deref(), Some("/plugins/preferred"));
+    assert_eq!(
+        exec(&access).interactive_mode,
+        Some(ExecInteractiveMode::Never)
+    );
+    assert!(exec(&access).provide_cluster_info);
+
+    let offers_fallback = profile(json!({"accessProviders": [
+        entry("fallback", "https://fallback:6443", json!([])),
+    ]}));
+    assert_eq!(
+        providers
+            .access_for(&offers_fallback)
+            .expect("access")
+            .provider,
+        "fallback"
+    );
+}
+
+#[test]
+fn access_providers_win_over_deprecated_credential_providers_of_the_same_name() {
+    let providers = file(json!({"providers": [provider("p", "", "")]}));
+    let both = profile(json!({
+        "credentialProviders": [entry("p", "https://old:6443", json!([]))],
+        "accessProviders": [entry("p", "https://new:6443", json!([]))],
+    }));
+    let access = providers.access_for(&both).expect("access");
+    let server = access.kubeconfig.clusters[0]
+        .cluster
+        .as_ref()
+        .and_then(|c| c.server.clone());
+    assert_eq!(server.as_deref(), Some("https://new:6443"));
+
+    let deprecated_only = profile(json!({
+        "credentialProviders": [entry("p", "https://old:6443", json!([]))],
+    }));
+    let access = providers
+        .access_for(&deprecated_only)
+        .expect("still honoured");
+    let server = access.kubeconfig.clusters[0]
+        .cluster
+        .as_ref()
+        .and_then(|c| c.server.clone());
+    assert_eq!(server.as_deref(), Some("https://old:6443"));
+}
+
+#[test]
+fn the_exec_extension_stays_in_the_cluster_entry_for_kube_to_pass_on() {
+    let providers = file(json!({"providers": [provider("p", "", "")]}));
+    let config = json!({"audience": "edge", "region": "eu-1"});
+    let with_extension = profile(json!({"accessProviders": [entry(
+        "p",
+        "https://edge:6443",
+        json!([{"name": "client.authentication.k8s.io/exec", "extension": config}]),
+    )]}));
+    let access = providers.access_for(&with_extension).expect("access");
+    let extensions = access.kubeconfig.clusters[0]
+        .cluster
+        .as_ref()
+        .and_then(|c| c.extensions.clone())
+        .expect("extensions");
+    assert_eq!(extensions[0].name, "client.authentication.k8s.io/exec");
+    assert_eq!(extensions[0].extension, config);
+}
+
+fn with_extras(args: serde_json::Value, envs: serde_json::Value) -> DynamicObject {
+    profile(
+        json!({"accessProviders": [entry("p", "https://edge:6443", json!([
+            {"name": ADDITIONAL_ARGS_EXTENSION, "extension": args},
+            {"name": ADDITIONAL_ENVS_EXTENSION, "extension": envs},
+        ]))]}),
+    )
+}
+
+#[test]
+fn profile_sourced_args_and_envs_follow_the_providers_policies() {
+    let extras = with_extras(
+        json!(["--region", "eu-1"]),
+        json!({"KEEP": "from-profile", "REGION": "eu-1"}),
+    );
+    let cases = [
+        (
+            "Append",
+            "AppendIfNotExists",
+            vec!["--base", "--region", "eu-1"],
+            "configured",
+            true,
+        ),
+        (
+            "Append",
+            "Replace",
+            vec!["--base", "--region", "eu-1"],
+            "from-profile",
+            true,
+        ),
+        ("Ignore", "Ignore", vec!["--base"], "configured", false),
+        ("", "", vec!["--base"], "configured", false),
+    ];
+    for (args_policy, envs_policy, args, keep, has_region) in cases {
+        let providers = file(json!({"providers": [provider("p", args_policy, envs_policy)]}));
+        let access = providers.access_for(&extras).expect("access");
+        let exec = exec(&access);
+        let case = format!("{args_policy:?}/{envs_policy:?}");
+        assert_eq!(exec.args.clone().unwrap_or_default(), args, "{case}");
+        let env = env(exec);
+        assert!(
+            env.contains(&("KEEP".into(), keep.into())),
+            "{case}: {env:?}"
+        );
+        assert_eq!(
+            env.iter().filter(|(name, _)| name == "KEEP").count(),
+            1,
+            "{case}"
+        );
+        assert_eq!(
+            env.contains(&("REGION".into(), "eu-1".into())),
+            has_region,
+            "{case}: {env:?}"
+        );
+        // Work happens on a copy: the file's own settings are unchanged.
+        let configured = &providers.providers[0].exec_config;
+        assert_eq!(
+            configured.args.clone().unwrap_or_default(),
+            ["--base"],
+            "{case}"
+        );
+        assert_eq!(configured.env.as_ref().map(Vec::len), Some(2), "{case}");
+    }
+}
+
+#[test]
+fn malformed_extensions_are_errors_only_when_they_would_be_used() {
+    let broken = with_extras(json!({"not": "a list"}), json!(["not", "a map"]));
+    let ignoring = file(json!({"providers": [provider("p", "Ignore", "Ignore")]}));
+    ignoring
+        .access_for(&broken)
+        .expect("ignored extensions are not read");
+    for (policies, expected) in [
+        (
+            ("Append", "Ignore"),
+            "additional-args is not a list of strings",
+        ),
+        (
+            ("Ignore", "Replace"),
+            "additional-envs is not a map of strings",
+        ),
+    ] {
+        let providers = file(json!({"providers": [provider("p", policies.0, policies.1)]}));
+        let message = providers
+            .access_for(&broken)
+            .expect_err(expected)
+            .to_string();
+        assert!(message.contains("ClusterProfile fleet/edge-1"), "{message}");
+        assert!(message.contains(expected), "{message}");
+    }
+}
+
+#[test]
+fn equal_settings_give_equal_text() {
+    let providers = file(json!({"providers": [provider("p", "Append", "Replace")]}));
+    let extras = with_extras(
+        json!(["--x"]),
+        json!({"A": "1", "B": "2", "C": "3", "D": "4"}),
+    );
+    let first = providers.access_for(&extras).expect("access").text();
+    for _ in 0..20 {
+        assert_eq!(providers.access_for(&extras).expect("access").text(), first);
+    }
+    let other = with_extras(json!(["--y"]), json!({}));
+    assert_ne!(providers.access_for(&other).expect("access").text(), first);
+    let parsed = Kubeconfig::from_yaml(&first).expect("the text is a kubeconfig");
+    assert_eq!(parsed.current_context.as_deref(), Some("fleet/edge-1"));
+}
+
+#[test]
+fn profiles_that_cannot_be_accessed_say_why() {
+    let providers = file(json!({"providers": [provider("a", "", ""), provider("b", "", "")]}));
+    let cases = [
+        (
+            json!({}),
+            "none of its access providers (none) is in the provider file (\"a\", \"b\")",
+        ),
+        (
+            json!({"accessProviders": [entry("z", "https://z", json!([]))]}),
+            "(\"z\") is in the provider file",
+        ),
+        (
+            json!({"accessProviders": [{"name": "a"}]}),
+            "status.accessProviders[\"a\"].cluster is not a kubeconfig cluster entry",
+        ),
+        (
+            json!({"accessProviders": [{"name": "b", "cluster": {"certificate-authority-data": "Q0EK"}}]}),
+            "status.accessProviders[\"b\"].cluster has no server",
+        ),
+    ];
+    for (status, expected) in cases {
+        let message = providers
+            .access_for(&profile(status))
+            .expect_err(expected)
+            .to_string();
+        assert!(
+            message.starts_with("ClusterProfile fleet/edge-1: "),
+            "{message}"
+        );
+        assert!(
+            message.contains(expected),
+            "{message} should say {expected}"
+        );
+    }
+}
+
+#[test]
+fn bad_provider_files_are_named_and_never_quoted() {
+    let cases = [
+        ("{".to_string(), "not valid JSON"),
+        (json!({"providers": []}).to_string(), "lists no providers"),
+        (json!({}).to_string(), "missing field `providers`"),
+        (
+            json!({"providers": [provider("a", "", ""), provider("a", "", "")]}).to_string(),
+            "\"a\" is listed twice",
+        ),
+        (
+            json!({"providers": [{"name": "a", "execConfig": {"args": ["x"]}}]}).to_string(),
+            "\"a\" has no execConfig.command",
+        ),
+        (
+            json!({"providers": [{"name": "", "execConfig": {"command": "x"}}]}).to_string(),
+            "provider #0 has no name",
+        ),
+        (
+            json!({"providers": [provider("a", "Prepend", "")]}).to_string(),
+            "unknown variant `Prepend`",
+        ),
+        (
+            json!({"providers": [{"name": "a", "execConfig": {"command": "x", "env": SECRET}}]})
+                .to_string(),
+            "wrong type or form",
+        ),
+    ];
+    for (text, expected) in cases {
+        let message = ProviderFile::from_json(&text, "/etc/providers.json")
+            .expect_err(expected)
+            .to_string();
+        assert!(
+            message.starts_with("provider file /etc/providers.json: "),
+            "{message}"
+        );
+        assert!(
+            message.contains(expected),
+            "{message} should say {expected}"
+        );
+        assert!(!message.contains(SECRET), "{message}");
+    }
+    let missing = ProviderFile::from_path("/nonexistent/providers.json")
+        .expect_err("missing file")
+        .to_string();
+    assert!(
+        missing.contains("/nonexistent/providers.json: cannot be read"),
+        "{missing}"
+    );
+}
