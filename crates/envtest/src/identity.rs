@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::config::Kubeconfig;
 
@@ -25,6 +26,20 @@ impl ControlPlane {
         name: &str,
         expiration: Duration,
     ) -> Result<Kubeconfig, Error> {
+        let token = self
+            .service_account_token(namespace, name, expiration)
+            .await?;
+        Ok(self.token_kubeconfig(&format!("{namespace}-{name}"), token))
+    }
+
+    /// Like [`ControlPlane::service_account_kubeconfig`], returning the bare
+    /// token (what a credential plugin hands out).
+    pub async fn service_account_token(
+        &self,
+        namespace: &str,
+        name: &str,
+        expiration: Duration,
+    ) -> Result<String, Error> {
         let client = self.client().await?;
         let what = |action: &str| format!("{action} service account {namespace}/{name}");
         self.create_namespace(namespace).await?;
@@ -59,15 +74,47 @@ impl ControlPlane {
                 what: what("requesting a token for"),
                 source,
             })?;
-        let token = issued
+        issued
             .status
             .map(|status| status.token)
             .filter(|token| !token.is_empty())
             .ok_or_else(|| Error::Api {
                 what: what("requesting a token for"),
                 source: kube::Error::Service("the TokenRequest came back without a token".into()),
-            })?;
-        Ok(self.token_kubeconfig(&format!("{namespace}-{name}"), token))
+            })
+    }
+
+    /// Binds the ClusterRole `role` (e.g. `cluster-admin`) to the service
+    /// account `namespace/name` cluster-wide.
+    pub async fn bind_cluster_role(
+        &self,
+        role: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<(), Error> {
+        let binding = ClusterRoleBinding {
+            metadata: ObjectMeta {
+                name: Some(format!("{namespace}-{name}-{role}")),
+                ..ObjectMeta::default()
+            },
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "ClusterRole".into(),
+                name: role.into(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "ServiceAccount".into(),
+                name: name.into(),
+                namespace: Some(namespace.into()),
+                ..Subject::default()
+            }]),
+        };
+        create_if_missing(&Api::all(self.client().await?), &binding)
+            .await
+            .map_err(|source| Error::Api {
+                what: format!("binding {role} to service account {namespace}/{name}"),
+                source,
+            })
     }
 }
 

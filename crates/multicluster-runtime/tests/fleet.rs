@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use common::*;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use kube::Resource;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
@@ -219,27 +218,7 @@ async fn a_controller_reconciles_across_a_changing_fleet() {
         .service_account_kubeconfig("fleet", "reconciler", Duration::from_secs(3600))
         .await
         .expect("service account");
-    Api::<ClusterRoleBinding>::all(c.client().await.expect("client"))
-        .create(
-            &PostParams::default(),
-            &ClusterRoleBinding {
-                metadata: ObjectMeta {
-                    name: Some("reconciler-admin".into()),
-                    ..ObjectMeta::default()
-                },
-                role_ref: RoleRef {
-                    api_group: "rbac.authorization.k8s.io".into(),
-                    kind: "ClusterRole".into(),
-                    name: "cluster-admin".into(),
-                },
-                subjects: Some(vec![Subject {
-                    kind: "ServiceAccount".into(),
-                    name: "reconciler".into(),
-                    namespace: Some("fleet".into()),
-                    ..Subject::default()
-                }]),
-            },
-        )
+    c.bind_cluster_role("cluster-admin", "fleet", "reconciler")
         .await
         .expect("binding");
     let rotated = Cluster::new(

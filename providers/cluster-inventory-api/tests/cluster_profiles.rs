@@ -1,71 +1,22 @@
 //! ClusterProfiles with the Secret credentials strategy, on a real hub
 //! control plane with workload control planes behind the Secrets.
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
+use common::{NS, create_profile, profiles, req, set_health, workload};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{
-    Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta, Patch,
-    PatchParams, PostParams,
-};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_cluster_inventory_api::{
-    CLUSTER_ID_PROPERTY, CONSUMER_LABEL, ClusterProfileOptions, ClusterProfileProvider,
-    PROFILE_LABEL, SECRET_KEY,
+    CONSUMER_LABEL, ClusterProfileOptions, ClusterProfileProvider, PROFILE_LABEL, SECRET_KEY,
 };
-use multicluster_runtime::controller::{Request, Watch};
+use multicluster_runtime::controller::Watch;
 use multicluster_runtime::testing::{Recorder, eventually, recording_controller, run_manager};
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
-
-const CRD: &str = include_str!("crds/clusterprofile.yaml");
-const NS: &str = "inventory";
-
-fn profiles(hub: &kube::Client) -> Api<DynamicObject> {
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "multicluster.x-k8s.io",
-        "v1alpha1",
-        "ClusterProfile",
-    ));
-    Api::namespaced_with(hub.clone(), NS, &resource)
-}
-
-async fn create_profile(hub: &kube::Client, name: &str) {
-    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
-        "multicluster.x-k8s.io",
-        "v1alpha1",
-        "ClusterProfile",
-    ));
-    let mut profile = DynamicObject::new(name, &resource).within(NS);
-    profile.data =
-        serde_json::json!({"spec": {"displayName": name, "clusterManager": {"name": "test"}}});
-    profiles(hub)
-        .create(&PostParams::default(), &profile)
-        .await
-        .expect("profile");
-}
-
-async fn set_health(hub: &kube::Client, name: &str, healthy: bool, cluster_id: Option<&str>) {
-    let mut status = serde_json::json!({"conditions": [{
-        "type": "ControlPlaneHealthy",
-        "status": if healthy { "True" } else { "False" },
-        "reason": "Test",
-        "message": "set by the test",
-        "lastTransitionTime": "2026-01-01T00:00:00Z",
-    }]});
-    if let Some(id) = cluster_id {
-        status["properties"] = serde_json::json!([{"name": CLUSTER_ID_PROPERTY, "value": id}]);
-    }
-    profiles(hub)
-        .patch_status(
-            name,
-            &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"status": status})),
-        )
-        .await
-        .expect("status");
-}
 
 fn credentials(name: &str, profile: &str, consumer: &str, workload: &ControlPlane) -> Secret {
     Secret {
@@ -93,21 +44,6 @@ fn credentials(name: &str, profile: &str, consumer: &str, workload: &ControlPlan
     }
 }
 
-async fn workload(object: &str) -> ControlPlane {
-    let cp = ControlPlane::start().await.expect("workload");
-    let mut cm = ConfigMap::default();
-    cm.metadata.name = Some(object.into());
-    Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default")
-        .create(&PostParams::default(), &cm)
-        .await
-        .expect("object");
-    cp
-}
-
-fn req(cluster: &str, name: &str) -> Request {
-    Request::new(cluster, Some("default"), name)
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_profiles_are_engaged_with_their_consumers_secret() {
     let (hub_cp, first, second) = tokio::join!(
@@ -116,9 +52,7 @@ async fn ready_profiles_are_engaged_with_their_consumers_secret() {
         workload("in-second")
     );
     let hub_cp = hub_cp.expect("hub");
-    hub_cp.install_crds(CRD).await.expect("CRD");
-    hub_cp.create_namespace(NS).await.expect("namespace");
-    let hub = hub_cp.client().await.expect("client");
+    let hub = common::hub(&hub_cp).await;
     let secrets = Api::<Secret>::namespaced(hub.clone(), NS);
 
     create_profile(&hub, "alpha").await;

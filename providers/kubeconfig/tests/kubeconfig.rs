@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_kubeconfig::{
@@ -59,27 +58,7 @@ async fn admin_service_account(cp: &ControlPlane, name: &str) -> String {
         .service_account_kubeconfig("robots", name, Duration::from_secs(3600))
         .await
         .expect("service account");
-    Api::<ClusterRoleBinding>::all(cp.client().await.expect("client"))
-        .create(
-            &PostParams::default(),
-            &ClusterRoleBinding {
-                metadata: ObjectMeta {
-                    name: Some(format!("{name}-admin")),
-                    ..ObjectMeta::default()
-                },
-                role_ref: RoleRef {
-                    api_group: "rbac.authorization.k8s.io".into(),
-                    kind: "ClusterRole".into(),
-                    name: "cluster-admin".into(),
-                },
-                subjects: Some(vec![Subject {
-                    kind: "ServiceAccount".into(),
-                    name: name.into(),
-                    namespace: Some("robots".into()),
-                    ..Subject::default()
-                }]),
-            },
-        )
+    cp.bind_cluster_role("cluster-admin", "robots", name)
         .await
         .expect("binding");
     multicluster_envtest::to_yaml(&kubeconfig).expect("yaml")

@@ -1,0 +1,398 @@
+//! ClusterProfiles with access providers (KEP-5339): exec credential
+//! plugins from `tests/plugins/` hand out service-account tokens of real
+//! workload control planes.
+
+mod common;
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{create_profile, health, profiles, req, set_status, workload};
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
+use multicluster_envtest::ControlPlane;
+use multicluster_provider_cluster_inventory_api::access::{
+    ADDITIONAL_ARGS_EXTENSION, ADDITIONAL_ENVS_EXTENSION, ProviderFile,
+};
+use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
+use multicluster_runtime::controller::Watch;
+use multicluster_runtime::testing::{Recorder, eventually, recording_controller, run_manager};
+use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
+use serde_json::json;
+
+/// A value configured for the failing plugin that must never show up.
+const SECRET: &str = "api-key-that-must-not-leak";
+
+fn plugin(script: &str) -> String {
+    format!("{}/tests/plugins/{script}", env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `token` hands out `$STATE_DIR/token` and takes profile-sourced args and
+/// env; `refuse` always fails.
+fn provider_file() -> ProviderFile {
+    let file = json!({"providers": [
+        {
+            "name": "token",
+            "execConfig": {
+                "apiVersion": "client.authentication.k8s.io/v1",
+                "command": plugin("token.sh"),
+                "args": ["--base"],
+                "env": [{"name": "KEEP", "value": "configured"}],
+                "provideClusterInfo": true,
+            },
+            "profileSourcedCLIArgsPolicy": "Append",
+            "profileSourcedEnvVarsPolicy": "AppendIfNotExists",
+        },
+        {
+            "name": "refuse",
+            "execConfig": {
+                "apiVersion": "client.authentication.k8s.io/v1",
+                "command": plugin("refuse.sh"),
+                "env": [{"name": "API_KEY", "value": SECRET}],
+            },
+            "profileSourcedEnvVarsPolicy": "Replace",
+        },
+    ]});
+    ProviderFile::from_json(&file.to_string(), "test provider file").expect("provider file")
+}
+
+/// An access-provider entry for `cluster` whose plugin keeps its state in
+/// `state`, with optional extra extensions.
+fn access(
+    name: &str,
+    cluster: &ControlPlane,
+    state: &Path,
+    mut extensions: Vec<serde_json::Value>,
+) -> serde_json::Value {
+    extensions.push(json!({
+        "name": ADDITIONAL_ENVS_EXTENSION,
+        "extension": {"STATE_DIR": state, "KEEP": "from-profile"},
+    }));
+    json!({"name": name, "cluster": {
+        "server": cluster.server(),
+        "certificate-authority-data": base64_pem(cluster.ca_pem()),
+        "extensions": extensions,
+    }})
+}
+
+fn base64_pem(pem: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(pem)
+}
+
+/// A state directory whose plugin hands out a token of a cluster-admin
+/// service account `name` of `cluster`.
+async fn state_with_token(cluster: &ControlPlane, name: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("state dir");
+    std::fs::write(dir.path().join("token"), admin_token(cluster, name).await).expect("token");
+    dir
+}
+
+async fn admin_token(cluster: &ControlPlane, name: &str) -> String {
+    let token = cluster
+        .service_account_token("robots", name, Duration::from_secs(3600))
+        .await
+        .expect("token");
+    cluster
+        .bind_cluster_role("cluster-admin", "robots", name)
+        .await
+        .expect("binding");
+    token
+}
+
+/// The plugin calls recorded in a state directory, one line each.
+fn calls(state: &Path) -> Vec<String> {
+    std::fs::read_to_string(state.join("calls"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
+
+/// One recorded `token.sh` call, field by field.
+fn call_field<'a>(call: &'a str, field: &str) -> &'a str {
+    call.split('\t')
+        .find_map(|part| part.strip_prefix(&format!("{field}=")))
+        .unwrap_or_else(|| panic!("no {field} in {call}"))
+}
+
+fn manager_for(
+    hub: &kube::Client,
+    provider: &Arc<ClusterProfileProvider>,
+    recorder: &Recorder,
+) -> Manager {
+    let manager = Manager::with_provider(
+        Cluster::new("hub", hub.clone()),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    manager
+        .add_controller(
+            recording_controller("profiles", Watch::<ConfigMap>::new(), recorder)
+                .expect("controller"),
+        )
+        .expect("add");
+    manager
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn profiles_are_engaged_through_the_first_access_provider_in_file_order() {
+    let (hub_cp, first, second) = tokio::join!(
+        ControlPlane::start(),
+        workload("in-first"),
+        workload("in-second")
+    );
+    let hub_cp = hub_cp.expect("hub");
+    let hub = common::hub(&hub_cp).await;
+    let alpha_state = state_with_token(&first, "alpha").await;
+    let beta_state = state_with_token(&second, "beta").await;
+    let epsilon_state = state_with_token(&first, "epsilon").await;
+    let gamma_state = tempfile::tempdir().expect("state dir");
+    let exec_config = json!({"audience": "alpha-audience"});
+
+    // alpha lists the failing provider first; the file prefers "token".
+    let alpha_access = |region: &str| {
+        json!({"accessProviders": [
+            access("refuse", &first, gamma_state.path(), vec![]),
+            access("token", &first, alpha_state.path(), vec![
+                json!({"name": "client.authentication.k8s.io/exec", "extension": exec_config}),
+                json!({"name": ADDITIONAL_ARGS_EXTENSION, "extension": ["--region", region]}),
+            ]),
+        ]})
+    };
+    let ready = |mut status: serde_json::Value| {
+        status["conditions"] = health(true)["conditions"].clone();
+        status
+    };
+    for name in ["alpha", "beta", "gamma", "delta"] {
+        create_profile(&hub, name).await;
+    }
+    set_status(&hub, "alpha", ready(alpha_access("eu-1"))).await;
+    // Only the deprecated field: still honoured.
+    set_status(
+        &hub,
+        "beta",
+        ready(json!({"credentialProviders": [
+            access("token", &second, beta_state.path(), vec![]),
+        ]})),
+    )
+    .await;
+    // Only the failing plugin: an error for gamma alone.
+    set_status(
+        &hub,
+        "gamma",
+        ready(json!({"accessProviders": [
+            access("refuse", &first, gamma_state.path(), vec![]),
+        ]})),
+    )
+    .await;
+    // A provider this consumer does not know.
+    set_status(
+        &hub,
+        "delta",
+        ready(json!({"accessProviders": [
+            access("elsewhere", &first, gamma_state.path(), vec![]),
+        ]})),
+    )
+    .await;
+
+    let mut options = ClusterProfileOptions::with_access_providers(provider_file());
+    options.retry_delay = Duration::from_millis(100);
+    let provider = Arc::new(ClusterProfileProvider::new(hub.clone(), options));
+    let recorder = Recorder::default();
+    let manager = manager_for(&hub, &provider, &recorder);
+    let (shutdown, task) = run_manager(&manager);
+
+    recorder
+        .wait_for_more(&req("inventory/alpha", "in-first"), 0)
+        .await;
+    recorder
+        .wait_for_more(&req("inventory/beta", "in-second"), 0)
+        .await;
+
+    // The plugin got the profile's args and env under the file's policies,
+    // and the cluster entry with the exec extension as its config.
+    let alpha_calls = calls(alpha_state.path());
+    let call = alpha_calls.first().expect("the plugin ran for alpha");
+    assert_eq!(call_field(call, "args"), "--base --region eu-1");
+    assert_eq!(call_field(call, "KEEP"), "configured", "AppendIfNotExists");
+    let info: serde_json::Value =
+        serde_json::from_str(call_field(call, "info")).expect("ExecCredential JSON");
+    assert_eq!(info["kind"], "ExecCredential");
+    assert_eq!(info["spec"]["interactive"], false);
+    assert_eq!(info["spec"]["cluster"]["server"], first.server());
+    assert_eq!(info["spec"]["cluster"]["config"], exec_config);
+
+    // gamma's plugin fails: named, retried, nothing leaked; delta has no
+    // provider in common with the file. Neither holds up the others.
+    eventually("gamma's plugin to be retried", || async {
+        calls(gamma_state.path()).len() >= 3
+    })
+    .await;
+    let failures = provider.failures();
+    let gamma = &failures[&ClusterName::from("inventory/gamma")];
+    assert!(gamma.contains("access provider \"refuse\""), "{gamma}");
+    assert!(gamma.contains("exit status: 1"), "{gamma}");
+    assert!(
+        gamma.contains("identity service: no grant for this cluster"),
+        "{gamma}"
+    );
+    assert!(!gamma.contains(SECRET), "{gamma}");
+    let delta = &failures[&ClusterName::from("inventory/delta")];
+    assert!(
+        delta.contains("none of its access providers (\"elsewhere\") is in the provider file"),
+        "{delta}"
+    );
+    assert_eq!(
+        provider.names(),
+        [
+            ClusterName::from("inventory/alpha"),
+            ClusterName::from("inventory/beta")
+        ]
+    );
+
+    // A status change that leaves the access alone re-engages nothing and
+    // runs no plugin. Epsilon, engaged after it, is the sync point.
+    let alpha = manager
+        .get_cluster(&ClusterName::from("inventory/alpha"))
+        .await
+        .expect("alpha");
+    set_status(&hub, "alpha", json!({"version": {"kubernetes": "1.35.4"}})).await;
+    create_profile(&hub, "epsilon").await;
+    set_status(
+        &hub,
+        "epsilon",
+        ready(json!({"accessProviders": [access("token", &first, epsilon_state.path(), vec![])]})),
+    )
+    .await;
+    recorder
+        .wait_for_more(&req("inventory/epsilon", "in-first"), 0)
+        .await;
+    assert!(
+        manager
+            .get_cluster(&ClusterName::from("inventory/alpha"))
+            .await
+            .expect("alpha")
+            .same_instance(&alpha),
+        "alpha was re-engaged without a change"
+    );
+    assert_eq!(calls(alpha_state.path()).len(), alpha_calls.len());
+
+    // Changed access (another profile-sourced argument) replaces the cluster.
+    set_status(&hub, "alpha", alpha_access("us-2")).await;
+    eventually("alpha to be replaced", || async {
+        manager
+            .get_cluster(&ClusterName::from("inventory/alpha"))
+            .await
+            .is_ok_and(|cluster| !cluster.same_instance(&alpha))
+    })
+    .await;
+    let last = calls(alpha_state.path()).pop().expect("a call");
+    assert_eq!(call_field(&last, "args"), "--base --region us-2");
+
+    // Deleting a failing profile clears its failure.
+    profiles(&hub)
+        .delete("gamma", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("gamma's failure to go", || async {
+        !provider
+            .failures()
+            .contains_key(&ClusterName::from("inventory/gamma"))
+    })
+    .await;
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expiring_token_is_refreshed_by_running_the_plugin_again() {
+    let (hub_cp, member) = tokio::join!(ControlPlane::start(), workload("in-member"));
+    let hub_cp = hub_cp.expect("hub");
+    let hub = common::hub(&hub_cp).await;
+    let state = state_with_token(&member, "first-identity").await;
+    // The client calls the plugin again within 60 s of expiry: here, on
+    // any request a second after the last call.
+    std::fs::write(state.path().join("ttl"), "61").expect("ttl");
+    create_profile(&hub, "edge").await;
+    let mut status = json!({"accessProviders": [access("token", &member, state.path(), vec![])]});
+    status["conditions"] = health(true)["conditions"].clone();
+    set_status(&hub, "edge", status).await;
+
+    let provider = Arc::new(ClusterProfileProvider::new(
+        hub.clone(),
+        ClusterProfileOptions::with_access_providers(provider_file()),
+    ));
+    let recorder = Recorder::default();
+    let manager = manager_for(&hub, &provider, &recorder);
+    let (shutdown, task) = run_manager(&manager);
+    recorder
+        .wait_for_more(&req("inventory/edge", "in-member"), 0)
+        .await;
+    let edge = manager
+        .get_cluster(&ClusterName::from("inventory/edge"))
+        .await
+        .expect("edge");
+
+    // The plugin now hands out another identity's token, and the first
+    // token stops working.
+    let first_token = std::fs::read_to_string(state.path().join("token")).expect("token");
+    std::fs::write(
+        state.path().join("token"),
+        admin_token(&member, "second-identity").await,
+    )
+    .expect("token");
+    Api::<ServiceAccount>::namespaced(member.client().await.expect("client"), "robots")
+        .delete("first-identity", &DeleteParams::default())
+        .await
+        .expect("revoke");
+    let revoked = multicluster_envtest::client_for(&member.token_kubeconfig("old", first_token))
+        .await
+        .expect("client");
+    eventually("the first token to be rejected", || async {
+        Api::<ConfigMap>::namespaced(revoked.clone(), "default")
+            .list(&ListParams::default())
+            .await
+            .is_err()
+    })
+    .await;
+
+    // The engaged client keeps working: it fetched the new token itself.
+    eventually(
+        "the engaged client to work with a refreshed token",
+        || async {
+            Api::<ConfigMap>::namespaced(edge.client(), "default")
+                .list(&ListParams::default())
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    assert!(calls(state.path()).len() >= 2, "the plugin ran again");
+    assert!(
+        manager
+            .get_cluster(&ClusterName::from("inventory/edge"))
+            .await
+            .expect("edge")
+            .same_instance(&edge),
+        "refreshing is the client's job, not a re-engagement"
+    );
+    // And the cache's watches go on with it.
+    let before = recorder.count(&req("inventory/edge", "in-member"));
+    Api::<ConfigMap>::namespaced(member.client().await.expect("client"), "default")
+        .patch(
+            "in-member",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"k": "v"}})),
+        )
+        .await
+        .expect("patch");
+    recorder
+        .wait_for_more(&req("inventory/edge", "in-member"), before)
+        .await;
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}

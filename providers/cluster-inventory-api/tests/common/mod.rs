@@ -1,0 +1,101 @@
+//! Set-up shared by the ClusterProfile tests: a hub with the CRD, profiles
+//! and their status, workload control planes.
+
+// Each test binary uses its own part of this module.
+#![allow(dead_code)]
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use multicluster_envtest::ControlPlane;
+use multicluster_provider_cluster_inventory_api::CLUSTER_ID_PROPERTY;
+use multicluster_runtime::controller::Request;
+
+/// The hub namespace the profiles live in.
+pub(crate) const NS: &str = "inventory";
+
+/// A hub control plane with the ClusterProfile CRD and namespace [`NS`].
+pub(crate) async fn hub(cp: &ControlPlane) -> kube::Client {
+    cp.install_crds(include_str!("../crds/clusterprofile.yaml"))
+        .await
+        .expect("CRD");
+    cp.create_namespace(NS).await.expect("namespace");
+    cp.client().await.expect("client")
+}
+
+pub(crate) fn profiles(hub: &kube::Client) -> Api<DynamicObject> {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "multicluster.x-k8s.io",
+        "v1alpha1",
+        "ClusterProfile",
+    ));
+    Api::namespaced_with(hub.clone(), NS, &resource)
+}
+
+pub(crate) async fn create_profile(hub: &kube::Client, name: &str) {
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "multicluster.x-k8s.io",
+        "v1alpha1",
+        "ClusterProfile",
+    ));
+    let mut profile = DynamicObject::new(name, &resource).within(NS);
+    profile.data =
+        serde_json::json!({"spec": {"displayName": name, "clusterManager": {"name": "test"}}});
+    profiles(hub)
+        .create(&PostParams::default(), &profile)
+        .await
+        .expect("profile");
+}
+
+/// Merges `status` into the profile's status.
+pub(crate) async fn set_status(hub: &kube::Client, name: &str, status: serde_json::Value) {
+    profiles(hub)
+        .patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({ "status": status })),
+        )
+        .await
+        .expect("status");
+}
+
+/// The `ControlPlaneHealthy` condition as a status fragment.
+pub(crate) fn health(healthy: bool) -> serde_json::Value {
+    serde_json::json!({"conditions": [{
+        "type": "ControlPlaneHealthy",
+        "status": if healthy { "True" } else { "False" },
+        "reason": "Test",
+        "message": "set by the test",
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    }]})
+}
+
+pub(crate) async fn set_health(
+    hub: &kube::Client,
+    name: &str,
+    healthy: bool,
+    cluster_id: Option<&str>,
+) {
+    let mut status = health(healthy);
+    if let Some(id) = cluster_id {
+        status["properties"] = serde_json::json!([{"name": CLUSTER_ID_PROPERTY, "value": id}]);
+    }
+    set_status(hub, name, status).await;
+}
+
+/// A workload control plane holding ConfigMap `object` in `default`.
+pub(crate) async fn workload(object: &str) -> ControlPlane {
+    let cp = ControlPlane::start().await.expect("workload");
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some(object.into());
+    Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default")
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("object");
+    cp
+}
+
+pub(crate) fn req(cluster: &str, name: &str) -> Request {
+    Request::new(cluster, Some("default"), name)
+}

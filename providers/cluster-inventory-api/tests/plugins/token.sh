@@ -1,0 +1,23 @@
+#!/bin/sh
+# A test exec credential plugin (client.authentication.k8s.io/v1).
+#
+# Its state lives in the directory named by $STATE_DIR (a profile passes it
+# through the additional-envs extension):
+#   token  the bearer token to hand out (read at every call, so tests can
+#          rotate it);
+#   ttl    if present, seconds until the token expires, which makes the
+#          client call the plugin again before that;
+#   calls  one line appended per call: its arguments, two variables and the
+#          KUBERNETES_EXEC_INFO it was given, tab-separated.
+set -eu
+dir=${STATE_DIR:?STATE_DIR is not set}
+printf 'args=%s\tKEEP=%s\tREGION=%s\tinfo=%s\n' \
+  "$*" "${KEEP-}" "${REGION-}" "${KUBERNETES_EXEC_INFO-}" >> "$dir/calls"
+token=$(cat "$dir/token")
+expiry=
+if [ -s "$dir/ttl" ]; then
+  expiry=$(date -u -d "+$(cat "$dir/ttl") seconds" +%Y-%m-%dT%H:%M:%SZ)
+  expiry=",\"expirationTimestamp\":\"$expiry\""
+fi
+printf '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"%s"%s}}\n' \
+  "$token" "$expiry"
