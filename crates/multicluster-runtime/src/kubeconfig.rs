@@ -3,8 +3,9 @@
 //! with it — and never quote it, since it holds credentials.
 
 use std::hash::{Hash, Hasher};
+use std::io::IsTerminal;
 
-use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::config::{ExecInteractiveMode, KubeConfigOptions, Kubeconfig};
 
 use crate::Error;
 
@@ -84,9 +85,15 @@ pub async fn client(
         context: Some(context_name.clone()),
         ..KubeConfigOptions::default()
     };
-    let config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &options)
+    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &options)
         .await
         .map_err(|err| invalid(source, &format!("context {context_name:?}: {err}")))?;
+    if let Some(exec) = config.auth_info.exec.as_mut() {
+        exec.interactive_mode = Some(interactive_mode(
+            exec.interactive_mode.take(),
+            std::io::stdin().is_terminal(),
+        ));
+    }
     let plugin = exec_command(kubeconfig, entry.user.as_deref())
         .map(|command| {
             format!(
@@ -114,6 +121,25 @@ pub async fn client(
                 ),
             )
         })
+}
+
+/// The interactive mode a credential plugin runs in, as client-go decides
+/// it: `IfAvailable` (also the default) means interactive only when stdin is
+/// a terminal. kube-rs treats it as always interactive, which hands the
+/// plugin a stdin nobody answers and sends its stderr — the explanation of a
+/// failure — past the error to the process's own stderr.
+fn interactive_mode(
+    configured: Option<ExecInteractiveMode>,
+    stdin_is_terminal: bool,
+) -> ExecInteractiveMode {
+    match configured {
+        Some(ExecInteractiveMode::Never) => ExecInteractiveMode::Never,
+        Some(ExecInteractiveMode::Always) => ExecInteractiveMode::Always,
+        Some(ExecInteractiveMode::IfAvailable) | None if stdin_is_terminal => {
+            ExecInteractiveMode::IfAvailable
+        }
+        Some(ExecInteractiveMode::IfAvailable) | None => ExecInteractiveMode::Never,
+    }
 }
 
 /// The command of `user`'s exec credential plugin, if it has one.
@@ -197,6 +223,25 @@ mod tests {
             assert!(
                 !message.contains(SECRET_TOKEN),
                 "credentials leaked: {message}"
+            );
+        }
+    }
+
+    #[test]
+    fn plugins_are_interactive_only_when_asked_and_possible() {
+        use ExecInteractiveMode::{Always, IfAvailable, Never};
+        for (configured, terminal, expected) in [
+            (None, false, Never),
+            (None, true, IfAvailable),
+            (Some(IfAvailable), false, Never),
+            (Some(IfAvailable), true, IfAvailable),
+            (Some(Never), true, Never),
+            (Some(Always), false, Always),
+        ] {
+            assert_eq!(
+                interactive_mode(configured.clone(), terminal),
+                expected,
+                "{configured:?}, terminal: {terminal}"
             );
         }
     }

@@ -56,6 +56,28 @@ pub fn init_logging() {
         .init();
 }
 
+/// What an example's `main` returns on failure: printed as the error's
+/// message and its causes, rather than the `Debug` form `main` would show.
+pub struct MainError(Box<dyn std::error::Error + Send + Sync>);
+
+impl<E: Into<Box<dyn std::error::Error + Send + Sync>>> From<E> for MainError {
+    fn from(err: E) -> Self {
+        Self(err.into())
+    }
+}
+
+impl std::fmt::Debug for MainError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.0)?;
+        let mut source = self.0.source();
+        while let Some(err) = source {
+            write!(f, ": {err}")?;
+            source = err.source();
+        }
+        Ok(())
+    }
+}
+
 /// The name of the copy of `source`.
 pub fn copy_name(source: &str) -> String {
     format!("{source}-copy")

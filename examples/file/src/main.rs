@@ -28,7 +28,7 @@ struct Args {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
+async fn main() -> Result<(), multicluster_example_configmap_sync::MainError> {
     multicluster_example_configmap_sync::init_logging();
     let args = Args::parse();
     let provider = Arc::new(FileProvider::new(FileOptions {

@@ -36,7 +36,7 @@ pub struct ProviderFile {
 }
 
 /// One access provider of the provider file.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AccessProvider {
     /// The name profiles list in `status.accessProviders[].name`.
@@ -49,6 +49,33 @@ pub struct AccessProvider {
     /// What to do with a profile's additional-envs extension.
     #[serde(default)]
     pub profile_sourced_env_vars_policy: EnvVarsPolicy,
+}
+
+/// Shows the plugin's command and the names of its variables: arguments and
+/// values can be credentials.
+impl std::fmt::Debug for AccessProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let env_names: Vec<&str> = self
+            .exec_config
+            .env
+            .iter()
+            .flatten()
+            .filter_map(|var| var.get("name").map(String::as_str))
+            .collect();
+        f.debug_struct("AccessProvider")
+            .field("name", &self.name)
+            .field("command", &self.exec_config.command)
+            .field("env_names", &env_names)
+            .field(
+                "profile_sourced_cli_args_policy",
+                &self.profile_sourced_cli_args_policy,
+            )
+            .field(
+                "profile_sourced_env_vars_policy",
+                &self.profile_sourced_env_vars_policy,
+            )
+            .finish_non_exhaustive()
+    }
 }
 
 /// How arguments from a profile's additional-args extension are used.

@@ -213,3 +213,137 @@ async fn ready_profiles_are_engaged_with_their_consumers_secret() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// A Secret with the key missing, text that is not a kubeconfig, or a
+/// credential plugin that fails keeps only its own profile out, with a
+/// reason naming the Secret and key and quoting nothing; an untrusted server
+/// is engaged and reported unreachable; a healthy profile created last is
+/// engaged regardless.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_credentials_affect_only_their_own_profile() {
+    const TOKEN: &str = "token-that-must-not-leak";
+    let (hub_cp, healthy, stranger) =
+        tokio::join!(ControlPlane::start(), workload("hello"), workload("other"));
+    let hub_cp = hub_cp.expect("hub");
+    let hub = common::hub(&hub_cp).await;
+    let secrets = Api::<Secret>::namespaced(hub.clone(), NS);
+    let with_config = |profile: &str, text: Option<String>| {
+        let mut secret = credentials(&format!("{profile}-creds"), profile, "me", &healthy);
+        secret.data = text
+            .map(|text| BTreeMap::from([(SECRET_KEY.to_string(), ByteString(text.into_bytes()))]));
+        secret
+    };
+    let failing_plugin = format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: c\n  cluster:\n    server: {}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: {}/tests/plugins/refuse.sh\n      args: [--token={TOKEN}]\n      interactiveMode: Never\n",
+        healthy.server(),
+        env!("CARGO_MANIFEST_DIR"),
+    );
+    let mut untrusted = healthy.kubeconfig().clone();
+    if let Some(cluster) = untrusted.clusters[0].cluster.as_mut() {
+        cluster.certificate_authority_data = stranger.kubeconfig().clusters[0]
+            .cluster
+            .as_ref()
+            .and_then(|c| c.certificate_authority_data.clone());
+    }
+    let cases: [(&str, Option<String>, &str); 5] = [
+        (
+            "no-key",
+            None,
+            "Secret inventory/no-key-creds key \"Config\" is missing, empty or not text",
+        ),
+        (
+            "not-yaml",
+            Some(format!("token: [{TOKEN}")),
+            "Secret inventory/not-yaml-creds key \"Config\": it is not valid kubeconfig YAML",
+        ),
+        (
+            "not-kubeconfig",
+            Some("just: a map\n".into()),
+            "not a kubeconfig",
+        ),
+        (
+            "failing-plugin",
+            Some(failing_plugin),
+            "identity service: no grant for this cluster",
+        ),
+        (
+            "untrusted",
+            Some(multicluster_envtest::to_yaml(&untrusted).expect("yaml")),
+            "",
+        ),
+    ];
+    for (profile, text, _) in &cases {
+        create_profile(&hub, profile).await;
+        set_health(&hub, profile, true, None).await;
+        secrets
+            .create(&PostParams::default(), &with_config(profile, text.clone()))
+            .await
+            .expect("secret");
+    }
+
+    let provider = Arc::new(ClusterProfileProvider::new(
+        hub.clone(),
+        ClusterProfileOptions::with_secrets("me"),
+    ));
+    let manager = Manager::with_provider(
+        Cluster::new("hub", hub.clone()),
+        provider.clone(),
+        ManagerOptions {
+            sync_timeout: std::time::Duration::from_secs(3),
+            ..ManagerOptions::default()
+        },
+    );
+    let recorder = Recorder::default();
+    manager
+        .add_controller(
+            recording_controller("profiles", Watch::<ConfigMap>::new(), &recorder)
+                .expect("controller"),
+        )
+        .expect("add");
+    let (shutdown, task) = run_manager(&manager);
+    eventually(
+        "the untrusted cluster to be reported unreachable",
+        || async {
+            manager.cluster_states().iter().any(|(name, state)| {
+                name.as_str() == "inventory/untrusted"
+                    && matches!(
+                        state,
+                        multicluster_runtime::manager::ClusterState::Unreachable(_)
+                    )
+            })
+        },
+    )
+    .await;
+    create_profile(&hub, "healthy").await;
+    set_health(&hub, "healthy", true, None).await;
+    secrets
+        .create(
+            &PostParams::default(),
+            &credentials("healthy-creds", "healthy", "me", &healthy),
+        )
+        .await
+        .expect("secret");
+    recorder
+        .wait_for_more(&req("inventory/healthy", "hello"), 0)
+        .await;
+
+    let failures = provider.failures();
+    for (profile, _, expected) in cases.iter().filter(|case| !case.2.is_empty()) {
+        let reason = failures
+            .get(&ClusterName::from(format!("{NS}/{profile}")))
+            .unwrap_or_else(|| panic!("no failure for {profile}: {failures:?}"));
+        assert!(reason.contains(expected), "{profile}: {reason}");
+        assert!(!reason.contains(TOKEN), "{profile} leaked: {reason}");
+    }
+    assert_eq!(
+        provider.names(),
+        [
+            ClusterName::from("inventory/healthy"),
+            ClusterName::from("inventory/untrusted")
+        ]
+    );
+    assert_eq!(recorder.for_cluster("inventory/untrusted"), 0);
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}

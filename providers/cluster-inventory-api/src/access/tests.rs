@@ -84,6 +84,12 @@ fn the_first_provider_in_file_order_that_the_profile_offers_is_used() {
     );
     assert!(exec(&access).provide_cluster_info);
 
+    let shown = format!("{providers:?}");
+    assert!(
+        shown.contains("API_KEY") && !shown.contains(SECRET),
+        "{shown}"
+    );
+
     let offers_fallback = profile(json!({"accessProviders": [
         entry("fallback", "https://fallback:6443", json!([])),
     ]}));

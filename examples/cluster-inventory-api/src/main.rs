@@ -1,0 +1,64 @@
+//! The ConfigMap-copy controller over the clusters of a ClusterProfile
+//! inventory, with credentials from Secrets or from access providers.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::{ArgGroup, Parser};
+use multicluster_provider_cluster_inventory_api::access::ProviderFile;
+use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
+use multicluster_runtime::Cluster;
+use multicluster_runtime::metrics::Metrics;
+
+/// Copy labelled ConfigMaps in every ready ClusterProfile's cluster.
+#[derive(Parser)]
+#[command(version, about)]
+#[command(group(ArgGroup::new("credentials").required(true).args(["consumer", "clusterprofile_provider_file"])))]
+struct Args {
+    /// Credentials from Secrets labelled x-k8s.io/cluster-inventory-consumer=<CONSUMER>.
+    #[arg(long, env = "CONSUMER")]
+    consumer: Option<String>,
+    /// Credentials from exec plugins listed in this provider file (KEP-5339 JSON).
+    #[arg(long, env = "CLUSTERPROFILE_PROVIDER_FILE")]
+    clusterprofile_provider_file: Option<PathBuf>,
+    /// Namespace of the ClusterProfiles in the hub; every namespace when unset.
+    #[arg(long, env = "NAMESPACE")]
+    namespace: Option<String>,
+    /// Only profiles labelled cluster.x-k8s.io/watch-filter=<value>.
+    #[arg(long, env = "WATCH_FILTER")]
+    watch_filter: Option<String>,
+    /// Serve /healthz, /readyz, /metrics and /clusters here.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    health_address: SocketAddr,
+}
+
+#[tokio::main]
+async fn main() -> Result<(), multicluster_example_configmap_sync::MainError> {
+    multicluster_example_configmap_sync::init_logging();
+    let args = Args::parse();
+    let mut options = match (args.consumer, args.clusterprofile_provider_file) {
+        (Some(consumer), None) => ClusterProfileOptions::with_secrets(consumer),
+        (None, Some(path)) => {
+            ClusterProfileOptions::with_access_providers(ProviderFile::from_path(path)?)
+        }
+        _ => {
+            return Err("give exactly one of --consumer and --clusterprofile-provider-file".into());
+        }
+    };
+    options.namespace = args.namespace;
+    options.watch_filter = args.watch_filter;
+    let metrics = Metrics::default();
+    options.metrics = Some(metrics.clone());
+    // The hub comes from $KUBECONFIG / ~/.kube/config / in-cluster.
+    let hub = kube::Client::try_default().await?;
+    let provider = Arc::new(ClusterProfileProvider::new(hub.clone(), options));
+    multicluster_example_configmap_sync::run(
+        Cluster::new("hub", hub),
+        provider,
+        args.health_address,
+        Some(metrics),
+    )
+    .await?;
+    Ok(())
+}

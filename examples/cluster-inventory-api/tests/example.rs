@@ -1,0 +1,171 @@
+//! The example binary against a real hub and member: a ClusterProfile whose
+//! access provider is the test token plugin, and the copy controller doing
+//! its work in the member.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use multicluster_envtest::ControlPlane;
+use multicluster_example_configmap_sync::SYNC_LABEL;
+use multicluster_runtime::testing::eventually;
+use serde_json::json;
+use tokio::process::Command;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-cluster-inventory-api");
+const PLUGIN: &str = concat!(
+    env!("CARGO_MANIFEST_DIR"),
+    "/../../providers/cluster-inventory-api/tests/plugins/token.sh"
+);
+const CRD: &str =
+    include_str!("../../../providers/cluster-inventory-api/tests/crds/clusterprofile.yaml");
+
+#[tokio::test]
+async fn exactly_one_credentials_source_is_required() {
+    for args in [
+        &[][..],
+        &[
+            "--consumer",
+            "me",
+            "--clusterprofile-provider-file",
+            "p.json",
+        ],
+    ] {
+        let out = Command::new(BINARY).args(args).output().await.expect("run");
+        assert!(!out.status.success(), "{args:?} was accepted");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("--consumer"), "{stderr}");
+        assert!(
+            stderr.contains("--clusterprofile-provider-file"),
+            "{stderr}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_bad_provider_file_stops_the_example_with_its_name() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("providers.json");
+    std::fs::write(&path, r#"{"providers": []}"#).expect("write");
+    let out = Command::new(BINARY)
+        .arg("--clusterprofile-provider-file")
+        .arg(&path)
+        .output()
+        .await
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("provider file {}", path.display())),
+        "{stderr}"
+    );
+    assert!(stderr.contains("lists no providers"), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_example_copies_configmaps_in_a_profiles_cluster() {
+    let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, member) = (hub.expect("hub"), member.expect("member"));
+    hub.install_crds(CRD).await.expect("CRD");
+    hub.create_namespace("inventory").await.expect("namespace");
+
+    // The plugin hands out a token of a cluster-admin service account.
+    let state = tempfile::tempdir().expect("state");
+    let token = member
+        .service_account_token("robots", "example", Duration::from_secs(3600))
+        .await
+        .expect("token");
+    member
+        .bind_cluster_role("cluster-admin", "robots", "example")
+        .await
+        .expect("binding");
+    std::fs::write(state.path().join("token"), token).expect("token");
+    let provider_file = state.path().join("providers.json");
+    let providers = json!({"providers": [{
+        "name": "token",
+        "execConfig": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": PLUGIN,
+            "env": [{"name": "STATE_DIR", "value": state.path()}],
+        },
+    }]});
+    std::fs::write(&provider_file, providers.to_string()).expect("provider file");
+
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "multicluster.x-k8s.io",
+        "v1alpha1",
+        "ClusterProfile",
+    ));
+    let profiles: Api<DynamicObject> =
+        Api::namespaced_with(hub.client().await.expect("client"), "inventory", &resource);
+    let mut profile = DynamicObject::new("member", &resource).within("inventory");
+    profile.data = json!({"spec": {"clusterManager": {"name": "test"}}});
+    profiles
+        .create(&PostParams::default(), &profile)
+        .await
+        .expect("profile");
+    use base64::Engine;
+    let status = json!({"status": {
+        "conditions": [{
+            "type": "ControlPlaneHealthy", "status": "True", "reason": "Test",
+            "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }],
+        "accessProviders": [{"name": "token", "cluster": {
+            "server": member.server(),
+            "certificate-authority-data":
+                base64::engine::general_purpose::STANDARD.encode(member.ca_pem()),
+        }}],
+    }});
+    profiles
+        .patch_status("member", &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .expect("status");
+
+    let mut example = Command::new(BINARY)
+        .arg("--clusterprofile-provider-file")
+        .arg(&provider_file)
+        .args([
+            "--namespace",
+            "inventory",
+            "--health-address",
+            "127.0.0.1:0",
+        ])
+        .env("KUBECONFIG", hub.kubeconfig_path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("example");
+
+    let configmaps =
+        Api::<ConfigMap>::namespaced(member.client().await.expect("client"), "default");
+    let mut source = ConfigMap::default();
+    source.metadata.name = Some("settings".into());
+    source.metadata.labels = Some([(SYNC_LABEL.to_string(), "true".to_string())].into());
+    source.data = Some([("colour".to_string(), "blue".to_string())].into());
+    configmaps
+        .create(&PostParams::default(), &source)
+        .await
+        .expect("source");
+    eventually(
+        "the example to copy the ConfigMap in the member",
+        || async {
+            configmaps
+                .get_opt("settings-copy")
+                .await
+                .ok()
+                .flatten()
+                .and_then(|copy| copy.data)
+                .is_some_and(|data| data.get("colour").map(String::as_str) == Some("blue"))
+        },
+    )
+    .await;
+    assert!(
+        example.try_wait().expect("status").is_none(),
+        "the example is still running"
+    );
+    example.kill().await.expect("stop");
+}
