@@ -260,6 +260,22 @@ impl ControlPlane {
         &self.admin
     }
 
+    /// The admin kubeconfig, but trusting `other`'s CA instead of this
+    /// control plane's: a client built from it fails TLS verification.
+    pub fn kubeconfig_trusting(&self, other: &ControlPlane) -> Kubeconfig {
+        let mut kubeconfig = self.admin.clone();
+        let other_ca = other.admin.clusters[0]
+            .cluster
+            .as_ref()
+            .and_then(|cluster| cluster.certificate_authority_data.clone());
+        for named in &mut kubeconfig.clusters {
+            if let Some(cluster) = named.cluster.as_mut() {
+                cluster.certificate_authority_data = other_ca.clone();
+            }
+        }
+        kubeconfig
+    }
+
     /// The admin kubeconfig written to a file, for command-line tools.
     pub fn kubeconfig_path(&self) -> &Path {
         &self.admin_kubeconfig_path

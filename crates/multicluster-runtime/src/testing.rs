@@ -123,6 +123,18 @@ pub fn offline_cluster(name: &str) -> crate::Cluster {
     crate::Cluster::new(name, client)
 }
 
+/// Waits until `manager` reports `cluster` unreachable (engaged, but its
+/// caches cannot sync).
+pub async fn wait_until_unreachable(manager: &crate::Manager, cluster: &str) {
+    eventually(&format!("{cluster} to be reported unreachable"), || async {
+        manager.cluster_states().iter().any(|(name, state)| {
+            name.as_str() == cluster
+                && matches!(state, crate::manager::ClusterState::Unreachable(_))
+        })
+    })
+    .await;
+}
+
 /// Runs `manager` in the background until the returned token is cancelled.
 pub fn run_manager(
     manager: &crate::Manager,

@@ -16,7 +16,9 @@ use multicluster_provider_cluster_api::{
     PAUSED_ANNOTATION, WATCH_FILTER_LABEL,
 };
 use multicluster_runtime::controller::{Request, Watch};
-use multicluster_runtime::testing::{Recorder, eventually, recording_controller, run_manager};
+use multicluster_runtime::testing::{
+    Recorder, eventually, recording_controller, run_manager, wait_until_unreachable,
+};
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
 
 const CRD: &str = include_str!("crds/cluster.yaml");
@@ -390,13 +392,7 @@ async fn broken_kubeconfig_secrets_affect_only_their_own_cluster() {
             .await
             .expect("secret");
     }
-    let mut untrusted = healthy.kubeconfig().clone();
-    if let Some(cluster) = untrusted.clusters[0].cluster.as_mut() {
-        cluster.certificate_authority_data = stranger.kubeconfig().clusters[0]
-            .cluster
-            .as_ref()
-            .and_then(|c| c.certificate_authority_data.clone());
-    }
+    let untrusted = healthy.kubeconfig_trusting(&stranger);
     management
         .create_cluster("fleet", "untrusted", &[], &[])
         .await;
@@ -431,19 +427,7 @@ async fn broken_kubeconfig_secrets_affect_only_their_own_cluster() {
         )
         .expect("add");
     let (shutdown, task) = run_manager(&manager);
-    eventually(
-        "the untrusted cluster to be reported unreachable",
-        || async {
-            manager.cluster_states().iter().any(|(name, state)| {
-                name.as_str() == "fleet/untrusted"
-                    && matches!(
-                        state,
-                        multicluster_runtime::manager::ClusterState::Unreachable(_)
-                    )
-            })
-        },
-    )
-    .await;
+    wait_until_unreachable(&manager, "fleet/untrusted").await;
 
     management
         .create_cluster("fleet", "healthy", &[], &[])

@@ -16,9 +16,8 @@ use multicluster_provider_cluster_inventory_api::access::{
     ADDITIONAL_ARGS_EXTENSION, ADDITIONAL_ENVS_EXTENSION, ProviderFile,
 };
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
-use multicluster_runtime::controller::Watch;
-use multicluster_runtime::testing::{Recorder, eventually, recording_controller, run_manager};
-use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
+use multicluster_runtime::testing::{Recorder, eventually, run_manager};
+use multicluster_runtime::{ClusterName, ManagerOptions};
 use serde_json::json;
 
 /// A value configured for the failing plugin that must never show up.
@@ -117,25 +116,6 @@ fn call_field<'a>(call: &'a str, field: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {field} in {call}"))
 }
 
-fn manager_for(
-    hub: &kube::Client,
-    provider: &Arc<ClusterProfileProvider>,
-    recorder: &Recorder,
-) -> Manager {
-    let manager = Manager::with_provider(
-        Cluster::new("hub", hub.clone()),
-        provider.clone(),
-        ManagerOptions::default(),
-    );
-    manager
-        .add_controller(
-            recording_controller("profiles", Watch::<ConfigMap>::new(), recorder)
-                .expect("controller"),
-        )
-        .expect("add");
-    manager
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn profiles_are_engaged_through_the_first_access_provider_in_file_order() {
     let (hub_cp, first, second) = tokio::join!(
@@ -201,7 +181,7 @@ async fn profiles_are_engaged_through_the_first_access_provider_in_file_order() 
     options.retry_delay = Duration::from_millis(100);
     let provider = Arc::new(ClusterProfileProvider::new(hub.clone(), options));
     let recorder = Recorder::default();
-    let manager = manager_for(&hub, &provider, &recorder);
+    let manager = common::manager(&hub, &provider, &recorder, ManagerOptions::default());
     let (shutdown, task) = run_manager(&manager);
 
     recorder
@@ -326,7 +306,7 @@ async fn an_expiring_token_is_refreshed_by_running_the_plugin_again() {
         ClusterProfileOptions::with_access_providers(provider_file()),
     ));
     let recorder = Recorder::default();
-    let manager = manager_for(&hub, &provider, &recorder);
+    let manager = common::manager(&hub, &provider, &recorder, ManagerOptions::default());
     let (shutdown, task) = run_manager(&manager);
     recorder
         .wait_for_more(&req("inventory/edge", "in-member"), 0)

@@ -8,15 +8,14 @@ use std::sync::Arc;
 
 use common::{NS, create_profile, profiles, req, set_health, workload};
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_cluster_inventory_api::{
     CONSUMER_LABEL, ClusterProfileOptions, ClusterProfileProvider, PROFILE_LABEL, SECRET_KEY,
 };
-use multicluster_runtime::controller::Watch;
-use multicluster_runtime::testing::{Recorder, eventually, recording_controller, run_manager};
-use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
+use multicluster_runtime::testing::{Recorder, eventually, run_manager, wait_until_unreachable};
+use multicluster_runtime::{ClusterName, ManagerOptions};
 
 fn credentials(name: &str, profile: &str, consumer: &str, workload: &ControlPlane) -> Secret {
     Secret {
@@ -105,18 +104,8 @@ async fn ready_profiles_are_engaged_with_their_consumers_secret() {
         hub.clone(),
         ClusterProfileOptions::with_secrets("me"),
     ));
-    let manager = Manager::with_provider(
-        Cluster::new("hub", hub.clone()),
-        provider.clone(),
-        ManagerOptions::default(),
-    );
     let recorder = Recorder::default();
-    manager
-        .add_controller(
-            recording_controller("profiles", Watch::<ConfigMap>::new(), &recorder)
-                .expect("controller"),
-        )
-        .expect("add");
+    let manager = common::manager(&hub, &provider, &recorder, ManagerOptions::default());
     let (shutdown, task) = run_manager(&manager);
 
     recorder
@@ -238,13 +227,7 @@ async fn bad_credentials_affect_only_their_own_profile() {
         healthy.server(),
         env!("CARGO_MANIFEST_DIR"),
     );
-    let mut untrusted = healthy.kubeconfig().clone();
-    if let Some(cluster) = untrusted.clusters[0].cluster.as_mut() {
-        cluster.certificate_authority_data = stranger.kubeconfig().clusters[0]
-            .cluster
-            .as_ref()
-            .and_then(|c| c.certificate_authority_data.clone());
-    }
+    let untrusted = healthy.kubeconfig_trusting(&stranger);
     let cases: [(&str, Option<String>, &str); 5] = [
         (
             "no-key",
@@ -285,35 +268,18 @@ async fn bad_credentials_affect_only_their_own_profile() {
         hub.clone(),
         ClusterProfileOptions::with_secrets("me"),
     ));
-    let manager = Manager::with_provider(
-        Cluster::new("hub", hub.clone()),
-        provider.clone(),
+    let recorder = Recorder::default();
+    let manager = common::manager(
+        &hub,
+        &provider,
+        &recorder,
         ManagerOptions {
             sync_timeout: std::time::Duration::from_secs(3),
             ..ManagerOptions::default()
         },
     );
-    let recorder = Recorder::default();
-    manager
-        .add_controller(
-            recording_controller("profiles", Watch::<ConfigMap>::new(), &recorder)
-                .expect("controller"),
-        )
-        .expect("add");
     let (shutdown, task) = run_manager(&manager);
-    eventually(
-        "the untrusted cluster to be reported unreachable",
-        || async {
-            manager.cluster_states().iter().any(|(name, state)| {
-                name.as_str() == "inventory/untrusted"
-                    && matches!(
-                        state,
-                        multicluster_runtime::manager::ClusterState::Unreachable(_)
-                    )
-            })
-        },
-    )
-    .await;
+    wait_until_unreachable(&manager, "inventory/untrusted").await;
     create_profile(&hub, "healthy").await;
     set_health(&hub, "healthy", true, None).await;
     secrets

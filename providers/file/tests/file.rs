@@ -11,7 +11,9 @@ use multicluster_envtest::ControlPlane;
 use multicluster_provider_file::{FileOptions, FileProvider};
 use multicluster_runtime::controller::{Request, Watch};
 use multicluster_runtime::manager::ClusterState;
-use multicluster_runtime::testing::{Recorder, eventually, recording_controller, run_manager};
+use multicluster_runtime::testing::{
+    Recorder, eventually, recording_controller, run_manager, wait_until_unreachable,
+};
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
 
 /// `base` with its only context renamed to each of `contexts`.
@@ -121,12 +123,7 @@ async fn contexts_of_watched_files_come_and_go_with_the_files() {
     // reports it unreachable while the others keep working.
     let down = watched.join("down.kubeconfig");
     write(&down, &unreachable(&base));
-    eventually("the unreachable context to be reported", || async {
-        manager.cluster_states().iter().any(|(cluster, state)| {
-            *cluster == name(&down, "down") && matches!(state, ClusterState::Unreachable(_))
-        })
-    })
-    .await;
+    wait_until_unreachable(&manager, name(&down, "down").as_str()).await;
 
     // Rewriting a file swaps its contexts.
     write(&explicit, &with_contexts(&base, &["two", "four"]));
@@ -213,14 +210,8 @@ async fn broken_files_and_contexts_affect_only_themselves() {
         &file("mixed"),
         &multicluster_envtest::to_yaml(&mixed).expect("yaml"),
     );
-    let mut wrong_ca = base.clone();
+    let mut wrong_ca = cp.kubeconfig_trusting(&stranger);
     wrong_ca.contexts[0].name = "wrong-ca".into();
-    if let Some(cluster) = wrong_ca.clusters[0].cluster.as_mut() {
-        cluster.certificate_authority_data = stranger.kubeconfig().clusters[0]
-            .cluster
-            .as_ref()
-            .and_then(|c| c.certificate_authority_data.clone());
-    }
     write(
         &file("wrong-ca"),
         &multicluster_envtest::to_yaml(&wrong_ca).expect("yaml"),
@@ -242,15 +233,7 @@ async fn broken_files_and_contexts_affect_only_themselves() {
     let (shutdown, task) = run_manager(&manager);
 
     let wrong_ca_name = name(&file("wrong-ca"), "wrong-ca");
-    eventually(
-        "the untrusted server to be reported unreachable",
-        || async {
-            manager.cluster_states().iter().any(|(cluster, state)| {
-                *cluster == wrong_ca_name && matches!(state, ClusterState::Unreachable(_))
-            })
-        },
-    )
-    .await;
+    wait_until_unreachable(&manager, wrong_ca_name.as_str()).await;
     let good = name(&file("mixed"), "good");
     eventually("the good context to be ready", || async {
         manager

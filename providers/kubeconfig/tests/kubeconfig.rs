@@ -15,7 +15,9 @@ use multicluster_provider_kubeconfig::{
 };
 use multicluster_runtime::controller::{Request, Watch};
 use multicluster_runtime::metrics::Metrics;
-use multicluster_runtime::testing::{Recorder, eventually, recording_controller, run_manager};
+use multicluster_runtime::testing::{
+    Recorder, eventually, recording_controller, run_manager, wait_until_unreachable,
+};
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions, Provider};
 
 const NAMESPACE: &str = "fleet";
@@ -452,15 +454,7 @@ async fn broken_kubeconfigs_affect_only_their_own_secret() {
         ),
         (
             "wrong-ca",
-            edited(&|k| {
-                let stranger_ca = stranger.kubeconfig().clusters[0]
-                    .cluster
-                    .as_ref()
-                    .and_then(|c| c.certificate_authority_data.clone());
-                if let Some(cluster) = k.clusters[0].cluster.as_mut() {
-                    cluster.certificate_authority_data = stranger_ca;
-                }
-            }),
+            multicluster_envtest::to_yaml(&member.kubeconfig_trusting(&stranger)).expect("yaml"),
             Outcome::Unreachable,
         ),
     ];
@@ -512,16 +506,7 @@ async fn broken_kubeconfigs_affect_only_their_own_secret() {
     // these are engaged every Secret before them has been looked at.
     for (name, _, outcome) in &cases {
         if let Outcome::Unreachable = outcome {
-            eventually(&format!("{name} reported unreachable"), || async {
-                manager.cluster_states().iter().any(|(cluster, state)| {
-                    cluster.as_str() == *name
-                        && matches!(
-                            state,
-                            multicluster_runtime::manager::ClusterState::Unreachable(_)
-                        )
-                })
-            })
-            .await;
+            wait_until_unreachable(&manager, name).await;
         }
     }
     for (name, _, outcome) in &cases {

@@ -10,7 +10,12 @@ use kube::api::{
 };
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_cluster_inventory_api::CLUSTER_ID_PROPERTY;
-use multicluster_runtime::controller::Request;
+use std::sync::Arc;
+
+use multicluster_provider_cluster_inventory_api::ClusterProfileProvider;
+use multicluster_runtime::controller::{Request, Watch};
+use multicluster_runtime::testing::{Recorder, recording_controller};
+use multicluster_runtime::{Cluster, Manager, ManagerOptions};
 
 /// The hub namespace the profiles live in.
 pub(crate) const NS: &str = "inventory";
@@ -98,4 +103,23 @@ pub(crate) async fn workload(object: &str) -> ControlPlane {
 
 pub(crate) fn req(cluster: &str, name: &str) -> Request {
     Request::new(cluster, Some("default"), name)
+}
+
+/// A manager over `provider`'s fleet with a controller recording every
+/// ConfigMap reconcile in `recorder`.
+pub(crate) fn manager(
+    hub: &kube::Client,
+    provider: &Arc<ClusterProfileProvider>,
+    recorder: &Recorder,
+    options: ManagerOptions,
+) -> Manager {
+    let manager =
+        Manager::with_provider(Cluster::new("hub", hub.clone()), provider.clone(), options);
+    manager
+        .add_controller(
+            recording_controller("profiles", Watch::<ConfigMap>::new(), recorder)
+                .expect("controller"),
+        )
+        .expect("add");
+    manager
 }
