@@ -17,10 +17,34 @@ const STDERR_LIMIT: usize = 300;
 
 /// Describes a kube error without credentials.
 pub fn kube_error(err: &kube::Error) -> String {
-    match auth_error_in(err) {
-        Some(auth) => auth_error(auth),
-        None => err.to_string(),
+    match err {
+        // kube-rs prints the whole proxy URL, user and password included.
+        kube::Error::ProxyProtocolDisabled {
+            proxy_url,
+            protocol_feature,
+        } => format!(
+            "the proxy {} needs kube's {protocol_feature:?} feature",
+            without_userinfo(proxy_url)
+        ),
+        kube::Error::ProxyProtocolUnsupported { proxy_url } => format!(
+            "the proxy {} uses an unsupported protocol",
+            without_userinfo(proxy_url)
+        ),
+        _ => match auth_error_in(err) {
+            Some(auth) => auth_error(auth),
+            None => err.to_string(),
+        },
     }
+}
+
+fn without_userinfo(uri: &http::Uri) -> String {
+    format!(
+        "{}://{}",
+        uri.scheme_str().unwrap_or("?"),
+        uri.authority()
+            .map(|authority| authority.as_str().rsplit('@').next().unwrap_or_default())
+            .unwrap_or_default()
+    )
 }
 
 /// Describes a watcher error without credentials.
@@ -137,6 +161,26 @@ mod tests {
         let cut = last_line(&line).expect("a line");
         assert!(cut.len() <= STDERR_LIMIT + '…'.len_utf8());
         assert!(cut.ends_with('…'));
+    }
+
+    #[test]
+    fn proxy_errors_leave_out_the_proxy_credentials() {
+        let proxy_url: http::Uri = format!("socks5://admin:{SECRET}@proxy.corp:1080")
+            .parse()
+            .expect("uri");
+        let disabled = kube::Error::ProxyProtocolDisabled {
+            proxy_url: Box::new(proxy_url.clone()),
+            protocol_feature: "kube/socks5",
+        };
+        let text = kube_error(&disabled);
+        assert_eq!(
+            text,
+            "the proxy socks5://proxy.corp:1080 needs kube's \"kube/socks5\" feature"
+        );
+        let unsupported = kube::Error::ProxyProtocolUnsupported {
+            proxy_url: Box::new(proxy_url),
+        };
+        assert!(!kube_error(&unsupported).contains(SECRET));
     }
 
     #[test]

@@ -39,6 +39,8 @@ fn entry(name: &str, server: &str, extensions: serde_json::Value) -> serde_json:
     json!({"name": name, "cluster": {
         "server": server,
         "certificate-authority-data": "Q0EK",
+        "tls-server-name": "api.internal",
+        "proxy-url": "http://proxy.corp:3128",
         "extensions": extensions,
     }})
 }
@@ -77,6 +79,8 @@ fn the_first_provider_in_file_order_that_the_profile_offers_is_used() {
         .expect("cluster");
     assert_eq!(cluster.server.as_deref(), Some("https://preferred:6443"));
     assert_eq!(cluster.certificate_authority_data.as_deref(), Some("Q0EK"));
+    assert_eq!(cluster.tls_server_name.as_deref(), Some("api.internal"));
+    assert_eq!(cluster.proxy_url.as_deref(), Some("http://proxy.corp:3128"));
     assert_eq!(exec(&access).command.as_deref(), Some("/plugins/preferred"));
     assert_eq!(
         exec(&access).interactive_mode,
