@@ -5,7 +5,9 @@ use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
-use k8s_openapi::api::rbac::v1::{ClusterRoleBinding, RoleRef, Subject};
+use k8s_openapi::api::rbac::v1::{
+    ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+};
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::config::Kubeconfig;
 
@@ -81,6 +83,55 @@ impl ControlPlane {
             .ok_or_else(|| Error::Api {
                 what: what("requesting a token for"),
                 source: kube::Error::Service("the TokenRequest came back without a token".into()),
+            })
+    }
+
+    /// Grants the user `user` (see [`ControlPlane::user_kubeconfig`]) `rules`
+    /// in `namespace` only, through a Role and RoleBinding named after the
+    /// user.
+    pub async fn grant_in_namespace(
+        &self,
+        namespace: &str,
+        user: &str,
+        rules: Vec<PolicyRule>,
+    ) -> Result<(), Error> {
+        let client = self.client().await?;
+        let what = || format!("granting {user} access in namespace {namespace}");
+        let role = Role {
+            metadata: ObjectMeta {
+                name: Some(user.to_string()),
+                ..ObjectMeta::default()
+            },
+            rules: Some(rules),
+        };
+        create_if_missing(&Api::namespaced(client.clone(), namespace), &role)
+            .await
+            .map_err(|source| Error::Api {
+                what: what(),
+                source,
+            })?;
+        let binding = RoleBinding {
+            metadata: ObjectMeta {
+                name: Some(user.to_string()),
+                ..ObjectMeta::default()
+            },
+            role_ref: RoleRef {
+                api_group: "rbac.authorization.k8s.io".into(),
+                kind: "Role".into(),
+                name: user.to_string(),
+            },
+            subjects: Some(vec![Subject {
+                kind: "User".into(),
+                name: user.to_string(),
+                api_group: Some("rbac.authorization.k8s.io".into()),
+                ..Subject::default()
+            }]),
+        };
+        create_if_missing(&Api::namespaced(client, namespace), &binding)
+            .await
+            .map_err(|source| Error::Api {
+                what: what(),
+                source,
             })
     }
 

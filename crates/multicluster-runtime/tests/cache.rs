@@ -10,8 +10,8 @@ use std::time::Duration;
 use common::*;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::api::rbac::v1::{PolicyRule, Role, RoleBinding, RoleRef, Subject};
-use kube::api::{Api, ApiResource, GroupVersionKind, ObjectMeta, PostParams};
+use k8s_openapi::api::rbac::v1::PolicyRule;
+use kube::api::{Api, ApiResource, GroupVersionKind, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::Error;
 use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions};
@@ -123,47 +123,18 @@ async fn a_namespace_restricted_cache_needs_rbac_for_that_namespace_only() {
             .await
             .expect("config map");
     }
-    Api::<Role>::namespaced(admin.clone(), "tenant-a")
-        .create(
-            &PostParams::default(),
-            &Role {
-                metadata: ObjectMeta {
-                    name: Some("watch-config".into()),
-                    ..ObjectMeta::default()
-                },
-                rules: Some(vec![PolicyRule {
-                    api_groups: Some(vec![String::new()]),
-                    resources: Some(vec!["configmaps".into()]),
-                    verbs: vec!["get".into(), "list".into(), "watch".into()],
-                    ..PolicyRule::default()
-                }]),
-            },
-        )
-        .await
-        .expect("role");
-    Api::<RoleBinding>::namespaced(admin, "tenant-a")
-        .create(
-            &PostParams::default(),
-            &RoleBinding {
-                metadata: ObjectMeta {
-                    name: Some("tenant".into()),
-                    ..ObjectMeta::default()
-                },
-                role_ref: RoleRef {
-                    api_group: "rbac.authorization.k8s.io".into(),
-                    kind: "Role".into(),
-                    name: "watch-config".into(),
-                },
-                subjects: Some(vec![Subject {
-                    kind: "User".into(),
-                    name: "tenant".into(),
-                    api_group: Some("rbac.authorization.k8s.io".into()),
-                    ..Subject::default()
-                }]),
-            },
-        )
-        .await
-        .expect("binding");
+    cp.grant_in_namespace(
+        "tenant-a",
+        "tenant",
+        vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["configmaps".into()]),
+            verbs: vec!["get".into(), "list".into(), "watch".into()],
+            ..PolicyRule::default()
+        }],
+    )
+    .await
+    .expect("role");
     let tenant =
         multicluster_envtest::client_for(&cp.user_kubeconfig("tenant", None).expect("kubeconfig"))
             .await

@@ -9,10 +9,12 @@ use std::sync::Arc;
 use common::{NS, create_profile, profiles, req, set_health, workload};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_cluster_inventory_api::{
     CONSUMER_LABEL, ClusterProfileOptions, ClusterProfileProvider, PROFILE_LABEL, SECRET_KEY,
+    WATCH_FILTER_LABEL,
 };
 use multicluster_runtime::testing::{Recorder, eventually, run_manager, wait_until_unreachable};
 use multicluster_runtime::{ClusterName, ManagerOptions};
@@ -309,6 +311,109 @@ async fn bad_credentials_affect_only_their_own_profile() {
         ]
     );
     assert_eq!(recorder.for_cluster("inventory/untrusted"), 0);
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// An instance limited to one namespace and one watch-filter value works
+/// with RBAC for that namespace only and takes only its own profiles.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespaced_filtered_instance_needs_rbac_for_its_namespace_only() {
+    let (hub_cp, member) = tokio::join!(ControlPlane::start(), workload("hello"));
+    let hub_cp = hub_cp.expect("hub");
+    let hub = common::hub(&hub_cp).await;
+    let read = |group: &str, resource: &str| PolicyRule {
+        api_groups: Some(vec![group.into()]),
+        resources: Some(vec![resource.into()]),
+        verbs: vec!["get".into(), "list".into(), "watch".into()],
+        ..PolicyRule::default()
+    };
+    hub_cp
+        .grant_in_namespace(
+            NS,
+            "tenant",
+            vec![
+                read("multicluster.x-k8s.io", "clusterprofiles"),
+                read("", "secrets"),
+            ],
+        )
+        .await
+        .expect("grant");
+    let tenant = multicluster_envtest::client_for(
+        &hub_cp.user_kubeconfig("tenant", None).expect("kubeconfig"),
+    )
+    .await
+    .expect("client");
+
+    let secrets = Api::<Secret>::namespaced(hub.clone(), NS);
+    for (profile, filter) in [
+        ("mine", Some("x")),
+        ("theirs", Some("y")),
+        ("unlabelled", None),
+    ] {
+        create_profile(&hub, profile).await;
+        if let Some(value) = filter {
+            profiles(&hub)
+                .patch(
+                    profile,
+                    &PatchParams::default(),
+                    &Patch::Merge(
+                        serde_json::json!({"metadata": {"labels": {WATCH_FILTER_LABEL: value}}}),
+                    ),
+                )
+                .await
+                .expect("label");
+        }
+        set_health(&hub, profile, true, None).await;
+        secrets
+            .create(
+                &PostParams::default(),
+                &credentials(&format!("{profile}-creds"), profile, "me", &member),
+            )
+            .await
+            .expect("secret");
+    }
+
+    let mut options = ClusterProfileOptions::with_secrets("me");
+    options.namespace = Some(NS.into());
+    options.watch_filter = Some("x".into());
+    let provider = Arc::new(ClusterProfileProvider::new(tenant.clone(), options));
+    let recorder = Recorder::default();
+    let manager = common::manager(&tenant, &provider, &recorder, ManagerOptions::default());
+    let (shutdown, task) = run_manager(&manager);
+    recorder
+        .wait_for_more(&req("inventory/mine", "hello"), 0)
+        .await;
+    // A later profile of the same filter is the sync point for the others.
+    create_profile(&hub, "mine-too").await;
+    profiles(&hub)
+        .patch(
+            "mine-too",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {WATCH_FILTER_LABEL: "x"}}})),
+        )
+        .await
+        .expect("label");
+    set_health(&hub, "mine-too", true, None).await;
+    secrets
+        .create(
+            &PostParams::default(),
+            &credentials("mine-too-creds", "mine-too", "me", &member),
+        )
+        .await
+        .expect("secret");
+    recorder
+        .wait_for_more(&req("inventory/mine-too", "hello"), 0)
+        .await;
+    assert_eq!(
+        provider.names(),
+        [
+            ClusterName::from("inventory/mine"),
+            ClusterName::from("inventory/mine-too")
+        ]
+    );
+    assert!(provider.failures().is_empty(), "{:?}", provider.failures());
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
