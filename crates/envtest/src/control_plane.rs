@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use kube::config::Kubeconfig;
+use kube::config::{ExecConfig, ExecInteractiveMode, Kubeconfig};
 
 use crate::Error;
 use crate::binaries::Binaries;
@@ -309,6 +309,31 @@ impl ControlPlane {
             &self.server,
             self.ca.cert_pem(),
             Credentials::Token(token),
+        )
+    }
+
+    /// A kubeconfig whose user is the exec credential plugin `command`
+    /// (see [`crate::plugins`]) run non-interactively with `STATE_DIR=<state>`
+    /// in its environment.
+    pub fn exec_kubeconfig(&self, name: &str, command: &str, state: &Path) -> Kubeconfig {
+        let exec = ExecConfig {
+            api_version: Some("client.authentication.k8s.io/v1".into()),
+            command: Some(command.into()),
+            env: Some(vec![
+                [
+                    ("name".to_string(), "STATE_DIR".to_string()),
+                    ("value".to_string(), state.display().to_string()),
+                ]
+                .into(),
+            ]),
+            interactive_mode: Some(ExecInteractiveMode::Never),
+            ..ExecConfig::default()
+        };
+        kubeconfig::build(
+            name,
+            &self.server,
+            self.ca.cert_pem(),
+            Credentials::Exec(Box::new(exec)),
         )
     }
 

@@ -5,7 +5,7 @@
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD;
 use kube::config::{
-    AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
+    AuthInfo, Cluster, Context, ExecConfig, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
 };
 use secrecy::SecretString;
 
@@ -15,6 +15,8 @@ pub(crate) enum Credentials {
     Certificate { cert_pem: String, key_pem: String },
     /// A bearer token.
     Token(String),
+    /// An exec credential plugin.
+    Exec(Box<ExecConfig>),
 }
 
 /// Builds a single-context kubeconfig named `name` for `server`.
@@ -32,6 +34,10 @@ pub(crate) fn build(
         },
         Credentials::Token(token) => AuthInfo {
             token: Some(SecretString::from(token)),
+            ..AuthInfo::default()
+        },
+        Credentials::Exec(exec) => AuthInfo {
+            exec: Some(*exec),
             ..AuthInfo::default()
         },
     };

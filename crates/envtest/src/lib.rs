@@ -23,7 +23,8 @@
 //! Besides starting, a control plane can install CRDs
 //! ([`ControlPlane::install_crds`]), mint identities
 //! ([`ControlPlane::user_kubeconfig`],
-//! [`ControlPlane::service_account_kubeconfig`]), stop and restart its API
+//! [`ControlPlane::service_account_kubeconfig`], exec credential plugins in
+//! [`plugins`]), stop and restart its API
 //! server for fault tests ([`ControlPlane::restart_api_server`]) and run a
 //! `kube-controller-manager` ([`ControlPlaneBuilder::controller_manager`]).
 
@@ -33,6 +34,7 @@ mod crds;
 mod identity;
 mod kubeconfig;
 mod pki;
+pub mod plugins;
 mod process;
 
 use std::time::Duration;

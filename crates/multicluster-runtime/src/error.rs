@@ -42,7 +42,29 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// A kubeconfig whose credentials could not be obtained: its exec
+    /// credential plugin failed or gave nothing usable. Worth another try
+    /// later. The message never quotes the plugin's settings or output.
+    #[error("kubeconfig from {origin}: {reason}")]
+    Credentials {
+        /// Where the kubeconfig came from (Secret, file, command).
+        origin: String,
+        /// What failed.
+        reason: String,
+    },
     /// Anything else, with a message that names what failed.
     #[error("{0}")]
     Other(String),
+}
+
+impl Error {
+    /// Whether trying the same thing again later may work: credentials that
+    /// could not be obtained, an API server that failed or was not ready.
+    /// A kubeconfig that is simply wrong is not: it needs a change.
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            Self::Credentials { .. } | Self::Kube { .. } | Self::NotReady { .. }
+        )
+    }
 }

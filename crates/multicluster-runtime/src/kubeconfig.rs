@@ -113,13 +113,18 @@ pub async fn client(
             )
         })?
         .map_err(|err| {
-            invalid(
-                source,
-                &format!(
-                    "context {context_name:?}{plugin}: {}",
-                    crate::redact::kube_error(&err)
-                ),
-            )
+            let reason = format!(
+                "context {context_name:?}{plugin}: {}",
+                crate::redact::kube_error(&err)
+            );
+            if crate::redact::is_auth_error(&err) {
+                Error::Credentials {
+                    origin: source.to_string(),
+                    reason,
+                }
+            } else {
+                invalid(source, &reason)
+            }
         })
 }
 
@@ -211,7 +216,9 @@ mod tests {
                     .map(|_| ()),
                 Err(err) => Err(err),
             };
-            let message = result.expect_err(expected).to_string();
+            let err = result.expect_err(expected);
+            assert!(!err.is_retryable(), "{err} needs a change, not a retry");
+            let message = err.to_string();
             assert!(
                 message.contains("Secret fleet/prod key kubeconfig"),
                 "{message}"
@@ -252,26 +259,27 @@ mod tests {
 
     fn exec_kubeconfig(command: &str, args: &[&str]) -> String {
         format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: ctx\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\ncontexts:\n- name: ctx\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: {command}\n      args: {args:?}\n      interactiveMode: Never\n      env:\n      - name: PLUGIN_SECRET\n        value: {SECRET_TOKEN}\n"
+            "apiVersion: v1\nkind: Config\ncurrent-context: ctx\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\ncontexts:\n- name: ctx\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: {command}\n      args: {args:?}\n      interactiveMode: Never\n      env:\n      - name: API_KEY\n        value: {SECRET_TOKEN}\n"
         )
     }
 
     #[tokio::test]
     async fn a_failing_credential_plugin_is_named_and_its_secrets_are_not_quoted() {
-        let command = plugin("refuse.sh");
+        let command = multicluster_envtest::plugins::REFUSE.to_string();
         let text = exec_kubeconfig(&command, &["--password=very-secret-argument"]);
         let parsed = parse(&text, "Secret fleet/prod key kubeconfig").expect("parses");
-        let message = client(&parsed, None, "Secret fleet/prod key kubeconfig")
+        let err = client(&parsed, None, "Secret fleet/prod key kubeconfig")
             .await
             .map(|_| ())
-            .expect_err("the plugin fails")
-            .to_string();
+            .expect_err("the plugin fails");
+        assert!(err.is_retryable(), "a plugin may work next time: {err}");
+        let message = err.to_string();
         for expected in [
             "Secret fleet/prod key kubeconfig",
             "user \"u\"",
             command.as_str(),
-            "exit status: 3",
-            "no access to this cluster",
+            "exit status: 1",
+            "identity service: no grant for this cluster",
         ] {
             assert!(
                 message.contains(expected),

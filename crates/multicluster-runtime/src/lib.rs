@@ -29,6 +29,7 @@ pub mod metrics;
 mod name;
 mod provider;
 pub mod redact;
+pub mod retry;
 pub mod testing;
 
 pub use cluster::Cluster;

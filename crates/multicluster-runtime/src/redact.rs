@@ -91,6 +91,12 @@ pub fn auth_error(err: &AuthError) -> String {
     }
 }
 
+/// Whether `err` is a client authentication error (a failed credential
+/// plugin, for one), however deeply kube-rs wrapped it.
+pub fn is_auth_error(err: &kube::Error) -> bool {
+    auth_error_in(err).is_some()
+}
+
 fn auth_error_in(err: &kube::Error) -> Option<&AuthError> {
     let mut current: Option<&(dyn StdError + 'static)> = Some(err);
     while let Some(err) = current {

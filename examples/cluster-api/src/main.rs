@@ -46,7 +46,7 @@ async fn main() -> Result<(), multicluster_example_configmap_sync::MainError> {
                 Version::V1beta2 => ClusterApiVersion::V1Beta2,
                 Version::V1beta1 => ClusterApiVersion::V1Beta1,
             },
-            readiness: None,
+            ..ClusterApiOptions::default()
         },
     ));
     multicluster_example_configmap_sync::run(

@@ -1,5 +1,5 @@
 //! The example binary against a real hub and member: a ClusterProfile whose
-//! access provider is the test token plugin, and the copy controller doing
+//! access provider is envtest's token plugin, and the copy controller doing
 //! its work in the member.
 
 use std::process::Stdio;
@@ -16,10 +16,6 @@ use serde_json::json;
 use tokio::process::Command;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-cluster-inventory-api");
-const PLUGIN: &str = concat!(
-    env!("CARGO_MANIFEST_DIR"),
-    "/../../providers/cluster-inventory-api/tests/plugins/token.sh"
-);
 const CRD: &str =
     include_str!("../../../providers/cluster-inventory-api/tests/crds/clusterprofile.yaml");
 
@@ -88,7 +84,7 @@ async fn the_example_copies_configmaps_in_a_profiles_cluster() {
         "name": "token",
         "execConfig": {
             "apiVersion": "client.authentication.k8s.io/v1",
-            "command": PLUGIN,
+            "command": multicluster_envtest::plugins::TOKEN,
             "env": [{"name": "STATE_DIR", "value": state.path()}],
         },
     }]});

@@ -47,6 +47,7 @@ async fn main() -> Result<(), multicluster_example_configmap_sync::MainError> {
             data_key: args.key,
             watch_filter: args.watch_filter,
             metrics: Some(metrics.clone()),
+            ..KubeconfigOptions::default()
         },
     ));
     multicluster_example_configmap_sync::run(

@@ -29,6 +29,8 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions, FieldIndex};
 use multicluster_runtime::clusters::Clusters;
+use multicluster_runtime::controller::Backoff;
+use multicluster_runtime::retry::{PROVIDER_BACKOFF, Retries};
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
@@ -82,7 +84,7 @@ impl ClusterApiVersion {
 pub type Readiness = Arc<dyn Fn(&DynamicObject) -> bool + Send + Sync>;
 
 /// Options of the Cluster API provider.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct ClusterApiOptions {
     /// Watch Clusters and Secrets in this namespace only.
     pub namespace: Option<String>,
@@ -92,6 +94,21 @@ pub struct ClusterApiOptions {
     pub version: ClusterApiVersion,
     /// Overrides the version's default readiness.
     pub readiness: Option<Readiness>,
+    /// How long to wait before building a failed cluster's client again
+    /// (default [`PROVIDER_BACKOFF`]: 1 s, doubling up to 5 min).
+    pub retry: Backoff,
+}
+
+impl Default for ClusterApiOptions {
+    fn default() -> Self {
+        Self {
+            namespace: None,
+            watch_filter: None,
+            version: ClusterApiVersion::default(),
+            readiness: None,
+            retry: PROVIDER_BACKOFF,
+        }
+    }
 }
 
 impl std::fmt::Debug for ClusterApiOptions {
@@ -101,6 +118,7 @@ impl std::fmt::Debug for ClusterApiOptions {
             .field("watch_filter", &self.watch_filter)
             .field("version", &self.version)
             .field("custom_readiness", &self.readiness.is_some())
+            .field("retry", &self.retry)
             .finish()
     }
 }
@@ -160,8 +178,9 @@ impl ClusterApiProvider {
         }
     }
 
-    /// Brings the fleet in line with the Cluster `namespace/name`.
-    async fn reconcile(&self, namespace: &str, name: &str) {
+    /// Brings the fleet in line with the Cluster `namespace/name`; false
+    /// when building its client failed and another attempt should follow.
+    async fn reconcile(&self, namespace: &str, name: &str) -> bool {
         let fleet_name = ClusterName::from(format!("{namespace}/{name}"));
         let object = self
             .management
@@ -172,7 +191,7 @@ impl ClusterApiProvider {
             if self.clusters.remove(&fleet_name) {
                 tracing::info!(cluster = %fleet_name, "Cluster deleted; removed from the fleet");
             }
-            return;
+            return true;
         };
         let paused = object
             .metadata
@@ -182,11 +201,11 @@ impl ClusterApiProvider {
             || object.data["spec"]["paused"] == true;
         if paused {
             tracing::debug!(cluster = %fleet_name, "Cluster is paused; leaving it as it is");
-            return;
+            return true;
         }
         if !self.ready(&object) {
             tracing::debug!(cluster = %fleet_name, "Cluster is not ready yet");
-            return;
+            return true;
         }
         let secret_name = format!("{name}-kubeconfig");
         let source = format!("Secret {namespace}/{secret_name} key {KUBECONFIG_KEY:?}");
@@ -196,7 +215,7 @@ impl ClusterApiProvider {
             .get(Some(namespace), &secret_name)
         else {
             tracing::warn!(cluster = %fleet_name, "{source} does not exist (yet); engaging when it appears");
-            return;
+            return true;
         };
         let Some(text) = secret
             .data
@@ -206,16 +225,27 @@ impl ClusterApiProvider {
             .filter(|text| !text.trim().is_empty())
         else {
             tracing::warn!(cluster = %fleet_name, "{source} is missing, empty or not text; skipping the cluster");
-            return;
+            return true;
         };
         match self
             .clusters
             .add_or_replace_from_kubeconfig(fleet_name.clone(), &text, &source)
             .await
         {
-            Ok(true) => tracing::info!(cluster = %fleet_name, "workload cluster engaged"),
-            Ok(false) => {}
-            Err(err) => tracing::warn!(cluster = %fleet_name, error = %err, "skipping the cluster"),
+            Ok(changed) => {
+                if changed {
+                    tracing::info!(cluster = %fleet_name, "workload cluster engaged");
+                }
+                true
+            }
+            Err(err) if err.is_retryable() => {
+                tracing::warn!(cluster = %fleet_name, error = %err, "cannot engage the cluster; trying again later");
+                false
+            }
+            Err(err) => {
+                tracing::warn!(cluster = %fleet_name, error = %err, "skipping the cluster until its Secret changes");
+                true
+            }
         }
     }
 }
@@ -244,6 +274,7 @@ impl RunnableProvider for ClusterApiProvider {
             () = secrets.wait_ready() => {}
         }
         let mut cluster_events = self.management.dynamic(&self.resource).subscribe();
+        let mut retries = Retries::new(self.options.retry);
         loop {
             let key = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
@@ -255,9 +286,13 @@ impl RunnableProvider for ClusterApiProvider {
                     Some(event) => key_of_secret(&event),
                     None => return Err(Error::Other("the kubeconfig Secret watch stopped".into())),
                 },
+                key = retries.next() => Some(key),
             };
-            if let Some((namespace, name)) = key {
-                self.reconcile(&namespace, &name).await;
+            let Some(key) = key else { continue };
+            if self.reconcile(&key.0, &key.1).await {
+                retries.forget(&key);
+            } else {
+                retries.failed(key);
             }
         }
     }

@@ -3,6 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
@@ -10,12 +11,12 @@ use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta, Patch,
     PatchParams, PostParams,
 };
-use multicluster_envtest::ControlPlane;
+use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_provider_cluster_api::{
     CLUSTER_NAME_LABEL, ClusterApiOptions, ClusterApiProvider, ClusterApiVersion,
     PAUSED_ANNOTATION, WATCH_FILTER_LABEL,
 };
-use multicluster_runtime::controller::{Request, Watch};
+use multicluster_runtime::controller::{Backoff, Request, Watch};
 use multicluster_runtime::testing::{
     Recorder, eventually, recording_controller, run_manager, wait_until_unreachable,
 };
@@ -109,6 +110,17 @@ impl Management {
 
     /// Creates or replaces `<cluster>-kubeconfig` pointing at `workload`.
     async fn put_kubeconfig(&self, namespace: &str, cluster: &str, workload: &ControlPlane) {
+        self.put_kubeconfig_of(namespace, cluster, workload.kubeconfig())
+            .await;
+    }
+
+    /// Creates or replaces `<cluster>-kubeconfig` holding `kubeconfig`.
+    async fn put_kubeconfig_of(
+        &self,
+        namespace: &str,
+        cluster: &str,
+        kubeconfig: &kube::config::Kubeconfig,
+    ) {
         let secret = Secret {
             metadata: ObjectMeta {
                 name: Some(format!("{cluster}-kubeconfig")),
@@ -120,7 +132,7 @@ impl Management {
             data: Some(BTreeMap::from([(
                 "value".to_string(),
                 ByteString(
-                    multicluster_envtest::to_yaml(workload.kubeconfig())
+                    multicluster_envtest::to_yaml(kubeconfig)
                         .expect("yaml")
                         .into_bytes(),
                 ),
@@ -447,6 +459,62 @@ async fn broken_kubeconfig_secrets_affect_only_their_own_cluster() {
         ]
     );
     assert_eq!(recorder.for_cluster("fleet/untrusted"), 0);
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// A kubeconfig whose credential plugin fails at first (no token yet) is
+/// tried again with backoff, and engaged once the plugin works — with no
+/// Cluster or Secret event to prompt it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_whose_credential_plugin_fails_at_first_is_engaged_once_it_works() {
+    let (management, member) = tokio::join!(Management::start(&["fleet"]), workload("hello"));
+    let state = tempfile::tempdir().expect("state");
+    management.create_cluster("fleet", "late", &[], &[]).await;
+    management.set_ready("fleet", "late").await;
+    management
+        .put_kubeconfig_of(
+            "fleet",
+            "late",
+            &member.exec_kubeconfig("late", plugins::TOKEN, state.path()),
+        )
+        .await;
+
+    let provider = Arc::new(ClusterApiProvider::new(
+        management.client.clone(),
+        ClusterApiOptions {
+            retry: Backoff {
+                base: Duration::from_millis(100),
+                max: Duration::from_secs(1),
+            },
+            ..ClusterApiOptions::default()
+        },
+    ));
+    let manager = manager_for(&management, provider.clone());
+    let recorder = Recorder::default();
+    manager
+        .add_controller(
+            recording_controller("capi", Watch::<ConfigMap>::new(), &recorder).expect("controller"),
+        )
+        .expect("add");
+    let (shutdown, task) = run_manager(&manager);
+    eventually("the failing plugin to be tried again", || async {
+        plugins::calls(state.path()).len() >= 3
+    })
+    .await;
+    assert!(provider.names().is_empty());
+
+    let token = member
+        .service_account_token("robots", "late", Duration::from_secs(3600))
+        .await
+        .expect("token");
+    member
+        .bind_cluster_role("cluster-admin", "robots", "late")
+        .await
+        .expect("binding");
+    std::fs::write(state.path().join("token"), token).expect("token");
+    recorder.wait_for_more(&req("fleet/late", "hello"), 0).await;
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");

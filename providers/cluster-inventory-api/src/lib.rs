@@ -26,24 +26,24 @@
 //! A profile that cannot be engaged is logged, counted in
 //! `mcr_cluster_engagement_failures{provider="cluster-inventory-api"}` and
 //! listed by [`ClusterProfileProvider::failures`]; the rest of the fleet goes
-//! on. When building its client fails (a credential plugin that fails, a
-//! kubeconfig that does not work) it is retried with exponential backoff;
-//! other problems wait for the profile or its Secret to change.
+//! on. When its credentials cannot be obtained (a credential plugin that
+//! fails) it is retried with exponential backoff; other problems wait for the
+//! profile or its Secret to change.
 
 pub mod access;
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use futures::StreamExt;
-use futures::stream::FuturesUnordered;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions, FieldIndex};
 use multicluster_runtime::clusters::Clusters;
+use multicluster_runtime::controller::Backoff;
 use multicluster_runtime::metrics::Metrics;
+use multicluster_runtime::retry::{PROVIDER_BACKOFF, Retries};
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
@@ -88,15 +88,12 @@ pub struct ClusterProfileOptions {
     pub watch_filter: Option<String>,
     /// Overrides the default readiness (`ControlPlaneHealthy` is `True`).
     pub readiness: Option<Readiness>,
-    /// The first wait before building a failed profile's client again; it
-    /// doubles with each failure, up to five minutes.
-    pub retry_delay: Duration,
+    /// How long to wait before building a failed profile's client again
+    /// (default: 1 s, doubling per failure up to 5 min).
+    pub retry: Backoff,
     /// Where engagement failures are counted.
     pub metrics: Option<Metrics>,
 }
-
-/// The longest wait between attempts at a profile whose client failed.
-const MAX_RETRY_DELAY: Duration = Duration::from_secs(300);
 
 impl ClusterProfileOptions {
     /// Options for the Secret strategy with everything else at defaults.
@@ -118,7 +115,7 @@ impl ClusterProfileOptions {
             namespace: None,
             watch_filter: None,
             readiness: None,
-            retry_delay: Duration::from_secs(1),
+            retry: PROVIDER_BACKOFF,
             metrics: None,
         }
     }
@@ -131,7 +128,7 @@ impl std::fmt::Debug for ClusterProfileOptions {
             .field("namespace", &self.namespace)
             .field("watch_filter", &self.watch_filter)
             .field("custom_readiness", &self.readiness.is_some())
-            .field("retry_delay", &self.retry_delay)
+            .field("retry", &self.retry)
             .field("metrics", &self.metrics.is_some())
             .finish()
     }
@@ -169,7 +166,7 @@ enum Outcome {
     Settled,
     /// Waits for the profile or its Secret to change.
     Waiting,
-    /// Building its client failed; worth another attempt later.
+    /// Its credentials could not be obtained; worth another attempt later.
     Failed,
 }
 
@@ -361,8 +358,13 @@ impl ClusterProfileProvider {
             }
             Err(err) => {
                 tracing::warn!(cluster = %fleet_name, error = %err, "cannot engage the ClusterProfile");
-                self.fail(&fleet_name, err.to_string(), "client");
-                Outcome::Failed
+                if err.is_retryable() {
+                    self.fail(&fleet_name, err.to_string(), "credentials");
+                    Outcome::Failed
+                } else {
+                    self.fail(&fleet_name, err.to_string(), "invalid-kubeconfig");
+                    Outcome::Waiting
+                }
             }
         }
     }
@@ -382,13 +384,6 @@ impl ClusterProfileProvider {
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(name);
-    }
-
-    fn retry_delay(&self, attempts: u32) -> Duration {
-        self.options
-            .retry_delay
-            .saturating_mul(2u32.saturating_pow(attempts.min(16)))
-            .min(MAX_RETRY_DELAY)
     }
 }
 
@@ -434,9 +429,7 @@ impl RunnableProvider for ClusterProfileProvider {
             None => futures::stream::pending().boxed(),
         };
         let mut profile_events = self.profiles.dynamic(&self.resource).subscribe();
-        let mut attempts: HashMap<ProfileKey, u32> = HashMap::new();
-        let mut scheduled: HashSet<ProfileKey> = HashSet::new();
-        let mut retries = FuturesUnordered::new();
+        let mut retries = Retries::new(self.options.retry);
         loop {
             let key = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
@@ -451,27 +444,15 @@ impl RunnableProvider for ClusterProfileProvider {
                     Some(event) => profile_of_secret(&event),
                     None => return Err(Error::Other("the credentials Secret watch stopped".into())),
                 },
-                Some(key) = retries.next() => {
-                    scheduled.remove(&key);
-                    Some(key)
-                }
+                key = retries.next() => Some(key),
             };
             let Some(key) = key else { continue };
             match self.reconcile(&key.0, &key.1).await {
-                Outcome::Settled | Outcome::Waiting => {
-                    attempts.remove(&key);
-                }
+                Outcome::Settled | Outcome::Waiting => retries.forget(&key),
                 Outcome::Failed => {
-                    let attempt = attempts.entry(key.clone()).or_default();
-                    let delay = self.retry_delay(*attempt);
-                    *attempt += 1;
-                    if scheduled.insert(key.clone()) {
-                        tracing::debug!(profile = %format!("{}/{}", key.0, key.1), ?delay, "trying the ClusterProfile again later");
-                        retries.push(async move {
-                            tokio::time::sleep(delay).await;
-                            key
-                        });
-                    }
+                    let profile = format!("{}/{}", key.0, key.1);
+                    let delay = retries.failed(key);
+                    tracing::debug!(%profile, ?delay, "trying the ClusterProfile again later");
                 }
             }
         }

@@ -1,6 +1,6 @@
-//! ClusterProfiles with access providers (KEP-5339): exec credential
-//! plugins from `tests/plugins/` hand out service-account tokens of real
-//! workload control planes.
+//! ClusterProfiles with access providers (KEP-5339): the exec credential
+//! plugins of `multicluster_envtest::plugins` hand out service-account tokens
+//! of real workload control planes.
 
 mod common;
 
@@ -12,6 +12,7 @@ use common::{create_profile, health, profiles, req, set_status, workload};
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use multicluster_envtest::ControlPlane;
+use multicluster_envtest::plugins::{self, calls};
 use multicluster_provider_cluster_inventory_api::access::{
     ADDITIONAL_ARGS_EXTENSION, ADDITIONAL_ENVS_EXTENSION, ProviderFile,
 };
@@ -23,10 +24,6 @@ use serde_json::json;
 /// A value configured for the failing plugin that must never show up.
 const SECRET: &str = "api-key-that-must-not-leak";
 
-fn plugin(script: &str) -> String {
-    format!("{}/tests/plugins/{script}", env!("CARGO_MANIFEST_DIR"))
-}
-
 /// `token` hands out `$STATE_DIR/token` and takes profile-sourced args and
 /// env; `refuse` always fails.
 fn provider_file() -> ProviderFile {
@@ -35,7 +32,7 @@ fn provider_file() -> ProviderFile {
             "name": "token",
             "execConfig": {
                 "apiVersion": "client.authentication.k8s.io/v1",
-                "command": plugin("token.sh"),
+                "command": plugins::TOKEN,
                 "args": ["--base"],
                 "env": [{"name": "KEEP", "value": "configured"}],
                 "provideClusterInfo": true,
@@ -47,7 +44,7 @@ fn provider_file() -> ProviderFile {
             "name": "refuse",
             "execConfig": {
                 "apiVersion": "client.authentication.k8s.io/v1",
-                "command": plugin("refuse.sh"),
+                "command": plugins::REFUSE,
                 "env": [{"name": "API_KEY", "value": SECRET}],
             },
             "profileSourcedEnvVarsPolicy": "Replace",
@@ -98,15 +95,6 @@ async fn admin_token(cluster: &ControlPlane, name: &str) -> String {
         .await
         .expect("binding");
     token
-}
-
-/// The plugin calls recorded in a state directory, one line each.
-fn calls(state: &Path) -> Vec<String> {
-    std::fs::read_to_string(state.join("calls"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_string)
-        .collect()
 }
 
 /// One recorded `token.sh` call, field by field.
@@ -178,7 +166,7 @@ async fn profiles_are_engaged_through_the_first_access_provider_in_file_order() 
     .await;
 
     let mut options = ClusterProfileOptions::with_access_providers(provider_file());
-    options.retry_delay = Duration::from_millis(100);
+    options.retry.base = Duration::from_millis(100);
     let provider = Arc::new(ClusterProfileProvider::new(hub.clone(), options));
     let recorder = Recorder::default();
     let manager = common::manager(&hub, &provider, &recorder, ManagerOptions::default());

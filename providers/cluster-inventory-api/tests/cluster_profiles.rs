@@ -225,9 +225,9 @@ async fn bad_credentials_affect_only_their_own_profile() {
         secret
     };
     let failing_plugin = format!(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: c\n  cluster:\n    server: {}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: {}/tests/plugins/refuse.sh\n      args: [--token={TOKEN}]\n      interactiveMode: Never\n",
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: c\n  cluster:\n    server: {}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: {}\n      args: [--token={TOKEN}]\n      interactiveMode: Never\n",
         healthy.server(),
-        env!("CARGO_MANIFEST_DIR"),
+        multicluster_envtest::plugins::REFUSE,
     );
     let untrusted = healthy.kubeconfig_trusting(&stranger);
     let cases: [(&str, Option<String>, &str); 5] = [

@@ -24,6 +24,8 @@ use std::sync::Arc;
 
 use multicluster_runtime::cache::FieldIndex;
 use multicluster_runtime::clusters::Clusters;
+use multicluster_runtime::controller::Backoff;
+use multicluster_runtime::retry::{PROVIDER_BACKOFF, Retries};
 use multicluster_runtime::{
     Aware, Cluster, ClusterName, Error, Provider, RunnableProvider, kubeconfig,
 };
@@ -53,6 +55,10 @@ pub struct FileOptions {
     pub patterns: Vec<String>,
     /// Between path and context in cluster names.
     pub separator: String,
+    /// How long to wait before reading the files again when some context's
+    /// credentials could not be obtained (default [`PROVIDER_BACKOFF`]: 1 s,
+    /// doubling up to 5 min).
+    pub retry: Backoff,
 }
 
 impl Default for FileOptions {
@@ -62,6 +68,7 @@ impl Default for FileOptions {
             directories: Vec::new(),
             patterns: DEFAULT_PATTERNS.iter().map(|p| p.to_string()).collect(),
             separator: DEFAULT_SEPARATOR.to_string(),
+            retry: PROVIDER_BACKOFF,
         }
     }
 }
@@ -117,9 +124,13 @@ impl FileProvider {
     }
 
     /// Reads every source and brings the cluster set in line with it.
-    async fn sync(&self) {
-        // Name -> (client, fingerprint); BTreeMap keeps the first of duplicates.
-        let mut found: BTreeMap<ClusterName, (kube::Client, String)> = BTreeMap::new();
+    /// Brings the fleet in line with the files; false when some context's
+    /// credentials could not be obtained and another sync should follow.
+    async fn sync(&self) -> bool {
+        // Name -> the new client and fingerprint, or None when unchanged;
+        // BTreeMap keeps the first of duplicates.
+        let mut found: BTreeMap<ClusterName, Option<(kube::Client, String)>> = BTreeMap::new();
+        let mut complete = true;
         // Files that exist but cannot be read or parsed right now (often: a
         // write in progress) keep the clusters they had, instead of flapping.
         let mut keep_prefixes: Vec<String> = Vec::new();
@@ -152,10 +163,19 @@ impl FileProvider {
                     tracing::warn!(cluster = %name, "skipping a duplicate cluster name");
                     continue;
                 }
+                let fingerprint = kubeconfig::fingerprint(&format!("{context}\n{text}"));
+                // Unchanged: no new client, so no credential plugin run.
+                if self.clusters.fingerprint(&name).as_deref() == Some(fingerprint.as_str()) {
+                    found.insert(name, None);
+                    continue;
+                }
                 match kubeconfig::client(&parsed, Some(&context), &source).await {
                     Ok(client) => {
-                        let fingerprint = kubeconfig::fingerprint(&format!("{context}\n{text}"));
-                        found.insert(name, (client, fingerprint));
+                        found.insert(name, Some((client, fingerprint)));
+                    }
+                    Err(err) if err.is_retryable() => {
+                        tracing::warn!(error = %err, "skipping the context for now; trying again later");
+                        complete = false;
                     }
                     Err(err) => tracing::warn!(error = %err, "skipping the context"),
                 }
@@ -167,7 +187,10 @@ impl FileProvider {
                     .iter()
                     .any(|prefix| name.as_str().starts_with(prefix.as_str()))
         });
-        for (name, (client, fingerprint)) in found {
+        for (name, (client, fingerprint)) in found
+            .into_iter()
+            .filter_map(|(name, new)| Some((name, new?)))
+        {
             if self.clusters.add_or_replace(
                 name.clone(),
                 Cluster::new(name.clone(), client),
@@ -176,6 +199,7 @@ impl FileProvider {
                 tracing::info!(cluster = %name, "cluster engaged from its kubeconfig file");
             }
         }
+        complete
     }
 
     /// Directories whose changes matter: each directory and each file's
@@ -244,15 +268,23 @@ impl RunnableProvider for FileProvider {
                 }
             }
         }
-        self.sync().await;
+        // One key: a sync that could not get some credentials is retried.
+        let mut retries = Retries::new(self.options.retry);
+        let mut complete = self.sync().await;
         loop {
+            if complete {
+                retries.forget(&());
+            } else {
+                retries.failed(());
+            }
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 event = changed.recv() => if event.is_none() { return Ok(()) },
+                () = retries.next() => {}
             }
             // A write is often several events: take them all, then re-read once.
             while changed.try_recv().is_ok() {}
-            self.sync().await;
+            complete = self.sync().await;
         }
     }
 }

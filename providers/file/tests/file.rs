@@ -3,13 +3,14 @@
 
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use kube::config::Kubeconfig;
-use multicluster_envtest::ControlPlane;
+use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_provider_file::{FileOptions, FileProvider};
-use multicluster_runtime::controller::{Request, Watch};
+use multicluster_runtime::controller::{Backoff, Request, Watch};
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::testing::{
     Recorder, eventually, recording_controller, run_manager, wait_until_unreachable,
@@ -246,6 +247,87 @@ async fn broken_files_and_contexts_affect_only_themselves() {
         provider.names(),
         [good, wrong_ca_name],
         "everything else skipped"
+    );
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// A context whose credential plugin fails (no token yet) is tried again
+/// without any file event, and engaged once the plugin works; afterwards an
+/// unrelated file change runs no plugin for the unchanged context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credential_plugins_run_again_only_for_failed_or_changed_contexts() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let mut cm = ConfigMap::default();
+    cm.metadata.name = Some("hello".into());
+    Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default")
+        .create(&PostParams::default(), &cm)
+        .await
+        .expect("object");
+    let dir = tempfile::tempdir().expect("dir");
+    // Outside the watched directory: the plugin's own writes are no events.
+    let state = tempfile::tempdir().expect("state");
+    let with_plugin = dir.path().join("plugin.kubeconfig");
+    write(
+        &with_plugin,
+        &multicluster_envtest::to_yaml(&cp.exec_kubeconfig("plugin", plugins::TOKEN, state.path()))
+            .expect("yaml"),
+    );
+
+    let provider = Arc::new(FileProvider::new(FileOptions {
+        directories: vec![dir.path().to_path_buf()],
+        retry: Backoff {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        },
+        ..FileOptions::default()
+    }));
+    let manager = Manager::with_provider(
+        Cluster::new("local", cp.client().await.expect("client")),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    let recorder = Recorder::default();
+    manager
+        .add_controller(
+            recording_controller("files", Watch::<ConfigMap>::new(), &recorder)
+                .expect("controller"),
+        )
+        .expect("add");
+    let (shutdown, task) = run_manager(&manager);
+    eventually("the failing plugin to be tried again", || async {
+        plugins::calls(state.path()).len() >= 3
+    })
+    .await;
+    assert!(provider.names().is_empty());
+
+    let token = cp
+        .service_account_token("robots", "files", Duration::from_secs(3600))
+        .await
+        .expect("token");
+    cp.bind_cluster_role("cluster-admin", "robots", "files")
+        .await
+        .expect("binding");
+    std::fs::write(state.path().join("token"), token).expect("token");
+    let engaged = name(&with_plugin, "plugin");
+    recorder
+        .wait_for_more(&Request::new(engaged.as_str(), Some("default"), "hello"), 0)
+        .await;
+    let calls = plugins::calls(state.path()).len();
+
+    let other = dir.path().join("other.kubeconfig");
+    write(&other, &with_contexts(cp.kubeconfig(), &["other"]));
+    recorder
+        .wait_for_more(
+            &Request::new(name(&other, "other").as_str(), Some("default"), "hello"),
+            0,
+        )
+        .await;
+    assert_eq!(
+        plugins::calls(state.path()).len(),
+        calls,
+        "the unchanged context's plugin ran again"
     );
 
     shutdown.cancel();

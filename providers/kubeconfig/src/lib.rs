@@ -13,8 +13,10 @@
 //! - key missing or empty, kubeconfig unusable → logged (naming the Secret
 //!   and key, never quoting the data), counted in
 //!   `mcr_cluster_engagement_failures`, and skipped; the rest of the fleet is
-//!   unaffected. An unreachable server is the manager's business: reported
-//!   `unreachable` and retried, never blocking other clusters.
+//!   unaffected. A kubeconfig whose credentials cannot be obtained (a
+//!   credential plugin that fails) is tried again with backoff. An unreachable server is
+//!   the manager's business: reported `unreachable` and retried, never
+//!   blocking other clusters.
 //!
 //! With a watch filter only Secrets also labelled
 //! `cluster.x-k8s.io/watch-filter=<value>` count, so several instances can
@@ -27,7 +29,9 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions, FieldIndex};
 use multicluster_runtime::clusters::Clusters;
+use multicluster_runtime::controller::Backoff;
 use multicluster_runtime::metrics::Metrics;
+use multicluster_runtime::retry::{PROVIDER_BACKOFF, Retries};
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
@@ -52,6 +56,9 @@ pub struct KubeconfigOptions {
     /// Where to count Secrets that could not be turned into clusters (the
     /// manager's registry, typically).
     pub metrics: Option<Metrics>,
+    /// How long to wait before building a failed cluster's client again
+    /// (default [`PROVIDER_BACKOFF`]: 1 s, doubling up to 5 min).
+    pub retry: Backoff,
 }
 
 impl Default for KubeconfigOptions {
@@ -62,6 +69,7 @@ impl Default for KubeconfigOptions {
             data_key: DEFAULT_DATA_KEY.to_string(),
             watch_filter: None,
             metrics: None,
+            retry: PROVIDER_BACKOFF,
         }
     }
 }
@@ -117,7 +125,9 @@ impl KubeconfigProvider {
         )
     }
 
-    async fn apply(&self, name: ClusterName, secret: &Secret) {
+    /// Builds the cluster of `secret`; false when building its client failed
+    /// and another attempt should follow.
+    async fn apply(&self, name: ClusterName, secret: &Secret) -> bool {
         let source = format!(
             "Secret {}/{} key {:?}",
             secret.metadata.namespace.as_deref().unwrap_or_default(),
@@ -136,12 +146,12 @@ impl KubeconfigProvider {
                 tracing::info!(cluster = %name, "cluster removed: its kubeconfig is gone");
             }
             self.failed("missing-key");
-            return;
+            return true;
         };
         let Ok(text) = String::from_utf8(data) else {
             tracing::warn!(cluster = %name, "{source} is not UTF-8 text; ignoring the Secret");
             self.failed("invalid-kubeconfig");
-            return;
+            return true;
         };
         let existed = self.clusters.get(&name).is_ok();
         match self
@@ -149,13 +159,21 @@ impl KubeconfigProvider {
             .add_or_replace_from_kubeconfig(name.clone(), &text, &source)
             .await
         {
-            Ok(true) => {
-                tracing::info!(cluster = %name, replaced = existed, "cluster engaged from {source}")
+            Ok(changed) => {
+                if changed {
+                    tracing::info!(cluster = %name, replaced = existed, "cluster engaged from {source}");
+                }
+                true
             }
-            Ok(false) => {}
+            Err(err) if err.is_retryable() => {
+                tracing::warn!(cluster = %name, error = %err, "cannot use the Secret; trying again later");
+                self.failed("credentials");
+                false
+            }
             Err(err) => {
                 tracing::warn!(cluster = %name, error = %err, "ignoring the Secret");
                 self.failed("invalid-kubeconfig");
+                true
             }
         }
     }
@@ -183,27 +201,44 @@ impl Provider for KubeconfigProvider {
 impl RunnableProvider for KubeconfigProvider {
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
         self.clusters.start(shutdown.clone(), aware)?;
-        let mut secrets = self.secrets.informer::<Secret>().subscribe();
+        let informer = self.secrets.informer::<Secret>();
+        let mut secrets = informer.subscribe();
+        // Secrets by namespace and name.
+        let mut retries: Retries<(Option<String>, String)> = Retries::new(self.options.retry);
         loop {
-            let event = tokio::select! {
+            let secret = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
-                event = secrets.next() => event,
+                event = secrets.next() => match event {
+                    Some(CacheEvent::Applied { new, .. }) => Some(new),
+                    Some(event) => {
+                        let Some(name) = self.cluster_name(event.object()) else { continue };
+                        if self.clusters.remove(&name) {
+                            tracing::info!(cluster = %name, "cluster removed: its Secret is gone");
+                        }
+                        continue;
+                    }
+                    None => return Err(Error::Other("the kubeconfig Secret watch stopped".into())),
+                },
+                // The Secret as it is now; gone means its deletion was handled.
+                (namespace, name) = retries.next() => informer.get(namespace.as_deref(), &name),
             };
-            let Some(event) = event else {
-                return Err(Error::Other("the kubeconfig Secret watch stopped".into()));
-            };
-            let Some(name) = self.cluster_name(event.object()) else {
+            let Some(secret) = secret else { continue };
+            let Some(name) = self.cluster_name(&secret) else {
                 continue;
             };
-            match &event {
-                CacheEvent::Applied { new, .. } if new.metadata.deletion_timestamp.is_none() => {
-                    self.apply(name, new).await;
+            let key = (
+                secret.metadata.namespace.clone(),
+                secret.metadata.name.clone().unwrap_or_default(),
+            );
+            if secret.metadata.deletion_timestamp.is_some() {
+                retries.forget(&key);
+                if self.clusters.remove(&name) {
+                    tracing::info!(cluster = %name, "cluster removed: its Secret is being deleted");
                 }
-                _ => {
-                    if self.clusters.remove(&name) {
-                        tracing::info!(cluster = %name, "cluster removed: its Secret is gone");
-                    }
-                }
+            } else if self.apply(name, &secret).await {
+                retries.forget(&key);
+            } else {
+                retries.failed(key);
             }
         }
     }

@@ -9,11 +9,11 @@ use std::time::Duration;
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
-use multicluster_envtest::ControlPlane;
+use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_provider_kubeconfig::{
     DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider, WATCH_FILTER_LABEL,
 };
-use multicluster_runtime::controller::{Request, Watch};
+use multicluster_runtime::controller::{Backoff, Request, Watch};
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::testing::{
     Recorder, eventually, recording_controller, run_manager, wait_until_unreachable,
@@ -521,6 +521,77 @@ async fn broken_kubeconfigs_affect_only_their_own_secret() {
         recorder.for_cluster("refused") + recorder.for_cluster("wrong-ca"),
         0
     );
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// A kubeconfig whose credential plugin fails at first (no token yet) is
+/// tried again with backoff and engaged once the plugin works, with no
+/// Secret event to prompt it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_whose_credential_plugin_fails_at_first_is_engaged_once_it_works() {
+    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (management, member) = (management.expect("management"), member.expect("member"));
+    create(&member, "hello").await;
+    management
+        .create_namespace(NAMESPACE)
+        .await
+        .expect("namespace");
+    let admin = management.client().await.expect("client");
+    let state = tempfile::tempdir().expect("state");
+    let kubeconfig = member.exec_kubeconfig("late", plugins::TOKEN, state.path());
+    Api::<Secret>::namespaced(admin.clone(), NAMESPACE)
+        .create(
+            &PostParams::default(),
+            &secret(
+                "late",
+                Some(&multicluster_envtest::to_yaml(&kubeconfig).expect("yaml")),
+                &[(DEFAULT_LABEL, "true")],
+            ),
+        )
+        .await
+        .expect("secret");
+
+    let provider = Arc::new(KubeconfigProvider::new(
+        admin.clone(),
+        KubeconfigOptions {
+            namespace: Some(NAMESPACE.into()),
+            retry: Backoff {
+                base: Duration::from_millis(100),
+                max: Duration::from_secs(1),
+            },
+            ..KubeconfigOptions::default()
+        },
+    ));
+    let manager = Manager::with_provider(
+        Cluster::new("local", admin),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    let recorder = Recorder::default();
+    manager
+        .add_controller(
+            recording_controller("late", Watch::<ConfigMap>::new(), &recorder).expect("controller"),
+        )
+        .expect("add");
+    let (shutdown, task) = run_manager(&manager);
+    eventually("the failing plugin to be tried again", || async {
+        plugins::calls(state.path()).len() >= 3
+    })
+    .await;
+    assert!(provider.names().is_empty());
+
+    let token = member
+        .service_account_token("robots", "late", Duration::from_secs(3600))
+        .await
+        .expect("token");
+    member
+        .bind_cluster_role("cluster-admin", "robots", "late")
+        .await
+        .expect("binding");
+    std::fs::write(state.path().join("token"), token).expect("token");
+    recorder.wait_for_more(&req("late", "hello"), 0).await;
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");

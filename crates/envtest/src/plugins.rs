@@ -1,0 +1,26 @@
+//! Exec credential plugins (client.authentication.k8s.io/v1) for tests,
+//! shipped as shell scripts with this crate. Each keeps its state in the
+//! directory named by `$STATE_DIR` ([`crate::ControlPlane::exec_kubeconfig`]
+//! sets it).
+
+/// Hands out the bearer token in `$STATE_DIR/token` (read at every call, so
+/// a test can rotate it; a missing file is a failure). If `$STATE_DIR/ttl`
+/// holds a number of seconds, the credential expires that long after the
+/// call, so clients call the plugin again. Every call appends a line to
+/// `$STATE_DIR/calls`: `args=`, `KEEP=`, `REGION=` and `info=` (the
+/// `KUBERNETES_EXEC_INFO` it got), tab-separated.
+pub const TOKEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/plugins/token.sh");
+
+/// Always fails: exit 1, its arguments and `$API_KEY` on stdout, "identity
+/// service: no grant for this cluster" as the last stderr line. Appends a line
+/// to `$STATE_DIR/calls` per call when `$STATE_DIR` is set.
+pub const REFUSE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/plugins/refuse.sh");
+
+/// The calls a plugin recorded in `state`, one line each.
+pub fn calls(state: &std::path::Path) -> Vec<String> {
+    std::fs::read_to_string(state.join("calls"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_string)
+        .collect()
+}
