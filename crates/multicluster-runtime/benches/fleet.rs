@@ -16,12 +16,10 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
-use multicluster_runtime::cache::{Cache, CacheOptions, FieldIndex};
-use multicluster_runtime::clusters::Clusters;
+use multicluster_runtime::cache::{Cache, CacheOptions};
+use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
-use multicluster_runtime::{
-    Aware, Cluster, ClusterName, Error, Manager, ManagerOptions, Provider, RunnableProvider,
-};
+use multicluster_runtime::{Aware, Cluster, Error, Manager, ManagerOptions, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 const OBJECTS_PER_CLUSTER: usize = 100;
@@ -31,14 +29,9 @@ const UPDATE_INTERVAL: Duration = Duration::from_millis(10);
 #[derive(Clone, Default)]
 struct BenchProvider(Clusters);
 
-#[async_trait::async_trait]
-impl Provider for BenchProvider {
-    async fn get(&self, name: &ClusterName) -> Result<Cluster, Error> {
-        self.0.get(name)
-    }
-    async fn index_field(&self, index: FieldIndex) -> Result<(), Error> {
-        self.0.index_field(index);
-        Ok(())
+impl ClusterSetProvider for BenchProvider {
+    fn cluster_set(&self) -> &Clusters {
+        &self.0
     }
 }
 

@@ -11,7 +11,7 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::FieldIndex;
-use crate::{Aware, Cluster, ClusterName, Error};
+use crate::{Aware, Cluster, ClusterName, Error, Provider};
 
 /// Called with errors that have no caller to return to (an engagement that
 /// failed while the provider was adding clusters in the background).
@@ -256,6 +256,26 @@ impl std::fmt::Debug for Clusters {
         f.debug_struct("Clusters")
             .field("names", &self.names())
             .finish()
+    }
+}
+
+/// A provider that keeps its clusters in a [`Clusters`] set. Implementing
+/// this gives it [`Provider`]: lookups and field indexes are served by the
+/// set, so indexes registered before a cluster arrives reach it too.
+pub trait ClusterSetProvider: Send + Sync {
+    /// The set the provider keeps its clusters in.
+    fn cluster_set(&self) -> &Clusters;
+}
+
+#[async_trait::async_trait]
+impl<T: ClusterSetProvider> Provider for T {
+    async fn get(&self, name: &ClusterName) -> Result<Cluster, Error> {
+        self.cluster_set().get(name)
+    }
+
+    async fn index_field(&self, index: FieldIndex) -> Result<(), Error> {
+        self.cluster_set().index_field(index);
+        Ok(())
     }
 }
 

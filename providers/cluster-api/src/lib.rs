@@ -27,11 +27,11 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
-use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions, FieldIndex};
-use multicluster_runtime::clusters::Clusters;
+use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions};
+use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::controller::Backoff;
 use multicluster_runtime::retry::{PROVIDER_BACKOFF, Retries};
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
+use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 /// The label key of the watch-filter convention.
@@ -250,15 +250,9 @@ impl ClusterApiProvider {
     }
 }
 
-#[async_trait::async_trait]
-impl Provider for ClusterApiProvider {
-    async fn get(&self, name: &ClusterName) -> Result<Cluster, Error> {
-        self.clusters.get(name)
-    }
-
-    async fn index_field(&self, index: FieldIndex) -> Result<(), Error> {
-        self.clusters.index_field(index);
-        Ok(())
+impl ClusterSetProvider for ClusterApiProvider {
+    fn cluster_set(&self) -> &Clusters {
+        &self.clusters
     }
 }
 

@@ -8,9 +8,8 @@
 
 use std::sync::Arc;
 
-use multicluster_runtime::cache::FieldIndex;
-use multicluster_runtime::clusters::Clusters;
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
+use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 /// Clusters managed by the caller.
@@ -53,15 +52,9 @@ impl ClustersProvider {
     }
 }
 
-#[async_trait::async_trait]
-impl Provider for ClustersProvider {
-    async fn get(&self, name: &ClusterName) -> Result<Cluster, Error> {
-        self.clusters.get(name)
-    }
-
-    async fn index_field(&self, index: FieldIndex) -> Result<(), Error> {
-        self.clusters.index_field(index);
-        Ok(())
+impl ClusterSetProvider for ClustersProvider {
+    fn cluster_set(&self) -> &Clusters {
+        &self.clusters
     }
 }
 

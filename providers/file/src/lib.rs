@@ -22,13 +22,10 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use multicluster_runtime::cache::FieldIndex;
-use multicluster_runtime::clusters::Clusters;
+use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::controller::Backoff;
 use multicluster_runtime::retry::{PROVIDER_BACKOFF, Retries};
-use multicluster_runtime::{
-    Aware, Cluster, ClusterName, Error, Provider, RunnableProvider, kubeconfig,
-};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider, kubeconfig};
 use notify::Watcher;
 use tokio_util::sync::CancellationToken;
 
@@ -235,15 +232,9 @@ fn default_sources(options: &mut FileOptions) {
     options.directories = vec![PathBuf::from(".")];
 }
 
-#[async_trait::async_trait]
-impl Provider for FileProvider {
-    async fn get(&self, name: &ClusterName) -> Result<Cluster, Error> {
-        self.clusters.get(name)
-    }
-
-    async fn index_field(&self, index: FieldIndex) -> Result<(), Error> {
-        self.clusters.index_field(index);
-        Ok(())
+impl ClusterSetProvider for FileProvider {
+    fn cluster_set(&self) -> &Clusters {
+        &self.clusters
     }
 }
 

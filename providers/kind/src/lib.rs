@@ -16,9 +16,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use multicluster_runtime::cache::FieldIndex;
-use multicluster_runtime::clusters::Clusters;
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
+use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
+use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 /// Options of the kind provider.
@@ -145,15 +144,9 @@ impl KindProvider {
     }
 }
 
-#[async_trait::async_trait]
-impl Provider for KindProvider {
-    async fn get(&self, name: &ClusterName) -> Result<Cluster, Error> {
-        self.clusters.get(name)
-    }
-
-    async fn index_field(&self, index: FieldIndex) -> Result<(), Error> {
-        self.clusters.index_field(index);
-        Ok(())
+impl ClusterSetProvider for KindProvider {
+    fn cluster_set(&self) -> &Clusters {
+        &self.clusters
     }
 }
 

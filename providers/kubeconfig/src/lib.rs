@@ -27,12 +27,12 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::watcher;
-use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions, FieldIndex};
-use multicluster_runtime::clusters::Clusters;
+use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions};
+use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::controller::Backoff;
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::retry::{PROVIDER_BACKOFF, Retries};
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
+use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 /// The default label marking kubeconfig Secrets (value `true`).
@@ -185,15 +185,9 @@ impl KubeconfigProvider {
     }
 }
 
-#[async_trait::async_trait]
-impl Provider for KubeconfigProvider {
-    async fn get(&self, name: &ClusterName) -> Result<Cluster, Error> {
-        self.clusters.get(name)
-    }
-
-    async fn index_field(&self, index: FieldIndex) -> Result<(), Error> {
-        self.clusters.index_field(index);
-        Ok(())
+impl ClusterSetProvider for KubeconfigProvider {
+    fn cluster_set(&self) -> &Clusters {
+        &self.clusters
     }
 }
 

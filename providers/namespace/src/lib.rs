@@ -22,9 +22,9 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
-use multicluster_runtime::cache::{Cache, CacheEvent, FieldIndex};
-use multicluster_runtime::clusters::Clusters;
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
+use multicluster_runtime::cache::{Cache, CacheEvent};
+use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 pub use multicluster_runtime::cache::VIRTUAL_NAMESPACE;
@@ -89,15 +89,9 @@ impl NamespaceProvider {
     }
 }
 
-#[async_trait::async_trait]
-impl Provider for NamespaceProvider {
-    async fn get(&self, name: &ClusterName) -> Result<Cluster, Error> {
-        self.clusters.get(name)
-    }
-
-    async fn index_field(&self, index: FieldIndex) -> Result<(), Error> {
-        self.clusters.index_field(index);
-        Ok(())
+impl ClusterSetProvider for NamespaceProvider {
+    fn cluster_set(&self) -> &Clusters {
+        &self.clusters
     }
 }
 

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::cache::FieldIndex;
-use multicluster_runtime::clusters::Clusters;
+use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::controller::Request;
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
 use tokio_util::sync::CancellationToken;
@@ -23,15 +23,9 @@ pub struct TestProvider {
     pub clusters: Clusters,
 }
 
-#[async_trait::async_trait]
-impl Provider for TestProvider {
-    async fn get(&self, name: &ClusterName) -> Result<Cluster, Error> {
-        self.clusters.get(name)
-    }
-
-    async fn index_field(&self, index: FieldIndex) -> Result<(), Error> {
-        self.clusters.index_field(index);
-        Ok(())
+impl ClusterSetProvider for TestProvider {
+    fn cluster_set(&self) -> &Clusters {
+        &self.clusters
     }
 }
 
