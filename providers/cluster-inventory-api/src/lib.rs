@@ -17,7 +17,7 @@
 //! - a profile that turns not-ready stays engaged (and is logged); one
 //!   deleted or being deleted is removed;
 //! - the `cluster.clusterset.k8s.io` property, when present, becomes the
-//!   cluster's stable ID ([`Cluster::stable_id`]).
+//!   cluster's stable ID ([`multicluster_runtime::Cluster::stable_id`]).
 //!
 //! The access-provider strategy (KEP-5339) reads the consumer's
 //! [`access::ProviderFile`] and runs an exec credential plugin per profile;

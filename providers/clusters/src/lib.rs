@@ -3,7 +3,7 @@
 //!
 //! Clusters may be added before or after the provider starts; those added
 //! before are engaged when it starts. Removing a cluster ends its lifetime,
-//! which disengages it everywhere. [`Provider::get`] returns the very
+//! which disengages it everywhere. [`Provider::get`](multicluster_runtime::Provider::get) returns the very
 //! instance that was added. Starting twice is an error.
 
 use std::sync::Arc;
