@@ -7,12 +7,29 @@
 #          rotate it);
 #   ttl    if present, seconds until the token expires, which makes the
 #          client call the plugin again before that;
+#   delay  if present, seconds to take before answering (benchmarks stand in
+#          for slow identity services with it);
+#   hold   while it exists (up to 2 minutes), the plugin does not answer:
+#          tests release it by removing the file;
 #   calls  one line appended per call: its arguments, two variables and the
 #          KUBERNETES_EXEC_INFO it was given, tab-separated.
 set -eu
 dir=${STATE_DIR:?STATE_DIR is not set}
 printf 'args=%s\tKEEP=%s\tREGION=%s\tinfo=%s\n' \
   "$*" "${KEEP-}" "${REGION-}" "${KUBERNETES_EXEC_INFO-}" >> "$dir/calls"
+if [ -e "$dir/hold" ]; then
+  deadline=$(( $(date +%s) + 120 ))
+  while [ -e "$dir/hold" ]; do
+    if [ "$(date +%s)" -ge "$deadline" ]; then
+      echo "held for too long" >&2
+      exit 1
+    fi
+    sleep 0.05
+  done
+fi
+if [ -s "$dir/delay" ]; then
+  sleep "$(cat "$dir/delay")"
+fi
 token=$(cat "$dir/token")
 expiry=
 if [ -s "$dir/ttl" ]; then

@@ -6,7 +6,9 @@
 /// Hands out the bearer token in `$STATE_DIR/token` (read at every call, so
 /// a test can rotate it; a missing file is a failure). If `$STATE_DIR/ttl`
 /// holds a number of seconds, the credential expires that long after the
-/// call, so clients call the plugin again. Every call appends a line to
+/// call, so clients call the plugin again. If `$STATE_DIR/delay` holds a
+/// number of seconds, it takes that long to answer; while `$STATE_DIR/hold`
+/// exists (up to 2 minutes) it does not answer at all. Every call appends a line to
 /// `$STATE_DIR/calls`: `args=`, `KEEP=`, `REGION=` and `info=` (the
 /// `KUBERNETES_EXEC_INFO` it got), tab-separated.
 pub const TOKEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/plugins/token.sh");

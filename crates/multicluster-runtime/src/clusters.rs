@@ -135,19 +135,24 @@ impl Clusters {
         source: &str,
         stable_id: Option<&str>,
     ) -> Result<bool, Error> {
-        let name = name.into();
-        let fingerprint =
-            crate::kubeconfig::fingerprint(&format!("{}\n{text}", stable_id.unwrap_or_default()));
-        if self.fingerprint(&name).as_deref() == Some(fingerprint.as_str()) {
+        let wanted = KubeconfigCluster {
+            name: name.into(),
+            text: text.to_string(),
+            source: source.to_string(),
+            stable_id: stable_id.map(str::to_string),
+        };
+        if self.is_current(&wanted) {
             return Ok(false);
         }
-        let parsed = crate::kubeconfig::parse(text, source)?;
-        let client = crate::kubeconfig::client(&parsed, None, source).await?;
-        let mut cluster = Cluster::new(name.clone(), client);
-        if let Some(id) = stable_id {
-            cluster = cluster.with_stable_id(id);
-        }
-        Ok(self.add_or_replace(name, cluster, fingerprint))
+        let cluster = wanted.build().await?;
+        Ok(self.add_or_replace(wanted.name.clone(), cluster, wanted.fingerprint()))
+    }
+
+    /// Whether `wanted` is what the set already holds under its name (same
+    /// kubeconfig text and stable ID): building it again would change
+    /// nothing.
+    pub fn is_current(&self, wanted: &KubeconfigCluster) -> bool {
+        self.fingerprint(&wanted.name).as_deref() == Some(wanted.fingerprint().as_str())
     }
 
     fn insert(
@@ -256,6 +261,56 @@ impl std::fmt::Debug for Clusters {
         f.debug_struct("Clusters")
             .field("names", &self.names())
             .finish()
+    }
+}
+
+/// A cluster to build from kubeconfig text: what a provider found, before
+/// the (possibly slow) client is built. Building runs exec credential
+/// plugins; providers can build several at once and hand the results to
+/// [`Clusters::add_or_replace`] with [`KubeconfigCluster::fingerprint`].
+#[derive(Clone)]
+pub struct KubeconfigCluster {
+    /// The cluster's name in the fleet.
+    pub name: ClusterName,
+    /// The kubeconfig; its current context is used.
+    pub text: String,
+    /// Where the text came from, for errors (which never quote it).
+    pub source: String,
+    /// The cluster's stable ID, if known ([`Cluster::stable_id`]).
+    pub stable_id: Option<String>,
+}
+
+impl std::fmt::Debug for KubeconfigCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeconfigCluster")
+            .field("name", &self.name)
+            .field("source", &self.source)
+            .field("stable_id", &self.stable_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeconfigCluster {
+    /// A digest of the text and stable ID: equal exactly when building
+    /// again would give the same cluster.
+    pub fn fingerprint(&self) -> String {
+        crate::kubeconfig::fingerprint(&format!(
+            "{}\n{}",
+            self.stable_id.as_deref().unwrap_or_default(),
+            self.text
+        ))
+    }
+
+    /// Parses the text and builds the cluster's client (running its
+    /// credential plugin, if any, on a blocking thread).
+    pub async fn build(&self) -> Result<Cluster, Error> {
+        let parsed = crate::kubeconfig::parse(&self.text, &self.source)?;
+        let client = crate::kubeconfig::client(&parsed, None, &self.source).await?;
+        let cluster = Cluster::new(self.name.clone(), client);
+        Ok(match &self.stable_id {
+            Some(id) => cluster.with_stable_id(id),
+            None => cluster,
+        })
     }
 }
 

@@ -21,7 +21,10 @@
 //!
 //! The access-provider strategy (KEP-5339) reads the consumer's
 //! [`access::ProviderFile`] and runs an exec credential plugin per profile;
-//! see [`access`].
+//! see [`access`]. Profiles are looked at in event order, but their clients
+//! (and so their plugins) are built up to
+//! [`ClusterProfileOptions::max_concurrent_builds`] at once, so a slow plugin
+//! holds up only its own profile.
 //!
 //! A profile that cannot be engaged is logged, counted in
 //! `mcr_cluster_engagement_failures{provider="cluster-inventory-api"}` and
@@ -40,11 +43,12 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions};
-use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
+use multicluster_runtime::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
 use multicluster_runtime::controller::Backoff;
+use multicluster_runtime::inflight::InFlight;
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::retry::{PROVIDER_BACKOFF, Retries};
-use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 use crate::access::ProviderFile;
@@ -93,6 +97,10 @@ pub struct ClusterProfileOptions {
     pub retry: Backoff,
     /// Where engagement failures are counted.
     pub metrics: Option<Metrics>,
+    /// How many profiles' clients are built at once (default 8). Building
+    /// runs the credential plugin, which can take a second or more; the
+    /// rest of the profiles are looked at meanwhile.
+    pub max_concurrent_builds: usize,
 }
 
 impl ClusterProfileOptions {
@@ -117,6 +125,7 @@ impl ClusterProfileOptions {
             readiness: None,
             retry: PROVIDER_BACKOFF,
             metrics: None,
+            max_concurrent_builds: 8,
         }
     }
 }
@@ -130,6 +139,7 @@ impl std::fmt::Debug for ClusterProfileOptions {
             .field("custom_readiness", &self.readiness.is_some())
             .field("retry", &self.retry)
             .field("metrics", &self.metrics.is_some())
+            .field("max_concurrent_builds", &self.max_concurrent_builds)
             .finish()
     }
 }
@@ -159,6 +169,17 @@ pub struct ClusterProfileProvider {
 
 /// A profile's key in the hub: namespace and name.
 type ProfileKey = (String, String);
+
+/// What a look at a profile calls for.
+enum Decision {
+    /// Nothing more (engaged and unchanged, removed, waiting, failed).
+    Done(Outcome),
+    /// A cluster to (re)build.
+    Build(KubeconfigCluster),
+}
+
+/// Client builds in flight: each profile's wanted cluster and the result.
+type Builds = InFlight<'static, ProfileKey, (KubeconfigCluster, Result<Cluster, Error>)>;
 
 /// What became of one look at a profile.
 enum Outcome {
@@ -309,7 +330,10 @@ impl ClusterProfileProvider {
         Ok((text, source))
     }
 
-    async fn reconcile(&self, namespace: &str, name: &str) -> Outcome {
+    /// Looks at the profile `namespace/name`: everything that needs no new
+    /// client is done here, in event order; a cluster to (re)build is
+    /// returned.
+    fn decide(&self, namespace: &str, name: &str) -> Decision {
         let fleet_name = ClusterName::from(format!("{namespace}/{name}"));
         let profile = self
             .profiles
@@ -320,7 +344,7 @@ impl ClusterProfileProvider {
             if self.clusters.remove(&fleet_name) {
                 tracing::info!(cluster = %fleet_name, "ClusterProfile deleted; removed from the fleet");
             }
-            return Outcome::Settled;
+            return Decision::Done(Outcome::Settled);
         };
         if !self.ready(&profile) {
             if self.clusters.get(&fleet_name).is_ok() {
@@ -328,43 +352,72 @@ impl ClusterProfileProvider {
             } else {
                 tracing::debug!(cluster = %fleet_name, "ClusterProfile is not ready yet");
             }
-            return Outcome::Waiting;
+            return Decision::Done(Outcome::Waiting);
         }
         let (text, source) = match self.credentials(&profile) {
             Ok(found) => found,
             Err(reason) => {
                 tracing::warn!(cluster = %fleet_name, %reason, "no credentials for the ClusterProfile");
                 self.fail(&fleet_name, reason, "no-credentials");
-                return Outcome::Waiting;
+                return Decision::Done(Outcome::Waiting);
             }
         };
-        let stable_id = stable_id(&profile);
-        match self
-            .clusters
-            .add_or_replace_from_kubeconfig_with_id(
-                fleet_name.clone(),
-                &text,
-                &source,
-                stable_id.as_deref(),
-            )
-            .await
-        {
-            Ok(changed) => {
-                if changed {
-                    tracing::info!(cluster = %fleet_name, "ClusterProfile engaged from {source}");
+        let wanted = KubeconfigCluster {
+            name: fleet_name,
+            text,
+            source,
+            stable_id: stable_id(&profile),
+        };
+        if self.clusters.is_current(&wanted) {
+            self.settle(&wanted.name);
+            return Decision::Done(Outcome::Settled);
+        }
+        Decision::Build(wanted)
+    }
+
+    /// Puts a built cluster into the fleet, or records why it failed.
+    fn apply(&self, wanted: &KubeconfigCluster, built: Result<Cluster, Error>) -> Outcome {
+        let name = &wanted.name;
+        match built {
+            Ok(cluster) => {
+                if self
+                    .clusters
+                    .add_or_replace(name.clone(), cluster, wanted.fingerprint())
+                {
+                    tracing::info!(cluster = %name, "ClusterProfile engaged from {}", wanted.source);
                 }
-                self.settle(&fleet_name);
+                self.settle(name);
                 Outcome::Settled
             }
             Err(err) => {
-                tracing::warn!(cluster = %fleet_name, error = %err, "cannot engage the ClusterProfile");
+                tracing::warn!(cluster = %name, error = %err, "cannot engage the ClusterProfile");
                 if err.is_retryable() {
-                    self.fail(&fleet_name, err.to_string(), "credentials");
+                    self.fail(name, err.to_string(), "credentials");
                     Outcome::Failed
                 } else {
-                    self.fail(&fleet_name, err.to_string(), "invalid-kubeconfig");
+                    self.fail(name, err.to_string(), "invalid-kubeconfig");
                     Outcome::Waiting
                 }
+            }
+        }
+    }
+
+    /// Decides on `key` and starts a build if one is needed (or lets the
+    /// key wait for room, or marks a running build stale).
+    fn look(&self, key: ProfileKey, builds: &mut Builds, retries: &mut Retries<ProfileKey>) {
+        if builds.mark_if_running(&key) {
+            return;
+        }
+        match self.decide(&key.0, &key.1) {
+            Decision::Done(outcome) => follow_up(outcome, key, retries),
+            Decision::Build(wanted) => {
+                builds.start(
+                    key,
+                    Box::pin(async move {
+                        let built = wanted.build().await;
+                        (wanted, built)
+                    }),
+                );
             }
         }
     }
@@ -424,7 +477,11 @@ impl RunnableProvider for ClusterProfileProvider {
         };
         let mut profile_events = self.profiles.dynamic(&self.resource).subscribe();
         let mut retries = Retries::new(self.options.retry);
+        let mut builds: Builds = InFlight::new(self.options.max_concurrent_builds);
         loop {
+            while let Some(key) = builds.next_waiting() {
+                self.look(key, &mut builds, &mut retries);
+            }
             let key = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 event = profile_events.next() => match event {
@@ -439,16 +496,33 @@ impl RunnableProvider for ClusterProfileProvider {
                     None => return Err(Error::Other("the credentials Secret watch stopped".into())),
                 },
                 key = retries.next() => Some(key),
-            };
-            let Some(key) = key else { continue };
-            match self.reconcile(&key.0, &key.1).await {
-                Outcome::Settled | Outcome::Waiting => retries.forget(&key),
-                Outcome::Failed => {
-                    let profile = format!("{}/{}", key.0, key.1);
-                    let delay = retries.failed(key);
-                    tracing::debug!(%profile, ?delay, "trying the ClusterProfile again later");
+                done = builds.next() => {
+                    if done.stale {
+                        // The profile changed meanwhile: look at it afresh.
+                        Some(done.key)
+                    } else {
+                        let (wanted, built) = done.result;
+                        follow_up(self.apply(&wanted, built), done.key, &mut retries);
+                        None
+                    }
                 }
+            };
+            if let Some(key) = key {
+                self.look(key, &mut builds, &mut retries);
             }
+        }
+    }
+}
+
+/// Schedules another attempt at `key` after a failure, or forgets its
+/// failures.
+fn follow_up(outcome: Outcome, key: ProfileKey, retries: &mut Retries<ProfileKey>) {
+    match outcome {
+        Outcome::Settled | Outcome::Waiting => retries.forget(&key),
+        Outcome::Failed => {
+            let profile = format!("{}/{}", key.0, key.1);
+            let delay = retries.failed(key);
+            tracing::debug!(%profile, ?delay, "trying the ClusterProfile again later");
         }
     }
 }

@@ -364,3 +364,68 @@ async fn an_expiring_token_is_refreshed_by_running_the_plugin_again() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// A plugin that does not answer holds up only its own profile: others are
+/// engaged meanwhile. A profile that changes while its client is being built
+/// is built again with the new settings.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_plugin_holds_up_only_its_own_profile() {
+    let (hub_cp, member) = tokio::join!(ControlPlane::start(), workload("in-member"));
+    let hub_cp = hub_cp.expect("hub");
+    let hub = common::hub(&hub_cp).await;
+    let slow_state = state_with_token(&member, "slow").await;
+    let fast_state = state_with_token(&member, "fast").await;
+    std::fs::write(slow_state.path().join("hold"), "").expect("hold");
+    let slow_access = |region: &str| {
+        let mut status = json!({"accessProviders": [access("token", &member, slow_state.path(), vec![
+            json!({"name": ADDITIONAL_ARGS_EXTENSION, "extension": ["--region", region]}),
+        ])]});
+        status["conditions"] = health(true)["conditions"].clone();
+        status
+    };
+    create_profile(&hub, "slow").await;
+    set_status(&hub, "slow", slow_access("eu-1")).await;
+
+    let provider = Arc::new(ClusterProfileProvider::new(
+        hub.clone(),
+        ClusterProfileOptions::with_access_providers(provider_file()),
+    ));
+    let recorder = Recorder::default();
+    let manager = common::manager(&hub, &provider, &recorder, ManagerOptions::default());
+    let (shutdown, task) = run_manager(&manager);
+    eventually("the slow plugin to be called", || async {
+        !calls(slow_state.path()).is_empty()
+    })
+    .await;
+
+    create_profile(&hub, "fast").await;
+    let mut fast =
+        json!({"accessProviders": [access("token", &member, fast_state.path(), vec![])]});
+    fast["conditions"] = health(true)["conditions"].clone();
+    set_status(&hub, "fast", fast).await;
+    recorder
+        .wait_for_more(&req("inventory/fast", "in-member"), 0)
+        .await;
+    assert!(
+        !provider
+            .names()
+            .contains(&ClusterName::from("inventory/slow")),
+        "slow is still held"
+    );
+
+    // Changed while its build is held: built again with the new settings.
+    set_status(&hub, "slow", slow_access("us-2")).await;
+    std::fs::remove_file(slow_state.path().join("hold")).expect("release");
+    recorder
+        .wait_for_more(&req("inventory/slow", "in-member"), 0)
+        .await;
+    eventually("a build with the new settings", || async {
+        calls(slow_state.path())
+            .iter()
+            .any(|call| call_field(call, "args") == "--base --region us-2")
+    })
+    .await;
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}

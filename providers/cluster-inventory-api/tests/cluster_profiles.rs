@@ -295,11 +295,18 @@ async fn bad_credentials_affect_only_their_own_profile() {
         .wait_for_more(&req("inventory/healthy", "hello"), 0)
         .await;
 
+    // Clients are built concurrently: a failure lands when its build ends.
+    let failing: Vec<_> = cases.iter().filter(|case| !case.2.is_empty()).collect();
+    eventually("every bad profile's failure to be recorded", || async {
+        let failures = provider.failures();
+        failing.iter().all(|(profile, _, _)| {
+            failures.contains_key(&ClusterName::from(format!("{NS}/{profile}")))
+        })
+    })
+    .await;
     let failures = provider.failures();
-    for (profile, _, expected) in cases.iter().filter(|case| !case.2.is_empty()) {
-        let reason = failures
-            .get(&ClusterName::from(format!("{NS}/{profile}")))
-            .unwrap_or_else(|| panic!("no failure for {profile}: {failures:?}"));
+    for (profile, _, expected) in failing {
+        let reason = &failures[&ClusterName::from(format!("{NS}/{profile}"))];
         assert!(reason.contains(expected), "{profile}: {reason}");
         assert!(!reason.contains(TOKEN), "{profile} leaked: {reason}");
     }
