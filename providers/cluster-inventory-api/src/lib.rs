@@ -34,6 +34,10 @@
 //! profile or its Secret to change.
 
 pub mod access;
+mod options;
+mod secrets;
+
+pub use options::{ClusterProfileOptions, Credentials, Readiness, control_plane_healthy};
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -42,16 +46,12 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
-use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions};
+use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
-use multicluster_runtime::controller::Backoff;
 use multicluster_runtime::inflight::InFlight;
-use multicluster_runtime::metrics::Metrics;
-use multicluster_runtime::retry::{PROVIDER_BACKOFF, Retries};
+use multicluster_runtime::retry::Retries;
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
-
-use crate::access::ProviderFile;
 
 /// The label naming the consumer a credentials Secret is for.
 pub const CONSUMER_LABEL: &str = "x-k8s.io/cluster-inventory-consumer";
@@ -63,97 +63,6 @@ pub const SECRET_KEY: &str = "Config";
 pub const CLUSTER_ID_PROPERTY: &str = "cluster.clusterset.k8s.io";
 /// The label key of the watch-filter convention.
 pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
-
-/// How the provider gets credentials for a profile.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub enum Credentials {
-    /// A Secret per profile for the consumer `consumer`.
-    Secret {
-        /// This consumer's name (value of `x-k8s.io/cluster-inventory-consumer`).
-        consumer: String,
-    },
-    /// Exec credential plugins chosen per profile from the consumer's
-    /// provider file (KEP-5339).
-    AccessProviders(ProviderFile),
-}
-
-/// Decides whether a profile is ready to be engaged.
-pub type Readiness = Arc<dyn Fn(&DynamicObject) -> bool + Send + Sync>;
-
-/// Options of the ClusterProfile provider.
-#[derive(Clone)]
-pub struct ClusterProfileOptions {
-    /// Where credentials come from.
-    pub credentials: Credentials,
-    /// Watch profiles (and Secrets) in this namespace only.
-    pub namespace: Option<String>,
-    /// Only profiles labelled `cluster.x-k8s.io/watch-filter=<value>`.
-    pub watch_filter: Option<String>,
-    /// Overrides the default readiness (`ControlPlaneHealthy` is `True`).
-    pub readiness: Option<Readiness>,
-    /// How long to wait before building a failed profile's client again
-    /// (default: 1 s, doubling per failure up to 5 min).
-    pub retry: Backoff,
-    /// Where engagement failures are counted.
-    pub metrics: Option<Metrics>,
-    /// How many profiles' clients are built at once (default 8). Building
-    /// runs the credential plugin, which can take a second or more; the
-    /// rest of the profiles are looked at meanwhile.
-    pub max_concurrent_builds: usize,
-}
-
-impl ClusterProfileOptions {
-    /// Options for the Secret strategy with everything else at defaults.
-    pub fn with_secrets(consumer: impl Into<String>) -> Self {
-        Self::with_credentials(Credentials::Secret {
-            consumer: consumer.into(),
-        })
-    }
-
-    /// Options for the access-provider strategy with everything else at
-    /// defaults.
-    pub fn with_access_providers(providers: ProviderFile) -> Self {
-        Self::with_credentials(Credentials::AccessProviders(providers))
-    }
-
-    fn with_credentials(credentials: Credentials) -> Self {
-        Self {
-            credentials,
-            namespace: None,
-            watch_filter: None,
-            readiness: None,
-            retry: PROVIDER_BACKOFF,
-            metrics: None,
-            max_concurrent_builds: 8,
-        }
-    }
-}
-
-impl std::fmt::Debug for ClusterProfileOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ClusterProfileOptions")
-            .field("credentials", &self.credentials)
-            .field("namespace", &self.namespace)
-            .field("watch_filter", &self.watch_filter)
-            .field("custom_readiness", &self.readiness.is_some())
-            .field("retry", &self.retry)
-            .field("metrics", &self.metrics.is_some())
-            .field("max_concurrent_builds", &self.max_concurrent_builds)
-            .finish()
-    }
-}
-
-/// The default readiness: condition `ControlPlaneHealthy` is `True`.
-pub fn control_plane_healthy(profile: &DynamicObject) -> bool {
-    profile.data["status"]["conditions"]
-        .as_array()
-        .is_some_and(|conditions| {
-            conditions
-                .iter()
-                .any(|c| c["type"] == "ControlPlaneHealthy" && c["status"] == "True")
-        })
-}
 
 /// ClusterProfiles as clusters.
 #[derive(Debug)]
@@ -259,7 +168,8 @@ impl ClusterProfileProvider {
     /// from, for errors.
     fn credentials(&self, profile: &DynamicObject) -> Result<(String, String), String> {
         match &self.options.credentials {
-            Credentials::Secret { .. } => self.secret_credentials(
+            Credentials::Secret { .. } => secrets::credentials(
+                self.secrets.as_ref(),
                 profile.metadata.namespace.as_deref().unwrap_or_default(),
                 profile.metadata.name.as_deref().unwrap_or_default(),
             ),
@@ -276,58 +186,6 @@ impl ClusterProfileProvider {
                 Ok((access.text(), source))
             }
         }
-    }
-
-    /// The kubeconfig text for a profile from its credentials Secret.
-    fn secret_credentials(
-        &self,
-        namespace: &str,
-        profile: &str,
-    ) -> Result<(String, String), String> {
-        let matching: Vec<_> = self
-            .secrets
-            .iter()
-            .flat_map(|secrets| secrets.informer::<Secret>().list(Some(namespace)))
-            .filter(|secret| {
-                secret
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|l| l.get(PROFILE_LABEL))
-                    .map(String::as_str)
-                    == Some(profile)
-            })
-            .collect();
-        let secret = match matching.as_slice() {
-            [one] => one,
-            [] => {
-                return Err(format!(
-                    "no Secret in {namespace} labelled {PROFILE_LABEL}={profile} for this consumer"
-                ));
-            }
-            several => {
-                let names: Vec<_> = several
-                    .iter()
-                    .filter_map(|s| s.metadata.name.clone())
-                    .collect();
-                return Err(format!(
-                    "several Secrets in {namespace} labelled {PROFILE_LABEL}={profile} for this consumer: {}",
-                    names.join(", ")
-                ));
-            }
-        };
-        let source = format!(
-            "Secret {namespace}/{} key {SECRET_KEY:?}",
-            secret.metadata.name.as_deref().unwrap_or_default()
-        );
-        let text = secret
-            .data
-            .as_ref()
-            .and_then(|data| data.get(SECRET_KEY))
-            .and_then(|bytes| String::from_utf8(bytes.0.clone()).ok())
-            .filter(|text| !text.trim().is_empty())
-            .ok_or_else(|| format!("{source} is missing, empty or not text"))?;
-        Ok((text, source))
     }
 
     /// Looks at the profile `namespace/name`: everything that needs no new
@@ -492,7 +350,7 @@ impl RunnableProvider for ClusterProfileProvider {
                     None => return Err(Error::Other("the ClusterProfile watch stopped".into())),
                 },
                 event = secret_events.next() => match event {
-                    Some(event) => profile_of_secret(&event),
+                    Some(event) => secrets::profile_of(&event),
                     None => return Err(Error::Other("the credentials Secret watch stopped".into())),
                 },
                 key = retries.next() => Some(key),
@@ -525,10 +383,4 @@ fn follow_up(outcome: Outcome, key: ProfileKey, retries: &mut Retries<ProfileKey
             tracing::debug!(%profile, ?delay, "trying the ClusterProfile again later");
         }
     }
-}
-
-fn profile_of_secret(event: &CacheEvent<Secret>) -> Option<ProfileKey> {
-    let meta = &event.object().metadata;
-    let profile = meta.labels.as_ref()?.get(PROFILE_LABEL)?;
-    Some((meta.namespace.clone()?, profile.clone()))
 }

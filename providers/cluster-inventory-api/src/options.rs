@@ -1,0 +1,102 @@
+//! What the ClusterProfile provider is told: credentials strategy, scope,
+//! readiness, retries.
+
+use std::sync::Arc;
+
+use kube::api::DynamicObject;
+use multicluster_runtime::controller::Backoff;
+use multicluster_runtime::metrics::Metrics;
+use multicluster_runtime::retry::PROVIDER_BACKOFF;
+
+use crate::access::ProviderFile;
+
+/// How the provider gets credentials for a profile.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub enum Credentials {
+    /// A Secret per profile for the consumer `consumer`.
+    Secret {
+        /// This consumer's name (value of `x-k8s.io/cluster-inventory-consumer`).
+        consumer: String,
+    },
+    /// Exec credential plugins chosen per profile from the consumer's
+    /// provider file (KEP-5339).
+    AccessProviders(ProviderFile),
+}
+
+/// Decides whether a profile is ready to be engaged.
+pub type Readiness = Arc<dyn Fn(&DynamicObject) -> bool + Send + Sync>;
+
+/// Options of the ClusterProfile provider.
+#[derive(Clone)]
+pub struct ClusterProfileOptions {
+    /// Where credentials come from.
+    pub credentials: Credentials,
+    /// Watch profiles (and Secrets) in this namespace only.
+    pub namespace: Option<String>,
+    /// Only profiles labelled `cluster.x-k8s.io/watch-filter=<value>`.
+    pub watch_filter: Option<String>,
+    /// Overrides the default readiness (`ControlPlaneHealthy` is `True`).
+    pub readiness: Option<Readiness>,
+    /// How long to wait before building a failed profile's client again
+    /// (default: 1 s, doubling per failure up to 5 min).
+    pub retry: Backoff,
+    /// Where engagement failures are counted.
+    pub metrics: Option<Metrics>,
+    /// How many profiles' clients are built at once (default 8). Building
+    /// runs the credential plugin, which can take a second or more; the
+    /// rest of the profiles are looked at meanwhile.
+    pub max_concurrent_builds: usize,
+}
+
+impl ClusterProfileOptions {
+    /// Options for the Secret strategy with everything else at defaults.
+    pub fn with_secrets(consumer: impl Into<String>) -> Self {
+        Self::with_credentials(Credentials::Secret {
+            consumer: consumer.into(),
+        })
+    }
+
+    /// Options for the access-provider strategy with everything else at
+    /// defaults.
+    pub fn with_access_providers(providers: ProviderFile) -> Self {
+        Self::with_credentials(Credentials::AccessProviders(providers))
+    }
+
+    fn with_credentials(credentials: Credentials) -> Self {
+        Self {
+            credentials,
+            namespace: None,
+            watch_filter: None,
+            readiness: None,
+            retry: PROVIDER_BACKOFF,
+            metrics: None,
+            max_concurrent_builds: 8,
+        }
+    }
+}
+
+impl std::fmt::Debug for ClusterProfileOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ClusterProfileOptions")
+            .field("credentials", &self.credentials)
+            .field("namespace", &self.namespace)
+            .field("watch_filter", &self.watch_filter)
+            .field("custom_readiness", &self.readiness.is_some())
+            .field("retry", &self.retry)
+            .field("metrics", &self.metrics.is_some())
+            .field("max_concurrent_builds", &self.max_concurrent_builds)
+            .finish()
+    }
+}
+
+/// The default readiness: condition `ControlPlaneHealthy` is `True`.
+pub fn control_plane_healthy(profile: &DynamicObject) -> bool {
+    profile.data["status"]["conditions"]
+        .as_array()
+        .is_some_and(|conditions| {
+            conditions
+                .iter()
+                .any(|c| c["type"] == "ControlPlaneHealthy" && c["status"] == "True")
+        })
+}
