@@ -243,12 +243,29 @@ impl ProviderFile {
 }
 
 /// What the provider file yields for one profile.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct ProfileAccess {
     /// The access provider chosen.
     pub provider: String,
     /// One context: the profile's cluster entry with the provider's plugin.
     pub kubeconfig: Kubeconfig,
+}
+
+/// Shows the provider and the server only: the plugin's settings can hold
+/// credentials.
+impl std::fmt::Debug for ProfileAccess {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let server = self
+            .kubeconfig
+            .clusters
+            .first()
+            .and_then(|named| named.cluster.as_ref())
+            .and_then(|cluster| cluster.server.as_deref());
+        f.debug_struct("ProfileAccess")
+            .field("provider", &self.provider)
+            .field("server", &server)
+            .finish_non_exhaustive()
+    }
 }
 
 impl ProfileAccess {

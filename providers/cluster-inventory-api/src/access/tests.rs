@@ -88,7 +88,7 @@ fn the_first_provider_in_file_order_that_the_profile_offers_is_used() {
     );
     assert!(exec(&access).provide_cluster_info);
 
-    let shown = format!("{providers:?}");
+    let shown = format!("{providers:?} {access:?}");
     assert!(
         shown.contains("API_KEY") && !shown.contains(SECRET),
         "{shown}"
