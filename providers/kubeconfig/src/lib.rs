@@ -197,14 +197,14 @@ impl RunnableProvider for KubeconfigProvider {
         self.clusters.start(shutdown.clone(), aware)?;
         let informer = self.secrets.informer::<Secret>();
         let mut secrets = informer.subscribe();
-        // Secrets by namespace and name.
-        let mut retries: Retries<(Option<String>, String)> = Retries::new(self.options.retry);
+        let mut retries: Retries<SecretKey> = Retries::new(self.options.retry);
         loop {
             let secret = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
                 event = secrets.next() => match event {
                     Some(CacheEvent::Applied { new, .. }) => Some(new),
                     Some(event) => {
+                        retries.forget(&key_of(event.object()));
                         let Some(name) = self.cluster_name(event.object()) else { continue };
                         if self.clusters.remove(&name) {
                             tracing::info!(cluster = %name, "cluster removed: its Secret is gone");
@@ -220,10 +220,7 @@ impl RunnableProvider for KubeconfigProvider {
             let Some(name) = self.cluster_name(&secret) else {
                 continue;
             };
-            let key = (
-                secret.metadata.namespace.clone(),
-                secret.metadata.name.clone().unwrap_or_default(),
-            );
+            let key = key_of(&secret);
             if secret.metadata.deletion_timestamp.is_some() {
                 retries.forget(&key);
                 if self.clusters.remove(&name) {
@@ -236,4 +233,14 @@ impl RunnableProvider for KubeconfigProvider {
             }
         }
     }
+}
+
+/// A Secret's namespace and name.
+type SecretKey = (Option<String>, String);
+
+fn key_of(secret: &Secret) -> SecretKey {
+    (
+        secret.metadata.namespace.clone(),
+        secret.metadata.name.clone().unwrap_or_default(),
+    )
 }
