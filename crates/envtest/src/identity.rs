@@ -135,6 +135,18 @@ impl ControlPlane {
             })
     }
 
+    /// A token of the service account `namespace/name` (created if missing)
+    /// bound to `cluster-admin`, valid for an hour: what a credential plugin
+    /// hands out in tests.
+    pub async fn cluster_admin_token(&self, namespace: &str, name: &str) -> Result<String, Error> {
+        let token = self
+            .service_account_token(namespace, name, Duration::from_secs(3600))
+            .await?;
+        self.bind_cluster_role("cluster-admin", namespace, name)
+            .await?;
+        Ok(token)
+    }
+
     /// Binds the ClusterRole `role` (e.g. `cluster-admin`) to the service
     /// account `namespace/name` cluster-wide.
     pub async fn bind_cluster_role(

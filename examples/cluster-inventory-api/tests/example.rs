@@ -3,7 +3,6 @@
 //! its work in the member.
 
 use std::process::Stdio;
-use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{
@@ -71,13 +70,9 @@ async fn the_example_copies_configmaps_in_a_profiles_cluster() {
     // The plugin hands out a token of a cluster-admin service account.
     let state = tempfile::tempdir().expect("state");
     let token = member
-        .service_account_token("robots", "example", Duration::from_secs(3600))
+        .cluster_admin_token("robots", "example")
         .await
         .expect("token");
-    member
-        .bind_cluster_role("cluster-admin", "robots", "example")
-        .await
-        .expect("binding");
     std::fs::write(state.path().join("token"), token).expect("token");
     let provider_file = state.path().join("providers.json");
     let providers = json!({"providers": [{

@@ -506,13 +506,9 @@ async fn a_cluster_whose_credential_plugin_fails_at_first_is_engaged_once_it_wor
     assert!(provider.names().is_empty());
 
     let token = member
-        .service_account_token("robots", "late", Duration::from_secs(3600))
+        .cluster_admin_token("robots", "late")
         .await
         .expect("token");
-    member
-        .bind_cluster_role("cluster-admin", "robots", "late")
-        .await
-        .expect("binding");
     std::fs::write(state.path().join("token"), token).expect("token");
     recorder.wait_for_more(&req("fleet/late", "hello"), 0).await;
 

@@ -86,15 +86,10 @@ async fn state_with_token(cluster: &ControlPlane, name: &str) -> tempfile::TempD
 }
 
 async fn admin_token(cluster: &ControlPlane, name: &str) -> String {
-    let token = cluster
-        .service_account_token("robots", name, Duration::from_secs(3600))
-        .await
-        .expect("token");
     cluster
-        .bind_cluster_role("cluster-admin", "robots", name)
+        .cluster_admin_token("robots", name)
         .await
-        .expect("binding");
-    token
+        .expect("token")
 }
 
 /// One recorded `token.sh` call, field by field.

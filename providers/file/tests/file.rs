@@ -303,12 +303,9 @@ async fn credential_plugins_run_again_only_for_failed_or_changed_contexts() {
     assert!(provider.names().is_empty());
 
     let token = cp
-        .service_account_token("robots", "files", Duration::from_secs(3600))
+        .cluster_admin_token("robots", "files")
         .await
         .expect("token");
-    cp.bind_cluster_role("cluster-admin", "robots", "files")
-        .await
-        .expect("binding");
     std::fs::write(state.path().join("token"), token).expect("token");
     let engaged = name(&with_plugin, "plugin");
     recorder

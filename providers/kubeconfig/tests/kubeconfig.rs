@@ -56,14 +56,12 @@ async fn create(cp: &ControlPlane, name: &str) {
 
 /// A kubeconfig for a new service account bound to cluster-admin.
 async fn admin_service_account(cp: &ControlPlane, name: &str) -> String {
-    let kubeconfig = cp
-        .service_account_kubeconfig("robots", name, Duration::from_secs(3600))
+    let token = cp
+        .cluster_admin_token("robots", name)
         .await
         .expect("service account");
-    cp.bind_cluster_role("cluster-admin", "robots", name)
-        .await
-        .expect("binding");
-    multicluster_envtest::to_yaml(&kubeconfig).expect("yaml")
+    multicluster_envtest::to_yaml(&cp.token_kubeconfig(&format!("robots-{name}"), token))
+        .expect("yaml")
 }
 
 fn req(cluster: &str, name: &str) -> Request {
@@ -583,13 +581,9 @@ async fn a_secret_whose_credential_plugin_fails_at_first_is_engaged_once_it_work
     assert!(provider.names().is_empty());
 
     let token = member
-        .service_account_token("robots", "late", Duration::from_secs(3600))
+        .cluster_admin_token("robots", "late")
         .await
         .expect("token");
-    member
-        .bind_cluster_role("cluster-admin", "robots", "late")
-        .await
-        .expect("binding");
     std::fs::write(state.path().join("token"), token).expect("token");
     recorder.wait_for_more(&req("late", "hello"), 0).await;
 
