@@ -515,3 +515,53 @@ async fn a_cluster_whose_credential_plugin_fails_at_first_is_engaged_once_it_wor
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// A custom readiness replaces the version's default: here an annotation
+/// engages a Cluster whose control plane is not initialized, and an
+/// initialized one without it stays out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_readiness_replaces_the_default() {
+    let (management, member) = tokio::join!(Management::start(&["fleet"]), workload("hello"));
+    management
+        .create_cluster("fleet", "initialized", &[], &[])
+        .await;
+    management.set_ready("fleet", "initialized").await;
+    management
+        .put_kubeconfig("fleet", "initialized", &member)
+        .await;
+    management
+        .create_cluster("fleet", "annotated", &[], &[("example.com/ready", "yes")])
+        .await;
+    management
+        .put_kubeconfig("fleet", "annotated", &member)
+        .await;
+
+    let provider = Arc::new(ClusterApiProvider::new(
+        management.client.clone(),
+        ClusterApiOptions {
+            readiness: Some(Arc::new(|cluster: &DynamicObject| {
+                cluster
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|a| a.contains_key("example.com/ready"))
+            })),
+            ..ClusterApiOptions::default()
+        },
+    ));
+    let manager = manager_for(&management, provider.clone());
+    let recorder = Recorder::default();
+    manager
+        .add_controller(
+            recording_controller("capi", Watch::<ConfigMap>::new(), &recorder).expect("controller"),
+        )
+        .expect("add");
+    let (shutdown, task) = run_manager(&manager);
+    recorder
+        .wait_for_more(&req("fleet/annotated", "hello"), 0)
+        .await;
+    assert_eq!(provider.names(), [ClusterName::from("fleet/annotated")]);
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}

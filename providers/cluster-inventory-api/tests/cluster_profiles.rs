@@ -425,3 +425,58 @@ async fn a_namespaced_filtered_instance_needs_rbac_for_its_namespace_only() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// A custom readiness replaces `ControlPlaneHealthy`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_readiness_replaces_control_plane_healthy() {
+    let (hub_cp, member) = tokio::join!(ControlPlane::start(), workload("hello"));
+    let hub_cp = hub_cp.expect("hub");
+    let hub = common::hub(&hub_cp).await;
+    let secrets = Api::<Secret>::namespaced(hub.clone(), NS);
+    // Healthy but not joined, and joined but not healthy: the default
+    // readiness would engage only the first, the custom one only the second.
+    for (profile, healthy, joined) in [("healthy", true, false), ("joined", false, true)] {
+        create_profile(&hub, profile).await;
+        let mut status = common::health(healthy);
+        status["conditions"]
+            .as_array_mut()
+            .expect("conditions")
+            .push(serde_json::json!({
+                "type": "Joined",
+                "status": if joined { "True" } else { "False" },
+                "reason": "Test",
+                "message": "set by the test",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }));
+        common::set_status(&hub, profile, status).await;
+        secrets
+            .create(
+                &PostParams::default(),
+                &credentials(&format!("{profile}-creds"), profile, "me", &member),
+            )
+            .await
+            .expect("secret");
+    }
+
+    let mut options = ClusterProfileOptions::with_secrets("me");
+    options.readiness = Some(Arc::new(|profile: &kube::api::DynamicObject| {
+        profile.data["status"]["conditions"]
+            .as_array()
+            .is_some_and(|conditions| {
+                conditions
+                    .iter()
+                    .any(|c| c["type"] == "Joined" && c["status"] == "True")
+            })
+    }));
+    let provider = Arc::new(ClusterProfileProvider::new(hub.clone(), options));
+    let recorder = Recorder::default();
+    let manager = common::manager(&hub, &provider, &recorder, ManagerOptions::default());
+    let (shutdown, task) = run_manager(&manager);
+    recorder
+        .wait_for_more(&req("inventory/joined", "hello"), 0)
+        .await;
+    assert_eq!(provider.names(), [ClusterName::from("inventory/joined")]);
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
