@@ -24,8 +24,10 @@ pub enum Error {
     /// A provider or component was started twice.
     #[error("{0} already started")]
     AlreadyStarted(&'static str),
-    /// A call to a cluster's API server failed.
-    #[error("cluster {cluster}: {source}")]
+    /// A call to a cluster's API server failed. The message goes through
+    /// [`crate::redact::kube_error`], so a failed credential plugin's
+    /// settings never show.
+    #[error("cluster {cluster}: {}", crate::redact::kube_error(source))]
     Kube {
         /// The cluster the call went to.
         cluster: ClusterName,
