@@ -3,6 +3,7 @@
 //! its work in the member.
 
 use std::process::Stdio;
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{
@@ -82,6 +83,7 @@ async fn the_example_copies_configmaps_in_a_profiles_cluster() {
             "command": multicluster_envtest::plugins::TOKEN,
             "env": [{"name": "STATE_DIR", "value": state.path()}],
         },
+        "profileSourcedEnvVarsPolicy": "Replace",
     }]});
     std::fs::write(&provider_file, providers.to_string()).expect("provider file");
 
@@ -92,28 +94,8 @@ async fn the_example_copies_configmaps_in_a_profiles_cluster() {
     ));
     let profiles: Api<DynamicObject> =
         Api::namespaced_with(hub.client().await.expect("client"), "inventory", &resource);
-    let mut profile = DynamicObject::new("member", &resource).within("inventory");
-    profile.data = json!({"spec": {"clusterManager": {"name": "test"}}});
-    profiles
-        .create(&PostParams::default(), &profile)
-        .await
-        .expect("profile");
-    use base64::Engine;
-    let status = json!({"status": {
-        "conditions": [{
-            "type": "ControlPlaneHealthy", "status": "True", "reason": "Test",
-            "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z",
-        }],
-        "accessProviders": [{"name": "token", "cluster": {
-            "server": member.server(),
-            "certificate-authority-data":
-                base64::engine::general_purpose::STANDARD.encode(member.ca_pem()),
-        }}],
-    }});
-    profiles
-        .patch_status("member", &PatchParams::default(), &Patch::Merge(status))
-        .await
-        .expect("status");
+
+    create_profile(&profiles, "member", &member, json!([])).await;
 
     let mut example = Command::new(BINARY)
         .arg("--clusterprofile-provider-file")
@@ -158,5 +140,72 @@ async fn the_example_copies_configmaps_in_a_profiles_cluster() {
         example.try_wait().expect("status").is_none(),
         "the example is still running"
     );
-    example.kill().await.expect("stop");
+
+    // A profile whose plugin never answers (held until the test ends) does
+    // not keep the example from exiting on SIGTERM.
+    let held = tempfile::tempdir().expect("state");
+    std::fs::write(held.path().join("hold"), "").expect("hold");
+    create_profile(
+        &profiles,
+        "held",
+        &member,
+        json!([{"name": "clusterprofiles.multicluster.x-k8s.io/exec/additional-envs",
+                "extension": {"STATE_DIR": held.path()}}]),
+    )
+    .await;
+    eventually("the held plugin to be called", || async {
+        !multicluster_envtest::plugins::calls(held.path()).is_empty()
+    })
+    .await;
+    let pid = example.id().expect("pid").to_string();
+    let signalled = Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill");
+    assert!(signalled.success());
+    // Well before the plugin's own two-minute limit.
+    let status = tokio::time::timeout(Duration::from_secs(60), example.wait())
+        .await
+        .expect("the example exited while its plugin still hangs")
+        .expect("status");
+    assert!(status.success(), "{status}");
+}
+
+/// A ready ClusterProfile in `profiles` whose access provider `token`
+/// reaches `member`, with extra cluster extensions.
+async fn create_profile(
+    profiles: &Api<DynamicObject>,
+    name: &str,
+    member: &ControlPlane,
+    extensions: serde_json::Value,
+) {
+    use base64::Engine;
+    let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "multicluster.x-k8s.io",
+        "v1alpha1",
+        "ClusterProfile",
+    ));
+    let mut profile = DynamicObject::new(name, &resource).within("inventory");
+    profile.data = json!({"spec": {"clusterManager": {"name": "test"}}});
+    profiles
+        .create(&PostParams::default(), &profile)
+        .await
+        .expect("profile");
+    let status = json!({"status": {
+        "conditions": [{
+            "type": "ControlPlaneHealthy", "status": "True", "reason": "Test",
+            "message": "", "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }],
+        "accessProviders": [{"name": "token", "cluster": {
+            "server": member.server(),
+            "certificate-authority-data":
+                base64::engine::general_purpose::STANDARD.encode(member.ca_pem()),
+            "extensions": extensions,
+        }}],
+    }});
+    profiles
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(status))
+        .await
+        .expect("status");
 }

@@ -56,6 +56,19 @@ pub fn init_logging() {
         .init();
 }
 
+/// Runs an example's main future on a multi-threaded runtime. On the way
+/// out it waits at most 5 s for blocking threads: an exec credential plugin
+/// that hangs holds one nobody can cancel, and a plain `#[tokio::main]`
+/// would wait for it forever after SIGTERM.
+pub fn block_on(
+    main: impl std::future::Future<Output = Result<(), MainError>>,
+) -> Result<(), MainError> {
+    let runtime = tokio::runtime::Runtime::new()?;
+    let result = runtime.block_on(main);
+    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
+    result
+}
+
 /// What an example's `main` returns on failure: printed as the error's
 /// message and its causes, rather than the `Debug` form `main` would show.
 pub struct MainError(Box<dyn std::error::Error + Send + Sync>);

@@ -32,8 +32,11 @@ struct Args {
     health_address: SocketAddr,
 }
 
-#[tokio::main]
-async fn main() -> Result<(), multicluster_example_configmap_sync::MainError> {
+fn main() -> Result<(), multicluster_example_configmap_sync::MainError> {
+    multicluster_example_configmap_sync::block_on(run())
+}
+
+async fn run() -> Result<(), multicluster_example_configmap_sync::MainError> {
     multicluster_example_configmap_sync::init_logging();
     let args = Args::parse();
     // The management cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
