@@ -99,6 +99,28 @@ pub fn recording_controller<K: CachedResource>(
         })
 }
 
+/// A manager over `provider`'s fleet (and `local`) with one controller,
+/// named `recorder`, that records every ConfigMap reconcile in the returned
+/// [`Recorder`].
+pub fn recording_manager<P: crate::RunnableProvider + 'static>(
+    local: crate::Cluster,
+    provider: Arc<P>,
+    options: crate::ManagerOptions,
+) -> (crate::Manager, Recorder) {
+    let manager = crate::Manager::with_provider(local, provider, options);
+    let recorder = Recorder::default();
+    let controller = recording_controller(
+        "recorder",
+        Watch::<k8s_openapi::api::core::v1::ConfigMap>::new(),
+        &recorder,
+    )
+    .unwrap_or_else(|err| panic!("building the recording controller: {err}"));
+    manager
+        .add_controller(controller)
+        .unwrap_or_else(|err| panic!("adding the recording controller: {err}"));
+    (manager, recorder)
+}
+
 /// Polls `check` every 50 ms until it holds; panics naming `what` after
 /// [`DEFAULT_DEADLINE`].
 pub async fn eventually<F, Fut>(what: &str, mut check: F)

@@ -16,9 +16,9 @@ use multicluster_provider_cluster_api::{
     CLUSTER_NAME_LABEL, ClusterApiOptions, ClusterApiProvider, ClusterApiVersion,
     PAUSED_ANNOTATION, WATCH_FILTER_LABEL,
 };
-use multicluster_runtime::controller::{Backoff, Request, Watch};
+use multicluster_runtime::controller::{Backoff, Request};
 use multicluster_runtime::testing::{
-    Recorder, eventually, recording_controller, run_manager, wait_until_unreachable,
+    Recorder, eventually, recording_manager, run_manager, wait_until_unreachable,
 };
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
 
@@ -165,8 +165,9 @@ fn req(cluster: &str, name: &str) -> Request {
     Request::new(cluster, Some("default"), name)
 }
 
-fn manager_for(management: &Management, provider: Arc<ClusterApiProvider>) -> Manager {
-    Manager::with_provider(
+/// A manager over `provider` with a recording ConfigMap controller.
+fn manager_for(management: &Management, provider: Arc<ClusterApiProvider>) -> (Manager, Recorder) {
+    recording_manager(
         Cluster::new("management", management.client.clone()),
         provider,
         ManagerOptions::default(),
@@ -194,13 +195,7 @@ async fn ready_clusters_are_engaged_and_follow_their_kubeconfig_secrets() {
         management.client.clone(),
         ClusterApiOptions::default(),
     ));
-    let manager = manager_for(&management, provider.clone());
-    let recorder = Recorder::default();
-    manager
-        .add_controller(
-            recording_controller("capi", Watch::<ConfigMap>::new(), &recorder).expect("controller"),
-        )
-        .expect("add");
+    let (manager, recorder) = manager_for(&management, provider.clone());
     let (shutdown, task) = run_manager(&manager);
 
     recorder
@@ -342,7 +337,7 @@ async fn watch_filters_split_clusters_between_instances_and_v1beta1_readiness_wo
             ..ClusterApiOptions::default()
         },
     ));
-    let (x_manager, y_manager) = (
+    let ((x_manager, _), (y_manager, _)) = (
         manager_for(&management, x.clone()),
         manager_for(&management, y.clone()),
     );
@@ -424,7 +419,7 @@ async fn broken_kubeconfig_secrets_affect_only_their_own_cluster() {
         management.client.clone(),
         ClusterApiOptions::default(),
     ));
-    let manager = Manager::with_provider(
+    let (manager, recorder) = recording_manager(
         Cluster::new("management", management.client.clone()),
         provider.clone(),
         ManagerOptions {
@@ -432,12 +427,6 @@ async fn broken_kubeconfig_secrets_affect_only_their_own_cluster() {
             ..ManagerOptions::default()
         },
     );
-    let recorder = Recorder::default();
-    manager
-        .add_controller(
-            recording_controller("capi", Watch::<ConfigMap>::new(), &recorder).expect("controller"),
-        )
-        .expect("add");
     let (shutdown, task) = run_manager(&manager);
     wait_until_unreachable(&manager, "fleet/untrusted").await;
 
@@ -491,13 +480,7 @@ async fn a_cluster_whose_credential_plugin_fails_at_first_is_engaged_once_it_wor
             ..ClusterApiOptions::default()
         },
     ));
-    let manager = manager_for(&management, provider.clone());
-    let recorder = Recorder::default();
-    manager
-        .add_controller(
-            recording_controller("capi", Watch::<ConfigMap>::new(), &recorder).expect("controller"),
-        )
-        .expect("add");
+    let (manager, recorder) = manager_for(&management, provider.clone());
     let (shutdown, task) = run_manager(&manager);
     eventually("the failing plugin to be tried again", || async {
         plugins::calls(state.path()).len() >= 3
@@ -549,13 +532,7 @@ async fn a_custom_readiness_replaces_the_default() {
             ..ClusterApiOptions::default()
         },
     ));
-    let manager = manager_for(&management, provider.clone());
-    let recorder = Recorder::default();
-    manager
-        .add_controller(
-            recording_controller("capi", Watch::<ConfigMap>::new(), &recorder).expect("controller"),
-        )
-        .expect("add");
+    let (manager, recorder) = manager_for(&management, provider.clone());
     let (shutdown, task) = run_manager(&manager);
     recorder
         .wait_for_more(&req("fleet/annotated", "hello"), 0)

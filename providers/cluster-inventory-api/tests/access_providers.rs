@@ -17,7 +17,7 @@ use multicluster_provider_cluster_inventory_api::access::{
     ADDITIONAL_ARGS_EXTENSION, ADDITIONAL_ENVS_EXTENSION, ProviderFile,
 };
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
-use multicluster_runtime::testing::{Recorder, eventually, run_manager};
+use multicluster_runtime::testing::{eventually, run_manager};
 use multicluster_runtime::{ClusterName, ManagerOptions};
 use serde_json::json;
 
@@ -163,8 +163,7 @@ async fn profiles_are_engaged_through_the_first_access_provider_in_file_order() 
     let mut options = ClusterProfileOptions::with_access_providers(provider_file());
     options.retry.base = Duration::from_millis(100);
     let provider = Arc::new(ClusterProfileProvider::new(hub.clone(), options));
-    let recorder = Recorder::default();
-    let manager = common::manager(&hub, &provider, &recorder, ManagerOptions::default());
+    let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
     let (shutdown, task) = run_manager(&manager);
 
     recorder
@@ -288,8 +287,7 @@ async fn an_expiring_token_is_refreshed_by_running_the_plugin_again() {
         hub.clone(),
         ClusterProfileOptions::with_access_providers(provider_file()),
     ));
-    let recorder = Recorder::default();
-    let manager = common::manager(&hub, &provider, &recorder, ManagerOptions::default());
+    let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
     let (shutdown, task) = run_manager(&manager);
     recorder
         .wait_for_more(&req("inventory/edge", "in-member"), 0)
@@ -385,8 +383,7 @@ async fn a_slow_plugin_holds_up_only_its_own_profile() {
         hub.clone(),
         ClusterProfileOptions::with_access_providers(provider_file()),
     ));
-    let recorder = Recorder::default();
-    let manager = common::manager(&hub, &provider, &recorder, ManagerOptions::default());
+    let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
     let (shutdown, task) = run_manager(&manager);
     eventually("the slow plugin to be called", || async {
         !calls(slow_state.path()).is_empty()

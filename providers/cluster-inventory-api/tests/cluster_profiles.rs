@@ -16,7 +16,7 @@ use multicluster_provider_cluster_inventory_api::{
     CONSUMER_LABEL, ClusterProfileOptions, ClusterProfileProvider, PROFILE_LABEL, SECRET_KEY,
     WATCH_FILTER_LABEL,
 };
-use multicluster_runtime::testing::{Recorder, eventually, run_manager, wait_until_unreachable};
+use multicluster_runtime::testing::{eventually, run_manager, wait_until_unreachable};
 use multicluster_runtime::{ClusterName, ManagerOptions};
 
 fn credentials(name: &str, profile: &str, consumer: &str, workload: &ControlPlane) -> Secret {
@@ -106,8 +106,7 @@ async fn ready_profiles_are_engaged_with_their_consumers_secret() {
         hub.clone(),
         ClusterProfileOptions::with_secrets("me"),
     ));
-    let recorder = Recorder::default();
-    let manager = common::manager(&hub, &provider, &recorder, ManagerOptions::default());
+    let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
     let (shutdown, task) = run_manager(&manager);
 
     recorder
@@ -270,11 +269,9 @@ async fn bad_credentials_affect_only_their_own_profile() {
         hub.clone(),
         ClusterProfileOptions::with_secrets("me"),
     ));
-    let recorder = Recorder::default();
-    let manager = common::manager(
+    let (manager, recorder) = common::manager(
         &hub,
         &provider,
-        &recorder,
         ManagerOptions {
             sync_timeout: std::time::Duration::from_secs(3),
             ..ManagerOptions::default()
@@ -386,8 +383,7 @@ async fn a_namespaced_filtered_instance_needs_rbac_for_its_namespace_only() {
     options.namespace = Some(NS.into());
     options.watch_filter = Some("x".into());
     let provider = Arc::new(ClusterProfileProvider::new(tenant.clone(), options));
-    let recorder = Recorder::default();
-    let manager = common::manager(&tenant, &provider, &recorder, ManagerOptions::default());
+    let (manager, recorder) = common::manager(&tenant, &provider, ManagerOptions::default());
     let (shutdown, task) = run_manager(&manager);
     recorder
         .wait_for_more(&req("inventory/mine", "hello"), 0)
@@ -469,8 +465,7 @@ async fn a_custom_readiness_replaces_control_plane_healthy() {
             })
     }));
     let provider = Arc::new(ClusterProfileProvider::new(hub.clone(), options));
-    let recorder = Recorder::default();
-    let manager = common::manager(&hub, &provider, &recorder, ManagerOptions::default());
+    let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
     let (shutdown, task) = run_manager(&manager);
     recorder
         .wait_for_more(&req("inventory/joined", "hello"), 0)

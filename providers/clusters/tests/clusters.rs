@@ -6,10 +6,10 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_clusters::ClustersProvider;
-use multicluster_runtime::controller::{Request, Watch};
-use multicluster_runtime::testing::{Recorder, eventually, recording_controller, run_manager};
+use multicluster_runtime::controller::Request;
+use multicluster_runtime::testing::{eventually, recording_manager, run_manager};
 use multicluster_runtime::{
-    Aware, Cluster, ClusterName, Error, Manager, ManagerOptions, Provider, RunnableProvider,
+    Aware, Cluster, ClusterName, Error, ManagerOptions, Provider, RunnableProvider,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -46,18 +46,11 @@ async fn clusters_come_and_go_before_and_after_start() {
             .same_instance(&early)
     );
 
-    let manager = Manager::with_provider(
+    let (manager, recorder) = recording_manager(
         Cluster::new("local", one.client().await.expect("client")),
         provider.clone(),
         ManagerOptions::default(),
     );
-    let recorder = Recorder::default();
-    manager
-        .add_controller(
-            recording_controller("by-hand", Watch::<ConfigMap>::new(), &recorder)
-                .expect("controller"),
-        )
-        .expect("add");
     let (shutdown, task) = run_manager(&manager);
     recorder
         .wait_for_more(&Request::new("early", Some("default"), "in-one"), 0)

@@ -10,10 +10,10 @@ use kube::api::{Api, PostParams};
 use kube::config::Kubeconfig;
 use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_provider_file::{FileOptions, FileProvider};
-use multicluster_runtime::controller::{Backoff, Request, Watch};
+use multicluster_runtime::controller::{Backoff, Request};
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::testing::{
-    Recorder, eventually, recording_controller, run_manager, wait_until_unreachable,
+    eventually, recording_manager, run_manager, wait_until_unreachable,
 };
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
 
@@ -77,18 +77,11 @@ async fn contexts_of_watched_files_come_and_go_with_the_files() {
         directories: vec![watched.clone()],
         ..FileOptions::default()
     }));
-    let manager = Manager::with_provider(
+    let (manager, recorder) = recording_manager(
         Cluster::new("local", cp.client().await.expect("client")),
         provider.clone(),
         ManagerOptions::default(),
     );
-    let recorder = Recorder::default();
-    manager
-        .add_controller(
-            recording_controller("files", Watch::<ConfigMap>::new(), &recorder)
-                .expect("controller"),
-        )
-        .expect("add");
     let (shutdown, task) = run_manager(&manager);
 
     // An explicit file with two contexts gives two clusters; the watched
@@ -283,18 +276,11 @@ async fn credential_plugins_run_again_only_for_failed_or_changed_contexts() {
         },
         ..FileOptions::default()
     }));
-    let manager = Manager::with_provider(
+    let (manager, recorder) = recording_manager(
         Cluster::new("local", cp.client().await.expect("client")),
         provider.clone(),
         ManagerOptions::default(),
     );
-    let recorder = Recorder::default();
-    manager
-        .add_controller(
-            recording_controller("files", Watch::<ConfigMap>::new(), &recorder)
-                .expect("controller"),
-        )
-        .expect("add");
     let (shutdown, task) = run_manager(&manager);
     eventually("the failing plugin to be tried again", || async {
         plugins::calls(state.path()).len() >= 3

@@ -9,8 +9,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_kind::{KindOptions, KindProvider};
-use multicluster_runtime::controller::{Request, Watch};
-use multicluster_runtime::testing::{Recorder, eventually, recording_controller, run_manager};
+use multicluster_runtime::controller::Request;
+use multicluster_runtime::testing::{eventually, recording_manager, run_manager};
 use multicluster_runtime::{
     Aware, Cluster, ClusterName, Manager, ManagerOptions, RunnableProvider,
 };
@@ -112,17 +112,11 @@ async fn kind_clusters_are_engaged_added_filtered_and_removed() {
     ]);
 
     let provider = Arc::new(KindProvider::new(options(&kind.command(), Some("dev-"))));
-    let manager = Manager::with_provider(
+    let (manager, recorder) = recording_manager(
         Cluster::new("local", cp.client().await.expect("client")),
         provider.clone(),
         ManagerOptions::default(),
     );
-    let recorder = Recorder::default();
-    manager
-        .add_controller(
-            recording_controller("kind", Watch::<ConfigMap>::new(), &recorder).expect("controller"),
-        )
-        .expect("add");
     let (shutdown, task) = run_manager(&manager);
 
     recorder.wait_for_more(&req("dev-a", "hello"), 0).await;

@@ -16,7 +16,8 @@ use multicluster_provider_kubeconfig::{
 use multicluster_runtime::controller::{Backoff, Request, Watch};
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::testing::{
-    Recorder, eventually, recording_controller, run_manager, wait_until_unreachable,
+    Recorder, eventually, recording_controller, recording_manager, run_manager,
+    wait_until_unreachable,
 };
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions, Provider};
 
@@ -489,14 +490,8 @@ async fn broken_kubeconfigs_affect_only_their_own_secret() {
             ..KubeconfigOptions::default()
         },
     ));
-    let manager = Manager::with_provider(Cluster::new("local", admin), provider.clone(), options);
-    let recorder = Recorder::default();
-    manager
-        .add_controller(
-            recording_controller("broken", Watch::<ConfigMap>::new(), &recorder)
-                .expect("controller"),
-        )
-        .expect("add");
+    let (manager, recorder) =
+        recording_manager(Cluster::new("local", admin), provider.clone(), options);
     let (shutdown, task) = run_manager(&manager);
     recorder.wait_for_more(&req("healthy", "hello"), 0).await;
 
@@ -562,17 +557,11 @@ async fn a_secret_whose_credential_plugin_fails_at_first_is_engaged_once_it_work
             ..KubeconfigOptions::default()
         },
     ));
-    let manager = Manager::with_provider(
+    let (manager, recorder) = recording_manager(
         Cluster::new("local", admin),
         provider.clone(),
         ManagerOptions::default(),
     );
-    let recorder = Recorder::default();
-    manager
-        .add_controller(
-            recording_controller("late", Watch::<ConfigMap>::new(), &recorder).expect("controller"),
-        )
-        .expect("add");
     let (shutdown, task) = run_manager(&manager);
     eventually("the failing plugin to be tried again", || async {
         plugins::calls(state.path()).len() >= 3

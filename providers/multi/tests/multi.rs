@@ -9,9 +9,9 @@ use multicluster_envtest::ControlPlane;
 use multicluster_provider_clusters::ClustersProvider;
 use multicluster_provider_multi::MultiProvider;
 use multicluster_runtime::cache::FieldIndex;
-use multicluster_runtime::controller::{Request, Watch};
-use multicluster_runtime::testing::{Recorder, eventually, recording_controller, run_manager};
-use multicluster_runtime::{Cluster, ClusterName, Error, Manager, ManagerOptions, Provider};
+use multicluster_runtime::controller::Request;
+use multicluster_runtime::testing::{eventually, recording_manager, run_manager};
+use multicluster_runtime::{Cluster, ClusterName, Error, ManagerOptions, Provider};
 
 async fn create(cp: &ControlPlane, name: &str, color: &str) {
     let mut cm = ConfigMap::default();
@@ -69,18 +69,11 @@ async fn providers_share_a_fleet_under_prefixed_names() {
         "separator in name"
     );
 
-    let manager = Manager::with_provider(
+    let (manager, recorder) = recording_manager(
         Cluster::new("local", east.client().await.expect("client")),
         multi.clone(),
         ManagerOptions::default(),
     );
-    let recorder = Recorder::default();
-    manager
-        .add_controller(
-            recording_controller("multi", Watch::<ConfigMap>::new(), &recorder)
-                .expect("controller"),
-        )
-        .expect("add");
     let (shutdown, task) = run_manager(&manager);
     recorder
         .wait_for_more(&req("first#member", "in-east"), 0)

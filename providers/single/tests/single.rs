@@ -7,10 +7,10 @@ use kube::api::{Api, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_single::SingleProvider;
 use multicluster_runtime::cache::FieldIndex;
-use multicluster_runtime::controller::{Request, Watch};
-use multicluster_runtime::testing::{Recorder, recording_controller, run_manager};
+use multicluster_runtime::controller::Request;
+use multicluster_runtime::testing::{recording_manager, run_manager};
 use multicluster_runtime::{
-    Aware, Cluster, ClusterName, Error, Manager, ManagerOptions, Provider, RunnableProvider,
+    Aware, Cluster, ClusterName, Error, ManagerOptions, Provider, RunnableProvider,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -52,18 +52,11 @@ async fn the_one_cluster_is_engaged_indexed_and_found_by_name() {
         .await
         .expect("index");
 
-    let manager = Manager::with_provider(
+    let (manager, recorder) = recording_manager(
         Cluster::new("local", cp.client().await.expect("client")),
         provider.clone(),
         ManagerOptions::default(),
     );
-    let recorder = Recorder::default();
-    manager
-        .add_controller(
-            recording_controller("single", Watch::<ConfigMap>::new(), &recorder)
-                .expect("controller"),
-        )
-        .expect("add");
     let (shutdown, task) = run_manager(&manager);
 
     recorder

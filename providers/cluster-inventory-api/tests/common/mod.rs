@@ -13,8 +13,8 @@ use multicluster_provider_cluster_inventory_api::CLUSTER_ID_PROPERTY;
 use std::sync::Arc;
 
 use multicluster_provider_cluster_inventory_api::ClusterProfileProvider;
-use multicluster_runtime::controller::{Request, Watch};
-use multicluster_runtime::testing::{Recorder, recording_controller};
+use multicluster_runtime::controller::Request;
+use multicluster_runtime::testing::{Recorder, recording_manager};
 use multicluster_runtime::{Cluster, Manager, ManagerOptions};
 
 /// The hub namespace the profiles live in.
@@ -106,20 +106,11 @@ pub(crate) fn req(cluster: &str, name: &str) -> Request {
 }
 
 /// A manager over `provider`'s fleet with a controller recording every
-/// ConfigMap reconcile in `recorder`.
+/// ConfigMap reconcile.
 pub(crate) fn manager(
     hub: &kube::Client,
     provider: &Arc<ClusterProfileProvider>,
-    recorder: &Recorder,
     options: ManagerOptions,
-) -> Manager {
-    let manager =
-        Manager::with_provider(Cluster::new("hub", hub.clone()), provider.clone(), options);
-    manager
-        .add_controller(
-            recording_controller("profiles", Watch::<ConfigMap>::new(), recorder)
-                .expect("controller"),
-        )
-        .expect("add");
-    manager
+) -> (Manager, Recorder) {
+    recording_manager(Cluster::new("hub", hub.clone()), provider.clone(), options)
 }
