@@ -62,9 +62,7 @@ impl Clusters {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.inner)
     }
 
     /// Engages every cluster added so far and every one added later through

@@ -31,6 +31,7 @@ mod name;
 mod provider;
 pub mod redact;
 pub mod retry;
+mod sync;
 pub mod testing;
 
 pub use cluster::Cluster;

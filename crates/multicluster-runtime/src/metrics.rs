@@ -126,23 +126,13 @@ impl Metrics {
 
     /// Runs `register` on the registry, to add the application's own metrics.
     pub fn register(&self, register: impl FnOnce(&mut Registry)) {
-        register(
-            &mut self
-                .inner
-                .registry
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
+        register(&mut crate::sync::lock(&self.inner.registry));
     }
 
     /// The metrics in the Prometheus text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        let registry = self
-            .inner
-            .registry
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let registry = crate::sync::lock(&self.inner.registry);
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &registry);
         out

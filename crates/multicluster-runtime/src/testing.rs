@@ -21,9 +21,7 @@ pub struct Recorder {
 
 impl Recorder {
     fn seen(&self) -> std::sync::MutexGuard<'_, Vec<(Request, Instant)>> {
-        self.seen
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.seen)
     }
 
     /// Notes a reconcile of `request` now.

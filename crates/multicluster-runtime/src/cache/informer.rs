@@ -182,9 +182,7 @@ where
     fn lock(&self) -> std::sync::MutexGuard<'_, State<K>> {
         // The state stays consistent even if a holder panicked: every update
         // is applied to the store before anything else can fail.
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::sync::lock(&self.state)
     }
 
     /// Applies one watcher event; returns true when an initial list or relist

@@ -12,6 +12,7 @@ mod index;
 mod informer;
 mod scoped;
 
+use crate::sync::lock;
 use std::any::{Any, TypeId};
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -195,12 +196,6 @@ where
             Informer::add_index(self, index.field.clone(), extractor);
         }
     }
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Cache {

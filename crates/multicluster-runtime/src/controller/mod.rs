@@ -22,6 +22,7 @@
 mod queue;
 mod source;
 
+use crate::sync::lock;
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
@@ -350,14 +351,6 @@ struct Engaged {
     generation: u64,
 }
 
-static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
 impl Controller {
     /// Starts building a controller named `name` (used in logs and metrics).
     pub fn builder(name: impl Into<String>) -> ControllerBuilder {
@@ -545,7 +538,7 @@ impl Aware for Controller {
         name: ClusterName,
         cluster: Cluster,
     ) -> Result<(), Error> {
-        let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let generation = crate::sync::next_generation();
         let stop = lifetime.child_token();
         {
             let mut clusters = lock(&self.inner.clusters);

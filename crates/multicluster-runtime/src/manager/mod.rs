@@ -13,6 +13,7 @@
 
 mod health;
 
+use crate::sync::lock;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -123,14 +124,6 @@ struct Tracked {
     lifetime: CancellationToken,
     state: ClusterState,
     generation: u64,
-}
-
-static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 impl Manager {
@@ -452,7 +445,7 @@ impl Aware for Manager {
         name: ClusterName,
         cluster: Cluster,
     ) -> Result<(), Error> {
-        let generation = GENERATION.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let generation = crate::sync::next_generation();
         {
             let mut clusters = lock(&self.inner.clusters);
             if let Some(existing) = clusters.get(&name) {
