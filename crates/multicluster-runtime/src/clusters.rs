@@ -119,25 +119,11 @@ impl Clusters {
         text: &str,
         source: &str,
     ) -> Result<bool, Error> {
-        self.add_or_replace_from_kubeconfig_with_id(name, text, source, None)
-            .await
-    }
-
-    /// Like [`Clusters::add_or_replace_from_kubeconfig`], attaching a stable
-    /// cluster ID ([`Cluster::stable_id`]); a changed ID also replaces the
-    /// cluster.
-    pub async fn add_or_replace_from_kubeconfig_with_id(
-        &self,
-        name: impl Into<ClusterName>,
-        text: &str,
-        source: &str,
-        stable_id: Option<&str>,
-    ) -> Result<bool, Error> {
         let wanted = KubeconfigCluster {
             name: name.into(),
             text: text.to_string(),
             source: source.to_string(),
-            stable_id: stable_id.map(str::to_string),
+            stable_id: None,
         };
         if self.is_current(&wanted) {
             return Ok(false);
