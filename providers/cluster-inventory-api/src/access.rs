@@ -197,10 +197,6 @@ impl ProviderFile {
                     quoted_list(self.providers.iter().map(|p| p.name.as_str()))
                 ))
             })?;
-        if field == "credentialProviders" {
-            tracing::warn!(profile = %profile_name, provider = %provider.name,
-                "the profile uses the deprecated status.credentialProviders; it should move to status.accessProviders");
-        }
         let at = format!("status.{field}[{:?}]", provider.name);
         let cluster: Cluster = serde_json::from_value(entry["cluster"].clone())
             .map_err(|_| problem(format!("{at}.cluster is not a kubeconfig cluster entry")))?;
@@ -237,6 +233,7 @@ impl ProviderFile {
         };
         Ok(ProfileAccess {
             provider: provider.name.clone(),
+            deprecated_field: field == "credentialProviders",
             kubeconfig,
         })
     }
@@ -247,6 +244,9 @@ impl ProviderFile {
 pub struct ProfileAccess {
     /// The access provider chosen.
     pub provider: String,
+    /// Whether the profile listed it only in the deprecated
+    /// `status.credentialProviders`.
+    pub deprecated_field: bool,
     /// One context: the profile's cluster entry with the provider's plugin.
     pub kubeconfig: Kubeconfig,
 }
@@ -263,6 +263,7 @@ impl std::fmt::Debug for ProfileAccess {
             .and_then(|cluster| cluster.server.as_deref());
         f.debug_struct("ProfileAccess")
             .field("provider", &self.provider)
+            .field("deprecated_field", &self.deprecated_field)
             .field("server", &server)
             .finish_non_exhaustive()
     }

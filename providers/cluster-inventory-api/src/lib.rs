@@ -178,10 +178,15 @@ impl ClusterProfileProvider {
                     .access_for(profile)
                     .map_err(|err| err.to_string())?;
                 let source = format!(
-                    "ClusterProfile {}/{} access provider {:?}",
+                    "ClusterProfile {}/{} access provider {:?}{}",
                     profile.metadata.namespace.as_deref().unwrap_or_default(),
                     profile.metadata.name.as_deref().unwrap_or_default(),
-                    access.provider
+                    access.provider,
+                    if access.deprecated_field {
+                        " (listed only in the deprecated status.credentialProviders)"
+                    } else {
+                        ""
+                    }
                 );
                 Ok((access.text(), source))
             }
@@ -215,7 +220,6 @@ impl ClusterProfileProvider {
         let (text, source) = match self.credentials(&profile) {
             Ok(found) => found,
             Err(reason) => {
-                tracing::warn!(cluster = %fleet_name, %reason, "no credentials for the ClusterProfile");
                 self.fail(&fleet_name, reason, "no-credentials");
                 return Decision::Done(Outcome::Waiting);
             }
@@ -248,7 +252,6 @@ impl ClusterProfileProvider {
                 Outcome::Settled
             }
             Err(err) => {
-                tracing::warn!(cluster = %name, error = %err, "cannot engage the ClusterProfile");
                 if err.is_retryable() {
                     self.fail(name, err.to_string(), "credentials");
                     Outcome::Failed
@@ -280,11 +283,17 @@ impl ClusterProfileProvider {
         }
     }
 
+    /// Records why `name` is not engaged. A reason already recorded is not
+    /// logged or counted again: profiles are looked at on every status
+    /// update, and a heartbeat is no new failure.
     fn fail(&self, name: &ClusterName, reason: String, kind: &'static str) {
-        self.failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(name.clone(), reason);
+        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        if failures.get(name) == Some(&reason) {
+            tracing::debug!(cluster = %name, %reason, "ClusterProfile still cannot be engaged");
+            return;
+        }
+        tracing::warn!(cluster = %name, %reason, "cannot engage the ClusterProfile");
+        failures.insert(name.clone(), reason);
         if let Some(metrics) = &self.options.metrics {
             metrics.engagement_failed("cluster-inventory-api", kind);
         }

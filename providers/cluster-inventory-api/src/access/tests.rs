@@ -114,6 +114,7 @@ fn access_providers_win_over_deprecated_credential_providers_of_the_same_name() 
         "accessProviders": [entry("p", "https://new:6443", json!([]))],
     }));
     let access = providers.access_for(&both).expect("access");
+    assert!(!access.deprecated_field);
     let server = access.kubeconfig.clusters[0]
         .cluster
         .as_ref()
@@ -126,6 +127,7 @@ fn access_providers_win_over_deprecated_credential_providers_of_the_same_name() 
     let access = providers
         .access_for(&deprecated_only)
         .expect("still honoured");
+    assert!(access.deprecated_field);
     let server = access.kubeconfig.clusters[0]
         .cluster
         .as_ref()
