@@ -16,16 +16,16 @@ use futures::future::BoxFuture;
 use futures::stream::FuturesUnordered;
 
 /// Work in flight, by key.
-pub struct InFlight<'a, K, T> {
+pub struct InFlight<K, T> {
     limit: usize,
     /// Running keys, each with whether it changed meanwhile.
     running: HashMap<K, bool>,
     waiting: VecDeque<K>,
     waiting_set: HashSet<K>,
-    work: FuturesUnordered<BoxFuture<'a, (K, T)>>,
+    work: FuturesUnordered<BoxFuture<'static, (K, T)>>,
 }
 
-impl<K, T> std::fmt::Debug for InFlight<'_, K, T> {
+impl<K, T> std::fmt::Debug for InFlight<K, T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("InFlight")
             .field("limit", &self.limit)
@@ -47,7 +47,7 @@ pub struct Done<K, T> {
     pub stale: bool,
 }
 
-impl<'a, K: Clone + Eq + Hash + Send + 'a, T: Send + 'a> InFlight<'a, K, T> {
+impl<K: Clone + Eq + Hash + Send + 'static, T: Send + 'static> InFlight<K, T> {
     /// Runs at most `limit` (at least 1) pieces of work at once.
     pub fn new(limit: usize) -> Self {
         Self {
@@ -74,7 +74,7 @@ impl<'a, K: Clone + Eq + Hash + Send + 'a, T: Send + 'a> InFlight<'a, K, T> {
     /// Starts `work` for `key` if there is room; otherwise the key waits
     /// (once) and comes back from [`InFlight::next_waiting`], to be looked
     /// at afresh then. Returns whether the work started.
-    pub fn start(&mut self, key: K, work: BoxFuture<'a, T>) -> bool {
+    pub fn start(&mut self, key: K, work: BoxFuture<'static, T>) -> bool {
         if self.running.len() >= self.limit {
             if self.waiting_set.insert(key.clone()) {
                 self.waiting.push_back(key);
@@ -116,7 +116,7 @@ mod tests {
 
     #[tokio::test]
     async fn work_beyond_the_limit_waits_in_order() {
-        let mut inflight: InFlight<'_, &str, u32> = InFlight::new(2);
+        let mut inflight: InFlight<&str, u32> = InFlight::new(2);
         let (a_tx, a_rx) = oneshot::channel();
         assert!(inflight.start("a", Box::pin(async { a_rx.await.unwrap_or(0) })));
         assert!(inflight.start("b", Box::pin(async { 2 })));
@@ -140,7 +140,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_key_changed_while_running_comes_back_stale() {
-        let mut inflight: InFlight<'_, &str, u32> = InFlight::new(4);
+        let mut inflight: InFlight<&str, u32> = InFlight::new(4);
         assert!(!inflight.mark_if_running(&"a"));
         assert!(inflight.start("a", Box::pin(async { 1 })));
         assert!(inflight.mark_if_running(&"a"));

@@ -88,7 +88,7 @@ enum Decision {
 }
 
 /// Client builds in flight: each profile's wanted cluster and the result.
-type Builds = InFlight<'static, ProfileKey, (KubeconfigCluster, Result<Cluster, Error>)>;
+type Builds = InFlight<ProfileKey, (KubeconfigCluster, Result<Cluster, Error>)>;
 
 /// What became of one look at a profile.
 enum Outcome {
@@ -151,10 +151,7 @@ impl ClusterProfileProvider {
     /// settings, each with the reason; an entry goes once the profile is
     /// engaged or gone.
     pub fn failures(&self) -> BTreeMap<ClusterName, String> {
-        self.failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .clone()
+        self.recorded_failures().clone()
     }
 
     fn ready(&self, profile: &DynamicObject) -> bool {
@@ -287,7 +284,7 @@ impl ClusterProfileProvider {
     /// logged or counted again: profiles are looked at on every status
     /// update, and a heartbeat is no new failure.
     fn fail(&self, name: &ClusterName, reason: String, kind: &'static str) {
-        let mut failures = self.failures.lock().unwrap_or_else(|e| e.into_inner());
+        let mut failures = self.recorded_failures();
         if failures.get(name) == Some(&reason) {
             tracing::debug!(cluster = %name, %reason, "ClusterProfile still cannot be engaged");
             return;
@@ -300,10 +297,12 @@ impl ClusterProfileProvider {
     }
 
     fn settle(&self, name: &ClusterName) {
-        self.failures
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .remove(name);
+        self.recorded_failures().remove(name);
+    }
+
+    fn recorded_failures(&self) -> std::sync::MutexGuard<'_, BTreeMap<ClusterName, String>> {
+        // Nothing panics while holding it; carry on with the map either way.
+        self.failures.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
