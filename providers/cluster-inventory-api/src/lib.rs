@@ -70,10 +70,18 @@ pub struct ClusterProfileProvider {
     options: ClusterProfileOptions,
     resource: ApiResource,
     profiles: Cache,
-    /// Only for the Secret strategy.
-    secrets: Option<Cache>,
+    credentials: CredentialSource,
     clusters: Clusters,
     failures: Mutex<BTreeMap<ClusterName, String>>,
+}
+
+/// Where the provider reads credentials, with what that needs.
+#[derive(Debug)]
+enum CredentialSource {
+    /// The consumer's Secrets, watched.
+    Secrets(Cache),
+    /// The consumer's provider file.
+    AccessProviders(access::ProviderFile),
 }
 
 /// A profile's key in the hub: namespace and name.
@@ -121,12 +129,14 @@ impl ClusterProfileProvider {
             }
             None => watcher::Config::default(),
         };
-        let secrets = match &options.credentials {
-            Credentials::Secret { consumer } => Some(cache(
+        let credentials = match &options.credentials {
+            Credentials::Secret { consumer } => CredentialSource::Secrets(cache(
                 "cluster-profile-secrets",
                 watcher::Config::default().labels(&format!("{CONSUMER_LABEL}={consumer}")),
             )),
-            Credentials::AccessProviders(_) => None,
+            Credentials::AccessProviders(providers) => {
+                CredentialSource::AccessProviders(providers.clone())
+            }
         };
         Self {
             resource: ApiResource::from_gvk(&GroupVersionKind::gvk(
@@ -135,7 +145,7 @@ impl ClusterProfileProvider {
                 "ClusterProfile",
             )),
             profiles: cache("cluster-profiles", profiles_watch),
-            secrets,
+            credentials,
             options,
             clusters: Clusters::new(),
             failures: Mutex::default(),
@@ -164,13 +174,13 @@ impl ClusterProfileProvider {
     /// The kubeconfig text for a profile and a description of where it came
     /// from, for errors.
     fn credentials(&self, profile: &DynamicObject) -> Result<(String, String), String> {
-        match &self.options.credentials {
-            Credentials::Secret { .. } => secrets::credentials(
-                self.secrets.as_ref(),
+        match &self.credentials {
+            CredentialSource::Secrets(secrets) => secrets::credentials(
+                secrets,
                 profile.metadata.namespace.as_deref().unwrap_or_default(),
                 profile.metadata.name.as_deref().unwrap_or_default(),
             ),
-            Credentials::AccessProviders(providers) => {
+            CredentialSource::AccessProviders(providers) => {
                 let access = providers
                     .access_for(profile)
                     .map_err(|err| err.to_string())?;
@@ -328,8 +338,8 @@ impl RunnableProvider for ClusterProfileProvider {
         self.clusters.start(shutdown.clone(), aware)?;
         // Profiles are only looked at once the Secrets they may need are
         // listed, so a Secret that exists is never reported missing.
-        let mut secret_events = match &self.secrets {
-            Some(secrets) => {
+        let mut secret_events = match &self.credentials {
+            CredentialSource::Secrets(secrets) => {
                 let secrets = secrets.informer::<Secret>();
                 let events = secrets.subscribe();
                 tracing::debug!("waiting for the credentials Secrets to be listed");
@@ -339,7 +349,7 @@ impl RunnableProvider for ClusterProfileProvider {
                 }
                 events.boxed()
             }
-            None => futures::stream::pending().boxed(),
+            CredentialSource::AccessProviders(_) => futures::stream::pending().boxed(),
         };
         let mut profile_events = self.profiles.dynamic(&self.resource).subscribe();
         let mut retries = Retries::new(self.options.retry);

@@ -9,13 +9,14 @@ use crate::{PROFILE_LABEL, ProfileKey, SECRET_KEY};
 /// `secrets` (this consumer's, already label-selected), and where it came
 /// from.
 pub(crate) fn credentials(
-    secrets: Option<&Cache>,
+    secrets: &Cache,
     namespace: &str,
     profile: &str,
 ) -> Result<(String, String), String> {
     let matching: Vec<_> = secrets
+        .informer::<Secret>()
+        .list(Some(namespace))
         .into_iter()
-        .flat_map(|secrets| secrets.informer::<Secret>().list(Some(namespace)))
         .filter(|secret| {
             secret
                 .metadata
