@@ -23,6 +23,7 @@ mod cluster;
 pub mod clusters;
 pub mod controller;
 mod error;
+pub mod failures;
 pub mod inflight;
 pub mod kubeconfig;
 pub mod manager;

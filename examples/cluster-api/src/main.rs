@@ -6,6 +6,7 @@ use std::sync::Arc;
 use clap::{Parser, ValueEnum};
 use multicluster_provider_cluster_api::{ClusterApiOptions, ClusterApiProvider, ClusterApiVersion};
 use multicluster_runtime::Cluster;
+use multicluster_runtime::metrics::Metrics;
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Version {
@@ -40,6 +41,7 @@ async fn run() -> Result<(), multicluster_example_configmap_sync::MainError> {
     let args = Args::parse();
     // The management cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
     let management = kube::Client::try_default().await?;
+    let metrics = Metrics::default();
     let provider = Arc::new(ClusterApiProvider::new(
         management.clone(),
         ClusterApiOptions {
@@ -49,6 +51,7 @@ async fn run() -> Result<(), multicluster_example_configmap_sync::MainError> {
                 Version::V1beta2 => ClusterApiVersion::V1Beta2,
                 Version::V1beta1 => ClusterApiVersion::V1Beta1,
             },
+            metrics: Some(metrics.clone()),
             ..ClusterApiOptions::default()
         },
     ));
@@ -56,7 +59,7 @@ async fn run() -> Result<(), multicluster_example_configmap_sync::MainError> {
         Cluster::new("management", management),
         provider,
         args.health_address,
-        None,
+        Some(metrics),
     )
     .await?;
     Ok(())

@@ -30,6 +30,8 @@ use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions};
 use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::controller::Backoff;
+use multicluster_runtime::failures::Failures;
+use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::retry::{PROVIDER_BACKOFF, Retries};
 use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
@@ -97,6 +99,8 @@ pub struct ClusterApiOptions {
     /// How long to wait before building a failed cluster's client again
     /// (default [`PROVIDER_BACKOFF`]: 1 s, doubling up to 5 min).
     pub retry: Backoff,
+    /// Where engagement failures are counted.
+    pub metrics: Option<Metrics>,
 }
 
 impl Default for ClusterApiOptions {
@@ -107,6 +111,7 @@ impl Default for ClusterApiOptions {
             version: ClusterApiVersion::default(),
             readiness: None,
             retry: PROVIDER_BACKOFF,
+            metrics: None,
         }
     }
 }
@@ -119,6 +124,7 @@ impl std::fmt::Debug for ClusterApiOptions {
             .field("version", &self.version)
             .field("custom_readiness", &self.readiness.is_some())
             .field("retry", &self.retry)
+            .field("metrics", &self.metrics.is_some())
             .finish()
     }
 }
@@ -131,6 +137,7 @@ pub struct ClusterApiProvider {
     management: Cache,
     secrets: Cache,
     clusters: Clusters,
+    failures: Failures,
 }
 
 impl ClusterApiProvider {
@@ -161,6 +168,7 @@ impl ClusterApiProvider {
                 "cluster-api-secrets",
                 watcher::Config::default().labels(CLUSTER_NAME_LABEL),
             ),
+            failures: Failures::new("cluster-api", options.metrics.clone()),
             options,
             clusters: Clusters::new(),
         }
@@ -169,6 +177,12 @@ impl ClusterApiProvider {
     /// Names of the engaged clusters, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
         self.clusters.names()
+    }
+
+    /// Ready Clusters that cannot be engaged now, each with the reason
+    /// (naming the Secret and key, never quoting it).
+    pub fn failures(&self) -> std::collections::BTreeMap<ClusterName, String> {
+        self.failures.current()
     }
 
     fn ready(&self, cluster: &DynamicObject) -> bool {
@@ -188,6 +202,7 @@ impl ClusterApiProvider {
             .get(Some(namespace), name);
         let Some(object) = object.filter(|object| object.metadata.deletion_timestamp.is_none())
         else {
+            self.failures.clear(&fleet_name);
             if self.clusters.remove(&fleet_name) {
                 tracing::info!(cluster = %fleet_name, "Cluster deleted; removed from the fleet");
             }
@@ -214,7 +229,11 @@ impl ClusterApiProvider {
             .informer::<Secret>()
             .get(Some(namespace), &secret_name)
         else {
-            tracing::warn!(cluster = %fleet_name, "{source} does not exist (yet); engaging when it appears");
+            self.failures.record(
+                &fleet_name,
+                format!("{source} does not exist (yet); engaging when it appears"),
+                "missing-secret",
+            );
             return true;
         };
         let Some(text) = secret
@@ -224,7 +243,11 @@ impl ClusterApiProvider {
             .and_then(|bytes| String::from_utf8(bytes.0.clone()).ok())
             .filter(|text| !text.trim().is_empty())
         else {
-            tracing::warn!(cluster = %fleet_name, "{source} is missing, empty or not text; skipping the cluster");
+            self.failures.record(
+                &fleet_name,
+                format!("{source} is missing, empty or not text"),
+                "missing-key",
+            );
             return true;
         };
         match self
@@ -236,14 +259,17 @@ impl ClusterApiProvider {
                 if changed {
                     tracing::info!(cluster = %fleet_name, "workload cluster engaged");
                 }
+                self.failures.clear(&fleet_name);
                 true
             }
             Err(err) if err.is_retryable() => {
-                tracing::warn!(cluster = %fleet_name, error = %err, "cannot engage the cluster; trying again later");
+                self.failures
+                    .record(&fleet_name, err.to_string(), "credentials");
                 false
             }
             Err(err) => {
-                tracing::warn!(cluster = %fleet_name, error = %err, "skipping the cluster until its Secret changes");
+                self.failures
+                    .record(&fleet_name, err.to_string(), "invalid-kubeconfig");
                 true
             }
         }

@@ -448,6 +448,22 @@ async fn broken_kubeconfig_secrets_affect_only_their_own_cluster() {
         ]
     );
     assert_eq!(recorder.for_cluster("fleet/untrusted"), 0);
+    let failures = provider.failures();
+    for (cluster, expected) in [
+        (
+            "fleet/no-value",
+            "Secret fleet/no-value-kubeconfig key \"value\" is missing",
+        ),
+        (
+            "fleet/garbage",
+            "Secret fleet/garbage-kubeconfig key \"value\"",
+        ),
+    ] {
+        let reason = failures
+            .get(&ClusterName::from(cluster))
+            .unwrap_or_else(|| panic!("no failure for {cluster}: {failures:?}"));
+        assert!(reason.contains(expected), "{cluster}: {reason}");
+    }
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");

@@ -40,7 +40,7 @@ mod secrets;
 pub use options::{ClusterProfileOptions, Credentials, Readiness, control_plane_healthy};
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
@@ -48,6 +48,7 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
+use multicluster_runtime::failures::Failures;
 use multicluster_runtime::inflight::InFlight;
 use multicluster_runtime::retry::Retries;
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
@@ -72,7 +73,7 @@ pub struct ClusterProfileProvider {
     profiles: Cache,
     credentials: CredentialSource,
     clusters: Clusters,
-    failures: Mutex<BTreeMap<ClusterName, String>>,
+    failures: Failures,
 }
 
 /// Where the provider reads credentials, with what that needs.
@@ -146,9 +147,9 @@ impl ClusterProfileProvider {
             )),
             profiles: cache("cluster-profiles", profiles_watch),
             credentials,
+            failures: Failures::new("cluster-inventory-api", options.metrics.clone()),
             options,
             clusters: Clusters::new(),
-            failures: Mutex::default(),
         }
     }
 
@@ -161,7 +162,7 @@ impl ClusterProfileProvider {
     /// settings, each with the reason; an entry goes once the profile is
     /// engaged or gone.
     pub fn failures(&self) -> BTreeMap<ClusterName, String> {
-        self.recorded_failures().clone()
+        self.failures.current()
     }
 
     fn ready(&self, profile: &DynamicObject) -> bool {
@@ -210,7 +211,7 @@ impl ClusterProfileProvider {
             .dynamic(&self.resource)
             .get(Some(namespace), name);
         let Some(profile) = profile.filter(|p| p.metadata.deletion_timestamp.is_none()) else {
-            self.settle(&fleet_name);
+            self.failures.clear(&fleet_name);
             if self.clusters.remove(&fleet_name) {
                 tracing::info!(cluster = %fleet_name, "ClusterProfile deleted; removed from the fleet");
             }
@@ -227,7 +228,7 @@ impl ClusterProfileProvider {
         let (text, source) = match self.credentials(&profile) {
             Ok(found) => found,
             Err(reason) => {
-                self.fail(&fleet_name, reason, "no-credentials");
+                self.failures.record(&fleet_name, reason, "no-credentials");
                 return Decision::Done(Outcome::Waiting);
             }
         };
@@ -238,7 +239,7 @@ impl ClusterProfileProvider {
             stable_id: stable_id(&profile),
         };
         if self.clusters.is_current(&wanted) {
-            self.settle(&wanted.name);
+            self.failures.clear(&wanted.name);
             return Decision::Done(Outcome::Settled);
         }
         Decision::Build(wanted)
@@ -255,15 +256,16 @@ impl ClusterProfileProvider {
                 {
                     tracing::info!(cluster = %name, "ClusterProfile engaged from {}", wanted.source);
                 }
-                self.settle(name);
+                self.failures.clear(name);
                 Outcome::Settled
             }
             Err(err) => {
                 if err.is_retryable() {
-                    self.fail(name, err.to_string(), "credentials");
+                    self.failures.record(name, err.to_string(), "credentials");
                     Outcome::Failed
                 } else {
-                    self.fail(name, err.to_string(), "invalid-kubeconfig");
+                    self.failures
+                        .record(name, err.to_string(), "invalid-kubeconfig");
                     Outcome::Waiting
                 }
             }
@@ -288,31 +290,6 @@ impl ClusterProfileProvider {
                 );
             }
         }
-    }
-
-    /// Records why `name` is not engaged. A reason already recorded is not
-    /// logged or counted again: profiles are looked at on every status
-    /// update, and a heartbeat is no new failure.
-    fn fail(&self, name: &ClusterName, reason: String, kind: &'static str) {
-        let mut failures = self.recorded_failures();
-        if failures.get(name) == Some(&reason) {
-            tracing::debug!(cluster = %name, %reason, "ClusterProfile still cannot be engaged");
-            return;
-        }
-        tracing::warn!(cluster = %name, %reason, "cannot engage the ClusterProfile");
-        failures.insert(name.clone(), reason);
-        if let Some(metrics) = &self.options.metrics {
-            metrics.engagement_failed("cluster-inventory-api", kind);
-        }
-    }
-
-    fn settle(&self, name: &ClusterName) {
-        self.recorded_failures().remove(name);
-    }
-
-    fn recorded_failures(&self) -> std::sync::MutexGuard<'_, BTreeMap<ClusterName, String>> {
-        // Nothing panics while holding it; carry on with the map either way.
-        self.failures.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 

@@ -1,0 +1,91 @@
+//! Why clusters a provider found could not be engaged.
+//!
+//! Providers look at an inventory object on every change, and inventories
+//! update status often (heartbeats, conditions). A failure is therefore
+//! logged and counted once per new reason, not once per look; the current
+//! reason per cluster stays readable until the cluster is engaged or gone.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+
+use crate::ClusterName;
+use crate::metrics::Metrics;
+use crate::sync::lock;
+
+/// The current failure reason per cluster of one provider.
+#[derive(Debug)]
+pub struct Failures {
+    provider: &'static str,
+    metrics: Option<Metrics>,
+    reasons: Mutex<BTreeMap<ClusterName, String>>,
+}
+
+impl Failures {
+    /// Failures of `provider` (its label in
+    /// `mcr_cluster_engagement_failures`), counted in `metrics` if given.
+    pub fn new(provider: &'static str, metrics: Option<Metrics>) -> Self {
+        Self {
+            provider,
+            metrics,
+            reasons: Mutex::default(),
+        }
+    }
+
+    /// Records that `name` cannot be engaged because of `reason` (counted
+    /// under `kind`). Logged as a warning and counted only when the reason
+    /// is new for that cluster.
+    pub fn record(&self, name: &ClusterName, reason: impl Into<String>, kind: &'static str) {
+        let reason = reason.into();
+        let mut reasons = lock(&self.reasons);
+        if reasons.get(name) == Some(&reason) {
+            tracing::debug!(cluster = %name, %reason, "still cannot engage the cluster");
+            return;
+        }
+        tracing::warn!(cluster = %name, %reason, "cannot engage the cluster");
+        reasons.insert(name.clone(), reason);
+        if let Some(metrics) = &self.metrics {
+            metrics.engagement_failed(self.provider, kind);
+        }
+    }
+
+    /// Forgets `name`'s failure: it is engaged, or gone.
+    pub fn clear(&self, name: &ClusterName) {
+        lock(&self.reasons).remove(name);
+    }
+
+    /// The clusters that cannot be engaged now, each with its reason.
+    pub fn current(&self) -> BTreeMap<ClusterName, String> {
+        lock(&self.reasons).clone()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn count(metrics: &Metrics) -> usize {
+        metrics
+            .encode()
+            .lines()
+            .filter(|line| line.starts_with("mcr_cluster_engagement_failures_total{"))
+            .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum::<f64>() as usize
+    }
+
+    #[test]
+    fn a_reason_is_counted_once_until_it_changes_or_clears() {
+        let metrics = Metrics::default();
+        let failures = Failures::new("test", Some(metrics.clone()));
+        let name = ClusterName::from("a");
+        failures.record(&name, "no Secret", "missing");
+        failures.record(&name, "no Secret", "missing");
+        assert_eq!(count(&metrics), 1);
+        failures.record(&name, "bad kubeconfig", "invalid");
+        assert_eq!(count(&metrics), 2);
+        assert_eq!(failures.current()[&name], "bad kubeconfig");
+        failures.clear(&name);
+        assert!(failures.current().is_empty());
+        failures.record(&name, "bad kubeconfig", "invalid");
+        assert_eq!(count(&metrics), 3);
+    }
+}
