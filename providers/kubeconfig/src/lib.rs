@@ -30,6 +30,7 @@ use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions};
 use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::controller::Backoff;
+use multicluster_runtime::failures::Failures;
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::retry::{PROVIDER_BACKOFF, Retries};
 use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
@@ -80,6 +81,7 @@ pub struct KubeconfigProvider {
     options: KubeconfigOptions,
     secrets: Cache,
     clusters: Clusters,
+    failures: Failures,
 }
 
 impl KubeconfigProvider {
@@ -101,6 +103,7 @@ impl KubeconfigProvider {
             },
         );
         Self {
+            failures: Failures::new("kubeconfig", options.metrics.clone()),
             options,
             secrets,
             clusters: Clusters::new(),
@@ -141,16 +144,22 @@ impl KubeconfigProvider {
             .map(|bytes| bytes.0.clone())
             .filter(|bytes| !bytes.is_empty());
         let Some(data) = data else {
-            tracing::warn!(cluster = %name, "{source} is missing or empty; ignoring the Secret");
             if self.clusters.remove(&name) {
                 tracing::info!(cluster = %name, "cluster removed: its kubeconfig is gone");
             }
-            self.failed("missing-key");
+            self.failures.record(
+                &name,
+                format!("{source} is missing or empty"),
+                "missing-key",
+            );
             return true;
         };
         let Ok(text) = String::from_utf8(data) else {
-            tracing::warn!(cluster = %name, "{source} is not UTF-8 text; ignoring the Secret");
-            self.failed("invalid-kubeconfig");
+            self.failures.record(
+                &name,
+                format!("{source} is not UTF-8 text"),
+                "invalid-kubeconfig",
+            );
             return true;
         };
         let existed = self.clusters.get(&name).is_ok();
@@ -163,25 +172,25 @@ impl KubeconfigProvider {
                 if changed {
                     tracing::info!(cluster = %name, replaced = existed, "cluster engaged from {source}");
                 }
+                self.failures.clear(&name);
                 true
             }
             Err(err) if err.is_retryable() => {
-                tracing::warn!(cluster = %name, error = %err, "cannot use the Secret; trying again later");
-                self.failed("credentials");
+                self.failures.record(&name, err.to_string(), "credentials");
                 false
             }
             Err(err) => {
-                tracing::warn!(cluster = %name, error = %err, "ignoring the Secret");
-                self.failed("invalid-kubeconfig");
+                self.failures
+                    .record(&name, err.to_string(), "invalid-kubeconfig");
                 true
             }
         }
     }
 
-    fn failed(&self, reason: &'static str) {
-        if let Some(metrics) = &self.options.metrics {
-            metrics.engagement_failed("kubeconfig", reason);
-        }
+    /// Labelled Secrets that cannot be turned into clusters now, each with
+    /// the reason (naming the Secret and key, never quoting it).
+    pub fn failures(&self) -> std::collections::BTreeMap<ClusterName, String> {
+        self.failures.current()
     }
 }
 
@@ -206,6 +215,7 @@ impl RunnableProvider for KubeconfigProvider {
                     Some(event) => {
                         retries.forget(&key_of(event.object()));
                         let Some(name) = self.cluster_name(event.object()) else { continue };
+                        self.failures.clear(&name);
                         if self.clusters.remove(&name) {
                             tracing::info!(cluster = %name, "cluster removed: its Secret is gone");
                         }
@@ -223,6 +233,7 @@ impl RunnableProvider for KubeconfigProvider {
             let key = key_of(&secret);
             if secret.metadata.deletion_timestamp.is_some() {
                 retries.forget(&key);
+                self.failures.clear(&name);
                 if self.clusters.remove(&name) {
                     tracing::info!(cluster = %name, "cluster removed: its Secret is being deleted");
                 }
