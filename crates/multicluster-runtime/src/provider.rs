@@ -24,6 +24,16 @@ pub trait Aware: Send + Sync {
         name: ClusterName,
         cluster: Cluster,
     ) -> Result<(), Error>;
+
+    /// Completes once nothing started for the cluster `name` is running any
+    /// more, after its lifetime has ended: a controller's running
+    /// reconciles have finished. The sharded coordinator waits for this
+    /// before handing a cluster to another replica. The default completes
+    /// at once, for components whose work stops with the lifetime.
+    fn settled(&self, name: &ClusterName) -> futures::future::BoxFuture<'static, ()> {
+        let _ = name;
+        Box::pin(std::future::ready(()))
+    }
 }
 
 /// Looks up clusters of the fleet by name.

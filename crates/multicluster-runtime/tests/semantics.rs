@@ -383,3 +383,65 @@ async fn event_filters_decide_which_changes_reconcile() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// A cluster whose lifetime has ended is settled only once the reconciles
+/// already running on it have finished: the sharded coordinator waits for
+/// this before another replica may start on the cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_settles_once_its_running_reconciles_end() {
+    use multicluster_runtime::Aware;
+    use tokio_util::sync::CancellationToken;
+
+    let cp = ControlPlane::start().await.expect("control plane");
+    create_config_map(&cp, "held", &[]).await;
+    let started = Arc::new(Notify::new());
+    let release = Arc::new(Notify::new());
+    let controller = {
+        let (started, release) = (started.clone(), release.clone());
+        Controller::builder("held")
+            .for_resource(Watch::<ConfigMap>::new())
+            .build(move |request, _cluster| {
+                let (started, release) = (started.clone(), release.clone());
+                async move {
+                    if request.name == "held" {
+                        started.notify_one();
+                        release.notified().await;
+                    }
+                    Ok::<_, TestError>(Action::await_change())
+                }
+            })
+            .expect("controller")
+    };
+    let shutdown = CancellationToken::new();
+    let run = tokio::spawn({
+        let (controller, shutdown) = (controller.clone(), shutdown.clone());
+        async move { controller.run(shutdown, Duration::from_secs(5)).await }
+    });
+    let lifetime = CancellationToken::new();
+    let name = ClusterName::from("member");
+    controller
+        .engage(
+            lifetime.clone(),
+            name.clone(),
+            cluster_for("member", &cp).await,
+        )
+        .expect("engage");
+    started.notified().await;
+
+    lifetime.cancel();
+    let settled = controller.settled(&name);
+    tokio::pin!(settled);
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), settled.as_mut())
+            .await
+            .is_err(),
+        "settled while a reconcile was still running"
+    );
+    release.notify_one();
+    tokio::time::timeout(multicluster_runtime::testing::DEFAULT_DEADLINE, settled)
+        .await
+        .expect("settled once the reconcile ended");
+
+    shutdown.cancel();
+    run.await.expect("run");
+}

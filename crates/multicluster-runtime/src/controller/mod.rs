@@ -311,6 +311,8 @@ impl ControllerBuilder {
                 queue: Arc::new(Queue::new(self.backoff)),
                 max_concurrent_reconciles: self.max_concurrent_reconciles,
                 clusters: Mutex::new(HashMap::new()),
+                running: Mutex::new(HashMap::new()),
+                finished: tokio::sync::Notify::new(),
                 metrics: self
                     .metrics
                     .map(std::sync::OnceLock::from)
@@ -334,6 +336,9 @@ struct Inner {
     queue: Arc<Queue>,
     max_concurrent_reconciles: usize,
     clusters: Mutex<HashMap<ClusterName, Engaged>>,
+    /// Reconciles running now, per cluster, and a signal when one ends.
+    running: Mutex<HashMap<ClusterName, usize>>,
+    finished: tokio::sync::Notify,
     /// Set by the builder, else by the manager the controller is added to,
     /// else a private registry on first use.
     metrics: std::sync::OnceLock<Metrics>,
@@ -342,6 +347,54 @@ struct Inner {
 impl Inner {
     fn metrics(&self) -> &Metrics {
         self.metrics.get_or_init(Metrics::default)
+    }
+
+    /// The cluster `request` is for, if it is engaged and its work has not
+    /// been stopped; counted as running one more reconcile until the
+    /// returned guard drops. Looked up and counted under one lock, so once
+    /// a cluster's lifetime ends no reconcile starts that
+    /// [`Aware::settled`] would miss.
+    fn start_reconcile(self: &Arc<Self>, request: &Request) -> Option<(Cluster, Running)> {
+        let clusters = lock(&self.clusters);
+        let cluster = clusters
+            .get(&request.cluster)
+            .filter(|engaged| !engaged.stop.is_cancelled())?
+            .cluster
+            .clone();
+        *lock(&self.running)
+            .entry(request.cluster.clone())
+            .or_default() += 1;
+        Some((
+            cluster,
+            Running {
+                inner: self.clone(),
+                cluster: request.cluster.clone(),
+            },
+        ))
+    }
+
+    fn running(&self, cluster: &ClusterName) -> usize {
+        lock(&self.running).get(cluster).copied().unwrap_or(0)
+    }
+}
+
+/// One running reconcile of a cluster, uncounted when dropped.
+struct Running {
+    inner: Arc<Inner>,
+    cluster: ClusterName,
+}
+
+impl Drop for Running {
+    fn drop(&mut self) {
+        let mut running = lock(&self.inner.running);
+        if let Some(count) = running.get_mut(&self.cluster) {
+            *count -= 1;
+            if *count == 0 {
+                running.remove(&self.cluster);
+            }
+        }
+        drop(running);
+        self.inner.finished.notify_waiters();
     }
 }
 
@@ -418,10 +471,7 @@ impl Controller {
                 .metrics()
                 .queue_depth(&inner.name, inner.queue.depth());
             while running.try_join_next().is_some() {}
-            let cluster = lock(&inner.clusters)
-                .get(&request.cluster)
-                .map(|e| e.cluster.clone());
-            let Some(cluster) = cluster else {
+            let Some((cluster, running_guard)) = inner.start_reconcile(&request) else {
                 // Disengaged between queueing and now: drop it.
                 inner.queue.done(&request, Outcome::Success(None));
                 continue;
@@ -478,6 +528,7 @@ impl Controller {
                         .metrics()
                         .queue_depth(&inner.name, inner.queue.depth());
                     drop(slot);
+                    drop(running_guard);
                 }
                 .instrument(span),
             );
@@ -532,6 +583,25 @@ impl Controller {
 }
 
 impl Aware for Controller {
+    fn settled(&self, name: &ClusterName) -> BoxFuture<'static, ()> {
+        let inner = self.inner.clone();
+        let name = name.clone();
+        async move {
+            loop {
+                let finished = inner.finished.notified();
+                tokio::pin!(finished);
+                // Registered before counting, so an end between the count
+                // and the wait still wakes it.
+                finished.as_mut().enable();
+                if inner.running(&name) == 0 {
+                    return;
+                }
+                finished.await;
+            }
+        }
+        .boxed()
+    }
+
     fn engage(
         &self,
         lifetime: CancellationToken,
