@@ -32,6 +32,7 @@ mod name;
 mod provider;
 pub mod redact;
 pub mod retry;
+pub mod sharding;
 mod sync;
 pub mod testing;
 

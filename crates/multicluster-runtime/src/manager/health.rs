@@ -82,13 +82,18 @@ fn respond(manager: &Manager, request: &http::Request<Incoming>) -> Response<Ful
 }
 
 fn cluster_report(manager: &Manager) -> String {
+    let working_on = manager.coordinator().working_on();
     manager
         .cluster_states()
         .into_iter()
         .map(|(name, state)| {
             let state = match state {
                 ClusterState::Syncing => "syncing".to_string(),
-                ClusterState::Ready => "ready".to_string(),
+                ClusterState::Ready => match &working_on {
+                    Some(mine) if mine.contains(&name) => "ready, worked on here".to_string(),
+                    Some(_) => "ready, left to another replica".to_string(),
+                    None => "ready".to_string(),
+                },
                 ClusterState::Unreachable(reason) => format!("unreachable: {reason}"),
             };
             format!("{name}\t{state}\n")

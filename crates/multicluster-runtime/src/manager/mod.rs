@@ -38,9 +38,13 @@ pub enum ClusterState {
 }
 
 /// Decides which components engage a cluster. The basic coordinator engages
-/// all of them; a sharded one engages only clusters this replica owns.
+/// all of them; a sharded one ([`crate::sharding::ShardedCoordinator`])
+/// engages only clusters this replica owns.
+#[async_trait::async_trait]
 pub trait Coordinator: Send + Sync {
-    /// Engages `cluster` with `components` as this replica sees fit.
+    /// Engages `cluster` with `components` as this replica sees fit. Must not
+    /// block. Called again with more components for a cluster already
+    /// engaged when components are added later.
     fn engage(
         &self,
         lifetime: CancellationToken,
@@ -48,12 +52,28 @@ pub trait Coordinator: Send + Sync {
         cluster: Cluster,
         components: &[Arc<dyn Aware>],
     ) -> Result<(), Error>;
+
+    /// Runs whatever the coordinator does in the background until `stop`,
+    /// which fires once running reconciles have finished; the manager waits
+    /// for it before returning. The default does nothing.
+    async fn run(&self, stop: CancellationToken) -> Result<(), Error> {
+        stop.cancelled().await;
+        Ok(())
+    }
+
+    /// The clusters this replica works on, for a coordinator that does not
+    /// work on all of them (`None`, the default, means all). The `/clusters`
+    /// endpoint reports it.
+    fn working_on(&self) -> Option<Vec<ClusterName>> {
+        None
+    }
 }
 
 /// Engages every component with every cluster.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct EngageAll;
 
+#[async_trait::async_trait]
 impl Coordinator for EngageAll {
     fn engage(
         &self,
@@ -184,7 +204,7 @@ impl Manager {
         self
     }
 
-    fn coordinator(&self) -> Arc<dyn Coordinator> {
+    pub(crate) fn coordinator(&self) -> Arc<dyn Coordinator> {
         lock(&self.inner.coordinator).clone()
     }
 
@@ -286,6 +306,9 @@ impl Manager {
         // after running reconciles have finished with their clusters.
         let stop = shutdown.child_token();
         let components_stop = CancellationToken::new();
+        let coordinator = self.coordinator();
+        let coordinator_stop = components_stop.clone();
+        let coordinator_task = tokio::spawn(async move { coordinator.run(coordinator_stop).await });
         self.engage(
             components_stop.child_token(),
             ClusterName::local(),
@@ -325,6 +348,11 @@ impl Manager {
         tracing::info!("shutting down: no new reconciles; waiting for running ones");
         while tasks.join_next().await.is_some() {}
         components_stop.cancel();
+        match coordinator_task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => tracing::error!(error = %err, "the coordinator failed"),
+            Err(err) => tracing::error!(error = %err, "the coordinator task failed"),
+        }
         let provider_result = match (provider_ended, provider_task) {
             (Some(result), _) => result,
             (None, Some(task)) => task.await,

@@ -1,0 +1,235 @@
+//! The Lease reads and writes sharding needs: take, renew and release a
+//! fence, and publish a peer. Every write carries the resourceVersion that
+//! was read, so two replicas racing for one Lease cannot both win.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+
+/// What an attempt to take a Lease found.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Taken {
+    /// This replica holds it now.
+    Yes,
+    /// Someone else holds it and it has not expired; the holder if known.
+    HeldBy(Option<String>),
+}
+
+/// Whether the Lease's holder has let it lapse (or never said for how long).
+pub(crate) fn expired(spec: &LeaseSpec, now: Timestamp) -> bool {
+    match (&spec.renew_time, spec.lease_duration_seconds) {
+        (Some(MicroTime(renewed)), Some(seconds)) => {
+            renewed.as_millisecond() + i64::from(seconds) * 1000 < now.as_millisecond()
+        }
+        _ => true,
+    }
+}
+
+/// The Lease's holder, if it has a live one.
+pub(crate) fn live_holder(lease: &Lease, now: Timestamp) -> Option<&str> {
+    let spec = lease.spec.as_ref()?;
+    let holder = spec.holder_identity.as_deref().filter(|h| !h.is_empty())?;
+    (!expired(spec, now)).then_some(holder)
+}
+
+/// Lease durations are whole seconds; round up so a Lease never claims less
+/// than was asked for.
+pub(crate) fn seconds(duration: Duration) -> i32 {
+    i32::try_from(duration.as_millis().div_ceil(1000))
+        .unwrap_or(i32::MAX)
+        .max(1)
+}
+
+fn is_conflict(err: &kube::Error) -> bool {
+    matches!(err, kube::Error::Api(status) if status.code == 409)
+}
+
+/// Takes the Lease `name` for `me` if it is free, expired or already ours.
+pub(crate) async fn take(
+    api: &Api<Lease>,
+    name: &str,
+    me: &str,
+    duration: Duration,
+) -> Result<Taken, kube::Error> {
+    let now = Timestamp::now();
+    let Some(mut lease) = api.get_opt(name).await? else {
+        let lease = Lease {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(me.to_string()),
+                lease_duration_seconds: Some(seconds(duration)),
+                acquire_time: Some(MicroTime(now)),
+                renew_time: Some(MicroTime(now)),
+                lease_transitions: Some(0),
+                ..LeaseSpec::default()
+            }),
+        };
+        return match api.create(&PostParams::default(), &lease).await {
+            Ok(_) => Ok(Taken::Yes),
+            // Another replica created it first.
+            Err(err) if is_conflict(&err) => Ok(Taken::HeldBy(None)),
+            Err(err) => Err(err),
+        };
+    };
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+    if let Some(other) = holder.as_deref().filter(|h| *h != me)
+        && !expired(spec, now)
+    {
+        return Ok(Taken::HeldBy(Some(other.to_string())));
+    }
+    if holder.as_deref() != Some(me) || spec.acquire_time.is_none() {
+        spec.acquire_time = Some(MicroTime(now));
+    }
+    if holder.as_deref().is_some_and(|h| h != me) {
+        spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0).saturating_add(1));
+    }
+    spec.holder_identity = Some(me.to_string());
+    spec.lease_duration_seconds = Some(seconds(duration));
+    spec.renew_time = Some(MicroTime(now));
+    match api.replace(name, &PostParams::default(), &lease).await {
+        Ok(_) => Ok(Taken::Yes),
+        // Changed since it was read: someone else got there first.
+        Err(err) if is_conflict(&err) => Ok(Taken::HeldBy(None)),
+        Err(err) => Err(err),
+    }
+}
+
+/// Renews `me`'s hold on `name`; `Ok(false)` when the Lease is gone or has
+/// another holder.
+pub(crate) async fn renew(
+    api: &Api<Lease>,
+    name: &str,
+    me: &str,
+    duration: Duration,
+) -> Result<bool, kube::Error> {
+    let Some(mut lease) = api.get_opt(name).await? else {
+        return Ok(false);
+    };
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+    if spec.holder_identity.as_deref() != Some(me) {
+        return Ok(false);
+    }
+    spec.lease_duration_seconds = Some(seconds(duration));
+    spec.renew_time = Some(MicroTime(Timestamp::now()));
+    match api.replace(name, &PostParams::default(), &lease).await {
+        Ok(_) => Ok(true),
+        Err(err) if is_conflict(&err) => Ok(false),
+        Err(err) => Err(err),
+    }
+}
+
+/// Clears the holder of `name` if it is still `me`, so the next owner need
+/// not wait for it to expire.
+pub(crate) async fn release(api: &Api<Lease>, name: &str, me: &str) -> Result<(), kube::Error> {
+    let Some(mut lease) = api.get_opt(name).await? else {
+        return Ok(());
+    };
+    let Some(spec) = lease.spec.as_mut() else {
+        return Ok(());
+    };
+    if spec.holder_identity.as_deref() != Some(me) {
+        return Ok(());
+    }
+    spec.holder_identity = None;
+    match api.replace(name, &PostParams::default(), &lease).await {
+        Ok(_) => Ok(()),
+        // Taken over meanwhile: nothing of ours left to clear.
+        Err(err) if is_conflict(&err) => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
+/// Creates or renews the peer Lease `name` for `me`, with `labels` and
+/// `annotations` set.
+pub(crate) async fn publish(
+    api: &Api<Lease>,
+    name: &str,
+    me: &str,
+    duration: Duration,
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+) -> Result<(), kube::Error> {
+    let now = MicroTime(Timestamp::now());
+    match api.get_opt(name).await? {
+        None => {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(name.to_string()),
+                    labels: Some(labels.clone()),
+                    annotations: Some(annotations.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(me.to_string()),
+                    lease_duration_seconds: Some(seconds(duration)),
+                    renew_time: Some(now),
+                    ..LeaseSpec::default()
+                }),
+            };
+            api.create(&PostParams::default(), &lease).await?;
+        }
+        Some(mut lease) => {
+            lease
+                .metadata
+                .labels
+                .get_or_insert_with(BTreeMap::new)
+                .extend(labels.clone());
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .extend(annotations.clone());
+            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+            spec.holder_identity = Some(me.to_string());
+            spec.lease_duration_seconds = Some(seconds(duration));
+            spec.renew_time = Some(now);
+            api.replace(name, &PostParams::default(), &lease).await?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec(renewed_ms_ago: i64, seconds: Option<i32>) -> (LeaseSpec, Timestamp) {
+        let now = Timestamp::from_millisecond(1_000_000_000).expect("time");
+        let renewed = Timestamp::from_millisecond(1_000_000_000 - renewed_ms_ago).expect("time");
+        (
+            LeaseSpec {
+                renew_time: Some(MicroTime(renewed)),
+                lease_duration_seconds: seconds,
+                ..LeaseSpec::default()
+            },
+            now,
+        )
+    }
+
+    #[test]
+    fn expiry_is_renew_time_plus_duration() {
+        let (fresh, now) = spec(19_000, Some(20));
+        assert!(!expired(&fresh, now));
+        let (stale, now) = spec(21_000, Some(20));
+        assert!(expired(&stale, now));
+        let (no_duration, now) = spec(0, None);
+        assert!(expired(&no_duration, now));
+        assert!(expired(&LeaseSpec::default(), now));
+    }
+
+    #[test]
+    fn durations_round_up_to_whole_seconds() {
+        assert_eq!(seconds(Duration::from_millis(1)), 1);
+        assert_eq!(seconds(Duration::from_millis(1500)), 2);
+        assert_eq!(seconds(Duration::from_secs(20)), 20);
+        assert_eq!(seconds(Duration::ZERO), 1);
+    }
+}

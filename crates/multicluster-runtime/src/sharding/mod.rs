@@ -1,0 +1,622 @@
+//! Sharding a fleet over several replicas of one controller.
+//!
+//! Every replica runs the provider and sees the whole fleet; the
+//! [`ShardedCoordinator`] decides which clusters this replica works on:
+//!
+//! - **Peers.** Each replica keeps a Lease `<peer prefix>-<id>` in the fence
+//!   namespace and reads the others'; a peer whose Lease has lapsed is gone.
+//! - **Ownership.** Rendezvous hashing ([`owner`]) over the live peers names
+//!   one owner per cluster. Every replica computes the same answer, and a
+//!   peer joining or leaving moves only about 1/N of the clusters.
+//! - **Fences.** Before working on a cluster the owner takes its Lease
+//!   `<fence prefix>-<cluster>`, held by one replica at a time, and renews
+//!   it. Work stops the moment a renewal fails, and is handed over only by
+//!   releasing the fence, so two replicas never work on one cluster at once
+//!   even while they disagree about who the peers are.
+//!
+//! Names, labels and defaults are Go multicluster-runtime's, so the Leases
+//! look the same. Beyond Go: Lease names are unique per cluster and never
+//! too long, a stopping replica deletes its peer Lease so its clusters move
+//! at once, a renewal that hangs counts as failed before the Lease can
+//! lapse, and ownership is re-examined as soon as peers change rather than
+//! at the next probe. Go's single shared fence for the whole fleet is not
+//! offered: it lets only one replica work at all.
+//!
+//! The replicas need RBAC to get, list, create, update and delete Leases in
+//! the fence namespace.
+
+mod fence;
+mod hrw;
+mod lease;
+mod names;
+mod peers;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use crate::manager::Coordinator;
+use crate::sync::{lock, next_generation};
+use crate::{Aware, Cluster, ClusterName, Error};
+
+pub use hrw::{Peer, owner};
+pub use names::{dns1123, lease_name};
+pub use peers::{PART_OF_LABEL, PEER_LABEL, PREFIX_LABEL, WEIGHT_ANNOTATION};
+
+/// Sharding settings; the defaults are Go multicluster-runtime's.
+#[derive(Clone, Debug)]
+pub struct ShardingOptions {
+    /// Where peer and fence Leases live (default `kube-system`).
+    pub namespace: String,
+    /// This replica's ID (default: the host name, which is the pod name in
+    /// Kubernetes). Made DNS-1123-safe.
+    pub peer_id: Option<String>,
+    /// Peer Lease name prefix (default `mcr-peer`). Replicas with another
+    /// prefix are not peers, so one namespace can hold several groups.
+    pub peer_prefix: String,
+    /// This replica's weight (default 1; 0 counts as 1).
+    pub peer_weight: u32,
+    /// How long a peer counts as alive after its last renewal (default 30 s).
+    pub peer_lease_duration: Duration,
+    /// How often a replica renews its peer Lease and reads the others'
+    /// (default 10 s).
+    pub peer_renew_interval: Duration,
+    /// Fence Lease name prefix (default `mcr-shard`).
+    pub fence_prefix: String,
+    /// How long a fence holds after its last renewal (default 20 s).
+    pub fence_lease_duration: Duration,
+    /// How often a held fence is renewed (default 10 s).
+    pub fence_renew_interval: Duration,
+    /// How long to wait before trying again to take a fence that was busy
+    /// or could not be taken (default 750 ms).
+    pub fence_retry_delay: Duration,
+    /// How often ownership is re-examined even when nothing changed
+    /// (default 5 s).
+    pub probe_interval: Duration,
+    /// How long reconciles still running on a cluster that moves to another
+    /// replica may take before its fence is handed over anyway (default
+    /// 30 s). The fence stays renewed meanwhile, so the new owner waits.
+    pub handover_timeout: Duration,
+}
+
+impl Default for ShardingOptions {
+    fn default() -> Self {
+        Self {
+            namespace: "kube-system".to_string(),
+            peer_id: None,
+            peer_prefix: "mcr-peer".to_string(),
+            peer_weight: 1,
+            peer_lease_duration: Duration::from_secs(30),
+            peer_renew_interval: Duration::from_secs(10),
+            fence_prefix: "mcr-shard".to_string(),
+            fence_lease_duration: Duration::from_secs(20),
+            fence_renew_interval: Duration::from_secs(10),
+            fence_retry_delay: Duration::from_millis(750),
+            probe_interval: Duration::from_secs(5),
+            handover_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl ShardingOptions {
+    fn check(&self) -> Result<(), Error> {
+        let invalid = |what: String| Err(Error::Other(format!("sharding options: {what}")));
+        for (field, prefix) in [
+            ("peer_prefix", &self.peer_prefix),
+            ("fence_prefix", &self.fence_prefix),
+        ] {
+            // The peer prefix is also a label value: at most 63 characters.
+            if prefix.is_empty() || prefix.len() > 63 || dns1123(prefix) != *prefix {
+                return invalid(format!(
+                    "{field} {prefix:?} must be 1 to 63 characters of a-z, 0-9, '-' and '.', alphanumeric at both ends"
+                ));
+            }
+        }
+        if self.namespace.is_empty() {
+            return invalid("namespace is empty".to_string());
+        }
+        for (what, duration, renew) in [
+            ("peer", self.peer_lease_duration, self.peer_renew_interval),
+            (
+                "fence",
+                self.fence_lease_duration,
+                self.fence_renew_interval,
+            ),
+        ] {
+            if renew.is_zero() || renew >= duration {
+                return invalid(format!(
+                    "the {what} renew interval ({renew:?}) must be above zero and below the {what} lease duration ({duration:?})"
+                ));
+            }
+        }
+        if self.probe_interval.is_zero() {
+            return invalid("probe_interval is zero".to_string());
+        }
+        Ok(())
+    }
+}
+
+/// A [`Coordinator`] that shares the fleet among the replicas of a
+/// controller: each cluster is worked on by exactly one of them. See the
+/// [module documentation](self).
+#[derive(Clone)]
+pub struct ShardedCoordinator {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    leases: Api<Lease>,
+    options: ShardingOptions,
+    me: Peer,
+    peers: watch::Sender<Vec<Peer>>,
+    clusters: std::sync::Mutex<BTreeMap<ClusterName, Entry>>,
+    wake: Arc<Notify>,
+}
+
+struct Entry {
+    cluster: Cluster,
+    lifetime: CancellationToken,
+    generation: u64,
+    components: Vec<Arc<dyn Aware>>,
+    held: Option<Held>,
+    retry_at: Option<Instant>,
+}
+
+/// A cluster this replica works on: its fence and the work's lifetime.
+struct Held {
+    fence: fence::Fence,
+    work: CancellationToken,
+}
+
+impl Held {
+    /// Work under `fence` that ends with the fence or the cluster.
+    fn new(fence: fence::Fence, lifetime: &CancellationToken) -> Self {
+        let work = lifetime.child_token();
+        tokio::spawn(stop_when_lost(fence.lost().clone(), work.clone()));
+        Self { fence, work }
+    }
+
+    fn is_lost(&self) -> bool {
+        self.fence.lost().is_cancelled()
+    }
+}
+
+async fn stop_when_lost(lost: CancellationToken, work: CancellationToken) {
+    tokio::select! {
+        () = lost.cancelled() => work.cancel(),
+        () = work.cancelled() => {}
+    }
+}
+
+/// What one look at a cluster decided.
+enum Step {
+    Nothing,
+    Take {
+        generation: u64,
+    },
+    Release {
+        held: Box<Held>,
+        why: String,
+        /// Components whose running work must end before the fence goes.
+        settle: Vec<Arc<dyn Aware>>,
+    },
+}
+
+impl ShardedCoordinator {
+    /// A coordinator keeping its Leases through `client` (the cluster the
+    /// replicas share, usually the local one). Fails on invalid options.
+    pub fn new(client: kube::Client, options: ShardingOptions) -> Result<Self, Error> {
+        options.check()?;
+        let id = options.peer_id.clone().unwrap_or_else(|| {
+            gethostname::gethostname()
+                .to_str()
+                .map(str::to_string)
+                .unwrap_or_default()
+        });
+        let me = Peer {
+            id: dns1123(&id),
+            weight: options.peer_weight.max(1),
+        };
+        Ok(Self {
+            inner: Arc::new(Inner {
+                leases: Api::namespaced(client, &options.namespace),
+                peers: watch::Sender::new(vec![me.clone()]),
+                me,
+                options,
+                clusters: std::sync::Mutex::new(BTreeMap::new()),
+                wake: Arc::new(Notify::new()),
+            }),
+        })
+    }
+
+    /// This replica's peer ID.
+    pub fn peer_id(&self) -> &str {
+        &self.inner.me.id
+    }
+
+    /// The live peers as last read, this replica included, sorted by ID.
+    pub fn peers(&self) -> Vec<Peer> {
+        self.inner.peers.borrow().clone()
+    }
+
+    /// The clusters this replica works on now (it holds their fences),
+    /// sorted.
+    pub fn working_on(&self) -> Vec<ClusterName> {
+        lock(&self.inner.clusters)
+            .iter()
+            .filter(|(_, entry)| {
+                entry
+                    .held
+                    .as_ref()
+                    .is_some_and(|held| !held.work.is_cancelled())
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// The fence Lease name for a cluster.
+    pub fn fence_name(&self, cluster: &ClusterName) -> String {
+        lease_name(&self.inner.options.fence_prefix, cluster.as_str())
+    }
+
+    fn timing(&self) -> fence::Timing {
+        fence::Timing {
+            duration: self.inner.options.fence_lease_duration,
+            renew: self.inner.options.fence_renew_interval,
+        }
+    }
+
+    /// Looks at every cluster once: takes the fences of clusters this
+    /// replica owns, hands back those it no longer owns.
+    async fn balance(&self) {
+        let peers = self.peers();
+        let names: Vec<ClusterName> = lock(&self.inner.clusters).keys().cloned().collect();
+        for name in names {
+            self.balance_one(&name, &peers).await;
+        }
+    }
+
+    async fn balance_one(&self, name: &ClusterName, peers: &[Peer]) {
+        let step = self.decide(name, peers);
+        match step {
+            Step::Nothing => {}
+            Step::Release { held, why, settle } => {
+                held.work.cancel();
+                tracing::info!(cluster = %name, peer = %self.inner.me.id, %why, "stopped working on the cluster");
+                // Reconciles already running finish before the next owner
+                // may start; the fence is still renewed meanwhile.
+                let settled = futures::future::join_all(settle.iter().map(|c| c.settled(name)));
+                if tokio::time::timeout(self.inner.options.handover_timeout, settled)
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(cluster = %name, timeout = ?self.inner.options.handover_timeout, "reconciles still running; handing the cluster over anyway");
+                }
+                held.fence.release(self.timing().renew).await;
+            }
+            Step::Take { generation } => self.take(name, generation).await,
+        }
+    }
+
+    fn decide(&self, name: &ClusterName, peers: &[Peer]) -> Step {
+        let mut clusters = lock(&self.inner.clusters);
+        let Some(entry) = clusters.get_mut(name) else {
+            return Step::Nothing;
+        };
+        if entry.lifetime.is_cancelled() {
+            let held = clusters.remove(name).and_then(|entry| entry.held);
+            return held.map_or(Step::Nothing, |held| Step::Release {
+                held: Box::new(held),
+                why: "the cluster left the fleet".to_string(),
+                settle: Vec::new(),
+            });
+        }
+        let now = Instant::now();
+        if let Some(held) = entry.held.take_if(|held| held.is_lost()) {
+            entry.retry_at = Some(now + self.inner.options.fence_retry_delay);
+            return Step::Release {
+                held: Box::new(held),
+                why: "its fence was not renewed".to_string(),
+                settle: Vec::new(),
+            };
+        }
+        let owner = owner(name.as_str(), peers);
+        let owns = owner.is_some_and(|peer| peer.id == self.inner.me.id);
+        match (owns, entry.held.take()) {
+            (false, Some(held)) => Step::Release {
+                held: Box::new(held),
+                why: format!(
+                    "now owned by {}",
+                    owner.map_or("nobody", |peer| peer.id.as_str())
+                ),
+                settle: entry.components.clone(),
+            },
+            (true, None) if entry.retry_at.is_none_or(|at| now >= at) => Step::Take {
+                generation: entry.generation,
+            },
+            (_, held) => {
+                entry.held = held;
+                Step::Nothing
+            }
+        }
+    }
+
+    async fn take(&self, name: &ClusterName, generation: u64) {
+        let fence_name = self.fence_name(name);
+        let taken = fence::Fence::take(
+            self.inner.leases.clone(),
+            fence_name.clone(),
+            self.inner.me.id.clone(),
+            self.timing(),
+            self.inner.wake.clone(),
+        )
+        .await;
+        let fence = match taken {
+            Ok(Ok(fence)) => fence,
+            Ok(Err(holder)) => {
+                tracing::debug!(cluster = %name, lease = %fence_name, holder = holder.as_deref().unwrap_or("unknown"), "fence busy; trying again later");
+                self.retry_later(name, generation);
+                return;
+            }
+            Err(reason) => {
+                tracing::warn!(cluster = %name, lease = %fence_name, %reason, "could not take the fence; trying again later");
+                self.retry_later(name, generation);
+                return;
+            }
+        };
+        let start = {
+            let mut clusters = lock(&self.inner.clusters);
+            match clusters.get_mut(name) {
+                Some(entry)
+                    if entry.generation == generation
+                        && entry.held.is_none()
+                        && !entry.lifetime.is_cancelled() =>
+                {
+                    let held = Held::new(fence, &entry.lifetime);
+                    let start = (
+                        held.work.clone(),
+                        entry.cluster.clone(),
+                        entry.components.clone(),
+                    );
+                    entry.held = Some(held);
+                    entry.retry_at = None;
+                    Ok(start)
+                }
+                // Replaced or gone while the fence was taken: the next
+                // look starts over.
+                _ => Err(fence),
+            }
+        };
+        match start {
+            Ok((work, cluster, components)) => {
+                tracing::info!(cluster = %name, peer = %self.inner.me.id, lease = %fence_name, "working on the cluster");
+                engage_all(&components, &work, name, &cluster);
+            }
+            Err(fence) => {
+                fence.release(self.timing().renew).await;
+                self.inner.wake.notify_one();
+            }
+        }
+    }
+
+    fn retry_later(&self, name: &ClusterName, generation: u64) {
+        if let Some(entry) = lock(&self.inner.clusters)
+            .get_mut(name)
+            .filter(|entry| entry.generation == generation)
+        {
+            entry.retry_at = Some(Instant::now() + self.inner.options.fence_retry_delay);
+        }
+    }
+
+    /// When the next look is due: the probe interval, or sooner when a busy
+    /// fence may be tried again.
+    fn next_look(&self) -> Instant {
+        let probe = Instant::now() + self.inner.options.probe_interval;
+        lock(&self.inner.clusters)
+            .values()
+            .filter(|entry| entry.held.is_none())
+            .filter_map(|entry| entry.retry_at)
+            .fold(probe, Instant::min)
+    }
+
+    /// Stops all work and hands every fence back.
+    async fn release_all(&self) {
+        let held: Vec<(ClusterName, Held)> = lock(&self.inner.clusters)
+            .iter_mut()
+            .filter_map(|(name, entry)| Some((name.clone(), entry.held.take()?)))
+            .collect();
+        for (name, held) in held {
+            held.work.cancel();
+            tracing::info!(cluster = %name, "shutting down: handing the cluster back");
+            held.fence.release(self.timing().renew).await;
+        }
+    }
+}
+
+/// Engages each component; a failure stops the work, so the cluster is
+/// handed back and tried again rather than half-engaged.
+fn engage_all(
+    components: &[Arc<dyn Aware>],
+    work: &CancellationToken,
+    name: &ClusterName,
+    cluster: &Cluster,
+) {
+    for component in components {
+        if let Err(err) = component.engage(work.clone(), name.clone(), cluster.clone()) {
+            tracing::error!(cluster = %name, error = %err, "engaging a component failed; handing the cluster back");
+            work.cancel();
+            return;
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Coordinator for ShardedCoordinator {
+    fn engage(
+        &self,
+        lifetime: CancellationToken,
+        name: ClusterName,
+        cluster: Cluster,
+        components: &[Arc<dyn Aware>],
+    ) -> Result<(), Error> {
+        let mut start = None;
+        {
+            let mut clusters = lock(&self.inner.clusters);
+            match clusters.get_mut(&name) {
+                Some(entry)
+                    if entry.cluster.same_instance(&cluster) && !entry.lifetime.is_cancelled() =>
+                {
+                    // More components for a cluster already here.
+                    let new: Vec<Arc<dyn Aware>> = components
+                        .iter()
+                        .filter(|c| !entry.components.iter().any(|e| Arc::ptr_eq(e, c)))
+                        .cloned()
+                        .collect();
+                    entry.components.extend(new.iter().cloned());
+                    if let Some(held) = entry.held.as_ref().filter(|h| !h.work.is_cancelled()) {
+                        start = Some((held.work.clone(), cluster.clone(), new));
+                    }
+                }
+                existing => {
+                    // A new cluster, or a new instance under the same name
+                    // (rotated credentials): a fence held for the old one
+                    // stays, and its work restarts on the new instance.
+                    let held = existing.and_then(|entry| entry.held.take());
+                    let held = held.filter(|held| !held.is_lost()).map(|held| {
+                        held.work.cancel();
+                        Held::new(held.fence, &lifetime)
+                    });
+                    if let Some(held) = &held {
+                        start = Some((held.work.clone(), cluster.clone(), components.to_vec()));
+                    }
+                    let wake = self.inner.wake.clone();
+                    let left = lifetime.clone();
+                    tokio::spawn(async move {
+                        left.cancelled().await;
+                        wake.notify_one();
+                    });
+                    clusters.insert(
+                        name.clone(),
+                        Entry {
+                            cluster,
+                            lifetime,
+                            generation: next_generation(),
+                            components: components.to_vec(),
+                            held,
+                            retry_at: None,
+                        },
+                    );
+                }
+            }
+        }
+        if let Some((work, cluster, components)) = start {
+            engage_all(&components, &work, &name, &cluster);
+        }
+        self.inner.wake.notify_one();
+        Ok(())
+    }
+
+    fn working_on(&self) -> Option<Vec<ClusterName>> {
+        Some(ShardedCoordinator::working_on(self))
+    }
+
+    async fn run(&self, stop: CancellationToken) -> Result<(), Error> {
+        let options = &self.inner.options;
+        let registry = peers::Registry {
+            api: self.inner.leases.clone(),
+            prefix: options.peer_prefix.clone(),
+            lease_name: lease_name(&options.peer_prefix, &self.inner.me.id),
+            me: self.inner.me.clone(),
+            duration: options.peer_lease_duration,
+            renew: options.peer_renew_interval,
+            peers: self.inner.peers.clone(),
+            known: CancellationToken::new(),
+        };
+        let known = registry.known.clone();
+        let registry_stop = CancellationToken::new();
+        let registry_task = tokio::spawn(registry.run(registry_stop.clone()));
+        tracing::info!(peer = %self.inner.me.id, namespace = %options.namespace, "sharding the fleet");
+        let mut peers = self.inner.peers.subscribe();
+        // Until the others are known this replica would own every cluster;
+        // claiming them all only to hand most back is churn.
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = known.cancelled() => {}
+        }
+        while !stop.is_cancelled() {
+            self.balance().await;
+            let next = self.next_look();
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = self.inner.wake.notified() => {}
+                _ = peers.changed() => {}
+                () = tokio::time::sleep_until(next) => {}
+            }
+        }
+        self.release_all().await;
+        registry_stop.cancel();
+        registry_task
+            .await
+            .map_err(|err| Error::Other(format!("peer registry task failed: {err}")))
+    }
+}
+
+impl std::fmt::Debug for ShardedCoordinator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ShardedCoordinator")
+            .field("peer", &self.inner.me)
+            .field("working_on", &self.working_on())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_gos_and_valid() {
+        let options = ShardingOptions::default();
+        assert!(options.check().is_ok());
+        assert_eq!(options.namespace, "kube-system");
+        assert_eq!(options.peer_prefix, "mcr-peer");
+        assert_eq!(options.fence_prefix, "mcr-shard");
+        assert_eq!(options.fence_lease_duration, Duration::from_secs(20));
+        assert_eq!(options.probe_interval, Duration::from_secs(5));
+    }
+
+    type Spoil = fn(&mut ShardingOptions);
+
+    #[test]
+    fn invalid_options_are_named() {
+        let cases: [(Spoil, &str); 5] = [
+            (
+                |o| o.peer_prefix = "Peers!".into(),
+                "peer_prefix \"Peers!\"",
+            ),
+            (|o| o.fence_prefix = String::new(), "fence_prefix \"\""),
+            (|o| o.namespace = String::new(), "namespace is empty"),
+            (
+                |o| o.fence_renew_interval = o.fence_lease_duration,
+                "the fence renew interval (20s) must be above zero and below the fence lease duration (20s)",
+            ),
+            (
+                |o| o.peer_renew_interval = Duration::ZERO,
+                "the peer renew interval (0ns)",
+            ),
+        ];
+        for (spoil, message) in cases {
+            let mut options = ShardingOptions::default();
+            spoil(&mut options);
+            let err = options.check().expect_err(message).to_string();
+            assert!(err.starts_with("sharding options: "), "{err}");
+            assert!(err.contains(message), "{err} does not contain {message}");
+        }
+    }
+}

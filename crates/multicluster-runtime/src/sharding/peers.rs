@@ -1,0 +1,151 @@
+//! The peer registry: each replica keeps a Lease saying it is alive, and
+//! reads the others' to know who shares the fleet.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::hrw::Peer;
+use super::lease;
+
+/// Label every multicluster-runtime peer Lease carries.
+pub const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
+/// Label marking a Lease as a peer's.
+pub const PEER_LABEL: &str = "mcr.sigs.k8s.io/peer";
+/// Label naming the peer prefix (replica groups with other prefixes are
+/// not peers).
+pub const PREFIX_LABEL: &str = "mcr.sigs.k8s.io/prefix";
+/// Annotation holding a peer's weight.
+pub const WEIGHT_ANNOTATION: &str = "mcr.sigs.k8s.io/weight";
+
+pub(crate) struct Registry {
+    pub(crate) api: Api<Lease>,
+    pub(crate) prefix: String,
+    pub(crate) lease_name: String,
+    pub(crate) me: Peer,
+    pub(crate) duration: Duration,
+    pub(crate) renew: Duration,
+    pub(crate) peers: watch::Sender<Vec<Peer>>,
+    /// Fired once the peers have been read for the first time.
+    pub(crate) known: CancellationToken,
+}
+
+impl Registry {
+    /// Publishes this replica and reads its peers every renew interval
+    /// until `stop`, then deletes its Lease so the others take over its
+    /// clusters at once instead of after the Lease lapses.
+    pub(crate) async fn run(self, stop: CancellationToken) {
+        loop {
+            let round = async {
+                self.publish().await;
+                self.refresh().await;
+            };
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = round => {}
+            }
+            tokio::select! {
+                () = stop.cancelled() => break,
+                () = tokio::time::sleep(self.renew) => {}
+            }
+        }
+        let params = DeleteParams::default();
+        let delete = self.api.delete(&self.lease_name, &params);
+        match tokio::time::timeout(self.renew, delete).await {
+            Ok(Ok(_)) => tracing::debug!(lease = %self.lease_name, "peer lease deleted"),
+            Ok(Err(err)) => {
+                tracing::warn!(lease = %self.lease_name, error = %crate::redact::kube_error(&err), "could not delete the peer lease; the others take over when it lapses")
+            }
+            Err(_) => {
+                tracing::warn!(lease = %self.lease_name, "no answer deleting the peer lease; the others take over when it lapses")
+            }
+        }
+    }
+
+    async fn publish(&self) {
+        let labels = BTreeMap::from([
+            (
+                PART_OF_LABEL.to_string(),
+                "multicluster-runtime".to_string(),
+            ),
+            (PEER_LABEL.to_string(), "true".to_string()),
+            (PREFIX_LABEL.to_string(), self.prefix.clone()),
+        ]);
+        let annotations =
+            BTreeMap::from([(WEIGHT_ANNOTATION.to_string(), self.me.weight.to_string())]);
+        let call = lease::publish(
+            &self.api,
+            &self.lease_name,
+            &self.me.id,
+            self.duration,
+            &labels,
+            &annotations,
+        );
+        match tokio::time::timeout(self.renew, call).await {
+            Ok(Ok(())) => {}
+            Ok(Err(err)) => {
+                tracing::warn!(lease = %self.lease_name, error = %crate::redact::kube_error(&err), "could not renew the peer lease")
+            }
+            Err(_) => tracing::warn!(lease = %self.lease_name, "no answer renewing the peer lease"),
+        }
+    }
+
+    async fn refresh(&self) {
+        let selector = format!("{PEER_LABEL}=true,{PREFIX_LABEL}={}", self.prefix);
+        let params = ListParams::default().labels(&selector);
+        let call = self.api.list(&params);
+        let list = match tokio::time::timeout(self.renew, call).await {
+            Ok(Ok(list)) => list,
+            Ok(Err(err)) => {
+                tracing::warn!(error = %crate::redact::kube_error(&err), "could not list peers; keeping the last known set");
+                return;
+            }
+            Err(_) => {
+                tracing::warn!("no answer listing peers; keeping the last known set");
+                return;
+            }
+        };
+        let now = Timestamp::now();
+        let mut peers: BTreeMap<String, Peer> = list
+            .items
+            .iter()
+            .filter_map(|lease| {
+                let id = lease::live_holder(lease, now)?;
+                Some(Peer {
+                    id: id.to_string(),
+                    weight: weight(lease),
+                })
+            })
+            .map(|peer| (peer.id.clone(), peer))
+            .collect();
+        // Always a peer of itself, even before its own Lease shows up.
+        peers.insert(self.me.id.clone(), self.me.clone());
+        let peers: Vec<Peer> = peers.into_values().collect();
+        self.known.cancel();
+        self.peers.send_if_modified(|known| {
+            if *known == peers {
+                return false;
+            }
+            tracing::info!(peers = ?peers.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), "peers changed");
+            *known = peers;
+            true
+        });
+    }
+}
+
+/// A peer's weight from its annotation; missing, unreadable or 0 is 1.
+fn weight(lease: &Lease) -> u32 {
+    lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(WEIGHT_ANNOTATION))
+        .and_then(|w| w.parse::<u32>().ok())
+        .filter(|w| *w > 0)
+        .unwrap_or(1)
+}
