@@ -96,18 +96,36 @@ pub fn copy_name(source: &str) -> String {
     format!("{source}-copy")
 }
 
+/// The annotation on a copy naming the replica that wrote it (set by
+/// [`controller_on_replica`]).
+pub const COPIED_BY_ANNOTATION: &str = "multicluster.example/copied-by";
+
 /// Builds the controller; `name` shows up in logs and metrics.
 pub fn controller(name: &str) -> Result<Controller, Error> {
+    build(name, None)
+}
+
+/// Builds the controller for one replica of several: each copy it writes
+/// names `replica` in [`COPIED_BY_ANNOTATION`].
+pub fn controller_on_replica(name: &str, replica: &str) -> Result<Controller, Error> {
+    build(name, Some(replica.into()))
+}
+
+fn build(name: &str, replica: Option<std::sync::Arc<str>>) -> Result<Controller, Error> {
     Controller::builder(name)
         .for_resource(Watch::<ConfigMap>::new().filter(filters::labels(
             [(SYNC_LABEL.to_string(), "true".to_string())].into(),
         )))
         .owns(Watch::<ConfigMap>::new())
         .max_concurrent_reconciles(4)
-        .build(reconcile)
+        .build(move |request, cluster| reconcile(request, cluster, replica.clone()))
 }
 
-async fn reconcile(request: Request, cluster: Cluster) -> Result<Action, SyncError> {
+async fn reconcile(
+    request: Request,
+    cluster: Cluster,
+    replica: Option<std::sync::Arc<str>>,
+) -> Result<Action, SyncError> {
     let namespace = request
         .namespace
         .clone()
@@ -146,7 +164,12 @@ async fn reconcile(request: Request, cluster: Cluster) -> Result<Action, SyncErr
     let desired = serde_json::json!({
         "apiVersion": "v1",
         "kind": "ConfigMap",
-        "metadata": {"name": copy, "namespace": namespace, "ownerReferences": owner.into_iter().collect::<Vec<_>>()},
+        "metadata": {
+            "name": copy,
+            "namespace": namespace,
+            "ownerReferences": owner.into_iter().collect::<Vec<_>>(),
+            "annotations": replica.iter().map(|r| (COPIED_BY_ANNOTATION, r.to_string())).collect::<std::collections::BTreeMap<_, _>>(),
+        },
         "data": source.data.clone().unwrap_or_default(),
     });
     copies

@@ -1,0 +1,96 @@
+//! Several replicas of one controller sharing a fleet: every namespace
+//! labelled with the watch filter is a cluster, and the replicas divide the
+//! clusters among themselves through Leases (see
+//! `multicluster_runtime::sharding`). Each copy a replica writes names it in
+//! the `multicluster.example/copied-by` annotation, so who works where shows
+//! in the cluster.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use multicluster_example_configmap_sync::{
+    MainError, block_on, controller_on_replica, init_logging,
+};
+use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
+use multicluster_runtime::metrics::Metrics;
+use multicluster_runtime::sharding::{ShardedCoordinator, ShardingOptions};
+use multicluster_runtime::{Cluster, Manager, ManagerOptions};
+
+/// Copy labelled ConfigMaps in namespace-backed clusters, sharded over replicas.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// This replica's ID (default: the host name).
+    #[arg(long, env = "PEER_ID")]
+    peer_id: Option<String>,
+    /// Where the peer and fence Leases live.
+    #[arg(long, default_value = "kube-system")]
+    lease_namespace: String,
+    /// Only namespaces labelled cluster.x-k8s.io/watch-filter=<value> become clusters.
+    #[arg(long, env = "WATCH_FILTER")]
+    watch_filter: Option<String>,
+    /// Serve /healthz, /readyz, /metrics and /clusters here.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    health_address: SocketAddr,
+    /// How often ownership is re-examined.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
+    probe_interval: Duration,
+    /// How long a replica counts as alive after renewing its peer Lease.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    peer_lease_duration: Duration,
+    /// How often the peer Lease is renewed.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    peer_renew_interval: Duration,
+    /// How long a cluster's fence holds after its last renewal.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "20s")]
+    fence_lease_duration: Duration,
+    /// How often a held fence is renewed.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    fence_renew_interval: Duration,
+}
+
+fn main() -> Result<(), MainError> {
+    block_on(run())
+}
+
+async fn run() -> Result<(), MainError> {
+    init_logging();
+    let args = Args::parse();
+    // The host cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
+    let host = Cluster::new("host", kube::Client::try_default().await?);
+    let coordinator = ShardedCoordinator::new(
+        host.client(),
+        ShardingOptions {
+            namespace: args.lease_namespace,
+            peer_id: args.peer_id,
+            probe_interval: args.probe_interval,
+            peer_lease_duration: args.peer_lease_duration,
+            peer_renew_interval: args.peer_renew_interval,
+            fence_lease_duration: args.fence_lease_duration,
+            fence_renew_interval: args.fence_renew_interval,
+            ..ShardingOptions::default()
+        },
+    )?;
+    let provider = Arc::new(NamespaceProvider::new(
+        host.clone(),
+        NamespaceOptions {
+            watch_filter: args.watch_filter,
+        },
+    ));
+    let options = ManagerOptions {
+        health_address: Some(args.health_address),
+        ..ManagerOptions::default()
+    };
+    let peer = coordinator.peer_id().to_string();
+    // Reconciles counted per cluster, so each replica's share shows in /metrics.
+    let manager = Manager::with_provider(host, provider, options)
+        .with_metrics(Metrics::new(true))
+        .with_coordinator(Arc::new(coordinator));
+    manager.add_controller(controller_on_replica("configmap-copy", &peer)?)?;
+    tracing::info!(%peer, "running; Ctrl-C stops");
+    manager.run_until_signal().await?;
+    tracing::info!("stopped");
+    Ok(())
+}
