@@ -31,6 +31,16 @@ impl Timing {
     }
 }
 
+/// How an attempt to take a fence ended.
+pub(crate) enum Attempt {
+    /// This replica holds it.
+    Taken(Fence),
+    /// Another replica holds it (named when known).
+    Busy(Option<String>),
+    /// The API server failed or did not answer.
+    Failed(String),
+}
+
 /// A fence this replica holds, renewed in the background until released
 /// or lost.
 pub(crate) struct Fence {
@@ -50,12 +60,12 @@ impl Fence {
         me: String,
         timing: Timing,
         on_lost: Arc<Notify>,
-    ) -> Result<Result<Self, Option<String>>, String> {
+    ) -> Attempt {
         let call = lease::take(&api, &name, &me, timing.duration);
         match tokio::time::timeout(timing.call_timeout(), call).await {
-            Err(_) => return Err("no answer from the API server".to_string()),
-            Ok(Err(err)) => return Err(crate::redact::kube_error(&err)),
-            Ok(Ok(Taken::HeldBy(holder))) => return Ok(Err(holder)),
+            Err(_) => return Attempt::Failed("no answer from the API server".to_string()),
+            Ok(Err(err)) => return Attempt::Failed(crate::redact::kube_error(&err)),
+            Ok(Ok(Taken::HeldBy(holder))) => return Attempt::Busy(holder),
             Ok(Ok(Taken::Yes)) => {}
         }
         let fence = Self {
@@ -74,7 +84,7 @@ impl Fence {
             fence.stop.clone(),
             on_lost,
         ));
-        Ok(Ok(fence))
+        Attempt::Taken(fence)
     }
 
     /// Fires when a renewal failed: the hold is over.

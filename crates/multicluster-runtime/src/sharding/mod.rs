@@ -358,13 +358,13 @@ impl ShardedCoordinator {
         )
         .await;
         let fence = match taken {
-            Ok(Ok(fence)) => fence,
-            Ok(Err(holder)) => {
+            fence::Attempt::Taken(fence) => fence,
+            fence::Attempt::Busy(holder) => {
                 tracing::debug!(cluster = %name, lease = %fence_name, holder = holder.as_deref().unwrap_or("unknown"), "fence busy; trying again later");
                 self.retry_later(name, generation);
                 return;
             }
-            Err(reason) => {
+            fence::Attempt::Failed(reason) => {
                 tracing::warn!(cluster = %name, lease = %fence_name, %reason, "could not take the fence; trying again later");
                 self.retry_later(name, generation);
                 return;
