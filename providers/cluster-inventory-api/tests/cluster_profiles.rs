@@ -19,6 +19,24 @@ use multicluster_provider_cluster_inventory_api::{
 use multicluster_runtime::testing::{eventually, run_manager, wait_until_unreachable};
 use multicluster_runtime::{ClusterName, ManagerOptions};
 
+/// Creates the Secret `name` holding `workload`'s kubeconfig for `consumer`
+/// of `profile`.
+async fn create_credentials(
+    secrets: &Api<Secret>,
+    name: &str,
+    profile: &str,
+    consumer: &str,
+    workload: &ControlPlane,
+) {
+    secrets
+        .create(
+            &PostParams::default(),
+            &credentials(name, profile, consumer, workload),
+        )
+        .await
+        .expect("secret");
+}
+
 fn credentials(name: &str, profile: &str, consumer: &str, workload: &ControlPlane) -> Secret {
     Secret {
         metadata: ObjectMeta {
@@ -58,49 +76,19 @@ async fn ready_profiles_are_engaged_with_their_consumers_secret() {
 
     create_profile(&hub, "alpha").await;
     set_health(&hub, "alpha", true, Some("id-alpha")).await;
-    secrets
-        .create(
-            &PostParams::default(),
-            &credentials("alpha-creds", "alpha", "me", &first),
-        )
-        .await
-        .expect("secret");
+    create_credentials(&secrets, "alpha-creds", "alpha", "me", &first).await;
     // Another consumer's Secret for the same profile is not ours.
-    secrets
-        .create(
-            &PostParams::default(),
-            &credentials("alpha-other", "alpha", "someone-else", &second),
-        )
-        .await
-        .expect("secret");
+    create_credentials(&secrets, "alpha-other", "alpha", "someone-else", &second).await;
     create_profile(&hub, "beta").await;
     set_health(&hub, "beta", false, None).await;
-    secrets
-        .create(
-            &PostParams::default(),
-            &credentials("beta-creds", "beta", "me", &second),
-        )
-        .await
-        .expect("secret");
+    create_credentials(&secrets, "beta-creds", "beta", "me", &second).await;
     create_profile(&hub, "gamma").await;
     set_health(&hub, "gamma", true, None).await;
     // Two Secrets for one profile: an error for that profile only.
     create_profile(&hub, "delta").await;
     set_health(&hub, "delta", true, None).await;
-    secrets
-        .create(
-            &PostParams::default(),
-            &credentials("delta-1", "delta", "me", &first),
-        )
-        .await
-        .expect("secret");
-    secrets
-        .create(
-            &PostParams::default(),
-            &credentials("delta-2", "delta", "me", &second),
-        )
-        .await
-        .expect("secret");
+    create_credentials(&secrets, "delta-1", "delta", "me", &first).await;
+    create_credentials(&secrets, "delta-2", "delta", "me", &second).await;
 
     let provider = Arc::new(ClusterProfileProvider::new(
         hub.clone(),
@@ -134,13 +122,7 @@ async fn ready_profiles_are_engaged_with_their_consumers_secret() {
     );
 
     // A Secret created later engages; removing delta's extra Secret does too.
-    secrets
-        .create(
-            &PostParams::default(),
-            &credentials("gamma-creds", "gamma", "me", &second),
-        )
-        .await
-        .expect("secret");
+    create_credentials(&secrets, "gamma-creds", "gamma", "me", &second).await;
     recorder
         .wait_for_more(&req("inventory/gamma", "in-second"), 0)
         .await;
@@ -281,13 +263,7 @@ async fn bad_credentials_affect_only_their_own_profile() {
     wait_until_unreachable(&manager, "inventory/untrusted").await;
     create_profile(&hub, "healthy").await;
     set_health(&hub, "healthy", true, None).await;
-    secrets
-        .create(
-            &PostParams::default(),
-            &credentials("healthy-creds", "healthy", "me", &healthy),
-        )
-        .await
-        .expect("secret");
+    create_credentials(&secrets, "healthy-creds", "healthy", "me", &healthy).await;
     recorder
         .wait_for_more(&req("inventory/healthy", "hello"), 0)
         .await;
@@ -370,13 +346,14 @@ async fn a_namespaced_filtered_instance_needs_rbac_for_its_namespace_only() {
                 .expect("label");
         }
         set_health(&hub, profile, true, None).await;
-        secrets
-            .create(
-                &PostParams::default(),
-                &credentials(&format!("{profile}-creds"), profile, "me", &member),
-            )
-            .await
-            .expect("secret");
+        create_credentials(
+            &secrets,
+            &format!("{profile}-creds"),
+            profile,
+            "me",
+            &member,
+        )
+        .await;
     }
 
     let mut options = ClusterProfileOptions::with_secrets("me");
@@ -399,13 +376,7 @@ async fn a_namespaced_filtered_instance_needs_rbac_for_its_namespace_only() {
         .await
         .expect("label");
     set_health(&hub, "mine-too", true, None).await;
-    secrets
-        .create(
-            &PostParams::default(),
-            &credentials("mine-too-creds", "mine-too", "me", &member),
-        )
-        .await
-        .expect("secret");
+    create_credentials(&secrets, "mine-too-creds", "mine-too", "me", &member).await;
     recorder
         .wait_for_more(&req("inventory/mine-too", "hello"), 0)
         .await;
@@ -445,13 +416,14 @@ async fn a_custom_readiness_replaces_control_plane_healthy() {
                 "lastTransitionTime": "2026-01-01T00:00:00Z",
             }));
         common::set_status(&hub, profile, status).await;
-        secrets
-            .create(
-                &PostParams::default(),
-                &credentials(&format!("{profile}-creds"), profile, "me", &member),
-            )
-            .await
-            .expect("secret");
+        create_credentials(
+            &secrets,
+            &format!("{profile}-creds"),
+            profile,
+            "me",
+            &member,
+        )
+        .await;
     }
 
     let mut options = ClusterProfileOptions::with_secrets("me");
