@@ -26,3 +26,25 @@ pub fn calls(state: &std::path::Path) -> Vec<String> {
         .map(str::to_string)
         .collect()
 }
+
+/// Makes [`TOKEN`] with state directory `state` hand out `token` from its
+/// next call on.
+pub fn set_token(state: &std::path::Path, token: &str) -> std::io::Result<()> {
+    std::fs::write(state.join("token"), token)
+}
+
+/// The token [`TOKEN`] with state directory `state` hands out now.
+pub fn token(state: &std::path::Path) -> std::io::Result<String> {
+    std::fs::read_to_string(state.join("token"))
+}
+
+/// Makes [`TOKEN`] with state directory `state` hold every call until
+/// [`release`].
+pub fn hold(state: &std::path::Path) -> std::io::Result<()> {
+    std::fs::write(state.join("hold"), "")
+}
+
+/// Lets held calls of [`TOKEN`] with state directory `state` answer.
+pub fn release(state: &std::path::Path) -> std::io::Result<()> {
+    std::fs::remove_file(state.join("hold"))
+}

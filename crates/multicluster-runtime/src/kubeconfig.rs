@@ -253,20 +253,20 @@ mod tests {
         }
     }
 
-    fn plugin(script: &str) -> String {
-        format!("{}/testdata/plugins/{script}", env!("CARGO_MANIFEST_DIR"))
-    }
-
-    fn exec_kubeconfig(command: &str, args: &[&str]) -> String {
+    /// A kubeconfig whose user runs `command` with `args`, a secret in its
+    /// env, and `state` as the envtest plugins' state directory.
+    fn exec_kubeconfig(command: &str, args: &[&str], state: &std::path::Path) -> String {
         format!(
-            "apiVersion: v1\nkind: Config\ncurrent-context: ctx\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\ncontexts:\n- name: ctx\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: {command}\n      args: {args:?}\n      interactiveMode: Never\n      env:\n      - name: API_KEY\n        value: {SECRET_TOKEN}\n"
+            "apiVersion: v1\nkind: Config\ncurrent-context: ctx\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\ncontexts:\n- name: ctx\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: {command}\n      args: {args:?}\n      interactiveMode: Never\n      env:\n      - name: API_KEY\n        value: {SECRET_TOKEN}\n      - name: STATE_DIR\n        value: {}\n",
+            state.display()
         )
     }
 
     #[tokio::test]
     async fn a_failing_credential_plugin_is_named_and_its_secrets_are_not_quoted() {
         let command = multicluster_envtest::plugins::REFUSE.to_string();
-        let text = exec_kubeconfig(&command, &["--password=very-secret-argument"]);
+        let state = tempfile::tempdir().expect("state dir");
+        let text = exec_kubeconfig(&command, &["--password=very-secret-argument"], state.path());
         let parsed = parse(&text, "Secret fleet/prod key kubeconfig").expect("parses");
         let err = client(&parsed, None, "Secret fleet/prod key kubeconfig")
             .await
@@ -296,21 +296,20 @@ mod tests {
         );
     }
 
-    /// On a single-threaded runtime the plugin can only get its file if it
+    /// On a single-threaded runtime a held plugin can only be released if it
     /// runs somewhere else while the runtime goes on.
     #[tokio::test(flavor = "current_thread")]
     async fn credential_plugins_run_off_the_async_thread() {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let go = dir.path().join("go");
-        let text = exec_kubeconfig(
-            &plugin("token-once-file-exists.sh"),
-            &[go.to_str().expect("utf-8 path")],
-        );
+        use multicluster_envtest::plugins;
+        let state = tempfile::tempdir().expect("state dir");
+        plugins::set_token(state.path(), "from-plugin").expect("token");
+        plugins::hold(state.path()).expect("hold");
+        let text = exec_kubeconfig(plugins::TOKEN, &[], state.path());
         let parsed = parse(&text, "test").expect("parses");
         let (built, ()) = tokio::join!(client(&parsed, None, "test"), async {
-            std::fs::write(&go, "").expect("write");
+            plugins::release(state.path()).expect("release");
         });
-        built.expect("the plugin saw the file and gave a token");
+        built.expect("the plugin was released and gave a token");
     }
 
     #[tokio::test]

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
-use multicluster_envtest::ControlPlane;
+use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_example_configmap_sync::SYNC_LABEL;
 use multicluster_runtime::testing::eventually;
 use serde_json::json;
@@ -74,13 +74,13 @@ async fn the_example_copies_configmaps_in_a_profiles_cluster() {
         .cluster_admin_token("robots", "example")
         .await
         .expect("token");
-    std::fs::write(state.path().join("token"), token).expect("token");
+    plugins::set_token(state.path(), &token).expect("token");
     let provider_file = state.path().join("providers.json");
     let providers = json!({"providers": [{
         "name": "token",
         "execConfig": {
             "apiVersion": "client.authentication.k8s.io/v1",
-            "command": multicluster_envtest::plugins::TOKEN,
+            "command": plugins::TOKEN,
             "env": [{"name": "STATE_DIR", "value": state.path()}],
         },
         "profileSourcedEnvVarsPolicy": "Replace",
@@ -144,7 +144,7 @@ async fn the_example_copies_configmaps_in_a_profiles_cluster() {
     // A profile whose plugin never answers (held until the test ends) does
     // not keep the example from exiting on SIGTERM.
     let held = tempfile::tempdir().expect("state");
-    std::fs::write(held.path().join("hold"), "").expect("hold");
+    plugins::hold(held.path()).expect("hold");
     create_profile(
         &profiles,
         "held",
@@ -154,7 +154,7 @@ async fn the_example_copies_configmaps_in_a_profiles_cluster() {
     )
     .await;
     eventually("the held plugin to be called", || async {
-        !multicluster_envtest::plugins::calls(held.path()).is_empty()
+        !plugins::calls(held.path()).is_empty()
     })
     .await;
     let pid = example.id().expect("pid").to_string();

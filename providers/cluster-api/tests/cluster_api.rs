@@ -508,7 +508,7 @@ async fn a_cluster_whose_credential_plugin_fails_at_first_is_engaged_once_it_wor
         .cluster_admin_token("robots", "late")
         .await
         .expect("token");
-    std::fs::write(state.path().join("token"), token).expect("token");
+    plugins::set_token(state.path(), &token).expect("token");
     recorder.wait_for_more(&req("fleet/late", "hello"), 0).await;
 
     shutdown.cancel();

@@ -96,7 +96,7 @@ async fn main() {
             .await
             .expect("namespace");
         let state = tempfile::tempdir().expect("state");
-        std::fs::write(state.path().join("token"), &token).expect("token");
+        plugins::set_token(state.path(), &token).expect("token");
         std::fs::write(state.path().join("delay"), &delay).expect("delay");
         let profiles: Api<DynamicObject> = Api::namespaced_with(hub.clone(), &namespace, &resource);
         for index in 0..count {

@@ -81,7 +81,7 @@ fn base64_pem(pem: &str) -> String {
 /// service account `name` of `cluster`.
 async fn state_with_token(cluster: &ControlPlane, name: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("state dir");
-    std::fs::write(dir.path().join("token"), admin_token(cluster, name).await).expect("token");
+    plugins::set_token(dir.path(), &admin_token(cluster, name).await).expect("token");
     dir
 }
 
@@ -299,12 +299,9 @@ async fn an_expiring_token_is_refreshed_by_running_the_plugin_again() {
 
     // The plugin now hands out another identity's token, and the first
     // token stops working.
-    let first_token = std::fs::read_to_string(state.path().join("token")).expect("token");
-    std::fs::write(
-        state.path().join("token"),
-        admin_token(&member, "second-identity").await,
-    )
-    .expect("token");
+    let first_token = plugins::token(state.path()).expect("token");
+    plugins::set_token(state.path(), &admin_token(&member, "second-identity").await)
+        .expect("token");
     Api::<ServiceAccount>::namespaced(member.client().await.expect("client"), "robots")
         .delete("first-identity", &DeleteParams::default())
         .await
@@ -368,7 +365,7 @@ async fn a_slow_plugin_holds_up_only_its_own_profile() {
     let hub = common::hub(&hub_cp).await;
     let slow_state = state_with_token(&member, "slow").await;
     let fast_state = state_with_token(&member, "fast").await;
-    std::fs::write(slow_state.path().join("hold"), "").expect("hold");
+    plugins::hold(slow_state.path()).expect("hold");
     let slow_access = |region: &str| {
         let mut status = json!({"accessProviders": [access("token", &member, slow_state.path(), vec![
             json!({"name": ADDITIONAL_ARGS_EXTENSION, "extension": ["--region", region]}),
@@ -407,7 +404,7 @@ async fn a_slow_plugin_holds_up_only_its_own_profile() {
 
     // Changed while its build is held: built again with the new settings.
     set_status(&hub, "slow", slow_access("us-2")).await;
-    std::fs::remove_file(slow_state.path().join("hold")).expect("release");
+    plugins::release(slow_state.path()).expect("release");
     recorder
         .wait_for_more(&req("inventory/slow", "in-member"), 0)
         .await;

@@ -292,7 +292,7 @@ async fn credential_plugins_run_again_only_for_failed_or_changed_contexts() {
         .cluster_admin_token("robots", "files")
         .await
         .expect("token");
-    std::fs::write(state.path().join("token"), token).expect("token");
+    plugins::set_token(state.path(), &token).expect("token");
     let engaged = name(&with_plugin, "plugin");
     recorder
         .wait_for_more(&Request::new(engaged.as_str(), Some("default"), "hello"), 0)
