@@ -183,3 +183,20 @@ pub fn resident_memory_mib() -> f64 {
         })
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
+
+/// Fetches `path` from the manager's health endpoint at `address` (see
+/// [`crate::ManagerOptions::health_address`]): the status line and the body.
+pub async fn http_get(
+    address: std::net::SocketAddr,
+    path: &str,
+) -> std::io::Result<(String, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(address).await?;
+    let request = format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await?;
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await?;
+    let (head, body) = response.split_once("\r\n\r\n").unwrap_or((&response, ""));
+    let status = head.lines().next().unwrap_or_default().to_string();
+    Ok((status, body.to_string()))
+}

@@ -11,7 +11,6 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::controller::{Action, Clusters, Controller, Watch};
 use multicluster_runtime::{ClusterName, Error, Manager, ManagerOptions};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::sync::Notify;
 
 #[derive(Debug, thiserror::Error)]
@@ -20,24 +19,9 @@ struct Never;
 
 /// A plain HTTP/1.1 GET; returns the status line and body.
 async fn get(address: std::net::SocketAddr, path: &str) -> (String, String) {
-    let mut stream = tokio::net::TcpStream::connect(address)
+    multicluster_runtime::testing::http_get(address, path)
         .await
-        .expect("connect");
-    stream
-        .write_all(
-            format!("GET {path} HTTP/1.1\r\nHost: test\r\nConnection: close\r\n\r\n").as_bytes(),
-        )
-        .await
-        .expect("write");
-    let mut response = String::new();
-    stream.read_to_string(&mut response).await.expect("read");
-    let status = response.lines().next().unwrap_or_default().to_string();
-    let body = response
-        .split("\r\n\r\n")
-        .nth(1)
-        .unwrap_or_default()
-        .to_string();
-    (status, body)
+        .expect("health endpoint")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

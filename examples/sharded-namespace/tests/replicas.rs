@@ -12,9 +12,8 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_example_configmap_sync::{COPIED_BY_ANNOTATION, SYNC_LABEL};
 use multicluster_runtime::sharding::{Peer, lease_name, owner};
-use multicluster_runtime::testing::eventually;
+use multicluster_runtime::testing::{eventually, http_get};
 use serde_json::json;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, Command};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-sharded-namespace");
@@ -61,16 +60,9 @@ impl Replica {
     }
 
     async fn get(&self, path: &str) -> Option<String> {
-        let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", self.port))
-            .await
-            .ok()?;
-        let request = format!("GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n");
-        stream.write_all(request.as_bytes()).await.ok()?;
-        let mut response = String::new();
-        stream.read_to_string(&mut response).await.ok()?;
-        response
-            .split_once("\r\n\r\n")
-            .map(|(_, body)| body.to_string())
+        let address = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        let (_, body) = http_get(address, path).await.ok()?;
+        Some(body)
     }
 
     /// Reconciles this replica has run, per cluster.
