@@ -146,11 +146,21 @@ pub fn offline_cluster(name: &str) -> crate::Cluster {
 /// Waits until `manager` reports `cluster` unreachable (engaged, but its
 /// caches cannot sync).
 pub async fn wait_until_unreachable(manager: &crate::Manager, cluster: &str) {
+    let name = ClusterName::from(cluster);
     eventually(&format!("{cluster} to be reported unreachable"), || async {
-        manager.cluster_states().iter().any(|(name, state)| {
-            name.as_str() == cluster
-                && matches!(state, crate::manager::ClusterState::Unreachable(_))
-        })
+        matches!(
+            manager.cluster_state(&name),
+            Some(crate::manager::ClusterState::Unreachable(_))
+        )
+    })
+    .await;
+}
+
+/// Waits until `manager` no longer has `cluster` (it left the fleet).
+pub async fn wait_until_left(manager: &crate::Manager, cluster: &str) {
+    let name = ClusterName::from(cluster);
+    eventually(&format!("{cluster} to leave the fleet"), || async {
+        manager.cluster_state(&name).is_none()
     })
     .await;
 }

@@ -231,13 +231,7 @@ async fn a_disengaged_cluster_has_its_queue_dropped() {
     })
     .await;
     assert!(provider.clusters.remove(&ClusterName::from("doomed")));
-    eventually("the cluster to leave the manager", || async {
-        !manager
-            .cluster_states()
-            .iter()
-            .any(|(name, _)| name.as_str() == "doomed")
-    })
-    .await;
+    wait_until_left(&manager, "doomed").await;
     provider
         .clusters
         .add("survivor", cluster_for("survivor", &cp).await)

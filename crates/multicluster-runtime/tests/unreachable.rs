@@ -33,11 +33,7 @@ fn recording_controller(recorder: &Recorder) -> Controller {
 }
 
 fn state_of(manager: &Manager, cluster: &str) -> Option<ClusterState> {
-    manager
-        .cluster_states()
-        .into_iter()
-        .find(|(name, _)| name.as_str() == cluster)
-        .map(|(_, state)| state)
+    manager.cluster_state(&cluster.into())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

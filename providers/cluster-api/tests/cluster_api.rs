@@ -18,7 +18,7 @@ use multicluster_provider_cluster_api::{
 };
 use multicluster_runtime::controller::{Backoff, Request};
 use multicluster_runtime::testing::{
-    Recorder, eventually, recording_manager, run_manager, wait_until_unreachable,
+    Recorder, eventually, recording_manager, run_manager, wait_until_left, wait_until_unreachable,
 };
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
 
@@ -276,14 +276,8 @@ async fn ready_clusters_are_engaged_and_follow_their_kubeconfig_secrets() {
         .delete("two", &DeleteParams::default())
         .await
         .expect("delete");
-    eventually("two to leave the fleet", || async {
-        !provider.names().contains(&ClusterName::from("team-b/two"))
-            && !manager
-                .cluster_states()
-                .iter()
-                .any(|(name, _)| name.as_str() == "team-b/two")
-    })
-    .await;
+    wait_until_left(&manager, "team-b/two").await;
+    assert!(!provider.names().contains(&ClusterName::from("team-b/two")));
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");

@@ -16,7 +16,9 @@ use multicluster_provider_cluster_inventory_api::{
     CONSUMER_LABEL, ClusterProfileOptions, ClusterProfileProvider, PROFILE_LABEL, SECRET_KEY,
     WATCH_FILTER_LABEL,
 };
-use multicluster_runtime::testing::{eventually, run_manager, wait_until_unreachable};
+use multicluster_runtime::testing::{
+    eventually, run_manager, wait_until_left, wait_until_unreachable,
+};
 use multicluster_runtime::{ClusterName, ManagerOptions};
 
 /// Creates the Secret `name` holding `workload`'s kubeconfig for `consumer`
@@ -171,16 +173,12 @@ async fn ready_profiles_are_engaged_with_their_consumers_secret() {
         .delete("beta", &DeleteParams::default())
         .await
         .expect("delete");
-    eventually("beta to leave the fleet", || async {
+    wait_until_left(&manager, "inventory/beta").await;
+    assert!(
         !provider
             .names()
             .contains(&ClusterName::from("inventory/beta"))
-            && !manager
-                .cluster_states()
-                .iter()
-                .any(|(name, _)| name.as_str() == "inventory/beta")
-    })
-    .await;
+    );
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");

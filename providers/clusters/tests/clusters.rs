@@ -7,7 +7,7 @@ use kube::api::{Api, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_clusters::ClustersProvider;
 use multicluster_runtime::controller::Request;
-use multicluster_runtime::testing::{eventually, recording_manager, run_manager};
+use multicluster_runtime::testing::{recording_manager, run_manager, wait_until_left};
 use multicluster_runtime::{
     Aware, Cluster, ClusterName, Error, ManagerOptions, Provider, RunnableProvider,
 };
@@ -76,13 +76,7 @@ async fn clusters_come_and_go_before_and_after_start() {
         provider.get(&ClusterName::from("early")).await,
         Err(Error::ClusterNotFound(_))
     ));
-    eventually("early to leave the fleet", || async {
-        !manager
-            .cluster_states()
-            .iter()
-            .any(|(name, _)| name.as_str() == "early")
-    })
-    .await;
+    wait_until_left(&manager, "early").await;
     // After removal, changes in its API server reach nobody; the late
     // cluster still works (its reconcile is the synchronisation point).
     create(&one, "after-removal").await;

@@ -10,7 +10,7 @@ use kube::api::{Api, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_kind::{KindOptions, KindProvider};
 use multicluster_runtime::controller::Request;
-use multicluster_runtime::testing::{eventually, recording_manager, run_manager};
+use multicluster_runtime::testing::{eventually, recording_manager, run_manager, wait_until_left};
 use multicluster_runtime::{
     Aware, Cluster, ClusterName, Manager, ManagerOptions, RunnableProvider,
 };
@@ -139,14 +139,8 @@ async fn kind_clusters_are_engaged_added_filtered_and_removed() {
     kind.failing(false);
 
     kind.set_clusters(&[("dev-b", &kubeconfig)]);
-    eventually("dev-a to be removed", || async {
-        provider.names() == [ClusterName::from("dev-b")]
-            && !manager
-                .cluster_states()
-                .iter()
-                .any(|(name, _)| name.as_str() == "dev-a")
-    })
-    .await;
+    wait_until_left(&manager, "dev-a").await;
+    assert_eq!(provider.names(), [ClusterName::from("dev-b")]);
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");

@@ -16,7 +16,7 @@ use multicluster_provider_kubeconfig::{
 use multicluster_runtime::controller::{Backoff, Request, Watch};
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::testing::{
-    Recorder, eventually, recording_controller, recording_manager, run_manager,
+    Recorder, eventually, recording_controller, recording_manager, run_manager, wait_until_left,
     wait_until_unreachable,
 };
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions, Provider};
@@ -306,14 +306,8 @@ async fn kubeconfig_secrets_engage_rotate_and_remove_member_clusters() {
         .delete("b-again", &DeleteParams::default())
         .await
         .expect("delete");
-    eventually("b-again to leave", || async {
-        !provider.names().contains(&ClusterName::from("b-again"))
-            && !manager
-                .cluster_states()
-                .iter()
-                .any(|(name, _)| name.as_str() == "b-again")
-    })
-    .await;
+    wait_until_left(&manager, "b-again").await;
+    assert!(!provider.names().contains(&ClusterName::from("b-again")));
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");

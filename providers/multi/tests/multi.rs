@@ -10,7 +10,7 @@ use multicluster_provider_clusters::ClustersProvider;
 use multicluster_provider_multi::MultiProvider;
 use multicluster_runtime::cache::FieldIndex;
 use multicluster_runtime::controller::Request;
-use multicluster_runtime::testing::{eventually, recording_manager, run_manager};
+use multicluster_runtime::testing::{recording_manager, run_manager, wait_until_left};
 use multicluster_runtime::{Cluster, ClusterName, Error, ManagerOptions, Provider};
 
 async fn create(cp: &ControlPlane, name: &str, color: &str) {
@@ -131,13 +131,7 @@ async fn providers_share_a_fleet_under_prefixed_names() {
 
     // Removing a provider stops it and disengages its clusters.
     assert!(multi.remove("first"));
-    eventually("first#member to leave the fleet", || async {
-        !manager
-            .cluster_states()
-            .iter()
-            .any(|(name, _)| name.as_str() == "first#member")
-    })
-    .await;
+    wait_until_left(&manager, "first#member").await;
     assert!(matches!(
         multi.get(&ClusterName::from("first#member")).await,
         Err(Error::ClusterNotFound(_))

@@ -13,7 +13,7 @@ use multicluster_envtest::ControlPlane;
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider, WATCH_FILTER_LABEL};
 use multicluster_runtime::cache::FieldIndex;
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
-use multicluster_runtime::testing::{Recorder, eventually, run_manager};
+use multicluster_runtime::testing::{Recorder, eventually, run_manager, wait_until_left};
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions, Provider};
 
 #[derive(Debug, thiserror::Error)]
@@ -158,14 +158,8 @@ async fn namespaces_are_clusters_with_scoped_clients_and_caches() {
         .delete("team-b", &DeleteParams::default())
         .await
         .expect("delete namespace");
-    eventually("team-b to leave the fleet", || async {
-        !provider.names().contains(&ClusterName::from("team-b"))
-            && !manager
-                .cluster_states()
-                .iter()
-                .any(|(name, _)| name.as_str() == "team-b")
-    })
-    .await;
+    wait_until_left(&manager, "team-b").await;
+    assert!(!provider.names().contains(&ClusterName::from("team-b")));
 
     // Reads, writes and every patch type through a virtual client.
     let team_a = provider

@@ -283,6 +283,14 @@ impl Manager {
             .collect()
     }
 
+    /// The state of the engaged cluster `name`; `None` when it is not
+    /// engaged.
+    pub fn cluster_state(&self, name: &ClusterName) -> Option<ClusterState> {
+        lock(&self.inner.clusters)
+            .get(name)
+            .map(|tracked| tracked.state.clone())
+    }
+
     /// Whether [`Manager::run`] has engaged the local cluster and started
     /// the provider (the readiness endpoint reports this).
     pub fn is_started(&self) -> bool {

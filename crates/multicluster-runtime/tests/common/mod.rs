@@ -65,7 +65,7 @@ pub async fn create_config_map(cp: &ControlPlane, name: &str, data: &[(&str, &st
         .expect("create config map");
 }
 
-pub use multicluster_runtime::testing::{Recorder, eventually, run_manager};
+pub use multicluster_runtime::testing::{Recorder, eventually, run_manager, wait_until_left};
 
 pub fn req(cluster: &str, name: &str) -> Request {
     Request::new(cluster, Some("default"), name)
