@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{
     ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
 };
@@ -182,6 +182,31 @@ impl ControlPlane {
 }
 
 impl ControlPlane {
+    /// Creates the ConfigMap `name` with `data` in namespace `default`: the
+    /// object tests reconcile.
+    pub async fn create_config_map(&self, name: &str, data: &[(&str, &str)]) -> Result<(), Error> {
+        let config_map = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                ..ObjectMeta::default()
+            },
+            data: Some(
+                data.iter()
+                    .map(|(key, value)| (key.to_string(), value.to_string()))
+                    .collect(),
+            ),
+            ..ConfigMap::default()
+        };
+        Api::<ConfigMap>::namespaced(self.client().await?, "default")
+            .create(&PostParams::default(), &config_map)
+            .await
+            .map(|_| ())
+            .map_err(|source| Error::Api {
+                what: format!("creating ConfigMap default/{name}"),
+                source,
+            })
+    }
+
     /// Creates the namespace `name` if it does not exist yet.
     pub async fn create_namespace(&self, name: &str) -> Result<(), Error> {
         create_if_missing(

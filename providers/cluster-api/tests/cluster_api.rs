@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta, Patch,
     PatchParams, PostParams,
@@ -152,12 +152,7 @@ impl Management {
 
 async fn workload(object: &str) -> ControlPlane {
     let cp = ControlPlane::start().await.expect("workload");
-    let mut cm = ConfigMap::default();
-    cm.metadata.name = Some(object.into());
-    Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default")
-        .create(&PostParams::default(), &cm)
-        .await
-        .expect("object");
+    cp.create_config_map(object, &[]).await.expect("object");
     cp
 }
 

@@ -2,8 +2,6 @@
 
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_clusters::ClustersProvider;
 use multicluster_runtime::controller::Request;
@@ -14,12 +12,7 @@ use multicluster_runtime::{
 use tokio_util::sync::CancellationToken;
 
 async fn create(cp: &ControlPlane, name: &str) {
-    let mut cm = ConfigMap::default();
-    cm.metadata.name = Some(name.into());
-    Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default")
-        .create(&PostParams::default(), &cm)
-        .await
-        .expect("create");
+    cp.create_config_map(name, &[]).await.expect("create");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -5,8 +5,6 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, PostParams};
 use kube::config::Kubeconfig;
 use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_provider_file::{FileOptions, FileProvider};
@@ -58,12 +56,7 @@ fn write(path: &Path, text: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contexts_of_watched_files_come_and_go_with_the_files() {
     let cp = ControlPlane::start().await.expect("control plane");
-    let mut cm = ConfigMap::default();
-    cm.metadata.name = Some("hello".into());
-    Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default")
-        .create(&PostParams::default(), &cm)
-        .await
-        .expect("create");
+    cp.create_config_map("hello", &[]).await.expect("create");
     let base = cp.kubeconfig().clone();
 
     let dir = tempfile::tempdir().expect("dir");
@@ -252,12 +245,7 @@ async fn broken_files_and_contexts_affect_only_themselves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credential_plugins_run_again_only_for_failed_or_changed_contexts() {
     let cp = ControlPlane::start().await.expect("control plane");
-    let mut cm = ConfigMap::default();
-    cm.metadata.name = Some("hello".into());
-    Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default")
-        .create(&PostParams::default(), &cm)
-        .await
-        .expect("object");
+    cp.create_config_map("hello", &[]).await.expect("object");
     let dir = tempfile::tempdir().expect("dir");
     // Outside the watched directory: the plugin's own writes are no events.
     let state = tempfile::tempdir().expect("state");

@@ -5,8 +5,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_kind::{KindOptions, KindProvider};
 use multicluster_runtime::controller::Request;
@@ -87,12 +85,7 @@ fn options(kind: &Path, prefix: Option<&str>) -> KindOptions {
 }
 
 async fn create(cp: &ControlPlane, name: &str) {
-    let mut cm = ConfigMap::default();
-    cm.metadata.name = Some(name.into());
-    Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default")
-        .create(&PostParams::default(), &cm)
-        .await
-        .expect("create");
+    cp.create_config_map(name, &[]).await.expect("create");
 }
 
 fn req(cluster: &str, name: &str) -> Request {

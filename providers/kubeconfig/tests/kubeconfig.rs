@@ -47,12 +47,7 @@ fn secret(name: &str, data: Option<&str>, labels: &[(&str, &str)]) -> Secret {
 }
 
 async fn create(cp: &ControlPlane, name: &str) {
-    let mut cm = ConfigMap::default();
-    cm.metadata.name = Some(name.into());
-    Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default")
-        .create(&PostParams::default(), &cm)
-        .await
-        .expect("create");
+    cp.create_config_map(name, &[]).await.expect("create");
 }
 
 /// A kubeconfig for a new service account bound to cluster-admin.

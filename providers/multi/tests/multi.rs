@@ -4,7 +4,6 @@
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_clusters::ClustersProvider;
 use multicluster_provider_multi::MultiProvider;
@@ -14,11 +13,7 @@ use multicluster_runtime::testing::{recording_manager, run_manager, wait_until_l
 use multicluster_runtime::{Cluster, ClusterName, Error, ManagerOptions, Provider};
 
 async fn create(cp: &ControlPlane, name: &str, color: &str) {
-    let mut cm = ConfigMap::default();
-    cm.metadata.name = Some(name.into());
-    cm.data = Some([("color".to_string(), color.to_string())].into());
-    Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default")
-        .create(&PostParams::default(), &cm)
+    cp.create_config_map(name, &[("color", color)])
         .await
         .expect("create");
 }

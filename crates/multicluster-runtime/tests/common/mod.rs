@@ -59,8 +59,7 @@ pub fn config_map(name: &str, data: &[(&str, &str)]) -> ConfigMap {
 }
 
 pub async fn create_config_map(cp: &ControlPlane, name: &str, data: &[(&str, &str)]) {
-    Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default")
-        .create(&PostParams::default(), &config_map(name, data))
+    cp.create_config_map(name, data)
         .await
         .expect("create config map");
 }

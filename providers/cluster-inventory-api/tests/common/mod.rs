@@ -4,7 +4,6 @@
 // Each test binary uses its own part of this module.
 #![allow(dead_code)]
 
-use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
@@ -92,12 +91,7 @@ pub(crate) async fn set_health(
 /// A workload control plane holding ConfigMap `object` in `default`.
 pub(crate) async fn workload(object: &str) -> ControlPlane {
     let cp = ControlPlane::start().await.expect("workload");
-    let mut cm = ConfigMap::default();
-    cm.metadata.name = Some(object.into());
-    Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default")
-        .create(&PostParams::default(), &cm)
-        .await
-        .expect("object");
+    cp.create_config_map(object, &[]).await.expect("object");
     cp
 }
 
