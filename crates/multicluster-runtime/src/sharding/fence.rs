@@ -45,8 +45,6 @@ pub(crate) enum Attempt {
 /// or lost.
 pub(crate) struct Fence {
     pub(crate) name: String,
-    me: String,
-    api: Api<Lease>,
     lost: CancellationToken,
     stop: CancellationToken,
 }
@@ -55,13 +53,13 @@ impl Fence {
     /// Tries to take the Lease `name` for `me`. When a later renewal fails,
     /// [`Fence::lost`] fires and `on_lost` is notified.
     pub(crate) async fn take(
-        api: Api<Lease>,
+        api: &Api<Lease>,
         name: String,
-        me: String,
+        me: &str,
         timing: Timing,
         on_lost: Arc<Notify>,
     ) -> Attempt {
-        let call = lease::take(&api, &name, &me, timing.duration);
+        let call = lease::take(api, &name, me, timing.duration);
         match tokio::time::timeout(timing.call_timeout(), call).await {
             Err(_) => return Attempt::Failed("no answer from the API server".to_string()),
             Ok(Err(err)) => return Attempt::Failed(crate::redact::kube_error(&err)),
@@ -70,15 +68,13 @@ impl Fence {
         }
         let fence = Self {
             name,
-            me,
-            api,
             lost: CancellationToken::new(),
             stop: CancellationToken::new(),
         };
         tokio::spawn(renew(
-            fence.api.clone(),
+            api.clone(),
             fence.name.clone(),
-            fence.me.clone(),
+            me.to_string(),
             timing,
             fence.lost.clone(),
             fence.stop.clone(),
@@ -92,11 +88,11 @@ impl Fence {
         &self.lost
     }
 
-    /// Stops renewing and clears the holder if it is still this replica
-    /// (best effort: otherwise the Lease lapses on its own).
-    pub(crate) async fn release(self, timeout: Duration) {
+    /// Stops renewing and clears the holder if it is still `me` (best
+    /// effort: otherwise the Lease lapses on its own).
+    pub(crate) async fn release(self, api: &Api<Lease>, me: &str, timeout: Duration) {
         self.stop.cancel();
-        let call = lease::release(&self.api, &self.name, &self.me);
+        let call = lease::release(api, &self.name, me);
         match tokio::time::timeout(timeout, call).await {
             Ok(Ok(())) => tracing::debug!(lease = %self.name, "fence released"),
             Ok(Err(err)) => {

@@ -201,7 +201,7 @@ enum Step {
         generation: u64,
     },
     Release {
-        held: Box<Held>,
+        held: Held,
         why: String,
         /// Components whose running work must end before the fence goes.
         settle: Vec<Arc<dyn Aware>>,
@@ -298,7 +298,7 @@ impl ShardedCoordinator {
                 {
                     tracing::warn!(cluster = %name, timeout = ?self.inner.options.handover_timeout, "reconciles still running; handing the cluster over anyway");
                 }
-                held.fence.release(self.timing().renew).await;
+                self.release(held.fence).await;
             }
             Step::Take { generation } => self.take(name, generation).await,
         }
@@ -312,7 +312,7 @@ impl ShardedCoordinator {
         if entry.lifetime.is_cancelled() {
             let held = clusters.remove(name).and_then(|entry| entry.held);
             return held.map_or(Step::Nothing, |held| Step::Release {
-                held: Box::new(held),
+                held,
                 why: "the cluster left the fleet".to_string(),
                 settle: Vec::new(),
             });
@@ -321,7 +321,7 @@ impl ShardedCoordinator {
         if let Some(held) = entry.held.take_if(|held| held.is_lost()) {
             entry.retry_at = Some(now + self.inner.options.fence_retry_delay);
             return Step::Release {
-                held: Box::new(held),
+                held,
                 why: "its fence was not renewed".to_string(),
                 settle: Vec::new(),
             };
@@ -330,7 +330,7 @@ impl ShardedCoordinator {
         let owns = owner.is_some_and(|peer| peer.id == self.inner.me.id);
         match (owns, entry.held.take()) {
             (false, Some(held)) => Step::Release {
-                held: Box::new(held),
+                held,
                 why: format!(
                     "now owned by {}",
                     owner.map_or("nobody", |peer| peer.id.as_str())
@@ -350,9 +350,9 @@ impl ShardedCoordinator {
     async fn take(&self, name: &ClusterName, generation: u64) {
         let fence_name = self.fence_name(name);
         let taken = fence::Fence::take(
-            self.inner.leases.clone(),
+            &self.inner.leases,
             fence_name.clone(),
-            self.inner.me.id.clone(),
+            &self.inner.me.id,
             self.timing(),
             self.inner.wake.clone(),
         )
@@ -399,10 +399,17 @@ impl ShardedCoordinator {
                 engage_all(&components, &work, name, &cluster);
             }
             Err(fence) => {
-                fence.release(self.timing().renew).await;
+                self.release(fence).await;
                 self.inner.wake.notify_one();
             }
         }
+    }
+
+    async fn release(&self, fence: fence::Fence) {
+        let timeout = self.inner.options.fence_renew_interval;
+        fence
+            .release(&self.inner.leases, &self.inner.me.id, timeout)
+            .await;
     }
 
     fn retry_later(&self, name: &ClusterName, generation: u64) {
@@ -434,7 +441,7 @@ impl ShardedCoordinator {
         for (name, held) in held {
             held.work.cancel();
             tracing::info!(cluster = %name, "shutting down: handing the cluster back");
-            held.fence.release(self.timing().renew).await;
+            self.release(held.fence).await;
         }
     }
 }
