@@ -39,7 +39,15 @@ pub async fn run<P: multicluster_runtime::RunnableProvider + 'static>(
     if let Some(metrics) = metrics {
         manager = manager.with_metrics(metrics);
     }
-    manager.add_controller(controller("configmap-copy")?)?;
+    serve(manager, controller("configmap-copy")?).await
+}
+
+/// Runs `controller` on `manager` until SIGTERM or Ctrl-C.
+pub async fn serve(
+    manager: multicluster_runtime::Manager,
+    controller: Controller,
+) -> Result<(), Error> {
+    manager.add_controller(controller)?;
     tracing::info!("running; Ctrl-C stops");
     manager.run_until_signal().await?;
     tracing::info!("stopped");

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use clap::Parser;
 use multicluster_example_configmap_sync::{
-    MainError, block_on, controller_on_replica, init_logging,
+    MainError, block_on, controller_on_replica, init_logging, serve,
 };
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
 use multicluster_runtime::metrics::Metrics;
@@ -84,13 +84,11 @@ async fn run() -> Result<(), MainError> {
         ..ManagerOptions::default()
     };
     let peer = coordinator.peer_id().to_string();
+    tracing::info!(%peer, "sharding the fleet with the other replicas");
     // Reconciles counted per cluster, so each replica's share shows in /metrics.
     let manager = Manager::with_provider(host, provider, options)
         .with_metrics(Metrics::new(true))
         .with_coordinator(Arc::new(coordinator));
-    manager.add_controller(controller_on_replica("configmap-copy", &peer)?)?;
-    tracing::info!(%peer, "running; Ctrl-C stops");
-    manager.run_until_signal().await?;
-    tracing::info!("stopped");
+    serve(manager, controller_on_replica("configmap-copy", &peer)?).await?;
     Ok(())
 }
