@@ -8,9 +8,9 @@
 use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use crate::ClusterName;
 use crate::metrics::Metrics;
 use crate::sync::lock;
+use crate::{ClusterName, Error};
 
 /// The current failure reason per cluster of one provider.
 #[derive(Debug)]
@@ -46,6 +46,21 @@ impl Failures {
         if let Some(metrics) = &self.metrics {
             metrics.engagement_failed(self.provider, kind);
         }
+    }
+
+    /// Records that building `name`'s cluster from its kubeconfig failed
+    /// with `err`: counted under `credentials` when another attempt may
+    /// work ([`Error::is_retryable`]: a credential plugin failed), else
+    /// under `invalid-kubeconfig`. Returns whether to try again later.
+    pub fn record_build_error(&self, name: &ClusterName, err: &Error) -> bool {
+        let retry = err.is_retryable();
+        let kind = if retry {
+            "credentials"
+        } else {
+            "invalid-kubeconfig"
+        };
+        self.record(name, err.to_string(), kind);
+        retry
     }
 
     /// Forgets `name`'s failure: it is engaged, or gone.
@@ -87,5 +102,23 @@ mod tests {
         assert!(failures.current().is_empty());
         failures.record(&name, "bad kubeconfig", "invalid");
         assert_eq!(count(&metrics), 3);
+    }
+
+    #[test]
+    fn build_errors_are_told_apart_by_whether_a_retry_may_help() {
+        let failures = Failures::new("test", None);
+        let name = ClusterName::from("a");
+        let plugin = Error::Credentials {
+            origin: "Secret s".into(),
+            reason: "the plugin failed".into(),
+        };
+        assert!(failures.record_build_error(&name, &plugin));
+        assert_eq!(failures.current()[&name], plugin.to_string());
+        let wrong = Error::InvalidKubeconfig {
+            origin: "Secret s".into(),
+            reason: "no contexts".into(),
+        };
+        assert!(!failures.record_build_error(&name, &wrong));
+        assert_eq!(failures.current()[&name], wrong.to_string());
     }
 }

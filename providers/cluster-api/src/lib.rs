@@ -262,16 +262,7 @@ impl ClusterApiProvider {
                 self.failures.clear(&fleet_name);
                 true
             }
-            Err(err) if err.is_retryable() => {
-                self.failures
-                    .record(&fleet_name, err.to_string(), "credentials");
-                false
-            }
-            Err(err) => {
-                self.failures
-                    .record(&fleet_name, err.to_string(), "invalid-kubeconfig");
-                true
-            }
+            Err(err) => !self.failures.record_build_error(&fleet_name, &err),
         }
     }
 }

@@ -259,16 +259,8 @@ impl ClusterProfileProvider {
                 self.failures.clear(name);
                 Outcome::Settled
             }
-            Err(err) => {
-                if err.is_retryable() {
-                    self.failures.record(name, err.to_string(), "credentials");
-                    Outcome::Failed
-                } else {
-                    self.failures
-                        .record(name, err.to_string(), "invalid-kubeconfig");
-                    Outcome::Waiting
-                }
-            }
+            Err(err) if self.failures.record_build_error(name, &err) => Outcome::Failed,
+            Err(_) => Outcome::Waiting,
         }
     }
 

@@ -175,15 +175,7 @@ impl KubeconfigProvider {
                 self.failures.clear(&name);
                 true
             }
-            Err(err) if err.is_retryable() => {
-                self.failures.record(&name, err.to_string(), "credentials");
-                false
-            }
-            Err(err) => {
-                self.failures
-                    .record(&name, err.to_string(), "invalid-kubeconfig");
-                true
-            }
+            Err(err) => !self.failures.record_build_error(&name, &err),
         }
     }
 
