@@ -35,6 +35,7 @@ pub mod retry;
 pub mod sharding;
 mod sync;
 pub mod testing;
+pub mod watch_filter;
 
 pub use cluster::Cluster;
 pub use error::Error;

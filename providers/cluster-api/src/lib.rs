@@ -33,11 +33,11 @@ use multicluster_runtime::controller::Backoff;
 use multicluster_runtime::failures::Failures;
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::retry::{PROVIDER_BACKOFF, Retries};
-use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
+use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider, watch_filter};
 use tokio_util::sync::CancellationToken;
 
 /// The label key of the watch-filter convention.
-pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
+pub use multicluster_runtime::watch_filter::LABEL as WATCH_FILTER_LABEL;
 /// The annotation that pauses a Cluster.
 pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
 /// The label Cluster API puts on a cluster's Secrets.
@@ -143,12 +143,7 @@ pub struct ClusterApiProvider {
 impl ClusterApiProvider {
     /// Watches Clusters and their kubeconfig Secrets through `management`.
     pub fn new(management: kube::Client, options: ClusterApiOptions) -> Self {
-        let clusters_watch = match &options.watch_filter {
-            Some(value) => {
-                watcher::Config::default().labels(&format!("{WATCH_FILTER_LABEL}={value}"))
-            }
-            None => watcher::Config::default(),
-        };
+        let clusters_watch = watch_filter::watcher_config(options.watch_filter.as_deref());
         let cache = |name: &str, watch: watcher::Config| {
             Cache::with_options(
                 name,

@@ -51,7 +51,7 @@ use multicluster_runtime::clusters::{ClusterSetProvider, Clusters, KubeconfigClu
 use multicluster_runtime::failures::Failures;
 use multicluster_runtime::inflight::InFlight;
 use multicluster_runtime::retry::Retries;
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider, watch_filter};
 use tokio_util::sync::CancellationToken;
 
 /// The label naming the consumer a credentials Secret is for.
@@ -63,7 +63,7 @@ pub const SECRET_KEY: &str = "Config";
 /// The property carrying the cluster's stable ID (KEP-2149).
 pub const CLUSTER_ID_PROPERTY: &str = "cluster.clusterset.k8s.io";
 /// The label key of the watch-filter convention.
-pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
+pub use multicluster_runtime::watch_filter::LABEL as WATCH_FILTER_LABEL;
 
 /// ClusterProfiles as clusters.
 #[derive(Debug)]
@@ -124,12 +124,7 @@ impl ClusterProfileProvider {
                 },
             )
         };
-        let profiles_watch = match &options.watch_filter {
-            Some(value) => {
-                watcher::Config::default().labels(&format!("{WATCH_FILTER_LABEL}={value}"))
-            }
-            None => watcher::Config::default(),
-        };
+        let profiles_watch = watch_filter::watcher_config(options.watch_filter.as_deref());
         let credentials = match &options.credentials {
             Credentials::Secret { consumer } => CredentialSource::Secrets(cache(
                 "cluster-profile-secrets",

@@ -33,7 +33,7 @@ use multicluster_runtime::controller::Backoff;
 use multicluster_runtime::failures::Failures;
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::retry::{PROVIDER_BACKOFF, Retries};
-use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
+use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider, watch_filter};
 use tokio_util::sync::CancellationToken;
 
 /// The default label marking kubeconfig Secrets (value `true`).
@@ -41,7 +41,7 @@ pub const DEFAULT_LABEL: &str = "sigs.k8s.io/multicluster-runtime-kubeconfig";
 /// The default data key holding the kubeconfig.
 pub const DEFAULT_DATA_KEY: &str = "kubeconfig";
 /// The label key of the watch-filter convention.
-pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
+pub use multicluster_runtime::watch_filter::LABEL as WATCH_FILTER_LABEL;
 
 /// Options of the kubeconfig provider.
 #[derive(Clone, Debug)]
@@ -90,8 +90,8 @@ impl KubeconfigProvider {
     /// `list`/`watch` Secrets in the namespace is all it needs.
     pub fn new(management: kube::Client, options: KubeconfigOptions) -> Self {
         let mut selector = format!("{}=true", options.label);
-        if let Some(filter) = &options.watch_filter {
-            selector.push_str(&format!(",{WATCH_FILTER_LABEL}={filter}"));
+        if let Some(filter) = watch_filter::selector(options.watch_filter.as_deref()) {
+            selector.push_str(&format!(",{filter}"));
         }
         let secrets = Cache::with_options(
             "kubeconfig-secrets",

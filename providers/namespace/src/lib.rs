@@ -24,13 +24,13 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use multicluster_runtime::cache::{Cache, CacheEvent};
 use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider, watch_filter};
 use tokio_util::sync::CancellationToken;
 
 pub use multicluster_runtime::cache::VIRTUAL_NAMESPACE;
 
 /// The label key of the watch-filter convention.
-pub const WATCH_FILTER_LABEL: &str = "cluster.x-k8s.io/watch-filter";
+pub use multicluster_runtime::watch_filter::LABEL as WATCH_FILTER_LABEL;
 
 /// Options of the namespace provider.
 #[derive(Clone, Debug, Default)]
@@ -69,17 +69,10 @@ impl NamespaceProvider {
         if namespace.metadata.deletion_timestamp.is_some() {
             return false;
         }
-        match &self.options.watch_filter {
-            None => true,
-            Some(value) => {
-                namespace
-                    .metadata
-                    .labels
-                    .as_ref()
-                    .and_then(|labels| labels.get(WATCH_FILTER_LABEL))
-                    == Some(value)
-            }
-        }
+        watch_filter::passes(
+            self.options.watch_filter.as_deref(),
+            namespace.metadata.labels.as_ref(),
+        )
     }
 
     fn virtual_cluster(&self, namespace: &str) -> Cluster {

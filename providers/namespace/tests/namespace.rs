@@ -380,6 +380,26 @@ async fn a_watch_filter_splits_namespaces_between_instances() {
     .await;
     assert!(!one.names().contains(&ClusterName::from("theirs")));
 
+    // An empty filter, as an empty WATCH_FILTER variable gives, takes every
+    // namespace.
+    let host = Cluster::new("host", cp.client().await.expect("client"));
+    let all = Arc::new(NamespaceProvider::new(
+        host.clone(),
+        NamespaceOptions {
+            watch_filter: Some(String::new()),
+        },
+    ));
+    let everything = Manager::with_provider(host, all.clone(), ManagerOptions::default());
+    let (everything_shutdown, everything_task) = run_manager(&everything);
+    eventually("every namespace under an empty filter", || async {
+        ["mine", "theirs", "nobodys", "default"]
+            .iter()
+            .all(|name| all.names().contains(&ClusterName::from(*name)))
+    })
+    .await;
+    everything_shutdown.cancel();
+    everything_task.await.expect("task").expect("clean stop");
+
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
