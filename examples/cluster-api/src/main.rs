@@ -1,9 +1,9 @@
 //! The ConfigMap-copy controller over Cluster API workload clusters.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use clap::{Parser, ValueEnum};
+use multicluster_example_configmap_sync::{HealthArgs, MainError};
 use multicluster_provider_cluster_api::{ClusterApiOptions, ClusterApiProvider, ClusterApiVersion};
 use multicluster_runtime::Cluster;
 use multicluster_runtime::metrics::Metrics;
@@ -27,18 +27,15 @@ struct Args {
     /// The cluster.x-k8s.io version to watch.
     #[arg(long, value_enum, default_value = "v1beta2")]
     api_version: Version,
-    /// Serve /healthz, /readyz, /metrics and /clusters here.
-    #[arg(long, default_value = "127.0.0.1:8081")]
-    health_address: SocketAddr,
+    #[command(flatten)]
+    health: HealthArgs,
 }
 
-fn main() -> Result<(), multicluster_example_configmap_sync::MainError> {
-    multicluster_example_configmap_sync::block_on(run())
+fn main() -> Result<(), MainError> {
+    multicluster_example_configmap_sync::main(run)
 }
 
-async fn run() -> Result<(), multicluster_example_configmap_sync::MainError> {
-    multicluster_example_configmap_sync::init_logging();
-    let args = Args::parse();
+async fn run(args: Args) -> Result<(), MainError> {
     // The management cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
     let management = kube::Client::try_default().await?;
     let metrics = Metrics::default();
@@ -58,7 +55,7 @@ async fn run() -> Result<(), multicluster_example_configmap_sync::MainError> {
     multicluster_example_configmap_sync::run(
         Cluster::new("management", management),
         provider,
-        args.health_address,
+        args.health.health_address,
         Some(metrics),
     )
     .await?;

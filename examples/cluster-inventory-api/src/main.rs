@@ -1,11 +1,11 @@
 //! The ConfigMap-copy controller over the clusters of a ClusterProfile
 //! inventory, with credentials from Secrets or from access providers.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::{ArgGroup, Parser};
+use multicluster_example_configmap_sync::{HealthArgs, MainError};
 use multicluster_provider_cluster_inventory_api::access::ProviderFile;
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
 use multicluster_runtime::Cluster;
@@ -28,18 +28,15 @@ struct Args {
     /// Only profiles labelled cluster.x-k8s.io/watch-filter=<value>.
     #[arg(long, env = "WATCH_FILTER")]
     watch_filter: Option<String>,
-    /// Serve /healthz, /readyz, /metrics and /clusters here.
-    #[arg(long, default_value = "127.0.0.1:8081")]
-    health_address: SocketAddr,
+    #[command(flatten)]
+    health: HealthArgs,
 }
 
-fn main() -> Result<(), multicluster_example_configmap_sync::MainError> {
-    multicluster_example_configmap_sync::block_on(run())
+fn main() -> Result<(), MainError> {
+    multicluster_example_configmap_sync::main(run)
 }
 
-async fn run() -> Result<(), multicluster_example_configmap_sync::MainError> {
-    multicluster_example_configmap_sync::init_logging();
-    let args = Args::parse();
+async fn run(args: Args) -> Result<(), MainError> {
     let mut options = match (args.consumer, args.clusterprofile_provider_file) {
         (Some(consumer), None) => ClusterProfileOptions::with_secrets(consumer),
         (None, Some(path)) => {
@@ -59,7 +56,7 @@ async fn run() -> Result<(), multicluster_example_configmap_sync::MainError> {
     multicluster_example_configmap_sync::run(
         Cluster::new("hub", hub),
         provider,
-        args.health_address,
+        args.health.health_address,
         Some(metrics),
     )
     .await?;

@@ -54,8 +54,28 @@ pub async fn serve(
     Ok(())
 }
 
+/// An example's `main`: parses its flags `A` (clap exits on bad ones),
+/// logs to stderr and runs `run` with them through [`block_on`].
+pub fn main<A, F>(run: impl FnOnce(A) -> F) -> Result<(), MainError>
+where
+    A: clap::Parser,
+    F: std::future::Future<Output = Result<(), MainError>>,
+{
+    let args = A::parse();
+    init_logging();
+    block_on(run(args))
+}
+
+/// The health endpoint flag every example has (`#[command(flatten)]`).
+#[derive(clap::Args, Debug)]
+pub struct HealthArgs {
+    /// Serve /healthz, /readyz, /metrics and /clusters here.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub health_address: std::net::SocketAddr,
+}
+
 /// Logs to stderr; `RUST_LOG` overrides the default (`info`, kube quiet).
-pub fn init_logging() {
+fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

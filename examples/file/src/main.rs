@@ -1,11 +1,11 @@
 //! The ConfigMap-copy controller over every context of kubeconfig files and
 //! directories.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Parser;
+use multicluster_example_configmap_sync::{HealthArgs, MainError};
 use multicluster_provider_file::{DEFAULT_SEPARATOR, FileOptions, FileProvider};
 use multicluster_runtime::Cluster;
 
@@ -22,18 +22,15 @@ struct Args {
     /// Separator between path and context in cluster names.
     #[arg(long, default_value = DEFAULT_SEPARATOR)]
     separator: String,
-    /// Serve /healthz, /readyz, /metrics and /clusters here.
-    #[arg(long, default_value = "127.0.0.1:8081")]
-    health_address: SocketAddr,
+    #[command(flatten)]
+    health: HealthArgs,
 }
 
-fn main() -> Result<(), multicluster_example_configmap_sync::MainError> {
-    multicluster_example_configmap_sync::block_on(run())
+fn main() -> Result<(), MainError> {
+    multicluster_example_configmap_sync::main(run)
 }
 
-async fn run() -> Result<(), multicluster_example_configmap_sync::MainError> {
-    multicluster_example_configmap_sync::init_logging();
-    let args = Args::parse();
+async fn run(args: Args) -> Result<(), MainError> {
     let provider = Arc::new(FileProvider::new(FileOptions {
         files: args.files,
         directories: args.directories,
@@ -42,6 +39,7 @@ async fn run() -> Result<(), multicluster_example_configmap_sync::MainError> {
     }));
     // The local cluster is the current context of $KUBECONFIG / ~/.kube/config.
     let local = Cluster::new("local", kube::Client::try_default().await?);
-    multicluster_example_configmap_sync::run(local, provider, args.health_address, None).await?;
+    multicluster_example_configmap_sync::run(local, provider, args.health.health_address, None)
+        .await?;
     Ok(())
 }

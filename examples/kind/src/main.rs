@@ -2,12 +2,12 @@
 //! `multicluster.example/sync=true` in any kind cluster and a `<name>-copy`
 //! appears beside it and follows it.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use multicluster_example_configmap_sync::{HealthArgs, MainError};
 use multicluster_provider_kind::{KindOptions, KindProvider};
 use multicluster_runtime::Cluster;
 
@@ -24,24 +24,22 @@ struct Args {
     /// The kind CLI.
     #[arg(long, default_value = "kind")]
     kind: PathBuf,
-    /// Serve /healthz, /readyz, /metrics and /clusters here.
-    #[arg(long, default_value = "127.0.0.1:8081")]
-    health_address: SocketAddr,
+    #[command(flatten)]
+    health: HealthArgs,
 }
 
-fn main() -> Result<(), multicluster_example_configmap_sync::MainError> {
-    multicluster_example_configmap_sync::block_on(run())
+fn main() -> Result<(), MainError> {
+    multicluster_example_configmap_sync::main(run)
 }
 
-async fn run() -> Result<(), multicluster_example_configmap_sync::MainError> {
-    multicluster_example_configmap_sync::init_logging();
-    let args = Args::parse();
+async fn run(args: Args) -> Result<(), MainError> {
     let provider = Arc::new(KindProvider::new(KindOptions {
         prefix: args.prefix,
         poll_interval: Duration::from_secs(args.poll_seconds),
         kind_command: args.kind,
     }));
     let local = Cluster::new("local", kube::Client::try_default().await?);
-    multicluster_example_configmap_sync::run(local, provider, args.health_address, None).await?;
+    multicluster_example_configmap_sync::run(local, provider, args.health.health_address, None)
+        .await?;
     Ok(())
 }

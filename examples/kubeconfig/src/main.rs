@@ -1,10 +1,10 @@
 //! The ConfigMap-copy controller over clusters from kubeconfig Secrets
 //! (create them with `hack/create-kubeconfig-secret.sh`).
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use clap::Parser;
+use multicluster_example_configmap_sync::{HealthArgs, MainError};
 use multicluster_provider_kubeconfig::{
     DEFAULT_DATA_KEY, DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider,
 };
@@ -27,18 +27,15 @@ struct Args {
     /// Data key holding the kubeconfig.
     #[arg(long, default_value = DEFAULT_DATA_KEY)]
     key: String,
-    /// Serve /healthz, /readyz, /metrics and /clusters here.
-    #[arg(long, default_value = "127.0.0.1:8081")]
-    health_address: SocketAddr,
+    #[command(flatten)]
+    health: HealthArgs,
 }
 
-fn main() -> Result<(), multicluster_example_configmap_sync::MainError> {
-    multicluster_example_configmap_sync::block_on(run())
+fn main() -> Result<(), MainError> {
+    multicluster_example_configmap_sync::main(run)
 }
 
-async fn run() -> Result<(), multicluster_example_configmap_sync::MainError> {
-    multicluster_example_configmap_sync::init_logging();
-    let args = Args::parse();
+async fn run(args: Args) -> Result<(), MainError> {
     // The management cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
     let management = kube::Client::try_default().await?;
     let metrics = Metrics::default();
@@ -56,7 +53,7 @@ async fn run() -> Result<(), multicluster_example_configmap_sync::MainError> {
     multicluster_example_configmap_sync::run(
         Cluster::new("management", management),
         provider,
-        args.health_address,
+        args.health.health_address,
         Some(metrics),
     )
     .await?;

@@ -2,10 +2,10 @@
 //! controller in each: label a ConfigMap `multicluster.example/sync=true` in
 //! any namespace and a `<name>-copy` appears beside it and follows it.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use clap::Parser;
+use multicluster_example_configmap_sync::{HealthArgs, MainError};
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
 use multicluster_runtime::Cluster;
 
@@ -16,18 +16,15 @@ struct Args {
     /// Only namespaces labelled cluster.x-k8s.io/watch-filter=<value> become clusters.
     #[arg(long, env = "WATCH_FILTER")]
     watch_filter: Option<String>,
-    /// Serve /healthz, /readyz, /metrics and /clusters here.
-    #[arg(long, default_value = "127.0.0.1:8081")]
-    health_address: SocketAddr,
+    #[command(flatten)]
+    health: HealthArgs,
 }
 
-fn main() -> Result<(), multicluster_example_configmap_sync::MainError> {
-    multicluster_example_configmap_sync::block_on(run())
+fn main() -> Result<(), MainError> {
+    multicluster_example_configmap_sync::main(run)
 }
 
-async fn run() -> Result<(), multicluster_example_configmap_sync::MainError> {
-    multicluster_example_configmap_sync::init_logging();
-    let args = Args::parse();
+async fn run(args: Args) -> Result<(), MainError> {
     // The host cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
     let host = Cluster::new("host", kube::Client::try_default().await?);
     let provider = Arc::new(NamespaceProvider::new(
@@ -36,6 +33,7 @@ async fn run() -> Result<(), multicluster_example_configmap_sync::MainError> {
             watch_filter: args.watch_filter,
         },
     ));
-    multicluster_example_configmap_sync::run(host, provider, args.health_address, None).await?;
+    multicluster_example_configmap_sync::run(host, provider, args.health.health_address, None)
+        .await?;
     Ok(())
 }

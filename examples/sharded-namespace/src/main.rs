@@ -5,14 +5,11 @@
 //! the `multicluster.example/copied-by` annotation, so who works where shows
 //! in the cluster.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use multicluster_example_configmap_sync::{
-    MainError, block_on, controller_on_replica, init_logging, serve,
-};
+use multicluster_example_configmap_sync::{HealthArgs, MainError, controller_on_replica, serve};
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::sharding::{ShardedCoordinator, ShardingOptions};
@@ -31,9 +28,8 @@ struct Args {
     /// Only namespaces labelled cluster.x-k8s.io/watch-filter=<value> become clusters.
     #[arg(long, env = "WATCH_FILTER")]
     watch_filter: Option<String>,
-    /// Serve /healthz, /readyz, /metrics and /clusters here.
-    #[arg(long, default_value = "127.0.0.1:8081")]
-    health_address: SocketAddr,
+    #[command(flatten)]
+    health: HealthArgs,
     /// How often ownership is re-examined.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     probe_interval: Duration,
@@ -52,12 +48,10 @@ struct Args {
 }
 
 fn main() -> Result<(), MainError> {
-    block_on(run())
+    multicluster_example_configmap_sync::main(run)
 }
 
-async fn run() -> Result<(), MainError> {
-    init_logging();
-    let args = Args::parse();
+async fn run(args: Args) -> Result<(), MainError> {
     // The host cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
     let host = Cluster::new("host", kube::Client::try_default().await?);
     let coordinator = ShardedCoordinator::new(
@@ -80,7 +74,7 @@ async fn run() -> Result<(), MainError> {
         },
     ));
     let options = ManagerOptions {
-        health_address: Some(args.health_address),
+        health_address: Some(args.health.health_address),
         ..ManagerOptions::default()
     };
     let peer = coordinator.peer_id().to_string();
