@@ -110,14 +110,15 @@ impl Clusters {
     }
 
     /// Adds or replaces `name` with a cluster built from kubeconfig `text`
-    /// (its current context), unless the text is unchanged since the last
-    /// call. `source` names where the text came from, for errors (which
-    /// never quote it). Returns whether the set changed.
+    /// (its current context) with `options`, unless the text is unchanged
+    /// since the last call. `source` names where the text came from, for
+    /// errors (which never quote it). Returns whether the set changed.
     pub async fn add_or_replace_from_kubeconfig(
         &self,
         name: impl Into<ClusterName>,
         text: &str,
         source: &str,
+        options: &crate::kubeconfig::ClientOptions,
     ) -> Result<bool, Error> {
         let wanted = KubeconfigCluster {
             name: name.into(),
@@ -128,7 +129,7 @@ impl Clusters {
         if self.is_current(&wanted) {
             return Ok(false);
         }
-        let cluster = wanted.build().await?;
+        let cluster = wanted.build(options).await?;
         Ok(self.add_or_replace(wanted.name.clone(), cluster, wanted.fingerprint()))
     }
 
@@ -285,11 +286,15 @@ impl KubeconfigCluster {
         ))
     }
 
-    /// Parses the text and builds the cluster's client (running its
-    /// credential plugin, if any, on a blocking thread).
-    pub async fn build(&self) -> Result<Cluster, Error> {
+    /// Parses the text and builds the cluster's client with `options`
+    /// (running its credential plugin once, if it has one: see
+    /// [`crate::kubeconfig::client`]).
+    pub async fn build(
+        &self,
+        options: &crate::kubeconfig::ClientOptions,
+    ) -> Result<Cluster, Error> {
         let parsed = crate::kubeconfig::parse(&self.text, &self.source)?;
-        let client = crate::kubeconfig::client(&parsed, None, &self.source).await?;
+        let client = crate::kubeconfig::client(&parsed, None, &self.source, options).await?;
         let cluster = Cluster::new(self.name.clone(), client);
         Ok(match &self.stable_id {
             Some(id) => cluster.with_stable_id(id),

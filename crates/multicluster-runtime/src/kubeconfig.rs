@@ -4,10 +4,13 @@
 
 use std::hash::{Hash, Hasher};
 use std::io::IsTerminal;
+use std::time::Duration;
 
-use kube::config::{ExecInteractiveMode, KubeConfigOptions, Kubeconfig};
+use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
+use secrecy::ExposeSecret;
 
 use crate::Error;
+use crate::credentials::{self, Credential, DEFAULT_PLUGIN_TIMEOUT, Plugin};
 
 /// Parses kubeconfig YAML. `source` says where it came from (e.g. `Secret
 /// fleet/prod key kubeconfig`) and is used in errors.
@@ -38,13 +41,47 @@ pub fn context_names(kubeconfig: &Kubeconfig) -> Vec<String> {
         .collect()
 }
 
+/// How clients built from kubeconfigs reach their clusters. Every provider
+/// that builds clients from kubeconfigs takes these in its options.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ClientOptions {
+    /// How long an exec credential plugin may run before it is stopped and
+    /// the attempt fails (default [`DEFAULT_PLUGIN_TIMEOUT`], 60 s). A
+    /// failed attempt is that cluster's alone and is retried with backoff.
+    pub plugin_timeout: Duration,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            plugin_timeout: DEFAULT_PLUGIN_TIMEOUT,
+        }
+    }
+}
+
+impl ClientOptions {
+    /// Sets [`ClientOptions::plugin_timeout`].
+    #[must_use]
+    pub fn plugin_timeout(mut self, timeout: Duration) -> Self {
+        self.plugin_timeout = timeout;
+        self
+    }
+}
+
 /// Builds a client for `context` (the current context when `None`),
 /// checking first that the context, its cluster and its user exist so the
 /// error can name the missing piece.
+///
+/// An exec credential plugin runs once, here, under
+/// [`ClientOptions::plugin_timeout`]; the client runs it again only when its
+/// token is about to expire or the server refuses it (see
+/// [`crate::credentials`]). Dropping the returned future stops the plugin.
 pub async fn client(
     kubeconfig: &Kubeconfig,
     context: Option<&str>,
     source: &str,
+    options: &ClientOptions,
 ) -> Result<kube::Client, Error> {
     let context_name = match context {
         Some(name) => name.to_string(),
@@ -54,111 +91,151 @@ pub async fn client(
             .filter(|name| !name.is_empty())
             .ok_or_else(|| invalid(source, "it has no current-context"))?,
     };
-    let entry = kubeconfig
-        .contexts
-        .iter()
-        .find(|named| named.name == context_name)
-        .and_then(|named| named.context.as_ref())
-        .ok_or_else(|| invalid(source, &format!("context {context_name:?} does not exist")))?;
-    if !kubeconfig
-        .clusters
-        .iter()
-        .any(|cluster| cluster.name == entry.cluster)
-    {
-        return Err(invalid(
-            source,
-            &format!(
-                "context {context_name:?} names cluster {:?}, which does not exist",
-                entry.cluster
-            ),
-        ));
-    }
-    if let Some(user) = entry.user.as_deref()
-        && !kubeconfig.auth_infos.iter().any(|auth| auth.name == user)
-    {
-        return Err(invalid(
-            source,
-            &format!("context {context_name:?} names user {user:?}, which does not exist"),
-        ));
-    }
-    let options = KubeConfigOptions {
+    // Checked first so that the error names the missing piece.
+    let only = context_only(kubeconfig, &context_name, source)?;
+    let user = only
+        .auth_infos
+        .first()
+        .map(|named| named.name.clone())
+        .unwrap_or_default();
+    let kube_options = KubeConfigOptions {
         context: Some(context_name.clone()),
         ..KubeConfigOptions::default()
     };
-    let mut config = kube::Config::from_custom_kubeconfig(kubeconfig.clone(), &options)
+    let mut config = kube::Config::from_custom_kubeconfig(only, &kube_options)
         .await
         .map_err(|err| invalid(source, &format!("context {context_name:?}: {err}")))?;
-    if let Some(exec) = config.auth_info.exec.as_mut() {
-        exec.interactive_mode = Some(interactive_mode(
-            exec.interactive_mode.take(),
-            std::io::stdin().is_terminal(),
-        ));
+    let plugin = plugin_of(&mut config.auth_info, options.plugin_timeout);
+    let build_error = |err: kube::Error| {
+        invalid(
+            source,
+            &format!(
+                "context {context_name:?}: {}",
+                crate::redact::kube_error(&err)
+            ),
+        )
+    };
+    let Some(plugin) = plugin else {
+        return kube::Client::try_from(config).map_err(build_error);
+    };
+    match plugin.run().await {
+        Ok(Credential::Token { token, expires }) => {
+            let client = kube::Client::try_from(config).map_err(build_error)?;
+            Ok(credentials::authenticated(client, plugin, token, expires))
+        }
+        Ok(Credential::Certificate { certificate, key }) => {
+            use base64::Engine;
+            let encode = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+            config.auth_info.client_certificate_data = Some(encode(&certificate));
+            config.auth_info.client_key_data = Some(encode(key.expose_secret()).into());
+            kube::Client::try_from(config).map_err(build_error)
+        }
+        Err(err) => Err(Error::Credentials {
+            origin: source.to_string(),
+            reason: format!("context {context_name:?} (user {user:?}): {err}"),
+        }),
     }
-    let plugin = exec_command(kubeconfig, entry.user.as_deref())
-        .map(|command| {
-            format!(
-                " (user {:?}, credential plugin {command:?})",
-                entry.user.as_deref().unwrap_or_default()
-            )
-        })
-        .unwrap_or_default();
-    // An exec credential plugin runs synchronously while the client is
-    // built; that must not hold up an async worker thread.
-    tokio::task::spawn_blocking(move || kube::Client::try_from(config))
-        .await
-        .map_err(|_| {
+}
+
+/// Takes the exec plugin out of `auth`, so kube-rs builds the client without
+/// running it, when the plugin is what authenticates: kube-rs (like
+/// client-go) prefers an auth provider, basic auth, a token or a token file.
+fn plugin_of(auth: &mut AuthInfo, timeout: Duration) -> Option<Plugin> {
+    let other_credentials = auth.auth_provider.is_some()
+        || (auth.username.is_some() && auth.password.is_some())
+        || auth.token.is_some()
+        || auth.token_file.is_some();
+    if other_credentials {
+        return None;
+    }
+    Plugin::new(auth.exec.take()?, std::io::stdin().is_terminal(), timeout)
+}
+
+/// The part of `kubeconfig` that `context` uses: that context (made
+/// current), its cluster and its user. Errors name a missing piece.
+fn context_only(kubeconfig: &Kubeconfig, context: &str, source: &str) -> Result<Kubeconfig, Error> {
+    let named = kubeconfig
+        .contexts
+        .iter()
+        .find(|named| named.name == context)
+        .ok_or_else(|| invalid(source, &format!("context {context:?} does not exist")))?;
+    let entry = named
+        .context
+        .as_ref()
+        .ok_or_else(|| invalid(source, &format!("context {context:?} is empty")))?;
+    let cluster = kubeconfig
+        .clusters
+        .iter()
+        .find(|cluster| cluster.name == entry.cluster)
+        .ok_or_else(|| {
             invalid(
                 source,
-                &format!("context {context_name:?}: building the client panicked"),
+                &format!(
+                    "context {context:?} names cluster {:?}, which does not exist",
+                    entry.cluster
+                ),
             )
-        })?
-        .map_err(|err| {
-            let reason = format!(
-                "context {context_name:?}{plugin}: {}",
-                crate::redact::kube_error(&err)
-            );
-            if crate::redact::is_auth_error(&err) {
-                Error::Credentials {
-                    origin: source.to_string(),
-                    reason,
-                }
-            } else {
-                invalid(source, &reason)
+        })?;
+    let users = match entry.user.as_deref() {
+        None => Vec::new(),
+        Some(user) => vec![
+            kubeconfig
+                .auth_infos
+                .iter()
+                .find(|auth| auth.name == user)
+                .ok_or_else(|| {
+                    invalid(
+                        source,
+                        &format!("context {context:?} names user {user:?}, which does not exist"),
+                    )
+                })?
+                .clone(),
+        ],
+    };
+    Ok(Kubeconfig {
+        current_context: Some(context.to_string()),
+        contexts: vec![named.clone()],
+        clusters: vec![cluster.clone()],
+        auth_infos: users,
+        api_version: kubeconfig.api_version.clone(),
+        kind: kubeconfig.kind.clone(),
+        ..Kubeconfig::default()
+    })
+}
+
+/// What `context` of `kubeconfig` resolves to — the context (made current),
+/// its cluster and its user, extensions and exec settings included — as
+/// canonical text (see [`canonical_text`]). A change elsewhere in the
+/// kubeconfig leaves it alone, so it tells whether that context changed.
+/// Fails, naming the missing piece, as [`client`] would.
+pub fn context_text(kubeconfig: &Kubeconfig, context: &str, source: &str) -> Result<String, Error> {
+    Ok(canonical_text(&context_only(kubeconfig, context, source)?))
+}
+
+/// `kubeconfig` as JSON text (which is also YAML) with object keys sorted,
+/// so equal settings always give equal text. kube-rs keeps exec `env`
+/// entries in hash maps, whose order changes from one map to the next.
+pub fn canonical_text(kubeconfig: &Kubeconfig) -> String {
+    fn sorted(value: serde_json::Value) -> serde_json::Value {
+        match value {
+            serde_json::Value::Object(map) => {
+                let entries: std::collections::BTreeMap<_, _> = map.into_iter().collect();
+                serde_json::Value::Object(
+                    entries
+                        .into_iter()
+                        .map(|(key, value)| (key, sorted(value)))
+                        .collect(),
+                )
             }
-        })
-}
-
-/// The interactive mode a credential plugin runs in, as client-go decides
-/// it: `IfAvailable` (also the default) means interactive only when stdin is
-/// a terminal. kube-rs treats it as always interactive, which hands the
-/// plugin a stdin nobody answers and sends its stderr — the explanation of a
-/// failure — past the error to the process's own stderr.
-fn interactive_mode(
-    configured: Option<ExecInteractiveMode>,
-    stdin_is_terminal: bool,
-) -> ExecInteractiveMode {
-    match configured {
-        Some(ExecInteractiveMode::Never) => ExecInteractiveMode::Never,
-        Some(ExecInteractiveMode::Always) => ExecInteractiveMode::Always,
-        Some(ExecInteractiveMode::IfAvailable) | None if stdin_is_terminal => {
-            ExecInteractiveMode::IfAvailable
+            serde_json::Value::Array(items) => {
+                serde_json::Value::Array(items.into_iter().map(sorted).collect())
+            }
+            other => other,
         }
-        Some(ExecInteractiveMode::IfAvailable) | None => ExecInteractiveMode::Never,
     }
-}
-
-/// The command of `user`'s exec credential plugin, if it has one.
-fn exec_command<'a>(kubeconfig: &'a Kubeconfig, user: Option<&str>) -> Option<&'a str> {
-    kubeconfig
-        .auth_infos
-        .iter()
-        .find(|auth| Some(auth.name.as_str()) == user)?
-        .auth_info
-        .as_ref()?
-        .exec
-        .as_ref()?
-        .command
-        .as_deref()
+    // A kubeconfig is strings, numbers, booleans and JSON values: it always
+    // serialises.
+    sorted(serde_json::to_value(kubeconfig).unwrap_or_default()).to_string()
 }
 
 /// A short, stable digest of kubeconfig text, for telling whether a
@@ -211,9 +288,14 @@ mod tests {
         ];
         for (text, expected) in cases {
             let result = match parse(&text, "Secret fleet/prod key kubeconfig") {
-                Ok(parsed) => client(&parsed, None, "Secret fleet/prod key kubeconfig")
-                    .await
-                    .map(|_| ()),
+                Ok(parsed) => client(
+                    &parsed,
+                    None,
+                    "Secret fleet/prod key kubeconfig",
+                    &ClientOptions::default(),
+                )
+                .await
+                .map(|_| ()),
                 Err(err) => Err(err),
             };
             let err = result.expect_err(expected);
@@ -234,25 +316,6 @@ mod tests {
         }
     }
 
-    #[test]
-    fn plugins_are_interactive_only_when_asked_and_possible() {
-        use ExecInteractiveMode::{Always, IfAvailable, Never};
-        for (configured, terminal, expected) in [
-            (None, false, Never),
-            (None, true, IfAvailable),
-            (Some(IfAvailable), false, Never),
-            (Some(IfAvailable), true, IfAvailable),
-            (Some(Never), true, Never),
-            (Some(Always), false, Always),
-        ] {
-            assert_eq!(
-                interactive_mode(configured.clone(), terminal),
-                expected,
-                "{configured:?}, terminal: {terminal}"
-            );
-        }
-    }
-
     /// A kubeconfig whose user runs `command` with `args`, a secret in its
     /// env, and `state` as the envtest plugins' state directory.
     fn exec_kubeconfig(command: &str, args: &[&str], state: &std::path::Path) -> String {
@@ -268,10 +331,15 @@ mod tests {
         let state = tempfile::tempdir().expect("state dir");
         let text = exec_kubeconfig(&command, &["--password=very-secret-argument"], state.path());
         let parsed = parse(&text, "Secret fleet/prod key kubeconfig").expect("parses");
-        let err = client(&parsed, None, "Secret fleet/prod key kubeconfig")
-            .await
-            .map(|_| ())
-            .expect_err("the plugin fails");
+        let err = client(
+            &parsed,
+            None,
+            "Secret fleet/prod key kubeconfig",
+            &ClientOptions::default(),
+        )
+        .await
+        .map(|_| ())
+        .expect_err("the plugin fails");
         assert!(err.is_retryable(), "a plugin may work next time: {err}");
         let message = err.to_string();
         for expected in [
@@ -296,20 +364,82 @@ mod tests {
         );
     }
 
-    /// On a single-threaded runtime a held plugin can only be released if it
-    /// runs somewhere else while the runtime goes on.
+    /// On a single-threaded runtime a held plugin can only be released if
+    /// waiting for it leaves the runtime free.
     #[tokio::test(flavor = "current_thread")]
-    async fn credential_plugins_run_off_the_async_thread() {
+    async fn a_held_plugin_does_not_hold_the_runtime() {
         use multicluster_envtest::plugins;
         let state = tempfile::tempdir().expect("state dir");
         plugins::set_token(state.path(), "from-plugin").expect("token");
         plugins::hold(state.path()).expect("hold");
         let text = exec_kubeconfig(plugins::TOKEN, &[], state.path());
         let parsed = parse(&text, "test").expect("parses");
-        let (built, ()) = tokio::join!(client(&parsed, None, "test"), async {
+        let options = ClientOptions::default();
+        let (built, ()) = tokio::join!(client(&parsed, None, "test", &options), async {
             plugins::release(state.path()).expect("release");
         });
         built.expect("the plugin was released and gave a token");
+    }
+
+    #[tokio::test]
+    async fn a_client_build_runs_the_plugin_once() {
+        use multicluster_envtest::plugins;
+        let state = tempfile::tempdir().expect("state dir");
+        plugins::set_token(state.path(), "from-plugin").expect("token");
+        let text = exec_kubeconfig(plugins::TOKEN, &["--region", "eu-1"], state.path());
+        let parsed = parse(&text, "test").expect("parses");
+        client(&parsed, None, "test", &ClientOptions::default())
+            .await
+            .expect("client");
+        let calls = plugins::calls(state.path());
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        assert!(calls[0].contains("args=--region eu-1"), "{calls:?}");
+        assert!(
+            calls[0].contains(r#""kind":"ExecCredential""#)
+                && calls[0].contains(r#""interactive":false"#),
+            "KUBERNETES_EXEC_INFO as client-go sets it: {calls:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_plugin_that_hangs_fails_the_build_at_its_deadline() {
+        use multicluster_envtest::plugins;
+        let state = tempfile::tempdir().expect("state dir");
+        plugins::set_token(state.path(), "from-plugin").expect("token");
+        plugins::hold(state.path()).expect("hold");
+        let text = exec_kubeconfig(plugins::TOKEN, &[], state.path());
+        let parsed = parse(&text, "Secret fleet/prod key kubeconfig").expect("parses");
+        let options = ClientOptions::default().plugin_timeout(Duration::from_millis(500));
+        let err = client(&parsed, None, "Secret fleet/prod key kubeconfig", &options)
+            .await
+            .map(|_| ())
+            .expect_err("held");
+        assert!(err.is_retryable(), "{err}");
+        let message = err.to_string();
+        assert!(message.contains("did not finish within 500ms"), "{message}");
+        assert!(!message.contains(SECRET_TOKEN), "{message}");
+    }
+
+    #[test]
+    fn a_context_text_changes_only_with_what_the_context_uses() {
+        let two = |server_b: &str, token_b: &str| {
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: ca\n  cluster:\n    server: https://a:1\n- name: cb\n  cluster:\n    server: {server_b}\ncontexts:\n- name: a\n  context:\n    cluster: ca\n    user: ua\n- name: b\n  context:\n    cluster: cb\n    user: ub\nusers:\n- name: ua\n  user:\n    token: ta\n- name: ub\n  user:\n    token: {token_b}\n"
+            )
+        };
+        let text = |kubeconfig: &str, context: &str| {
+            context_text(&parse(kubeconfig, "test").expect("parses"), context, "test")
+                .expect("resolves")
+        };
+        let before = two("https://b:1", "tb");
+        for after in [two("https://b:2", "tb"), two("https://b:1", "tb2")] {
+            assert_eq!(text(&before, "a"), text(&after, "a"));
+            assert_ne!(text(&before, "b"), text(&after, "b"));
+        }
+        let missing_user = before.replace("- name: ub\n", "- name: other\n");
+        let err = context_text(&parse(&missing_user, "test").expect("parses"), "b", "test")
+            .expect_err("no user ub");
+        assert!(err.to_string().contains("user \"ub\""), "{err}");
     }
 
     #[tokio::test]
@@ -317,8 +447,11 @@ mod tests {
         let text = kubeconfig("ctx", "c", "u");
         let parsed = parse(&text, "test").expect("parses");
         assert_eq!(context_names(&parsed), ["ctx"]);
-        client(&parsed, None, "test").await.expect("client");
-        client(&parsed, Some("ctx"), "test")
+        let options = ClientOptions::default();
+        client(&parsed, None, "test", &options)
+            .await
+            .expect("client");
+        client(&parsed, Some("ctx"), "test", &options)
             .await
             .expect("named context");
         assert_eq!(fingerprint(&text), fingerprint(&text));

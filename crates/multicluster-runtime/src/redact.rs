@@ -108,7 +108,10 @@ fn auth_error_in(err: &kube::Error) -> Option<&AuthError> {
     None
 }
 
-fn last_line(text: &str) -> Option<String> {
+/// The last non-empty line of `text`, shortened to a few hundred bytes:
+/// how a failed plugin or command explains itself, without the rest of
+/// what it printed.
+pub(crate) fn last_line(text: &str) -> Option<String> {
     let line = text.lines().map(str::trim).rfind(|line| !line.is_empty())?;
     let mut line = line.to_string();
     if line.len() > STDERR_LIMIT {

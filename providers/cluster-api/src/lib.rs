@@ -247,7 +247,7 @@ impl ClusterApiProvider {
         };
         match self
             .clusters
-            .add_or_replace_from_kubeconfig(fleet_name.clone(), &text, &source)
+            .add_or_replace_from_kubeconfig(fleet_name.clone(), &text, &source, &Default::default())
             .await
         {
             Ok(changed) => {

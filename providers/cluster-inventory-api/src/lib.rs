@@ -271,7 +271,7 @@ impl ClusterProfileProvider {
                 builds.start(
                     key,
                     Box::pin(async move {
-                        let built = wanted.build().await;
+                        let built = wanted.build(&Default::default()).await;
                         (wanted, built)
                     }),
                 );

@@ -166,7 +166,9 @@ impl FileProvider {
                     found.insert(name, None);
                     continue;
                 }
-                match kubeconfig::client(&parsed, Some(&context), &source).await {
+                match kubeconfig::client(&parsed, Some(&context), &source, &Default::default())
+                    .await
+                {
                     Ok(client) => {
                         found.insert(name, Some((client, fingerprint)));
                     }

@@ -135,7 +135,7 @@ impl KindProvider {
         let source = format!("`kind get kubeconfig --name {name}`");
         if self
             .clusters
-            .add_or_replace_from_kubeconfig(name, &text, &source)
+            .add_or_replace_from_kubeconfig(name, &text, &source, &Default::default())
             .await?
         {
             tracing::info!(cluster = %name, "kind cluster engaged");

@@ -165,7 +165,7 @@ impl KubeconfigProvider {
         let existed = self.clusters.get(&name).is_ok();
         match self
             .clusters
-            .add_or_replace_from_kubeconfig(name.clone(), &text, &source)
+            .add_or_replace_from_kubeconfig(name.clone(), &text, &source, &Default::default())
             .await
         {
             Ok(changed) => {

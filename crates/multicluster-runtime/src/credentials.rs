@@ -1,0 +1,550 @@
+//! Exec credential plugins (`client.authentication.k8s.io`), run by us.
+//!
+//! kube-rs runs a kubeconfig's plugin synchronously, three times per client
+//! build, with no deadline and no way to stop it; a plugin that hangs (a
+//! cloud CLI waiting for a login or the network) then holds a thread, a
+//! provider and the process's shutdown. Here the plugin runs on tokio's
+//! process driver through [`crate::process`]: once per client build, again
+//! only when its credential is about to expire or the server answered 401,
+//! never past its deadline, and killed (with whatever it started) when the
+//! caller stops waiting.
+//!
+//! A token goes into every request through [`authenticated`], a service over
+//! the client kube-rs builds without the plugin; a client certificate goes
+//! into the client's TLS settings. Error messages name the plugin's command,
+//! its exit status and the last line of its stderr, never its arguments,
+//! environment or output, which can all hold secrets.
+
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use http::{HeaderValue, Request, Response, StatusCode, header::AUTHORIZATION};
+use k8s_openapi::jiff::Timestamp;
+use kube::client::Body;
+use kube::config::{ExecConfig, ExecInteractiveMode};
+use secrecy::{ExposeSecret, SecretString};
+use serde::{Deserialize, Serialize};
+use tokio::time::Instant;
+
+use crate::process::{self, ProcessError};
+
+/// How long a credential plugin may take by default before it is stopped
+/// and the attempt counts as failed.
+pub const DEFAULT_PLUGIN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A token is renewed this long before it expires (or halfway through its
+/// life, if that is sooner), so requests do not race its expiry.
+const RENEW_MARGIN: Duration = Duration::from_secs(10);
+
+/// Why a plugin gave no credential. Never quotes its arguments, environment
+/// or output.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum PluginError {
+    /// Not started, timed out, or lost while running.
+    #[error("the credential plugin {command:?} {source}{hint}")]
+    Run {
+        command: String,
+        #[source]
+        source: ProcessError,
+        /// The kubeconfig's `installHint`, when the command was not found.
+        hint: String,
+    },
+    /// It ran and exited with a failure.
+    #[error("the credential plugin {command:?} failed ({status}){}", stderr.as_deref().map(|line| format!(": {line}")).unwrap_or_default())]
+    Failed {
+        command: String,
+        status: std::process::ExitStatus,
+        /// The last non-empty line of its stderr, shortened.
+        stderr: Option<String>,
+    },
+    /// It exited successfully but what it printed is not usable.
+    #[error("the credential plugin {command:?} gave no usable credential: {reason}")]
+    Unusable { command: String, reason: String },
+}
+
+/// What a plugin handed out.
+pub(crate) enum Credential {
+    /// A bearer token, valid until `expires` if given.
+    Token {
+        token: SecretString,
+        expires: Option<Timestamp>,
+    },
+    /// A client certificate and key, both PEM.
+    Certificate {
+        certificate: String,
+        key: SecretString,
+    },
+}
+
+/// One kubeconfig user's exec plugin, ready to run.
+#[derive(Clone)]
+pub(crate) struct Plugin {
+    exec: ExecConfig,
+    command: String,
+    interactive: bool,
+    timeout: Duration,
+}
+
+impl Plugin {
+    /// The plugin `exec` describes; `None` without a command. It is
+    /// interactive as client-go decides: `Always`, or `IfAvailable` (also
+    /// the default) when `stdin_is_terminal`.
+    pub(crate) fn new(
+        exec: ExecConfig,
+        stdin_is_terminal: bool,
+        timeout: Duration,
+    ) -> Option<Self> {
+        let command = exec.command.clone()?;
+        let interactive = match exec.interactive_mode {
+            Some(ExecInteractiveMode::Never) => false,
+            Some(ExecInteractiveMode::Always) => true,
+            Some(ExecInteractiveMode::IfAvailable) | None => stdin_is_terminal,
+        };
+        Some(Self {
+            exec,
+            command,
+            interactive,
+            timeout,
+        })
+    }
+
+    /// The command, as the kubeconfig names it.
+    pub(crate) fn command(&self) -> &str {
+        &self.command
+    }
+
+    /// Runs the plugin once and reads its credential.
+    pub(crate) async fn run(&self) -> Result<Credential, PluginError> {
+        let mut command = tokio::process::Command::new(&self.command);
+        command.args(self.exec.args.iter().flatten());
+        for entry in self.exec.env.iter().flatten() {
+            if let (Some(name), Some(value)) = (entry.get("name"), entry.get("value")) {
+                command.env(name, value);
+            }
+        }
+        for name in self.exec.drop_env.iter().flatten() {
+            command.env_remove(name);
+        }
+        command.env("KUBERNETES_EXEC_INFO", self.exec_info());
+        let run = if self.interactive {
+            process::output_interactive(command, self.timeout).await
+        } else {
+            process::output(command, self.timeout).await
+        };
+        let output = run.map_err(|source| {
+            let hint = match (&source, &self.exec.install_hint) {
+                (ProcessError::Start(err), Some(hint))
+                    if err.kind() == std::io::ErrorKind::NotFound =>
+                {
+                    format!(" ({})", hint.trim())
+                }
+                _ => String::new(),
+            };
+            PluginError::Run {
+                command: self.command.clone(),
+                source,
+                hint,
+            }
+        })?;
+        if !output.status.success() {
+            return Err(PluginError::Failed {
+                command: self.command.clone(),
+                status: output.status,
+                stderr: crate::redact::last_line(&String::from_utf8_lossy(&output.stderr)),
+            });
+        }
+        self.read(&output.stdout)
+    }
+
+    /// `KUBERNETES_EXEC_INFO` as client-go sets it.
+    fn exec_info(&self) -> String {
+        #[derive(Serialize)]
+        struct Info<'a> {
+            #[serde(rename = "apiVersion", skip_serializing_if = "Option::is_none")]
+            api_version: Option<&'a str>,
+            kind: &'static str,
+            spec: Spec<'a>,
+        }
+        #[derive(Serialize)]
+        struct Spec<'a> {
+            interactive: bool,
+            #[serde(skip_serializing_if = "Option::is_none")]
+            cluster: Option<&'a kube::config::ExecAuthCluster>,
+        }
+        let info = Info {
+            api_version: self.exec.api_version.as_deref(),
+            kind: "ExecCredential",
+            spec: Spec {
+                interactive: self.interactive,
+                cluster: self
+                    .exec
+                    .provide_cluster_info
+                    .then_some(self.exec.cluster.as_ref())
+                    .flatten(),
+            },
+        };
+        // Serialising plain strings, booleans and JSON values cannot fail.
+        serde_json::to_string(&info).unwrap_or_default()
+    }
+
+    /// Reads an ExecCredential. client-go decodes it with a YAML-tolerant
+    /// decoder, so some plugins print YAML; YAML parsers take JSON too.
+    fn read(&self, stdout: &[u8]) -> Result<Credential, PluginError> {
+        #[derive(Deserialize)]
+        struct ExecCredential {
+            #[serde(rename = "apiVersion")]
+            api_version: Option<String>,
+            status: Option<Status>,
+        }
+        #[derive(Deserialize)]
+        struct Status {
+            token: Option<String>,
+            #[serde(rename = "expirationTimestamp")]
+            expiration: Option<String>,
+            #[serde(rename = "clientCertificateData")]
+            certificate: Option<String>,
+            #[serde(rename = "clientKeyData")]
+            key: Option<String>,
+        }
+        let unusable = |reason: &str| PluginError::Unusable {
+            command: self.command.clone(),
+            reason: reason.to_string(),
+        };
+        // Parser messages can quote the output, i.e. the credential.
+        let credential: ExecCredential = serde_saphyr::from_slice(stdout)
+            .map_err(|_| unusable("its output is not an ExecCredential"))?;
+        if let (Some(wanted), Some(got)) = (&self.exec.api_version, &credential.api_version)
+            && wanted != got
+        {
+            return Err(unusable(&format!(
+                "it answered with apiVersion {got:?}, but the kubeconfig asks for {wanted:?}"
+            )));
+        }
+        let status = credential
+            .status
+            .ok_or_else(|| unusable("its ExecCredential has no status"))?;
+        let expires = status
+            .expiration
+            .as_deref()
+            .map(|text| {
+                text.parse::<Timestamp>()
+                    .map_err(|_| unusable("its expirationTimestamp is not an RFC 3339 time"))
+            })
+            .transpose()?;
+        match (status.token, status.certificate, status.key) {
+            (_, Some(certificate), Some(key)) => Ok(Credential::Certificate {
+                certificate,
+                key: key.into(),
+            }),
+            (Some(token), _, _) if !token.is_empty() => Ok(Credential::Token {
+                token: token.into(),
+                expires,
+            }),
+            _ => Err(unusable(
+                "its ExecCredential holds neither a token nor a client certificate and key",
+            )),
+        }
+    }
+}
+
+/// A client whose requests carry the token of `plugin`, starting with
+/// `token` (obtained when the client was built). `inner` is the client
+/// built without the plugin.
+pub(crate) fn authenticated(
+    inner: kube::Client,
+    plugin: Plugin,
+    token: SecretString,
+    expires: Option<Timestamp>,
+) -> kube::Client {
+    let default_namespace = inner.default_namespace().to_string();
+    let tokens = Tokens {
+        plugin,
+        current: tokio::sync::Mutex::new(Current::new(token, expires)),
+    };
+    kube::Client::new(
+        ExecAuth {
+            inner,
+            tokens: std::sync::Arc::new(tokens),
+        },
+        default_namespace,
+    )
+}
+
+/// The plugin and the token it last handed out; the lock makes concurrent
+/// requests that find the token stale wait for one run of the plugin.
+struct Tokens {
+    plugin: Plugin,
+    current: tokio::sync::Mutex<Current>,
+}
+
+struct Current {
+    token: SecretString,
+    /// When to run the plugin again; `None` for a token without expiry.
+    renew_at: Option<Instant>,
+    /// When the token stops working, as the plugin said.
+    expires_at: Option<Instant>,
+    /// The server refused the token (401): renew before the next request.
+    refused: bool,
+}
+
+impl Current {
+    fn new(token: SecretString, expires: Option<Timestamp>) -> Self {
+        let now = Instant::now();
+        let left = expires.map(|expires| {
+            let seconds = expires.duration_since(Timestamp::now()).as_secs_f64();
+            Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or(Duration::MAX)
+        });
+        Self {
+            token,
+            renew_at: left.map(|left| now + left.saturating_sub(RENEW_MARGIN.min(left / 2))),
+            expires_at: left.map(|left| now + left),
+            refused: false,
+        }
+    }
+
+    fn fresh(&self) -> bool {
+        !self.refused && self.renew_at.is_none_or(|at| Instant::now() < at)
+    }
+
+    fn usable(&self) -> bool {
+        !self.refused && self.expires_at.is_none_or(|at| Instant::now() < at)
+    }
+}
+
+impl Tokens {
+    /// The token to send now, renewed first if it is stale.
+    async fn token(&self) -> Result<SecretString, kube::Error> {
+        let mut current = self.current.lock().await;
+        if current.fresh() {
+            return Ok(current.token.clone());
+        }
+        match self.plugin.run().await {
+            Ok(Credential::Token { token, expires }) => {
+                *current = Current::new(token, expires);
+                Ok(current.token.clone())
+            }
+            Ok(Credential::Certificate { .. }) => Err(auth_error(&format!(
+                "the credential plugin {:?} now hands out a client certificate instead of a token; the cluster has to be built again",
+                self.plugin.command()
+            ))),
+            // Renewing early failed: the old token still works for now.
+            Err(err) if current.usable() => {
+                tracing::warn!(error = %err, "renewing a credential failed; using the current one until it expires");
+                Ok(current.token.clone())
+            }
+            Err(err) => Err(auth_error(&err.to_string())),
+        }
+    }
+
+    /// The server refused `token`: the next request renews it, unless it
+    /// was renewed meanwhile.
+    async fn refused(&self, token: &SecretString) {
+        let mut current = self.current.lock().await;
+        if current.token.expose_secret() == token.expose_secret() {
+            current.refused = true;
+        }
+    }
+}
+
+/// A client authentication error kube-rs callers and our redaction know,
+/// carrying an already safe message.
+fn auth_error(message: &str) -> kube::Error {
+    kube::Error::Auth(kube::client::AuthError::AuthExec(message.to_string()))
+}
+
+fn bearer(token: &SecretString) -> Result<HeaderValue, kube::Error> {
+    let mut value =
+        HeaderValue::try_from(format!("Bearer {}", token.expose_secret())).map_err(|_| {
+            auth_error("the credential plugin's token cannot be sent in an HTTP header")
+        })?;
+    value.set_sensitive(true);
+    Ok(value)
+}
+
+/// Adds the plugin's token to each request; a 401 answer marks the token
+/// refused, as client-go does, so the next request runs the plugin again.
+#[derive(Clone)]
+struct ExecAuth {
+    inner: kube::Client,
+    tokens: std::sync::Arc<Tokens>,
+}
+
+impl tower::Service<Request<Body>> for ExecAuth {
+    type Response = Response<Body>;
+    type Error = kube::Error;
+    type Future = BoxFuture<'static, Result<Response<Body>, kube::Error>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, mut request: Request<Body>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move {
+            let token = this.tokens.token().await?;
+            request.headers_mut().insert(AUTHORIZATION, bearer(&token)?);
+            let response = this.inner.send(request).await?;
+            if response.status() == StatusCode::UNAUTHORIZED {
+                this.tokens.refused(&token).await;
+            }
+            Ok(response)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plugin(script: &str) -> Plugin {
+        let exec = ExecConfig {
+            api_version: Some("client.authentication.k8s.io/v1".into()),
+            command: Some("sh".into()),
+            args: Some(vec!["-c".into(), script.into()]),
+            env: None,
+            drop_env: None,
+            install_hint: None,
+            interactive_mode: Some(ExecInteractiveMode::Never),
+            provide_cluster_info: false,
+            cluster: None,
+            other: Default::default(),
+        };
+        Plugin::new(exec, false, Duration::from_secs(10)).expect("command")
+    }
+
+    #[tokio::test]
+    async fn tokens_and_expiry_are_read_from_json_or_yaml() {
+        let json = plugin(
+            r#"echo '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"t1","expirationTimestamp":"2099-01-01T00:00:00Z"}}'"#,
+        );
+        match json.run().await.expect("token") {
+            Credential::Token { token, expires } => {
+                assert_eq!(token.expose_secret(), "t1");
+                assert_eq!(
+                    expires.map(|t| t.to_string()),
+                    Some("2099-01-01T00:00:00Z".into())
+                );
+            }
+            Credential::Certificate { .. } => panic!("a token was handed out"),
+        }
+        let yaml = plugin("printf 'kind: ExecCredential\\nstatus:\\n  token: t2\\n'");
+        assert!(matches!(
+            yaml.run().await.expect("token"),
+            Credential::Token { expires: None, .. }
+        ));
+    }
+
+    #[tokio::test]
+    async fn unusable_answers_are_explained_without_quoting_them() {
+        for (script, expected) in [
+            ("echo 'not: [json'", "not an ExecCredential"),
+            (
+                r#"echo '{"apiVersion":"client.authentication.k8s.io/v1beta1","status":{"token":"secret-1"}}'"#,
+                "apiVersion \"client.authentication.k8s.io/v1beta1\"",
+            ),
+            (r#"echo '{"kind":"ExecCredential"}'"#, "has no status"),
+            (
+                r#"echo '{"status":{"token":"secret-1","expirationTimestamp":"tomorrow"}}'"#,
+                "expirationTimestamp",
+            ),
+            (r#"echo '{"status":{}}'"#, "neither a token"),
+        ] {
+            let err = plugin(script)
+                .run()
+                .await
+                .err()
+                .unwrap_or_else(|| panic!("{script} was accepted"));
+            let message = err.to_string();
+            assert!(message.contains(expected), "{message}");
+            assert!(!message.contains("secret-1"), "{message}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_failure_is_described_by_status_and_the_last_stderr_line() {
+        let err = plugin("echo secret-token; echo starting >&2; echo 'no grant' >&2; exit 4")
+            .run()
+            .await
+            .err()
+            .expect("fails");
+        let message = err.to_string();
+        assert!(message.contains("exit status: 4"), "{message}");
+        assert!(message.ends_with("no grant"), "{message}");
+        assert!(!message.contains("secret-token"), "{message}");
+    }
+
+    #[tokio::test]
+    async fn a_hanging_plugin_is_stopped_at_its_deadline() {
+        let mut hanging = plugin("exec sleep 1000");
+        hanging.timeout = Duration::from_millis(300);
+        let err = hanging.run().await.err().expect("times out");
+        assert!(err.to_string().contains("did not finish within"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn exec_info_carries_the_version_interactivity_and_cluster_when_asked() {
+        let mut with_cluster = plugin("true");
+        with_cluster.exec.provide_cluster_info = true;
+        with_cluster.exec.cluster = Some(kube::config::ExecAuthCluster {
+            server: Some("https://example:6443".into()),
+            ..Default::default()
+        });
+        let info: serde_json::Value =
+            serde_json::from_str(&with_cluster.exec_info()).expect("json");
+        assert_eq!(info["apiVersion"], "client.authentication.k8s.io/v1");
+        assert_eq!(info["kind"], "ExecCredential");
+        assert_eq!(info["spec"]["interactive"], false);
+        assert_eq!(info["spec"]["cluster"]["server"], "https://example:6443");
+        let without: serde_json::Value =
+            serde_json::from_str(&plugin("true").exec_info()).expect("json");
+        assert!(without["spec"].get("cluster").is_none());
+    }
+
+    #[test]
+    fn plugins_are_interactive_only_when_asked_and_possible() {
+        use ExecInteractiveMode::{Always, IfAvailable, Never};
+        for (configured, terminal, expected) in [
+            (None, false, false),
+            (None, true, true),
+            (Some(IfAvailable), false, false),
+            (Some(IfAvailable), true, true),
+            (Some(Never), true, false),
+            (Some(Always), false, true),
+        ] {
+            let mut exec = plugin("true").exec;
+            exec.interactive_mode = configured.clone();
+            let plugin = Plugin::new(exec, terminal, Duration::from_secs(1)).expect("command");
+            assert_eq!(
+                plugin.interactive, expected,
+                "{configured:?}, terminal: {terminal}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_token_is_renewed_before_it_expires_and_after_a_refusal() {
+        let expires = Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(100);
+        let current = Current::new("t".to_string().into(), Some(expires));
+        assert!(current.fresh());
+        tokio::time::advance(Duration::from_secs(89)).await;
+        assert!(current.fresh(), "renewed only 10 s before expiry");
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert!(!current.fresh());
+        assert!(current.usable(), "still works until it expires");
+
+        let short = Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(4);
+        let current = Current::new("t".to_string().into(), Some(short));
+        assert!(
+            current.fresh(),
+            "a short-lived token is used for half its life"
+        );
+        tokio::time::advance(Duration::from_secs(3)).await;
+        assert!(!current.fresh());
+
+        let mut forever = Current::new("t".to_string().into(), None);
+        assert!(forever.fresh());
+        forever.refused = true;
+        assert!(!forever.fresh() && !forever.usable());
+    }
+}
