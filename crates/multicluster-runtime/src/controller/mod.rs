@@ -21,30 +21,27 @@
 
 mod queue;
 mod source;
+mod work;
 
 use crate::sync::lock;
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use futures::FutureExt;
 use futures::future::BoxFuture;
 use kube::api::{ApiResource, DynamicObject};
-use tokio::sync::Semaphore;
-use tokio::task::JoinSet;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
 
 pub use queue::Backoff;
 pub use source::{Clusters, Filter, Mapper, filters};
+pub use work::{WorkQueue, WorkQueueBuilder};
 
 use crate::cache::CachedResource;
 use crate::metrics::Metrics;
 use crate::{Aware, Cluster, ClusterName, Error};
-use queue::{Outcome, Queue};
 use source::{InformerSource, Source};
 
 /// What to reconcile: an object in a cluster.
@@ -303,20 +300,21 @@ impl ControllerBuilder {
             }
             .boxed()
         });
+        let mut work = WorkQueue::builder(self.name.clone())
+            .max_concurrent(self.max_concurrent_reconciles)
+            .backoff(self.backoff);
+        if let Some(metrics) = self.metrics {
+            work = work.metrics(metrics);
+        }
         Ok(Controller {
             inner: Arc::new(Inner {
                 name: self.name,
                 sources,
                 reconciler,
-                queue: Arc::new(Queue::new(self.backoff)),
-                max_concurrent_reconciles: self.max_concurrent_reconciles,
+                work: work.build_gated(),
                 clusters: Mutex::new(HashMap::new()),
                 running: Mutex::new(HashMap::new()),
                 finished: tokio::sync::Notify::new(),
-                metrics: self
-                    .metrics
-                    .map(std::sync::OnceLock::from)
-                    .unwrap_or_default(),
             }),
         })
     }
@@ -333,22 +331,15 @@ struct Inner {
     name: String,
     sources: Vec<Arc<dyn Source>>,
     reconciler: Reconciler,
-    queue: Arc<Queue>,
-    max_concurrent_reconciles: usize,
+    /// The queue (taking requests of engaged clusters only) and its runner.
+    work: WorkQueue,
     clusters: Mutex<HashMap<ClusterName, Engaged>>,
     /// Reconciles running now, per cluster, and a signal when one ends.
     running: Mutex<HashMap<ClusterName, usize>>,
     finished: tokio::sync::Notify,
-    /// Set by the builder, else by the manager the controller is added to,
-    /// else a private registry on first use.
-    metrics: std::sync::OnceLock<Metrics>,
 }
 
 impl Inner {
-    fn metrics(&self) -> &Metrics {
-        self.metrics.get_or_init(Metrics::default)
-    }
-
     /// The cluster `request` is for, if it is engaged and its work has not
     /// been stopped; counted as running one more reconcile until the
     /// returned guard drops. Looked up and counted under one lock, so once
@@ -433,140 +424,41 @@ impl Controller {
     /// Records metrics in `metrics` unless the controller already has a
     /// registry; the manager calls this with its own.
     pub fn use_metrics(&self, metrics: &Metrics) {
-        let _ = self.inner.metrics.set(metrics.clone());
+        self.inner.work.use_metrics(metrics);
     }
 
     /// Queues a reconcile of `request` by hand (ignored for clusters that are
     /// not engaged).
     pub fn enqueue(&self, request: Request) {
-        self.inner.queue.add(request);
+        self.inner.work.enqueue(request);
     }
 
     /// Queues a reconcile of `request` after `delay`.
     pub fn enqueue_after(&self, request: Request, delay: Duration) {
-        self.inner.queue.add_after(request, delay);
+        self.inner.work.enqueue_after(request, delay);
     }
 
     /// Runs reconciles until `shutdown` fires, then lets running reconciles
-    /// finish for at most `grace` before abandoning them.
+    /// finish for at most `grace` before abandoning them (their futures are
+    /// dropped).
     pub async fn run(&self, shutdown: CancellationToken, grace: Duration) {
-        let inner = &self.inner;
-        let slots = Arc::new(Semaphore::new(inner.max_concurrent_reconciles));
-        let mut running = JoinSet::new();
-        loop {
-            let slot = tokio::select! {
-                biased;
-                () = shutdown.cancelled() => break,
-                slot = slots.clone().acquire_owned() => match slot { Ok(slot) => slot, Err(_) => break },
-            };
-            let Some(request) = self.next_request(&shutdown).await else {
-                break;
-            };
-            if shutdown.is_cancelled() {
-                // Leave it queued: the queue is dropped with the controller.
-                inner.queue.done(&request, Outcome::Success(None));
-                break;
-            }
-            inner
-                .metrics()
-                .queue_depth(&inner.name, inner.queue.depth());
-            while running.try_join_next().is_some() {}
-            let Some((cluster, running_guard)) = inner.start_reconcile(&request) else {
-                // Disengaged between queueing and now: drop it.
-                inner.queue.done(&request, Outcome::Success(None));
-                continue;
-            };
-            let span = tracing::info_span!(
-                "reconcile",
-                controller = %inner.name,
-                cluster = %request.cluster,
-                namespace = request.namespace.as_deref().unwrap_or(""),
-                name = %request.name,
-            );
-            let inner = self.inner.clone();
-            running.spawn(
-                async move {
-                    let started = tokio::time::Instant::now();
-                    let result = AssertUnwindSafe((inner.reconciler)(request.clone(), cluster))
-                        .catch_unwind()
-                        .await;
-                    let elapsed = started.elapsed();
-                    let outcome = match result {
-                        Ok(Ok(action)) => {
-                            inner.metrics().reconciled(
-                                &inner.name,
-                                &request.cluster,
-                                "success",
-                                elapsed,
-                            );
-                            tracing::debug!(?elapsed, ?action, "reconciled");
-                            Outcome::Success(action.requeue_after())
-                        }
-                        Ok(Err(err)) => {
-                            inner.metrics().reconciled(
-                                &inner.name,
-                                &request.cluster,
-                                "error",
-                                elapsed,
-                            );
-                            tracing::warn!(error = %err, "reconcile failed");
-                            Outcome::Failure
-                        }
-                        Err(_) => {
-                            inner.metrics().reconciled(
-                                &inner.name,
-                                &request.cluster,
-                                "error",
-                                elapsed,
-                            );
-                            tracing::error!("reconciler panicked");
-                            Outcome::Failure
-                        }
-                    };
-                    inner.queue.done(&request, outcome);
-                    inner
-                        .metrics()
-                        .queue_depth(&inner.name, inner.queue.depth());
-                    drop(slot);
-                    drop(running_guard);
-                }
-                .instrument(span),
-            );
-        }
-        if tokio::time::timeout(grace, async {
-            while running.join_next().await.is_some() {}
-        })
-        .await
-        .is_err()
-        {
-            tracing::warn!(controller = %inner.name, left = running.len(), "reconciles still running after the shutdown grace period; abandoning them");
-            running.abort_all();
-        }
-    }
-
-    async fn next_request(&self, shutdown: &CancellationToken) -> Option<Request> {
-        loop {
-            let changed = self.inner.queue.changed();
-            let next_due = match self.inner.queue.next() {
-                Ok(request) => return Some(request),
-                Err(next_due) => next_due,
-            };
-            let wait_due = async {
-                match next_due {
-                    Some(due) => tokio::time::sleep_until(due).await,
-                    None => std::future::pending().await,
-                }
-            };
-            if shutdown.is_cancelled() {
-                return None;
-            }
-            tokio::select! {
-                biased;
-                () = shutdown.cancelled() => return None,
-                () = changed => {}
-                () = wait_due => {}
-            }
-        }
+        let inner = self.inner.clone();
+        self.inner
+            .work
+            .drive(shutdown, grace, move |request| {
+                // Disengaged between queueing and now: dropped.
+                let (cluster, running) = inner.start_reconcile(request)?;
+                let reconcile = (inner.reconciler)(request.clone(), cluster);
+                Some(
+                    async move {
+                        let result = reconcile.await;
+                        drop(running);
+                        result
+                    }
+                    .boxed(),
+                )
+            })
+            .await;
     }
 
     fn disengage(&self, name: &ClusterName, generation: u64) {
@@ -576,7 +468,7 @@ impl Controller {
             .is_some_and(|engaged| engaged.generation == generation)
         {
             clusters.remove(name);
-            self.inner.queue.disengage(name);
+            self.inner.work.queue().disengage(name);
             tracing::info!(controller = %self.inner.name, cluster = %name, "cluster disengaged");
         }
     }
@@ -629,7 +521,7 @@ impl Aware for Controller {
                     generation,
                 },
             );
-            self.inner.queue.engage(name.clone());
+            self.inner.work.queue().engage(name.clone());
         }
         for source in self
             .inner
@@ -640,7 +532,7 @@ impl Aware for Controller {
             source.start(
                 name.clone(),
                 &cluster,
-                self.inner.queue.clone(),
+                self.inner.work.queue().clone(),
                 stop.clone(),
             );
         }

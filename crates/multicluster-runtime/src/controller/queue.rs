@@ -74,15 +74,32 @@ pub(crate) struct Queue {
     state: Mutex<State>,
     changed: Notify,
     backoff: Backoff,
+    /// Whether only requests of engaged clusters are taken (a controller's
+    /// queue) or any (a [`super::WorkQueue`] of its own).
+    gated: bool,
 }
 
 impl Queue {
+    /// A queue that takes requests of engaged clusters only.
     pub(crate) fn new(backoff: Backoff) -> Self {
         Self {
             state: Mutex::new(State::default()),
             changed: Notify::new(),
             backoff,
+            gated: true,
         }
+    }
+
+    /// A queue that takes requests of any cluster.
+    pub(crate) fn open(backoff: Backoff) -> Self {
+        Self {
+            gated: false,
+            ..Self::new(backoff)
+        }
+    }
+
+    fn takes(&self, state: &State, cluster: &ClusterName) -> bool {
+        !self.gated || state.engaged.contains(cluster)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
@@ -116,6 +133,9 @@ impl Queue {
     /// Adds a request to run as soon as possible.
     pub(crate) fn add(&self, request: Request) {
         let mut state = self.lock();
+        if !self.takes(&state, &request.cluster) {
+            return;
+        }
         if Self::enqueue(&mut state, request) {
             drop(state);
             self.changed.notify_one();
@@ -123,9 +143,6 @@ impl Queue {
     }
 
     fn enqueue(state: &mut State, request: Request) -> bool {
-        if !state.engaged.contains(&request.cluster) {
-            return false;
-        }
         if state.running.contains(&request) {
             state.dirty.insert(request);
             return false;
@@ -145,7 +162,7 @@ impl Queue {
     /// Adds a request to run after `delay`.
     pub(crate) fn add_after(&self, request: Request, delay: Duration) {
         let mut state = self.lock();
-        if !state.engaged.contains(&request.cluster) {
+        if !self.takes(&state, &request.cluster) {
             return;
         }
         Self::delay(&mut state, request, delay);
@@ -214,7 +231,7 @@ impl Queue {
     pub(crate) fn done(&self, request: &Request, outcome: Outcome) {
         let mut state = self.lock();
         state.running.remove(request);
-        let engaged = state.engaged.contains(&request.cluster);
+        let engaged = self.takes(&state, &request.cluster);
         let delay = match outcome {
             Outcome::Success(after) => {
                 state.failures.remove(request);

@@ -1,0 +1,387 @@
+//! Keyed work with a controller's guarantees, for work that is not a
+//! reconcile of an object in an engaged cluster: a provider's client builds
+//! (one per kubeconfig context, say), which can take a credential plugin's
+//! time.
+//!
+//! A [`WorkQueue`] is the queue and the runner of every [`super::Controller`]:
+//! keys are [`Request`]s, at most `max_concurrent` run at once and never two
+//! of one key, duplicates collapse, a key added while it runs runs once more
+//! afterwards, failures back off per key, [`Action::requeue`] is honoured and
+//! keys are served in turn by their `cluster` field. A slow key holds only
+//! its own slot.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::future::BoxFuture;
+use tokio::sync::Semaphore;
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+
+use super::queue::{Outcome, Queue};
+use super::{Action, Backoff, ReconcileError, Request};
+use crate::metrics::Metrics;
+
+/// How long work that was cancelled at shutdown may take to let go (its
+/// futures are dropped, which stops what they started).
+const ABORT_WAIT: Duration = Duration::from_secs(1);
+
+/// A queue of keyed work and its runner. Cheap to clone; clones share the
+/// queue.
+#[derive(Clone)]
+pub struct WorkQueue {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    name: String,
+    queue: Arc<Queue>,
+    max_concurrent: usize,
+    /// Set by the builder, else by a manager, else a private registry on
+    /// first use.
+    metrics: OnceLock<Metrics>,
+}
+
+/// Builds a [`WorkQueue`].
+#[derive(Debug)]
+pub struct WorkQueueBuilder {
+    name: String,
+    max_concurrent: usize,
+    backoff: Backoff,
+    metrics: Option<Metrics>,
+}
+
+impl WorkQueueBuilder {
+    /// Work items running at once (default 1).
+    #[must_use]
+    pub fn max_concurrent(mut self, limit: usize) -> Self {
+        self.max_concurrent = limit.max(1);
+        self
+    }
+
+    /// Backoff after a failure, per key (default [`Backoff::default`]).
+    #[must_use]
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Records durations, results and queue depth in `metrics`, under the
+    /// queue's name as `controller`.
+    #[must_use]
+    pub fn metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// A queue that takes keys of any `cluster`.
+    pub fn build(self) -> WorkQueue {
+        let queue = Queue::open(self.backoff);
+        self.build_with(queue)
+    }
+
+    /// A queue that takes keys only of the clusters engaged on `queue`.
+    pub(crate) fn build_gated(self) -> WorkQueue {
+        let queue = Queue::new(self.backoff);
+        self.build_with(queue)
+    }
+
+    fn build_with(self, queue: Queue) -> WorkQueue {
+        WorkQueue {
+            inner: Arc::new(Inner {
+                name: self.name,
+                queue: Arc::new(queue),
+                max_concurrent: self.max_concurrent,
+                metrics: self.metrics.map(OnceLock::from).unwrap_or_default(),
+            }),
+        }
+    }
+}
+
+impl WorkQueue {
+    /// Starts building a queue named `name` (used in logs and metrics).
+    pub fn builder(name: impl Into<String>) -> WorkQueueBuilder {
+        WorkQueueBuilder {
+            name: name.into(),
+            max_concurrent: 1,
+            backoff: Backoff::default(),
+            metrics: None,
+        }
+    }
+
+    /// The queue's name.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Queues `key` to run as soon as possible.
+    pub fn enqueue(&self, key: Request) {
+        self.inner.queue.add(key);
+    }
+
+    /// Queues `key` to run after `delay`.
+    pub fn enqueue_after(&self, key: Request, delay: Duration) {
+        self.inner.queue.add_after(key, delay);
+    }
+
+    /// Keys waiting to run now (not delayed, not running).
+    pub fn depth(&self) -> usize {
+        self.inner.queue.depth()
+    }
+
+    pub(crate) fn queue(&self) -> &Arc<Queue> {
+        &self.inner.queue
+    }
+
+    /// Records metrics in `metrics` unless the queue already has a registry.
+    pub(crate) fn use_metrics(&self, metrics: &Metrics) {
+        let _ = self.inner.metrics.set(metrics.clone());
+    }
+
+    fn metrics(&self) -> &Metrics {
+        self.inner.metrics.get_or_init(Metrics::default)
+    }
+
+    /// Runs `work` for each key until `shutdown` fires, then lets running
+    /// work finish for at most `grace` before dropping it (which stops what
+    /// it started: a credential plugin, a CLI). An error backs the key off;
+    /// a panic counts as an error.
+    pub async fn run<F, Fut, E>(&self, shutdown: CancellationToken, grace: Duration, work: F)
+    where
+        F: Fn(Request) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: Into<ReconcileError>,
+    {
+        self.drive(shutdown, grace, |key| {
+            Some(
+                work(key.clone())
+                    .map(|result| result.map_err(Into::into))
+                    .boxed(),
+            )
+        })
+        .await;
+    }
+
+    /// The runner behind [`WorkQueue::run`] and the controller: `start`
+    /// turns a key into its work, or `None` to drop the key (its cluster
+    /// left the fleet).
+    pub(crate) async fn drive(
+        &self,
+        shutdown: CancellationToken,
+        grace: Duration,
+        mut start: impl FnMut(&Request) -> Option<BoxFuture<'static, Result<Action, ReconcileError>>>,
+    ) {
+        let queue = self.inner.queue.clone();
+        let slots = Arc::new(Semaphore::new(self.inner.max_concurrent));
+        let mut running = JoinSet::new();
+        loop {
+            let slot = tokio::select! {
+                biased;
+                () = shutdown.cancelled() => break,
+                slot = slots.clone().acquire_owned() => match slot { Ok(slot) => slot, Err(_) => break },
+            };
+            let Some(key) = next_key(&queue, &shutdown).await else {
+                break;
+            };
+            self.metrics().queue_depth(self.name(), queue.depth());
+            while running.try_join_next().is_some() {}
+            let Some(work) = start(&key) else {
+                queue.done(&key, Outcome::Success(None));
+                continue;
+            };
+            let span = tracing::info_span!(
+                "reconcile",
+                controller = %self.inner.name,
+                cluster = %key.cluster,
+                namespace = key.namespace.as_deref().unwrap_or(""),
+                name = %key.name,
+            );
+            let this = self.clone();
+            running.spawn(
+                async move {
+                    let started = tokio::time::Instant::now();
+                    let result = AssertUnwindSafe(work).catch_unwind().await;
+                    let elapsed = started.elapsed();
+                    let (label, outcome) = match result {
+                        Ok(Ok(action)) => {
+                            tracing::debug!(?elapsed, ?action, "reconciled");
+                            ("success", Outcome::Success(action.requeue_after()))
+                        }
+                        Ok(Err(err)) => {
+                            tracing::warn!(error = %err, "reconcile failed");
+                            ("error", Outcome::Failure)
+                        }
+                        Err(_) => {
+                            tracing::error!("reconciler panicked");
+                            ("error", Outcome::Failure)
+                        }
+                    };
+                    let metrics = this.metrics();
+                    metrics.reconciled(this.name(), &key.cluster, label, elapsed);
+                    this.inner.queue.done(&key, outcome);
+                    metrics.queue_depth(this.name(), this.inner.queue.depth());
+                    drop(slot);
+                }
+                .instrument(span),
+            );
+        }
+        if tokio::time::timeout(grace, async {
+            while running.join_next().await.is_some() {}
+        })
+        .await
+        .is_err()
+        {
+            tracing::warn!(controller = %self.inner.name, left = running.len(), "work still running after the shutdown grace period; stopping it");
+            running.abort_all();
+            let _ = tokio::time::timeout(ABORT_WAIT, async {
+                while running.join_next().await.is_some() {}
+            })
+            .await;
+        }
+    }
+}
+
+/// The next key to run, or `None` once `shutdown` fires.
+async fn next_key(queue: &Queue, shutdown: &CancellationToken) -> Option<Request> {
+    loop {
+        let changed = queue.changed();
+        let next_due = match queue.next() {
+            Ok(key) => {
+                if shutdown.is_cancelled() {
+                    // Left for the queue to drop with the controller.
+                    queue.done(&key, Outcome::Success(None));
+                    return None;
+                }
+                return Some(key);
+            }
+            Err(next_due) => next_due,
+        };
+        let wait_due = async {
+            match next_due {
+                Some(due) => tokio::time::sleep_until(due).await,
+                None => std::future::pending().await,
+            }
+        };
+        tokio::select! {
+            biased;
+            () = shutdown.cancelled() => return None,
+            () = changed => {}
+            () = wait_due => {}
+        }
+    }
+}
+
+impl std::fmt::Debug for WorkQueue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkQueue")
+            .field("name", &self.inner.name)
+            .field("max_concurrent", &self.inner.max_concurrent)
+            .field("depth", &self.depth())
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Mutex;
+
+    use super::*;
+
+    fn key(name: &str) -> Request {
+        Request::new(name, None, "")
+    }
+
+    /// Runs `queue` with `work` in the background until the returned token
+    /// is cancelled.
+    fn spawn_run<F, Fut>(
+        queue: &WorkQueue,
+        work: F,
+    ) -> (CancellationToken, tokio::task::JoinHandle<()>)
+    where
+        F: Fn(Request) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, ReconcileError>> + Send + 'static,
+    {
+        let shutdown = CancellationToken::new();
+        let queue = queue.clone();
+        let stop = shutdown.clone();
+        let task = tokio::spawn(async move { queue.run(stop, Duration::ZERO, work).await });
+        (shutdown, task)
+    }
+
+    async fn until(what: &str, check: impl Fn() -> bool) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+        while !check() {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "timed out waiting for {what}"
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    #[tokio::test]
+    async fn a_key_that_hangs_holds_only_its_own_slot() {
+        let queue = WorkQueue::builder("test").max_concurrent(2).build();
+        let done = Arc::new(Mutex::new(Vec::new()));
+        let seen = done.clone();
+        let (shutdown, task) = spawn_run(&queue, move |key| {
+            let seen = seen.clone();
+            async move {
+                if key.cluster.as_str() == "hung" {
+                    std::future::pending::<()>().await;
+                }
+                seen.lock().expect("lock").push(key.cluster.to_string());
+                Ok(Action::await_change())
+            }
+        });
+        queue.enqueue(key("hung"));
+        for name in ["a", "b", "c"] {
+            queue.enqueue(key(name));
+        }
+        until("the others to run", || {
+            done.lock().expect("lock").len() == 3
+        })
+        .await;
+        shutdown.cancel();
+        tokio::time::timeout(Duration::from_secs(5), task)
+            .await
+            .expect("the hung key does not hold up the shutdown")
+            .expect("task");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failures_back_off_and_requeues_are_honoured() {
+        let queue = WorkQueue::builder("test")
+            .backoff(Backoff {
+                base: Duration::from_secs(1),
+                max: Duration::from_secs(60),
+            })
+            .build();
+        let times = Arc::new(Mutex::new(Vec::new()));
+        let seen = times.clone();
+        let started = tokio::time::Instant::now();
+        let (shutdown, task) = spawn_run(&queue, move |key| {
+            let seen = seen.clone();
+            async move {
+                let mut seen = seen.lock().expect("lock");
+                seen.push(started.elapsed().as_secs());
+                match (key.cluster.as_str(), seen.len()) {
+                    ("k", 1 | 2) => Err("not yet".into()),
+                    ("k", 3) => Ok(Action::requeue(Duration::from_secs(10))),
+                    _ => Ok(Action::await_change()),
+                }
+            }
+        });
+        queue.enqueue(key("k"));
+        until("four runs", || times.lock().expect("lock").len() == 4).await;
+        // Failed at 0 s, retried after 1 s, failed, retried after 2 s,
+        // requeued 10 s later.
+        assert_eq!(*times.lock().expect("lock"), [0, 1, 3, 13]);
+        shutdown.cancel();
+        task.await.expect("task");
+    }
+}
