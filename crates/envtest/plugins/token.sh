@@ -11,12 +11,12 @@
 #          for slow identity services with it);
 #   hold   while it exists (up to 2 minutes), the plugin does not answer:
 #          tests release it by removing the file;
-#   calls  one line appended per call: its arguments, two variables and the
-#          KUBERNETES_EXEC_INFO it was given, tab-separated.
+#   calls  one line appended per call: its process ID, its arguments, two
+#          variables and the KUBERNETES_EXEC_INFO it was given, tab-separated.
 set -eu
 dir=${STATE_DIR:?STATE_DIR is not set}
-printf 'args=%s\tKEEP=%s\tREGION=%s\tinfo=%s\n' \
-  "$*" "${KEEP-}" "${REGION-}" "${KUBERNETES_EXEC_INFO-}" >> "$dir/calls"
+printf 'pid=%s\targs=%s\tKEEP=%s\tREGION=%s\tinfo=%s\n' \
+  "$$" "$*" "${KEEP-}" "${REGION-}" "${KUBERNETES_EXEC_INFO-}" >> "$dir/calls"
 if [ -e "$dir/hold" ]; then
   deadline=$(( $(date +%s) + 120 ))
   while [ -e "$dir/hold" ]; do

@@ -9,8 +9,8 @@
 /// call, so clients call the plugin again. If `$STATE_DIR/delay` holds a
 /// number of seconds, it takes that long to answer; while `$STATE_DIR/hold`
 /// exists (up to 2 minutes) it does not answer at all. Every call appends a line to
-/// `$STATE_DIR/calls`: `args=`, `KEEP=`, `REGION=` and `info=` (the
-/// `KUBERNETES_EXEC_INFO` it got), tab-separated.
+/// `$STATE_DIR/calls`: `pid=` (its process ID), `args=`, `KEEP=`, `REGION=`
+/// and `info=` (the `KUBERNETES_EXEC_INFO` it got), tab-separated.
 pub const TOKEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/plugins/token.sh");
 
 /// Always fails: exit 1, its arguments and `$API_KEY` on stdout, "identity
@@ -47,4 +47,25 @@ pub fn hold(state: &std::path::Path) -> std::io::Result<()> {
 /// Lets held calls of [`TOKEN`] with state directory `state` answer.
 pub fn release(state: &std::path::Path) -> std::io::Result<()> {
     std::fs::remove_file(state.join("hold"))
+}
+
+/// The process IDs of the calls of [`TOKEN`] recorded in `state`, in order.
+pub fn pids(state: &std::path::Path) -> Vec<u32> {
+    calls(state)
+        .iter()
+        .filter_map(|call| call.strip_prefix("pid=")?.split('\t').next()?.parse().ok())
+        .collect()
+}
+
+/// Whether the process `pid` is running (it exists and is not a zombie
+/// waiting to be reaped). Linux only: reads `/proc`.
+pub fn is_running(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|stat| {
+            // The state follows the command name, which is in parentheses.
+            let state = stat.rsplit(')').next()?.split_whitespace().next()?;
+            Some(state != "Z")
+        })
+        .unwrap_or(false)
 }

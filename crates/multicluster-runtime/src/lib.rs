@@ -23,6 +23,7 @@ mod cluster;
 pub mod clusters;
 pub mod controller;
 pub mod credentials;
+pub mod discovery;
 mod error;
 pub mod failures;
 pub mod inflight;

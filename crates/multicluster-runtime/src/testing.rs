@@ -121,14 +121,27 @@ pub fn recording_manager<P: crate::RunnableProvider + 'static>(
 
 /// Polls `check` every 50 ms until it holds; panics naming `what` after
 /// [`DEFAULT_DEADLINE`].
-pub async fn eventually<F, Fut>(what: &str, mut check: F)
+pub async fn eventually<F, Fut>(what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    let deadline = Instant::now() + DEFAULT_DEADLINE;
+    eventually_within(DEFAULT_DEADLINE, what, check).await;
+}
+
+/// Like [`eventually`] with a deadline of `within`, for behaviour that
+/// promises a bound (a cluster engaged within seconds of an outage's end).
+pub async fn eventually_within<F, Fut>(within: Duration, what: &str, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + within;
     while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        assert!(
+            Instant::now() < deadline,
+            "timed out after {within:?} waiting for {what}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

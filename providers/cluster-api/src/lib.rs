@@ -20,20 +20,28 @@
 //! - `namespace` limits the watches to one namespace, and `watch_filter` to
 //!   Clusters labelled `cluster.x-k8s.io/watch-filter=<value>` (Cluster API's
 //!   multi-instance contract), so instances never touch each other's clusters.
+//!
+//! Discovery is a controller over the Clusters and their Secrets
+//! ([`multicluster_runtime::discovery`]): each Cluster is reconciled on its
+//! own, up to [`ClusterApiOptions::max_concurrent_builds`] at once, and one
+//! whose credential plugin fails or hangs is retried with backoff while the
+//! others go on.
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
-use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions};
-use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
-use multicluster_runtime::controller::Backoff;
+use multicluster_runtime::cache::{Cache, CacheOptions};
+use multicluster_runtime::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
+use multicluster_runtime::controller::{Action, Backoff, Controller, Request, Watch};
+use multicluster_runtime::discovery::{
+    self, DEFAULT_MAX_CONCURRENT_BUILDS, MANAGEMENT, PROVIDER_BACKOFF,
+};
 use multicluster_runtime::failures::Failures;
+use multicluster_runtime::kubeconfig::ClientOptions;
 use multicluster_runtime::metrics::Metrics;
-use multicluster_runtime::retry::{PROVIDER_BACKOFF, Retries};
-use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider, watch_filter};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider, watch_filter};
 use tokio_util::sync::CancellationToken;
 
 /// The label key of the watch-filter convention.
@@ -99,8 +107,14 @@ pub struct ClusterApiOptions {
     /// How long to wait before building a failed cluster's client again
     /// (default [`PROVIDER_BACKOFF`]: 1 s, doubling up to 5 min).
     pub retry: Backoff,
-    /// Where engagement failures are counted.
+    /// Where engagement failures and the provider's reconciles (controller
+    /// `cluster-api-provider`) are counted.
     pub metrics: Option<Metrics>,
+    /// How many Clusters' clients are built at once (default
+    /// [`DEFAULT_MAX_CONCURRENT_BUILDS`]).
+    pub max_concurrent_builds: usize,
+    /// How the clients reach their clusters (credential plugin timeout).
+    pub client: ClientOptions,
 }
 
 impl Default for ClusterApiOptions {
@@ -112,6 +126,8 @@ impl Default for ClusterApiOptions {
             readiness: None,
             retry: PROVIDER_BACKOFF,
             metrics: None,
+            max_concurrent_builds: DEFAULT_MAX_CONCURRENT_BUILDS,
+            client: ClientOptions::default(),
         }
     }
 }
@@ -125,6 +141,8 @@ impl std::fmt::Debug for ClusterApiOptions {
             .field("custom_readiness", &self.readiness.is_some())
             .field("retry", &self.retry)
             .field("metrics", &self.metrics.is_some())
+            .field("max_concurrent_builds", &self.max_concurrent_builds)
+            .field("client", &self.client)
             .finish()
     }
 }
@@ -132,10 +150,16 @@ impl std::fmt::Debug for ClusterApiOptions {
 /// Cluster API workload clusters.
 #[derive(Debug)]
 pub struct ClusterApiProvider {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
     options: ClusterApiOptions,
     resource: ApiResource,
-    management: Cache,
-    secrets: Cache,
+    /// The management cluster, whose cache holds the Clusters and their
+    /// Secrets.
+    management: Cluster,
     clusters: Clusters,
     failures: Failures,
 }
@@ -143,43 +167,57 @@ pub struct ClusterApiProvider {
 impl ClusterApiProvider {
     /// Watches Clusters and their kubeconfig Secrets through `management`.
     pub fn new(management: kube::Client, options: ClusterApiOptions) -> Self {
-        let clusters_watch = watch_filter::watcher_config(options.watch_filter.as_deref());
-        let cache = |name: &str, watch: watcher::Config| {
-            Cache::with_options(
-                name,
-                management.clone(),
-                CacheOptions {
-                    namespace: options.namespace.clone(),
-                    watcher: watch,
-                    ..CacheOptions::default()
-                },
+        let resource = options.version.resource();
+        let cache = Cache::with_options(
+            "cluster-api",
+            management.clone(),
+            CacheOptions {
+                namespace: options.namespace.clone(),
+                ..CacheOptions::default()
+            }
+            .watcher_for_resource(
+                &resource,
+                watch_filter::watcher_config(options.watch_filter.as_deref()),
             )
-        };
-        Self {
-            resource: options.version.resource(),
-            management: cache("cluster-api-clusters", clusters_watch),
             // Only Secrets that belong to a cluster are cached.
-            secrets: cache(
-                "cluster-api-secrets",
-                watcher::Config::default().labels(CLUSTER_NAME_LABEL),
-            ),
-            failures: Failures::new("cluster-api", options.metrics.clone()),
-            options,
-            clusters: Clusters::new(),
+            .watcher_for::<Secret>(watcher::Config::default().labels(CLUSTER_NAME_LABEL)),
+        );
+        Self {
+            shared: Arc::new(Shared {
+                resource,
+                management: Cluster::with_cache(MANAGEMENT, management, cache),
+                failures: Failures::new("cluster-api", options.metrics.clone()),
+                options,
+                clusters: Clusters::new(),
+            }),
         }
     }
 
     /// Names of the engaged clusters, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
-        self.clusters.names()
+        self.shared.clusters.names()
     }
 
     /// Ready Clusters that cannot be engaged now, each with the reason
     /// (naming the Secret and key, never quoting it).
     pub fn failures(&self) -> std::collections::BTreeMap<ClusterName, String> {
-        self.failures.current()
+        self.shared.failures.current()
     }
+}
 
+/// What a Cluster calls for.
+enum Wanted {
+    /// Gone or being deleted: remove it.
+    Gone,
+    /// Paused or not ready: leave the fleet as it is.
+    Leave(&'static str),
+    /// Ready, but its kubeconfig is missing: recorded, waiting for it.
+    Missing(String, &'static str),
+    /// Ready with a kubeconfig: engage it.
+    Engage(KubeconfigCluster),
+}
+
+impl Shared {
     fn ready(&self, cluster: &DynamicObject) -> bool {
         match &self.options.readiness {
             Some(readiness) => readiness(cluster),
@@ -187,21 +225,12 @@ impl ClusterApiProvider {
         }
     }
 
-    /// Brings the fleet in line with the Cluster `namespace/name`; false
-    /// when building its client failed and another attempt should follow.
-    async fn reconcile(&self, namespace: &str, name: &str) -> bool {
-        let fleet_name = ClusterName::from(format!("{namespace}/{name}"));
-        let object = self
-            .management
-            .dynamic(&self.resource)
-            .get(Some(namespace), name);
+    fn wanted(&self, namespace: &str, name: &str) -> Wanted {
+        let cache = self.management.cache();
+        let object = cache.dynamic(&self.resource).get(Some(namespace), name);
         let Some(object) = object.filter(|object| object.metadata.deletion_timestamp.is_none())
         else {
-            self.failures.clear(&fleet_name);
-            if self.clusters.remove(&fleet_name) {
-                tracing::info!(cluster = %fleet_name, "Cluster deleted; removed from the fleet");
-            }
-            return true;
+            return Wanted::Gone;
         };
         let paused = object
             .metadata
@@ -210,26 +239,21 @@ impl ClusterApiProvider {
             .is_some_and(|annotations| annotations.contains_key(PAUSED_ANNOTATION))
             || object.data["spec"]["paused"] == true;
         if paused {
-            tracing::debug!(cluster = %fleet_name, "Cluster is paused; leaving it as it is");
-            return true;
+            return Wanted::Leave("Cluster is paused; leaving it as it is");
         }
         if !self.ready(&object) {
-            tracing::debug!(cluster = %fleet_name, "Cluster is not ready yet");
-            return true;
+            return Wanted::Leave("Cluster is not ready yet");
         }
         let secret_name = format!("{name}-kubeconfig");
         let source = format!("Secret {namespace}/{secret_name} key {KUBECONFIG_KEY:?}");
-        let Some(secret) = self
-            .secrets
+        let Some(secret) = cache
             .informer::<Secret>()
             .get(Some(namespace), &secret_name)
         else {
-            self.failures.record(
-                &fleet_name,
+            return Wanted::Missing(
                 format!("{source} does not exist (yet); engaging when it appears"),
                 "missing-secret",
             );
-            return true;
         };
         let Some(text) = secret
             .data
@@ -238,84 +262,100 @@ impl ClusterApiProvider {
             .and_then(|bytes| String::from_utf8(bytes.0.clone()).ok())
             .filter(|text| !text.trim().is_empty())
         else {
-            self.failures.record(
-                &fleet_name,
+            return Wanted::Missing(
                 format!("{source} is missing, empty or not text"),
                 "missing-key",
             );
-            return true;
         };
-        match self
-            .clusters
-            .add_or_replace_from_kubeconfig(fleet_name.clone(), &text, &source, &Default::default())
-            .await
-        {
-            Ok(changed) => {
-                if changed {
-                    tracing::info!(cluster = %fleet_name, "workload cluster engaged");
-                }
-                self.failures.clear(&fleet_name);
-                true
+        Wanted::Engage(KubeconfigCluster {
+            name: ClusterName::from(format!("{namespace}/{name}")),
+            text,
+            source,
+            stable_id: None,
+        })
+    }
+
+    /// Brings the fleet in line with the Cluster of `request`.
+    async fn reconcile(&self, request: Request) -> Result<Action, Error> {
+        let namespace = request.namespace.as_deref().unwrap_or_default();
+        let fleet_name = ClusterName::from(format!("{namespace}/{}", request.name));
+        match self.wanted(namespace, &request.name) {
+            Wanted::Gone => {
+                discovery::remove(
+                    &self.clusters,
+                    &self.failures,
+                    &fleet_name,
+                    "its Cluster is deleted",
+                );
             }
-            Err(err) => !self.failures.record_build_error(&fleet_name, &err),
+            Wanted::Leave(why) => tracing::debug!(cluster = %fleet_name, "{why}"),
+            Wanted::Missing(reason, kind) => self.failures.record(&fleet_name, reason, kind),
+            Wanted::Engage(wanted) => {
+                return discovery::engage_kubeconfig(
+                    &self.clusters,
+                    &self.failures,
+                    wanted,
+                    &self.options.client,
+                    |built| {
+                        matches!(self.wanted(namespace, &request.name), Wanted::Engage(now) if now.fingerprint() == built.fingerprint())
+                    },
+                )
+                .await;
+            }
         }
+        Ok(Action::await_change())
     }
 }
 
 impl ClusterSetProvider for ClusterApiProvider {
     fn cluster_set(&self) -> &Clusters {
-        &self.clusters
+        &self.shared.clusters
     }
 }
 
 #[async_trait::async_trait]
 impl RunnableProvider for ClusterApiProvider {
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
-        self.clusters.start(shutdown.clone(), aware)?;
-        let secrets = self.secrets.informer::<Secret>();
-        let mut secret_events = secrets.subscribe();
-        // Secrets first, so a ready Cluster finds its kubeconfig on the first pass.
+        let shared = &self.shared;
+        shared.clusters.start(shutdown.clone(), aware)?;
+        // Secrets first, so a ready Cluster finds its kubeconfig on the first
+        // look instead of being reported without one.
+        let secrets = shared.management.cache().informer::<Secret>();
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             () = secrets.wait_ready() => {}
         }
-        let mut cluster_events = self.management.dynamic(&self.resource).subscribe();
-        let mut retries = Retries::new(self.options.retry);
-        loop {
-            let key = tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
-                event = cluster_events.next() => match event {
-                    Some(event) => key_of_cluster(&event),
-                    None => return Err(Error::Other("the Cluster watch stopped".into())),
-                },
-                event = secret_events.next() => match event {
-                    Some(event) => key_of_secret(&event),
-                    None => return Err(Error::Other("the kubeconfig Secret watch stopped".into())),
-                },
-                key = retries.next() => Some(key),
-            };
-            let Some(key) = key else { continue };
-            if self.reconcile(&key.0, &key.1).await {
-                retries.forget(&key);
-            } else {
-                retries.failed(key);
-            }
+        let reconciler = shared.clone();
+        let mut builder = Controller::builder("cluster-api-provider")
+            .watches_dynamic(shared.resource.clone(), Watch::new(), |cluster| {
+                vec![(
+                    cluster.metadata.namespace.clone(),
+                    cluster.metadata.name.clone().unwrap_or_default(),
+                )]
+            })
+            .watches(Watch::<Secret>::new(), |secret| {
+                cluster_of_secret(secret).into_iter().collect()
+            })
+            .max_concurrent_reconciles(shared.options.max_concurrent_builds)
+            .backoff(shared.options.retry);
+        if let Some(metrics) = &shared.options.metrics {
+            builder = builder.metrics(metrics.clone());
         }
+        let controller = builder.build(move |request, _management| {
+            let shared = reconciler.clone();
+            async move { shared.reconcile(request).await }
+        })?;
+        discovery::run(&controller, shared.management.clone(), shutdown).await
     }
-}
-
-fn key_of_cluster(event: &CacheEvent<DynamicObject>) -> Option<(String, String)> {
-    let meta = &event.object().metadata;
-    Some((meta.namespace.clone()?, meta.name.clone()?))
 }
 
 /// The Cluster a Secret belongs to: its `cluster.x-k8s.io/cluster-name`
 /// label, for Secrets named `<cluster>-kubeconfig`.
-fn key_of_secret(event: &CacheEvent<Secret>) -> Option<(String, String)> {
-    let meta = &event.object().metadata;
+fn cluster_of_secret(secret: &Secret) -> Option<(Option<String>, String)> {
+    let meta = &secret.metadata;
     let cluster = meta.labels.as_ref()?.get(CLUSTER_NAME_LABEL)?;
     if meta.name.as_deref()? != format!("{cluster}-kubeconfig") {
         return None;
     }
-    Some((meta.namespace.clone()?, cluster.clone()))
+    Some((meta.namespace.clone(), cluster.clone()))
 }

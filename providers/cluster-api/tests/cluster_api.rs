@@ -547,3 +547,63 @@ async fn a_custom_readiness_replaces_the_default() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// A Cluster whose kubeconfig's credential plugin never answers holds up
+/// only itself: Clusters made ready after it are engaged, a deleted one is
+/// removed, and stopping the provider stops the plugin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_whose_plugin_hangs_holds_up_only_itself() {
+    let (management, member) = tokio::join!(Management::start(&["fleet"]), workload("hello"));
+    let state = tempfile::tempdir().expect("state");
+    plugins::set_token(state.path(), "never-handed-out").expect("token");
+    plugins::hold(state.path()).expect("hold");
+    for name in ["stuck", "before"] {
+        management.create_cluster("fleet", name, &[], &[]).await;
+        management.set_ready("fleet", name).await;
+    }
+    management
+        .put_kubeconfig_of(
+            "fleet",
+            "stuck",
+            &member.exec_kubeconfig("stuck", plugins::TOKEN, state.path()),
+        )
+        .await;
+    management.put_kubeconfig("fleet", "before", &member).await;
+
+    let provider = Arc::new(ClusterApiProvider::new(
+        management.client.clone(),
+        ClusterApiOptions::default(),
+    ));
+    let (manager, recorder) = manager_for(&management, provider.clone());
+    let (shutdown, task) = run_manager(&manager);
+    recorder
+        .wait_for_more(&req("fleet/before", "hello"), 0)
+        .await;
+    eventually("the plugin to be running", || async {
+        plugins::pids(state.path())
+            .first()
+            .is_some_and(|pid| plugins::is_running(*pid))
+    })
+    .await;
+    let plugin = plugins::pids(state.path())[0];
+
+    management.create_cluster("fleet", "after", &[], &[]).await;
+    management.put_kubeconfig("fleet", "after", &member).await;
+    management.set_ready("fleet", "after").await;
+    recorder
+        .wait_for_more(&req("fleet/after", "hello"), 0)
+        .await;
+    management
+        .clusters("fleet", "v1beta2")
+        .delete("before", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_until_left(&manager, "fleet/before").await;
+    assert_eq!(provider.names(), [ClusterName::from("fleet/after")]);
+    assert!(plugins::is_running(plugin), "still waiting for its login");
+    assert_eq!(plugins::pids(state.path()), [plugin], "run once");
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+    assert!(!plugins::is_running(plugin), "the plugin was stopped");
+}

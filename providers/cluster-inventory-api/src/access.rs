@@ -270,27 +270,11 @@ impl std::fmt::Debug for ProfileAccess {
 }
 
 impl ProfileAccess {
-    /// The kubeconfig as JSON text (which is also YAML) with object keys
-    /// sorted, so equal settings always give equal text. kube-rs keeps exec
-    /// `env` entries in hash maps, whose order changes from one map to the
-    /// next; serde_json sorts them only while no crate in the build enables
-    /// its `preserve_order` feature, so the keys are sorted here.
+    /// The kubeconfig as canonical text (JSON, keys sorted), so equal
+    /// settings always give equal text: see
+    /// [`multicluster_runtime::kubeconfig::canonical_text`].
     pub fn text(&self) -> String {
-        let value = serde_json::to_value(&self.kubeconfig).unwrap_or_default();
-        sorted(value).to_string()
-    }
-}
-
-fn sorted(value: serde_json::Value) -> serde_json::Value {
-    match value {
-        serde_json::Value::Object(map) => {
-            let entries: BTreeMap<String, serde_json::Value> = map.into_iter().collect();
-            serde_json::Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
-        }
-        serde_json::Value::Array(items) => {
-            serde_json::Value::Array(items.into_iter().map(sorted).collect())
-        }
-        other => other,
+        multicluster_runtime::kubeconfig::canonical_text(&self.kubeconfig)
     }
 }
 

@@ -21,10 +21,12 @@
 //!
 //! The access-provider strategy (KEP-5339) reads the consumer's
 //! [`access::ProviderFile`] and runs an exec credential plugin per profile;
-//! see [`access`]. Profiles are looked at in event order, but their clients
-//! (and so their plugins) are built up to
-//! [`ClusterProfileOptions::max_concurrent_builds`] at once, so a slow plugin
-//! holds up only its own profile.
+//! see [`access`].
+//!
+//! Discovery is a controller over the profiles (and their Secrets)
+//! ([`multicluster_runtime::discovery`]): each profile is reconciled on its
+//! own, up to [`ClusterProfileOptions::max_concurrent_builds`] at once, so a
+//! slow or hung plugin holds up only its own profile.
 //!
 //! A profile that cannot be engaged is logged, counted in
 //! `mcr_cluster_engagement_failures{provider="cluster-inventory-api"}` and
@@ -42,15 +44,14 @@ pub use options::{ClusterProfileOptions, Credentials, Readiness, control_plane_h
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
+use multicluster_runtime::controller::{Action, Controller, Request, Watch};
+use multicluster_runtime::discovery::{self, MANAGEMENT};
 use multicluster_runtime::failures::Failures;
-use multicluster_runtime::inflight::InFlight;
-use multicluster_runtime::retry::Retries;
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider, watch_filter};
 use tokio_util::sync::CancellationToken;
 
@@ -68,98 +69,87 @@ pub use multicluster_runtime::watch_filter::LABEL as WATCH_FILTER_LABEL;
 /// ClusterProfiles as clusters.
 #[derive(Debug)]
 pub struct ClusterProfileProvider {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
     options: ClusterProfileOptions,
     resource: ApiResource,
-    profiles: Cache,
-    credentials: CredentialSource,
+    /// The hub, whose cache holds the profiles (and, for the Secret
+    /// strategy, this consumer's credentials Secrets).
+    hub: Cluster,
+    /// The consumer's provider file, for the access-provider strategy.
+    providers: Option<access::ProviderFile>,
     clusters: Clusters,
     failures: Failures,
 }
 
-/// Where the provider reads credentials, with what that needs.
-#[derive(Debug)]
-enum CredentialSource {
-    /// The consumer's Secrets, watched.
-    Secrets(Cache),
-    /// The consumer's provider file.
-    AccessProviders(access::ProviderFile),
-}
-
-/// A profile's key in the hub: namespace and name.
-type ProfileKey = (String, String);
-
 /// What a look at a profile calls for.
-enum Decision {
-    /// Nothing more (engaged and unchanged, removed, waiting, failed).
-    Done(Outcome),
-    /// A cluster to (re)build.
-    Build(KubeconfigCluster),
-}
-
-/// Client builds in flight: each profile's wanted cluster and the result.
-type Builds = InFlight<ProfileKey, (KubeconfigCluster, Result<Cluster, Error>)>;
-
-/// What became of one look at a profile.
-enum Outcome {
-    /// Engaged (or unchanged), or removed: nothing to come back for.
-    Settled,
-    /// Waits for the profile or its Secret to change.
-    Waiting,
-    /// Its credentials could not be obtained; worth another attempt later.
-    Failed,
+enum Wanted {
+    /// Gone or being deleted: remove it.
+    Gone,
+    /// Not ready: leave the fleet as it is.
+    NotReady,
+    /// Ready, but without usable credentials: recorded, waiting for a change.
+    NoCredentials(String),
+    /// Ready with credentials: engage it.
+    Engage(KubeconfigCluster),
 }
 
 impl ClusterProfileProvider {
     /// Watches profiles (and, for the Secret strategy, credential Secrets)
     /// through `hub`, the cluster holding the inventory.
     pub fn new(hub: kube::Client, options: ClusterProfileOptions) -> Self {
-        let cache = |name: &str, watch: watcher::Config| {
-            Cache::with_options(
-                name,
-                hub.clone(),
-                CacheOptions {
-                    namespace: options.namespace.clone(),
-                    watcher: watch,
-                    ..CacheOptions::default()
-                },
-            )
-        };
-        let profiles_watch = watch_filter::watcher_config(options.watch_filter.as_deref());
-        let credentials = match &options.credentials {
-            Credentials::Secret { consumer } => CredentialSource::Secrets(cache(
-                "cluster-profile-secrets",
-                watcher::Config::default().labels(&format!("{CONSUMER_LABEL}={consumer}")),
-            )),
-            Credentials::AccessProviders(providers) => {
-                CredentialSource::AccessProviders(providers.clone())
+        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
+            "multicluster.x-k8s.io",
+            "v1alpha1",
+            "ClusterProfile",
+        ));
+        let mut cache_options = CacheOptions {
+            namespace: options.namespace.clone(),
+            ..CacheOptions::default()
+        }
+        .watcher_for_resource(
+            &resource,
+            watch_filter::watcher_config(options.watch_filter.as_deref()),
+        );
+        let providers = match &options.credentials {
+            Credentials::Secret { consumer } => {
+                cache_options = cache_options.watcher_for::<Secret>(
+                    watcher::Config::default().labels(&format!("{CONSUMER_LABEL}={consumer}")),
+                );
+                None
             }
+            Credentials::AccessProviders(providers) => Some(providers.clone()),
         };
+        let cache = Cache::with_options("cluster-profiles", hub.clone(), cache_options);
         Self {
-            resource: ApiResource::from_gvk(&GroupVersionKind::gvk(
-                "multicluster.x-k8s.io",
-                "v1alpha1",
-                "ClusterProfile",
-            )),
-            profiles: cache("cluster-profiles", profiles_watch),
-            credentials,
-            failures: Failures::new("cluster-inventory-api", options.metrics.clone()),
-            options,
-            clusters: Clusters::new(),
+            shared: Arc::new(Shared {
+                resource,
+                hub: Cluster::with_cache(MANAGEMENT, hub, cache),
+                providers,
+                failures: Failures::new("cluster-inventory-api", options.metrics.clone()),
+                options,
+                clusters: Clusters::new(),
+            }),
         }
     }
 
     /// Names of the engaged clusters, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
-        self.clusters.names()
+        self.shared.clusters.names()
     }
 
     /// Profiles that are ready but could not be engaged with their current
     /// settings, each with the reason; an entry goes once the profile is
     /// engaged or gone.
     pub fn failures(&self) -> BTreeMap<ClusterName, String> {
-        self.failures.current()
+        self.shared.failures.current()
     }
+}
 
+impl Shared {
     fn ready(&self, profile: &DynamicObject) -> bool {
         match &self.options.readiness {
             Some(readiness) => readiness(profile),
@@ -170,113 +160,83 @@ impl ClusterProfileProvider {
     /// The kubeconfig text for a profile and a description of where it came
     /// from, for errors.
     fn credentials(&self, profile: &DynamicObject) -> Result<(String, String), String> {
-        match &self.credentials {
-            CredentialSource::Secrets(secrets) => secrets::credentials(
-                secrets,
-                profile.metadata.namespace.as_deref().unwrap_or_default(),
-                profile.metadata.name.as_deref().unwrap_or_default(),
-            ),
-            CredentialSource::AccessProviders(providers) => {
-                let access = providers
-                    .access_for(profile)
-                    .map_err(|err| err.to_string())?;
-                let source = format!(
-                    "ClusterProfile {}/{} access provider {:?}{}",
-                    profile.metadata.namespace.as_deref().unwrap_or_default(),
-                    profile.metadata.name.as_deref().unwrap_or_default(),
-                    access.provider,
-                    if access.deprecated_field {
-                        " (listed only in the deprecated status.credentialProviders)"
-                    } else {
-                        ""
-                    }
-                );
-                Ok((access.text(), source))
+        let namespace = profile.metadata.namespace.as_deref().unwrap_or_default();
+        let name = profile.metadata.name.as_deref().unwrap_or_default();
+        let Some(providers) = &self.providers else {
+            return secrets::credentials(self.hub.cache(), namespace, name);
+        };
+        let access = providers
+            .access_for(profile)
+            .map_err(|err| err.to_string())?;
+        let source = format!(
+            "ClusterProfile {namespace}/{name} access provider {:?}{}",
+            access.provider,
+            if access.deprecated_field {
+                " (listed only in the deprecated status.credentialProviders)"
+            } else {
+                ""
             }
-        }
+        );
+        Ok((access.text(), source))
     }
 
-    /// Looks at the profile `namespace/name`: everything that needs no new
-    /// client is done here, in event order; a cluster to (re)build is
-    /// returned.
-    fn decide(&self, namespace: &str, name: &str) -> Decision {
-        let fleet_name = ClusterName::from(format!("{namespace}/{name}"));
+    fn wanted(&self, namespace: &str, name: &str) -> Wanted {
         let profile = self
-            .profiles
+            .hub
+            .cache()
             .dynamic(&self.resource)
             .get(Some(namespace), name);
         let Some(profile) = profile.filter(|p| p.metadata.deletion_timestamp.is_none()) else {
-            self.failures.clear(&fleet_name);
-            if self.clusters.remove(&fleet_name) {
-                tracing::info!(cluster = %fleet_name, "ClusterProfile deleted; removed from the fleet");
-            }
-            return Decision::Done(Outcome::Settled);
+            return Wanted::Gone;
         };
         if !self.ready(&profile) {
-            if self.clusters.get(&fleet_name).is_ok() {
+            return Wanted::NotReady;
+        }
+        match self.credentials(&profile) {
+            Ok((text, source)) => Wanted::Engage(KubeconfigCluster {
+                name: ClusterName::from(format!("{namespace}/{name}")),
+                text,
+                source,
+                stable_id: stable_id(&profile),
+            }),
+            Err(reason) => Wanted::NoCredentials(reason),
+        }
+    }
+
+    /// Brings the fleet in line with the profile of `request`.
+    async fn reconcile(&self, request: Request) -> Result<Action, Error> {
+        let namespace = request.namespace.as_deref().unwrap_or_default();
+        let fleet_name = ClusterName::from(format!("{namespace}/{}", request.name));
+        match self.wanted(namespace, &request.name) {
+            Wanted::Gone => discovery::remove(
+                &self.clusters,
+                &self.failures,
+                &fleet_name,
+                "its ClusterProfile is deleted",
+            ),
+            Wanted::NotReady if self.clusters.get(&fleet_name).is_ok() => {
                 tracing::warn!(cluster = %fleet_name, "ClusterProfile is not ready; keeping the engaged cluster");
-            } else {
+            }
+            Wanted::NotReady => {
                 tracing::debug!(cluster = %fleet_name, "ClusterProfile is not ready yet");
             }
-            return Decision::Done(Outcome::Waiting);
-        }
-        let (text, source) = match self.credentials(&profile) {
-            Ok(found) => found,
-            Err(reason) => {
+            Wanted::NoCredentials(reason) => {
                 self.failures.record(&fleet_name, reason, "no-credentials");
-                return Decision::Done(Outcome::Waiting);
             }
-        };
-        let wanted = KubeconfigCluster {
-            name: fleet_name,
-            text,
-            source,
-            stable_id: stable_id(&profile),
-        };
-        if self.clusters.is_current(&wanted) {
-            self.failures.clear(&wanted.name);
-            return Decision::Done(Outcome::Settled);
-        }
-        Decision::Build(wanted)
-    }
-
-    /// Puts a built cluster into the fleet, or records why it failed.
-    fn apply(&self, wanted: &KubeconfigCluster, built: Result<Cluster, Error>) -> Outcome {
-        let name = &wanted.name;
-        match built {
-            Ok(cluster) => {
-                if self
-                    .clusters
-                    .add_or_replace(name.clone(), cluster, wanted.fingerprint())
-                {
-                    tracing::info!(cluster = %name, "ClusterProfile engaged from {}", wanted.source);
-                }
-                self.failures.clear(name);
-                Outcome::Settled
-            }
-            Err(err) if self.failures.record_build_error(name, &err) => Outcome::Failed,
-            Err(_) => Outcome::Waiting,
-        }
-    }
-
-    /// Decides on `key` and starts a build if one is needed (or lets the
-    /// key wait for room, or marks a running build stale).
-    fn look(&self, key: ProfileKey, builds: &mut Builds, retries: &mut Retries<ProfileKey>) {
-        if builds.mark_if_running(&key) {
-            return;
-        }
-        match self.decide(&key.0, &key.1) {
-            Decision::Done(outcome) => follow_up(outcome, key, retries),
-            Decision::Build(wanted) => {
-                builds.start(
-                    key,
-                    Box::pin(async move {
-                        let built = wanted.build(&Default::default()).await;
-                        (wanted, built)
-                    }),
-                );
+            Wanted::Engage(wanted) => {
+                return discovery::engage_kubeconfig(
+                    &self.clusters,
+                    &self.failures,
+                    wanted,
+                    &self.options.client,
+                    |built| {
+                        matches!(self.wanted(namespace, &request.name), Wanted::Engage(now) if now.fingerprint() == built.fingerprint())
+                    },
+                )
+                .await;
             }
         }
+        Ok(Action::await_change())
     }
 }
 
@@ -292,77 +252,45 @@ fn stable_id(profile: &DynamicObject) -> Option<String> {
 
 impl ClusterSetProvider for ClusterProfileProvider {
     fn cluster_set(&self) -> &Clusters {
-        &self.clusters
+        &self.shared.clusters
     }
 }
 
 #[async_trait::async_trait]
 impl RunnableProvider for ClusterProfileProvider {
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
-        self.clusters.start(shutdown.clone(), aware)?;
-        // Profiles are only looked at once the Secrets they may need are
-        // listed, so a Secret that exists is never reported missing.
-        let mut secret_events = match &self.credentials {
-            CredentialSource::Secrets(secrets) => {
-                let secrets = secrets.informer::<Secret>();
-                let events = secrets.subscribe();
-                tracing::debug!("waiting for the credentials Secrets to be listed");
-                tokio::select! {
-                    () = shutdown.cancelled() => return Ok(()),
-                    () = secrets.wait_ready() => {}
-                }
-                events.boxed()
-            }
-            CredentialSource::AccessProviders(_) => futures::stream::pending().boxed(),
-        };
-        let mut profile_events = self.profiles.dynamic(&self.resource).subscribe();
-        let mut retries = Retries::new(self.options.retry);
-        let mut builds: Builds = InFlight::new(self.options.max_concurrent_builds);
-        loop {
-            while let Some(key) = builds.next_waiting() {
-                self.look(key, &mut builds, &mut retries);
-            }
-            let key = tokio::select! {
+        let shared = &self.shared;
+        shared.clusters.start(shutdown.clone(), aware)?;
+        let reconciler = shared.clone();
+        let mut builder = Controller::builder("cluster-inventory-api-provider")
+            .watches_dynamic(shared.resource.clone(), Watch::new(), |profile| {
+                vec![(
+                    profile.metadata.namespace.clone(),
+                    profile.metadata.name.clone().unwrap_or_default(),
+                )]
+            })
+            .max_concurrent_reconciles(shared.options.max_concurrent_builds)
+            .backoff(shared.options.retry);
+        if shared.providers.is_none() {
+            // Profiles are only looked at once the Secrets they may need are
+            // listed, so a Secret that exists is never reported missing.
+            let secrets = shared.hub.cache().informer::<Secret>();
+            tracing::debug!("waiting for the credentials Secrets to be listed");
+            tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
-                event = profile_events.next() => match event {
-                    Some(event) => {
-                        let meta = &event.object().metadata;
-                        meta.namespace.clone().zip(meta.name.clone())
-                    }
-                    None => return Err(Error::Other("the ClusterProfile watch stopped".into())),
-                },
-                event = secret_events.next() => match event {
-                    Some(event) => secrets::profile_of(&event),
-                    None => return Err(Error::Other("the credentials Secret watch stopped".into())),
-                },
-                key = retries.next() => Some(key),
-                done = builds.next() => {
-                    if done.stale {
-                        // The profile changed meanwhile: look at it afresh.
-                        Some(done.key)
-                    } else {
-                        let (wanted, built) = done.result;
-                        follow_up(self.apply(&wanted, built), done.key, &mut retries);
-                        None
-                    }
-                }
-            };
-            if let Some(key) = key {
-                self.look(key, &mut builds, &mut retries);
+                () = secrets.wait_ready() => {}
             }
+            builder = builder.watches(Watch::<Secret>::new(), |secret| {
+                secrets::profile_of(secret).into_iter().collect()
+            });
         }
-    }
-}
-
-/// Schedules another attempt at `key` after a failure, or forgets its
-/// failures.
-fn follow_up(outcome: Outcome, key: ProfileKey, retries: &mut Retries<ProfileKey>) {
-    match outcome {
-        Outcome::Settled | Outcome::Waiting => retries.forget(&key),
-        Outcome::Failed => {
-            let profile = format!("{}/{}", key.0, key.1);
-            let delay = retries.failed(key);
-            tracing::debug!(%profile, ?delay, "trying the ClusterProfile again later");
+        if let Some(metrics) = &shared.options.metrics {
+            builder = builder.metrics(metrics.clone());
         }
+        let controller = builder.build(move |request, _hub| {
+            let shared = reconciler.clone();
+            async move { shared.reconcile(request).await }
+        })?;
+        discovery::run(&controller, shared.hub.clone(), shutdown).await
     }
 }

@@ -5,8 +5,9 @@ use std::sync::Arc;
 
 use kube::api::DynamicObject;
 use multicluster_runtime::controller::Backoff;
+use multicluster_runtime::discovery::{DEFAULT_MAX_CONCURRENT_BUILDS, PROVIDER_BACKOFF};
+use multicluster_runtime::kubeconfig::ClientOptions;
 use multicluster_runtime::metrics::Metrics;
-use multicluster_runtime::retry::PROVIDER_BACKOFF;
 
 use crate::access::ProviderFile;
 
@@ -41,12 +42,16 @@ pub struct ClusterProfileOptions {
     /// How long to wait before building a failed profile's client again
     /// (default: 1 s, doubling per failure up to 5 min).
     pub retry: Backoff,
-    /// Where engagement failures are counted.
+    /// Where engagement failures and the provider's reconciles (controller
+    /// `cluster-inventory-api-provider`) are counted.
     pub metrics: Option<Metrics>,
-    /// How many profiles' clients are built at once (default 8). Building
-    /// runs the credential plugin, which can take a second or more; the
-    /// rest of the profiles are looked at meanwhile.
+    /// How many profiles' clients are built at once (default
+    /// [`DEFAULT_MAX_CONCURRENT_BUILDS`]). Building runs the credential
+    /// plugin, which can take a second or more; the rest of the profiles are
+    /// looked at meanwhile.
     pub max_concurrent_builds: usize,
+    /// How the clients reach their clusters (credential plugin timeout).
+    pub client: ClientOptions,
 }
 
 impl ClusterProfileOptions {
@@ -71,7 +76,8 @@ impl ClusterProfileOptions {
             readiness: None,
             retry: PROVIDER_BACKOFF,
             metrics: None,
-            max_concurrent_builds: 8,
+            max_concurrent_builds: DEFAULT_MAX_CONCURRENT_BUILDS,
+            client: ClientOptions::default(),
         }
     }
 }
@@ -86,6 +92,7 @@ impl std::fmt::Debug for ClusterProfileOptions {
             .field("retry", &self.retry)
             .field("metrics", &self.metrics.is_some())
             .field("max_concurrent_builds", &self.max_concurrent_builds)
+            .field("client", &self.client)
             .finish()
     }
 }

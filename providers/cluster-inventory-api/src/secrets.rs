@@ -1,9 +1,9 @@
 //! The Secret strategy: one Secret per profile for this consumer.
 
 use k8s_openapi::api::core::v1::Secret;
-use multicluster_runtime::cache::{Cache, CacheEvent};
+use multicluster_runtime::cache::Cache;
 
-use crate::{PROFILE_LABEL, ProfileKey, SECRET_KEY};
+use crate::{PROFILE_LABEL, SECRET_KEY};
 
 /// The kubeconfig text for `profile` from its credentials Secret in
 /// `secrets` (this consumer's, already label-selected), and where it came
@@ -59,9 +59,9 @@ pub(crate) fn credentials(
     Ok((text, source))
 }
 
-/// The profile a credentials Secret is for.
-pub(crate) fn profile_of(event: &CacheEvent<Secret>) -> Option<ProfileKey> {
-    let meta = &event.object().metadata;
+/// The profile a credentials Secret is for: its namespace and name.
+pub(crate) fn profile_of(secret: &Secret) -> Option<(Option<String>, String)> {
+    let meta = &secret.metadata;
     let profile = meta.labels.as_ref()?.get(PROFILE_LABEL)?;
-    Some((meta.namespace.clone()?, profile.clone()))
+    Some((meta.namespace.clone(), profile.clone()))
 }

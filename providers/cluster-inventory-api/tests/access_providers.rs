@@ -418,3 +418,60 @@ async fn a_slow_plugin_holds_up_only_its_own_profile() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// A plugin that never answers (a login nobody completes) holds up only its
+/// own profile: a profile created after it is engaged, one deleted is
+/// removed, the plugin runs once, and stopping the provider stops it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_plugin_holds_up_only_its_own_profile_and_stops_with_the_provider() {
+    let (hub_cp, member) = tokio::join!(ControlPlane::start(), workload("in-member"));
+    let hub_cp = hub_cp.expect("hub");
+    let hub = common::hub(&hub_cp).await;
+    let stuck_state = state_with_token(&member, "stuck").await;
+    let other_state = state_with_token(&member, "other").await;
+    plugins::hold(stuck_state.path()).expect("hold");
+    let ready_with = |state: &Path| {
+        let mut status = json!({"accessProviders": [access("token", &member, state, vec![])]});
+        status["conditions"] = health(true)["conditions"].clone();
+        status
+    };
+    for (name, state) in [("stuck", &stuck_state), ("before", &other_state)] {
+        create_profile(&hub, name).await;
+        set_status(&hub, name, ready_with(state.path())).await;
+    }
+
+    let provider = Arc::new(ClusterProfileProvider::new(
+        hub.clone(),
+        ClusterProfileOptions::with_access_providers(provider_file()),
+    ));
+    let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
+    let (shutdown, task) = run_manager(&manager);
+    recorder
+        .wait_for_more(&req("inventory/before", "in-member"), 0)
+        .await;
+    eventually("the stuck plugin to be running", || async {
+        plugins::pids(stuck_state.path())
+            .first()
+            .is_some_and(|pid| plugins::is_running(*pid))
+    })
+    .await;
+    let plugin = plugins::pids(stuck_state.path())[0];
+
+    create_profile(&hub, "after").await;
+    set_status(&hub, "after", ready_with(other_state.path())).await;
+    recorder
+        .wait_for_more(&req("inventory/after", "in-member"), 0)
+        .await;
+    profiles(&hub)
+        .delete("before", &DeleteParams::default())
+        .await
+        .expect("delete");
+    multicluster_runtime::testing::wait_until_left(&manager, "inventory/before").await;
+    assert_eq!(provider.names(), [ClusterName::from("inventory/after")]);
+    assert!(plugins::is_running(plugin), "still waiting for its login");
+    assert_eq!(plugins::pids(stuck_state.path()), [plugin], "run once");
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+    assert!(!plugins::is_running(plugin), "the plugin was stopped");
+}

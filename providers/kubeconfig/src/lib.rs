@@ -12,11 +12,18 @@
 //! - Secret deleted or being deleted, or its key emptied → cluster removed;
 //! - key missing or empty, kubeconfig unusable → logged (naming the Secret
 //!   and key, never quoting the data), counted in
-//!   `mcr_cluster_engagement_failures`, and skipped; the rest of the fleet is
+//!   `mcr_cluster_engagement_failures`, listed by
+//!   [`KubeconfigProvider::failures`], and skipped; the rest of the fleet is
 //!   unaffected. A kubeconfig whose credentials cannot be obtained (a
-//!   credential plugin that fails) is tried again with backoff. An unreachable server is
-//!   the manager's business: reported `unreachable` and retried, never
-//!   blocking other clusters.
+//!   credential plugin that fails or hangs past
+//!   [`ClientOptions::plugin_timeout`]) is tried again with backoff. An
+//!   unreachable server is the manager's business: reported `unreachable`
+//!   and retried, never blocking other clusters.
+//!
+//! Discovery is a controller over the Secrets
+//! ([`multicluster_runtime::discovery`]): each Secret is reconciled on its
+//! own, up to [`KubeconfigOptions::max_concurrent_builds`] at once, so a
+//! Secret whose plugin hangs holds up only itself.
 //!
 //! With a watch filter only Secrets also labelled
 //! `cluster.x-k8s.io/watch-filter=<value>` count, so several instances can
@@ -24,16 +31,16 @@
 
 use std::sync::Arc;
 
-use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::watcher;
-use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions};
-use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
-use multicluster_runtime::controller::Backoff;
+use multicluster_runtime::cache::{Cache, CacheOptions};
+use multicluster_runtime::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
+use multicluster_runtime::controller::{Action, Backoff, Controller, Request, Watch};
+use multicluster_runtime::discovery::{self, DEFAULT_MAX_CONCURRENT_BUILDS, MANAGEMENT};
 use multicluster_runtime::failures::Failures;
+use multicluster_runtime::kubeconfig::ClientOptions;
 use multicluster_runtime::metrics::Metrics;
-use multicluster_runtime::retry::{PROVIDER_BACKOFF, Retries};
-use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider, watch_filter};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider, watch_filter};
 use tokio_util::sync::CancellationToken;
 
 /// The default label marking kubeconfig Secrets (value `true`).
@@ -42,6 +49,10 @@ pub const DEFAULT_LABEL: &str = "sigs.k8s.io/multicluster-runtime-kubeconfig";
 pub const DEFAULT_DATA_KEY: &str = "kubeconfig";
 /// The label key of the watch-filter convention.
 pub use multicluster_runtime::watch_filter::LABEL as WATCH_FILTER_LABEL;
+
+/// The providers' default backoff for clusters whose credentials could not
+/// be obtained: 1 s, doubling up to 5 min.
+pub use multicluster_runtime::discovery::PROVIDER_BACKOFF;
 
 /// Options of the kubeconfig provider.
 #[derive(Clone, Debug)]
@@ -54,12 +65,18 @@ pub struct KubeconfigOptions {
     pub data_key: String,
     /// Only Secrets labelled `cluster.x-k8s.io/watch-filter=<value>`.
     pub watch_filter: Option<String>,
-    /// Where to count Secrets that could not be turned into clusters (the
-    /// manager's registry, typically).
+    /// Where to count Secrets that could not be turned into clusters, and
+    /// the provider's reconciles (controller `kubeconfig-provider`): the
+    /// manager's registry, typically.
     pub metrics: Option<Metrics>,
     /// How long to wait before building a failed cluster's client again
     /// (default [`PROVIDER_BACKOFF`]: 1 s, doubling up to 5 min).
     pub retry: Backoff,
+    /// How many Secrets' clients are built at once (default
+    /// [`DEFAULT_MAX_CONCURRENT_BUILDS`]).
+    pub max_concurrent_builds: usize,
+    /// How the clients reach their clusters (credential plugin timeout).
+    pub client: ClientOptions,
 }
 
 impl Default for KubeconfigOptions {
@@ -71,6 +88,8 @@ impl Default for KubeconfigOptions {
             watch_filter: None,
             metrics: None,
             retry: PROVIDER_BACKOFF,
+            max_concurrent_builds: DEFAULT_MAX_CONCURRENT_BUILDS,
+            client: ClientOptions::default(),
         }
     }
 }
@@ -78,8 +97,14 @@ impl Default for KubeconfigOptions {
 /// Clusters from kubeconfig Secrets.
 #[derive(Debug)]
 pub struct KubeconfigProvider {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
     options: KubeconfigOptions,
-    secrets: Cache,
+    /// The management cluster, whose cache holds the labelled Secrets.
+    management: Cluster,
     clusters: Clusters,
     failures: Failures,
 }
@@ -95,7 +120,7 @@ impl KubeconfigProvider {
         }
         let secrets = Cache::with_options(
             "kubeconfig-secrets",
-            management,
+            management.clone(),
             CacheOptions {
                 namespace: options.namespace.clone(),
                 watcher: watcher::Config::default().labels(&selector),
@@ -103,147 +128,130 @@ impl KubeconfigProvider {
             },
         );
         Self {
-            failures: Failures::new("kubeconfig", options.metrics.clone()),
-            options,
-            secrets,
-            clusters: Clusters::new(),
+            shared: Arc::new(Shared {
+                failures: Failures::new("kubeconfig", options.metrics.clone()),
+                management: Cluster::with_cache(MANAGEMENT, management, secrets),
+                options,
+                clusters: Clusters::new(),
+            }),
         }
     }
 
     /// Names of the engaged clusters, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
-        self.clusters.names()
+        self.shared.clusters.names()
     }
 
-    fn cluster_name(&self, secret: &Secret) -> Option<ClusterName> {
-        let name = secret.metadata.name.as_deref()?;
-        Some(
-            match (
-                &self.options.namespace,
-                secret.metadata.namespace.as_deref(),
-            ) {
-                (None, Some(namespace)) => ClusterName::from(format!("{namespace}/{name}")),
-                _ => ClusterName::from(name),
-            },
-        )
+    /// Labelled Secrets that cannot be turned into clusters now, each with
+    /// the reason (naming the Secret and key, never quoting it).
+    pub fn failures(&self) -> std::collections::BTreeMap<ClusterName, String> {
+        self.shared.failures.current()
+    }
+}
+
+impl Shared {
+    fn cluster_name(&self, namespace: Option<&str>, name: &str) -> ClusterName {
+        match (&self.options.namespace, namespace) {
+            (None, Some(namespace)) => ClusterName::from(format!("{namespace}/{name}")),
+            _ => ClusterName::from(name),
+        }
     }
 
-    /// Builds the cluster of `secret`; false when building its client failed
-    /// and another attempt should follow.
-    async fn apply(&self, name: ClusterName, secret: &Secret) -> bool {
+    fn secret(&self, request: &Request) -> Option<Arc<Secret>> {
+        self.management
+            .cache()
+            .informer::<Secret>()
+            .get(request.namespace.as_deref(), &request.name)
+    }
+
+    /// What the Secret asks for: the cluster to build, or why there is none
+    /// (`Ok(None)`: it is gone or being deleted).
+    fn wanted(
+        &self,
+        request: &Request,
+    ) -> Result<Option<KubeconfigCluster>, (String, &'static str)> {
+        let Some(secret) = self
+            .secret(request)
+            .filter(|secret| secret.metadata.deletion_timestamp.is_none())
+        else {
+            return Ok(None);
+        };
         let source = format!(
             "Secret {}/{} key {:?}",
-            secret.metadata.namespace.as_deref().unwrap_or_default(),
-            secret.metadata.name.as_deref().unwrap_or_default(),
+            request.namespace.as_deref().unwrap_or_default(),
+            request.name,
             self.options.data_key
         );
         let data = secret
             .data
             .as_ref()
             .and_then(|data| data.get(&self.options.data_key))
-            .map(|bytes| bytes.0.clone())
-            .filter(|bytes| !bytes.is_empty());
-        let Some(data) = data else {
-            if self.clusters.remove(&name) {
-                tracing::info!(cluster = %name, "cluster removed: its kubeconfig is gone");
-            }
-            self.failures.record(
-                &name,
-                format!("{source} is missing or empty"),
-                "missing-key",
-            );
-            return true;
-        };
-        let Ok(text) = String::from_utf8(data) else {
-            self.failures.record(
-                &name,
-                format!("{source} is not UTF-8 text"),
-                "invalid-kubeconfig",
-            );
-            return true;
-        };
-        let existed = self.clusters.get(&name).is_ok();
-        match self
-            .clusters
-            .add_or_replace_from_kubeconfig(name.clone(), &text, &source, &Default::default())
-            .await
-        {
-            Ok(changed) => {
-                if changed {
-                    tracing::info!(cluster = %name, replaced = existed, "cluster engaged from {source}");
-                }
-                self.failures.clear(&name);
-                true
-            }
-            Err(err) => !self.failures.record_build_error(&name, &err),
-        }
+            .filter(|bytes| !bytes.0.is_empty())
+            .ok_or_else(|| (format!("{source} is missing or empty"), "missing-key"))?;
+        let text = String::from_utf8(data.0.clone())
+            .map_err(|_| (format!("{source} is not UTF-8 text"), "invalid-kubeconfig"))?;
+        Ok(Some(KubeconfigCluster {
+            name: self.cluster_name(request.namespace.as_deref(), &request.name),
+            text,
+            source,
+            stable_id: None,
+        }))
     }
 
-    /// Labelled Secrets that cannot be turned into clusters now, each with
-    /// the reason (naming the Secret and key, never quoting it).
-    pub fn failures(&self) -> std::collections::BTreeMap<ClusterName, String> {
-        self.failures.current()
+    /// Brings the fleet in line with one Secret.
+    async fn reconcile(&self, request: Request) -> Result<Action, Error> {
+        let name = self.cluster_name(request.namespace.as_deref(), &request.name);
+        match self.wanted(&request) {
+            Ok(Some(wanted)) => {
+                discovery::engage_kubeconfig(
+                    &self.clusters,
+                    &self.failures,
+                    wanted,
+                    &self.options.client,
+                    |built| {
+                        matches!(self.wanted(&request), Ok(Some(now)) if now.fingerprint() == built.fingerprint())
+                    },
+                )
+                .await
+            }
+            Ok(None) => {
+                discovery::remove(&self.clusters, &self.failures, &name, "its Secret is gone");
+                Ok(Action::await_change())
+            }
+            Err((reason, kind)) => {
+                if self.clusters.remove(&name) {
+                    tracing::info!(cluster = %name, "cluster removed: its kubeconfig is gone");
+                }
+                self.failures.record(&name, reason, kind);
+                Ok(Action::await_change())
+            }
+        }
     }
 }
 
 impl ClusterSetProvider for KubeconfigProvider {
     fn cluster_set(&self) -> &Clusters {
-        &self.clusters
+        &self.shared.clusters
     }
 }
 
 #[async_trait::async_trait]
 impl RunnableProvider for KubeconfigProvider {
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
-        self.clusters.start(shutdown.clone(), aware)?;
-        let informer = self.secrets.informer::<Secret>();
-        let mut secrets = informer.subscribe();
-        let mut retries: Retries<SecretKey> = Retries::new(self.options.retry);
-        loop {
-            let secret = tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
-                event = secrets.next() => match event {
-                    Some(CacheEvent::Applied { new, .. }) => Some(new),
-                    Some(event) => {
-                        retries.forget(&key_of(event.object()));
-                        let Some(name) = self.cluster_name(event.object()) else { continue };
-                        self.failures.clear(&name);
-                        if self.clusters.remove(&name) {
-                            tracing::info!(cluster = %name, "cluster removed: its Secret is gone");
-                        }
-                        continue;
-                    }
-                    None => return Err(Error::Other("the kubeconfig Secret watch stopped".into())),
-                },
-                // The Secret as it is now; gone means its deletion was handled.
-                (namespace, name) = retries.next() => informer.get(namespace.as_deref(), &name),
-            };
-            let Some(secret) = secret else { continue };
-            let Some(name) = self.cluster_name(&secret) else {
-                continue;
-            };
-            let key = key_of(&secret);
-            if secret.metadata.deletion_timestamp.is_some() {
-                retries.forget(&key);
-                self.failures.clear(&name);
-                if self.clusters.remove(&name) {
-                    tracing::info!(cluster = %name, "cluster removed: its Secret is being deleted");
-                }
-            } else if self.apply(name, &secret).await {
-                retries.forget(&key);
-            } else {
-                retries.failed(key);
-            }
+        let shared = &self.shared;
+        shared.clusters.start(shutdown.clone(), aware)?;
+        let reconciler = shared.clone();
+        let mut builder = Controller::builder("kubeconfig-provider")
+            .for_resource(Watch::<Secret>::new())
+            .max_concurrent_reconciles(shared.options.max_concurrent_builds)
+            .backoff(shared.options.retry);
+        if let Some(metrics) = &shared.options.metrics {
+            builder = builder.metrics(metrics.clone());
         }
+        let controller = builder.build(move |request, _management| {
+            let shared = reconciler.clone();
+            async move { shared.reconcile(request).await }
+        })?;
+        discovery::run(&controller, shared.management.clone(), shutdown).await
     }
-}
-
-/// A Secret's namespace and name.
-type SecretKey = (Option<String>, String);
-
-fn key_of(secret: &Secret) -> SecretKey {
-    (
-        secret.metadata.namespace.clone(),
-        secret.metadata.name.clone().unwrap_or_default(),
-    )
 }

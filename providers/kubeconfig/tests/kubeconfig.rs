@@ -568,3 +568,221 @@ async fn a_secret_whose_credential_plugin_fails_at_first_is_engaged_once_it_work
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// Starts a manager over a kubeconfig provider for the `fleet` namespace of
+/// `management`, recording ConfigMap reconciles.
+fn start_provider(
+    admin: &kube::Client,
+    options: KubeconfigOptions,
+) -> (
+    Arc<KubeconfigProvider>,
+    Manager,
+    Recorder,
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<Result<(), multicluster_runtime::Error>>,
+) {
+    let provider = Arc::new(KubeconfigProvider::new(
+        admin.clone(),
+        KubeconfigOptions {
+            namespace: Some(NAMESPACE.into()),
+            ..options
+        },
+    ));
+    let (manager, recorder) = recording_manager(
+        Cluster::new("local", admin.clone()),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    let (shutdown, task) = run_manager(&manager);
+    (provider, manager, recorder, shutdown, task)
+}
+
+/// A Secret whose credential plugin never answers (it waits for a login,
+/// say) holds up only itself: Secrets created after it are engaged, one
+/// deleted is removed, and stopping the provider stops the plugin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_whose_plugin_hangs_holds_up_only_itself() {
+    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (management, member) = (management.expect("management"), member.expect("member"));
+    create(&member, "hello").await;
+    management
+        .create_namespace(NAMESPACE)
+        .await
+        .expect("namespace");
+    let admin = management.client().await.expect("client");
+    let secrets = Api::<Secret>::namespaced(admin.clone(), NAMESPACE);
+    let labelled = [(DEFAULT_LABEL, "true")];
+    let member_yaml = multicluster_envtest::to_yaml(member.kubeconfig()).expect("yaml");
+    let state = tempfile::tempdir().expect("state");
+    plugins::set_token(state.path(), "never-handed-out").expect("token");
+    plugins::hold(state.path()).expect("hold");
+    let stuck = member.exec_kubeconfig("stuck", plugins::TOKEN, state.path());
+    for (name, text) in [
+        (
+            "stuck",
+            multicluster_envtest::to_yaml(&stuck).expect("yaml"),
+        ),
+        ("before", member_yaml.clone()),
+    ] {
+        secrets
+            .create(
+                &PostParams::default(),
+                &secret(name, Some(&text), &labelled),
+            )
+            .await
+            .expect("secret");
+    }
+
+    let (provider, manager, recorder, shutdown, task) =
+        start_provider(&admin, KubeconfigOptions::default());
+    recorder.wait_for_more(&req("before", "hello"), 0).await;
+    eventually("the plugin to be running", || async {
+        plugins::pids(state.path())
+            .first()
+            .is_some_and(|pid| plugins::is_running(*pid))
+    })
+    .await;
+    let plugin = plugins::pids(state.path())[0];
+
+    secrets
+        .create(
+            &PostParams::default(),
+            &secret("after", Some(&member_yaml), &labelled),
+        )
+        .await
+        .expect("secret");
+    recorder.wait_for_more(&req("after", "hello"), 0).await;
+    secrets
+        .delete("before", &DeleteParams::default())
+        .await
+        .expect("delete");
+    wait_until_left(&manager, "before").await;
+    assert_eq!(provider.names(), [ClusterName::from("after")]);
+    assert!(plugins::is_running(plugin), "still waiting for its login");
+    assert_eq!(plugins::pids(state.path()), [plugin], "run once");
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+    assert!(!plugins::is_running(plugin), "the plugin was stopped");
+}
+
+/// The plugin runs once per client build: engaging the cluster, probing it
+/// and reconciling in it use the token it handed out; a change to the
+/// Secret's metadata builds nothing; new data builds (and runs) once more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_credential_plugin_runs_once_per_client_build() {
+    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (management, member) = (management.expect("management"), member.expect("member"));
+    create(&member, "hello").await;
+    management
+        .create_namespace(NAMESPACE)
+        .await
+        .expect("namespace");
+    let admin = management.client().await.expect("client");
+    let state = tempfile::tempdir().expect("state");
+    let token = member
+        .cluster_admin_token("robots", "plugged")
+        .await
+        .expect("token");
+    plugins::set_token(state.path(), &token).expect("token");
+    let kubeconfig = member.exec_kubeconfig("plugged", plugins::TOKEN, state.path());
+    let secrets = Api::<Secret>::namespaced(admin.clone(), NAMESPACE);
+    secrets
+        .create(
+            &PostParams::default(),
+            &secret(
+                "plugged",
+                Some(&multicluster_envtest::to_yaml(&kubeconfig).expect("yaml")),
+                &[(DEFAULT_LABEL, "true")],
+            ),
+        )
+        .await
+        .expect("secret");
+
+    let (_provider, _manager, recorder, shutdown, task) =
+        start_provider(&admin, KubeconfigOptions::default());
+    recorder.wait_for_more(&req("plugged", "hello"), 0).await;
+    assert_eq!(plugins::calls(state.path()).len(), 1);
+
+    // Metadata only: no new client.
+    let labelled = serde_json::json!({"metadata": {"labels": {"team": "a"}}});
+    secrets
+        .patch("plugged", &PatchParams::default(), &Patch::Merge(&labelled))
+        .await
+        .expect("label");
+    // New data: one new client, one more plugin run.
+    let before = recorder.count(&req("plugged", "hello"));
+    let mut changed = kubeconfig.clone();
+    changed.contexts[0].name = "renamed".into();
+    changed.current_context = Some("renamed".into());
+    let data = secret(
+        "plugged",
+        Some(&multicluster_envtest::to_yaml(&changed).expect("yaml")),
+        &[(DEFAULT_LABEL, "true")],
+    );
+    secrets
+        .patch("plugged", &PatchParams::default(), &Patch::Merge(&data))
+        .await
+        .expect("new data");
+    eventually("the new kubeconfig to be built", || async {
+        plugins::calls(state.path()).len() == 2
+    })
+    .await;
+    recorder
+        .wait_for_more(&req("plugged", "hello"), before)
+        .await;
+    assert_eq!(plugins::calls(state.path()).len(), 2);
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// After an outage of the management API server, discovery resumes at once:
+/// a Secret created a second after the server is back is engaged within
+/// seconds, not after a watch backoff that grew during the outage.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn discovery_resumes_at_once_when_the_management_api_server_is_back() {
+    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (management, member) = (management.expect("management"), member.expect("member"));
+    create(&member, "hello").await;
+    management
+        .create_namespace(NAMESPACE)
+        .await
+        .expect("namespace");
+    let admin = management.client().await.expect("client");
+    let member_yaml = multicluster_envtest::to_yaml(member.kubeconfig()).expect("yaml");
+    let secrets = Api::<Secret>::namespaced(admin.clone(), NAMESPACE);
+    let labelled = [(DEFAULT_LABEL, "true")];
+    secrets
+        .create(
+            &PostParams::default(),
+            &secret("first", Some(&member_yaml), &labelled),
+        )
+        .await
+        .expect("secret");
+    let (_provider, _manager, recorder, shutdown, task) =
+        start_provider(&admin, KubeconfigOptions::default());
+    recorder.wait_for_more(&req("first", "hello"), 0).await;
+
+    // The outage itself, not a wait for something.
+    management.stop_api_server();
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    management.start_api_server().await.expect("back");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    secrets
+        .create(
+            &PostParams::default(),
+            &secret("second", Some(&member_yaml), &labelled),
+        )
+        .await
+        .expect("secret");
+    multicluster_runtime::testing::eventually_within(
+        Duration::from_secs(5),
+        "the new Secret's cluster to be reconciled",
+        || async { recorder.count(&req("second", "hello")) > 0 },
+    )
+    .await;
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}

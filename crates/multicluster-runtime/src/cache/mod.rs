@@ -19,7 +19,7 @@ use std::hash::Hash;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta};
 use kube::core::{ClusterResourceScope, DynamicResourceScope, NamespaceResourceScope};
 use kube::runtime::{WatchStreamExt, watcher};
@@ -48,8 +48,15 @@ pub struct CacheOptions {
     /// read it.
     pub strip_managed_fields: bool,
     /// Watcher settings (label/field selectors, page size, ...), applied to
-    /// every watch of the cache.
+    /// every watch of the cache without its own in `per_resource`.
     pub watcher: watcher::Config,
+    /// Watcher settings of particular resources, by `group/version/plural`
+    /// (controller-runtime's `ByObject`); fill it with
+    /// [`CacheOptions::watcher_for`] and
+    /// [`CacheOptions::watcher_for_resource`].
+    pub per_resource: Vec<(String, watcher::Config)>,
+    /// How a failed watch is retried.
+    pub backoff: WatchBackoff,
 }
 
 impl Default for CacheOptions {
@@ -58,8 +65,89 @@ impl Default for CacheOptions {
             namespace: None,
             strip_managed_fields: true,
             watcher: watcher::Config::default(),
+            per_resource: Vec::new(),
+            backoff: WatchBackoff::default(),
         }
     }
+}
+
+impl CacheOptions {
+    /// Watches `K` with `config` instead of [`CacheOptions::watcher`]: a
+    /// label selector for one type only, say.
+    #[must_use]
+    pub fn watcher_for<K: Resource<DynamicType = ()>>(self, config: watcher::Config) -> Self {
+        self.with_override(resource_id::<K>(&()), config)
+    }
+
+    /// Like [`CacheOptions::watcher_for`], for a resource known at run time.
+    #[must_use]
+    pub fn watcher_for_resource(self, resource: &ApiResource, config: watcher::Config) -> Self {
+        self.with_override(resource_id::<DynamicObject>(resource), config)
+    }
+
+    fn with_override(mut self, id: String, config: watcher::Config) -> Self {
+        self.per_resource.retain(|(known, _)| *known != id);
+        self.per_resource.push((id, config));
+        self
+    }
+
+    /// The watcher settings of the resource `id` (`group/version/plural`).
+    fn watcher_of(&self, id: &str) -> &watcher::Config {
+        self.per_resource
+            .iter()
+            .find(|(known, _)| known == id)
+            .map_or(&self.watcher, |(_, config)| config)
+    }
+}
+
+/// How an informer retries a watch that failed: exponentially from
+/// `initial` up to `max`, each delay stretched by up to 100 % at random so
+/// that many clusters do not retry in step. The delay starts over after any
+/// success, and a watch that the server ends with `410 Gone` (its resource
+/// version is too old) is listed again at once, without a delay.
+///
+/// The default (250 ms up to 1 s, so at most 2 s with the random part) keeps
+/// an API server that comes back from an outage of any length seen again
+/// within about 2 s. kube-runtime's default grows to 30 s (60 s with its
+/// jitter).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WatchBackoff {
+    /// The first delay.
+    pub initial: Duration,
+    /// The longest delay before the random part.
+    pub max: Duration,
+}
+
+impl Default for WatchBackoff {
+    fn default() -> Self {
+        Self {
+            initial: Duration::from_millis(250),
+            max: Duration::from_secs(1),
+        }
+    }
+}
+
+impl WatchBackoff {
+    fn strategy(self) -> watcher::ExponentialBackoff {
+        backon::ExponentialBuilder::default()
+            .with_min_delay(self.initial)
+            .with_max_delay(self.max.max(self.initial))
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .into()
+    }
+}
+
+/// The `group/version/plural` of a resource, as [`CacheOptions::per_resource`]
+/// names it.
+fn resource_id<K: Resource>(dyntype: &K::DynamicType) -> String {
+    format!(
+        "{}/{}/{}",
+        K::group(dyntype),
+        K::version(dyntype),
+        K::plural(dyntype)
+    )
 }
 
 /// How a watch is limited to the cache's namespace restriction, by resource
@@ -253,7 +341,7 @@ impl Cache {
         match &self.inner.backend {
             Backend::Api { client, options } => self.ensure(key, (), || {
                 let api = restricted_api::<K>(client, options, &());
-                watch_events(api, options)
+                watch_events(api, &(), options)
             }),
             Backend::Scoped { host, namespace } => {
                 let host = host.informer::<K>();
@@ -271,7 +359,7 @@ impl Cache {
         match &self.inner.backend {
             Backend::Api { client, options } => self.ensure(key, resource.clone(), || {
                 let api = restricted_api::<DynamicObject>(client, options, resource);
-                watch_events(api, options)
+                watch_events(api, resource, options)
             }),
             Backend::Scoped { host, namespace } => {
                 let host = host.dynamic(resource);
@@ -292,7 +380,7 @@ impl Cache {
         match &self.inner.backend {
             Backend::Api { client, options } => self.ensure(key, (), || {
                 let api = restricted_api::<PartialObjectMeta<K>>(client, options, &());
-                watch_events(api, options)
+                watch_events(api, &(), options)
             }),
             Backend::Scoped { host, namespace } => {
                 let host = host.metadata::<K>();
@@ -485,6 +573,7 @@ where
 /// A watch with its own backoff, stripping managed fields when asked.
 fn watch_events<K>(
     api: Api<K>,
+    dyntype: &K::DynamicType,
     options: &CacheOptions,
 ) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
 where
@@ -492,11 +581,24 @@ where
     K::DynamicType: Clone + Eq + Hash,
 {
     let strip = options.strip_managed_fields;
-    watcher(api, options.watcher.clone())
-        .default_backoff()
+    let config = options.watcher_of(&resource_id::<K>(dyntype)).clone();
+    watcher(api, config)
+        // The watcher has already gone back to listing: waiting first would
+        // only delay it.
+        .filter(|event| std::future::ready(!is_gone(event)))
+        .backoff(options.backoff.strategy())
         .modify(move |obj| {
             if strip {
                 obj.managed_fields_mut().clear();
             }
         })
+}
+
+/// Whether the server ended a watch with `410 Gone`.
+fn is_gone<K>(event: &Result<watcher::Event<K>, watcher::Error>) -> bool {
+    let gone = matches!(event, Err(watcher::Error::WatchError(status)) if status.code == 410);
+    if gone {
+        tracing::debug!("watch expired (410 Gone); listing again");
+    }
+    gone
 }
