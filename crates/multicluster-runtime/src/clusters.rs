@@ -253,7 +253,7 @@ impl std::fmt::Debug for Clusters {
 /// the (possibly slow) client is built. Building runs exec credential
 /// plugins; providers can build several at once and hand the results to
 /// [`Clusters::add_or_replace`] with [`KubeconfigCluster::fingerprint`].
-#[derive(Clone)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct KubeconfigCluster {
     /// The cluster's name in the fleet.
     pub name: ClusterName,

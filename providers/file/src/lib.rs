@@ -9,25 +9,48 @@
 //! directory as a directory.
 //!
 //! The parent directory of each file and each directory is watched (with
-//! `notify`); any change re-reads everything: new contexts are added,
-//! changed ones replaced, vanished ones removed. Missing paths are skipped;
-//! unreadable or unparsable files and unusable contexts are logged (naming
-//! file and context, never quoting the file) and skipped — a file that
-//! turns bad keeps the clusters it had until it is fixed or removed; duplicate names are
-//! logged and the first kept. Discovery never contacts a cluster: a server
-//! that is down is engaged and reported unreachable by the manager, and
-//! holds up nothing.
+//! `notify`). Only events that change content count — a file created,
+//! written, removed or renamed that is one of the sources — and a burst of
+//! them (an editor's save, a tool writing in steps) is read once, after
+//! [`FileOptions::debounce`] of quiet. Reading a file is not a change, so
+//! the provider never wakes itself up.
+//!
+//! Each context is fingerprinted by what it resolves to — the context, its
+//! cluster and its user with their data, extensions and exec settings
+//! ([`multicluster_runtime::kubeconfig::context_text`]) — so an edit
+//! elsewhere in the file leaves it alone: its client is not rebuilt and its
+//! credential plugin does not run. Changed contexts are built concurrently
+//! (up to [`FileOptions::max_concurrent_builds`]), each engaged as soon as
+//! its client is ready, each retried on its own with backoff when its
+//! credentials cannot be obtained (a plugin that fails or hangs past its
+//! timeout); none holds up another or the file watch.
+//!
+//! Missing paths are skipped. A file that cannot be read or parsed, and a
+//! context that names a cluster or user the file does not have (a file
+//! written in two steps looks like this in between), keep the clusters they
+//! had until they are fixed or removed: the reason is logged once and
+//! listed by [`FileProvider::failures`]. Duplicate names are logged and the
+//! first kept. Discovery never contacts a cluster: a server that is down is
+//! engaged and reported unreachable by the manager, and holds up nothing.
+
+mod scan;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
 use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
-use multicluster_runtime::controller::Backoff;
-use multicluster_runtime::retry::{PROVIDER_BACKOFF, Retries};
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider, kubeconfig};
+use multicluster_runtime::controller::{Action, Backoff, Request, WorkQueue};
+use multicluster_runtime::discovery::{self, DEFAULT_MAX_CONCURRENT_BUILDS, PROVIDER_BACKOFF};
+use multicluster_runtime::failures::Failures;
+use multicluster_runtime::kubeconfig::ClientOptions;
+use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
 use notify::Watcher;
 use tokio_util::sync::CancellationToken;
+
+use scan::Desired;
 
 /// The default separator between path and context.
 pub const DEFAULT_SEPARATOR: &str = "+";
@@ -41,6 +64,9 @@ pub const DEFAULT_PATTERNS: [&str; 5] = [
     "*.kubeconfig.yml",
 ];
 
+/// How long the files must be quiet after a change before they are read.
+pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(100);
+
 /// Options of the file provider.
 #[derive(Clone, Debug)]
 pub struct FileOptions {
@@ -52,10 +78,19 @@ pub struct FileOptions {
     pub patterns: Vec<String>,
     /// Between path and context in cluster names.
     pub separator: String,
-    /// How long to wait before reading the files again when some context's
-    /// credentials could not be obtained (default [`PROVIDER_BACKOFF`]: 1 s,
-    /// doubling up to 5 min).
+    /// How long to wait before building a context again whose credentials
+    /// could not be obtained (default [`PROVIDER_BACKOFF`]: 1 s, doubling up
+    /// to 5 min).
     pub retry: Backoff,
+    /// How many contexts' clients are built at once (default
+    /// [`DEFAULT_MAX_CONCURRENT_BUILDS`]).
+    pub max_concurrent_builds: usize,
+    /// How long the files must be quiet after a change before they are read
+    /// (default [`DEFAULT_DEBOUNCE`]); a steady stream of changes is read at
+    /// least every ten times this.
+    pub debounce: Duration,
+    /// How the clients reach their clusters (credential plugin timeout).
+    pub client: ClientOptions,
 }
 
 impl Default for FileOptions {
@@ -66,6 +101,9 @@ impl Default for FileOptions {
             patterns: DEFAULT_PATTERNS.iter().map(|p| p.to_string()).collect(),
             separator: DEFAULT_SEPARATOR.to_string(),
             retry: PROVIDER_BACKOFF,
+            max_concurrent_builds: DEFAULT_MAX_CONCURRENT_BUILDS,
+            debounce: DEFAULT_DEBOUNCE,
+            client: ClientOptions::default(),
         }
     }
 }
@@ -73,8 +111,20 @@ impl Default for FileOptions {
 /// Kubeconfig files and directories as a fleet.
 #[derive(Debug)]
 pub struct FileProvider {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
     options: FileOptions,
     clusters: Clusters,
+    failures: Failures,
+    /// What the last reading of the files asks for, per cluster name.
+    desired: std::sync::Mutex<BTreeMap<ClusterName, Desired>>,
+    /// Builds, one key per cluster name.
+    builds: WorkQueue,
+    /// Kubeconfig files read so far.
+    reads: AtomicU64,
 }
 
 impl FileProvider {
@@ -84,121 +134,117 @@ impl FileProvider {
         if options.files.is_empty() && options.directories.is_empty() {
             default_sources(&mut options);
         }
+        let builds = WorkQueue::builder("file-provider")
+            .max_concurrent(options.max_concurrent_builds)
+            .backoff(options.retry)
+            .build();
         Self {
-            options,
-            clusters: Clusters::new(),
+            shared: Arc::new(Shared {
+                options,
+                clusters: Clusters::new(),
+                failures: Failures::new("file", None),
+                desired: std::sync::Mutex::default(),
+                builds,
+                reads: AtomicU64::new(0),
+            }),
         }
     }
 
     /// Names of the engaged clusters, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
-        self.clusters.names()
+        self.shared.clusters.names()
     }
 
-    /// The files to read now: explicit files plus directory matches.
-    fn files(&self) -> Vec<PathBuf> {
-        let mut files = self.options.files.clone();
-        for dir in &self.options.directories {
-            for pattern in &self.options.patterns {
-                let full = dir.join(pattern);
-                let Some(full) = full.to_str() else {
-                    tracing::warn!(directory = %dir.display(), "skipping a directory whose path is not UTF-8");
-                    continue;
-                };
-                match glob::glob(full) {
-                    Ok(paths) => {
-                        files.extend(paths.filter_map(Result::ok).filter(|path| path.is_file()))
-                    }
-                    Err(err) => {
-                        tracing::warn!(pattern = %pattern, error = %err, "skipping an invalid pattern")
-                    }
-                }
-            }
-        }
-        files.sort();
-        files.dedup();
-        files
+    /// Contexts (by cluster name) and files (by path) that cannot be used
+    /// now, each with the reason; the clusters they had stay engaged.
+    pub fn failures(&self) -> BTreeMap<ClusterName, String> {
+        self.shared.failures.current()
     }
 
-    /// Reads every source and brings the cluster set in line with it.
-    /// Brings the fleet in line with the files; false when some context's
-    /// credentials could not be obtained and another sync should follow.
-    async fn sync(&self) -> bool {
-        // Name -> the new client and fingerprint, or None when unchanged;
-        // BTreeMap keeps the first of duplicates.
-        let mut found: BTreeMap<ClusterName, Option<(kube::Client, String)>> = BTreeMap::new();
-        let mut complete = true;
-        // Files that exist but cannot be read or parsed right now (often: a
-        // write in progress) keep the clusters they had, instead of flapping.
-        let mut keep_prefixes: Vec<String> = Vec::new();
-        for file in self.files() {
-            let text = match std::fs::read_to_string(&file) {
-                Ok(text) => text,
-                Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(err) => {
-                    tracing::warn!(file = %file.display(), error = %err, "skipping an unreadable kubeconfig file");
-                    keep_prefixes.push(format!("{}{}", file.display(), self.options.separator));
-                    continue;
-                }
-            };
-            let source = format!("file {}", file.display());
-            let parsed = match kubeconfig::parse(&text, &source) {
-                Ok(parsed) => parsed,
-                Err(err) => {
-                    tracing::warn!(error = %err, "skipping the file");
-                    keep_prefixes.push(format!("{}{}", file.display(), self.options.separator));
-                    continue;
-                }
-            };
-            for context in kubeconfig::context_names(&parsed) {
-                let name = ClusterName::from(format!(
-                    "{}{}{context}",
-                    file.display(),
-                    self.options.separator
-                ));
-                if found.contains_key(&name) {
-                    tracing::warn!(cluster = %name, "skipping a duplicate cluster name");
-                    continue;
-                }
-                let fingerprint = kubeconfig::fingerprint(&format!("{context}\n{text}"));
-                // Unchanged: no new client, so no credential plugin run.
-                if self.clusters.fingerprint(&name).as_deref() == Some(fingerprint.as_str()) {
-                    found.insert(name, None);
-                    continue;
-                }
-                match kubeconfig::client(&parsed, Some(&context), &source, &Default::default())
-                    .await
-                {
-                    Ok(client) => {
-                        found.insert(name, Some((client, fingerprint)));
-                    }
-                    Err(err) if err.is_retryable() => {
-                        tracing::warn!(error = %err, "skipping the context for now; trying again later");
-                        complete = false;
-                    }
-                    Err(err) => tracing::warn!(error = %err, "skipping the context"),
-                }
+    /// How many times a kubeconfig file has been read: once per source file
+    /// at start and once per file after each change, never more.
+    pub fn file_reads(&self) -> u64 {
+        self.shared.reads.load(Ordering::Relaxed)
+    }
+}
+
+impl Shared {
+    fn desired(&self, name: &ClusterName) -> Option<Desired> {
+        lock(&self.desired).get(name).cloned()
+    }
+
+    /// Reads every source and queues a build (or removal) of every cluster
+    /// whose context changed.
+    fn read_files(&self) {
+        let found = scan::scan(self);
+        let mut desired = lock(&self.desired);
+        let changed: Vec<ClusterName> = desired
+            .iter()
+            .filter(|(name, before)| found.get(*name) != Some(*before))
+            .map(|(name, _)| name.clone())
+            .chain(
+                found
+                    .keys()
+                    .filter(|name| !desired.contains_key(*name))
+                    .cloned(),
+            )
+            .collect();
+        *desired = found;
+        drop(desired);
+        for name in changed {
+            self.builds.enqueue(Request::new(name, None, ""));
+        }
+    }
+
+    /// Brings one cluster in line with its context.
+    async fn reconcile(&self, name: ClusterName) -> Result<Action, Error> {
+        match self.desired(&name) {
+            None => {
+                discovery::remove(&self.clusters, &self.failures, &name, "its context is gone");
+                Ok(Action::await_change())
+            }
+            // Keeps whatever it had until its file is fixed.
+            Some(Desired::Broken) => Ok(Action::await_change()),
+            Some(Desired::Context(wanted)) => {
+                discovery::engage_kubeconfig(
+                    &self.clusters,
+                    &self.failures,
+                    wanted,
+                    &self.options.client,
+                    |built| {
+                        matches!(self.desired(&built.name), Some(Desired::Context(now)) if now.fingerprint() == built.fingerprint())
+                    },
+                )
+                .await
             }
         }
-        self.clusters.retain(|name| {
-            found.contains_key(name)
-                || keep_prefixes
-                    .iter()
-                    .any(|prefix| name.as_str().starts_with(prefix.as_str()))
-        });
-        for (name, (client, fingerprint)) in found
-            .into_iter()
-            .filter_map(|(name, new)| Some((name, new?)))
-        {
-            if self.clusters.add_or_replace(
-                name.clone(),
-                Cluster::new(name.clone(), client),
-                fingerprint,
-            ) {
-                tracing::info!(cluster = %name, "cluster engaged from its kubeconfig file");
-            }
-        }
-        complete
+    }
+
+    /// Whether a file system event can change what the sources hold.
+    fn matters(&self, event: &notify::Event, patterns: &[glob::Pattern]) -> bool {
+        use notify::EventKind::{Create, Modify, Remove};
+        use notify::event::{AccessKind, AccessMode, ModifyKind};
+        let changes_content = match event.kind {
+            Create(_) | Remove(_) => true,
+            Modify(ModifyKind::Metadata(_)) => false,
+            Modify(_) => true,
+            // A file closed after writing: the write is complete.
+            notify::EventKind::Access(AccessKind::Close(AccessMode::Write)) => true,
+            _ => false,
+        };
+        changes_content
+            && event.paths.iter().any(|path| {
+                self.options.files.iter().any(|file| file == path)
+                    || (path.parent().is_some_and(|dir| {
+                        self.options
+                            .directories
+                            .iter()
+                            .any(|watched| watched == dir)
+                    }) && path
+                        .file_name()
+                        .and_then(|name| name.to_str())
+                        .is_some_and(|name| patterns.iter().any(|p| p.matches(name))))
+            })
     }
 
     /// Directories whose changes matter: each directory and each file's
@@ -215,6 +261,71 @@ impl FileProvider {
         dirs.dedup();
         dirs
     }
+
+    /// Reads the files once, then again after every burst of changes, until
+    /// `shutdown` fires.
+    async fn watch(&self, shutdown: CancellationToken) -> Result<(), Error> {
+        let patterns: Vec<glob::Pattern> = self
+            .options
+            .patterns
+            .iter()
+            .filter_map(|pattern| match glob::Pattern::new(pattern) {
+                Ok(pattern) => Some(pattern),
+                Err(err) => {
+                    tracing::warn!(%pattern, error = %err, "skipping an invalid pattern");
+                    None
+                }
+            })
+            .collect();
+        let (changed_tx, mut changed) = tokio::sync::mpsc::unbounded_channel::<notify::Event>();
+        // notify calls back on its own thread; the event is all we need.
+        let mut watcher =
+            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+                if let Ok(event) = event {
+                    let _ = changed_tx.send(event);
+                }
+            })
+            .map_err(|err| Error::Other(format!("starting the file watcher: {err}")))?;
+        for dir in self.watched_directories() {
+            match watcher.watch(&dir, notify::RecursiveMode::NonRecursive) {
+                Ok(()) => tracing::debug!(directory = %dir.display(), "watching"),
+                Err(err) => {
+                    tracing::warn!(directory = %dir.display(), error = %err, "cannot watch the directory; changes there are missed")
+                }
+            }
+        }
+        self.read_files();
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                event = changed.recv() => match event {
+                    Some(event) if self.matters(&event, &patterns) => {}
+                    Some(_) => continue,
+                    None => return Ok(()),
+                },
+            }
+            // A write is often several events: wait for quiet (but not
+            // forever), then read once.
+            let debounce = self.options.debounce;
+            let give_up = tokio::time::Instant::now() + debounce * 10;
+            loop {
+                let quiet = tokio::time::sleep(debounce);
+                tokio::select! {
+                    () = shutdown.cancelled() => return Ok(()),
+                    () = quiet => break,
+                    () = tokio::time::sleep_until(give_up) => break,
+                    event = changed.recv() => if event.is_none() { return Ok(()) },
+                }
+            }
+            self.read_files();
+        }
+    }
+}
+
+fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn default_sources(options: &mut FileOptions) {
@@ -236,48 +347,34 @@ fn default_sources(options: &mut FileOptions) {
 
 impl ClusterSetProvider for FileProvider {
     fn cluster_set(&self) -> &Clusters {
-        &self.clusters
+        &self.shared.clusters
     }
 }
 
 #[async_trait::async_trait]
 impl RunnableProvider for FileProvider {
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
-        self.clusters.start(shutdown.clone(), aware)?;
-        let (changed_tx, mut changed) = tokio::sync::mpsc::unbounded_channel::<()>();
-        // notify calls back on its own thread; a message is all we need.
-        let mut watcher =
-            notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
-                if event.is_ok() {
-                    let _ = changed_tx.send(());
-                }
-            })
-            .map_err(|err| Error::Other(format!("starting the file watcher: {err}")))?;
-        for dir in self.watched_directories() {
-            match watcher.watch(&dir, notify::RecursiveMode::NonRecursive) {
-                Ok(()) => tracing::debug!(directory = %dir.display(), "watching"),
-                Err(err) => {
-                    tracing::warn!(directory = %dir.display(), error = %err, "cannot watch the directory; changes there are missed")
-                }
+        self.shared.clusters.start(shutdown.clone(), aware)?;
+        let shared = self.shared.clone();
+        let stop_builds = shutdown.child_token();
+        // Builds still running at the end are dropped at once, which stops
+        // their plugins: nobody will use the clients.
+        let builds = self
+            .shared
+            .builds
+            .run(stop_builds.clone(), Duration::ZERO, move |key| {
+                let shared = shared.clone();
+                async move { shared.reconcile(key.cluster).await }
+            });
+        tokio::pin!(builds);
+        tokio::select! {
+            watched = self.shared.watch(shutdown) => {
+                stop_builds.cancel();
+                builds.await;
+                watched
             }
-        }
-        // One key: a sync that could not get some credentials is retried.
-        let mut retries = Retries::new(self.options.retry);
-        let mut complete = self.sync().await;
-        loop {
-            if complete {
-                retries.forget(&());
-            } else {
-                retries.failed(());
-            }
-            tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
-                event = changed.recv() => if event.is_none() { return Ok(()) },
-                () = retries.next() => {}
-            }
-            // A write is often several events: take them all, then re-read once.
-            while changed.try_recv().is_ok() {}
-            complete = self.sync().await;
+            // Only at shutdown.
+            () = &mut builds => Ok(()),
         }
     }
 }

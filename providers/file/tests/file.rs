@@ -11,9 +11,9 @@ use multicluster_provider_file::{FileOptions, FileProvider};
 use multicluster_runtime::controller::{Backoff, Request};
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::testing::{
-    eventually, recording_manager, run_manager, wait_until_unreachable,
+    eventually, recording_manager, run_manager, wait_until_left, wait_until_unreachable,
 };
-use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
+use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions, Provider};
 
 /// `base` with its only context renamed to each of `contexts`.
 fn with_contexts(base: &Kubeconfig, contexts: &[&str]) -> String {
@@ -303,4 +303,278 @@ async fn credential_plugins_run_again_only_for_failed_or_changed_contexts() {
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
+}
+
+/// One kubeconfig holding the clusters, contexts and users of `parts`
+/// (each named differently).
+fn merged(parts: &[Kubeconfig]) -> String {
+    let mut all = parts[0].clone();
+    for part in &parts[1..] {
+        all.clusters.extend(part.clusters.iter().cloned());
+        all.contexts.extend(part.contexts.iter().cloned());
+        all.auth_infos.extend(part.auth_infos.iter().cloned());
+    }
+    multicluster_envtest::to_yaml(&all).expect("yaml")
+}
+
+/// A kubeconfig named `name` with a fresh cluster-admin token of `cp`.
+async fn token_kubeconfig(cp: &ControlPlane, name: &str) -> Kubeconfig {
+    let token = cp.cluster_admin_token("robots", name).await.expect("token");
+    cp.token_kubeconfig(name, token)
+}
+
+fn provider_of(files: &[&Path], dirs: &[&Path]) -> Arc<FileProvider> {
+    Arc::new(FileProvider::new(FileOptions {
+        files: files.iter().map(|path| path.to_path_buf()).collect(),
+        directories: dirs.iter().map(|path| path.to_path_buf()).collect(),
+        ..FileOptions::default()
+    }))
+}
+
+/// An idle provider reads nothing: not on its own, and not because
+/// something else read its files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_provider_reads_no_file() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    cp.create_config_map("hello", &[]).await.expect("object");
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("one.kubeconfig");
+    write(&file, &with_contexts(cp.kubeconfig(), &["one"]));
+    let provider = provider_of(&[], &[dir.path()]);
+    let (manager, recorder) = recording_manager(
+        Cluster::new("local", cp.client().await.expect("client")),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    let (shutdown, task) = run_manager(&manager);
+    recorder
+        .wait_for_more(
+            &Request::new(name(&file, "one"), Some("default"), "hello"),
+            0,
+        )
+        .await;
+    let reads = provider.file_reads();
+    assert_eq!(reads, 1, "one file, read once at start");
+    // Others reading the file (kubectl, a backup) are no changes.
+    for _ in 0..20 {
+        std::fs::read_to_string(&file).expect("read");
+    }
+    // The idle period itself is what is tested: nothing may happen in it.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(provider.file_reads(), reads, "re-read while idle");
+
+    // A real change is read once.
+    write(&file, &with_contexts(cp.kubeconfig(), &["one", "two"]));
+    eventually("the new context", || async {
+        provider.names().contains(&name(&file, "two"))
+    })
+    .await;
+    assert_eq!(provider.file_reads(), reads + 1);
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// Editing one context of a file with several rebuilds only that context:
+/// the others keep their cluster instance and their credential plugin does
+/// not run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn editing_one_context_re_engages_only_that_context() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    cp.create_config_map("hello", &[]).await.expect("object");
+    let state = tempfile::tempdir().expect("state");
+    plugins::set_token(
+        state.path(),
+        &cp.cluster_admin_token("robots", "plugged")
+            .await
+            .expect("token"),
+    )
+    .expect("token");
+    let plugged = cp.exec_kubeconfig("plugged", plugins::TOKEN, state.path());
+    let (steady, edited) = (
+        token_kubeconfig(&cp, "steady").await,
+        token_kubeconfig(&cp, "edited").await,
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("fleet.kubeconfig");
+    write(&file, &merged(&[plugged.clone(), steady.clone(), edited]));
+    let provider = provider_of(&[&file], &[]);
+    let (manager, recorder) = recording_manager(
+        Cluster::new("local", cp.client().await.expect("client")),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    let (shutdown, task) = run_manager(&manager);
+    for context in ["plugged", "steady", "edited"] {
+        recorder
+            .wait_for_more(
+                &Request::new(name(&file, context), Some("default"), "hello"),
+                0,
+            )
+            .await;
+    }
+    let instance = |context: &str| {
+        let provider = provider.clone();
+        let cluster = name(&file, context);
+        async move { provider.get(&cluster).await.expect("engaged") }
+    };
+    let (plugged_before, steady_before, edited_before) = (
+        instance("plugged").await,
+        instance("steady").await,
+        instance("edited").await,
+    );
+    assert_eq!(plugins::calls(state.path()).len(), 1);
+
+    // A new token for one user; the file's other entries are untouched.
+    let rotated = token_kubeconfig(&cp, "edited-2").await;
+    let mut edited = rotated.clone();
+    edited.clusters[0].name = "edited".into();
+    edited.auth_infos[0].name = "edited".into();
+    edited.contexts[0].name = "edited".into();
+    if let Some(context) = edited.contexts[0].context.as_mut() {
+        context.cluster = "edited".into();
+        context.user = Some("edited".into());
+    }
+    write(&file, &merged(&[plugged, steady, edited]));
+    eventually("the edited context to be replaced", || async {
+        !instance("edited").await.same_instance(&edited_before)
+    })
+    .await;
+    assert!(instance("plugged").await.same_instance(&plugged_before));
+    assert!(instance("steady").await.same_instance(&steady_before));
+    assert_eq!(plugins::calls(state.path()).len(), 1, "no plugin run");
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// A tool that writes a file in two steps — first a context naming a user
+/// the file does not have yet, then the user — never makes the cluster
+/// leave: it keeps the cluster it had, says why once, and takes the new
+/// settings when they are complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_file_written_in_two_steps_keeps_its_clusters() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    cp.create_config_map("hello", &[]).await.expect("object");
+    let (first, second) = (
+        token_kubeconfig(&cp, "first").await,
+        token_kubeconfig(&cp, "second").await,
+    );
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("fleet.kubeconfig");
+    write(&file, &merged(&[first.clone(), second.clone()]));
+    let metrics = multicluster_runtime::metrics::Metrics::default();
+    let provider = provider_of(&[&file], &[]);
+    let (manager, recorder) = recording_manager(
+        Cluster::new("local", cp.client().await.expect("client")),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    let manager = manager.with_metrics(metrics.clone());
+    let (shutdown, task) = run_manager(&manager);
+    for context in ["first", "second"] {
+        recorder
+            .wait_for_more(
+                &Request::new(name(&file, context), Some("default"), "hello"),
+                0,
+            )
+            .await;
+    }
+    let second_name = name(&file, "second");
+    let second_before = provider.get(&second_name).await.expect("engaged");
+
+    // Step one: the context names a user that is not written yet.
+    let new_user = token_kubeconfig(&cp, "second-user").await;
+    let mut half = second.clone();
+    if let Some(context) = half.contexts[0].context.as_mut() {
+        context.user = Some("second-user".into());
+    }
+    write(&file, &merged(&[first.clone(), half.clone()]));
+    eventually("the half-written context to be reported", || async {
+        provider
+            .failures()
+            .get(&second_name)
+            .is_some_and(|reason| reason.contains("user \"second-user\""))
+    })
+    .await;
+    assert!(
+        provider
+            .get(&second_name)
+            .await
+            .expect("still engaged")
+            .same_instance(&second_before)
+    );
+
+    // Step two: the user arrives.
+    let mut complete = half;
+    complete.auth_infos = new_user.auth_infos.clone();
+    write(&file, &merged(&[first, complete]));
+    eventually("the completed context to be engaged", || async {
+        provider
+            .get(&second_name)
+            .await
+            .is_ok_and(|cluster| !cluster.same_instance(&second_before))
+    })
+    .await;
+    assert!(provider.failures().is_empty(), "{:?}", provider.failures());
+    let disengaged = metrics
+        .encode()
+        .lines()
+        .find(|line| line.starts_with("mcr_cluster_disengagements_total"))
+        .map(str::to_string);
+    assert_eq!(
+        disengaged.as_deref(),
+        Some("mcr_cluster_disengagements_total 0"),
+        "no cluster left the fleet"
+    );
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// A context whose credential plugin never answers holds up only itself:
+/// contexts added after it are engaged, a removed one is removed, and
+/// stopping the provider stops the plugin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_whose_plugin_hangs_holds_up_only_itself() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    cp.create_config_map("hello", &[]).await.expect("object");
+    let state = tempfile::tempdir().expect("state");
+    plugins::set_token(state.path(), "never-handed-out").expect("token");
+    plugins::hold(state.path()).expect("hold");
+    let stuck = cp.exec_kubeconfig("stuck", plugins::TOKEN, state.path());
+    let before = token_kubeconfig(&cp, "before").await;
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("fleet.kubeconfig");
+    write(&file, &merged(&[stuck.clone(), before]));
+    let provider = provider_of(&[], &[dir.path()]);
+    let (manager, recorder) = recording_manager(
+        Cluster::new("local", cp.client().await.expect("client")),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    let (shutdown, task) = run_manager(&manager);
+    let req =
+        |path: &Path, context: &str| Request::new(name(path, context), Some("default"), "hello");
+    recorder.wait_for_more(&req(&file, "before"), 0).await;
+    eventually("the plugin to be running", || async {
+        plugins::pids(state.path())
+            .first()
+            .is_some_and(|pid| plugins::is_running(*pid))
+    })
+    .await;
+    let plugin = plugins::pids(state.path())[0];
+
+    let other = dir.path().join("other.kubeconfig");
+    write(&other, &with_contexts(cp.kubeconfig(), &["after"]));
+    recorder.wait_for_more(&req(&other, "after"), 0).await;
+    write(&file, &merged(&[stuck]));
+    wait_until_left(&manager, name(&file, "before").as_str()).await;
+    assert_eq!(provider.names(), [name(&other, "after")]);
+    assert!(plugins::is_running(plugin), "still waiting for its login");
+    assert_eq!(plugins::pids(state.path()), [plugin], "run once");
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+    assert!(!plugins::is_running(plugin), "the plugin was stopped");
 }

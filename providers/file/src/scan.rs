@@ -1,0 +1,130 @@
+//! Reading the source files into what each cluster should be.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+
+use multicluster_runtime::ClusterName;
+use multicluster_runtime::clusters::KubeconfigCluster;
+use multicluster_runtime::kubeconfig;
+
+use crate::{Shared, lock};
+
+/// What the files ask of one cluster.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Desired {
+    /// Its context, resolved: engage it.
+    Context(KubeconfigCluster),
+    /// Its file or context cannot be used right now (unreadable, not
+    /// parsable, naming a user or cluster it lacks): keep what is engaged.
+    Broken,
+}
+
+/// Reads every source file and works out what each cluster should be.
+/// Problems are recorded in the provider's failures (logged once per
+/// reason).
+pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
+    let separator = &shared.options.separator;
+    let before = lock(&shared.desired).clone();
+    let mut found = BTreeMap::new();
+    for file in files(shared) {
+        let file_key = ClusterName::from(format!("file {}", file.display()));
+        let prefix = format!("{}{separator}", file.display());
+        // What this file gave before, kept while it cannot be read.
+        let keep_all = |found: &mut BTreeMap<ClusterName, Desired>| {
+            for name in before
+                .keys()
+                .filter(|name| name.as_str().starts_with(&prefix))
+            {
+                found.insert(name.clone(), Desired::Broken);
+            }
+        };
+        shared.reads.fetch_add(1, Ordering::Relaxed);
+        let text = match std::fs::read_to_string(&file) {
+            Ok(text) => text,
+            Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
+                shared.failures.clear(&file_key);
+                continue;
+            }
+            Err(err) => {
+                shared.failures.record(
+                    &file_key,
+                    format!("file {} cannot be read: {err}", file.display()),
+                    "unreadable-file",
+                );
+                keep_all(&mut found);
+                continue;
+            }
+        };
+        let source = format!("file {}", file.display());
+        let parsed = match kubeconfig::parse(&text, &source) {
+            Ok(parsed) => parsed,
+            Err(err) => {
+                shared
+                    .failures
+                    .record(&file_key, err.to_string(), "invalid-kubeconfig");
+                keep_all(&mut found);
+                continue;
+            }
+        };
+        shared.failures.clear(&file_key);
+        for context in kubeconfig::context_names(&parsed) {
+            let name = ClusterName::from(format!("{prefix}{context}"));
+            if found.contains_key(&name) {
+                tracing::warn!(cluster = %name, "skipping a duplicate cluster name");
+                continue;
+            }
+            let source = format!("file {} context {context:?}", file.display());
+            match kubeconfig::context_text(&parsed, &context, &source) {
+                Ok(text) => {
+                    found.insert(
+                        name.clone(),
+                        Desired::Context(KubeconfigCluster {
+                            name,
+                            text,
+                            source,
+                            stable_id: None,
+                        }),
+                    );
+                }
+                Err(err) => {
+                    shared
+                        .failures
+                        .record(&name, err.to_string(), "invalid-kubeconfig");
+                    found.insert(name, Desired::Broken);
+                }
+            }
+        }
+    }
+    // Failures of contexts that are gone are no longer news.
+    for name in before.keys().filter(|name| !found.contains_key(*name)) {
+        shared.failures.clear(name);
+    }
+    found
+}
+
+/// The files to read now: explicit files plus directory matches.
+fn files(shared: &Shared) -> Vec<PathBuf> {
+    let options = &shared.options;
+    let mut files = options.files.clone();
+    for dir in &options.directories {
+        for pattern in &options.patterns {
+            let full = dir.join(pattern);
+            let Some(full) = full.to_str() else {
+                tracing::warn!(directory = %dir.display(), "skipping a directory whose path is not UTF-8");
+                continue;
+            };
+            match glob::glob(full) {
+                Ok(paths) => {
+                    files.extend(paths.filter_map(Result::ok).filter(|path| path.is_file()))
+                }
+                Err(err) => {
+                    tracing::warn!(pattern = %pattern, error = %err, "skipping an invalid pattern")
+                }
+            }
+        }
+    }
+    files.sort();
+    files.dedup();
+    files
+}
