@@ -7,16 +7,28 @@
 //! removes clusters no longer listed. The cluster name is the kind name; an
 //! optional prefix selects clusters without being stripped.
 //!
+//! Every CLI call has a deadline ([`KindOptions::command_timeout`]) and is
+//! stopped, with whatever it started, when it passes or the provider stops.
+//! Each cluster's kubeconfig is fetched and built on its own (on a
+//! [`WorkQueue`]), so a cluster whose call hangs holds up neither the others
+//! nor the next poll.
+//!
 //! A failing first listing fails [`RunnableProvider::start`] (with the reason
 //! — e.g. `kind` not installed); later failures are logged and polling goes
 //! on. A cluster whose kubeconfig cannot be read or used is logged and
 //! skipped; the others are unaffected.
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
+use multicluster_runtime::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
+use multicluster_runtime::controller::{Action, Request, WorkQueue};
+use multicluster_runtime::discovery::{self, DEFAULT_MAX_CONCURRENT_BUILDS, PROVIDER_BACKOFF};
+use multicluster_runtime::failures::Failures;
+use multicluster_runtime::kubeconfig::ClientOptions;
+use multicluster_runtime::process::{self, ProcessError};
 use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
@@ -29,6 +41,11 @@ pub struct KindOptions {
     pub poll_interval: Duration,
     /// The `kind` executable (default `kind`, found on `PATH`).
     pub kind_command: PathBuf,
+    /// How long one `kind` call may take before it is stopped and counts as
+    /// failed (default 30 s).
+    pub command_timeout: Duration,
+    /// How the clients reach their clusters.
+    pub client: ClientOptions,
 }
 
 impl Default for KindOptions {
@@ -37,6 +54,8 @@ impl Default for KindOptions {
             prefix: None,
             poll_interval: Duration::from_secs(2),
             kind_command: PathBuf::from("kind"),
+            command_timeout: Duration::from_secs(30),
+            client: ClientOptions::default(),
         }
     }
 }
@@ -44,43 +63,60 @@ impl Default for KindOptions {
 /// kind clusters found through the `kind` CLI.
 #[derive(Debug)]
 pub struct KindProvider {
+    shared: Arc<Shared>,
+}
+
+#[derive(Debug)]
+struct Shared {
     options: KindOptions,
     clusters: Clusters,
+    failures: Failures,
+    /// The names the last listing gave.
+    listed: Mutex<BTreeSet<String>>,
+    /// One key per listed (or no longer listed) cluster.
+    refreshes: WorkQueue,
 }
 
 impl KindProvider {
     /// A provider with `options`.
     pub fn new(options: KindOptions) -> Self {
         Self {
-            options,
-            clusters: Clusters::new(),
+            shared: Arc::new(Shared {
+                options,
+                clusters: Clusters::new(),
+                failures: Failures::new("kind", None),
+                listed: Mutex::default(),
+                refreshes: WorkQueue::builder("kind-provider")
+                    .max_concurrent(DEFAULT_MAX_CONCURRENT_BUILDS)
+                    .backoff(PROVIDER_BACKOFF)
+                    .build(),
+            }),
         }
     }
 
     /// Names of the engaged clusters, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
-        self.clusters.names()
+        self.shared.clusters.names()
     }
+}
 
-    /// Runs `kind` with `args` off the async threads; stdout on success.
-    async fn kind(&self, args: Vec<String>) -> Result<String, Error> {
-        let program = self.options.kind_command.clone();
+impl Shared {
+    /// Runs `kind` with `args`; its stdout on success.
+    async fn kind(&self, args: &[&str]) -> Result<String, Error> {
+        let program = &self.options.kind_command;
         let shown = format!("{} {}", program.display(), args.join(" "));
-        let output = tokio::task::spawn_blocking(move || {
-            duct::cmd(program, args)
-                .stdout_capture()
-                .stderr_capture()
-                .unchecked()
-                .run()
-        })
-        .await
-        .map_err(|err| Error::Other(format!("running `{shown}`: {err}")))?
-        .map_err(|err| match err.kind() {
-            std::io::ErrorKind::NotFound => Error::Other(format!(
-                "running `{shown}`: the kind CLI was not found; install kind or set its path in KindOptions::kind_command"
-            )),
-            _ => Error::Other(format!("running `{shown}`: {err}")),
-        })?;
+        let mut command = tokio::process::Command::new(program);
+        command.args(args);
+        let output = process::output(command, self.options.command_timeout)
+            .await
+            .map_err(|err| match err {
+                ProcessError::Start(io) if io.kind() == std::io::ErrorKind::NotFound => {
+                    Error::Other(format!(
+                        "running `{shown}`: the kind CLI was not found; install kind or set its path in KindOptions::kind_command"
+                    ))
+                }
+                other => Error::Other(format!("`{shown}` {other}")),
+            })?;
         if !output.status.success() {
             let stderr = String::from_utf8_lossy(&output.stderr);
             return Err(Error::Other(format!(
@@ -93,10 +129,11 @@ impl KindProvider {
             .map_err(|_| Error::Other(format!("`{shown}` printed something that is not UTF-8")))
     }
 
-    /// One poll: list, then add, replace and remove clusters.
-    async fn sync(&self) -> Result<(), Error> {
-        let listed = self.kind(vec!["get".into(), "clusters".into()]).await?;
-        let names: Vec<String> = listed
+    /// One poll: list, then queue a refresh of every listed cluster and of
+    /// every cluster no longer listed.
+    async fn poll(&self) -> Result<(), Error> {
+        let listed = self.kind(&["get", "clusters"]).await?;
+        let names: BTreeSet<String> = listed
             .lines()
             .map(str::trim)
             .filter(|name| !name.is_empty())
@@ -108,61 +145,92 @@ impl KindProvider {
             })
             .map(str::to_string)
             .collect();
-        for name in &names {
-            if let Err(err) = self.refresh(name).await {
-                tracing::warn!(cluster = %name, error = %err, "skipping kind cluster");
-            }
+        let gone: Vec<String> = {
+            let mut before = self.listed.lock().unwrap_or_else(|p| p.into_inner());
+            let gone = before.difference(&names).cloned().collect();
+            *before = names.clone();
+            gone
+        };
+        for name in names.into_iter().chain(gone) {
+            self.refreshes.enqueue(Request::new(name, None, ""));
         }
-        self.clusters.retain(|name| {
-            let keep = names.iter().any(|listed| listed == name.as_str());
-            if !keep {
-                tracing::info!(cluster = %name, "kind cluster is gone");
-            }
-            keep
-        });
         Ok(())
     }
 
-    async fn refresh(&self, name: &str) -> Result<(), Error> {
-        let text = self
-            .kind(vec![
-                "get".into(),
-                "kubeconfig".into(),
-                "--name".into(),
-                name.to_string(),
-            ])
-            .await?;
-        let source = format!("`kind get kubeconfig --name {name}`");
-        if self
-            .clusters
-            .add_or_replace_from_kubeconfig(name, &text, &source, &Default::default())
-            .await?
-        {
-            tracing::info!(cluster = %name, "kind cluster engaged");
+    /// Brings one cluster in line with kind.
+    async fn refresh(&self, name: ClusterName) -> Result<Action, Error> {
+        let listed = self
+            .listed
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .contains(name.as_str());
+        if !listed {
+            discovery::remove(
+                &self.clusters,
+                &self.failures,
+                &name,
+                "kind no longer lists it",
+            );
+            return Ok(Action::await_change());
         }
-        Ok(())
+        let text = self
+            .kind(&["get", "kubeconfig", "--name", name.as_str()])
+            .await?;
+        let wanted = KubeconfigCluster {
+            source: format!("`kind get kubeconfig --name {name}`"),
+            name,
+            text,
+            stable_id: None,
+        };
+        discovery::engage_kubeconfig(
+            &self.clusters,
+            &self.failures,
+            wanted,
+            &self.options.client,
+            |_| true,
+        )
+        .await
     }
 }
 
 impl ClusterSetProvider for KindProvider {
     fn cluster_set(&self) -> &Clusters {
-        &self.clusters
+        &self.shared.clusters
     }
 }
 
 #[async_trait::async_trait]
 impl RunnableProvider for KindProvider {
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
-        self.clusters.start(shutdown.clone(), aware)?;
-        self.sync().await?;
-        loop {
-            tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
-                () = tokio::time::sleep(self.options.poll_interval) => {}
-            }
-            if let Err(err) = self.sync().await {
-                tracing::warn!(error = %err, "listing kind clusters failed; trying again at the next poll");
-            }
+        let shared = &self.shared;
+        shared.clusters.start(shutdown.clone(), aware)?;
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            first = shared.poll() => first?,
         }
+        let refresher = shared.clone();
+        // Calls still running at shutdown are stopped at once.
+        let refreshes = shared
+            .refreshes
+            .run(shutdown.clone(), Duration::ZERO, move |key| {
+                let shared = refresher.clone();
+                async move { shared.refresh(key.cluster).await }
+            });
+        let polls = async {
+            loop {
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    () = tokio::time::sleep(shared.options.poll_interval) => {}
+                }
+                tokio::select! {
+                    () = shutdown.cancelled() => return,
+                    polled = shared.poll() => if let Err(err) = polled {
+                        tracing::warn!(error = %err, "listing kind clusters failed; trying again at the next poll");
+                    },
+                }
+            }
+        };
+        tokio::join!(refreshes, polls);
+        Ok(())
     }
 }

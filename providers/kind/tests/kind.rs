@@ -33,6 +33,7 @@ case "$1 $2" in
   "get clusters")
     if [ -s "$state/clusters" ]; then cat "$state/clusters"; else echo "No kind clusters found." >&2; fi ;;
   "get kubeconfig")
+    if [ -e "$state/hang-$4" ]; then echo $$ > "$state/hung-pid"; exec sleep 1000; fi
     [ "$3" = "--name" ] && [ -e "$state/$4.kubeconfig" ] || {{ echo "ERROR: could not locate any control plane nodes for cluster named '$4'" >&2; exit 1; }}
     cat "$state/$4.kubeconfig" ;;
   *) echo "unexpected: $*" >&2; exit 2 ;;
@@ -81,6 +82,7 @@ fn options(kind: &Path, prefix: Option<&str>) -> KindOptions {
         prefix: prefix.map(str::to_string),
         poll_interval: Duration::from_millis(100),
         kind_command: kind.to_path_buf(),
+        ..KindOptions::default()
     }
 }
 
@@ -184,4 +186,48 @@ async fn a_manager_whose_provider_cannot_start_stops_with_the_providers_error() 
     .expect("run() returns when the provider fails");
     let err = result.expect_err("the provider's error");
     assert!(err.to_string().contains("kind CLI was not found"), "{err}");
+}
+
+/// A cluster whose `kind get kubeconfig` never returns holds up only itself:
+/// clusters listed after it are engaged, one no longer listed is removed,
+/// and stopping the provider stops the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_whose_kind_call_hangs_holds_up_only_itself() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    create(&cp, "hello").await;
+    let kubeconfig = multicluster_envtest::to_yaml(cp.kubeconfig()).expect("yaml");
+    let kind = FakeKind::new();
+    std::fs::write(kind.path("hang-stuck"), "").expect("hang");
+    kind.set_clusters(&[("stuck", &kubeconfig), ("before", &kubeconfig)]);
+
+    let provider = Arc::new(KindProvider::new(options(&kind.command(), None)));
+    let (manager, recorder) = recording_manager(
+        Cluster::new("local", cp.client().await.expect("client")),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    let (shutdown, task) = run_manager(&manager);
+    recorder.wait_for_more(&req("before", "hello"), 0).await;
+    let hung_pid = || {
+        std::fs::read_to_string(kind.path("hung-pid"))
+            .ok()
+            .and_then(|pid| pid.trim().parse::<u32>().ok())
+    };
+    eventually("the hanging call to run", || async {
+        hung_pid().is_some_and(multicluster_envtest::plugins::is_running)
+    })
+    .await;
+    let hung = hung_pid().expect("the hanging call's PID");
+
+    kind.set_clusters(&[("stuck", &kubeconfig), ("after", &kubeconfig)]);
+    recorder.wait_for_more(&req("after", "hello"), 0).await;
+    wait_until_left(&manager, "before").await;
+    assert_eq!(provider.names(), [ClusterName::from("after")]);
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+    assert!(
+        !multicluster_envtest::plugins::is_running(hung),
+        "the hanging call was stopped"
+    );
 }
