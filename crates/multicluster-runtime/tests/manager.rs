@@ -172,3 +172,90 @@ async fn shutdown_lets_running_reconciles_finish_and_starts_no_new_ones() {
         "nothing new started after shutdown"
     );
 }
+
+/// A provider that never returns from `start`, whatever happens: a
+/// discovery loop stuck in a call that has no deadline.
+#[derive(Default)]
+struct StuckProvider {
+    clusters: multicluster_runtime::clusters::Clusters,
+}
+
+impl multicluster_runtime::clusters::ClusterSetProvider for StuckProvider {
+    fn cluster_set(&self) -> &multicluster_runtime::clusters::Clusters {
+        &self.clusters
+    }
+}
+
+#[async_trait::async_trait]
+impl multicluster_runtime::RunnableProvider for StuckProvider {
+    async fn start(
+        &self,
+        _shutdown: tokio_util::sync::CancellationToken,
+        _aware: Arc<dyn multicluster_runtime::Aware>,
+    ) -> Result<(), Error> {
+        std::future::pending().await
+    }
+}
+
+/// Sets a flag when dropped: tells whether a hung reconcile was let go.
+struct DropFlag(Arc<AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Shutdown has a bound nothing extends: a reconcile that never ends is
+/// dropped after the grace period, and a provider that never returns is
+/// dropped shortly after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_is_bounded_whatever_reconciles_and_the_provider_do() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    create_config_map(&cp, "hangs", &[]).await;
+    let started = Arc::new(Notify::new());
+    let dropped = Arc::new(AtomicBool::new(false));
+    let controller = {
+        let (started, dropped) = (started.clone(), dropped.clone());
+        Controller::builder("hung")
+            .for_resource(Watch::<ConfigMap>::new().clusters(Clusters::Local))
+            .build(move |request, _| {
+                let (started, flag) = (started.clone(), DropFlag(dropped.clone()));
+                async move {
+                    if request.name == "hangs" {
+                        let _flag = flag;
+                        started.notify_one();
+                        std::future::pending::<()>().await;
+                    }
+                    Ok::<_, Never>(Action::await_change())
+                }
+            })
+            .expect("controller")
+    };
+    let grace = Duration::from_secs(2);
+    let manager = Manager::with_provider(
+        cluster_for("local", &cp).await,
+        Arc::new(StuckProvider::default()),
+        ManagerOptions {
+            shutdown_grace: grace,
+            ..ManagerOptions::default()
+        },
+    );
+    manager.add_controller(controller).expect("add");
+    let (stop, task) = run_manager(&manager);
+    tokio::time::timeout(DEADLINE, started.notified())
+        .await
+        .expect("the hanging reconcile started");
+    stop.cancel();
+    // The promise under test is a bound: the grace period plus 3 s (and
+    // some slack for a busy machine).
+    tokio::time::timeout(grace + Duration::from_secs(3 + 5), task)
+        .await
+        .expect("run() returned within its bound")
+        .expect("task")
+        .expect("a clean stop");
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the hung reconcile was dropped"
+    );
+}

@@ -31,8 +31,11 @@ struct Args {
     health: HealthArgs,
 }
 
-fn main() -> Result<(), MainError> {
-    multicluster_example_configmap_sync::main(run)
+#[tokio::main]
+async fn main() -> Result<(), MainError> {
+    let args = Args::parse();
+    multicluster_example_configmap_sync::init_logging();
+    run(args).await
 }
 
 async fn run(args: Args) -> Result<(), MainError> {

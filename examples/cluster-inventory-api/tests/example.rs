@@ -11,6 +11,7 @@ use kube::api::{
 };
 use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_example_configmap_sync::SYNC_LABEL;
+use multicluster_example_configmap_sync::testing::{GRACE, terminate};
 use multicluster_runtime::testing::eventually;
 use serde_json::json;
 use tokio::process::Command;
@@ -153,23 +154,19 @@ async fn the_example_copies_configmaps_in_a_profiles_cluster() {
                 "extension": {"STATE_DIR": held.path()}}]),
     )
     .await;
-    eventually("the held plugin to be called", || async {
-        !plugins::calls(held.path()).is_empty()
+    eventually("the held plugin to be running", || async {
+        plugins::pids(held.path())
+            .first()
+            .is_some_and(|pid| plugins::is_running(*pid))
     })
     .await;
-    let pid = example.id().expect("pid").to_string();
-    let signalled = Command::new("kill")
-        .args(["-TERM", &pid])
-        .status()
-        .await
-        .expect("kill");
-    assert!(signalled.success());
-    // Well before the plugin's own two-minute limit.
-    let status = tokio::time::timeout(Duration::from_secs(60), example.wait())
-        .await
-        .expect("the example exited while its plugin still hangs")
-        .expect("status");
+    let plugin = plugins::pids(held.path())[0];
+    let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
     assert!(status.success(), "{status}");
+    assert!(
+        !plugins::is_running(plugin),
+        "the plugin outlived the example"
+    );
 }
 
 /// A ready ClusterProfile in `profiles` whose access provider `token`

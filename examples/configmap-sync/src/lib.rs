@@ -54,18 +54,6 @@ pub async fn serve(
     Ok(())
 }
 
-/// An example's `main`: parses its flags `A` (clap exits on bad ones),
-/// logs to stderr and runs `run` with them through [`block_on`].
-pub fn main<A, F>(run: impl FnOnce(A) -> F) -> Result<(), MainError>
-where
-    A: clap::Parser,
-    F: std::future::Future<Output = Result<(), MainError>>,
-{
-    let args = A::parse();
-    init_logging();
-    block_on(run(args))
-}
-
 /// The health endpoint flag every example has (`#[command(flatten)]`).
 #[derive(clap::Args, Debug)]
 pub struct HealthArgs {
@@ -75,26 +63,13 @@ pub struct HealthArgs {
 }
 
 /// Logs to stderr; `RUST_LOG` overrides the default (`info`, kube quiet).
-fn init_logging() {
+pub fn init_logging() {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,kube=warn".into()),
         )
         .init();
-}
-
-/// Runs an example's main future on a multi-threaded runtime. On the way
-/// out it waits at most 5 s for blocking threads: an exec credential plugin
-/// that hangs holds one nobody can cancel, and a plain `#[tokio::main]`
-/// would wait for it forever after SIGTERM.
-pub fn block_on(
-    main: impl std::future::Future<Output = Result<(), MainError>>,
-) -> Result<(), MainError> {
-    let runtime = tokio::runtime::Runtime::new()?;
-    let result = runtime.block_on(main);
-    runtime.shutdown_timeout(std::time::Duration::from_secs(5));
-    result
 }
 
 /// What an example's `main` returns on failure: printed as the error's
@@ -215,4 +190,65 @@ async fn reconcile(
         request.name
     );
     Ok(Action::await_change())
+}
+
+/// What the examples' own tests share: checking that a running example
+/// copies, and stopping it as a deployment would.
+pub mod testing {
+    use std::time::Duration;
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::api::{Api, PostParams};
+
+    use super::{SYNC_LABEL, copy_name};
+
+    /// The shutdown grace period of the examples' managers (the manager's
+    /// default).
+    pub const GRACE: Duration = Duration::from_secs(30);
+
+    /// Creates a labelled ConfigMap `name` in `default` of `member` and
+    /// waits until the example has copied it.
+    pub async fn wait_for_copy(member: kube::Client, name: &str) {
+        let configmaps = Api::<ConfigMap>::namespaced(member, "default");
+        let mut source = ConfigMap::default();
+        source.metadata.name = Some(name.into());
+        source.metadata.labels = Some([(SYNC_LABEL.to_string(), "true".to_string())].into());
+        source.data = Some([("colour".to_string(), "blue".to_string())].into());
+        configmaps
+            .create(&PostParams::default(), &source)
+            .await
+            .unwrap_or_else(|err| panic!("creating {name}: {err}"));
+        multicluster_runtime::testing::eventually(
+            &format!("the example to copy {name}"),
+            || async {
+                configmaps
+                    .get_opt(&copy_name(name))
+                    .await
+                    .ok()
+                    .flatten()
+                    .and_then(|copy| copy.data)
+                    .is_some_and(|data| data.get("colour").map(String::as_str) == Some("blue"))
+            },
+        )
+        .await;
+    }
+
+    /// Sends SIGTERM to `example` and waits for it to exit, at most `within`
+    /// (panics after that).
+    pub async fn terminate(
+        example: &mut tokio::process::Child,
+        within: Duration,
+    ) -> std::process::ExitStatus {
+        let pid = example.id().expect("the example is running").to_string();
+        let signalled = tokio::process::Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .await
+            .expect("kill");
+        assert!(signalled.success(), "SIGTERM to {pid}");
+        tokio::time::timeout(within, example.wait())
+            .await
+            .unwrap_or_else(|_| panic!("the example did not exit within {within:?} of SIGTERM"))
+            .expect("exit status")
+    }
 }

@@ -28,8 +28,11 @@ struct Args {
     health: HealthArgs,
 }
 
-fn main() -> Result<(), MainError> {
-    multicluster_example_configmap_sync::main(run)
+#[tokio::main]
+async fn main() -> Result<(), MainError> {
+    let args = Args::parse();
+    multicluster_example_configmap_sync::init_logging();
+    run(args).await
 }
 
 async fn run(args: Args) -> Result<(), MainError> {
@@ -37,6 +40,7 @@ async fn run(args: Args) -> Result<(), MainError> {
         prefix: args.prefix,
         poll_interval: Duration::from_secs(args.poll_seconds),
         kind_command: args.kind,
+        ..KindOptions::default()
     }));
     let local = Cluster::new("local", kube::Client::try_default().await?);
     multicluster_example_configmap_sync::run(local, provider, args.health.health_address, None)

@@ -25,6 +25,10 @@ use crate::controller::Controller;
 use crate::metrics::Metrics;
 use crate::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
 
+/// How long the coordinator and the provider may take to stop after the
+/// shutdown grace period.
+const STOP_ALLOWANCE: Duration = Duration::from_secs(3);
+
 /// Where an engaged cluster stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClusterState {
@@ -101,7 +105,10 @@ pub struct ManagerOptions {
     /// Longest retry delay (default 60 s).
     pub max_retry_delay: Duration,
     /// How long running reconciles may take to finish at shutdown (default
-    /// 30 s).
+    /// 30 s). The whole shutdown — reconciles, the coordinator handing its
+    /// clusters over, the provider stopping (and its credential plugins
+    /// with it) — ends within this plus 3 s: whatever still runs then is
+    /// dropped.
     pub shutdown_grace: Duration,
     /// Where to serve `/healthz`, `/readyz`, `/metrics` and `/clusters`;
     /// `None` (the default) serves nothing.
@@ -316,7 +323,8 @@ impl Manager {
         let components_stop = CancellationToken::new();
         let coordinator = self.coordinator();
         let coordinator_stop = components_stop.clone();
-        let coordinator_task = tokio::spawn(async move { coordinator.run(coordinator_stop).await });
+        let mut coordinator_task =
+            tokio::spawn(async move { coordinator.run(coordinator_stop).await });
         self.engage(
             components_stop.child_token(),
             ClusterName::local(),
@@ -353,17 +361,38 @@ impl Manager {
             tracing::error!("the provider stopped; shutting down");
             stop.cancel();
         }
+        // Nothing extends the shutdown past this: reconciles get the grace
+        // period, the coordinator and the provider a little more.
+        let deadline = tokio::time::Instant::now() + grace + STOP_ALLOWANCE;
         tracing::info!("shutting down: no new reconciles; waiting for running ones");
-        while tasks.join_next().await.is_some() {}
+        let controllers_done = async { while tasks.join_next().await.is_some() {} };
+        if tokio::time::timeout_at(deadline, controllers_done)
+            .await
+            .is_err()
+        {
+            tracing::warn!("controllers did not stop in time; dropping them");
+            tasks.abort_all();
+        }
         components_stop.cancel();
-        match coordinator_task.await {
-            Ok(Ok(())) => {}
-            Ok(Err(err)) => tracing::error!(error = %err, "the coordinator failed"),
-            Err(err) => tracing::error!(error = %err, "the coordinator task failed"),
+        match tokio::time::timeout_at(deadline, &mut coordinator_task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(err))) => tracing::error!(error = %err, "the coordinator failed"),
+            Ok(Err(err)) => tracing::error!(error = %err, "the coordinator task failed"),
+            Err(_) => {
+                tracing::warn!("the coordinator did not stop in time; dropping it");
+                coordinator_task.abort();
+            }
         }
         let provider_result = match (provider_ended, provider_task) {
             (Some(result), _) => result,
-            (None, Some(task)) => task.await,
+            (None, Some(mut task)) => match tokio::time::timeout_at(deadline, &mut task).await {
+                Ok(result) => result,
+                Err(_) => {
+                    tracing::warn!("the provider did not stop in time; dropping it");
+                    task.abort();
+                    Ok(Ok(()))
+                }
+            },
             (None, None) => Ok(Ok(())),
         };
         match provider_result {

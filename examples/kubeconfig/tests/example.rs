@@ -1,0 +1,84 @@
+//! The example binary against a real management and member control plane:
+//! it copies in the member while another Secret's credential plugin hangs,
+//! and SIGTERM stops it within its grace period, plugin included.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ObjectMeta, PostParams};
+use multicluster_envtest::{ControlPlane, plugins};
+use multicluster_example_configmap_sync::testing::{GRACE, terminate, wait_for_copy};
+use multicluster_provider_kubeconfig::DEFAULT_LABEL;
+use multicluster_runtime::testing::eventually;
+use tokio::process::Command;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-kubeconfig");
+
+fn secret(name: &str, kubeconfig: &kube::config::Kubeconfig) -> Secret {
+    let text = multicluster_envtest::to_yaml(kubeconfig).expect("yaml");
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([(DEFAULT_LABEL.to_string(), "true".to_string())].into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            "kubeconfig".to_string(),
+            ByteString(text.into_bytes()),
+        )])),
+        ..Secret::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_the_example_while_a_credential_plugin_hangs() {
+    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (management, member) = (management.expect("management"), member.expect("member"));
+    management
+        .create_namespace("fleet")
+        .await
+        .expect("namespace");
+    let state = tempfile::tempdir().expect("state");
+    plugins::set_token(state.path(), "never-handed-out").expect("token");
+    plugins::hold(state.path()).expect("hold");
+    let secrets = Api::<Secret>::namespaced(management.client().await.expect("client"), "fleet");
+    for (name, kubeconfig) in [
+        (
+            "stuck",
+            member.exec_kubeconfig("stuck", plugins::TOKEN, state.path()),
+        ),
+        ("member", member.kubeconfig().clone()),
+    ] {
+        secrets
+            .create(&PostParams::default(), &secret(name, &kubeconfig))
+            .await
+            .expect("secret");
+    }
+
+    let mut example = Command::new(BINARY)
+        .args(["--namespace", "fleet", "--health-address", "127.0.0.1:0"])
+        .env("KUBECONFIG", management.kubeconfig_path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("example");
+    wait_for_copy(member.client().await.expect("client"), "settings").await;
+    eventually("the stuck plugin to be running", || async {
+        plugins::pids(state.path())
+            .first()
+            .is_some_and(|pid| plugins::is_running(*pid))
+    })
+    .await;
+    let plugin = plugins::pids(state.path())[0];
+
+    let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
+    assert!(status.success(), "{status}");
+    assert!(
+        !plugins::is_running(plugin),
+        "the plugin outlived the example"
+    );
+}
