@@ -57,6 +57,37 @@ pub fn pids(state: &std::path::Path) -> Vec<u32> {
         .collect()
 }
 
+/// Waits until the first recorded call of [`TOKEN`] with state directory
+/// `state` is running, and returns its process ID; panics after a minute.
+/// With [`hold`], that call stays running: a plugin that hangs.
+pub async fn first_call_running(state: &std::path::Path) -> u32 {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        if let Some(pid) = pids(state).first().copied().filter(|pid| is_running(*pid)) {
+            return pid;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no running call of the plugin in {}",
+            state.display()
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
+/// Waits until the process `pid` has stopped (a killed process takes a
+/// moment to die); panics after ten seconds, naming `what`.
+pub async fn wait_until_stopped(pid: u32, what: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while is_running(pid) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what} (process {pid}) is still running"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Whether the process `pid` is running (it exists and is not a zombie
 /// waiting to be reaped). Linux only: reads `/proc`.
 pub fn is_running(pid: u32) -> bool {

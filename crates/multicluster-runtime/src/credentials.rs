@@ -9,7 +9,7 @@
 //! never past its deadline, and killed (with whatever it started) when the
 //! caller stops waiting.
 //!
-//! A token goes into every request through [`authenticated`], a service over
+//! A token goes into every request through a service of ours over
 //! the client kube-rs builds without the plugin; a client certificate goes
 //! into the client's TLS settings. Error messages name the plugin's command,
 //! its exit status and the last line of its stderr, never its arguments,

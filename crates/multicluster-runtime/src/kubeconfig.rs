@@ -105,6 +105,14 @@ pub async fn client(
     let mut config = kube::Config::from_custom_kubeconfig(only, &kube_options)
         .await
         .map_err(|err| invalid(source, &format!("context {context_name:?}: {err}")))?;
+    if runs_command_unattended(&config.auth_info) {
+        return Err(invalid(
+            source,
+            &format!(
+                "context {context_name:?} (user {user:?}): the gcp auth provider's cmd-path runs a command that cannot be given a deadline or stopped; use an exec credential plugin (gke-gcloud-auth-plugin) instead, as client-go has required since Kubernetes 1.26"
+            ),
+        ));
+    }
     let plugin = plugin_of(&mut config.auth_info, options.plugin_timeout);
     let build_error = |err: kube::Error| {
         invalid(
@@ -135,6 +143,17 @@ pub async fn client(
             reason: format!("context {context_name:?} (user {user:?}): {err}"),
         }),
     }
+}
+
+/// Whether kube-rs would run a command of `auth`'s synchronously while
+/// building the client: the legacy gcp auth provider's `cmd-path`, with no
+/// deadline and no way to stop it. Exec plugins are run by us instead.
+fn runs_command_unattended(auth: &AuthInfo) -> bool {
+    auth.auth_provider.as_ref().is_some_and(|provider| {
+        provider.name == "gcp"
+            && provider.config.contains_key("cmd-path")
+            && !provider.config.contains_key("id-token")
+    })
 }
 
 /// Takes the exec plugin out of `auth`, so kube-rs builds the client without
@@ -285,6 +304,13 @@ mod tests {
             ),
             (kubeconfig("ctx", "missing", "u"), "cluster \"missing\""),
             (kubeconfig("ctx", "c", "nobody"), "user \"nobody\""),
+            (
+                kubeconfig("ctx", "c", "u").replace(
+                    &format!("    token: {SECRET_TOKEN}\n"),
+                    "    auth-provider:\n      name: gcp\n      config:\n        cmd-path: /usr/bin/gcloud\n",
+                ),
+                "gcp auth provider's cmd-path",
+            ),
         ];
         for (text, expected) in cases {
             let result = match parse(&text, "Secret fleet/prod key kubeconfig") {

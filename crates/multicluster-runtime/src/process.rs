@@ -103,18 +103,9 @@ impl Drop for GroupGuard {
 mod tests {
     use std::path::Path;
 
-    use super::*;
+    use multicluster_envtest::plugins::is_running as alive;
 
-    /// Whether a process of that ID exists (and is not a zombie).
-    fn alive(pid: u32) -> bool {
-        std::fs::read_to_string(format!("/proc/{pid}/stat"))
-            .ok()
-            .and_then(|stat| {
-                let state = stat.rsplit(')').next()?.split_whitespace().next()?;
-                Some(state != "Z")
-            })
-            .unwrap_or(false)
-    }
+    use super::*;
 
     /// A shell that starts a long sleep in the background (a grandchild),
     /// writes that sleep's PID to `pid_file`, then waits for it.

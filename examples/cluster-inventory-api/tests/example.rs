@@ -154,19 +154,10 @@ async fn the_example_copies_configmaps_in_a_profiles_cluster() {
                 "extension": {"STATE_DIR": held.path()}}]),
     )
     .await;
-    eventually("the held plugin to be running", || async {
-        plugins::pids(held.path())
-            .first()
-            .is_some_and(|pid| plugins::is_running(*pid))
-    })
-    .await;
-    let plugin = plugins::pids(held.path())[0];
+    let plugin = plugins::first_call_running(held.path()).await;
     let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
     assert!(status.success(), "{status}");
-    assert!(
-        !plugins::is_running(plugin),
-        "the plugin outlived the example"
-    );
+    plugins::wait_until_stopped(plugin, "the plugin the example ran").await;
 }
 
 /// A ready ClusterProfile in `profiles` whose access provider `token`

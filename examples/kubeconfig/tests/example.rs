@@ -12,7 +12,6 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_example_configmap_sync::testing::{GRACE, terminate, wait_for_copy};
 use multicluster_provider_kubeconfig::DEFAULT_LABEL;
-use multicluster_runtime::testing::eventually;
 use tokio::process::Command;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-kubeconfig");
@@ -67,18 +66,9 @@ async fn sigterm_stops_the_example_while_a_credential_plugin_hangs() {
         .spawn()
         .expect("example");
     wait_for_copy(member.client().await.expect("client"), "settings").await;
-    eventually("the stuck plugin to be running", || async {
-        plugins::pids(state.path())
-            .first()
-            .is_some_and(|pid| plugins::is_running(*pid))
-    })
-    .await;
-    let plugin = plugins::pids(state.path())[0];
+    let plugin = plugins::first_call_running(state.path()).await;
 
     let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
     assert!(status.success(), "{status}");
-    assert!(
-        !plugins::is_running(plugin),
-        "the plugin outlived the example"
-    );
+    plugins::wait_until_stopped(plugin, "the plugin the example ran").await;
 }

@@ -36,9 +36,8 @@ use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
 use multicluster_runtime::controller::{Action, Backoff, Controller, Request, Watch};
 use multicluster_runtime::discovery::{
-    self, DEFAULT_MAX_CONCURRENT_BUILDS, MANAGEMENT, PROVIDER_BACKOFF,
+    self, DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, MANAGEMENT, PROVIDER_BACKOFF,
 };
-use multicluster_runtime::failures::Failures;
 use multicluster_runtime::kubeconfig::ClientOptions;
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider, watch_filter};
@@ -160,8 +159,7 @@ struct Shared {
     /// The management cluster, whose cache holds the Clusters and their
     /// Secrets.
     management: Cluster,
-    clusters: Clusters,
-    failures: Failures,
+    fleet: Fleet,
 }
 
 impl ClusterApiProvider {
@@ -186,22 +184,25 @@ impl ClusterApiProvider {
             shared: Arc::new(Shared {
                 resource,
                 management: Cluster::with_cache(MANAGEMENT, management, cache),
-                failures: Failures::new("cluster-api", options.metrics.clone()),
+                fleet: Fleet::new(
+                    "cluster-api",
+                    options.metrics.clone(),
+                    options.client.clone(),
+                ),
                 options,
-                clusters: Clusters::new(),
             }),
         }
     }
 
     /// Names of the engaged clusters, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
-        self.shared.clusters.names()
+        self.shared.fleet.clusters.names()
     }
 
     /// Ready Clusters that cannot be engaged now, each with the reason
     /// (naming the Secret and key, never quoting it).
     pub fn failures(&self) -> std::collections::BTreeMap<ClusterName, String> {
-        self.shared.failures.current()
+        self.shared.fleet.failures.current()
     }
 }
 
@@ -280,27 +281,15 @@ impl Shared {
         let namespace = request.namespace.as_deref().unwrap_or_default();
         let fleet_name = ClusterName::from(format!("{namespace}/{}", request.name));
         match self.wanted(namespace, &request.name) {
-            Wanted::Gone => {
-                discovery::remove(
-                    &self.clusters,
-                    &self.failures,
-                    &fleet_name,
-                    "its Cluster is deleted",
-                );
-            }
+            Wanted::Gone => self.fleet.remove(&fleet_name, "its Cluster is deleted"),
             Wanted::Leave(why) => tracing::debug!(cluster = %fleet_name, "{why}"),
-            Wanted::Missing(reason, kind) => self.failures.record(&fleet_name, reason, kind),
+            Wanted::Missing(reason, kind) => self.fleet.failures.record(&fleet_name, reason, kind),
             Wanted::Engage(wanted) => {
-                return discovery::engage_kubeconfig(
-                    &self.clusters,
-                    &self.failures,
-                    wanted,
-                    &self.options.client,
-                    |built| {
-                        matches!(self.wanted(namespace, &request.name), Wanted::Engage(now) if now.fingerprint() == built.fingerprint())
-                    },
-                )
-                .await;
+                let now = || match self.wanted(namespace, &request.name) {
+                    Wanted::Engage(now) => Some(now),
+                    _ => None,
+                };
+                return self.fleet.engage(wanted, now).await;
             }
         }
         Ok(Action::await_change())
@@ -309,7 +298,7 @@ impl Shared {
 
 impl ClusterSetProvider for ClusterApiProvider {
     fn cluster_set(&self) -> &Clusters {
-        &self.shared.clusters
+        &self.shared.fleet.clusters
     }
 }
 
@@ -317,7 +306,7 @@ impl ClusterSetProvider for ClusterApiProvider {
 impl RunnableProvider for ClusterApiProvider {
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
         let shared = &self.shared;
-        shared.clusters.start(shutdown.clone(), aware)?;
+        shared.fleet.start(&shutdown, aware)?;
         // Secrets first, so a ready Cluster finds its kubeconfig on the first
         // look instead of being reported without one.
         let secrets = shared.management.cache().informer::<Secret>();
@@ -325,8 +314,7 @@ impl RunnableProvider for ClusterApiProvider {
             () = shutdown.cancelled() => return Ok(()),
             () = secrets.wait_ready() => {}
         }
-        let reconciler = shared.clone();
-        let mut builder = Controller::builder("cluster-api-provider")
+        let builder = Controller::builder("cluster-api-provider")
             .watches_dynamic(shared.resource.clone(), Watch::new(), |cluster| {
                 vec![(
                     cluster.metadata.namespace.clone(),
@@ -338,14 +326,18 @@ impl RunnableProvider for ClusterApiProvider {
             })
             .max_concurrent_reconciles(shared.options.max_concurrent_builds)
             .backoff(shared.options.retry);
-        if let Some(metrics) = &shared.options.metrics {
-            builder = builder.metrics(metrics.clone());
-        }
-        let controller = builder.build(move |request, _management| {
-            let shared = reconciler.clone();
-            async move { shared.reconcile(request).await }
-        })?;
-        discovery::run(&controller, shared.management.clone(), shutdown).await
+        let reconciler = shared.clone();
+        discovery::run(
+            builder,
+            shared.options.metrics.as_ref(),
+            shared.management.clone(),
+            shutdown,
+            move |request| {
+                let shared = reconciler.clone();
+                async move { shared.reconcile(request).await }
+            },
+        )
+        .await
     }
 }
 

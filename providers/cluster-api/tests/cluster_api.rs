@@ -579,13 +579,7 @@ async fn a_cluster_whose_plugin_hangs_holds_up_only_itself() {
     recorder
         .wait_for_more(&req("fleet/before", "hello"), 0)
         .await;
-    eventually("the plugin to be running", || async {
-        plugins::pids(state.path())
-            .first()
-            .is_some_and(|pid| plugins::is_running(*pid))
-    })
-    .await;
-    let plugin = plugins::pids(state.path())[0];
+    let plugin = plugins::first_call_running(state.path()).await;
 
     management.create_cluster("fleet", "after", &[], &[]).await;
     management.put_kubeconfig("fleet", "after", &member).await;
@@ -605,5 +599,5 @@ async fn a_cluster_whose_plugin_hangs_holds_up_only_itself() {
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
-    assert!(!plugins::is_running(plugin), "the plugin was stopped");
+    plugins::wait_until_stopped(plugin, "the plugin").await;
 }

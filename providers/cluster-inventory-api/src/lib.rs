@@ -50,8 +50,7 @@ use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
-use multicluster_runtime::discovery::{self, MANAGEMENT};
-use multicluster_runtime::failures::Failures;
+use multicluster_runtime::discovery::{self, Fleet, MANAGEMENT};
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider, watch_filter};
 use tokio_util::sync::CancellationToken;
 
@@ -81,8 +80,7 @@ struct Shared {
     hub: Cluster,
     /// The consumer's provider file, for the access-provider strategy.
     providers: Option<access::ProviderFile>,
-    clusters: Clusters,
-    failures: Failures,
+    fleet: Fleet,
 }
 
 /// What a look at a profile calls for.
@@ -129,23 +127,26 @@ impl ClusterProfileProvider {
                 resource,
                 hub: Cluster::with_cache(MANAGEMENT, hub, cache),
                 providers,
-                failures: Failures::new("cluster-inventory-api", options.metrics.clone()),
+                fleet: Fleet::new(
+                    "cluster-inventory-api",
+                    options.metrics.clone(),
+                    options.client.clone(),
+                ),
                 options,
-                clusters: Clusters::new(),
             }),
         }
     }
 
     /// Names of the engaged clusters, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
-        self.shared.clusters.names()
+        self.shared.fleet.clusters.names()
     }
 
     /// Profiles that are ready but could not be engaged with their current
     /// settings, each with the reason; an entry goes once the profile is
     /// engaged or gone.
     pub fn failures(&self) -> BTreeMap<ClusterName, String> {
-        self.shared.failures.current()
+        self.shared.fleet.failures.current()
     }
 }
 
@@ -208,32 +209,26 @@ impl Shared {
         let namespace = request.namespace.as_deref().unwrap_or_default();
         let fleet_name = ClusterName::from(format!("{namespace}/{}", request.name));
         match self.wanted(namespace, &request.name) {
-            Wanted::Gone => discovery::remove(
-                &self.clusters,
-                &self.failures,
-                &fleet_name,
-                "its ClusterProfile is deleted",
-            ),
-            Wanted::NotReady if self.clusters.get(&fleet_name).is_ok() => {
+            Wanted::Gone => self
+                .fleet
+                .remove(&fleet_name, "its ClusterProfile is deleted"),
+            Wanted::NotReady if self.fleet.clusters.get(&fleet_name).is_ok() => {
                 tracing::warn!(cluster = %fleet_name, "ClusterProfile is not ready; keeping the engaged cluster");
             }
             Wanted::NotReady => {
                 tracing::debug!(cluster = %fleet_name, "ClusterProfile is not ready yet");
             }
             Wanted::NoCredentials(reason) => {
-                self.failures.record(&fleet_name, reason, "no-credentials");
+                self.fleet
+                    .failures
+                    .record(&fleet_name, reason, "no-credentials");
             }
             Wanted::Engage(wanted) => {
-                return discovery::engage_kubeconfig(
-                    &self.clusters,
-                    &self.failures,
-                    wanted,
-                    &self.options.client,
-                    |built| {
-                        matches!(self.wanted(namespace, &request.name), Wanted::Engage(now) if now.fingerprint() == built.fingerprint())
-                    },
-                )
-                .await;
+                let now = || match self.wanted(namespace, &request.name) {
+                    Wanted::Engage(now) => Some(now),
+                    _ => None,
+                };
+                return self.fleet.engage(wanted, now).await;
             }
         }
         Ok(Action::await_change())
@@ -252,7 +247,7 @@ fn stable_id(profile: &DynamicObject) -> Option<String> {
 
 impl ClusterSetProvider for ClusterProfileProvider {
     fn cluster_set(&self) -> &Clusters {
-        &self.shared.clusters
+        &self.shared.fleet.clusters
     }
 }
 
@@ -260,8 +255,7 @@ impl ClusterSetProvider for ClusterProfileProvider {
 impl RunnableProvider for ClusterProfileProvider {
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
         let shared = &self.shared;
-        shared.clusters.start(shutdown.clone(), aware)?;
-        let reconciler = shared.clone();
+        shared.fleet.start(&shutdown, aware)?;
         let mut builder = Controller::builder("cluster-inventory-api-provider")
             .watches_dynamic(shared.resource.clone(), Watch::new(), |profile| {
                 vec![(
@@ -284,13 +278,17 @@ impl RunnableProvider for ClusterProfileProvider {
                 secrets::profile_of(secret).into_iter().collect()
             });
         }
-        if let Some(metrics) = &shared.options.metrics {
-            builder = builder.metrics(metrics.clone());
-        }
-        let controller = builder.build(move |request, _hub| {
-            let shared = reconciler.clone();
-            async move { shared.reconcile(request).await }
-        })?;
-        discovery::run(&controller, shared.hub.clone(), shutdown).await
+        let reconciler = shared.clone();
+        discovery::run(
+            builder,
+            shared.options.metrics.as_ref(),
+            shared.hub.clone(),
+            shutdown,
+            move |request| {
+                let shared = reconciler.clone();
+                async move { shared.reconcile(request).await }
+            },
+        )
+        .await
     }
 }

@@ -449,13 +449,7 @@ async fn a_hung_plugin_holds_up_only_its_own_profile_and_stops_with_the_provider
     recorder
         .wait_for_more(&req("inventory/before", "in-member"), 0)
         .await;
-    eventually("the stuck plugin to be running", || async {
-        plugins::pids(stuck_state.path())
-            .first()
-            .is_some_and(|pid| plugins::is_running(*pid))
-    })
-    .await;
-    let plugin = plugins::pids(stuck_state.path())[0];
+    let plugin = plugins::first_call_running(stuck_state.path()).await;
 
     create_profile(&hub, "after").await;
     set_status(&hub, "after", ready_with(other_state.path())).await;
@@ -473,5 +467,5 @@ async fn a_hung_plugin_holds_up_only_its_own_profile_and_stops_with_the_provider
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
-    assert!(!plugins::is_running(plugin), "the plugin was stopped");
+    plugins::wait_until_stopped(plugin, "the plugin").await;
 }

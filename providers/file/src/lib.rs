@@ -43,8 +43,7 @@ use std::time::Duration;
 
 use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::controller::{Action, Backoff, Request, WorkQueue};
-use multicluster_runtime::discovery::{self, DEFAULT_MAX_CONCURRENT_BUILDS, PROVIDER_BACKOFF};
-use multicluster_runtime::failures::Failures;
+use multicluster_runtime::discovery::{DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, PROVIDER_BACKOFF};
 use multicluster_runtime::kubeconfig::ClientOptions;
 use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
 use notify::Watcher;
@@ -117,8 +116,7 @@ pub struct FileProvider {
 #[derive(Debug)]
 struct Shared {
     options: FileOptions,
-    clusters: Clusters,
-    failures: Failures,
+    fleet: Fleet,
     /// What the last reading of the files asks for, per cluster name.
     desired: std::sync::Mutex<BTreeMap<ClusterName, Desired>>,
     /// Builds, one key per cluster name.
@@ -140,9 +138,8 @@ impl FileProvider {
             .build();
         Self {
             shared: Arc::new(Shared {
+                fleet: Fleet::new("file", None, options.client.clone()),
                 options,
-                clusters: Clusters::new(),
-                failures: Failures::new("file", None),
                 desired: std::sync::Mutex::default(),
                 builds,
                 reads: AtomicU64::new(0),
@@ -152,13 +149,13 @@ impl FileProvider {
 
     /// Names of the engaged clusters, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
-        self.shared.clusters.names()
+        self.shared.fleet.clusters.names()
     }
 
     /// Contexts (by cluster name) and files (by path) that cannot be used
     /// now, each with the reason; the clusters they had stay engaged.
     pub fn failures(&self) -> BTreeMap<ClusterName, String> {
-        self.shared.failures.current()
+        self.shared.fleet.failures.current()
     }
 
     /// How many times a kubeconfig file has been read: once per source file
@@ -200,22 +197,17 @@ impl Shared {
     async fn reconcile(&self, name: ClusterName) -> Result<Action, Error> {
         match self.desired(&name) {
             None => {
-                discovery::remove(&self.clusters, &self.failures, &name, "its context is gone");
+                self.fleet.remove(&name, "its context is gone");
                 Ok(Action::await_change())
             }
             // Keeps whatever it had until its file is fixed.
             Some(Desired::Broken) => Ok(Action::await_change()),
             Some(Desired::Context(wanted)) => {
-                discovery::engage_kubeconfig(
-                    &self.clusters,
-                    &self.failures,
-                    wanted,
-                    &self.options.client,
-                    |built| {
-                        matches!(self.desired(&built.name), Some(Desired::Context(now)) if now.fingerprint() == built.fingerprint())
-                    },
-                )
-                .await
+                let now = || match self.desired(&name) {
+                    Some(Desired::Context(now)) => Some(now),
+                    _ => None,
+                };
+                self.fleet.engage(wanted, now).await
             }
         }
     }
@@ -347,14 +339,14 @@ fn default_sources(options: &mut FileOptions) {
 
 impl ClusterSetProvider for FileProvider {
     fn cluster_set(&self) -> &Clusters {
-        &self.shared.clusters
+        &self.shared.fleet.clusters
     }
 }
 
 #[async_trait::async_trait]
 impl RunnableProvider for FileProvider {
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
-        self.shared.clusters.start(shutdown.clone(), aware)?;
+        self.shared.fleet.start(&shutdown, aware)?;
         let shared = self.shared.clone();
         let stop_builds = shutdown.child_token();
         // Builds still running at the end are dropped at once, which stops

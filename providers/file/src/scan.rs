@@ -43,11 +43,11 @@ pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
         let text = match std::fs::read_to_string(&file) {
             Ok(text) => text,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                shared.failures.clear(&file_key);
+                shared.fleet.failures.clear(&file_key);
                 continue;
             }
             Err(err) => {
-                shared.failures.record(
+                shared.fleet.failures.record(
                     &file_key,
                     format!("file {} cannot be read: {err}", file.display()),
                     "unreadable-file",
@@ -61,13 +61,14 @@ pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
             Ok(parsed) => parsed,
             Err(err) => {
                 shared
+                    .fleet
                     .failures
                     .record(&file_key, err.to_string(), "invalid-kubeconfig");
                 keep_all(&mut found);
                 continue;
             }
         };
-        shared.failures.clear(&file_key);
+        shared.fleet.failures.clear(&file_key);
         for context in kubeconfig::context_names(&parsed) {
             let name = ClusterName::from(format!("{prefix}{context}"));
             if found.contains_key(&name) {
@@ -89,6 +90,7 @@ pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
                 }
                 Err(err) => {
                     shared
+                        .fleet
                         .failures
                         .record(&name, err.to_string(), "invalid-kubeconfig");
                     found.insert(name, Desired::Broken);
@@ -98,7 +100,7 @@ pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
     }
     // Failures of contexts that are gone are no longer news.
     for name in before.keys().filter(|name| !found.contains_key(*name)) {
-        shared.failures.clear(name);
+        shared.fleet.failures.clear(name);
     }
     found
 }

@@ -557,13 +557,7 @@ async fn a_context_whose_plugin_hangs_holds_up_only_itself() {
     let req =
         |path: &Path, context: &str| Request::new(name(path, context), Some("default"), "hello");
     recorder.wait_for_more(&req(&file, "before"), 0).await;
-    eventually("the plugin to be running", || async {
-        plugins::pids(state.path())
-            .first()
-            .is_some_and(|pid| plugins::is_running(*pid))
-    })
-    .await;
-    let plugin = plugins::pids(state.path())[0];
+    let plugin = plugins::first_call_running(state.path()).await;
 
     let other = dir.path().join("other.kubeconfig");
     write(&other, &with_contexts(cp.kubeconfig(), &["after"]));
@@ -576,5 +570,5 @@ async fn a_context_whose_plugin_hangs_holds_up_only_itself() {
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
-    assert!(!plugins::is_running(plugin), "the plugin was stopped");
+    plugins::wait_until_stopped(plugin, "the plugin").await;
 }

@@ -25,8 +25,7 @@ use std::time::Duration;
 
 use multicluster_runtime::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
 use multicluster_runtime::controller::{Action, Request, WorkQueue};
-use multicluster_runtime::discovery::{self, DEFAULT_MAX_CONCURRENT_BUILDS, PROVIDER_BACKOFF};
-use multicluster_runtime::failures::Failures;
+use multicluster_runtime::discovery::{DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, PROVIDER_BACKOFF};
 use multicluster_runtime::kubeconfig::ClientOptions;
 use multicluster_runtime::process::{self, ProcessError};
 use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
@@ -69,8 +68,7 @@ pub struct KindProvider {
 #[derive(Debug)]
 struct Shared {
     options: KindOptions,
-    clusters: Clusters,
-    failures: Failures,
+    fleet: Fleet,
     /// The names the last listing gave.
     listed: Mutex<BTreeSet<String>>,
     /// One key per listed (or no longer listed) cluster.
@@ -82,9 +80,8 @@ impl KindProvider {
     pub fn new(options: KindOptions) -> Self {
         Self {
             shared: Arc::new(Shared {
+                fleet: Fleet::new("kind", None, options.client.clone()),
                 options,
-                clusters: Clusters::new(),
-                failures: Failures::new("kind", None),
                 listed: Mutex::default(),
                 refreshes: WorkQueue::builder("kind-provider")
                     .max_concurrent(DEFAULT_MAX_CONCURRENT_BUILDS)
@@ -96,7 +93,7 @@ impl KindProvider {
 
     /// Names of the engaged clusters, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
-        self.shared.clusters.names()
+        self.shared.fleet.clusters.names()
     }
 }
 
@@ -165,12 +162,7 @@ impl Shared {
             .unwrap_or_else(|p| p.into_inner())
             .contains(name.as_str());
         if !listed {
-            discovery::remove(
-                &self.clusters,
-                &self.failures,
-                &name,
-                "kind no longer lists it",
-            );
+            self.fleet.remove(&name, "kind no longer lists it");
             return Ok(Action::await_change());
         }
         let text = self
@@ -182,20 +174,15 @@ impl Shared {
             text,
             stable_id: None,
         };
-        discovery::engage_kubeconfig(
-            &self.clusters,
-            &self.failures,
-            wanted,
-            &self.options.client,
-            |_| true,
-        )
-        .await
+        // Nothing else changes what a name asks for while it is fetched.
+        let now = Some(wanted.clone());
+        self.fleet.engage(wanted, || now).await
     }
 }
 
 impl ClusterSetProvider for KindProvider {
     fn cluster_set(&self) -> &Clusters {
-        &self.shared.clusters
+        &self.shared.fleet.clusters
     }
 }
 
@@ -203,7 +190,7 @@ impl ClusterSetProvider for KindProvider {
 impl RunnableProvider for KindProvider {
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
         let shared = &self.shared;
-        shared.clusters.start(shutdown.clone(), aware)?;
+        shared.fleet.start(&shutdown, aware)?;
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             first = shared.poll() => first?,

@@ -36,8 +36,7 @@ use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
 use multicluster_runtime::controller::{Action, Backoff, Controller, Request, Watch};
-use multicluster_runtime::discovery::{self, DEFAULT_MAX_CONCURRENT_BUILDS, MANAGEMENT};
-use multicluster_runtime::failures::Failures;
+use multicluster_runtime::discovery::{self, DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, MANAGEMENT};
 use multicluster_runtime::kubeconfig::ClientOptions;
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider, watch_filter};
@@ -105,8 +104,7 @@ struct Shared {
     options: KubeconfigOptions,
     /// The management cluster, whose cache holds the labelled Secrets.
     management: Cluster,
-    clusters: Clusters,
-    failures: Failures,
+    fleet: Fleet,
 }
 
 impl KubeconfigProvider {
@@ -129,23 +127,26 @@ impl KubeconfigProvider {
         );
         Self {
             shared: Arc::new(Shared {
-                failures: Failures::new("kubeconfig", options.metrics.clone()),
+                fleet: Fleet::new(
+                    "kubeconfig",
+                    options.metrics.clone(),
+                    options.client.clone(),
+                ),
                 management: Cluster::with_cache(MANAGEMENT, management, secrets),
                 options,
-                clusters: Clusters::new(),
             }),
         }
     }
 
     /// Names of the engaged clusters, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
-        self.shared.clusters.names()
+        self.shared.fleet.clusters.names()
     }
 
     /// Labelled Secrets that cannot be turned into clusters now, each with
     /// the reason (naming the Secret and key, never quoting it).
     pub fn failures(&self) -> std::collections::BTreeMap<ClusterName, String> {
-        self.shared.failures.current()
+        self.shared.fleet.failures.current()
     }
 }
 
@@ -203,26 +204,18 @@ impl Shared {
         let name = self.cluster_name(request.namespace.as_deref(), &request.name);
         match self.wanted(&request) {
             Ok(Some(wanted)) => {
-                discovery::engage_kubeconfig(
-                    &self.clusters,
-                    &self.failures,
-                    wanted,
-                    &self.options.client,
-                    |built| {
-                        matches!(self.wanted(&request), Ok(Some(now)) if now.fingerprint() == built.fingerprint())
-                    },
-                )
-                .await
+                let now = || self.wanted(&request).ok().flatten();
+                self.fleet.engage(wanted, now).await
             }
             Ok(None) => {
-                discovery::remove(&self.clusters, &self.failures, &name, "its Secret is gone");
+                self.fleet.remove(&name, "its Secret is gone");
                 Ok(Action::await_change())
             }
             Err((reason, kind)) => {
-                if self.clusters.remove(&name) {
+                if self.fleet.clusters.remove(&name) {
                     tracing::info!(cluster = %name, "cluster removed: its kubeconfig is gone");
                 }
-                self.failures.record(&name, reason, kind);
+                self.fleet.failures.record(&name, reason, kind);
                 Ok(Action::await_change())
             }
         }
@@ -231,7 +224,7 @@ impl Shared {
 
 impl ClusterSetProvider for KubeconfigProvider {
     fn cluster_set(&self) -> &Clusters {
-        &self.shared.clusters
+        &self.shared.fleet.clusters
     }
 }
 
@@ -239,19 +232,22 @@ impl ClusterSetProvider for KubeconfigProvider {
 impl RunnableProvider for KubeconfigProvider {
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
         let shared = &self.shared;
-        shared.clusters.start(shutdown.clone(), aware)?;
-        let reconciler = shared.clone();
-        let mut builder = Controller::builder("kubeconfig-provider")
+        shared.fleet.start(&shutdown, aware)?;
+        let builder = Controller::builder("kubeconfig-provider")
             .for_resource(Watch::<Secret>::new())
             .max_concurrent_reconciles(shared.options.max_concurrent_builds)
             .backoff(shared.options.retry);
-        if let Some(metrics) = &shared.options.metrics {
-            builder = builder.metrics(metrics.clone());
-        }
-        let controller = builder.build(move |request, _management| {
-            let shared = reconciler.clone();
-            async move { shared.reconcile(request).await }
-        })?;
-        discovery::run(&controller, shared.management.clone(), shutdown).await
+        let reconciler = shared.clone();
+        discovery::run(
+            builder,
+            shared.options.metrics.as_ref(),
+            shared.management.clone(),
+            shutdown,
+            move |request| {
+                let shared = reconciler.clone();
+                async move { shared.reconcile(request).await }
+            },
+        )
+        .await
     }
 }

@@ -636,13 +636,7 @@ async fn a_secret_whose_plugin_hangs_holds_up_only_itself() {
     let (provider, manager, recorder, shutdown, task) =
         start_provider(&admin, KubeconfigOptions::default());
     recorder.wait_for_more(&req("before", "hello"), 0).await;
-    eventually("the plugin to be running", || async {
-        plugins::pids(state.path())
-            .first()
-            .is_some_and(|pid| plugins::is_running(*pid))
-    })
-    .await;
-    let plugin = plugins::pids(state.path())[0];
+    let plugin = plugins::first_call_running(state.path()).await;
 
     secrets
         .create(
@@ -663,7 +657,7 @@ async fn a_secret_whose_plugin_hangs_holds_up_only_itself() {
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
-    assert!(!plugins::is_running(plugin), "the plugin was stopped");
+    plugins::wait_until_stopped(plugin, "the plugin").await;
 }
 
 /// The plugin runs once per client build: engaging the cluster, probing it

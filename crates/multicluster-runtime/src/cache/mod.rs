@@ -251,7 +251,8 @@ enum Backend {
     /// Watches against an API server.
     Api {
         client: kube::Client,
-        options: CacheOptions,
+        // Boxed: it is large, and a fleet has a cache per cluster.
+        options: Box<CacheOptions>,
     },
     /// One namespace of a host cache, shown as `default`.
     Scoped { host: Cache, namespace: String },
@@ -298,7 +299,13 @@ impl Cache {
         client: kube::Client,
         options: CacheOptions,
     ) -> Self {
-        Self::with_backend(cluster.into(), Backend::Api { client, options })
+        Self::with_backend(
+            cluster.into(),
+            Backend::Api {
+                client,
+                options: Box::new(options),
+            },
+        )
     }
 
     /// A view of `host` that shows only `namespace`, renamed to
