@@ -21,8 +21,8 @@ pub fn parse(text: &str, source: &str) -> Result<Kubeconfig, Error> {
     if text.trim().is_empty() {
         return Err(invalid(source, "it is empty"));
     }
-    let kubeconfig = Kubeconfig::from_yaml(text)
-        .map_err(|_| invalid(source, "it is not valid kubeconfig YAML"))?;
+    let kubeconfig =
+        from_yaml(text).map_err(|_| invalid(source, "it is not valid kubeconfig YAML"))?;
     if kubeconfig.clusters.is_empty() && kubeconfig.contexts.is_empty() {
         return Err(invalid(
             source,
@@ -30,6 +30,25 @@ pub fn parse(text: &str, source: &str) -> Result<Kubeconfig, Error> {
         ));
     }
     Ok(kubeconfig)
+}
+
+/// What `Kubeconfig::from_yaml` does (every document, merged), with the
+/// parser's limits on nodes, events and scalar text grown to the size of
+/// the text: their defaults (250,000 nodes) refuse a kubeconfig of some ten
+/// thousand contexts. Every node takes at least a byte, so the limits still
+/// bound the work by the input; the caps on aliases and anchors, which stop
+/// expansion bombs, stay as they are.
+fn from_yaml(text: &str) -> Result<Kubeconfig, Box<dyn std::error::Error>> {
+    let mut budget = serde_saphyr::Budget::default();
+    budget.max_nodes = budget.max_nodes.max(text.len());
+    budget.max_events = budget.max_events.max(text.len().saturating_mul(2));
+    budget.max_total_scalar_bytes = budget.max_total_scalar_bytes.max(text.len());
+    let mut options = serde_saphyr::Options::default();
+    options.budget = Some(budget);
+    let documents: Vec<Kubeconfig> = serde_saphyr::from_multiple_with_options(text, options)?;
+    Ok(documents
+        .into_iter()
+        .try_fold(Kubeconfig::default(), Kubeconfig::merge)?)
 }
 
 /// The names of the contexts in a kubeconfig, in file order.
@@ -444,6 +463,32 @@ mod tests {
         let message = err.to_string();
         assert!(message.contains("did not finish within 500ms"), "{message}");
         assert!(!message.contains(SECRET_TOKEN), "{message}");
+    }
+
+    /// Ten thousand contexts are about 250,000 YAML nodes, the default cap of
+    /// the YAML parser kube-rs uses.
+    #[test]
+    fn a_kubeconfig_of_ten_thousand_contexts_parses() {
+        let mut text = String::from("apiVersion: v1\nkind: Config\nclusters:\n");
+        for i in 0..10_000 {
+            text.push_str(&format!(
+                "- name: c{i}\n  cluster:\n    server: https://127.0.0.1:{}\n    insecure-skip-tls-verify: true\n",
+                1000 + i
+            ));
+        }
+        text.push_str("contexts:\n");
+        for i in 0..10_000 {
+            text.push_str(&format!(
+                "- name: ctx{i}\n  context:\n    cluster: c{i}\n    user: u{i}\n    namespace: ns{i}\n"
+            ));
+        }
+        text.push_str("users:\n");
+        for i in 0..10_000 {
+            text.push_str(&format!("- name: u{i}\n  user:\n    token: t{i}\n"));
+        }
+        let parsed = parse(&text, "test").expect("parses");
+        assert_eq!(context_names(&parsed).len(), 10_000);
+        assert!(context_text(&parsed, "ctx9999", "test").is_ok());
     }
 
     #[test]

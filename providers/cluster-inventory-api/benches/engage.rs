@@ -8,7 +8,8 @@
 //!
 //! Run with `make bench` or
 //! `cargo bench -p multicluster-provider-cluster-inventory-api --bench engage`;
-//! `PROFILE_COUNTS=20,100` and `PLUGIN_DELAYS=0,0.2` choose the cases.
+//! `PROFILE_COUNTS=20,100` and `PLUGIN_DELAYS=0,0.2` choose the cases,
+//! `MAX_CONCURRENT_BUILDS` the provider's limit (default 8).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -127,6 +128,9 @@ async fn main() {
 
         let mut options = ClusterProfileOptions::with_access_providers(providers.clone());
         options.namespace = Some(namespace);
+        if let Ok(limit) = std::env::var("MAX_CONCURRENT_BUILDS") {
+            options.max_concurrent_builds = limit.parse().expect("MAX_CONCURRENT_BUILDS: a number");
+        }
         let provider = Arc::new(ClusterProfileProvider::new(hub.clone(), options));
         let shutdown = CancellationToken::new();
         let started = Instant::now();

@@ -70,12 +70,16 @@ fn fleet(base: &Kubeconfig, count: usize) -> String {
     multicluster_envtest::to_yaml(&fleet).expect("yaml")
 }
 
-async fn wait_until(what: &str, check: impl Fn() -> bool) {
+/// Polls `check` until it holds, for at most ten minutes.
+async fn wait_until(check: impl Fn() -> bool) -> Result<(), ()> {
     let deadline = Instant::now() + Duration::from_secs(600);
     while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        if Instant::now() >= deadline {
+            return Err(());
+        }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+    Ok(())
 }
 
 #[tokio::main]
@@ -101,7 +105,15 @@ async fn main() {
                 (provider.clone(), shutdown.clone(), engagements.clone());
             async move { provider.start(shutdown, aware).await }
         });
-        wait_until("every context", || engagements.count() == count).await;
+        wait_until(|| engagements.count() == count)
+            .await
+            .unwrap_or_else(|()| {
+                panic!(
+                    "{} of {count} contexts engaged; not engaged: {:?}",
+                    engagements.count(),
+                    provider.failures().into_iter().take(3).collect::<Vec<_>>()
+                )
+            });
         let all = started.elapsed();
         let first = engagements.first().expect("one") - started;
 
@@ -110,7 +122,9 @@ async fn main() {
         let tmp = dir.path().join("fleet.tmp");
         std::fs::write(&tmp, fleet(cp.kubeconfig(), count + 1)).expect("write");
         std::fs::rename(&tmp, &file).expect("rename");
-        wait_until("the added context", || engagements.count() > count).await;
+        wait_until(|| engagements.count() > count)
+            .await
+            .expect("the added context is engaged");
         let added = added_at.elapsed();
         // Anything rebuilt would be engaged again; give it a moment to show.
         tokio::time::sleep(Duration::from_secs(1)).await;
