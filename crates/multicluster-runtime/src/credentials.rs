@@ -9,9 +9,11 @@
 //! never past its deadline, and killed (with whatever it started) when the
 //! caller stops waiting.
 //!
-//! A token goes into every request through a service of ours over
-//! the client kube-rs builds without the plugin; a client certificate goes
-//! into the client's TLS settings. Error messages name the plugin's command,
+//! A token goes into every request through a service of ours over the
+//! client kube-rs builds without the plugin, and is renewed while requests
+//! go on with the old one. A client certificate goes into the client's TLS
+//! settings and is used as long as the client is: renewing it takes a new
+//! client, which the provider builds when the cluster's kubeconfig changes. Error messages name the plugin's command,
 //! its exit status and the last line of its stderr, never its arguments,
 //! environment or output, which can all hold secrets.
 
@@ -260,7 +262,8 @@ pub(crate) fn authenticated(
     let default_namespace = inner.default_namespace().to_string();
     let tokens = Tokens {
         plugin,
-        current: tokio::sync::Mutex::new(Current::new(token, expires)),
+        current: std::sync::Mutex::new(Current::new(token, expires)),
+        renewing: tokio::sync::Mutex::new(()),
     };
     kube::Client::new(
         ExecAuth {
@@ -271,13 +274,17 @@ pub(crate) fn authenticated(
     )
 }
 
-/// The plugin and the token it last handed out; the lock makes concurrent
-/// requests that find the token stale wait for one run of the plugin.
+/// The plugin and the token it last handed out. One run of the plugin at a
+/// time renews the token: requests that find it stale while a renewal runs
+/// go on with the current token if it still works, and wait for the
+/// renewal only if it does not.
 struct Tokens {
     plugin: Plugin,
-    current: tokio::sync::Mutex<Current>,
+    current: std::sync::Mutex<Current>,
+    renewing: tokio::sync::Mutex<()>,
 }
 
+#[derive(Clone)]
 struct Current {
     token: SecretString,
     /// When to run the plugin again; `None` for a token without expiry.
@@ -313,25 +320,41 @@ impl Current {
 }
 
 impl Tokens {
+    fn current(&self) -> Current {
+        crate::sync::lock(&self.current).clone()
+    }
+
     /// The token to send now, renewed first if it is stale.
     async fn token(&self) -> Result<SecretString, kube::Error> {
-        let mut current = self.current.lock().await;
-        if current.fresh() {
-            return Ok(current.token.clone());
+        let seen = self.current();
+        if seen.fresh() {
+            return Ok(seen.token);
+        }
+        let _renewing = match self.renewing.try_lock() {
+            Ok(guard) => guard,
+            // Someone is renewing it; the current one works meanwhile.
+            Err(_) if seen.usable() => return Ok(seen.token),
+            Err(_) => self.renewing.lock().await,
+        };
+        // Renewed while this request waited?
+        let seen = self.current();
+        if seen.fresh() {
+            return Ok(seen.token);
         }
         match self.plugin.run().await {
             Ok(Credential::Token { token, expires }) => {
-                *current = Current::new(token, expires);
-                Ok(current.token.clone())
+                let renewed = Current::new(token, expires);
+                *crate::sync::lock(&self.current) = renewed.clone();
+                Ok(renewed.token)
             }
             Ok(Credential::Certificate { .. }) => Err(auth_error(&format!(
                 "the credential plugin {:?} now hands out a client certificate instead of a token; the cluster has to be built again",
                 self.plugin.command()
             ))),
             // Renewing early failed: the old token still works for now.
-            Err(err) if current.usable() => {
+            Err(err) if seen.usable() => {
                 tracing::warn!(error = %err, "renewing a credential failed; using the current one until it expires");
-                Ok(current.token.clone())
+                Ok(seen.token)
             }
             Err(err) => Err(auth_error(&err.to_string())),
         }
@@ -339,8 +362,8 @@ impl Tokens {
 
     /// The server refused `token`: the next request renews it, unless it
     /// was renewed meanwhile.
-    async fn refused(&self, token: &SecretString) {
-        let mut current = self.current.lock().await;
+    fn refused(&self, token: &SecretString) {
+        let mut current = crate::sync::lock(&self.current);
         if current.token.expose_secret() == token.expose_secret() {
             current.refused = true;
         }
@@ -386,7 +409,7 @@ impl tower::Service<Request<Body>> for ExecAuth {
             request.headers_mut().insert(AUTHORIZATION, bearer(&token)?);
             let response = this.inner.send(request).await?;
             if response.status() == StatusCode::UNAUTHORIZED {
-                this.tokens.refused(&token).await;
+                this.tokens.refused(&token);
             }
             Ok(response)
         })
@@ -520,6 +543,40 @@ mod tests {
                 "{configured:?}, terminal: {terminal}"
             );
         }
+    }
+
+    /// A renewal whose plugin hangs holds up no request while the current
+    /// token still works.
+    #[tokio::test]
+    async fn requests_go_on_with_a_working_token_while_it_is_renewed() {
+        let mut hanging = plugin("exec sleep 1000");
+        hanging.timeout = Duration::from_secs(600);
+        let now = Instant::now();
+        let tokens = std::sync::Arc::new(Tokens {
+            plugin: hanging,
+            current: std::sync::Mutex::new(Current {
+                token: "current".to_string().into(),
+                renew_at: Some(now),
+                expires_at: Some(now + Duration::from_secs(600)),
+                refused: false,
+            }),
+            renewing: tokio::sync::Mutex::new(()),
+        });
+        let renewal = tokio::spawn({
+            let tokens = tokens.clone();
+            async move { tokens.token().await.map(|_| ()) }
+        });
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while tokens.renewing.try_lock().is_ok() {
+            assert!(Instant::now() < deadline, "the renewal did not start");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let token = tokio::time::timeout(Duration::from_secs(10), tokens.token())
+            .await
+            .expect("not held up by the renewal")
+            .expect("a token");
+        assert_eq!(token.expose_secret(), "current");
+        renewal.abort();
     }
 
     #[tokio::test(start_paused = true)]

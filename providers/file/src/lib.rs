@@ -226,12 +226,12 @@ impl Shared {
         };
         changes_content
             && event.paths.iter().any(|path| {
-                self.options.files.iter().any(|file| file == path)
+                self.options.files.iter().any(|file| same_path(file, path))
                     || (path.parent().is_some_and(|dir| {
                         self.options
                             .directories
                             .iter()
-                            .any(|watched| watched == dir)
+                            .any(|watched| same_path(watched, dir))
                     }) && path
                         .file_name()
                         .and_then(|name| name.to_str())
@@ -314,6 +314,17 @@ impl Shared {
     }
 }
 
+/// Whether two paths name the same file as written, `.` components aside:
+/// a file given as `a.yaml` is watched through `.` and reported as
+/// `./a.yaml`.
+fn same_path(a: &Path, b: &Path) -> bool {
+    fn significant(path: &Path) -> impl Iterator<Item = std::path::Component<'_>> {
+        path.components()
+            .filter(|part| *part != std::path::Component::CurDir)
+    }
+    significant(a).eq(significant(b))
+}
+
 fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     mutex
         .lock()
@@ -368,5 +379,59 @@ impl RunnableProvider for FileProvider {
             // Only at shutdown.
             () = &mut builds => Ok(()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use notify::event::{AccessKind, AccessMode, CreateKind, DataChange, ModifyKind, RenameMode};
+    use notify::{Event, EventKind};
+
+    use super::*;
+
+    fn event(kind: EventKind, path: &str) -> Event {
+        Event::new(kind).add_path(PathBuf::from(path))
+    }
+
+    #[test]
+    fn only_content_changes_of_the_sources_matter() {
+        let provider = FileProvider::new(FileOptions {
+            files: vec![PathBuf::from("fleet.yaml")],
+            directories: vec![PathBuf::from("/etc/fleet")],
+            ..FileOptions::default()
+        });
+        let patterns: Vec<glob::Pattern> = DEFAULT_PATTERNS
+            .iter()
+            .map(|p| glob::Pattern::new(p).expect("pattern"))
+            .collect();
+        let matters = |kind, path| provider.shared.matters(&event(kind, path), &patterns);
+        let written = EventKind::Modify(ModifyKind::Data(DataChange::Content));
+        // The explicit file, reported through the directory it is watched in.
+        assert!(matters(written, "./fleet.yaml"));
+        assert!(matters(written, "fleet.yaml"));
+        assert!(matters(
+            EventKind::Create(CreateKind::File),
+            "/etc/fleet/a.kubeconfig"
+        ));
+        assert!(matters(
+            EventKind::Modify(ModifyKind::Name(RenameMode::To)),
+            "/etc/fleet/b.kubeconfig"
+        ));
+        assert!(matters(
+            EventKind::Access(AccessKind::Close(AccessMode::Write)),
+            "/etc/fleet/b.kubeconfig"
+        ));
+        // Reads are no change, and neither are other files.
+        assert!(!matters(
+            EventKind::Access(AccessKind::Open(AccessMode::Any)),
+            "./fleet.yaml"
+        ));
+        assert!(!matters(
+            EventKind::Access(AccessKind::Close(AccessMode::Read)),
+            "/etc/fleet/a.kubeconfig"
+        ));
+        assert!(!matters(written, "./other.yaml"));
+        assert!(!matters(written, "/etc/fleet/notes.txt"));
+        assert!(!matters(written, "/etc/fleet/sub/a.kubeconfig"));
     }
 }

@@ -25,7 +25,7 @@ pub(crate) enum Desired {
 /// reason).
 pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
     let separator = &shared.options.separator;
-    let before = lock(&shared.desired).clone();
+    let before: Vec<ClusterName> = lock(&shared.desired).keys().cloned().collect();
     let mut found = BTreeMap::new();
     for file in files(shared) {
         let file_key = ClusterName::from(format!("file {}", file.display()));
@@ -33,7 +33,7 @@ pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
         // What this file gave before, kept while it cannot be read.
         let keep_all = |found: &mut BTreeMap<ClusterName, Desired>| {
             for name in before
-                .keys()
+                .iter()
                 .filter(|name| name.as_str().starts_with(&prefix))
             {
                 found.insert(name.clone(), Desired::Broken);
@@ -99,7 +99,7 @@ pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
         }
     }
     // Failures of contexts that are gone are no longer news.
-    for name in before.keys().filter(|name| !found.contains_key(*name)) {
+    for name in before.iter().filter(|name| !found.contains_key(*name)) {
         shared.fleet.failures.clear(name);
     }
     found
