@@ -360,6 +360,28 @@ impl ControlPlane {
         self.wait_ready().await
     }
 
+    /// Pauses the API server (`SIGSTOP`): it keeps its connections and
+    /// accepts new ones but answers nothing, as a hung server does, until
+    /// [`ControlPlane::resume_api_server`]. Does nothing to a stopped one.
+    pub fn pause_api_server(&self) -> Result<(), Error> {
+        self.signal_api_server(true)
+    }
+
+    /// Resumes a paused API server (`SIGCONT`).
+    pub fn resume_api_server(&self) -> Result<(), Error> {
+        self.signal_api_server(false)
+    }
+
+    fn signal_api_server(&self, paused: bool) -> Result<(), Error> {
+        match lock(&self.api_server).as_ref() {
+            Some(process) => process.pause(paused).map_err(|source| Error::Signal {
+                name: "kube-apiserver",
+                source,
+            }),
+            None => Ok(()),
+        }
+    }
+
     /// Stops and starts the API server.
     pub async fn restart_api_server(&self) -> Result<(), Error> {
         self.stop_api_server();

@@ -69,6 +69,15 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+    /// A process could not be paused or resumed.
+    #[error("signalling {name}: {source}")]
+    Signal {
+        /// The process's name.
+        name: &'static str,
+        /// The operating system's error.
+        #[source]
+        source: std::io::Error,
+    },
     /// A process exited while it should be running.
     #[error("{name} exited ({status}); last lines of its log:\n{log_tail}")]
     Exited {

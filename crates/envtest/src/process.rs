@@ -73,6 +73,22 @@ impl Process {
         log_tail(&self.log, 25)
     }
 
+    /// Pauses (`SIGSTOP`) or resumes (`SIGCONT`) the process: a paused
+    /// server keeps its connections and accepts new ones, but answers
+    /// nothing, as a hung server does.
+    pub(crate) fn pause(&self, paused: bool) -> std::io::Result<()> {
+        let pid = i32::try_from(self.child.id())
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+            .ok_or_else(|| std::io::Error::other("no process ID"))?;
+        let signal = if paused {
+            rustix::process::Signal::STOP
+        } else {
+            rustix::process::Signal::CONT
+        };
+        rustix::process::kill_process(pid, signal).map_err(std::io::Error::from)
+    }
+
     /// The process's name, as used in messages.
     pub(crate) fn name(&self) -> &'static str {
         self.name

@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use crate::ClusterName;
 use crate::cache::Cache;
+use crate::health::{Failure, Health, Requests};
 
 /// A cluster as providers hand it out and reconcilers receive it.
 ///
@@ -23,6 +24,8 @@ struct Inner {
     client: kube::Client,
     cache: Cache,
     stable_id: Option<String>,
+    /// How the client's requests end, when its client records that.
+    requests: Option<Requests>,
 }
 
 impl Cluster {
@@ -41,6 +44,7 @@ impl Cluster {
                 client,
                 cache,
                 stable_id: None,
+                requests: None,
             }),
         }
     }
@@ -56,8 +60,41 @@ impl Cluster {
                 client: inner.client.clone(),
                 cache: inner.cache.clone(),
                 stable_id: Some(id.into()),
+                requests: inner.requests.clone(),
             }),
         }
+    }
+
+    /// This cluster, judged also by how `requests` (its client's) end.
+    pub(crate) fn watching_requests(self, requests: Requests) -> Self {
+        let inner = &self.inner;
+        Self {
+            inner: Arc::new(Inner {
+                name: inner.name.clone(),
+                client: inner.client.clone(),
+                cache: inner.cache.clone(),
+                stable_id: inner.stable_id.clone(),
+                requests: Some(requests),
+            }),
+        }
+    }
+
+    /// How the cluster is doing, as its client's requests (for clients
+    /// built from kubeconfigs) and its cache's watches see it: see
+    /// [`crate::health`].
+    pub fn health(&self) -> Health {
+        self.failure()
+            .map_or(Health::Healthy, |failure| failure.health())
+    }
+
+    /// What is failing on the cluster, if anything: a request failure (the
+    /// server cannot be reached) before a watch's.
+    pub(crate) fn failure(&self) -> Option<Failure> {
+        self.inner
+            .requests
+            .as_ref()
+            .and_then(Requests::failure)
+            .or_else(|| self.inner.cache.failure())
     }
 
     /// The name the provider created the cluster with; used in logs.

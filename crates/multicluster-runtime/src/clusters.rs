@@ -294,8 +294,9 @@ impl KubeconfigCluster {
         options: &crate::kubeconfig::ClientOptions,
     ) -> Result<Cluster, Error> {
         let parsed = crate::kubeconfig::parse(&self.text, &self.source)?;
-        let client = crate::kubeconfig::client(&parsed, None, &self.source, options).await?;
-        let cluster = Cluster::new(self.name.clone(), client);
+        let (client, requests) =
+            crate::kubeconfig::client_with_requests(&parsed, None, &self.source, options).await?;
+        let cluster = Cluster::new(self.name.clone(), client).watching_requests(requests);
         Ok(match &self.stable_id {
             Some(id) => cluster.with_stable_id(id),
             None => cluster,

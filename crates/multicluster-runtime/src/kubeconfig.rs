@@ -11,6 +11,7 @@ use secrecy::ExposeSecret;
 
 use crate::Error;
 use crate::credentials::{self, Credential, DEFAULT_PLUGIN_TIMEOUT, Plugin};
+use crate::health::{BoundedLayer, Requests};
 
 /// Parses kubeconfig YAML. `source` says where it came from (e.g. `Secret
 /// fleet/prod key kubeconfig`) and is used in errors.
@@ -60,8 +61,22 @@ pub fn context_names(kubeconfig: &Kubeconfig) -> Vec<String> {
         .collect()
 }
 
+/// How long connecting to an API server (TCP and TLS) may take by default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a request that is not long-running may wait for its answer by
+/// default.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
 /// How clients built from kubeconfigs reach their clusters. Every provider
 /// that builds clients from kubeconfigs takes these in its options.
+///
+/// kube-rs sets no read timeout by default, so a request to a server that
+/// accepts connections but never answers (a hung or paused process) waits
+/// forever; these clients give every request that is not long-running a
+/// deadline. Watches, followed logs and exec, attach, port-forward and
+/// proxy sessions have none here (a watch ends on the server after its
+/// `timeoutSeconds`).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct ClientOptions {
@@ -69,17 +84,43 @@ pub struct ClientOptions {
     /// the attempt fails (default [`DEFAULT_PLUGIN_TIMEOUT`], 60 s). A
     /// failed attempt is that cluster's alone and is retried with backoff.
     pub plugin_timeout: Duration,
+    /// How long connecting (TCP and TLS) may take (default
+    /// [`DEFAULT_CONNECT_TIMEOUT`], 10 s); `None` waits as long as the
+    /// operating system does.
+    pub connect_timeout: Option<Duration>,
+    /// How long a request that is not long-running may wait for the
+    /// response's head (default [`DEFAULT_REQUEST_TIMEOUT`], 30 s); `None`
+    /// waits forever. A request that times out fails with
+    /// [`crate::health::RequestTimedOut`] and marks the cluster unreachable
+    /// until one is answered again.
+    pub request_timeout: Option<Duration>,
 }
 
 impl Default for ClientOptions {
     fn default() -> Self {
         Self {
             plugin_timeout: DEFAULT_PLUGIN_TIMEOUT,
+            connect_timeout: Some(DEFAULT_CONNECT_TIMEOUT),
+            request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
         }
     }
 }
 
 impl ClientOptions {
+    /// Sets [`ClientOptions::connect_timeout`].
+    #[must_use]
+    pub fn connect_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Sets [`ClientOptions::request_timeout`].
+    #[must_use]
+    pub fn request_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.request_timeout = timeout;
+        self
+    }
+
     /// Sets [`ClientOptions::plugin_timeout`].
     #[must_use]
     pub fn plugin_timeout(mut self, timeout: Duration) -> Self {
@@ -96,12 +137,26 @@ impl ClientOptions {
 /// [`ClientOptions::plugin_timeout`]; the client runs it again only when its
 /// token is about to expire or the server refuses it (see
 /// [`crate::credentials`]). Dropping the returned future stops the plugin.
+/// Requests get the deadlines of `options`.
 pub async fn client(
     kubeconfig: &Kubeconfig,
     context: Option<&str>,
     source: &str,
     options: &ClientOptions,
 ) -> Result<kube::Client, Error> {
+    Ok(client_with_requests(kubeconfig, context, source, options)
+        .await?
+        .0)
+}
+
+/// [`client`], and the record of how its requests end (for the cluster's
+/// health).
+pub(crate) async fn client_with_requests(
+    kubeconfig: &Kubeconfig,
+    context: Option<&str>,
+    source: &str,
+    options: &ClientOptions,
+) -> Result<(kube::Client, Requests), Error> {
     let context_name = match context {
         Some(name) => name.to_string(),
         None => kubeconfig
@@ -132,30 +187,43 @@ pub async fn client(
             ),
         ));
     }
+    config.connect_timeout = options.connect_timeout;
     let plugin = plugin_of(&mut config.auth_info, options.plugin_timeout);
-    let build_error = |err: kube::Error| {
-        invalid(
-            source,
-            &format!(
-                "context {context_name:?}: {}",
-                crate::redact::kube_error(&err)
-            ),
-        )
+    let requests = Requests::default();
+    let build = |config: kube::Config| {
+        let layer = BoundedLayer {
+            timeout: options.request_timeout,
+            requests: requests.clone(),
+        };
+        kube::client::ClientBuilder::try_from(config)
+            .map(|builder| builder.with_layer(&layer).build())
+            .map_err(|err| {
+                invalid(
+                    source,
+                    &format!(
+                        "context {context_name:?}: {}",
+                        crate::redact::kube_error(&err)
+                    ),
+                )
+            })
     };
     let Some(plugin) = plugin else {
-        return kube::Client::try_from(config).map_err(build_error);
+        return Ok((build(config)?, requests));
     };
     match plugin.run().await {
         Ok(Credential::Token { token, expires }) => {
-            let client = kube::Client::try_from(config).map_err(build_error)?;
-            Ok(credentials::authenticated(client, plugin, token, expires))
+            let client = build(config)?;
+            Ok((
+                credentials::authenticated(client, plugin, token, expires),
+                requests,
+            ))
         }
         Ok(Credential::Certificate { certificate, key }) => {
             use base64::Engine;
             let encode = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
             config.auth_info.client_certificate_data = Some(encode(&certificate));
             config.auth_info.client_key_data = Some(encode(key.expose_secret()).into());
-            kube::Client::try_from(config).map_err(build_error)
+            Ok((build(config)?, requests))
         }
         Err(err) => Err(Error::Credentials {
             origin: source.to_string(),

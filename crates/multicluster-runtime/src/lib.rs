@@ -26,6 +26,7 @@ pub mod credentials;
 pub mod discovery;
 mod error;
 pub mod failures;
+pub mod health;
 pub mod kubeconfig;
 pub mod manager;
 pub mod metrics;

@@ -34,6 +34,7 @@ struct Inner {
     disengagements: Counter,
     engagement_failures: Family<Labels, Counter>,
     clusters_by_state: Family<Labels, Gauge>,
+    cluster_state: Family<Labels, Gauge>,
     reconciles: Family<Labels, Counter>,
     reconcile_errors: Family<Labels, Counter>,
     reconcile_time: Family<Labels, Histogram>,
@@ -56,6 +57,7 @@ impl Metrics {
         let disengagements = Counter::default();
         let engagement_failures = Family::<Labels, Counter>::default();
         let clusters_by_state = Family::<Labels, Gauge>::default();
+        let cluster_state = Family::<Labels, Gauge>::default();
         let reconciles = Family::<Labels, Counter>::default();
         let reconcile_errors = Family::<Labels, Counter>::default();
         let reconcile_time = Family::<Labels, Histogram>::new_with_constructor(
@@ -84,9 +86,16 @@ impl Metrics {
         );
         registry.register(
             "mcr_clusters",
-            "Engaged clusters by state: syncing, ready, unreachable",
+            "Engaged clusters by state: syncing, ready, degraded, unreachable",
             clusters_by_state.clone(),
         );
+        if per_cluster_labels {
+            registry.register(
+                "mcr_cluster_state",
+                "1 for each engaged cluster's current state (with per-cluster labels only)",
+                cluster_state.clone(),
+            );
+        }
         registry.register(
             "controller_runtime_reconcile",
             "Reconciles per controller and result",
@@ -116,6 +125,7 @@ impl Metrics {
                 disengagements,
                 engagement_failures,
                 clusters_by_state,
+                cluster_state,
                 reconciles,
                 reconcile_errors,
                 reconcile_time,
@@ -160,16 +170,48 @@ impl Metrics {
             .inc();
     }
 
-    pub(crate) fn cluster_states(&self, syncing: usize, ready: usize, unreachable: usize) {
+    /// Sets `mcr_clusters{state}` from the counts of syncing, ready,
+    /// degraded and unreachable clusters.
+    pub(crate) fn cluster_states(&self, [syncing, ready, degraded, unreachable]: [usize; 4]) {
         for (state, count) in [
             ("syncing", syncing),
             ("ready", ready),
+            ("degraded", degraded),
             ("unreachable", unreachable),
         ] {
             self.inner
                 .clusters_by_state
                 .get_or_create(&vec![("state", state.to_string())])
                 .set(i64::try_from(count).unwrap_or(i64::MAX));
+        }
+    }
+
+    /// Records `cluster`'s state in `mcr_cluster_state` (with per-cluster
+    /// labels only): 1 for `state`, and its other states gone.
+    pub(crate) fn cluster_state(&self, cluster: &ClusterName, state: &str) {
+        if !self.inner.per_cluster_labels {
+            return;
+        }
+        self.cluster_gone(cluster);
+        self.inner
+            .cluster_state
+            .get_or_create(&vec![
+                ("cluster", cluster.as_str().to_string()),
+                ("state", state.to_string()),
+            ])
+            .set(1);
+    }
+
+    /// Forgets `cluster` in `mcr_cluster_state`: it left the fleet.
+    pub(crate) fn cluster_gone(&self, cluster: &ClusterName) {
+        if !self.inner.per_cluster_labels {
+            return;
+        }
+        for state in ["syncing", "ready", "degraded", "unreachable"] {
+            self.inner.cluster_state.remove(&vec![
+                ("cluster", cluster.as_str().to_string()),
+                ("state", state.to_string()),
+            ]);
         }
     }
 

@@ -47,6 +47,33 @@ fn without_userinfo(uri: &http::Uri) -> String {
     )
 }
 
+/// Describes any error and its causes without credentials: kube-rs errors
+/// through [`kube_error`], others by their messages, each cause once.
+pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
+    let mut text = String::new();
+    let mut current: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(err) = current {
+        let part = if let Some(kube) = err.downcast_ref::<kube::Error>() {
+            // Its own description already says what its causes do.
+            current = None;
+            kube_error(kube)
+        } else if let Some(auth) = err.downcast_ref::<AuthError>() {
+            current = None;
+            auth_error(auth)
+        } else {
+            current = err.source();
+            err.to_string()
+        };
+        if !text.contains(&part) {
+            if !text.is_empty() {
+                text.push_str(": ");
+            }
+            text.push_str(&part);
+        }
+    }
+    text
+}
+
 /// Describes a watcher error without credentials.
 pub fn watcher_error(err: &watcher::Error) -> String {
     match err {

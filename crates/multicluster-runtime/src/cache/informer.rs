@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ClusterName;
 use crate::cache::index::Indexes;
+use crate::health::Failure;
 
 /// A change seen by an informer.
 #[derive(Debug)]
@@ -110,7 +111,8 @@ where
     /// Objects listed since the current (re)list began. The store only
     /// shows them at `InitDone`, so late subscribers get them from here.
     relisted: Option<HashMap<ObjectRef<K>, Arc<K>>>,
-    last_error: Option<String>,
+    /// The watch's failure since its last success, if it is failing.
+    failure: Option<Failure>,
 }
 
 impl<K> Informer<K>
@@ -140,7 +142,7 @@ where
                 subscribers: Vec::new(),
                 indexes,
                 relisted: None,
-                last_error: None,
+                failure: None,
             }),
             ready,
         });
@@ -164,9 +166,15 @@ where
                         }
                     }
                     Err(err) => {
+                        let unreachable = crate::health::is_unreachable(&err);
                         let err = crate::redact::watcher_error(&err);
                         tracing::warn!(%cluster, kind, error = %err, "watch failed; retrying with backoff");
-                        informer.lock().last_error = Some(err);
+                        let mut state = informer.lock();
+                        state.failure = Some(Failure::continuing(
+                            state.failure.as_ref(),
+                            err,
+                            unreachable,
+                        ));
                     }
                 }
             }
@@ -189,7 +197,7 @@ where
     /// has completed.
     fn apply(&self, event: watcher::Event<K>) -> bool {
         let mut state = self.lock();
-        state.last_error = None;
+        state.failure = None;
         let mut outgoing = Vec::new();
         let mut synced = false;
         match &event {
@@ -331,7 +339,15 @@ where
 
     /// The last watch error, cleared by the next successful event.
     pub fn last_error(&self) -> Option<String> {
-        self.lock().last_error.clone()
+        self.lock()
+            .failure
+            .as_ref()
+            .map(|failure| failure.reason.clone())
+    }
+
+    /// The watch's failure since its last success, if it is failing.
+    pub(crate) fn failure(&self) -> Option<Failure> {
+        self.lock().failure.clone()
     }
 }
 

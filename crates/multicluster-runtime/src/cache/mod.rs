@@ -34,6 +34,10 @@ pub use scoped::VIRTUAL_NAMESPACE;
 use crate::{ClusterName, Error};
 use index::Indexes;
 
+/// How long after its latest error a watch still counts as failing, at
+/// least.
+const FAILURE_EXPIRY: Duration = Duration::from_secs(10);
+
 /// Default time [`Cache::wait_for_sync`] callers use.
 pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -263,6 +267,7 @@ trait ErasedInformer: Send + Sync {
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
     fn is_ready(&self) -> bool;
     fn last_error(&self) -> Option<String>;
+    fn failure(&self) -> Option<crate::health::Failure>;
     fn add_index(&self, index: &FieldIndex);
 }
 
@@ -279,6 +284,9 @@ where
     }
     fn last_error(&self) -> Option<String> {
         Informer::last_error(self)
+    }
+    fn failure(&self) -> Option<crate::health::Failure> {
+        Informer::failure(self)
     }
     fn add_index(&self, index: &FieldIndex) {
         if let Some(extractor) = index.extractor::<K>() {
@@ -539,6 +547,33 @@ impl Cache {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+
+    /// The oldest failure among the cache's watches, if any is failing; a
+    /// watch that cannot reach the server comes before one the server
+    /// refuses.
+    pub(crate) fn failure(&self) -> Option<crate::health::Failure> {
+        // A failing watch errs again at least every backoff period; one
+        // whose errors stopped started again (which it does not announce).
+        let expiry = match &self.inner.backend {
+            Backend::Api { options, .. } => (options.backoff.max * 5).max(FAILURE_EXPIRY),
+            Backend::Scoped { .. } => FAILURE_EXPIRY,
+        };
+        let now = tokio::time::Instant::now();
+        let failures: Vec<crate::health::Failure> = lock(&self.inner.informers)
+            .iter()
+            .filter_map(|(_, informer)| informer.failure())
+            .filter(|failure| now.duration_since(failure.last) < expiry)
+            .collect();
+        failures
+            .into_iter()
+            .min_by_key(|failure| (!failure.unreachable, failure.since))
+    }
+
+    /// How the cache's watches are doing: see [`crate::health`].
+    pub fn health(&self) -> crate::health::Health {
+        self.failure()
+            .map_or(crate::health::Health::Healthy, |failure| failure.health())
     }
 
     /// The number of informers (watches) this cache runs.

@@ -8,7 +8,12 @@
 //! Guarantees, per controller:
 //!
 //! - at most `max_concurrent_reconciles` reconciles at once, and never two of
-//!   one request;
+//!   one request; while more than one cluster is engaged, at most
+//!   `max_concurrent_reconciles_per_cluster` of one cluster (by default one
+//!   less than the limit), so a cluster whose reconciles hang leaves slots
+//!   for the others;
+//! - a reconcile that runs past `reconcile_timeout` (5 minutes by default) is
+//!   cancelled, counted with the result `timeout`, and backed off;
 //! - duplicate requests collapse, and a request that arrives while it is being
 //!   reconciled runs once more afterwards;
 //! - errors back off per request, exponentially ([`Backoff`]);
@@ -110,6 +115,9 @@ impl Action {
     }
 }
 
+/// How long a reconcile may run by default before it is cancelled.
+pub const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(300);
+
 /// The error type reconcilers return, boxed.
 pub type ReconcileError = Box<dyn std::error::Error + Send + Sync>;
 
@@ -168,6 +176,8 @@ pub struct ControllerBuilder {
     /// Owned-type sources wait for the primary's (apiVersion, kind).
     owned: Vec<OwnedSource>,
     max_concurrent_reconciles: usize,
+    max_concurrent_reconciles_per_cluster: Option<usize>,
+    reconcile_timeout: Option<Duration>,
     backoff: Backoff,
     metrics: Option<Metrics>,
 }
@@ -253,6 +263,31 @@ impl ControllerBuilder {
         self
     }
 
+    /// Reconciles of one cluster running at once while the controller works
+    /// on other clusters too (default: `max_concurrent_reconciles` − 1, at
+    /// least 1). Setting it to the limit lets one cluster take every slot.
+    #[must_use]
+    pub fn max_concurrent_reconciles_per_cluster(mut self, limit: usize) -> Self {
+        self.max_concurrent_reconciles_per_cluster = Some(limit.max(1));
+        self
+    }
+
+    /// How long a reconcile may run (default [`DEFAULT_RECONCILE_TIMEOUT`],
+    /// 5 minutes; `None`: as long as it takes). One that runs longer is
+    /// cancelled, counted as an error with the result `timeout`, and backed
+    /// off like any error.
+    ///
+    /// Cancelling drops the reconcile's future: it stops at the `.await` it
+    /// was waiting on, and whatever it had done until then stays done. A
+    /// reconciler must therefore be safe to stop at any `.await` — which it
+    /// must be anyway, since the process can stop at any point — and converge
+    /// when run again.
+    #[must_use]
+    pub fn reconcile_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.reconcile_timeout = timeout;
+        self
+    }
+
     /// Error backoff (default 5 ms doubling up to 1000 s).
     #[must_use]
     pub fn backoff(mut self, backoff: Backoff) -> Self {
@@ -300,9 +335,14 @@ impl ControllerBuilder {
             }
             .boxed()
         });
+        let share = self
+            .max_concurrent_reconciles_per_cluster
+            .unwrap_or(self.max_concurrent_reconciles.saturating_sub(1))
+            .max(1);
         let mut work = WorkQueue::builder(self.name.clone())
             .max_concurrent(self.max_concurrent_reconciles)
-            .backoff(self.backoff);
+            .backoff(self.backoff)
+            .timeout(self.reconcile_timeout);
         if let Some(metrics) = self.metrics {
             work = work.metrics(metrics);
         }
@@ -311,7 +351,7 @@ impl ControllerBuilder {
                 name: self.name,
                 sources,
                 reconciler,
-                work: work.build_gated(),
+                work: work.build_gated(share),
                 clusters: Mutex::new(HashMap::new()),
                 running: Mutex::new(HashMap::new()),
                 finished: tokio::sync::Notify::new(),
@@ -404,6 +444,8 @@ impl Controller {
             sources: Vec::new(),
             owned: Vec::new(),
             max_concurrent_reconciles: 1,
+            max_concurrent_reconciles_per_cluster: None,
+            reconcile_timeout: Some(DEFAULT_RECONCILE_TIMEOUT),
             backoff: Backoff::default(),
             metrics: None,
         }

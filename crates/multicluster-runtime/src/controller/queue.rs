@@ -6,6 +6,11 @@
 //! is either waiting, running, or running-and-dirty; duplicates collapse, and
 //! a request added while it runs runs once more afterwards. Delayed requests
 //! (requeue-after, error backoff) wait in a timer heap until due.
+//!
+//! While more than one cluster is engaged, no cluster runs more than its
+//! share of requests at once (the controller's limit minus one by default),
+//! so a cluster whose requests hang cannot take every slot: the others are
+//! served with what is left.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
@@ -61,6 +66,8 @@ struct State {
     turn: VecDeque<ClusterName>,
     queued: HashSet<Request>,
     running: HashSet<Request>,
+    /// How many requests run now, per cluster.
+    running_per_cluster: HashMap<ClusterName, usize>,
     dirty: HashSet<Request>,
     delayed: BinaryHeap<Reverse<(Instant, u64, Request)>>,
     /// The earliest due time per delayed request; heap entries with another
@@ -77,6 +84,9 @@ pub(crate) struct Queue {
     /// Whether only requests of engaged clusters are taken (a controller's
     /// queue) or any (a [`super::WorkQueue`] of its own).
     gated: bool,
+    /// How many requests of one cluster may run at once while other
+    /// clusters are engaged.
+    share: usize,
 }
 
 impl Queue {
@@ -87,7 +97,15 @@ impl Queue {
             changed: Notify::new(),
             backoff,
             gated: true,
+            share: usize::MAX,
         }
+    }
+
+    /// Runs at most `share` (at least 1) requests of one cluster at once
+    /// while other clusters are engaged.
+    pub(crate) fn with_share(mut self, share: usize) -> Self {
+        self.share = share.max(1);
+        self
     }
 
     /// A queue that takes requests of any cluster.
@@ -203,7 +221,18 @@ impl Queue {
                 Self::enqueue(&mut state, request);
             }
         }
-        while let Some(cluster) = state.turn.pop_front() {
+        let shared = state.engaged.len() > 1;
+        // Each cluster in turn at most once: one at its share waits its
+        // next turn.
+        for _ in 0..state.turn.len() {
+            let Some(cluster) = state.turn.pop_front() else {
+                break;
+            };
+            let running = state.running_per_cluster.get(&cluster).copied();
+            if shared && running.unwrap_or(0) >= self.share {
+                state.turn.push_back(cluster);
+                continue;
+            }
             let Some(waiting) = state.waiting.get_mut(&cluster) else {
                 continue;
             };
@@ -213,10 +242,11 @@ impl Queue {
             if waiting.is_empty() {
                 state.waiting.remove(&cluster);
             } else {
-                state.turn.push_back(cluster);
+                state.turn.push_back(cluster.clone());
             }
             state.queued.remove(&request);
             state.running.insert(request.clone());
+            *state.running_per_cluster.entry(cluster).or_default() += 1;
             return Ok(request);
         }
         Err(state.delayed.peek().map(|Reverse((due, _, _))| *due))
@@ -230,7 +260,14 @@ impl Queue {
     /// Records the end of a reconcile of `request`.
     pub(crate) fn done(&self, request: &Request, outcome: Outcome) {
         let mut state = self.lock();
-        state.running.remove(request);
+        if state.running.remove(request)
+            && let Some(count) = state.running_per_cluster.get_mut(&request.cluster)
+        {
+            *count -= 1;
+            if *count == 0 {
+                state.running_per_cluster.remove(&request.cluster);
+            }
+        }
         let engaged = self.takes(&state, &request.cluster);
         let delay = match outcome {
             Outcome::Success(after) => {
@@ -330,6 +367,27 @@ mod tests {
         assert_eq!(q.depth_of(&"a".into()), 0);
         assert_eq!(q.next().ok(), Some(req("b", "z")));
         assert!(q.next().is_err());
+    }
+
+    #[test]
+    fn a_cluster_runs_at_most_its_share_while_others_are_engaged() {
+        let q = queue(&["busy", "quiet"]).with_share(2);
+        for i in 0..5 {
+            q.add(req("busy", &format!("obj-{i}")));
+        }
+        let first = q.next().expect("one");
+        let _second = q.next().expect("two");
+        assert!(q.next().is_err(), "busy is at its share");
+        q.add(req("quiet", "only"));
+        assert_eq!(q.next().ok(), Some(req("quiet", "only")));
+        q.done(&first, Outcome::Success(None));
+        assert_eq!(q.next().ok(), Some(req("busy", "obj-2")));
+
+        // Alone, a cluster may use every slot.
+        let alone = queue(&["only"]).with_share(1);
+        alone.add(req("only", "x"));
+        alone.add(req("only", "y"));
+        assert!(alone.next().is_ok() && alone.next().is_ok());
     }
 
     #[test]

@@ -41,6 +41,7 @@ struct Inner {
     name: String,
     queue: Arc<Queue>,
     max_concurrent: usize,
+    timeout: Option<Duration>,
     /// Set by the builder, else by a manager, else a private registry on
     /// first use.
     metrics: OnceLock<Metrics>,
@@ -53,6 +54,7 @@ pub struct WorkQueueBuilder {
     max_concurrent: usize,
     backoff: Backoff,
     metrics: Option<Metrics>,
+    timeout: Option<Duration>,
 }
 
 impl WorkQueueBuilder {
@@ -70,6 +72,17 @@ impl WorkQueueBuilder {
         self
     }
 
+    /// Cancels a work item that runs longer than `timeout` (default: none),
+    /// counting it under the result `timeout` and backing its key off.
+    /// Cancelling drops the item's future: whatever it awaited is abandoned
+    /// at that point, so work must be safe to stop at any `.await` (as work
+    /// that may crash must be anyway).
+    #[must_use]
+    pub fn timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
     /// Records durations, results and queue depth in `metrics`, under the
     /// queue's name as `controller`.
     #[must_use]
@@ -84,9 +97,10 @@ impl WorkQueueBuilder {
         self.build_with(queue)
     }
 
-    /// A queue that takes keys only of the clusters engaged on `queue`.
-    pub(crate) fn build_gated(self) -> WorkQueue {
-        let queue = Queue::new(self.backoff);
+    /// A queue that takes keys only of the clusters engaged on it, running
+    /// at most `share` of one cluster at once while others are engaged.
+    pub(crate) fn build_gated(self, share: usize) -> WorkQueue {
+        let queue = Queue::new(self.backoff).with_share(share);
         self.build_with(queue)
     }
 
@@ -96,6 +110,7 @@ impl WorkQueueBuilder {
                 name: self.name,
                 queue: Arc::new(queue),
                 max_concurrent: self.max_concurrent,
+                timeout: self.timeout,
                 metrics: self.metrics.map(OnceLock::from).unwrap_or_default(),
             }),
         }
@@ -110,6 +125,7 @@ impl WorkQueue {
             max_concurrent: 1,
             backoff: Backoff::default(),
             metrics: None,
+            timeout: None,
         }
     }
 
@@ -201,23 +217,35 @@ impl WorkQueue {
                 name = %key.name,
             );
             let this = self.clone();
+            let timeout = self.inner.timeout;
             running.spawn(
                 async move {
                     let started = tokio::time::Instant::now();
-                    let result = AssertUnwindSafe(work).catch_unwind().await;
+                    let work = AssertUnwindSafe(work).catch_unwind();
+                    let result = match timeout {
+                        Some(timeout) => tokio::time::timeout(timeout, work).await.ok(),
+                        None => Some(work.await),
+                    };
                     let elapsed = started.elapsed();
                     let (label, outcome) = match result {
-                        Ok(Ok(action)) => {
+                        Some(Ok(Ok(action))) => {
                             tracing::debug!(?elapsed, ?action, "reconciled");
                             ("success", Outcome::Success(action.requeue_after()))
                         }
-                        Ok(Err(err)) => {
+                        Some(Ok(Err(err))) => {
                             tracing::warn!(error = %err, "reconcile failed");
                             ("error", Outcome::Failure)
                         }
-                        Err(_) => {
+                        Some(Err(_)) => {
                             tracing::error!("reconciler panicked");
                             ("error", Outcome::Failure)
+                        }
+                        None => {
+                            tracing::warn!(
+                                ?elapsed,
+                                "reconcile cancelled: it ran past its deadline"
+                            );
+                            ("timeout", Outcome::Failure)
                         }
                     };
                     let metrics = this.metrics();
@@ -351,6 +379,52 @@ mod tests {
             .await
             .expect("the hung key does not hold up the shutdown")
             .expect("task");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn work_past_its_deadline_is_cancelled_counted_and_retried() {
+        let metrics = Metrics::default();
+        let queue = WorkQueue::builder("deadline")
+            .timeout(Some(Duration::from_secs(5)))
+            .backoff(Backoff {
+                base: Duration::from_secs(1),
+                max: Duration::from_secs(1),
+            })
+            .metrics(metrics.clone())
+            .build();
+        let runs = Arc::new(Mutex::new(0));
+        let (dropped_tx, dropped_rx) = std::sync::mpsc::channel::<()>();
+        let seen = runs.clone();
+        let (shutdown, task) = spawn_run(&queue, move |_| {
+            let seen = seen.clone();
+            let dropped = dropped_tx.clone();
+            async move {
+                *seen.lock().expect("lock") += 1;
+                // Tells the test when this future is dropped.
+                struct OnDrop(std::sync::mpsc::Sender<()>);
+                impl Drop for OnDrop {
+                    fn drop(&mut self) {
+                        let _ = self.0.send(());
+                    }
+                }
+                let _guard = OnDrop(dropped);
+                std::future::pending::<Result<Action, ReconcileError>>().await
+            }
+        });
+        queue.enqueue(key("hangs"));
+        until("a second run", || *runs.lock().expect("lock") >= 2).await;
+        assert!(dropped_rx.try_recv().is_ok(), "the first run was dropped");
+        let text = metrics.encode();
+        assert!(
+            text.lines().any(
+                |line| line.starts_with("controller_runtime_reconcile_total{")
+                    && line.contains("result=\"timeout\"")
+                    && !line.ends_with(" 0")
+            ),
+            "{text}"
+        );
+        shutdown.cancel();
+        task.await.expect("task");
     }
 
     #[tokio::test(start_paused = true)]

@@ -8,10 +8,17 @@
 //! is reported [`ClusterState::Unreachable`], retried with backoff, and
 //! engaged once it answers, while the rest of the fleet carries on.
 //!
+//! Once ready, a cluster's state follows what its client and cache see
+//! ([`crate::health`]): a failure that lasts `unhealthy_after` makes it
+//! [`ClusterState::Degraded`] or [`ClusterState::Unreachable`] with the
+//! (redacted) reason, and it is ready again once the failure clears. Its
+//! components stay engaged meanwhile; a cluster failing on requests is probed
+//! with backoff, so it is seen to recover even when nothing else asks it.
+//!
 //! Providers run on every replica, leader or not, so any replica can answer
 //! for any cluster; the coordinator decides which components engage.
 
-mod health;
+mod endpoints;
 
 use crate::sync::lock;
 use std::collections::BTreeMap;
@@ -29,16 +36,47 @@ use crate::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
 /// shutdown grace period.
 const STOP_ALLOWANCE: Duration = Duration::from_secs(3);
 
+/// How often engaged clusters' health is looked at.
+const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
+
 /// Where an engaged cluster stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum ClusterState {
     /// Engaged by the provider; waiting for the API server and cache.
     Syncing,
-    /// Handed to the components.
+    /// Handed to the components, and working.
     Ready,
-    /// The API server did not answer or the cache did not sync in time; the
-    /// reason is the last error. Retried with backoff.
+    /// Handed to the components, but some of its watches keep failing with
+    /// an answer from the server (a `403` after lost RBAC, say); the reason
+    /// says which. Ready again once they work.
+    Degraded(String),
+    /// The API server cannot be reached, does not answer in time, or the
+    /// cache did not sync; the reason is the last error. Before the cluster
+    /// is handed to the components, the check is retried with backoff; after,
+    /// it is probed with backoff and is ready again once it answers.
     Unreachable(String),
+}
+
+impl ClusterState {
+    /// The state's name as `/clusters` and `mcr_clusters{state}` show it.
+    pub fn label(&self) -> &'static str {
+        match self {
+            ClusterState::Syncing => "syncing",
+            ClusterState::Ready => "ready",
+            ClusterState::Degraded(_) => "degraded",
+            ClusterState::Unreachable(_) => "unreachable",
+        }
+    }
+}
+
+impl From<crate::health::Health> for ClusterState {
+    fn from(health: crate::health::Health) -> Self {
+        match health {
+            crate::health::Health::Healthy => ClusterState::Ready,
+            crate::health::Health::Degraded(reason) => ClusterState::Degraded(reason),
+            crate::health::Health::Unreachable(reason) => ClusterState::Unreachable(reason),
+        }
+    }
 }
 
 /// Decides which components engage a cluster. The basic coordinator engages
@@ -104,6 +142,10 @@ pub struct ManagerOptions {
     pub retry_delay: Duration,
     /// Longest retry delay (default 60 s).
     pub max_retry_delay: Duration,
+    /// How long a failure of a ready cluster must last before it is reported
+    /// degraded or unreachable (default 3 s), so that one error retried at
+    /// once does not make its state flap.
+    pub unhealthy_after: Duration,
     /// How long running reconciles may take to finish at shutdown (default
     /// 30 s). The whole shutdown — reconciles, the coordinator handing its
     /// clusters over, the provider stopping (and its credential plugins
@@ -121,6 +163,7 @@ impl Default for ManagerOptions {
             sync_timeout: crate::cache::DEFAULT_SYNC_TIMEOUT,
             retry_delay: Duration::from_secs(1),
             max_retry_delay: Duration::from_secs(60),
+            unhealthy_after: Duration::from_secs(3),
             shutdown_grace: Duration::from_secs(30),
             health_address: None,
         }
@@ -151,6 +194,11 @@ struct Tracked {
     lifetime: CancellationToken,
     state: ClusterState,
     generation: u64,
+    /// Whether it was handed to the components (it became ready once).
+    engaged: bool,
+    /// When an unhealthy engaged cluster is probed next, and the delay
+    /// after that.
+    next_probe: Option<(tokio::time::Instant, Duration)>,
 }
 
 impl Manager {
@@ -258,7 +306,7 @@ impl Manager {
         lock(&self.inner.components).push(component.clone());
         let ready: Vec<_> = lock(&self.inner.clusters)
             .iter()
-            .filter(|(_, tracked)| tracked.state == ClusterState::Ready)
+            .filter(|(_, tracked)| tracked.engaged)
             .map(|(name, tracked)| {
                 (
                     name.clone(),
@@ -343,6 +391,7 @@ impl Manager {
             let stop = components_stop.clone();
             tokio::spawn(async move { provider.start(stop, aware).await })
         });
+        tokio::spawn(self.clone().watch_health(components_stop.clone()));
         self.inner.started.cancel();
 
         // A provider that ends on its own (it failed, or gave up) ends the
@@ -405,7 +454,7 @@ impl Manager {
     /// `listener` until `shutdown` fires (what `health_address` does, for a
     /// listener the caller bound).
     pub fn serve_health(&self, listener: tokio::net::TcpListener, shutdown: CancellationToken) {
-        tokio::spawn(health::serve(listener, self.clone(), shutdown));
+        tokio::spawn(endpoints::serve(listener, self.clone(), shutdown));
     }
 
     /// [`Manager::run`] until SIGTERM or Ctrl-C.
@@ -441,6 +490,12 @@ impl Manager {
                 None => {
                     if !self.set_state(&name, generation, ClusterState::Ready) {
                         return;
+                    }
+                    if let Some(tracked) = lock(&self.inner.clusters)
+                        .get_mut(&name)
+                        .filter(|tracked| tracked.generation == generation)
+                    {
+                        tracked.engaged = true;
                     }
                     tracing::info!(cluster = %name, "cluster ready; engaging components");
                     let components = lock(&self.inner.components).clone();
@@ -478,6 +533,7 @@ impl Manager {
         let mut clusters = lock(&self.inner.clusters);
         let changed = match clusters.get_mut(name) {
             Some(tracked) if tracked.generation == generation => {
+                self.inner.metrics.cluster_state(name, state.label());
                 tracked.state = state;
                 true
             }
@@ -489,17 +545,78 @@ impl Manager {
 
     /// Updates the per-state cluster gauge from the tracked clusters.
     fn publish_states(&self, clusters: &BTreeMap<ClusterName, Tracked>) {
-        let mut counts = [0usize; 3];
+        let mut counts = [0usize; 4];
         for tracked in clusters.values() {
             counts[match tracked.state {
                 ClusterState::Syncing => 0,
                 ClusterState::Ready => 1,
-                ClusterState::Unreachable(_) => 2,
+                ClusterState::Degraded(_) => 2,
+                ClusterState::Unreachable(_) => 3,
             }] += 1;
         }
-        self.inner
-            .metrics
-            .cluster_states(counts[0], counts[1], counts[2]);
+        self.inner.metrics.cluster_states(counts);
+    }
+
+    /// Brings each engaged cluster's state in line with its health every
+    /// [`HEALTH_CHECK_INTERVAL`] until `stop` fires.
+    async fn watch_health(self, stop: CancellationToken) {
+        let mut ticks = tokio::time::interval(HEALTH_CHECK_INTERVAL);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                _ = ticks.tick() => self.check_health(),
+            }
+        }
+    }
+
+    fn check_health(&self) {
+        let options = &self.inner.options;
+        let now = tokio::time::Instant::now();
+        let mut clusters = lock(&self.inner.clusters);
+        let mut changed = false;
+        for (name, tracked) in clusters.iter_mut().filter(|(_, t)| t.engaged) {
+            let state = match tracked.cluster.failure() {
+                Some(failure) if now.duration_since(failure.since) >= options.unhealthy_after => {
+                    ClusterState::from(failure.health())
+                }
+                // Too young to tell a lasting failure from a passing one.
+                Some(_) => continue,
+                None => ClusterState::Ready,
+            };
+            if state == ClusterState::Ready {
+                tracked.next_probe = None;
+            } else {
+                let (due, delay) = *tracked.next_probe.get_or_insert((now, options.retry_delay));
+                if due <= now {
+                    // Something that asks, so that a server that comes back is
+                    // seen even when nothing else talks to it.
+                    let cluster = tracked.cluster.clone();
+                    let timeout = options.sync_timeout;
+                    tokio::spawn(async move {
+                        let _ = tokio::time::timeout(timeout, probe_server(&cluster)).await;
+                    });
+                    tracked.next_probe =
+                        Some((now + delay, (delay * 2).min(options.max_retry_delay)));
+                }
+            }
+            if tracked.state == state {
+                continue;
+            }
+            match &state {
+                ClusterState::Ready => tracing::info!(cluster = %name, "cluster works again"),
+                ClusterState::Degraded(reason) | ClusterState::Unreachable(reason) => {
+                    tracing::warn!(cluster = %name, state = state.label(), %reason, "cluster is not healthy");
+                }
+                ClusterState::Syncing => {}
+            }
+            self.inner.metrics.cluster_state(name, state.label());
+            tracked.state = state;
+            changed = true;
+        }
+        if changed {
+            self.publish_states(&clusters);
+        }
     }
 }
 
@@ -530,8 +647,11 @@ impl Aware for Manager {
                     lifetime: lifetime.child_token(),
                     state: ClusterState::Syncing,
                     generation,
+                    engaged: false,
+                    next_probe: None,
                 },
             );
+            self.inner.metrics.cluster_state(&name, "syncing");
             self.publish_states(&clusters);
         }
         tokio::spawn(self.clone().bring_up(name.clone(), generation));
@@ -545,6 +665,7 @@ impl Aware for Manager {
             {
                 clusters.remove(&name);
                 this.inner.metrics.cluster_disengaged();
+                this.inner.metrics.cluster_gone(&name);
                 this.publish_states(&clusters);
                 tracing::info!(cluster = %name, "cluster left the fleet");
             }
@@ -563,6 +684,17 @@ impl std::fmt::Debug for Manager {
 
 /// Whether the cluster answers and its cache has synced.
 async fn probe(cluster: &Cluster) -> Result<(), String> {
+    probe_server(cluster).await?;
+    cluster
+        .cache()
+        .wait_for_sync(Duration::from_secs(3600))
+        .await
+        .map_err(|err| err.to_string())
+}
+
+/// Whether the cluster's API server answers `/version`; the reason is
+/// redacted (a failed credential plugin's settings never show).
+async fn probe_server(cluster: &Cluster) -> Result<(), String> {
     let request = http::Request::get("/version")
         .body(Vec::new())
         .map_err(|err| err.to_string())?;
@@ -570,12 +702,8 @@ async fn probe(cluster: &Cluster) -> Result<(), String> {
         .client()
         .request_text(request)
         .await
-        .map_err(|err| err.to_string())?;
-    cluster
-        .cache()
-        .wait_for_sync(Duration::from_secs(3600))
-        .await
-        .map_err(|err| err.to_string())
+        .map(|_| ())
+        .map_err(|err| crate::redact::kube_error(&err))
 }
 
 async fn wait_for_signal() {

@@ -94,6 +94,7 @@ fn cluster_report(manager: &Manager) -> String {
                     Some(_) => "ready, left to another replica".to_string(),
                     None => "ready".to_string(),
                 },
+                ClusterState::Degraded(reason) => format!("degraded: {reason}"),
                 ClusterState::Unreachable(reason) => format!("unreachable: {reason}"),
             };
             format!("{name}\t{state}\n")

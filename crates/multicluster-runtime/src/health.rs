@@ -1,0 +1,277 @@
+//! How a cluster is doing, as the requests of its client and the watches of
+//! its cache see it: the truth behind a cluster's state on `/clusters`.
+//!
+//! - A watch that keeps failing with an answer from the server (403 after
+//!   lost RBAC, say) makes the cluster [`Health::Degraded`]: the server is
+//!   there, but part of the work cannot be done.
+//! - A watch or a request that cannot reach the server (connection refused
+//!   or reset, TLS failure, no answer within the request deadline) makes it
+//!   [`Health::Unreachable`].
+//! - Both clear by themselves: a request's next answer; a watch's next
+//!   event, or the end of its errors (a watch that starts again quietly
+//!   reports nothing, so one whose retries, at most a few seconds apart,
+//!   stop failing counts as working again).
+//!
+//! Reasons are built from redacted error text ([`crate::redact`]): they can
+//! be logged and served.
+//!
+//! Requests are watched by a layer that clients built from kubeconfigs
+//! carry ([`crate::kubeconfig::ClientOptions`]); it also gives every request
+//! that is not long-running (watches, log follows, exec sessions are) a
+//! deadline. Clusters with clients of their own are judged by their watches.
+
+use std::error::Error as StdError;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use http::{Request, Response};
+use kube::client::Body;
+use tokio::time::Instant;
+
+use crate::sync::lock;
+
+/// How a cluster is doing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Health {
+    /// Its watches and requests work.
+    Healthy,
+    /// The server answers, but some of its watches fail (the reason says
+    /// why, e.g. `403 Forbidden`).
+    Degraded(String),
+    /// The server cannot be reached or does not answer in time.
+    Unreachable(String),
+}
+
+/// A failure that lasts: what went wrong, since when, and whether it means
+/// the server cannot be reached.
+#[derive(Clone, Debug)]
+pub(crate) struct Failure {
+    pub(crate) reason: String,
+    pub(crate) unreachable: bool,
+    /// When the first error of this failure was seen.
+    pub(crate) since: Instant,
+    /// When the latest was.
+    pub(crate) last: Instant,
+}
+
+impl Failure {
+    /// `reason` as a failure starting now, or continuing `before` if that
+    /// was already failing (a failure's age is that of the first error).
+    pub(crate) fn continuing(before: Option<&Failure>, reason: String, unreachable: bool) -> Self {
+        let now = Instant::now();
+        Self {
+            reason,
+            unreachable,
+            since: before.map_or(now, |before| before.since),
+            last: now,
+        }
+    }
+
+    pub(crate) fn health(&self) -> Health {
+        if self.unreachable {
+            Health::Unreachable(self.reason.clone())
+        } else {
+            Health::Degraded(self.reason.clone())
+        }
+    }
+}
+
+/// Whether an error means the server could not be reached or did not
+/// answer (rather than answered with an error).
+pub(crate) fn is_unreachable(err: &(dyn StdError + 'static)) -> bool {
+    let mut current: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(err) = current {
+        if err.is::<RequestTimedOut>() {
+            return true;
+        }
+        if let Some(kube_error) = err.downcast_ref::<kube::Error>() {
+            match kube_error {
+                kube::Error::Api(_) | kube::Error::Auth(_) => return false,
+                kube::Error::HyperError(_) => return true,
+                _ => {}
+            }
+        }
+        if err.is::<kube::client::AuthError>() {
+            return false;
+        }
+        if err.is::<hyper::Error>()
+            || err.is::<hyper_util::client::legacy::Error>()
+            || err.is::<std::io::Error>()
+        {
+            return true;
+        }
+        current = err.source();
+    }
+    false
+}
+
+/// A request that is not long-running got no answer within its deadline.
+#[derive(Debug, thiserror::Error)]
+#[error("no answer within {0:?}")]
+pub struct RequestTimedOut(pub Duration);
+
+/// How the requests of one client have ended lately: the failure since the
+/// last answer, if any. Shared by the client's layer and its cluster.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Requests(Arc<Mutex<Option<Failure>>>);
+
+impl Requests {
+    pub(crate) fn failure(&self) -> Option<Failure> {
+        lock(&self.0).clone()
+    }
+
+    fn answered(&self) {
+        let mut failure = lock(&self.0);
+        if failure.is_some() {
+            *failure = None;
+        }
+    }
+
+    fn failed(&self, reason: String) {
+        let mut failure = lock(&self.0);
+        *failure = Some(Failure::continuing(failure.as_ref(), reason, true));
+    }
+}
+
+/// Whether a request runs for as long as its caller wants: a watch, a
+/// followed log, an exec, attach or port-forward session. Those get no
+/// deadline (a watch has its own, on the server).
+fn is_long_running<B>(request: &Request<B>) -> bool {
+    let query = request.uri().query().unwrap_or_default();
+    let long_query = query
+        .split('&')
+        .any(|pair| matches!(pair, "watch=true" | "watch=1" | "follow=true" | "follow=1"));
+    let path = request.uri().path();
+    long_query
+        || request.headers().contains_key(http::header::UPGRADE)
+        || ["/exec", "/attach", "/portforward", "/proxy"]
+            .iter()
+            .any(|end| path.ends_with(end) || path.contains(&format!("{end}/")))
+}
+
+/// The layer of [`Bounded`].
+#[derive(Clone, Debug)]
+pub(crate) struct BoundedLayer {
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) requests: Requests,
+}
+
+impl<S> tower::Layer<S> for BoundedLayer {
+    type Service = Bounded<S>;
+
+    fn layer(&self, inner: S) -> Bounded<S> {
+        Bounded {
+            inner,
+            timeout: self.timeout,
+            requests: self.requests.clone(),
+        }
+    }
+}
+
+/// Gives each request that is not long-running a deadline, and records
+/// whether requests are answered.
+pub(crate) struct Bounded<S> {
+    inner: S,
+    timeout: Option<Duration>,
+    requests: Requests,
+}
+
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+impl<S, B> tower::Service<Request<Body>> for Bounded<S>
+where
+    S: tower::Service<Request<Body>, Response = Response<B>>,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<B>;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<Response<B>, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let deadline = self.timeout.filter(|_| !is_long_running(&request));
+        let call = self.inner.call(request);
+        let requests = self.requests.clone();
+        Box::pin(async move {
+            let result = match deadline {
+                Some(after) => match tokio::time::timeout(after, call).await {
+                    Ok(result) => result.map_err(Into::into),
+                    Err(_) => Err(Box::new(RequestTimedOut(after)) as BoxError),
+                },
+                None => call.await.map_err(Into::into),
+            };
+            match &result {
+                Ok(_) => requests.answered(),
+                Err(err) if is_unreachable(err.as_ref()) => {
+                    requests.failed(crate::redact::error_chain(err.as_ref()));
+                }
+                Err(_) => {}
+            }
+            result
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(uri: &str) -> Request<()> {
+        Request::get(uri).body(()).expect("request")
+    }
+
+    #[test]
+    fn watches_follows_and_sessions_are_long_running() {
+        for uri in [
+            "/api/v1/configmaps?watch=true&timeoutSeconds=290",
+            "/api/v1/namespaces/a/pods/p/log?follow=true",
+            "/api/v1/namespaces/a/pods/p/exec?command=sh",
+            "/api/v1/namespaces/a/pods/p/portforward?ports=80",
+            "/api/v1/namespaces/a/services/s/proxy/metrics",
+        ] {
+            assert!(is_long_running(&request(uri)), "{uri}");
+        }
+        for uri in [
+            "/version",
+            "/api/v1/namespaces/a/configmaps?limit=500",
+            "/api/v1/namespaces/a/configmaps/watch-list",
+            "/apis/apps/v1/namespaces/a/deployments/exec-thing",
+        ] {
+            assert!(!is_long_running(&request(uri)), "{uri}");
+        }
+    }
+
+    #[test]
+    fn timeouts_and_transport_errors_mean_unreachable_answers_do_not() {
+        assert!(is_unreachable(&RequestTimedOut(Duration::from_secs(1))));
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(is_unreachable(&refused));
+        let forbidden = kube::Error::Api(Box::new(kube::core::Status::failure(
+            "forbidden",
+            "Forbidden",
+        )));
+        assert!(!is_unreachable(&forbidden));
+        let plugin = kube::Error::Auth(kube::client::AuthError::AuthExec("failed".into()));
+        assert!(!is_unreachable(&plugin));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failure_keeps_its_start_until_an_answer_clears_it() {
+        let requests = Requests::default();
+        requests.failed("no answer within 1s".into());
+        let first = requests.failure().expect("failing").since;
+        tokio::time::advance(Duration::from_secs(5)).await;
+        requests.failed("connection refused".into());
+        let failure = requests.failure().expect("failing");
+        assert_eq!(failure.since, first);
+        assert_eq!(failure.reason, "connection refused");
+        requests.answered();
+        assert!(requests.failure().is_none());
+    }
+}

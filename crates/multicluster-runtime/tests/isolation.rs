@@ -1,0 +1,357 @@
+//! One member's trouble stays its own: a member whose API server hangs
+//! (SIGSTOP) while reconciles of it run does not stall the others, and the
+//! state of every member says what is going on, back to ready by itself.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::rbac::v1::{PolicyRule, RoleBinding};
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::watcher;
+use multicluster_envtest::ControlPlane;
+use multicluster_runtime::cache::{Cache, CacheOptions};
+use multicluster_runtime::clusters::KubeconfigCluster;
+use multicluster_runtime::controller::{Action, Controller, Request, Watch};
+use multicluster_runtime::kubeconfig::ClientOptions;
+use multicluster_runtime::manager::ClusterState;
+use multicluster_runtime::testing::eventually_within;
+use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
+
+/// The copy a reconcile writes of a source ConfigMap.
+fn copy_of(name: &str) -> String {
+    format!("{name}-copy")
+}
+
+/// Holds reconciles of sources named `burst-*` before their write until it
+/// opens, counting those waiting: the test decides when they reach the
+/// server.
+#[derive(Clone)]
+struct Gate {
+    open: Arc<tokio::sync::watch::Sender<bool>>,
+    waiting: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Gate {
+    fn new() -> Self {
+        Self {
+            open: Arc::new(tokio::sync::watch::channel(false).0),
+            waiting: Arc::default(),
+        }
+    }
+
+    async fn pass(&self, request: &Request) {
+        if !request.name.starts_with("burst-") {
+            return;
+        }
+        use std::sync::atomic::Ordering;
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _ = self.open.subscribe().wait_for(|open| *open).await;
+        self.waiting.fetch_sub(1, Ordering::SeqCst);
+    }
+
+    fn waiting(&self) -> usize {
+        self.waiting.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+/// Copies every ConfigMap without `-copy` in its name: a write to the
+/// member per reconcile.
+fn copying_controller(recorder: &Recorder, gate: &Gate) -> Controller {
+    let (recorder, gate) = (recorder.clone(), gate.clone());
+    Controller::builder("copy")
+        .for_resource(Watch::<ConfigMap>::new().filter(
+            multicluster_runtime::controller::filters::custom(
+                |event: &multicluster_runtime::cache::CacheEvent<ConfigMap>| {
+                    !event
+                        .object()
+                        .metadata
+                        .name
+                        .as_deref()
+                        .unwrap_or_default()
+                        .ends_with("-copy")
+                },
+            ),
+        ))
+        .max_concurrent_reconciles(4)
+        .build(move |request: Request, cluster: Cluster| {
+            let (recorder, gate) = (recorder.clone(), gate.clone());
+            async move {
+                gate.pass(&request).await;
+                let copy = serde_json::json!({
+                    "apiVersion": "v1", "kind": "ConfigMap",
+                    "metadata": {"name": copy_of(&request.name)},
+                });
+                Api::<ConfigMap>::namespaced(cluster.client(), "default")
+                    .patch(
+                        &copy_of(&request.name),
+                        &PatchParams::apply("isolation-test"),
+                        &Patch::Apply(copy),
+                    )
+                    .await?;
+                recorder.record(&request);
+                Ok::<_, kube::Error>(Action::await_change())
+            }
+        })
+        .expect("controller")
+}
+
+/// A cluster of `cp` built from its kubeconfig, as providers build them,
+/// with `options`.
+async fn kubeconfig_cluster(name: &str, cp: &ControlPlane, options: &ClientOptions) -> Cluster {
+    KubeconfigCluster {
+        name: name.into(),
+        text: multicluster_envtest::to_yaml(cp.kubeconfig()).expect("yaml"),
+        source: format!("test kubeconfig of {name}"),
+        stable_id: None,
+    }
+    .build(options)
+    .await
+    .expect("cluster")
+}
+
+fn state_of(manager: &Manager, name: &str) -> Option<ClusterState> {
+    manager.cluster_state(&ClusterName::from(name))
+}
+
+async fn copy_exists(cp: &ControlPlane, name: &str) -> bool {
+    let client = cp.client().await.expect("client");
+    Api::<ConfigMap>::namespaced(client, "default")
+        .get_opt(&copy_of(name))
+        .await
+        .ok()
+        .flatten()
+        .is_some()
+}
+
+/// A member whose API server stops answering while reconciles of it run
+/// holds none of the slots the other members need: their changes are
+/// reconciled while it hangs. It is reported unreachable with the reason,
+/// and once it answers again it converges and is ready, with nothing
+/// restarted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hung_member_does_not_stall_the_others_and_is_reported() {
+    let (m1, m2, m3) = tokio::join!(
+        ControlPlane::start(),
+        ControlPlane::start(),
+        ControlPlane::start()
+    );
+    let (m1, m2, m3) = (m1.expect("m1"), m2.expect("m2"), m3.expect("m3"));
+    // Long enough that waiting for m1's requests to time out would miss the
+    // deadline below for the healthy members.
+    let options = ClientOptions::default().request_timeout(Some(Duration::from_secs(10)));
+    let provider = TestProvider::default();
+    for (name, cp) in [("m1", &m1), ("m2", &m2), ("m3", &m3)] {
+        provider
+            .clusters
+            .add(name, kubeconfig_cluster(name, cp, &options).await)
+            .expect("add");
+    }
+    let manager = Manager::with_provider(
+        cluster_for("local", &m2).await,
+        Arc::new(provider),
+        ManagerOptions {
+            unhealthy_after: Duration::from_secs(1),
+            ..ManagerOptions::default()
+        },
+    );
+    let recorder = Recorder::default();
+    let gate = Gate::new();
+    manager
+        .add_controller(copying_controller(&recorder, &gate))
+        .expect("add");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let (stop, task) = run_manager(&manager);
+    manager.serve_health(listener, stop.clone());
+    eventually("every member to be ready", || async {
+        ["m1", "m2", "m3"]
+            .iter()
+            .all(|name| state_of(&manager, name) == Some(ClusterState::Ready))
+    })
+    .await;
+
+    // A burst of changes in m1, and m1 stops answering while they are
+    // being reconciled: as many as m1 may run at once wait at the gate,
+    // then go on to write to the stopped server.
+    for i in 0..20 {
+        create_config_map(&m1, &format!("burst-{i}"), &[]).await;
+    }
+    eventually("m1's reconciles to be running", || async {
+        gate.waiting() >= 3
+    })
+    .await;
+    m1.pause_api_server().expect("SIGSTOP");
+    gate.open.send_replace(true);
+
+    // The healthy members are reconciled meanwhile, well within the time m1
+    // stays stopped (and before any of its requests times out).
+    for (name, cp) in [("m2", &m2), ("m3", &m3)] {
+        create_config_map(cp, "during", &[]).await;
+        eventually_within(
+            Duration::from_secs(5),
+            &format!("the change in {name} to be reconciled while m1 hangs"),
+            || async { recorder.count(&req(name, "during")) > 0 },
+        )
+        .await;
+    }
+    let seen = std::sync::Mutex::new(Vec::new());
+    let reported = tokio::time::timeout(Duration::from_secs(30), async {
+        loop {
+            let state = state_of(&manager, "m1");
+            // A request on an open connection gets no answer; a new
+            // connection gets no TLS handshake (the connect timeout).
+            if matches!(&state, Some(ClusterState::Unreachable(reason))
+                if reason.contains("no answer within 10s") || reason.contains("deadline has elapsed"))
+            {
+                return;
+            }
+            seen.lock().expect("lock").push(state);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    if reported.is_err() {
+        let mut seen = seen.into_inner().expect("lock");
+        seen.dedup();
+        panic!("m1 was not reported unreachable within 30 s; its states: {seen:?}");
+    }
+    let (_, clusters) = multicluster_runtime::testing::http_get(address, "/clusters")
+        .await
+        .expect("/clusters");
+    assert!(
+        clusters
+            .lines()
+            .any(|line| line.starts_with("m1\tunreachable: ")),
+        "{clusters}"
+    );
+    assert!(
+        clusters.lines().any(|line| line == "m2\tready"),
+        "{clusters}"
+    );
+
+    // Back: m1 converges and is ready again by itself.
+    m1.resume_api_server().expect("SIGCONT");
+    for i in 0..20 {
+        let name = format!("burst-{i}");
+        eventually(&format!("{name} to be copied in m1"), || async {
+            copy_exists(&m1, &name).await
+        })
+        .await;
+    }
+    eventually("m1 to be ready again", || async {
+        state_of(&manager, "m1") == Some(ClusterState::Ready)
+    })
+    .await;
+    let metrics = manager.metrics().encode();
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line == "mcr_clusters{state=\"unreachable\"} 0"),
+        "{metrics}"
+    );
+
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// A member whose credentials lose RBAC for the watched type is degraded,
+/// with the server's 403 as the reason, and ready again once the RBAC is
+/// back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_loses_rbac_is_degraded_until_it_is_back() {
+    let member = ControlPlane::start().await.expect("member");
+    create_config_map(&member, "seen", &[]).await;
+    let rules = vec![PolicyRule {
+        api_groups: Some(vec![String::new()]),
+        resources: Some(vec!["configmaps".into()]),
+        verbs: ["get", "list", "watch", "patch", "create"]
+            .map(String::from)
+            .to_vec(),
+        ..PolicyRule::default()
+    }];
+    member
+        .grant_in_namespace("default", "reader", rules.clone())
+        .await
+        .expect("grant");
+    let identity = member.user_kubeconfig("reader", None).expect("kubeconfig");
+    let client = multicluster_envtest::client_for(&identity)
+        .await
+        .expect("client");
+    // Watches end after 3 s and start again, as they do after their
+    // server-side timeout (minutes, normally): that is when a lost grant
+    // shows.
+    let cache = Cache::with_options(
+        "member",
+        client.clone(),
+        CacheOptions {
+            namespace: Some("default".into()),
+            watcher: watcher::Config::default().timeout(3),
+            ..CacheOptions::default()
+        },
+    );
+    let provider = TestProvider::default();
+    provider
+        .clusters
+        .add("member", Cluster::with_cache("member", client, cache))
+        .expect("add");
+    let manager = Manager::with_provider(
+        cluster_for("local", &member).await,
+        Arc::new(provider),
+        ManagerOptions {
+            unhealthy_after: Duration::from_secs(1),
+            ..ManagerOptions::default()
+        },
+    );
+    let recorder = Recorder::default();
+    manager
+        .add_controller(copying_controller(&recorder, &Gate::new()))
+        .expect("add");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let (stop, task) = run_manager(&manager);
+    manager.serve_health(listener, stop.clone());
+    recorder.wait_for_more(&req("member", "seen"), 0).await;
+    assert_eq!(state_of(&manager, "member"), Some(ClusterState::Ready));
+
+    let bindings = Api::<RoleBinding>::namespaced(member.client().await.expect("admin"), "default");
+    bindings
+        .delete("reader", &DeleteParams::default())
+        .await
+        .expect("revoke");
+    eventually("the member to be degraded with a 403", || async {
+        matches!(
+            state_of(&manager, "member"),
+            Some(ClusterState::Degraded(reason)) if reason.contains("403")
+        )
+    })
+    .await;
+    let (_, clusters) = multicluster_runtime::testing::http_get(address, "/clusters")
+        .await
+        .expect("/clusters");
+    assert!(
+        clusters
+            .lines()
+            .any(|line| line.starts_with("member\tdegraded: ") && line.contains("403")),
+        "{clusters}"
+    );
+
+    member
+        .grant_in_namespace("default", "reader", rules)
+        .await
+        .expect("grant again");
+    eventually("the member to be ready again", || async {
+        state_of(&manager, "member") == Some(ClusterState::Ready)
+    })
+    .await;
+
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
