@@ -307,7 +307,8 @@ async fn a_member_that_loses_rbac_is_degraded_until_it_is_back() {
             unhealthy_after: Duration::from_secs(1),
             ..ManagerOptions::default()
         },
-    );
+    )
+    .with_metrics(multicluster_runtime::metrics::Metrics::new(true));
     let recorder = Recorder::default();
     manager
         .add_controller(copying_controller(&recorder, &Gate::new()))
@@ -341,6 +342,17 @@ async fn a_member_that_loses_rbac_is_degraded_until_it_is_back() {
             .lines()
             .any(|line| line.starts_with("member\tdegraded: ") && line.contains("403")),
         "{clusters}"
+    );
+    let metrics = manager.metrics().encode();
+    for expected in [
+        "mcr_cluster_state{cluster=\"member\",state=\"degraded\"} 1",
+        "mcr_clusters{state=\"degraded\"} 1",
+    ] {
+        assert!(metrics.lines().any(|line| line == expected), "{metrics}");
+    }
+    assert!(
+        !metrics.contains("mcr_cluster_state{cluster=\"member\",state=\"ready\"}"),
+        "one state per cluster: {metrics}"
     );
 
     member

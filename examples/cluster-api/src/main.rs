@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use clap::{Parser, ValueEnum};
-use multicluster_example_configmap_sync::{HealthArgs, MainError};
+use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs};
 use multicluster_provider_cluster_api::{ClusterApiOptions, ClusterApiProvider, ClusterApiVersion};
 use multicluster_runtime::Cluster;
 use multicluster_runtime::metrics::Metrics;
@@ -28,7 +28,9 @@ struct Args {
     #[arg(long, value_enum, default_value = "v1beta2")]
     api_version: Version,
     #[command(flatten)]
-    health: HealthArgs,
+    manager: ManagerArgs,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 #[tokio::main]
@@ -52,13 +54,14 @@ async fn run(args: Args) -> Result<(), MainError> {
                 Version::V1beta1 => ClusterApiVersion::V1Beta1,
             },
             metrics: Some(metrics.clone()),
+            client: args.client.options(),
             ..ClusterApiOptions::default()
         },
     ));
     multicluster_example_configmap_sync::run(
         Cluster::new("management", management),
         provider,
-        args.health.health_address,
+        &args.manager,
         Some(metrics),
     )
     .await?;

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::{ArgGroup, Parser};
-use multicluster_example_configmap_sync::{HealthArgs, MainError};
+use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs};
 use multicluster_provider_cluster_inventory_api::access::ProviderFile;
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
 use multicluster_runtime::Cluster;
@@ -29,7 +29,9 @@ struct Args {
     #[arg(long, env = "WATCH_FILTER")]
     watch_filter: Option<String>,
     #[command(flatten)]
-    health: HealthArgs,
+    manager: ManagerArgs,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 #[tokio::main]
@@ -53,13 +55,14 @@ async fn run(args: Args) -> Result<(), MainError> {
     options.watch_filter = args.watch_filter;
     let metrics = Metrics::default();
     options.metrics = Some(metrics.clone());
+    options.client = args.client.options();
     // The hub comes from $KUBECONFIG / ~/.kube/config / in-cluster.
     let hub = kube::Client::try_default().await?;
     let provider = Arc::new(ClusterProfileProvider::new(hub.clone(), options));
     multicluster_example_configmap_sync::run(
         Cluster::new("hub", hub),
         provider,
-        args.health.health_address,
+        &args.manager,
         Some(metrics),
     )
     .await?;

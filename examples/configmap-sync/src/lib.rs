@@ -28,13 +28,10 @@ pub enum SyncError {
 pub async fn run<P: multicluster_runtime::RunnableProvider + 'static>(
     local: Cluster,
     provider: std::sync::Arc<P>,
-    health_address: std::net::SocketAddr,
+    manager_args: &ManagerArgs,
     metrics: Option<multicluster_runtime::metrics::Metrics>,
 ) -> Result<(), Error> {
-    let options = multicluster_runtime::ManagerOptions {
-        health_address: Some(health_address),
-        ..multicluster_runtime::ManagerOptions::default()
-    };
+    let options = manager_args.options();
     let mut manager = multicluster_runtime::Manager::with_provider(local, provider, options);
     if let Some(metrics) = metrics {
         manager = manager.with_metrics(metrics);
@@ -54,12 +51,48 @@ pub async fn serve(
     Ok(())
 }
 
-/// The health endpoint flag every example has (`#[command(flatten)]`).
+/// The manager flags every example has (`#[command(flatten)]`).
 #[derive(clap::Args, Debug)]
-pub struct HealthArgs {
+pub struct ManagerArgs {
     /// Serve /healthz, /readyz, /metrics and /clusters here.
     #[arg(long, default_value = "127.0.0.1:8081")]
     pub health_address: std::net::SocketAddr,
+    /// How long running reconciles may take to finish after SIGTERM.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    pub shutdown_grace: std::time::Duration,
+}
+
+impl ManagerArgs {
+    /// The manager's options with these flags.
+    pub fn options(&self) -> multicluster_runtime::ManagerOptions {
+        multicluster_runtime::ManagerOptions {
+            health_address: Some(self.health_address),
+            shutdown_grace: self.shutdown_grace,
+            ..multicluster_runtime::ManagerOptions::default()
+        }
+    }
+}
+
+/// How the examples that build clients from kubeconfigs reach their
+/// clusters (`#[command(flatten)]`).
+#[derive(clap::Args, Debug)]
+pub struct ClientArgs {
+    /// How long a request to a cluster (other than a watch) may wait for
+    /// its answer; "0s" waits forever.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    pub request_timeout: std::time::Duration,
+    /// How long an exec credential plugin may run.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
+    pub plugin_timeout: std::time::Duration,
+}
+
+impl ClientArgs {
+    /// The client options with these flags.
+    pub fn options(&self) -> multicluster_runtime::kubeconfig::ClientOptions {
+        multicluster_runtime::kubeconfig::ClientOptions::default()
+            .request_timeout(Some(self.request_timeout).filter(|timeout| !timeout.is_zero()))
+            .plugin_timeout(self.plugin_timeout)
+    }
 }
 
 /// Logs to stderr; `RUST_LOG` overrides the default (`info`, kube quiet).

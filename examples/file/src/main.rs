@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::Parser;
-use multicluster_example_configmap_sync::{HealthArgs, MainError};
+use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs};
 use multicluster_provider_file::{DEFAULT_SEPARATOR, FileOptions, FileProvider};
 use multicluster_runtime::Cluster;
 
@@ -23,7 +23,9 @@ struct Args {
     #[arg(long, default_value = DEFAULT_SEPARATOR)]
     separator: String,
     #[command(flatten)]
-    health: HealthArgs,
+    manager: ManagerArgs,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 #[tokio::main]
@@ -38,11 +40,11 @@ async fn run(args: Args) -> Result<(), MainError> {
         files: args.files,
         directories: args.directories,
         separator: args.separator,
+        client: args.client.options(),
         ..FileOptions::default()
     }));
     // The local cluster is the current context of $KUBECONFIG / ~/.kube/config.
     let local = Cluster::new("local", kube::Client::try_default().await?);
-    multicluster_example_configmap_sync::run(local, provider, args.health.health_address, None)
-        .await?;
+    multicluster_example_configmap_sync::run(local, provider, &args.manager, None).await?;
     Ok(())
 }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use multicluster_example_configmap_sync::{HealthArgs, MainError};
+use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs};
 use multicluster_provider_kind::{KindOptions, KindProvider};
 use multicluster_runtime::Cluster;
 
@@ -25,7 +25,9 @@ struct Args {
     #[arg(long, default_value = "kind")]
     kind: PathBuf,
     #[command(flatten)]
-    health: HealthArgs,
+    manager: ManagerArgs,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 #[tokio::main]
@@ -40,10 +42,10 @@ async fn run(args: Args) -> Result<(), MainError> {
         prefix: args.prefix,
         poll_interval: Duration::from_secs(args.poll_seconds),
         kind_command: args.kind,
+        client: args.client.options(),
         ..KindOptions::default()
     }));
     let local = Cluster::new("local", kube::Client::try_default().await?);
-    multicluster_example_configmap_sync::run(local, provider, args.health.health_address, None)
-        .await?;
+    multicluster_example_configmap_sync::run(local, provider, &args.manager, None).await?;
     Ok(())
 }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 
 use clap::Parser;
-use multicluster_example_configmap_sync::{HealthArgs, MainError};
+use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs};
 use multicluster_provider_kubeconfig::{
     DEFAULT_DATA_KEY, DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider,
 };
@@ -28,7 +28,9 @@ struct Args {
     #[arg(long, default_value = DEFAULT_DATA_KEY)]
     key: String,
     #[command(flatten)]
-    health: HealthArgs,
+    manager: ManagerArgs,
+    #[command(flatten)]
+    client: ClientArgs,
 }
 
 #[tokio::main]
@@ -50,13 +52,14 @@ async fn run(args: Args) -> Result<(), MainError> {
             data_key: args.key,
             watch_filter: args.watch_filter,
             metrics: Some(metrics.clone()),
+            client: args.client.options(),
             ..KubeconfigOptions::default()
         },
     ));
     multicluster_example_configmap_sync::run(
         Cluster::new("management", management),
         provider,
-        args.health.health_address,
+        &args.manager,
         Some(metrics),
     )
     .await?;

@@ -7,11 +7,13 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ObjectMeta, PostParams};
 use multicluster_envtest::{ControlPlane, plugins};
+use multicluster_example_configmap_sync::SYNC_LABEL;
 use multicluster_example_configmap_sync::testing::{GRACE, terminate, wait_for_copy};
 use multicluster_provider_kubeconfig::DEFAULT_LABEL;
+use multicluster_runtime::testing::eventually;
 use tokio::process::Command;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-kubeconfig");
@@ -71,4 +73,75 @@ async fn sigterm_stops_the_example_while_a_credential_plugin_hangs() {
     let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
     assert!(status.success(), "{status}");
     plugins::wait_until_stopped(plugin, "the plugin the example ran").await;
+}
+
+/// SIGTERM while reconciles hang on a member whose API server stopped
+/// answering: they end at their request deadline, inside the grace period,
+/// and the example exits 0 without abandoning anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_with_reconciles_hung_on_a_stopped_member_exits_within_the_grace_period() {
+    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (management, member) = (management.expect("management"), member.expect("member"));
+    management
+        .create_namespace("fleet")
+        .await
+        .expect("namespace");
+    Api::<Secret>::namespaced(management.client().await.expect("client"), "fleet")
+        .create(
+            &PostParams::default(),
+            &secret("member", member.kubeconfig()),
+        )
+        .await
+        .expect("secret");
+    let address = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+        listener.local_addr().expect("address")
+    };
+    let logs = tempfile::tempdir().expect("logs");
+    let log = logs.path().join("example.log");
+    let grace = Duration::from_secs(10);
+    let mut example = Command::new(BINARY)
+        .args(["--namespace", "fleet", "--request-timeout", "3s"])
+        .args(["--shutdown-grace", "10s", "--health-address"])
+        .arg(address.to_string())
+        .env("KUBECONFIG", management.kubeconfig_path())
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("example");
+    let member_client = member.client().await.expect("client");
+    wait_for_copy(member_client.clone(), "settings").await;
+
+    // A burst of changes, and the member stops answering while the example
+    // reconciles them.
+    let configmaps = Api::<ConfigMap>::namespaced(member_client, "default");
+    for i in 0..20 {
+        let mut source = ConfigMap::default();
+        source.metadata.name = Some(format!("burst-{i}"));
+        source.metadata.labels = Some([(SYNC_LABEL.to_string(), "true".to_string())].into());
+        configmaps
+            .create(&PostParams::default(), &source)
+            .await
+            .expect("source");
+    }
+    member.pause_api_server().expect("SIGSTOP");
+    eventually("the member to be reported unreachable", || async {
+        multicluster_runtime::testing::http_get(address, "/clusters")
+            .await
+            .is_ok_and(|(_, body)| {
+                body.lines()
+                    .any(|line| line.starts_with("member\tunreachable"))
+            })
+    })
+    .await;
+
+    let status = terminate(&mut example, grace).await;
+    member.resume_api_server().expect("SIGCONT");
+    assert!(status.success(), "{status}");
+    let output = std::fs::read_to_string(&log).expect("log");
+    assert!(
+        !output.contains("after the shutdown grace period"),
+        "reconciles were abandoned:\n{output}"
+    );
 }

@@ -5,7 +5,7 @@
 use std::sync::Arc;
 
 use clap::Parser;
-use multicluster_example_configmap_sync::{HealthArgs, MainError};
+use multicluster_example_configmap_sync::{MainError, ManagerArgs};
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
 use multicluster_runtime::Cluster;
 
@@ -17,7 +17,7 @@ struct Args {
     #[arg(long, env = "WATCH_FILTER")]
     watch_filter: Option<String>,
     #[command(flatten)]
-    health: HealthArgs,
+    manager: ManagerArgs,
 }
 
 #[tokio::main]
@@ -36,7 +36,6 @@ async fn run(args: Args) -> Result<(), MainError> {
             watch_filter: args.watch_filter,
         },
     ));
-    multicluster_example_configmap_sync::run(host, provider, args.health.health_address, None)
-        .await?;
+    multicluster_example_configmap_sync::run(host, provider, &args.manager, None).await?;
     Ok(())
 }

@@ -9,11 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
-use multicluster_example_configmap_sync::{HealthArgs, MainError, controller_on_replica, serve};
+use multicluster_example_configmap_sync::{MainError, ManagerArgs, controller_on_replica, serve};
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::sharding::{ShardedCoordinator, ShardingOptions};
-use multicluster_runtime::{Cluster, Manager, ManagerOptions};
+use multicluster_runtime::{Cluster, Manager};
 
 /// Copy labelled ConfigMaps in namespace-backed clusters, sharded over replicas.
 #[derive(Parser)]
@@ -29,7 +29,7 @@ struct Args {
     #[arg(long, env = "WATCH_FILTER")]
     watch_filter: Option<String>,
     #[command(flatten)]
-    health: HealthArgs,
+    manager: ManagerArgs,
     /// How often ownership is re-examined.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "5s")]
     probe_interval: Duration,
@@ -76,10 +76,7 @@ async fn run(args: Args) -> Result<(), MainError> {
             watch_filter: args.watch_filter,
         },
     ));
-    let options = ManagerOptions {
-        health_address: Some(args.health.health_address),
-        ..ManagerOptions::default()
-    };
+    let options = args.manager.options();
     let peer = coordinator.peer_id().to_string();
     tracing::info!(%peer, "sharding the fleet with the other replicas");
     // Reconciles counted per cluster, so each replica's share shows in /metrics.

@@ -164,6 +164,16 @@ impl<K> Watch<K> {
         self.filters.push(filter);
         self
     }
+
+    /// Only events for which `passes` holds: [`Watch::filter`] with a
+    /// closure, whose argument type is then known.
+    #[must_use]
+    pub fn filter_by(
+        self,
+        passes: impl Fn(&crate::cache::CacheEvent<K>) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.filter(Arc::new(passes))
+    }
 }
 
 type OwnedSource = Box<dyn FnOnce(&(String, String)) -> Arc<dyn Source> + Send>;

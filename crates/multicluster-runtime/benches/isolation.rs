@@ -1,0 +1,303 @@
+//! Isolation benchmark: ten member clusters, one of which stops answering
+//! (its API server paused with SIGSTOP) in the middle of a burst of changes
+//! to it. Reports the change-to-reconcile latency on the nine healthy
+//! members with every member healthy, with the tenth stopped, and with the
+//! tenth stopped but no per-cluster share of the controller's slots.
+//!
+//! Nine members are namespaces of one real control plane (each its own
+//! client built from a kubeconfig, its cache limited to its namespace); the
+//! tenth is a control plane of its own, so that it can be stopped. The
+//! controller has 4 slots and writes a copy of each changed ConfigMap into
+//! its cluster (the write is what hangs on the stopped member); clients
+//! have the default 30 s request deadline. The burst's reconciles wait
+//! before their write until the tenth member is stopped, so that the stop
+//! catches as many in flight as the tenth may run (a burst larger than the
+//! controller's pace does the same).
+//!
+//! Run with `make bench` or `cargo bench -p multicluster-runtime --bench isolation`.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use multicluster_envtest::ControlPlane;
+use multicluster_runtime::cache::{Cache, CacheOptions};
+use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
+use multicluster_runtime::controller::{Action, Controller, Request, Watch};
+use multicluster_runtime::kubeconfig::{self, ClientOptions};
+use multicluster_runtime::{Aware, Cluster, Error, Manager, ManagerOptions, RunnableProvider};
+use tokio_util::sync::CancellationToken;
+
+const HEALTHY: usize = 9;
+const UPDATES: usize = 180;
+const UPDATE_INTERVAL: Duration = Duration::from_millis(20);
+const BURST: usize = 40;
+
+#[derive(Clone, Default)]
+struct BenchProvider(Clusters);
+
+impl ClusterSetProvider for BenchProvider {
+    fn cluster_set(&self) -> &Clusters {
+        &self.0
+    }
+}
+
+#[async_trait::async_trait]
+impl RunnableProvider for BenchProvider {
+    async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
+        self.0.start(shutdown.clone(), aware)?;
+        shutdown.cancelled().await;
+        Ok(())
+    }
+}
+
+/// When each pending change was made, and how long each took to be
+/// reconciled.
+#[derive(Default)]
+struct Observed {
+    pending: HashMap<Request, Instant>,
+    latencies: Vec<Duration>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+async fn create_sources(api: &Api<ConfigMap>, names: impl Iterator<Item = String>) {
+    for name in names {
+        let source = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name),
+                ..ObjectMeta::default()
+            },
+            data: Some([("value".to_string(), "0".to_string())].into()),
+            ..ConfigMap::default()
+        };
+        api.create(&PostParams::default(), &source)
+            .await
+            .expect("source");
+    }
+}
+
+/// A cluster named `name` built from `cp`'s kubeconfig, its cache limited to
+/// `namespace`.
+async fn member(name: &str, cp: &ControlPlane, namespace: &str) -> Cluster {
+    let text = multicluster_envtest::to_yaml(cp.kubeconfig()).expect("yaml");
+    let parsed = kubeconfig::parse(&text, name).expect("kubeconfig");
+    let client = kubeconfig::client(&parsed, None, name, &ClientOptions::default())
+        .await
+        .expect("client");
+    let cache = Cache::with_options(
+        name,
+        client.clone(),
+        CacheOptions {
+            namespace: Some(namespace.into()),
+            ..CacheOptions::default()
+        },
+    );
+    Cluster::with_cache(name, client, cache)
+}
+
+/// One case: the update load over the healthy members, after a burst in
+/// the tenth member that is then stopped when `stop_tenth`.
+async fn case(
+    shared: &ControlPlane,
+    tenth_cp: &ControlPlane,
+    case: &str,
+    stop_tenth: bool,
+    per_cluster: Option<usize>,
+) -> Vec<Duration> {
+    let admin = shared.client().await.expect("client");
+    let provider = BenchProvider::default();
+    for m in 0..HEALTHY {
+        let namespace = format!("{case}-{m}");
+        Api::<Namespace>::all(admin.clone())
+            .create(
+                &PostParams::default(),
+                &Namespace {
+                    metadata: ObjectMeta {
+                        name: Some(namespace.clone()),
+                        ..ObjectMeta::default()
+                    },
+                    ..Namespace::default()
+                },
+            )
+            .await
+            .expect("namespace");
+        create_sources(
+            &Api::namespaced(admin.clone(), &namespace),
+            (0..20).map(|i| format!("cm-{i}")),
+        )
+        .await;
+        provider
+            .0
+            .add(
+                namespace.as_str(),
+                member(&namespace, shared, &namespace).await,
+            )
+            .expect("add");
+    }
+    provider
+        .0
+        .add("tenth", member("tenth", tenth_cp, "default").await)
+        .expect("add");
+
+    let observed = Arc::new(Mutex::new(Observed::default()));
+    let stopped = Arc::new(tokio::sync::watch::channel(false).0);
+    let mut builder = Controller::builder("bench")
+        .for_resource(Watch::<ConfigMap>::new().filter_by(|event| {
+            !event
+                .object()
+                .metadata
+                .name
+                .as_deref()
+                .unwrap_or_default()
+                .ends_with("-copy")
+        }))
+        .max_concurrent_reconciles(4);
+    if let Some(limit) = per_cluster {
+        builder = builder.max_concurrent_reconciles_per_cluster(limit);
+    }
+    let controller = {
+        let (observed, stopped) = (observed.clone(), stopped.clone());
+        builder
+            .build(move |request: Request, cluster: Cluster| {
+                let (observed, mut stopped) = (observed.clone(), stopped.subscribe());
+                async move {
+                    if request.name.contains("-burst-") {
+                        let _ = stopped.wait_for(|stopped| *stopped).await;
+                    }
+                    {
+                        let mut observed = lock(&observed);
+                        if let Some(sent) = observed.pending.remove(&request) {
+                            observed.latencies.push(sent.elapsed());
+                        }
+                    }
+                    let namespace = request.namespace.clone().unwrap_or_default();
+                    let copy = format!("{}-copy", request.name);
+                    Api::<ConfigMap>::namespaced(cluster.client(), &namespace)
+                        .patch(
+                            &copy,
+                            &PatchParams::apply("bench"),
+                            &Patch::Apply(serde_json::json!({
+                                "apiVersion": "v1", "kind": "ConfigMap",
+                                "metadata": {"name": copy},
+                            })),
+                        )
+                        .await?;
+                    Ok::<_, kube::Error>(Action::await_change())
+                }
+            })
+            .expect("controller")
+    };
+    let manager = Manager::with_provider(
+        Cluster::new("local", admin.clone()),
+        Arc::new(provider),
+        ManagerOptions::default(),
+    );
+    manager.add_controller(controller).expect("add");
+    let shutdown = CancellationToken::new();
+    let task = {
+        let (manager, shutdown) = (manager.clone(), shutdown.clone());
+        tokio::spawn(async move { manager.run(shutdown).await })
+    };
+    // Every member engaged and its first pass done.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !manager
+        .cluster_states()
+        .iter()
+        .filter(|(name, _)| !name.is_local())
+        .all(|(_, state)| *state == multicluster_runtime::manager::ClusterState::Ready)
+        || manager.cluster_states().len() < HEALTHY + 2
+    {
+        assert!(Instant::now() < deadline, "members did not become ready");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    eprintln!("{case}: every member ready");
+
+    if stop_tenth {
+        // A burst of changes in the tenth member, which stops answering
+        // while they are being reconciled.
+        let tenth =
+            Api::<ConfigMap>::namespaced(tenth_cp.client().await.expect("client"), "default");
+        create_sources(&tenth, (0..BURST).map(|i| format!("{case}-burst-{i}"))).await;
+        tenth_cp.pause_api_server().expect("SIGSTOP");
+        stopped.send_replace(true);
+    }
+
+    // Steady load on the healthy members: one change every
+    // UPDATE_INTERVAL, round-robin; latency = change sent -> its reconcile
+    // begins.
+    for u in 0..UPDATES {
+        let namespace = format!("{case}-{}", u % HEALTHY);
+        let name = format!("cm-{}", (u / HEALTHY) % 20);
+        lock(&observed).pending.insert(
+            Request::new(namespace.as_str(), Some(&namespace), name.as_str()),
+            Instant::now(),
+        );
+        Api::<ConfigMap>::namespaced(admin.clone(), &namespace)
+            .patch(
+                &name,
+                &PatchParams::default(),
+                &Patch::Merge(serde_json::json!({"data": {"value": u.to_string()}})),
+            )
+            .await
+            .expect("patch");
+        tokio::time::sleep(UPDATE_INTERVAL).await;
+    }
+    eprintln!("{case}: load sent");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !lock(&observed).pending.is_empty() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    if stop_tenth {
+        tenth_cp.resume_api_server().expect("SIGCONT");
+    }
+    shutdown.cancel();
+    task.await.expect("task").expect("manager");
+    let mut latencies = lock(&observed).latencies.clone();
+    latencies.sort();
+    latencies
+}
+
+#[tokio::main]
+async fn main() {
+    let (shared, tenth) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (shared, tenth) = (
+        shared.expect("control plane"),
+        tenth.expect("control plane"),
+    );
+    println!("case                                         changes  p50 (ms)  p99 (ms)  max (ms)");
+    for (name, label, stop, per_cluster) in [
+        ("healthy", "all 10 members healthy", false, None),
+        ("stopped", "1 of 10 stopped mid-burst", true, None),
+        (
+            "noshare",
+            "1 of 10 stopped, no per-cluster share",
+            true,
+            Some(4),
+        ),
+    ] {
+        let latencies = case(&shared, &tenth, name, stop, per_cluster).await;
+        println!(
+            "{label:<44} {:>7}  {:>8.1}  {:>8.1}  {:>8.1}",
+            latencies.len(),
+            percentile(&latencies, 0.50).as_secs_f64() * 1000.0,
+            percentile(&latencies, 0.99).as_secs_f64() * 1000.0,
+            latencies.last().copied().unwrap_or_default().as_secs_f64() * 1000.0,
+        );
+    }
+}
