@@ -67,15 +67,29 @@ impl Clusters {
 
     /// Engages every cluster added so far and every one added later through
     /// `aware`, with lifetimes that end at the latest with `shutdown`.
+    ///
+    /// `aware` is called after the set's lock is released, so it may look
+    /// clusters up (or change the set) from `engage`. Calls for one name can
+    /// then arrive out of order; the one whose lifetime has already ended is
+    /// the stale one, and [`Aware`] implementations ignore it.
     pub fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
-        let mut state = self.lock();
-        if state.started.is_some() {
-            return Err(Error::AlreadyStarted("cluster set"));
-        }
-        state.started = Some((shutdown.clone(), aware.clone()));
-        for (name, entry) in state.entries.iter_mut() {
-            entry.lifetime = shutdown.child_token();
-            self.engage(&aware, entry.lifetime.clone(), name, &entry.cluster);
+        let engagements: Vec<_> = {
+            let mut state = self.lock();
+            if state.started.is_some() {
+                return Err(Error::AlreadyStarted("cluster set"));
+            }
+            state.started = Some((shutdown.clone(), aware.clone()));
+            state
+                .entries
+                .iter_mut()
+                .map(|(name, entry)| {
+                    entry.lifetime = shutdown.child_token();
+                    (entry.lifetime.clone(), name.clone(), entry.cluster.clone())
+                })
+                .collect()
+        };
+        for (lifetime, name, cluster) in engagements {
+            self.engage(&aware, lifetime, &name, &cluster);
         }
         Ok(())
     }
@@ -161,17 +175,20 @@ impl Clusters {
             Some((shutdown, _)) => shutdown.child_token(),
             None => CancellationToken::new(),
         };
-        if let Some((_, aware)) = &state.started {
-            self.engage(aware, lifetime.clone(), &name, &cluster);
-        }
+        let aware = state.started.as_ref().map(|(_, aware)| aware.clone());
         state.entries.insert(
-            name,
+            name.clone(),
             Entry {
-                cluster,
-                lifetime,
+                cluster: cluster.clone(),
+                lifetime: lifetime.clone(),
                 fingerprint,
             },
         );
+        // Foreign code runs without the lock: see `start`.
+        drop(state);
+        if let Some(aware) = aware {
+            self.engage(&aware, lifetime, &name, &cluster);
+        }
         Ok(())
     }
 
@@ -353,6 +370,45 @@ mod tests {
 
     fn cluster(name: &str) -> Cluster {
         crate::testing::offline_cluster(name)
+    }
+
+    /// Looks the cluster up in the set from `engage`, as a component that
+    /// wants the provider's view of it would.
+    struct LooksUp(Clusters, Mutex<Vec<ClusterName>>);
+
+    impl Aware for LooksUp {
+        fn engage(&self, _: CancellationToken, name: ClusterName, _: Cluster) -> Result<(), Error> {
+            let found = self.0.get(&name)?;
+            self.1.lock().expect("lock").push(found.name().clone());
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn an_aware_may_call_back_into_the_set_from_engage() {
+        let set = Clusters::new();
+        set.add("before", cluster("before")).expect("add");
+        let aware = Arc::new(LooksUp(set.clone(), Mutex::default()));
+        let (done_tx, done_rx) = std::sync::mpsc::channel();
+        let runtime = tokio::runtime::Handle::current();
+        // On a thread of its own, so a deadlock shows as a timeout.
+        std::thread::spawn({
+            let (set, aware) = (set.clone(), aware.clone());
+            move || {
+                let _entered = runtime.enter();
+                set.start(CancellationToken::new(), aware).expect("start");
+                set.add("after", cluster("after")).expect("add");
+                set.add_or_replace("after", cluster("after"), "v2");
+                let _ = done_tx.send(());
+            }
+        });
+        done_rx
+            .recv_timeout(std::time::Duration::from_secs(10))
+            .expect("no deadlock");
+        assert_eq!(
+            *aware.1.lock().expect("lock"),
+            ["before", "after", "after"].map(ClusterName::from)
+        );
     }
 
     #[tokio::test]

@@ -17,7 +17,9 @@ pub trait Aware: Send + Sync {
     /// Must not block (spawn what runs for the cluster's life) and must be
     /// re-entrant. Engaging the same instance again is a no-op; engaging a
     /// different instance under the same name replaces the old one (for
-    /// example after credential rotation), whose work stops.
+    /// example after credential rotation), whose work stops. An engagement
+    /// whose `lifetime` has already ended is stale (it arrived after the
+    /// one that replaced it) and is ignored.
     fn engage(
         &self,
         lifetime: CancellationToken,

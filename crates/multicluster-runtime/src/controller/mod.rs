@@ -552,6 +552,11 @@ impl Aware for Controller {
         name: ClusterName,
         cluster: Cluster,
     ) -> Result<(), Error> {
+        if lifetime.is_cancelled() {
+            // A stale engagement that arrived late: the cluster has left (or
+            // was replaced) already.
+            return Ok(());
+        }
         let generation = crate::sync::next_generation();
         let stop = lifetime.child_token();
         {

@@ -627,6 +627,11 @@ impl Aware for Manager {
         name: ClusterName,
         cluster: Cluster,
     ) -> Result<(), Error> {
+        if lifetime.is_cancelled() {
+            // A stale engagement that arrived late: the cluster has left (or
+            // was replaced) already.
+            return Ok(());
+        }
         let generation = crate::sync::next_generation();
         {
             let mut clusters = lock(&self.inner.clusters);
