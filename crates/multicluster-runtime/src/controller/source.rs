@@ -77,13 +77,23 @@ pub mod filters {
         })
     }
 
-    /// Passes events of objects carrying every label in `labels`.
+    /// Passes events of objects carrying every label in `labels`. An update
+    /// passes when the object carried them before *or* carries them now, so
+    /// the reconciler also learns of an object that just lost a label (and,
+    /// say, removes what it made for it); a deletion passes when the
+    /// deleted object carried them.
     pub fn labels<K: Resource>(labels: BTreeMap<String, String>) -> Filter<K> {
-        Arc::new(move |event| {
-            let have = event.object().meta().labels.as_ref();
+        let carries = move |object: &K| {
+            let have = object.meta().labels.as_ref();
             labels
                 .iter()
                 .all(|(key, value)| have.and_then(|have| have.get(key)) == Some(value))
+        };
+        Arc::new(move |event| match event {
+            CacheEvent::Applied { old, new } => {
+                carries(new) || old.as_deref().is_some_and(&carries)
+            }
+            CacheEvent::Deleted(gone) => carries(gone),
         })
     }
 
@@ -207,4 +217,46 @@ fn forward<K: Send + Sync + 'static>(
             }
         }
     });
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    use super::*;
+
+    fn labelled(sync: Option<&str>) -> Arc<ConfigMap> {
+        let mut cm = ConfigMap::default();
+        cm.metadata.labels =
+            sync.map(|value| BTreeMap::from([("sync".to_string(), value.to_string())]));
+        Arc::new(cm)
+    }
+
+    #[test]
+    fn a_label_filter_passes_updates_that_add_or_remove_the_label() {
+        let filter = filters::labels::<ConfigMap>(BTreeMap::from([(
+            "sync".to_string(),
+            "true".to_string(),
+        )]));
+        let update = |old: Option<&str>, new: Option<&str>| CacheEvent::Applied {
+            old: Some(labelled(old)),
+            new: labelled(new),
+        };
+        assert!(filter(&update(None, Some("true"))), "labelled");
+        assert!(
+            filter(&update(Some("true"), Some("true"))),
+            "still labelled"
+        );
+        assert!(filter(&update(Some("true"), None)), "unlabelled");
+        assert!(filter(&update(Some("true"), Some("false"))), "relabelled");
+        assert!(!filter(&update(None, Some("false"))), "never labelled");
+        assert!(!filter(&CacheEvent::Applied {
+            old: None,
+            new: labelled(None),
+        }));
+        assert!(filter(&CacheEvent::Deleted(labelled(Some("true")))));
+        assert!(!filter(&CacheEvent::Deleted(labelled(None))));
+    }
 }
