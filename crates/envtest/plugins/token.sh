@@ -4,7 +4,8 @@
 # Its state lives in the directory named by $STATE_DIR (a profile passes it
 # through the additional-envs extension):
 #   token  the bearer token to hand out (read at every call, so tests can
-#          rotate it);
+#          rotate it); without it the plugin fails, echoing its arguments
+#          and $API_KEY on stdout;
 #   ttl    if present, seconds until the token expires, which makes the
 #          client call the plugin again before that;
 #   delay  if present, seconds to take before answering (benchmarks stand in
@@ -26,6 +27,13 @@ if [ -e "$dir/hold" ]; then
     fi
     sleep 0.05
   done
+fi
+if [ ! -s "$dir/token" ]; then
+  # Half an answer, as failing plugins give: its arguments and $API_KEY,
+  # which must never reach an error message or a log.
+  echo "{\"partial\": \"$* ${API_KEY-}\""
+  echo "identity service: no token for this cluster" >&2
+  exit 1
 fi
 if [ -s "$dir/delay" ]; then
   sleep "$(cat "$dir/delay")"

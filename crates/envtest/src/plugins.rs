@@ -4,7 +4,9 @@
 //! sets it).
 
 /// Hands out the bearer token in `$STATE_DIR/token` (read at every call, so
-/// a test can rotate it; a missing file is a failure). If `$STATE_DIR/ttl`
+/// a test can rotate it; without it the plugin fails the way half-working
+/// plugins do: exit 1, its arguments and `$API_KEY` on stdout, "identity
+/// service: no token for this cluster" as the last stderr line). If `$STATE_DIR/ttl`
 /// holds a number of seconds, the credential expires that long after the
 /// call, so clients call the plugin again. If `$STATE_DIR/delay` holds a
 /// number of seconds, it takes that long to answer; while `$STATE_DIR/hold`

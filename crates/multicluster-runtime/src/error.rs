@@ -19,7 +19,7 @@ pub enum Error {
         /// How long was waited.
         timeout: std::time::Duration,
         /// The last failure seen.
-        reason: String,
+        reason: crate::redact::Redacted,
     },
     /// A provider or component was started twice.
     #[error("{0} already started")]

@@ -30,6 +30,7 @@ use http::{Request, Response};
 use kube::client::Body;
 use tokio::time::Instant;
 
+use crate::redact::Redacted;
 use crate::sync::lock;
 
 /// How a cluster is doing.
@@ -39,16 +40,16 @@ pub enum Health {
     Healthy,
     /// The server answers, but some of its watches fail (the reason says
     /// why, e.g. `403 Forbidden`).
-    Degraded(String),
+    Degraded(Redacted),
     /// The server cannot be reached or does not answer in time.
-    Unreachable(String),
+    Unreachable(Redacted),
 }
 
 /// A failure that lasts: what went wrong, since when, and whether it means
 /// the server cannot be reached.
 #[derive(Clone, Debug)]
 pub(crate) struct Failure {
-    pub(crate) reason: String,
+    pub(crate) reason: Redacted,
     pub(crate) unreachable: bool,
     /// When the first error of this failure was seen.
     pub(crate) since: Instant,
@@ -59,7 +60,11 @@ pub(crate) struct Failure {
 impl Failure {
     /// `reason` as a failure starting now, or continuing `before` if that
     /// was already failing (a failure's age is that of the first error).
-    pub(crate) fn continuing(before: Option<&Failure>, reason: String, unreachable: bool) -> Self {
+    pub(crate) fn continuing(
+        before: Option<&Failure>,
+        reason: Redacted,
+        unreachable: bool,
+    ) -> Self {
         let now = Instant::now();
         Self {
             reason,
@@ -129,7 +134,7 @@ impl Requests {
         }
     }
 
-    fn failed(&self, reason: String) {
+    fn failed(&self, reason: Redacted) {
         let mut failure = lock(&self.0);
         *failure = Some(Failure::continuing(failure.as_ref(), reason, true));
     }
@@ -209,7 +214,7 @@ where
             match &result {
                 Ok(_) => requests.answered(),
                 Err(err) if is_unreachable(err.as_ref()) => {
-                    requests.failed(crate::redact::error_chain(err.as_ref()));
+                    requests.failed(Redacted::error(err.as_ref()));
                 }
                 Err(_) => {}
             }
@@ -264,13 +269,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_failure_keeps_its_start_until_an_answer_clears_it() {
         let requests = Requests::default();
-        requests.failed("no answer within 1s".into());
+        requests.failed(Redacted::ours("no answer within 1s"));
         let first = requests.failure().expect("failing").since;
         tokio::time::advance(Duration::from_secs(5)).await;
-        requests.failed("connection refused".into());
+        requests.failed(Redacted::ours("connection refused"));
         let failure = requests.failure().expect("failing");
         assert_eq!(failure.since, first);
-        assert_eq!(failure.reason, "connection refused");
+        assert_eq!(failure.reason.as_str(), "connection refused");
         requests.answered();
         assert!(requests.failure().is_none());
     }

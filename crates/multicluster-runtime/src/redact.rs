@@ -12,6 +12,54 @@ use std::error::Error as StdError;
 use kube::client::AuthError;
 use kube::runtime::watcher;
 
+/// Text about a failure that is safe to log and serve: built only here, from
+/// errors this module knows how to describe without credentials, or from
+/// the crate's own words. Cluster states and health reasons hold it, so no
+/// client error's `to_string()` can reach `/clusters`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Redacted(String);
+
+impl Redacted {
+    /// A client error, described by [`kube_error`].
+    pub fn kube(err: &kube::Error) -> Self {
+        Self(kube_error(err))
+    }
+
+    /// A watch error, described by [`watcher_error`].
+    pub fn watcher(err: &watcher::Error) -> Self {
+        Self(watcher_error(err))
+    }
+
+    /// Any error and its causes, described by [`error_chain`].
+    pub fn error(err: &(dyn StdError + 'static)) -> Self {
+        Self(error_chain(err))
+    }
+
+    /// The crate's own words, which quote no client data.
+    pub(crate) fn ours(text: impl Into<String>) -> Self {
+        Self(text.into())
+    }
+
+    /// The text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for Redacted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::ops::Deref for Redacted {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        &self.0
+    }
+}
+
 /// How much of a plugin's stderr is kept: enough for its own explanation.
 const STDERR_LIMIT: usize = 300;
 

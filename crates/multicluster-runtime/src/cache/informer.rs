@@ -167,7 +167,7 @@ where
                     }
                     Err(err) => {
                         let unreachable = crate::health::is_unreachable(&err);
-                        let err = crate::redact::watcher_error(&err);
+                        let err = crate::redact::Redacted::watcher(&err);
                         tracing::warn!(%cluster, kind, error = %err, "watch failed; retrying with backoff");
                         let mut state = informer.lock();
                         state.failure = Some(Failure::continuing(
@@ -342,7 +342,7 @@ where
         self.lock()
             .failure
             .as_ref()
-            .map(|failure| failure.reason.clone())
+            .map(|failure| failure.reason.to_string())
     }
 
     /// The watch's failure since its last success, if it is failing.

@@ -266,7 +266,6 @@ enum Backend {
 trait ErasedInformer: Send + Sync {
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
     fn is_ready(&self) -> bool;
-    fn last_error(&self) -> Option<String>;
     fn failure(&self) -> Option<crate::health::Failure>;
     fn add_index(&self, index: &FieldIndex);
 }
@@ -281,9 +280,6 @@ where
     }
     fn is_ready(&self) -> bool {
         Informer::is_ready(self)
-    }
-    fn last_error(&self) -> Option<String> {
-        Informer::last_error(self)
     }
     fn failure(&self) -> Option<crate::health::Failure> {
         Informer::failure(self)
@@ -513,9 +509,10 @@ impl Cache {
             .map_err(|_| Error::NotReady {
                 name: self.inner.cluster.clone(),
                 timeout: DEFAULT_SYNC_TIMEOUT,
-                reason: informer
-                    .last_error()
-                    .unwrap_or_else(|| "the informer has not listed yet".into()),
+                reason: informer.failure().map_or_else(
+                    || crate::redact::Redacted::ours("the informer has not listed yet"),
+                    |failure| failure.reason,
+                ),
             })
     }
 
@@ -537,8 +534,11 @@ impl Cache {
             if tokio::time::Instant::now() >= deadline {
                 let reason = lock(&self.inner.informers)
                     .iter()
-                    .find_map(|(_, informer)| informer.last_error())
-                    .unwrap_or_else(|| "informers have not listed yet".into());
+                    .find_map(|(_, informer)| informer.failure())
+                    .map_or_else(
+                        || crate::redact::Redacted::ours("informers have not listed yet"),
+                        |failure| failure.reason,
+                    );
                 return Err(Error::NotReady {
                     name: self.inner.cluster.clone(),
                     timeout,

@@ -30,6 +30,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::controller::Controller;
 use crate::metrics::Metrics;
+use crate::redact::Redacted;
 use crate::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
 
 /// How long the coordinator and the provider may take to stop after the
@@ -49,12 +50,12 @@ pub enum ClusterState {
     /// Handed to the components, but some of its watches keep failing with
     /// an answer from the server (a `403` after lost RBAC, say); the reason
     /// says which. Ready again once they work.
-    Degraded(String),
+    Degraded(Redacted),
     /// The API server cannot be reached, does not answer in time, or the
     /// cache did not sync; the reason is the last error. Before the cluster
     /// is handed to the components, the check is retried with backoff; after,
     /// it is probed with backoff and is ready again once it answers.
-    Unreachable(String),
+    Unreachable(Redacted),
 }
 
 impl ClusterState {
@@ -483,7 +484,10 @@ impl Manager {
                 result = check => match result {
                     Ok(Ok(())) => None,
                     Ok(Err(err)) => Some(err),
-                    Err(_) => Some(format!("no answer within {:?}", options.sync_timeout)),
+                    Err(_) => Some(Redacted::ours(format!(
+                        "no answer within {:?}",
+                        options.sync_timeout
+                    ))),
                 },
             };
             match failure {
@@ -688,27 +692,31 @@ impl std::fmt::Debug for Manager {
 }
 
 /// Whether the cluster answers and its cache has synced.
-async fn probe(cluster: &Cluster) -> Result<(), String> {
+async fn probe(cluster: &Cluster) -> Result<(), Redacted> {
     probe_server(cluster).await?;
-    cluster
+    match cluster
         .cache()
         .wait_for_sync(Duration::from_secs(3600))
         .await
-        .map_err(|err| err.to_string())
+    {
+        Err(Error::NotReady { reason, .. }) => Err(reason),
+        Err(other) => Err(Redacted::error(&other)),
+        Ok(()) => Ok(()),
+    }
 }
 
 /// Whether the cluster's API server answers `/version`; the reason is
 /// redacted (a failed credential plugin's settings never show).
-async fn probe_server(cluster: &Cluster) -> Result<(), String> {
+async fn probe_server(cluster: &Cluster) -> Result<(), Redacted> {
     let request = http::Request::get("/version")
         .body(Vec::new())
-        .map_err(|err| err.to_string())?;
+        .map_err(|err| Redacted::ours(format!("building the request: {err}")))?;
     cluster
         .client()
         .request_text(request)
         .await
         .map(|_| ())
-        .map_err(|err| crate::redact::kube_error(&err))
+        .map_err(|err| Redacted::kube(&err))
 }
 
 async fn wait_for_signal() {
