@@ -259,3 +259,47 @@ async fn shutdown_is_bounded_whatever_reconciles_and_the_provider_do() {
         "the hung reconcile was dropped"
     );
 }
+
+/// A controller added while the manager runs is engaged with the clusters
+/// there are and runs: its queue is drained.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_added_while_the_manager_runs_reconciles() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    create_config_map(&cp, "seen", &[]).await;
+    let provider = TestProvider::default();
+    provider
+        .clusters
+        .add("member", cluster_for("member", &cp).await)
+        .expect("add");
+    let manager = Manager::with_provider(
+        cluster_for("local", &cp).await,
+        Arc::new(provider),
+        ManagerOptions::default(),
+    );
+    let (stop, task) = run_manager(&manager);
+    eventually("the member to be ready", || async {
+        manager.cluster_state(&ClusterName::from("member"))
+            == Some(multicluster_runtime::manager::ClusterState::Ready)
+    })
+    .await;
+
+    let recorder = Recorder::default();
+    let late = {
+        let recorder = recorder.clone();
+        Controller::builder("late")
+            .for_resource(Watch::<ConfigMap>::new())
+            .build(move |request, _| {
+                let recorder = recorder.clone();
+                async move {
+                    recorder.record(&request);
+                    Ok::<_, Never>(Action::await_change())
+                }
+            })
+            .expect("controller")
+    };
+    manager.add_controller(late).expect("add");
+    recorder.wait_for_more(&req("member", "seen"), 0).await;
+
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}

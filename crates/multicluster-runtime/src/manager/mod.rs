@@ -185,9 +185,17 @@ struct Inner {
     options: ManagerOptions,
     metrics: Metrics,
     components: Mutex<Vec<Arc<dyn Aware>>>,
-    controllers: Mutex<Vec<Controller>>,
+    controllers: Mutex<Controllers>,
     clusters: Mutex<BTreeMap<ClusterName, Tracked>>,
     started: CancellationToken,
+}
+
+/// The controllers added, and while the manager runs, how to start one
+/// added late.
+#[derive(Default)]
+struct Controllers {
+    added: Vec<Controller>,
+    start: Option<tokio::sync::mpsc::UnboundedSender<Controller>>,
 }
 
 struct Tracked {
@@ -245,7 +253,7 @@ impl Manager {
                 options,
                 metrics: Metrics::default(),
                 components: Mutex::new(Vec::new()),
-                controllers: Mutex::new(Vec::new()),
+                controllers: Mutex::default(),
                 clusters: Mutex::new(BTreeMap::new()),
                 started: CancellationToken::new(),
             }),
@@ -324,10 +332,17 @@ impl Manager {
     }
 
     /// Adds a controller: it is engaged like any component and run by
-    /// [`Manager::run`].
+    /// [`Manager::run`] — at once when the manager runs already.
     pub fn add_controller(&self, controller: Controller) -> Result<(), Error> {
         controller.use_metrics(&self.inner.metrics);
-        lock(&self.inner.controllers).push(controller.clone());
+        {
+            let mut controllers = lock(&self.inner.controllers);
+            controllers.added.push(controller.clone());
+            // Running already: started at once.
+            if let Some(start) = &controllers.start {
+                let _ = start.send(controller.clone());
+            }
+        }
         self.add(Arc::new(controller))
     }
 
@@ -382,7 +397,14 @@ impl Manager {
 
         let mut tasks = tokio::task::JoinSet::new();
         let grace = self.inner.options.shutdown_grace;
-        let controllers = lock(&self.inner.controllers).clone();
+        // Controllers added from now on come through `late` (taken under the
+        // same lock, so none is missed or run twice).
+        let (start_late, mut late) = tokio::sync::mpsc::unbounded_channel();
+        let controllers = {
+            let mut controllers = lock(&self.inner.controllers);
+            controllers.start = Some(start_late);
+            controllers.added.clone()
+        };
         for controller in controllers {
             let stop = stop.clone();
             tasks.spawn(async move { controller.run(stop, grace).await });
@@ -397,16 +419,23 @@ impl Manager {
 
         // A provider that ends on its own (it failed, or gave up) ends the
         // manager: carrying on without a fleet would hide the failure.
-        let provider_ended = match provider_task.as_mut() {
-            Some(task) => tokio::select! {
-                () = stop.cancelled() => None,
-                result = task => Some(result),
-            },
-            None => {
-                stop.cancelled().await;
-                None
+        let provider_ended = loop {
+            let provider_ends = async {
+                match provider_task.as_mut() {
+                    Some(task) => task.await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = stop.cancelled() => break None,
+                result = provider_ends => break Some(result),
+                Some(controller) = late.recv() => {
+                    let stop = stop.clone();
+                    tasks.spawn(async move { controller.run(stop, grace).await });
+                }
             }
         };
+        lock(&self.inner.controllers).start = None;
         if provider_ended.is_some() {
             tracing::error!("the provider stopped; shutting down");
             stop.cancel();
