@@ -6,6 +6,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use futures::future::BoxFuture;
@@ -38,11 +39,26 @@ pub(crate) fn scoped_client(
     )
 }
 
+/// How long a group/version's resource list is trusted to know that a
+/// resource does not exist: a CRD installed later is found after at most
+/// this long, and a stream of requests for unknown resources asks the host
+/// at most this often.
+const MISS_REFRESH: Duration = Duration::from_secs(2);
+
 /// Which resources are namespaced, per group/version, learned from the host
-/// on first use and shared by all virtual clusters of one provider.
+/// on first use and shared by all virtual clusters of one provider. A
+/// resource the list lacks makes it be fetched again (at most every
+/// [`MISS_REFRESH`]), so CRDs added to a known group/version are found.
 #[derive(Default)]
 pub(crate) struct Discovery {
-    known: Mutex<HashMap<String, HashMap<String, bool>>>,
+    known: Mutex<HashMap<String, Known>>,
+}
+
+/// One group/version's resources (name → namespaced), and when they were
+/// fetched.
+struct Known {
+    resources: HashMap<String, bool>,
+    fetched: Instant,
 }
 
 impl Discovery {
@@ -52,13 +68,16 @@ impl Discovery {
         group_version: &str,
         plural: &str,
     ) -> Result<Option<bool>, BoxError> {
-        if let Some(resources) = self
+        if let Some(known) = self
             .known
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(group_version)
         {
-            return Ok(resources.get(plural).copied());
+            let answer = known.resources.get(plural).copied();
+            if answer.is_some() || known.fetched.elapsed() < MISS_REFRESH {
+                return Ok(answer);
+            }
         }
         let request = Request::get(format!("/{group_version}")).body(Vec::new())?;
         let list: APIResourceList = host.request(request).await?;
@@ -71,7 +90,13 @@ impl Discovery {
         self.known
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(group_version.to_string(), resources);
+            .insert(
+                group_version.to_string(),
+                Known {
+                    resources,
+                    fetched: Instant::now(),
+                },
+            );
         Ok(answer)
     }
 }

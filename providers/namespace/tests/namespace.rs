@@ -403,3 +403,85 @@ async fn a_watch_filter_splits_namespaces_between_instances() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// Two CRDs of one group/version; the second is installed after the first
+/// was used through a virtual cluster.
+fn crd(plural: &str, kind: &str) -> String {
+    format!(
+        "apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: {plural}.fleet.example.com
+spec:
+  group: fleet.example.com
+  scope: Namespaced
+  names:
+    plural: {plural}
+    singular: {singular}
+    kind: {kind}
+  versions:
+  - name: v1
+    served: true
+    storage: true
+    schema:
+      openAPIV3Schema:
+        type: object
+        x-kubernetes-preserve-unknown-fields: true
+",
+        singular = kind.to_lowercase()
+    )
+}
+
+/// A CRD installed while the provider runs, in a group/version the virtual
+/// clusters already used, is found without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crd_added_to_a_known_group_version_is_found() {
+    use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+    let cp = ControlPlane::start().await.expect("control plane");
+    cp.install_crds(&crd("widgets", "Widget"))
+        .await
+        .expect("widgets");
+    let admin = cp.client().await.expect("client");
+    create_namespace(&admin, "team-a", &[]).await;
+    let provider = Arc::new(NamespaceProvider::new(
+        Cluster::new("host", admin.clone()),
+        NamespaceOptions::default(),
+    ));
+    let manager = Manager::with_provider(
+        Cluster::new("host", admin.clone()),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    let (shutdown, task) = run_manager(&manager);
+    let team_a = {
+        let provider = provider.clone();
+        let name = ClusterName::from("team-a");
+        eventually("team-a to be a cluster", || async {
+            provider.get(&name).await.is_ok()
+        })
+        .await;
+        provider.get(&name).await.expect("team-a")
+    };
+    let resource =
+        |kind: &str| ApiResource::from_gvk(&GroupVersionKind::gvk("fleet.example.com", "v1", kind));
+    // Listing across the virtual cluster asks the host which resources of
+    // the group/version are namespaced.
+    Api::<DynamicObject>::all_with(team_a.client(), &resource("Widget"))
+        .list(&Default::default())
+        .await
+        .expect("widgets are known");
+
+    cp.install_crds(&crd("gadgets", "Gadget"))
+        .await
+        .expect("gadgets");
+    eventually("gadgets to be known to the virtual cluster", || async {
+        Api::<DynamicObject>::all_with(team_a.client(), &resource("Gadget"))
+            .list(&Default::default())
+            .await
+            .is_ok()
+    })
+    .await;
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
