@@ -207,6 +207,47 @@ pub fn resident_memory_mib() -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
+/// How many TCP connections this process holds to `port` on any address
+/// (Linux: read from `/proc`; 0 elsewhere). Tells how many connections
+/// clients keep to an API server.
+pub fn connections_to(port: u16) -> usize {
+    let Ok(fds) = std::fs::read_dir("/proc/self/fd") else {
+        return 0;
+    };
+    let mine: std::collections::HashSet<String> = fds
+        .filter_map(Result::ok)
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .filter_map(|target| {
+            let target = target.to_string_lossy();
+            Some(
+                target
+                    .strip_prefix("socket:[")?
+                    .strip_suffix(']')?
+                    .to_string(),
+            )
+        })
+        .collect();
+    ["/proc/self/net/tcp", "/proc/self/net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(table).ok())
+        .flat_map(|table| {
+            table
+                .lines()
+                .skip(1)
+                .filter_map(|line| {
+                    let fields: Vec<&str> = line.split_whitespace().collect();
+                    // remote address "ADDR:PORT" in hex, state 01 = established.
+                    let remote_port = fields.get(2)?.rsplit(':').next()?;
+                    let remote_port = u16::from_str_radix(remote_port, 16).ok()?;
+                    let inode = fields.get(9)?;
+                    (remote_port == port && fields.get(3) == Some(&"01")).then(|| inode.to_string())
+                })
+                .collect::<Vec<_>>()
+        })
+        .filter(|inode| mine.contains(inode))
+        .count()
+}
+
 /// Fetches `path` from the manager's health endpoint at `address` (see
 /// [`crate::ManagerOptions::health_address`]): the status line and the body.
 pub async fn http_get(

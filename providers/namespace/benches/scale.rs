@@ -2,7 +2,8 @@
 //! namespaces with 10 ConfigMaps each on one real control plane, one
 //! controller over all virtual clusters. Reports the time until every
 //! object was reconciled once, process RSS, and the number of API watches
-//! the host cache holds (one per type, whatever N).
+//! the host cache holds (one per type, whatever N) and the connections the
+//! process keeps to the host.
 //!
 //! `cargo bench -p multicluster-provider-namespace --bench scale`
 //! (`NAMESPACE_COUNTS=10,100,500`).
@@ -80,13 +81,20 @@ async fn run(cp: &ControlPlane, count: usize) -> Result<(), Box<dyn std::error::
     }
     let elapsed = started.elapsed();
     let after = resident_memory_mib();
+    let port: u16 = cp
+        .server()
+        .rsplit(':')
+        .next()
+        .and_then(|port| port.parse().ok())
+        .unwrap_or_default();
     println!(
         "namespaces={count:>4} objects={expected:>5} first-pass={:>6.2}s rss={after:>6.1}MiB (+{:.1}MiB, {:.0}KiB per namespace) \
-         host API watches={} virtual clusters={}",
+         host API watches={} connections to the host={} virtual clusters={}",
         elapsed.as_secs_f64(),
         after - before,
         (after - before) * 1024.0 / count as f64,
         host.cache().informer_count(),
+        multicluster_runtime::testing::connections_to(port),
         recorder.clusters().len(),
     );
     shutdown.cancel();

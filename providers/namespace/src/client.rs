@@ -45,13 +45,23 @@ pub(crate) fn scoped_client(
 /// at most this often.
 const MISS_REFRESH: Duration = Duration::from_secs(2);
 
-/// Which resources are namespaced, per group/version, learned from the host
-/// on first use and shared by all virtual clusters of one provider. A
-/// resource the list lacks makes it be fetched again (at most every
-/// [`MISS_REFRESH`]), so CRDs added to a known group/version are found.
+/// How long the host's `/version` answer is shared by the virtual clusters.
+const VERSION_TTL: Duration = Duration::from_secs(2);
+
+/// What the virtual clusters of one host learn from it, shared by all of
+/// them:
+///
+/// - which resources are namespaced, per group/version, learned on first
+///   use; a resource the list lacks makes it be fetched again (at most every
+///   [`MISS_REFRESH`]), so CRDs added to a known group/version are found;
+/// - the host's `/version` answer, which every virtual cluster's health
+///   probe asks for: hundreds of namespaces engaged at once would otherwise
+///   send as many requests at once, each on a connection of its own that
+///   the host client's pool then keeps. One request answers them all.
 #[derive(Default)]
 pub(crate) struct Discovery {
     known: Mutex<HashMap<String, Known>>,
+    version: tokio::sync::Mutex<Option<(Instant, Result<(StatusCode, Bytes), String>)>>,
 }
 
 /// One group/version's resources (name → namespaced), and when they were
@@ -101,6 +111,44 @@ impl Discovery {
     }
 }
 
+impl Discovery {
+    /// The host's answer to `GET /version`, asked once for every virtual
+    /// cluster asking within [`VERSION_TTL`].
+    async fn version(&self, host: &kube::Client) -> Result<Response<ResponseBody>, BoxError> {
+        let mut version = self.version.lock().await;
+        let fresh = version
+            .as_ref()
+            .filter(|(fetched, _)| fetched.elapsed() < VERSION_TTL)
+            .map(|(_, answer)| answer.clone());
+        let answer = match fresh {
+            Some(answer) => answer,
+            None => {
+                let request = Request::get("/version").body(Body::empty())?;
+                let answer = match host.send(request).await {
+                    Ok(response) => {
+                        let status = response.status();
+                        match response.into_body().collect_bytes().await {
+                            Ok(bytes) => Ok((status, bytes)),
+                            Err(err) => Err(multicluster_runtime::redact::kube_error(&err)),
+                        }
+                    }
+                    Err(err) => Err(multicluster_runtime::redact::kube_error(&err)),
+                };
+                *version = Some((Instant::now(), answer.clone()));
+                answer
+            }
+        };
+        let (status, bytes) = answer.map_err(BoxError::from)?;
+        let mut response = Response::new(Full::new(bytes).map_err(BoxError::from).boxed_unsync());
+        *response.status_mut() = status;
+        response.headers_mut().insert(
+            header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        Ok(response)
+    }
+}
+
 #[derive(Clone)]
 struct Scoped {
     host: kube::Client,
@@ -124,6 +172,9 @@ impl tower::Service<Request<Body>> for Scoped {
 
 impl Scoped {
     async fn handle(self, request: Request<Body>) -> Result<Response<ResponseBody>, BoxError> {
+        if request.method() == http::Method::GET && request.uri().path() == "/version" {
+            return self.discovery.version(&self.host).await;
+        }
         let (mut parts, body) = request.into_parts();
         let namespace = &*self.namespace;
         let path = parts.uri.path().to_string();

@@ -485,3 +485,53 @@ async fn a_crd_added_to_a_known_group_version_is_found() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// Virtual clusters of one host share its connections: engaging hundreds of
+/// namespaces at once (each probed for health) leaves a handful of
+/// connections to the host, not one per namespace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_namespaces_share_a_handful_of_connections_to_the_host() {
+    const NAMESPACES: usize = 200;
+    let cp = ControlPlane::start().await.expect("control plane");
+    let admin = cp.client().await.expect("client");
+    for i in 0..NAMESPACES {
+        create_namespace(&admin, &format!("many-{i}"), &[]).await;
+    }
+    let host_client = cp.client().await.expect("client");
+    let provider = Arc::new(NamespaceProvider::new(
+        Cluster::new("host", host_client.clone()),
+        NamespaceOptions::default(),
+    ));
+    let manager = Manager::with_provider(
+        Cluster::new("host", host_client),
+        provider,
+        ManagerOptions::default(),
+    );
+    let (shutdown, task) = run_manager(&manager);
+    eventually("every namespace to be ready", || async {
+        manager
+            .cluster_states()
+            .iter()
+            .filter(|(name, state)| {
+                name.as_str().starts_with("many-")
+                    && *state == multicluster_runtime::manager::ClusterState::Ready
+            })
+            .count()
+            == NAMESPACES
+    })
+    .await;
+    let port: u16 = cp
+        .server()
+        .rsplit(':')
+        .next()
+        .and_then(|port| port.parse().ok())
+        .expect("port");
+    let connections = multicluster_runtime::testing::connections_to(port);
+    assert!(
+        (1..=10).contains(&connections),
+        "{connections} connections to the host for {NAMESPACES} namespaces"
+    );
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
