@@ -61,8 +61,12 @@ const VERSION_TTL: Duration = Duration::from_secs(2);
 #[derive(Default)]
 pub(crate) struct Discovery {
     known: Mutex<HashMap<String, Known>>,
-    version: tokio::sync::Mutex<Option<(Instant, Result<(StatusCode, Bytes), String>)>>,
+    version: tokio::sync::Mutex<Option<(Instant, VersionAnswer)>>,
 }
+
+/// The host's answer to `/version`: status and body, or why there was none
+/// (redacted).
+type VersionAnswer = Result<(StatusCode, Bytes), String>;
 
 /// One group/version's resources (name → namespaced), and when they were
 /// fetched.
