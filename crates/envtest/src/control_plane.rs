@@ -7,6 +7,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use kube::config::{ExecConfig, ExecInteractiveMode, Kubeconfig};
+use tracing::instrument::WithSubscriber;
 
 use crate::Error;
 use crate::binaries::Binaries;
@@ -399,9 +400,14 @@ impl ControlPlane {
         let client = self.client().await?;
         loop {
             self.check_processes()?;
-            let Err(last_error) = probe_ready(&client).await else {
+            // An API server that is still starting answers 500 or nothing;
+            // kube-rs logs that as an error, but here it is expected.
+            let probe =
+                probe_ready(&client).with_subscriber(tracing::subscriber::NoSubscriber::new());
+            let Err(last_error) = probe.await else {
                 return Ok(());
             };
+            tracing::debug!(%last_error, "the API server is not ready yet");
             if Instant::now() >= deadline {
                 return Err(Error::NotReady {
                     timeout: self.start_timeout,

@@ -1,0 +1,58 @@
+//! The local control plane starts quietly: waiting for its API server is
+//! not an error, so a normal start logs none.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::Command;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-local-control-plane");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_normal_start_logs_no_error() {
+    let dir = tempfile::tempdir().expect("dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    let logs = dir.path().join("stderr");
+    let mut control_plane = Command::new(BINARY)
+        .arg("--kubeconfig")
+        .arg(&kubeconfig)
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::piped())
+        .stderr(std::fs::File::create(&logs).expect("log"))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start");
+    let mut stdout = BufReader::new(control_plane.stdout.take().expect("stdout")).lines();
+    let mut printed = Vec::new();
+    let ready = tokio::time::timeout(Duration::from_secs(120), async {
+        while let Ok(Some(line)) = stdout.next_line().await {
+            if line.contains("control plane ready") {
+                return true;
+            }
+            printed.push(line);
+        }
+        false
+    })
+    .await
+    .expect("started in time");
+    assert!(ready, "the control plane did not report ready");
+    assert!(kubeconfig.exists());
+    let printed = printed.join("\n") + &std::fs::read_to_string(&logs).expect("stderr");
+    assert!(
+        !printed.contains("ERROR"),
+        "errors on a normal start:\n{printed}"
+    );
+
+    let pid = control_plane.id().expect("running").to_string();
+    Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill");
+    let status = tokio::time::timeout(Duration::from_secs(30), control_plane.wait())
+        .await
+        .expect("stopped in time")
+        .expect("status");
+    assert!(status.success(), "{status}");
+}
