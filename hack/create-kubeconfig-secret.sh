@@ -6,7 +6,13 @@
 #   hack/create-kubeconfig-secret.sh --name prod-eu \
 #       --member-context prod-eu --management-context mgmt \
 #       [--namespace fleet] [--service-account multicluster-runtime] \
-#       [--cluster-role view] [--duration 8760h]
+#       [--cluster-role NAME] [--duration 8760h]
+#
+# By default the service account gets what examples/kubeconfig needs and no
+# more: a ClusterRole multicluster-runtime-configmap-sync (created here) with
+# get, list, watch, create, update, patch and delete on configmaps. With
+# --cluster-role it is bound to that existing ClusterRole instead (view,
+# edit, one of your own).
 #
 # The token is a bound token from the TokenRequest API (`kubectl create
 # token`); rotate it by running the script again, which replaces the Secret
@@ -14,7 +20,7 @@
 set -euo pipefail
 
 name="" member_context="" management_context="" namespace="fleet"
-service_account="multicluster-runtime" cluster_role="view" duration="8760h"
+service_account="multicluster-runtime" cluster_role="" duration="8760h"
 label="sigs.k8s.io/multicluster-runtime-kubeconfig"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -25,7 +31,7 @@ while [ $# -gt 0 ]; do
     --service-account) service_account=$2; shift 2 ;;
     --cluster-role) cluster_role=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
-    -h|--help) sed -n '2,16p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -36,6 +42,12 @@ management() { kubectl ${management_context:+--context "$management_context"} "$
 
 member create namespace multicluster-runtime --dry-run=client -o yaml | member apply -f - >/dev/null
 member -n multicluster-runtime create serviceaccount "$service_account" --dry-run=client -o yaml | member apply -f - >/dev/null
+if [ -z "$cluster_role" ]; then
+  cluster_role="multicluster-runtime-configmap-sync"
+  member create clusterrole "$cluster_role" --resource=configmaps \
+    --verb=get,list,watch,create,update,patch,delete --dry-run=client -o yaml | member apply -f - >/dev/null
+  echo "ClusterRole $cluster_role: get, list, watch, create, update, patch, delete on configmaps (what examples/kubeconfig needs)"
+fi
 member create clusterrolebinding "multicluster-runtime-$service_account" --clusterrole "$cluster_role" \
   --serviceaccount "multicluster-runtime:$service_account" --dry-run=client -o yaml | member apply -f - >/dev/null
 token=$(member -n multicluster-runtime create token "$service_account" --duration "$duration")

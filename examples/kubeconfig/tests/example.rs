@@ -145,3 +145,106 @@ async fn sigterm_with_reconciles_hung_on_a_stopped_member_exits_within_the_grace
         "reconciles were abandoned:\n{output}"
     );
 }
+
+/// `hack/create-kubeconfig-secret.sh`, run as documented against a member
+/// and a management control plane, makes a Secret whose identity can do
+/// what the example does — copy, follow, delete — and no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_secret_script_grants_what_the_example_needs_and_no_more() {
+    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (management, member) = (management.expect("management"), member.expect("member"));
+    // One kubeconfig with a context for each, as an operator has.
+    let named = |cp: &ControlPlane, name: &str| {
+        let mut kubeconfig = cp.kubeconfig().clone();
+        kubeconfig.clusters[0].name = name.into();
+        kubeconfig.auth_infos[0].name = name.into();
+        kubeconfig.contexts[0].name = name.into();
+        if let Some(context) = kubeconfig.contexts[0].context.as_mut() {
+            context.cluster = name.into();
+            context.user = Some(name.into());
+        }
+        kubeconfig
+    };
+    let mut both = named(&management, "mgmt");
+    let other = named(&member, "member");
+    both.clusters.extend(other.clusters);
+    both.auth_infos.extend(other.auth_infos);
+    both.contexts.extend(other.contexts);
+    let dir = tempfile::tempdir().expect("dir");
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        multicluster_envtest::to_yaml(&both).expect("yaml"),
+    )
+    .expect("kubeconfig");
+
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../../hack/create-kubeconfig-secret.sh"
+    );
+    let output = Command::new(script)
+        .args(["--name", "member", "--member-context", "member"])
+        .args(["--management-context", "mgmt", "--namespace", "fleet"])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .await
+        .expect("the script runs (kubectl must be installed)");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let said = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        said.contains("get, list, watch, create, update, patch, delete on configmaps"),
+        "{said}"
+    );
+
+    let mut example = Command::new(BINARY)
+        .args(["--namespace", "fleet", "--health-address", "127.0.0.1:0"])
+        .env("KUBECONFIG", management.kubeconfig_path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("example");
+    let admin = member.client().await.expect("client");
+    wait_for_copy(admin.clone(), "settings").await;
+    let configmaps = Api::<ConfigMap>::namespaced(admin, "default");
+    configmaps
+        .delete("settings", &kube::api::DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("the copy to be deleted by the example", || async {
+        configmaps
+            .get_opt("settings-copy")
+            .await
+            .is_ok_and(|copy| copy.is_none())
+    })
+    .await;
+
+    // And no more: not Secrets, not other kinds.
+    for (verb, resource) in [
+        ("get", "secrets"),
+        ("list", "secrets"),
+        ("create", "deployments"),
+    ] {
+        let answer = Command::new("kubectl")
+            .args(["--context", "member", "auth", "can-i", verb, resource])
+            .args([
+                "--as",
+                "system:serviceaccount:multicluster-runtime:multicluster-runtime",
+            ])
+            .env("KUBECONFIG", &kubeconfig)
+            .output()
+            .await
+            .expect("kubectl");
+        assert_eq!(
+            String::from_utf8_lossy(&answer.stdout).trim(),
+            "no",
+            "{verb} {resource}"
+        );
+    }
+    let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
+    assert!(status.success(), "{status}");
+}
