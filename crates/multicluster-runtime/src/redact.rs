@@ -22,17 +22,17 @@ pub struct Redacted(String);
 impl Redacted {
     /// A client error, described by [`kube_error`].
     pub fn kube(err: &kube::Error) -> Self {
-        Self(kube_error(err))
+        Self(said_plainly(err, kube_error(err)))
     }
 
     /// A watch error, described by [`watcher_error`].
     pub fn watcher(err: &watcher::Error) -> Self {
-        Self(watcher_error(err))
+        Self(said_plainly(err, watcher_error(err)))
     }
 
     /// Any error and its causes, described by [`error_chain`].
     pub fn error(err: &(dyn StdError + 'static)) -> Self {
-        Self(error_chain(err))
+        Self(said_plainly(err, error_chain(err)))
     }
 
     /// The crate's own words, which quote no client data.
@@ -58,6 +58,38 @@ impl std::ops::Deref for Redacted {
     fn deref(&self) -> &str {
         &self.0
     }
+}
+
+/// `text` describing `err`, led by what it means when it is the process's
+/// own limit at fault: out of file descriptors looks like any connection
+/// error otherwise.
+fn said_plainly(err: &(dyn StdError + 'static), text: String) -> String {
+    if out_of_descriptors(err) {
+        format!(
+            "this process has run out of file descriptors (raise its open-files limit, `ulimit -n`): {text}"
+        )
+    } else {
+        text
+    }
+}
+
+/// Whether `err` (or a cause) is `EMFILE` or `ENFILE`: no file descriptor
+/// was left for a new connection.
+pub(crate) fn out_of_descriptors(err: &(dyn StdError + 'static)) -> bool {
+    let limits = [
+        rustix::io::Errno::MFILE.raw_os_error(),
+        rustix::io::Errno::NFILE.raw_os_error(),
+    ];
+    let mut current: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(err) = current {
+        if let Some(io) = err.downcast_ref::<std::io::Error>()
+            && io.raw_os_error().is_some_and(|code| limits.contains(&code))
+        {
+            return true;
+        }
+        current = err.source();
+    }
+    false
 }
 
 /// How much of a plugin's stderr is kept: enough for its own explanation.
@@ -265,6 +297,18 @@ mod tests {
             proxy_url: Box::new(proxy_url),
         };
         assert!(!kube_error(&unsupported).contains(SECRET));
+    }
+
+    #[test]
+    fn running_out_of_descriptors_is_said_plainly() {
+        let emfile = std::io::Error::from_raw_os_error(rustix::io::Errno::MFILE.raw_os_error());
+        let text = Redacted::error(&emfile);
+        assert!(
+            text.starts_with("this process has run out of file descriptors"),
+            "{text}"
+        );
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(!Redacted::error(&refused).contains("file descriptors"));
     }
 
     #[test]

@@ -156,6 +156,11 @@ pub struct ManagerOptions {
     /// Where to serve `/healthz`, `/readyz`, `/metrics` and `/clusters`;
     /// `None` (the default) serves nothing.
     pub health_address: Option<SocketAddr>,
+    /// Raise the process's soft limit on open files to its hard limit when
+    /// [`Manager::run`] starts (default true; see
+    /// [`crate::process::raise_open_files_limit`]). A cluster that cannot
+    /// connect for want of file descriptors says so in its reason.
+    pub raise_open_files_limit: bool,
 }
 
 impl Default for ManagerOptions {
@@ -167,6 +172,7 @@ impl Default for ManagerOptions {
             unhealthy_after: Duration::from_secs(3),
             shutdown_grace: Duration::from_secs(30),
             health_address: None,
+            raise_open_files_limit: true,
         }
     }
 }
@@ -372,6 +378,17 @@ impl Manager {
     /// provider and every controller; at shutdown stops taking work and
     /// lets running reconciles finish for up to the shutdown grace period.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
+        if self.inner.options.raise_open_files_limit {
+            match crate::process::raise_open_files_limit() {
+                Ok((before, after)) if before != after => {
+                    tracing::info!(?before, ?after, "raised the open-files limit");
+                }
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(error = %err, "could not raise the open-files limit");
+                }
+            }
+        }
         if let Some(address) = self.inner.options.health_address {
             let listener = tokio::net::TcpListener::bind(address)
                 .await

@@ -1,0 +1,121 @@
+//! File descriptors: the manager raises the soft open-files limit at start,
+//! and a cluster that cannot connect because none is left says so, rather
+//! than showing a generic connection error. (One test: the limit is the
+//! process's, so nothing may run beside it.)
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use multicluster_envtest::ControlPlane;
+use multicluster_runtime::clusters::KubeconfigCluster;
+use multicluster_runtime::kubeconfig::ClientOptions;
+use multicluster_runtime::manager::ClusterState;
+use multicluster_runtime::{ClusterName, Manager, ManagerOptions};
+use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn descriptors_are_raised_and_running_out_is_reported_as_such() {
+    let member = ControlPlane::start().await.expect("member");
+    let start = getrlimit(Resource::Nofile);
+    let low = start.maximum.map(|hard| hard.min(1024).saturating_sub(1));
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: low,
+            maximum: start.maximum,
+        },
+    )
+    .expect("lower the soft limit");
+
+    let provider = TestProvider::default();
+    let text = multicluster_envtest::to_yaml(member.kubeconfig()).expect("yaml");
+    let cluster = KubeconfigCluster {
+        name: "member".into(),
+        text,
+        source: "test kubeconfig".into(),
+        stable_id: None,
+    }
+    .build(&ClientOptions::default())
+    .await
+    .expect("cluster");
+    provider.clusters.add("member", cluster).expect("add");
+    let manager = Manager::with_provider(
+        cluster_for("local", &member).await,
+        Arc::new(provider),
+        ManagerOptions {
+            unhealthy_after: Duration::from_secs(1),
+            ..ManagerOptions::default()
+        },
+    );
+    // A watch on the member, which must connect again after the outage.
+    manager
+        .add_controller(
+            multicluster_runtime::testing::recording_controller(
+                "watching",
+                multicluster_runtime::controller::Watch::<k8s_openapi::api::core::v1::ConfigMap>::new(),
+                &Recorder::default(),
+            )
+            .expect("controller"),
+        )
+        .expect("add");
+    let (stop, task) = run_manager(&manager);
+    let name = ClusterName::from("member");
+    eventually("the member to be ready", || async {
+        manager.cluster_state(&name) == Some(ClusterState::Ready)
+    })
+    .await;
+    assert_eq!(
+        getrlimit(Resource::Nofile).current,
+        start.maximum,
+        "the manager raised the soft limit to the hard one"
+    );
+
+    // No descriptor left when the member's connections must be made again:
+    // a limit just above what is open, and the rest taken.
+    member.stop_api_server();
+    let open = std::fs::read_dir("/proc/self/fd").expect("/proc").count() as u64;
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(open + 16),
+            maximum: start.maximum,
+        },
+    )
+    .expect("a tight limit");
+    let mut hoard = Vec::new();
+    while let Ok(file) = std::fs::File::open("/dev/null") {
+        hoard.push(file);
+        assert!(hoard.len() < 1_000, "the tight limit holds");
+    }
+    let reported = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            if let Some(ClusterState::Unreachable(reason)) = manager.cluster_state(&name)
+                && reason.starts_with("this process has run out of file descriptors")
+            {
+                return reason;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    drop(hoard);
+    let reason = reported.unwrap_or_else(|_| {
+        panic!(
+            "the member was not reported out of file descriptors: {:?}",
+            manager.cluster_state(&name)
+        )
+    });
+    assert!(reason.contains("open-files limit"), "{reason}");
+
+    member.start_api_server().await.expect("back");
+    eventually("the member to be ready again", || async {
+        manager.cluster_state(&name) == Some(ClusterState::Ready)
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+    setrlimit(Resource::Nofile, start).expect("restore the limit");
+}
