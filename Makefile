@@ -1,7 +1,7 @@
 # multicluster-runtime for Rust. Every target prepares what it needs.
 SHELL := /usr/bin/env bash
 
-.PHONY: all test lint fmt bench demo controlplane tools examples
+.PHONY: all test lint fmt bench demo controlplane tools examples publish-check
 
 all: lint test
 
@@ -20,6 +20,10 @@ test: controlplane tools
 ## lint: formatting and clippy with warnings as errors
 lint:
 	hack/lint.sh
+
+## publish-check: every library crate packages and builds on its own (cargo publish --dry-run)
+publish-check:
+	hack/publish-check.sh
 
 ## fmt: format the workspace
 fmt:
