@@ -13,7 +13,7 @@ use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams, PostParams,
 };
 use multicluster_envtest::{ControlPlane, plugins};
-use multicluster_example_configmap_sync::testing::{GRACE, terminate, wait_for_copy};
+use multicluster_example_testing::{GRACE, terminate, wait_for_copy};
 use multicluster_provider_cluster_api::CLUSTER_NAME_LABEL;
 use tokio::process::Command;
 

@@ -11,7 +11,7 @@ use kube::api::{
 };
 use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_example_configmap_sync::SYNC_LABEL;
-use multicluster_example_configmap_sync::testing::{GRACE, terminate};
+use multicluster_example_testing::{GRACE, terminate};
 use multicluster_runtime::testing::eventually;
 use serde_json::json;
 use tokio::process::Command;

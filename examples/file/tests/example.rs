@@ -6,7 +6,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use multicluster_envtest::{ControlPlane, plugins};
-use multicluster_example_configmap_sync::testing::{GRACE, terminate, wait_for_copy};
+use multicluster_example_testing::{GRACE, terminate, wait_for_copy};
 use tokio::process::Command;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-file");

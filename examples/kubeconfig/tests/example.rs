@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ObjectMeta, PostParams};
 use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_example_configmap_sync::SYNC_LABEL;
-use multicluster_example_configmap_sync::testing::{GRACE, terminate, wait_for_copy};
+use multicluster_example_testing::{GRACE, terminate, wait_for_copy};
 use multicluster_provider_kubeconfig::DEFAULT_LABEL;
 use multicluster_runtime::testing::eventually;
 use tokio::process::Command;

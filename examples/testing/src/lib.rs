@@ -1,0 +1,59 @@
+//! What the examples' tests share: checking that a running example copies,
+//! stopping it as a deployment would, and running it the way its manifests
+//! in `config/` deploy it ([`manifests`]).
+
+pub mod manifests;
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, PostParams};
+
+use multicluster_example_configmap_sync::{SYNC_LABEL, copy_name};
+
+/// The shutdown grace period of the examples' managers (the manager's
+/// default).
+pub const GRACE: Duration = Duration::from_secs(30);
+
+/// Creates a labelled ConfigMap `name` in `default` of `member` and
+/// waits until the example has copied it.
+pub async fn wait_for_copy(member: kube::Client, name: &str) {
+    let configmaps = Api::<ConfigMap>::namespaced(member, "default");
+    let mut source = ConfigMap::default();
+    source.metadata.name = Some(name.into());
+    source.metadata.labels = Some([(SYNC_LABEL.to_string(), "true".to_string())].into());
+    source.data = Some([("colour".to_string(), "blue".to_string())].into());
+    configmaps
+        .create(&PostParams::default(), &source)
+        .await
+        .unwrap_or_else(|err| panic!("creating {name}: {err}"));
+    multicluster_runtime::testing::eventually(&format!("the example to copy {name}"), || async {
+        configmaps
+            .get_opt(&copy_name(name))
+            .await
+            .ok()
+            .flatten()
+            .and_then(|copy| copy.data)
+            .is_some_and(|data| data.get("colour").map(String::as_str) == Some("blue"))
+    })
+    .await;
+}
+
+/// Sends SIGTERM to `example` and waits for it to exit, at most `within`
+/// (panics after that).
+pub async fn terminate(
+    example: &mut tokio::process::Child,
+    within: Duration,
+) -> std::process::ExitStatus {
+    let pid = example.id().expect("the example is running").to_string();
+    let signalled = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill");
+    assert!(signalled.success(), "SIGTERM to {pid}");
+    tokio::time::timeout(within, example.wait())
+        .await
+        .unwrap_or_else(|_| panic!("the example did not exit within {within:?} of SIGTERM"))
+        .expect("exit status")
+}

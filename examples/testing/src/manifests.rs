@@ -1,0 +1,195 @@
+//! The manifests in `config/`, tested as deployed: rendered with `kubectl
+//! kustomize`, applied to a real API server, and the example run here with
+//! the Deployment's flags and environment as its ServiceAccount.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::Duration;
+
+use multicluster_envtest::ControlPlane;
+use multicluster_runtime::testing::http_get;
+use serde_json::Value;
+use tokio::process::Command;
+
+/// `kubectl kustomize` of `dir`: the YAML and its documents.
+pub async fn render(dir: &str) -> (String, Vec<Value>) {
+    let output = Command::new("kubectl")
+        .args(["kustomize", dir])
+        .output()
+        .await
+        .expect("kubectl runs (install the kubernetes-client package)");
+    assert!(
+        output.status.success(),
+        "kustomize {dir}: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let yaml = String::from_utf8(output.stdout).expect("UTF-8");
+    let documents = serde_saphyr::from_multiple::<Value>(&yaml).expect("YAML documents");
+    (yaml, documents)
+}
+
+/// `kubectl apply` of `yaml` as the admin of `cp`.
+pub async fn apply(cp: &ControlPlane, yaml: &str) {
+    use tokio::io::AsyncWriteExt;
+    let mut kubectl = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(cp.kubeconfig_path())
+        .args(["apply", "-f", "-"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("kubectl");
+    let mut stdin = kubectl.stdin.take().expect("stdin");
+    stdin.write_all(yaml.as_bytes()).await.expect("write");
+    drop(stdin);
+    let output = kubectl.wait_with_output().await.expect("kubectl");
+    assert!(
+        output.status.success(),
+        "apply: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+/// The one object of `kind` among `documents`.
+pub fn object<'a>(documents: &'a [Value], kind: &str) -> &'a Value {
+    documents
+        .iter()
+        .find(|document| document["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in the manifests"))
+}
+
+/// What the Deployment runs: its namespace, ServiceAccount, args and plain
+/// environment, with fieldRef values resolved as the kubelet would.
+pub struct Container {
+    /// The Deployment's namespace.
+    pub namespace: String,
+    /// Its ServiceAccount.
+    pub service_account: String,
+    /// The container's args.
+    pub args: Vec<String>,
+    /// The container's environment.
+    pub env: Vec<(String, String)>,
+}
+
+/// What the Deployment among `documents` runs.
+pub fn container(documents: &[Value]) -> Container {
+    let deployment = object(documents, "Deployment");
+    let namespace = deployment["metadata"]["namespace"]
+        .as_str()
+        .expect("namespace")
+        .to_string();
+    let pod = &deployment["spec"]["template"]["spec"];
+    let spec = &pod["containers"][0];
+    let args = spec["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|arg| arg.as_str().map(str::to_string))
+        .collect();
+    let env = spec["env"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|var| {
+            let name = var["name"].as_str().expect("name").to_string();
+            let value = match var["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
+                Some("metadata.namespace") => namespace.clone(),
+                Some(other) => panic!("unexpected fieldRef {other}"),
+                None => var["value"].as_str().unwrap_or_default().to_string(),
+            };
+            (name, value)
+        })
+        .collect();
+    Container {
+        service_account: pod["serviceAccountName"]
+            .as_str()
+            .expect("service account")
+            .to_string(),
+        namespace,
+        args,
+        env,
+    }
+}
+
+/// Runs the example as the Deployment would, but here: as its
+/// ServiceAccount (a TokenRequest token), with its args and environment,
+/// serving health on a free local port.
+pub async fn run_as_deployed(
+    binary: &str,
+    management: &ControlPlane,
+    container: &Container,
+    dir: &Path,
+) -> (tokio::process::Child, std::net::SocketAddr) {
+    let token = management
+        .service_account_token(
+            &container.namespace,
+            &container.service_account,
+            Duration::from_secs(3600),
+        )
+        .await
+        .expect("token");
+    let kubeconfig = dir.join(format!("{}.kubeconfig", container.namespace));
+    std::fs::write(
+        &kubeconfig,
+        multicluster_envtest::to_yaml(&management.token_kubeconfig("deployed", token))
+            .expect("yaml"),
+    )
+    .expect("kubeconfig");
+    let address = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+        listener.local_addr().expect("address")
+    };
+    let args: Vec<String> = container
+        .args
+        .iter()
+        .map(|arg| {
+            if arg.starts_with("--health-address=") {
+                format!("--health-address={address}")
+            } else {
+                arg.clone()
+            }
+        })
+        .collect();
+    let child = Command::new(binary)
+        .args(&args)
+        .envs(container.env.iter().cloned())
+        .env("KUBECONFIG", &kubeconfig)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("example");
+    (child, address)
+}
+
+/// What `kubectl auth can-i` says for the ServiceAccount.
+pub async fn can_i(management: &ControlPlane, container: &Container, what: &[&str]) -> bool {
+    let answer = Command::new("kubectl")
+        .arg("--kubeconfig")
+        .arg(management.kubeconfig_path())
+        .args(["auth", "can-i"])
+        .args(what)
+        .arg(format!(
+            "--as=system:serviceaccount:{}:{}",
+            container.namespace, container.service_account
+        ))
+        .output()
+        .await
+        .expect("kubectl");
+    String::from_utf8_lossy(&answer.stdout).trim() == "yes"
+}
+
+/// The clusters (the local one aside) the example at `address` lists on
+/// `/clusters`, sorted.
+pub async fn engaged(address: std::net::SocketAddr) -> Vec<String> {
+    let (_, body) = http_get(address, "/clusters").await.unwrap_or_default();
+    let mut names: Vec<String> = body
+        .lines()
+        .filter_map(|line| line.split('\t').next())
+        .filter(|name| !name.is_empty() && *name != "<local>")
+        .map(str::to_string)
+        .collect();
+    names.sort();
+    names
+}
