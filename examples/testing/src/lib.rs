@@ -18,7 +18,12 @@ pub const GRACE: Duration = Duration::from_secs(30);
 /// Creates a labelled ConfigMap `name` in `default` of `member` and
 /// waits until the example has copied it.
 pub async fn wait_for_copy(member: kube::Client, name: &str) {
-    let configmaps = Api::<ConfigMap>::namespaced(member, "default");
+    wait_for_copy_in(member, "default", name).await;
+}
+
+/// Like [`wait_for_copy`], in `namespace`.
+pub async fn wait_for_copy_in(member: kube::Client, namespace: &str, name: &str) {
+    let configmaps = Api::<ConfigMap>::namespaced(member, namespace);
     let mut source = ConfigMap::default();
     source.metadata.name = Some(name.into());
     source.metadata.labels = Some([(SYNC_LABEL.to_string(), "true".to_string())].into());

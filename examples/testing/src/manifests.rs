@@ -74,7 +74,19 @@ pub struct Container {
 
 /// What the Deployment among `documents` runs.
 pub fn container(documents: &[Value]) -> Container {
-    let deployment = object(documents, "Deployment");
+    of_deployment(object(documents, "Deployment"))
+}
+
+/// What each Deployment among `documents` runs, in order.
+pub fn containers(documents: &[Value]) -> Vec<Container> {
+    documents
+        .iter()
+        .filter(|document| document["kind"] == "Deployment")
+        .map(of_deployment)
+        .collect()
+}
+
+fn of_deployment(deployment: &Value) -> Container {
     let namespace = deployment["metadata"]["namespace"]
         .as_str()
         .expect("namespace")

@@ -1,0 +1,94 @@
+//! `config/namespace`: the manifests render, apply to a real API server,
+//! and their ServiceAccount's cluster-wide RBAC — namespaces read,
+//! ConfigMaps worked on, nothing else — is enough for the example run with
+//! the Deployment's own flags; the two-instance overlay's instances engage
+//! disjoint sets of namespaces.
+
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Namespace;
+use kube::api::{Api, ObjectMeta, PostParams};
+use multicluster_envtest::ControlPlane;
+use multicluster_example_testing::manifests::{
+    apply, can_i, container, containers, engaged, render, run_as_deployed,
+};
+use multicluster_example_testing::{GRACE, terminate, wait_for_copy_in};
+use multicluster_provider_namespace::WATCH_FILTER_LABEL;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-namespace");
+const CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../config/namespace");
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_manifests_deploy_with_the_least_privilege_and_instances_stay_apart() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let dir = tempfile::tempdir().expect("dir");
+    let admin = cp.client().await.expect("client");
+    for (name, filter) in [
+        ("team-x", None),
+        ("team-a", Some("instance-a")),
+        ("team-b", Some("instance-b")),
+    ] {
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                labels: filter
+                    .map(|value| [(WATCH_FILTER_LABEL.to_string(), value.to_string())].into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        Api::<Namespace>::all(admin.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .expect("namespace");
+    }
+
+    // The base: every namespace, with RBAC for exactly its work.
+    let (yaml, documents) = render(&format!("{CONFIG}/base")).await;
+    apply(&cp, &yaml).await;
+    let base = container(&documents);
+    let (mut example, _) = run_as_deployed(BINARY, &cp, &base, dir.path()).await;
+    wait_for_copy_in(admin.clone(), "team-x", "settings").await;
+    assert!(can_i(&cp, &base, &["list", "configmaps", "--all-namespaces"]).await);
+    for what in [
+        &["get", "secrets", "-n", "team-x"][..],
+        &["list", "secrets", "-A"],
+        &["create", "namespaces"],
+        &["delete", "namespaces"],
+        &["list", "pods", "-A"],
+    ] {
+        assert!(!can_i(&cp, &base, what).await, "the base may {what:?}");
+    }
+    let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
+    assert!(status.success(), "{status}");
+
+    // Two instances with disjoint watch filters.
+    let (yaml, documents) = render(&format!("{CONFIG}/two-instances")).await;
+    apply(&cp, &yaml).await;
+    let pair = containers(&documents);
+    assert_eq!(pair.len(), 2);
+    let mut running = Vec::new();
+    for instance in &pair {
+        running.push(run_as_deployed(BINARY, &cp, instance, dir.path()).await);
+    }
+    wait_for_copy_in(admin.clone(), "team-a", "for-a").await;
+    wait_for_copy_in(admin, "team-b", "for-b").await;
+    let apart = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            let seen = (engaged(running[0].1).await, engaged(running[1].1).await);
+            if seen.0 == ["team-a"] && seen.1 == ["team-b"] {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(
+        apart.is_ok(),
+        "each instance engages exactly its own namespaces"
+    );
+    for (child, _) in &mut running {
+        let status = terminate(child, GRACE + Duration::from_secs(5)).await;
+        assert!(status.success(), "{status}");
+    }
+}
