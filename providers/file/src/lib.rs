@@ -171,9 +171,17 @@ impl Shared {
     }
 
     /// Reads every source and queues a build (or removal) of every cluster
-    /// whose context changed.
-    fn read_files(&self) {
-        let found = scan::scan(self);
+    /// whose context changed. The reading runs on a blocking thread: a large
+    /// file takes a while to parse, and a file on a network mount can hang.
+    async fn read_files(self: &Arc<Self>) {
+        let shared = self.clone();
+        let found = match tokio::task::spawn_blocking(move || scan::scan(&shared)).await {
+            Ok(found) => found,
+            Err(error) => {
+                tracing::error!(%error, "reading the kubeconfig files failed; keeping what was read before");
+                return;
+            }
+        };
         let mut desired = lock(&self.desired);
         let changed: Vec<ClusterName> = desired
             .iter()
@@ -256,7 +264,7 @@ impl Shared {
 
     /// Reads the files once, then again after every burst of changes, until
     /// `shutdown` fires.
-    async fn watch(&self, shutdown: CancellationToken) -> Result<(), Error> {
+    async fn watch(self: &Arc<Self>, shutdown: CancellationToken) -> Result<(), Error> {
         let patterns: Vec<glob::Pattern> = self
             .options
             .patterns
@@ -286,7 +294,10 @@ impl Shared {
                 }
             }
         }
-        self.read_files();
+        tokio::select! {
+            () = shutdown.cancelled() => return Ok(()),
+            () = self.read_files() => {}
+        }
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
@@ -309,7 +320,11 @@ impl Shared {
                     event = changed.recv() => if event.is_none() { return Ok(()) },
                 }
             }
-            self.read_files();
+            // A read hung on a network mount must not hold up shutdown.
+            tokio::select! {
+                () = shutdown.cancelled() => return Ok(()),
+                () = self.read_files() => {}
+            }
         }
     }
 }

@@ -39,6 +39,23 @@ pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
                 found.insert(name.clone(), Desired::Broken);
             }
         };
+        // A pipe or a device would block the read forever (and a directory
+        // cannot be read): only regular files are opened. `metadata`
+        // follows symlinks, so a link to a regular file is read.
+        if let Ok(meta) = std::fs::metadata(&file)
+            && !meta.is_file()
+        {
+            shared.fleet.failures.record(
+                &file_key,
+                format!(
+                    "file {} is not a regular file (a directory, pipe or device); only regular files are read",
+                    file.display()
+                ),
+                "not-a-file",
+            );
+            keep_all(&mut found);
+            continue;
+        }
         shared.reads.fetch_add(1, Ordering::Relaxed);
         let text = match std::fs::read_to_string(&file) {
             Ok(text) => text,

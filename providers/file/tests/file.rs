@@ -572,3 +572,42 @@ async fn a_context_whose_plugin_hangs_holds_up_only_itself() {
     task.await.expect("task").expect("clean stop");
     plugins::wait_until_stopped(plugin, "the plugin").await;
 }
+
+/// A listed path that is a pipe would block a read forever: it is refused by
+/// name, and the files after it are still read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_listed_pipe_is_refused_and_the_other_files_are_read() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    cp.create_config_map("hello", &[]).await.expect("object");
+    let dir = tempfile::tempdir().expect("dir");
+    // Sorted before the good file, so a blocking read would come first.
+    let pipe = dir.path().join("a-pipe.kubeconfig");
+    let made = std::process::Command::new("mkfifo")
+        .arg(&pipe)
+        .status()
+        .expect("mkfifo");
+    assert!(made.success(), "mkfifo {}", pipe.display());
+    let good = dir.path().join("b-good.kubeconfig");
+    write(&good, &with_contexts(cp.kubeconfig(), &["good"]));
+    let provider = provider_of(&[&pipe, &good], &[]);
+    let (manager, recorder) = recording_manager(
+        Cluster::new("local", cp.client().await.expect("client")),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    let (shutdown, task) = run_manager(&manager);
+
+    let request = Request::new(name(&good, "good"), Some("default"), "hello");
+    recorder.wait_for_more(&request, 0).await;
+    let pipe_key = ClusterName::from(format!("file {}", pipe.display()));
+    eventually("the pipe to be reported", || async {
+        provider.failures().get(&pipe_key).is_some_and(|reason| {
+            reason.contains(&pipe.display().to_string()) && reason.contains("not a regular file")
+        })
+    })
+    .await;
+    assert_eq!(provider.names(), [name(&good, "good")]);
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
