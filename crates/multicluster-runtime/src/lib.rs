@@ -28,6 +28,7 @@ mod error;
 pub mod failures;
 pub mod health;
 pub mod kubeconfig;
+pub mod leader_election;
 pub mod manager;
 pub mod metrics;
 mod name;

@@ -36,6 +36,16 @@ pub trait Aware: Send + Sync {
         let _ = name;
         Box::pin(std::future::ready(()))
     }
+
+    /// Gets ready to work on `cluster` without doing any work: starts the
+    /// informers the component will read, so that a later
+    /// [`engage`](Aware::engage) finds synced caches. A standby replica
+    /// under [leader election](crate::leader_election) warms every cluster
+    /// it would work on if it led. Must not block; the default does
+    /// nothing.
+    fn warm(&self, name: &ClusterName, cluster: &Cluster) {
+        let _ = (name, cluster);
+    }
 }
 
 /// Looks up clusters of the fleet by name.

@@ -6,7 +6,10 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch, filters};
+use multicluster_runtime::leader_election::{LeaderElection, LeaderElectionOptions};
 use multicluster_runtime::{Cluster, Error};
+use std::sync::Arc;
+use std::time::Duration;
 
 /// The label that marks a ConfigMap to copy.
 pub const SYNC_LABEL: &str = "multicluster.example/sync";
@@ -36,7 +39,14 @@ pub async fn run<P: multicluster_runtime::RunnableProvider + 'static>(
     if let Some(metrics) = metrics {
         manager = manager.with_metrics(metrics);
     }
-    serve(manager, controller("configmap-copy")?).await
+    match manager_args.leader_election(&manager)? {
+        Some(election) => {
+            // Copies name the replica that wrote them, so a takeover shows.
+            let controller = controller_on_replica("configmap-copy", election.identity())?;
+            serve(manager.with_coordinator(Arc::new(election)), controller).await
+        }
+        None => serve(manager, controller("configmap-copy")?).await,
+    }
 }
 
 /// Runs `controller` on `manager` until SIGTERM or Ctrl-C.
@@ -60,6 +70,28 @@ pub struct ManagerArgs {
     /// How long running reconciles may take to finish after SIGTERM.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
     pub shutdown_grace: std::time::Duration,
+    /// Run as one of several replicas: the one holding the leader Lease
+    /// works, the others stand by with warm caches.
+    #[arg(long)]
+    pub leader_elect: bool,
+    /// The leader Lease's name (default: the program's name).
+    #[arg(long)]
+    pub leader_election_id: Option<String>,
+    /// The leader Lease's namespace, in the local cluster.
+    #[arg(long, default_value = "kube-system")]
+    pub leader_election_namespace: String,
+    /// This replica's identity in the Lease (default: host name and process).
+    #[arg(long, env = "POD_NAME")]
+    pub leader_election_identity: Option<String>,
+    /// How long the leader Lease holds after its last renewal.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "15s")]
+    pub leader_election_lease_duration: Duration,
+    /// How long the leader may fail to renew before it stops working.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    pub leader_election_renew_deadline: Duration,
+    /// How often the leader renews and a standby tries to take over.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "2s")]
+    pub leader_election_retry_period: Duration,
 }
 
 impl ManagerArgs {
@@ -70,6 +102,34 @@ impl ManagerArgs {
             shutdown_grace: self.shutdown_grace,
             ..multicluster_runtime::ManagerOptions::default()
         }
+    }
+
+    /// The leader election these flags ask for, keeping its Lease in
+    /// `manager`'s local cluster; `None` without `--leader-elect`.
+    pub fn leader_election(
+        &self,
+        manager: &multicluster_runtime::Manager,
+    ) -> Result<Option<LeaderElection>, Error> {
+        if !self.leader_elect {
+            return Ok(None);
+        }
+        let lease_name = self.leader_election_id.clone().unwrap_or_else(|| {
+            let program = std::env::args().next().unwrap_or_default();
+            let program = std::path::Path::new(&program)
+                .file_name()
+                .map(|name| name.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            multicluster_runtime::sharding::dns1123(&program)
+        });
+        let options = LeaderElectionOptions {
+            namespace: self.leader_election_namespace.clone(),
+            identity: self.leader_election_identity.clone(),
+            lease_duration: self.leader_election_lease_duration,
+            renew_deadline: self.leader_election_renew_deadline,
+            retry_period: self.leader_election_retry_period,
+            ..LeaderElectionOptions::new(lease_name)
+        };
+        LeaderElection::new(manager.local_cluster().client(), options).map(Some)
     }
 }
 

@@ -55,6 +55,9 @@ async fn main() -> Result<(), MainError> {
 }
 
 async fn run(args: Args) -> Result<(), MainError> {
+    if args.manager.leader_elect {
+        return Err("--leader-elect: this example shares the fleet among its replicas; run examples/namespace for one active replica with warm standbys".into());
+    }
     // The host cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
     let host = Cluster::new("host", kube::Client::try_default().await?);
     let coordinator = ShardedCoordinator::new(

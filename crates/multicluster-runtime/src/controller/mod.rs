@@ -601,6 +601,19 @@ impl Aware for Controller {
         });
         Ok(())
     }
+
+    /// Starts the informers of every source that watches `name`, so a
+    /// standby replica's caches are in sync when it takes over.
+    fn warm(&self, name: &ClusterName, cluster: &Cluster) {
+        for source in self
+            .inner
+            .sources
+            .iter()
+            .filter(|source| source.clusters().includes(name))
+        {
+            source.warm(cluster);
+        }
+    }
 }
 
 impl fmt::Debug for Controller {

@@ -114,11 +114,18 @@ pub(crate) trait Source: Send + Sync {
         queue: Arc<Queue>,
         stop: CancellationToken,
     );
+    /// Starts the informer this source reads in `cluster`'s cache, without
+    /// feeding any queue.
+    fn warm(&self, cluster: &Cluster);
 }
 
 /// Opens a subscription to one informer of a cluster's cache.
 type Subscribe<K> =
     Arc<dyn Fn(&crate::cache::Cache) -> crate::cache::Subscription<K> + Send + Sync>;
+
+/// Starts one informer of a cluster's cache (informers run from first use
+/// until the cache stops).
+type Ensure = Arc<dyn Fn(&crate::cache::Cache) + Send + Sync>;
 
 /// Events of one informer per cluster, filtered and mapped to requests.
 pub(crate) struct InformerSource<K> {
@@ -126,6 +133,7 @@ pub(crate) struct InformerSource<K> {
     filters: Vec<Filter<K>>,
     mapper: Mapper<K>,
     subscribe: Subscribe<K>,
+    ensure: Ensure,
 }
 
 impl<K: CachedResource> InformerSource<K> {
@@ -135,6 +143,9 @@ impl<K: CachedResource> InformerSource<K> {
             watch,
             mapper,
             Arc::new(|cache| cache.informer::<K>().subscribe()),
+            Arc::new(|cache| {
+                cache.informer::<K>();
+            }),
         )
     }
 }
@@ -146,22 +157,32 @@ impl InformerSource<DynamicObject> {
         watch: super::Watch<DynamicObject>,
         mapper: Mapper<DynamicObject>,
     ) -> Self {
+        let warm = resource.clone();
         Self::new(
             watch,
             mapper,
             Arc::new(move |cache| cache.dynamic(&resource).subscribe()),
+            Arc::new(move |cache| {
+                cache.dynamic(&warm);
+            }),
         )
     }
 }
 
 impl<K> InformerSource<K> {
-    fn new(watch: super::Watch<K>, mapper: Mapper<K>, subscribe: Subscribe<K>) -> Self {
+    fn new(
+        watch: super::Watch<K>,
+        mapper: Mapper<K>,
+        subscribe: Subscribe<K>,
+        ensure: Ensure,
+    ) -> Self {
         let (clusters, filters) = watch.into_parts();
         Self {
             clusters,
             filters,
             mapper,
             subscribe,
+            ensure,
         }
     }
 }
@@ -187,6 +208,10 @@ impl<K: Send + Sync + 'static> Source for InformerSource<K> {
             queue,
             stop,
         );
+    }
+
+    fn warm(&self, cluster: &Cluster) {
+        (self.ensure)(cluster.cache());
     }
 }
 

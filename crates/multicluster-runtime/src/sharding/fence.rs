@@ -13,11 +13,16 @@ use tokio_util::sync::CancellationToken;
 
 use super::lease::{self, Taken};
 
-/// How long a fence is held and how often it is renewed.
+/// How long a fence is held, how often it is renewed, and how long
+/// renewals may keep failing before the hold ends.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Timing {
     pub(crate) duration: Duration,
     pub(crate) renew: Duration,
+    /// The hold ends once no renewal has succeeded for this long (counted
+    /// from when the last good one was sent). `None`: at the first failed
+    /// renewal.
+    pub(crate) deadline: Option<Duration>,
 }
 
 impl Timing {
@@ -28,6 +33,13 @@ impl Timing {
         self.renew
             .min(self.duration.saturating_sub(self.renew) / 2)
             .max(Duration::from_millis(100))
+    }
+
+    /// Whether, after a failed renewal, another attempt could still end
+    /// before the deadline; otherwise the hold ends now.
+    fn may_try_again(self, since_last_good: Duration) -> bool {
+        self.deadline
+            .is_some_and(|deadline| since_last_good + self.renew + self.call_timeout() <= deadline)
     }
 }
 
@@ -121,17 +133,31 @@ async fn renew(
     stop: CancellationToken,
     on_lost: Arc<Notify>,
 ) {
+    let mut last_good = tokio::time::Instant::now();
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(timing.renew) => {}
         }
+        let sent = tokio::time::Instant::now();
         let call = lease::renew(&api, &name, &me, timing.duration);
         let failure = tokio::select! {
             () = stop.cancelled() => return,
             result = tokio::time::timeout(timing.call_timeout(), call) => match result {
-                Ok(Ok(true)) => continue,
+                Ok(Ok(true)) => {
+                    last_good = sent;
+                    continue;
+                }
+                // Taken by another: trying again cannot help.
                 Ok(Ok(false)) => "another replica holds it".to_string(),
+                Ok(Err(err)) if timing.may_try_again(last_good.elapsed()) => {
+                    tracing::debug!(lease = %name, error = %crate::redact::kube_error(&err), "renewal failed; trying again");
+                    continue;
+                }
+                Err(_) if timing.may_try_again(last_good.elapsed()) => {
+                    tracing::debug!(lease = %name, "no answer renewing; trying again");
+                    continue;
+                }
                 Ok(Err(err)) => crate::redact::kube_error(&err),
                 Err(_) => "no answer from the API server".to_string(),
             },
@@ -153,12 +179,34 @@ mod tests {
             let timing = Timing {
                 duration: Duration::from_secs(duration),
                 renew: Duration::from_secs(renew),
+                deadline: None,
             };
             let given_up = timing.renew + timing.call_timeout();
             assert!(
                 given_up <= timing.duration,
                 "{duration}s/{renew}s: gives up after {given_up:?}"
             );
+            assert!(!timing.may_try_again(Duration::ZERO));
         }
+    }
+
+    #[test]
+    fn failed_renewals_are_retried_only_while_the_deadline_allows() {
+        let timing = Timing {
+            duration: Duration::from_secs(15),
+            renew: Duration::from_secs(2),
+            deadline: Some(Duration::from_secs(10)),
+        };
+        // Each attempt ends at most renew + call timeout (2 s + 2 s) later.
+        assert!(timing.may_try_again(Duration::from_secs(4)));
+        assert!(timing.may_try_again(Duration::from_secs(6)));
+        assert!(!timing.may_try_again(Duration::from_millis(6001)));
+        // So the hold ends by the deadline, inside the Lease's duration.
+        let mut since = Duration::ZERO;
+        while timing.may_try_again(since) {
+            since += timing.renew + timing.call_timeout();
+        }
+        assert!(since <= timing.deadline.expect("deadline"));
+        assert!(since < timing.duration);
     }
 }

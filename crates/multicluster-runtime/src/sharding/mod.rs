@@ -25,9 +25,9 @@
 //! The replicas need RBAC to get, list, create, update and delete Leases in
 //! the fence namespace.
 
-mod fence;
+pub(crate) mod fence;
 mod hrw;
-mod lease;
+pub(crate) mod lease;
 mod names;
 mod peers;
 
@@ -269,6 +269,7 @@ impl ShardedCoordinator {
         fence::Timing {
             duration: self.inner.options.fence_lease_duration,
             renew: self.inner.options.fence_renew_interval,
+            deadline: None,
         }
     }
 

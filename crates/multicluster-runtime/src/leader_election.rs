@@ -1,0 +1,479 @@
+//! Leader election with a warm standby: one replica works on the whole
+//! fleet, the others stand by ready to take over.
+//!
+//! Every replica runs the provider and sees every cluster. The replica that
+//! holds the Lease `<namespace>/<lease name>` engages its components (its
+//! controllers reconcile); the others only [warm](crate::Aware::warm) each
+//! cluster, which starts the informers their controllers read and keeps
+//! them in sync. A takeover therefore costs one Lease write and a replay of
+//! caches already in memory, not a cold list of the whole fleet.
+//!
+//! - **Standing by.** A replica tries to take the Lease every
+//!   `retry_period`. It gets it once the holder has released it or let it
+//!   lapse (`lease_duration` after its last renewal), so a leader that was
+//!   killed is replaced within `lease_duration + retry_period`.
+//! - **Leading.** The leader renews the Lease every `retry_period`. When no
+//!   renewal has succeeded for `renew_deadline` (a failing or hung API
+//!   server), all work stops at once, before the Lease can lapse for the
+//!   others, and the replica stands by again with its caches still warm.
+//!   Reconciles already running when leadership is lost are not waited for.
+//! - **Stopping.** A leader that stops releases the Lease once its running
+//!   reconciles have finished, so a standby takes over within one
+//!   `retry_period`.
+//!
+//! The Lease carries the same fields client-go's leader election writes
+//! (holder, duration, acquire and renew times, transitions), so
+//! `kubectl get lease` shows the leader. Replicas need RBAC to get, create
+//! and update Leases in the namespace.
+//!
+//! To share the work instead of keeping replicas idle, see
+//! [`sharding`](crate::sharding).
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
+use tokio::sync::{Notify, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::manager::Coordinator;
+use crate::sharding::fence::{Attempt, Fence, Timing};
+use crate::sync::lock;
+use crate::{Aware, Cluster, ClusterName, Error};
+
+/// Leader election settings. The durations are client-go's defaults.
+#[derive(Clone, Debug)]
+pub struct LeaderElectionOptions {
+    /// The Lease's name: one per controller (replicas of one controller
+    /// share it).
+    pub lease_name: String,
+    /// The Lease's namespace (default `kube-system`).
+    pub namespace: String,
+    /// This replica's identity in the Lease (default: the host name, which
+    /// is the pod name in Kubernetes, plus a suffix unique to this process,
+    /// so two processes on one host never both think they lead).
+    pub identity: Option<String>,
+    /// How long the Lease holds after its last renewal (default 15 s).
+    pub lease_duration: Duration,
+    /// How long the leader may fail to renew before it stops working
+    /// (default 10 s). Below `lease_duration`.
+    pub renew_deadline: Duration,
+    /// How often the leader renews, and a standby tries to take the Lease
+    /// (default 2 s). Below `renew_deadline`.
+    pub retry_period: Duration,
+}
+
+impl LeaderElectionOptions {
+    /// The defaults, with the Lease named `lease_name`.
+    pub fn new(lease_name: impl Into<String>) -> Self {
+        Self {
+            lease_name: lease_name.into(),
+            namespace: "kube-system".to_string(),
+            identity: None,
+            lease_duration: Duration::from_secs(15),
+            renew_deadline: Duration::from_secs(10),
+            retry_period: Duration::from_secs(2),
+        }
+    }
+
+    fn check(&self) -> Result<(), Error> {
+        let invalid = |what: String| Err(Error::Other(format!("leader election options: {what}")));
+        let name = &self.lease_name;
+        if name.is_empty()
+            || name.len() > 253
+            || crate::sharding::dns1123(name) != *name
+            || name.contains("..")
+        {
+            return invalid(format!(
+                "lease_name {name:?} must be 1 to 253 characters of a-z, 0-9, '-' and '.', alphanumeric at both ends"
+            ));
+        }
+        if self.namespace.is_empty() {
+            return invalid("namespace is empty".to_string());
+        }
+        if self.identity.as_deref() == Some("") {
+            return invalid("identity is empty".to_string());
+        }
+        if self.retry_period.is_zero()
+            || self.retry_period >= self.renew_deadline
+            || self.renew_deadline >= self.lease_duration
+        {
+            return invalid(format!(
+                "need 0 < retry_period ({:?}) < renew_deadline ({:?}) < lease_duration ({:?})",
+                self.retry_period, self.renew_deadline, self.lease_duration
+            ));
+        }
+        Ok(())
+    }
+
+    fn timing(&self) -> Timing {
+        Timing {
+            duration: self.lease_duration,
+            renew: self.retry_period,
+            deadline: Some(self.renew_deadline),
+        }
+    }
+}
+
+/// A [`Coordinator`] under which one replica of a controller works on every
+/// cluster and the others stand by with warm caches. See the [module
+/// documentation](self).
+#[derive(Clone)]
+pub struct LeaderElection {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    leases: Api<Lease>,
+    options: LeaderElectionOptions,
+    identity: String,
+    clusters: std::sync::Mutex<Clusters>,
+    leader: watch::Sender<Option<String>>,
+}
+
+#[derive(Default)]
+struct Clusters {
+    /// While this replica leads: the token that ends its work.
+    leading: Option<CancellationToken>,
+    entries: BTreeMap<ClusterName, Entry>,
+}
+
+struct Entry {
+    cluster: Cluster,
+    lifetime: CancellationToken,
+    components: Vec<Arc<dyn Aware>>,
+    /// Set while this replica leads.
+    work: Option<CancellationToken>,
+}
+
+/// Work on one cluster: ends with the cluster's lifetime or with the
+/// leadership, whichever comes first.
+fn work_token(lifetime: &CancellationToken, leading: &CancellationToken) -> CancellationToken {
+    let work = lifetime.child_token();
+    let (leading, stop) = (leading.clone(), work.clone());
+    tokio::spawn(async move {
+        tokio::select! {
+            () = leading.cancelled() => stop.cancel(),
+            () = stop.cancelled() => {}
+        }
+    });
+    work
+}
+
+fn engage_all(
+    components: &[Arc<dyn Aware>],
+    work: &CancellationToken,
+    name: &ClusterName,
+    cluster: &Cluster,
+) {
+    for component in components {
+        if let Err(err) = component.engage(work.clone(), name.clone(), cluster.clone()) {
+            tracing::error!(cluster = %name, error = %err, "engaging a component failed");
+        }
+    }
+}
+
+fn default_identity() -> String {
+    let host = gethostname::gethostname()
+        .to_str()
+        .map(str::to_string)
+        .unwrap_or_default();
+    let started = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|since| since.subsec_nanos())
+        .unwrap_or_default();
+    format!("{host}_{}_{started:08x}", std::process::id())
+}
+
+impl LeaderElection {
+    /// A coordinator keeping its Lease through `client` (the cluster the
+    /// replicas share, usually the local one). Fails on invalid options.
+    pub fn new(client: kube::Client, options: LeaderElectionOptions) -> Result<Self, Error> {
+        options.check()?;
+        let identity = options.identity.clone().unwrap_or_else(default_identity);
+        Ok(Self {
+            inner: Arc::new(Inner {
+                leases: Api::namespaced(client, &options.namespace),
+                identity,
+                options,
+                clusters: std::sync::Mutex::new(Clusters::default()),
+                leader: watch::Sender::new(None),
+            }),
+        })
+    }
+
+    /// This replica's identity in the Lease.
+    pub fn identity(&self) -> &str {
+        &self.inner.identity
+    }
+
+    /// Whether this replica leads now.
+    pub fn is_leader(&self) -> bool {
+        lock(&self.inner.clusters)
+            .leading
+            .as_ref()
+            .is_some_and(|leading| !leading.is_cancelled())
+    }
+
+    /// The leader as this replica last saw it (itself while it leads;
+    /// `None` when nobody held the Lease or it could not be read).
+    pub fn leader(&self) -> Option<String> {
+        self.inner.leader.borrow().clone()
+    }
+
+    /// Follows the leader as this replica sees it.
+    pub fn watch_leader(&self) -> watch::Receiver<Option<String>> {
+        self.inner.leader.subscribe()
+    }
+
+    /// Takes the Lease, trying every `retry_period`, or `None` once `stop`
+    /// fires. A call in flight is not abandoned at `stop` (it is bounded),
+    /// so a Lease taken at that moment is released rather than left to
+    /// lapse.
+    async fn acquire(&self, stop: &CancellationToken, lost: Arc<Notify>) -> Option<Fence> {
+        let options = &self.inner.options;
+        let mut last_holder = None;
+        loop {
+            let attempt = Fence::take(
+                &self.inner.leases,
+                options.lease_name.clone(),
+                &self.inner.identity,
+                options.timing(),
+                lost.clone(),
+            )
+            .await;
+            match attempt {
+                Attempt::Taken(fence) => return Some(fence),
+                Attempt::Busy(holder) => {
+                    if holder.is_some() && holder != last_holder {
+                        tracing::info!(lease = %options.lease_name, leader = holder.as_deref().unwrap_or_default(), "standing by");
+                    }
+                    self.inner.leader.send_replace(holder.clone());
+                    last_holder = holder;
+                }
+                Attempt::Failed(reason) => {
+                    tracing::warn!(lease = %options.lease_name, %reason, "could not read or take the leader Lease; trying again");
+                }
+            }
+            if stop.is_cancelled() {
+                return None;
+            }
+            tokio::select! {
+                () = stop.cancelled() => return None,
+                () = tokio::time::sleep(options.retry_period) => {}
+            }
+        }
+    }
+
+    /// Starts leading: engages every cluster known so far.
+    fn lead(&self) -> CancellationToken {
+        let leading = CancellationToken::new();
+        let start: Vec<_> = {
+            let mut clusters = lock(&self.inner.clusters);
+            clusters.leading = Some(leading.clone());
+            clusters
+                .entries
+                .iter_mut()
+                .filter(|(_, entry)| !entry.lifetime.is_cancelled())
+                .map(|(name, entry)| {
+                    let work = work_token(&entry.lifetime, &leading);
+                    entry.work = Some(work.clone());
+                    (
+                        name.clone(),
+                        entry.cluster.clone(),
+                        entry.components.clone(),
+                        work,
+                    )
+                })
+                .collect()
+        };
+        self.inner
+            .leader
+            .send_replace(Some(self.inner.identity.clone()));
+        tracing::info!(lease = %self.inner.options.lease_name, identity = %self.inner.identity, clusters = start.len(), "leading: working on every cluster");
+        for (name, cluster, components, work) in start {
+            engage_all(&components, &work, &name, &cluster);
+        }
+        leading
+    }
+
+    /// Stops all work at once.
+    fn stand_down(&self) {
+        let mut clusters = lock(&self.inner.clusters);
+        if let Some(leading) = clusters.leading.take() {
+            leading.cancel();
+        }
+        for entry in clusters.entries.values_mut() {
+            entry.work = None;
+        }
+        clusters
+            .entries
+            .retain(|_, entry| !entry.lifetime.is_cancelled());
+    }
+}
+
+#[async_trait::async_trait]
+impl Coordinator for LeaderElection {
+    fn engage(
+        &self,
+        lifetime: CancellationToken,
+        name: ClusterName,
+        cluster: Cluster,
+        components: &[Arc<dyn Aware>],
+    ) -> Result<(), Error> {
+        let (new, work) = {
+            let mut clusters = lock(&self.inner.clusters);
+            let leading = clusters.leading.clone();
+            // Clusters that left are dropped here as well as when leadership
+            // changes, so the map does not grow with churn.
+            clusters
+                .entries
+                .retain(|_, entry| !entry.lifetime.is_cancelled());
+            match clusters.entries.get_mut(&name) {
+                Some(entry)
+                    if entry.cluster.same_instance(&cluster) && !lifetime.is_cancelled() =>
+                {
+                    // More components for a cluster already here.
+                    let new: Vec<Arc<dyn Aware>> = components
+                        .iter()
+                        .filter(|c| !entry.components.iter().any(|e| Arc::ptr_eq(e, c)))
+                        .cloned()
+                        .collect();
+                    entry.components.extend(new.iter().cloned());
+                    (new, entry.work.clone())
+                }
+                _ if lifetime.is_cancelled() => return Ok(()),
+                _ => {
+                    // New, or a new instance under that name (whose old
+                    // lifetime the provider has ended).
+                    let work = leading.map(|leading| work_token(&lifetime, &leading));
+                    clusters.entries.insert(
+                        name.clone(),
+                        Entry {
+                            cluster: cluster.clone(),
+                            lifetime,
+                            components: components.to_vec(),
+                            work: work.clone(),
+                        },
+                    );
+                    (components.to_vec(), work)
+                }
+            }
+        };
+        for component in &new {
+            component.warm(&name, &cluster);
+        }
+        if let Some(work) = work.filter(|work| !work.is_cancelled()) {
+            engage_all(&new, &work, &name, &cluster);
+        }
+        Ok(())
+    }
+
+    fn working_on(&self) -> Option<Vec<ClusterName>> {
+        let clusters = lock(&self.inner.clusters);
+        Some(
+            clusters
+                .entries
+                .iter()
+                .filter(|(_, entry)| entry.work.as_ref().is_some_and(|work| !work.is_cancelled()))
+                .map(|(name, _)| name.clone())
+                .collect(),
+        )
+    }
+
+    async fn run(&self, stop: CancellationToken) -> Result<(), Error> {
+        let options = &self.inner.options;
+        tracing::info!(lease = %options.lease_name, namespace = %options.namespace, identity = %self.inner.identity, "leader election: standing by until the Lease is ours");
+        loop {
+            let lost = Arc::new(Notify::new());
+            let Some(fence) = self.acquire(&stop, lost.clone()).await else {
+                return Ok(());
+            };
+            if stop.is_cancelled() {
+                fence
+                    .release(
+                        &self.inner.leases,
+                        &self.inner.identity,
+                        options.retry_period,
+                    )
+                    .await;
+                return Ok(());
+            }
+            let _leading = self.lead();
+            tokio::select! {
+                () = stop.cancelled() => {
+                    // The manager stops the coordinator once running
+                    // reconciles have finished: hand over at once.
+                    self.stand_down();
+                    fence.release(&self.inner.leases, &self.inner.identity, options.renew_deadline).await;
+                    self.inner.leader.send_replace(None);
+                    tracing::info!(lease = %options.lease_name, "stopped leading; the Lease is released");
+                    return Ok(());
+                }
+                () = fence.lost().cancelled() => {
+                    self.stand_down();
+                    self.inner.leader.send_replace(None);
+                    tracing::warn!(lease = %options.lease_name, "lost the leader Lease: stopped all work; standing by");
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Debug for LeaderElection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderElection")
+            .field("identity", &self.inner.identity)
+            .field("lease", &self.inner.options.lease_name)
+            .field("leading", &self.is_leader())
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_defaults_are_client_gos_and_valid() {
+        let options = LeaderElectionOptions::new("my-controller");
+        assert!(options.check().is_ok());
+        assert_eq!(options.lease_duration, Duration::from_secs(15));
+        assert_eq!(options.renew_deadline, Duration::from_secs(10));
+        assert_eq!(options.retry_period, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn invalid_options_are_named() {
+        type Spoil = fn(&mut LeaderElectionOptions);
+        let cases: [(Spoil, &str); 5] = [
+            (
+                |o| o.lease_name = "Leader!".into(),
+                "lease_name \"Leader!\"",
+            ),
+            (|o| o.lease_name = String::new(), "lease_name \"\""),
+            (|o| o.namespace = String::new(), "namespace is empty"),
+            (|o| o.identity = Some(String::new()), "identity is empty"),
+            (
+                |o| o.renew_deadline = o.lease_duration,
+                "need 0 < retry_period (2s) < renew_deadline (15s) < lease_duration (15s)",
+            ),
+        ];
+        for (spoil, message) in cases {
+            let mut options = LeaderElectionOptions::new("my-controller");
+            spoil(&mut options);
+            let err = options.check().expect_err(message).to_string();
+            assert!(err.starts_with("leader election options: "), "{err}");
+            assert!(err.contains(message), "{err} does not contain {message}");
+        }
+    }
+
+    #[test]
+    fn default_identities_differ_between_processes_on_one_host() {
+        let identity = default_identity();
+        let pid = std::process::id().to_string();
+        assert!(identity.contains(&format!("_{pid}_")), "{identity}");
+    }
+}
