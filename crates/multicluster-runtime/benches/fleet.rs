@@ -17,32 +17,14 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::cache::{Cache, CacheOptions};
-use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
-use multicluster_runtime::{Aware, Cluster, Error, Manager, ManagerOptions, RunnableProvider};
+use multicluster_runtime::testing::TestProvider;
+use multicluster_runtime::{Cluster, Manager, ManagerOptions};
 use tokio_util::sync::CancellationToken;
 
 const OBJECTS_PER_CLUSTER: usize = 100;
 const UPDATES: usize = 400;
 const UPDATE_INTERVAL: Duration = Duration::from_millis(10);
-
-#[derive(Clone, Default)]
-struct BenchProvider(Clusters);
-
-impl ClusterSetProvider for BenchProvider {
-    fn cluster_set(&self) -> &Clusters {
-        &self.0
-    }
-}
-
-#[async_trait::async_trait]
-impl RunnableProvider for BenchProvider {
-    async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
-        self.0.start(shutdown.clone(), aware)?;
-        shutdown.cancelled().await;
-        Ok(())
-    }
-}
 
 #[derive(Debug, thiserror::Error)]
 #[error("never")]
@@ -97,7 +79,7 @@ async fn run(cp: &ControlPlane, clusters: usize) -> Result<(), Box<dyn std::erro
     }
 
     let rss_before = multicluster_runtime::testing::resident_memory_mib();
-    let provider = BenchProvider::default();
+    let provider = TestProvider::default();
     for c in 0..clusters {
         let name = format!("bench-{clusters}-{c}");
         let client = multicluster_envtest::client_for(cp.kubeconfig()).await?;
@@ -109,7 +91,7 @@ async fn run(cp: &ControlPlane, clusters: usize) -> Result<(), Box<dyn std::erro
                 ..CacheOptions::default()
             },
         );
-        provider.0.add(
+        provider.clusters.add(
             name.as_str(),
             Cluster::with_cache(name.as_str(), client, cache),
         )?;

@@ -24,34 +24,16 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::cache::{Cache, CacheOptions};
-use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
 use multicluster_runtime::kubeconfig::{self, ClientOptions};
-use multicluster_runtime::{Aware, Cluster, Error, Manager, ManagerOptions, RunnableProvider};
+use multicluster_runtime::testing::TestProvider;
+use multicluster_runtime::{Cluster, Manager, ManagerOptions};
 use tokio_util::sync::CancellationToken;
 
 const HEALTHY: usize = 9;
 const UPDATES: usize = 180;
 const UPDATE_INTERVAL: Duration = Duration::from_millis(20);
 const BURST: usize = 40;
-
-#[derive(Clone, Default)]
-struct BenchProvider(Clusters);
-
-impl ClusterSetProvider for BenchProvider {
-    fn cluster_set(&self) -> &Clusters {
-        &self.0
-    }
-}
-
-#[async_trait::async_trait]
-impl RunnableProvider for BenchProvider {
-    async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
-        self.0.start(shutdown.clone(), aware)?;
-        shutdown.cancelled().await;
-        Ok(())
-    }
-}
 
 /// When each pending change was made, and how long each took to be
 /// reconciled.
@@ -120,7 +102,7 @@ async fn case(
     per_cluster: Option<usize>,
 ) -> Vec<Duration> {
     let admin = shared.client().await.expect("client");
-    let provider = BenchProvider::default();
+    let provider = TestProvider::default();
     for m in 0..HEALTHY {
         let namespace = format!("{case}-{m}");
         Api::<Namespace>::all(admin.clone())
@@ -142,7 +124,7 @@ async fn case(
         )
         .await;
         provider
-            .0
+            .clusters
             .add(
                 namespace.as_str(),
                 member(&namespace, shared, &namespace).await,
@@ -150,7 +132,7 @@ async fn case(
             .expect("add");
     }
     provider
-        .0
+        .clusters
         .add("tenth", member("tenth", tenth_cp, "default").await)
         .expect("add");
 

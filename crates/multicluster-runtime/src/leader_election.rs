@@ -23,8 +23,9 @@
 //!
 //! The Lease carries the same fields client-go's leader election writes
 //! (holder, duration, acquire and renew times, transitions), so
-//! `kubectl get lease` shows the leader. Replicas need RBAC to get, create
-//! and update Leases in the namespace.
+//! `kubectl get lease` shows the leader. Replicas need RBAC to get, list,
+//! watch, create and update Leases in the namespace (a standby watches the
+//! Lease so that it can take it the moment it is released).
 //!
 //! To share the work instead of keeping replicas idle, see
 //! [`sharding`](crate::sharding).
@@ -33,13 +34,18 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::StreamExt;
+use futures::stream::BoxStream;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
+use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::manager::Coordinator;
 use crate::sharding::fence::{Attempt, Fence, Timing};
+use crate::sharding::lease::live_holder;
 use crate::sync::lock;
 use crate::{Aware, Cluster, ClusterName, Error};
 
@@ -175,6 +181,27 @@ fn engage_all(
     }
 }
 
+/// Completes when the watched Lease is released, lapses while watched (a
+/// holder that stopped renewing is seen at the next retry instead) or is
+/// deleted. Watch errors are retried with the stream's backoff.
+async fn freed(changes: &mut BoxStream<'static, Result<watcher::Event<Lease>, watcher::Error>>) {
+    while let Some(event) = changes.next().await {
+        match event {
+            Ok(watcher::Event::Apply(lease) | watcher::Event::InitApply(lease))
+                if live_holder(&lease, Timestamp::now()).is_none() =>
+            {
+                return;
+            }
+            Ok(watcher::Event::Delete(_)) => return,
+            Ok(_) => {}
+            Err(err) => {
+                tracing::debug!(error = %crate::redact::watcher_error(&err), "watching the leader Lease failed; retrying");
+            }
+        }
+    }
+    std::future::pending::<()>().await;
+}
+
 fn default_identity() -> String {
     let host = gethostname::gethostname()
         .to_str()
@@ -235,6 +262,13 @@ impl LeaderElection {
     async fn acquire(&self, stop: &CancellationToken, lost: Arc<Notify>) -> Option<Fence> {
         let options = &self.inner.options;
         let mut last_holder = None;
+        // Watching the Lease lets a standby try as soon as it is released,
+        // rather than at its next retry.
+        let config =
+            watcher::Config::default().fields(&format!("metadata.name={}", options.lease_name));
+        let mut changes = watcher(self.inner.leases.clone(), config)
+            .backoff(crate::cache::WatchBackoff::default().strategy())
+            .boxed();
         loop {
             let attempt = Fence::take(
                 &self.inner.leases,
@@ -263,6 +297,7 @@ impl LeaderElection {
             tokio::select! {
                 () = stop.cancelled() => return None,
                 () = tokio::time::sleep(options.retry_period) => {}
+                () = freed(&mut changes) => {}
             }
         }
     }

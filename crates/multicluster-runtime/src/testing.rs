@@ -13,6 +13,34 @@ use crate::{ClusterName, Error};
 /// How long [`eventually`] waits by default.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
 
+/// The smallest runnable provider: a cluster set the test fills and
+/// empties by hand ([`Clusters::add`](crate::clusters::Clusters::add),
+/// [`remove`](crate::clusters::Clusters::remove)).
+#[derive(Clone, Debug, Default)]
+pub struct TestProvider {
+    /// The clusters this provider engages.
+    pub clusters: crate::clusters::Clusters,
+}
+
+impl crate::clusters::ClusterSetProvider for TestProvider {
+    fn cluster_set(&self) -> &crate::clusters::Clusters {
+        &self.clusters
+    }
+}
+
+#[async_trait::async_trait]
+impl crate::RunnableProvider for TestProvider {
+    async fn start(
+        &self,
+        shutdown: tokio_util::sync::CancellationToken,
+        aware: Arc<dyn crate::Aware>,
+    ) -> Result<(), Error> {
+        self.clusters.start(shutdown.clone(), aware)?;
+        shutdown.cancelled().await;
+        Ok(())
+    }
+}
+
 /// Every reconcile a recording controller saw, in order, with the time.
 #[derive(Clone, Default)]
 pub struct Recorder {

@@ -108,6 +108,7 @@ async fn the_manifests_deploy_with_the_least_privilege_and_instances_stay_apart(
             vec!["create", "secrets", "-n", own.as_str()],
             vec!["delete", "secrets", "-n", own.as_str()],
             vec!["list", "configmaps", "-n", own.as_str()],
+            vec!["update", "leases/some-other-lease", "-n", own.as_str()],
         ] {
             assert!(
                 !can_i(&management, instance, &what).await,

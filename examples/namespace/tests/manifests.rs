@@ -56,6 +56,13 @@ async fn the_manifests_deploy_with_the_least_privilege_and_instances_stay_apart(
         &["create", "namespaces"],
         &["delete", "namespaces"],
         &["list", "pods", "-A"],
+        &[
+            "update",
+            "leases/some-other-lease",
+            "-n",
+            "multicluster-namespace",
+        ],
+        &["update", "leases", "-n", "kube-system"],
     ] {
         assert!(!can_i(&cp, &base, what).await, "the base may {what:?}");
     }

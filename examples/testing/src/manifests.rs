@@ -60,7 +60,8 @@ pub fn object<'a>(documents: &'a [Value], kind: &str) -> &'a Value {
 }
 
 /// What the Deployment runs: its namespace, ServiceAccount, args and plain
-/// environment, with fieldRef values resolved as the kubelet would.
+/// environment, with fieldRef values and `$(VAR)` references in args
+/// resolved as the kubelet would (the pod is named `<deployment>-0`).
 pub struct Container {
     /// The Deployment's namespace.
     pub namespace: String,
@@ -91,15 +92,13 @@ fn of_deployment(deployment: &Value) -> Container {
         .as_str()
         .expect("namespace")
         .to_string();
+    let pod_name = format!(
+        "{}-0",
+        deployment["metadata"]["name"].as_str().expect("name")
+    );
     let pod = &deployment["spec"]["template"]["spec"];
     let spec = &pod["containers"][0];
-    let args = spec["args"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|arg| arg.as_str().map(str::to_string))
-        .collect();
-    let env = spec["env"]
+    let env: Vec<(String, String)> = spec["env"]
         .as_array()
         .into_iter()
         .flatten()
@@ -107,11 +106,19 @@ fn of_deployment(deployment: &Value) -> Container {
             let name = var["name"].as_str().expect("name").to_string();
             let value = match var["valueFrom"]["fieldRef"]["fieldPath"].as_str() {
                 Some("metadata.namespace") => namespace.clone(),
+                Some("metadata.name") => pod_name.clone(),
                 Some(other) => panic!("unexpected fieldRef {other}"),
                 None => var["value"].as_str().unwrap_or_default().to_string(),
             };
             (name, value)
         })
+        .collect();
+    let args = spec["args"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|arg| arg.as_str())
+        .map(|arg| expand(arg, &env))
         .collect();
     Container {
         service_account: pod["serviceAccountName"]
@@ -122,6 +129,14 @@ fn of_deployment(deployment: &Value) -> Container {
         args,
         env,
     }
+}
+
+/// `arg` with each `$(NAME)` of a variable in `env` replaced by its value,
+/// as the kubelet expands container args.
+fn expand(arg: &str, env: &[(String, String)]) -> String {
+    env.iter().fold(arg.to_string(), |arg, (name, value)| {
+        arg.replace(&format!("$({name})"), value)
+    })
 }
 
 /// Runs the example as the Deployment would, but here: as its

@@ -132,7 +132,7 @@ impl Default for WatchBackoff {
 }
 
 impl WatchBackoff {
-    fn strategy(self) -> watcher::ExponentialBackoff {
+    pub(crate) fn strategy(self) -> watcher::ExponentialBackoff {
         backon::ExponentialBuilder::default()
             .with_min_delay(self.initial)
             .with_max_delay(self.max.max(self.initial))

@@ -17,26 +17,7 @@ use tokio_util::sync::CancellationToken;
 
 pub const DEADLINE: Duration = multicluster_runtime::testing::DEFAULT_DEADLINE;
 
-/// The smallest runnable provider: clusters added and removed by the test.
-#[derive(Clone, Default)]
-pub struct TestProvider {
-    pub clusters: Clusters,
-}
-
-impl ClusterSetProvider for TestProvider {
-    fn cluster_set(&self) -> &Clusters {
-        &self.clusters
-    }
-}
-
-#[async_trait::async_trait]
-impl RunnableProvider for TestProvider {
-    async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
-        self.clusters.start(shutdown.clone(), aware)?;
-        shutdown.cancelled().await;
-        Ok(())
-    }
-}
+pub use multicluster_runtime::testing::TestProvider;
 
 /// A cluster built from a control plane's admin kubeconfig.
 pub async fn cluster_for(name: &str, cp: &ControlPlane) -> Cluster {
