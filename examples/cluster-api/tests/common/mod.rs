@@ -1,6 +1,6 @@
 //! What the example's tests share: Cluster API's Cluster CRD and ready
 //! Clusters with their kubeconfig Secrets.
-#![allow(dead_code)]
+#![allow(dead_code, unreachable_pub)]
 
 use std::collections::BTreeMap;
 
