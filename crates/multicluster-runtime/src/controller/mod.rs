@@ -24,6 +24,7 @@
 //! - a slow or unreachable cluster holds only its own requests: watches and
 //!   backoffs are per cluster, and nothing waits for every cluster to sync.
 
+pub mod map;
 mod queue;
 mod source;
 mod work;
@@ -41,13 +42,13 @@ use kube::api::{ApiResource, DynamicObject};
 use tokio_util::sync::CancellationToken;
 
 pub use queue::Backoff;
-pub use source::{Clusters, Filter, Mapper, filters};
+pub use source::{Clusters, Filter, MapContext, Mapper, RequestMapper, filters};
 pub use work::{WorkQueue, WorkQueueBuilder};
 
 use crate::cache::CachedResource;
 use crate::metrics::Metrics;
 use crate::{Aware, Cluster, ClusterName, Error};
-use source::{InformerSource, Source};
+use source::{InformerSource, Source, in_same_cluster};
 
 /// What to reconcile: an object in a cluster.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -190,7 +191,11 @@ pub struct ControllerBuilder {
     reconcile_timeout: Option<Duration>,
     backoff: Backoff,
     metrics: Option<Metrics>,
+    owed: Option<Owed>,
 }
+
+/// What a cluster is owed when it is engaged.
+type Owed = Arc<dyn Fn(&ClusterName, &Controller) -> Vec<Request> + Send + Sync>;
 
 impl ControllerBuilder {
     /// Reconcile objects of `K`: each event of a `K` requests its own
@@ -200,12 +205,12 @@ impl ControllerBuilder {
         self.primary = Some((K::api_version(&()).into_owned(), K::kind(&()).into_owned()));
         self.sources.push(Arc::new(InformerSource::typed(
             watch,
-            Arc::new(|obj: &K| {
+            in_same_cluster(Arc::new(|obj: &K| {
                 vec![(
                     obj.meta().namespace.clone(),
                     obj.meta().name.clone().unwrap_or_default(),
                 )]
-            }),
+            })),
         )));
         self
     }
@@ -218,7 +223,7 @@ impl ControllerBuilder {
             let (api_version, kind) = (api_version.clone(), kind.clone());
             Arc::new(InformerSource::typed(
                 watch,
-                Arc::new(move |obj: &O| {
+                in_same_cluster(Arc::new(move |obj: &O| {
                     obj.meta()
                         .owner_references
                         .iter()
@@ -230,7 +235,7 @@ impl ControllerBuilder {
                         })
                         .map(|owner| (obj.meta().namespace.clone(), owner.name.clone()))
                         .collect()
-                }),
+                })),
             )) as Arc<dyn Source>
         }));
         self
@@ -244,8 +249,43 @@ impl ControllerBuilder {
         watch: Watch<W>,
         mapper: impl Fn(&W) -> Vec<(Option<String>, String)> + Send + Sync + 'static,
     ) -> Self {
+        self.sources.push(Arc::new(InformerSource::typed(
+            watch,
+            in_same_cluster(Arc::new(mapper)),
+        )));
+        self
+    }
+
+    /// Reconcile whatever requests `mapper` returns for each changed `W`,
+    /// in any cluster: the form for controllers that work across clusters,
+    /// such as propagating a hub object to every member
+    /// ([`map::to_every_member`]) or reporting a member object's change to
+    /// its owner on the hub ([`map::to_owner`]). The [`MapContext`] names
+    /// the cluster the event came from and the clusters engaged now;
+    /// requests for clusters that are not engaged are dropped (see
+    /// [`ControllerBuilder::owed_on_engage`] for those that join later).
+    #[must_use]
+    pub fn watches_across<W: CachedResource>(
+        mut self,
+        watch: Watch<W>,
+        mapper: impl Fn(&MapContext<'_>, &W) -> Vec<Request> + Send + Sync + 'static,
+    ) -> Self {
         self.sources
             .push(Arc::new(InformerSource::typed(watch, Arc::new(mapper))));
+        self
+    }
+
+    /// When a cluster is engaged, queue the requests `owed` returns for it,
+    /// so a cluster that joins late converges without waiting for an event
+    /// elsewhere (for example every hub object for a new member:
+    /// [`map::local_objects`]). `owed` gets the new cluster's name and the
+    /// controller (to read other clusters' caches); it must not block.
+    #[must_use]
+    pub fn owed_on_engage(
+        mut self,
+        owed: impl Fn(&ClusterName, &Controller) -> Vec<Request> + Send + Sync + 'static,
+    ) -> Self {
+        self.owed = Some(Arc::new(owed));
         self
     }
 
@@ -260,7 +300,7 @@ impl ControllerBuilder {
         self.sources.push(Arc::new(InformerSource::dynamic(
             resource,
             watch,
-            Arc::new(mapper),
+            in_same_cluster(Arc::new(mapper)),
         )));
         self
     }
@@ -365,6 +405,7 @@ impl ControllerBuilder {
                 clusters: Mutex::new(HashMap::new()),
                 running: Mutex::new(HashMap::new()),
                 finished: tokio::sync::Notify::new(),
+                owed: self.owed,
             }),
         })
     }
@@ -387,6 +428,7 @@ struct Inner {
     /// Reconciles running now, per cluster, and a signal when one ends.
     running: Mutex<HashMap<ClusterName, usize>>,
     finished: tokio::sync::Notify,
+    owed: Option<Owed>,
 }
 
 impl Inner {
@@ -458,12 +500,22 @@ impl Controller {
             reconcile_timeout: Some(DEFAULT_RECONCILE_TIMEOUT),
             backoff: Backoff::default(),
             metrics: None,
+            owed: None,
         }
     }
 
     /// The controller's name.
     pub fn name(&self) -> &str {
         &self.inner.name
+    }
+
+    /// The engaged cluster of that name (the local cluster under
+    /// [`ClusterName::local`] when it is engaged).
+    pub fn cluster(&self, name: &ClusterName) -> Option<Cluster> {
+        lock(&self.inner.clusters)
+            .get(name)
+            .filter(|engaged| !engaged.stop.is_cancelled())
+            .map(|engaged| engaged.cluster.clone())
     }
 
     /// Names of the clusters the controller works on, sorted.
@@ -594,6 +646,11 @@ impl Aware for Controller {
             );
         }
         tracing::info!(controller = %self.inner.name, cluster = %name, "cluster engaged");
+        if let Some(owed) = &self.inner.owed {
+            for request in owed(&name, self) {
+                self.inner.work.enqueue(request);
+            }
+        }
         let this = self.clone();
         tokio::spawn(async move {
             stop.cancelled().await;

@@ -124,6 +124,13 @@ impl Queue {
         crate::sync::lock(&self.state)
     }
 
+    /// The clusters whose requests are taken, sorted.
+    pub(crate) fn engaged(&self) -> Vec<ClusterName> {
+        let mut engaged: Vec<ClusterName> = self.lock().engaged.iter().cloned().collect();
+        engaged.sort();
+        engaged
+    }
+
     /// Accepts requests for `cluster` from now on.
     pub(crate) fn engage(&self, cluster: ClusterName) {
         self.lock().engaged.insert(cluster);

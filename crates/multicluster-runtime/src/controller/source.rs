@@ -59,6 +59,45 @@ pub type Filter<K> = Arc<dyn Fn(&CacheEvent<K>) -> bool + Send + Sync>;
 /// reconcile in the same cluster.
 pub type Mapper<K> = Arc<dyn Fn(&K) -> Vec<(Option<String>, String)> + Send + Sync>;
 
+/// Maps an object, seen in the cluster [`MapContext::cluster`], to requests
+/// in any cluster (see [`super::map`] for ready ones).
+pub type RequestMapper<K> = Arc<dyn Fn(&MapContext<'_>, &K) -> Vec<Request> + Send + Sync>;
+
+/// What a [`RequestMapper`] knows besides the object: where the event came
+/// from and which clusters the controller works on.
+pub struct MapContext<'a> {
+    cluster: &'a ClusterName,
+    queue: &'a Queue,
+}
+
+impl MapContext<'_> {
+    /// The cluster the event came from.
+    pub fn cluster(&self) -> &ClusterName {
+        self.cluster
+    }
+
+    /// The clusters engaged with the controller now (the local cluster
+    /// among them when it is), sorted. Requests for other clusters are
+    /// dropped.
+    pub fn engaged_clusters(&self) -> Vec<ClusterName> {
+        self.queue.engaged()
+    }
+}
+
+/// A same-cluster [`Mapper`] as a [`RequestMapper`].
+pub(crate) fn in_same_cluster<K: 'static>(mapper: Mapper<K>) -> RequestMapper<K> {
+    Arc::new(move |context, object| {
+        mapper(object)
+            .into_iter()
+            .map(|(namespace, name)| Request {
+                cluster: context.cluster().clone(),
+                namespace,
+                name,
+            })
+            .collect()
+    })
+}
+
 /// Ready-made event filters.
 pub mod filters {
     use super::*;
@@ -131,14 +170,14 @@ type Ensure = Arc<dyn Fn(&crate::cache::Cache) + Send + Sync>;
 pub(crate) struct InformerSource<K> {
     clusters: Clusters,
     filters: Vec<Filter<K>>,
-    mapper: Mapper<K>,
+    mapper: RequestMapper<K>,
     subscribe: Subscribe<K>,
     ensure: Ensure,
 }
 
 impl<K: CachedResource> InformerSource<K> {
     /// A source over the typed informer of `K`.
-    pub(crate) fn typed(watch: super::Watch<K>, mapper: Mapper<K>) -> Self {
+    pub(crate) fn typed(watch: super::Watch<K>, mapper: RequestMapper<K>) -> Self {
         Self::new(
             watch,
             mapper,
@@ -155,7 +194,7 @@ impl InformerSource<DynamicObject> {
     pub(crate) fn dynamic(
         resource: kube::api::ApiResource,
         watch: super::Watch<DynamicObject>,
-        mapper: Mapper<DynamicObject>,
+        mapper: RequestMapper<DynamicObject>,
     ) -> Self {
         let warm = resource.clone();
         Self::new(
@@ -172,7 +211,7 @@ impl InformerSource<DynamicObject> {
 impl<K> InformerSource<K> {
     fn new(
         watch: super::Watch<K>,
-        mapper: Mapper<K>,
+        mapper: RequestMapper<K>,
         subscribe: Subscribe<K>,
         ensure: Ensure,
     ) -> Self {
@@ -219,7 +258,7 @@ fn forward<K: Send + Sync + 'static>(
     mut subscription: crate::cache::Subscription<K>,
     cluster: ClusterName,
     filters: Vec<Filter<K>>,
-    mapper: Mapper<K>,
+    mapper: RequestMapper<K>,
     queue: Arc<Queue>,
     stop: CancellationToken,
 ) {
@@ -233,12 +272,12 @@ fn forward<K: Send + Sync + 'static>(
             if !filters.iter().all(|filter| filter(&event)) {
                 continue;
             }
-            for (namespace, name) in mapper(event.object()) {
-                queue.add(Request {
-                    cluster: cluster.clone(),
-                    namespace,
-                    name,
-                });
+            let context = MapContext {
+                cluster: &cluster,
+                queue: &queue,
+            };
+            for request in mapper(&context, event.object()) {
+                queue.add(request);
             }
         }
     });

@@ -1,0 +1,159 @@
+//! Ready mappers for controllers that work across clusters, for
+//! [`ControllerBuilder::watches_across`](super::ControllerBuilder::watches_across)
+//! and [`ControllerBuilder::owed_on_engage`](super::ControllerBuilder::owed_on_engage).
+//!
+//! The two patterns fleet controllers share:
+//!
+//! - **Propagation**: an object on the hub (the local cluster) is made in
+//!   every member. [`to_every_member`] turns a hub event into a request for
+//!   the same key in each engaged member, and [`local_objects`] gives a
+//!   member that joins later the requests for the hub's objects.
+//! - **Aggregation**: what happens to the members' objects is reported back
+//!   to the hub object they were made for. A member object names its owner
+//!   with the annotations of [`owner_annotations`] ([`OWNER_ANNOTATION`],
+//!   and [`OWNER_CLUSTER_ANNOTATION`] when the owner is not in the local
+//!   cluster), and [`to_owner`] maps its events to that owner.
+//!
+//! Owner references cannot cross clusters, hence the annotations: a
+//! convention of this library, which nothing else in Kubernetes reads.
+
+use std::collections::BTreeMap;
+
+use kube::Resource;
+
+use super::{Controller, MapContext, Request};
+use crate::ClusterName;
+use crate::cache::CachedResource;
+
+/// Annotation on an object made for another object in another cluster:
+/// the owner's `namespace/name` (or `name` when cluster-scoped).
+pub const OWNER_ANNOTATION: &str = "mcr.sigs.k8s.io/owner";
+
+/// Annotation naming the cluster of the owner in [`OWNER_ANNOTATION`];
+/// absent (or empty) for the local cluster, the usual hub.
+pub const OWNER_CLUSTER_ANNOTATION: &str = "mcr.sigs.k8s.io/owner-cluster";
+
+/// The annotations that make an object point at `owner` for [`to_owner`].
+pub fn owner_annotations(owner: &Request) -> BTreeMap<String, String> {
+    let key = match &owner.namespace {
+        Some(namespace) => format!("{namespace}/{}", owner.name),
+        None => owner.name.clone(),
+    };
+    let mut annotations = BTreeMap::from([(OWNER_ANNOTATION.to_string(), key)]);
+    if !owner.cluster.is_local() {
+        annotations.insert(
+            OWNER_CLUSTER_ANNOTATION.to_string(),
+            owner.cluster.as_str().to_string(),
+        );
+    }
+    annotations
+}
+
+/// The owner an object names with [`owner_annotations`], if any.
+pub fn owner_of<K: Resource>(object: &K) -> Option<Request> {
+    let annotations = object.meta().annotations.as_ref()?;
+    let key = annotations.get(OWNER_ANNOTATION)?;
+    let cluster = annotations
+        .get(OWNER_CLUSTER_ANNOTATION)
+        .map_or_else(ClusterName::local, |name| ClusterName::from(name.as_str()));
+    let (namespace, name) = match key.split_once('/') {
+        Some((namespace, name)) => (Some(namespace), name),
+        None => (None, key.as_str()),
+    };
+    (!name.is_empty()).then(|| Request::new(cluster, namespace, name))
+}
+
+/// Maps an object to the same namespace and name in every engaged cluster
+/// but the one it was seen in and the local cluster: a hub object to its
+/// copies in the members.
+pub fn to_every_member<K: Resource>() -> impl Fn(&MapContext<'_>, &K) -> Vec<Request> + Send + Sync
+{
+    |context, object| {
+        let meta = object.meta();
+        let Some(name) = meta.name.as_deref() else {
+            return Vec::new();
+        };
+        context
+            .engaged_clusters()
+            .into_iter()
+            .filter(|cluster| !cluster.is_local() && cluster != context.cluster())
+            .map(|cluster| Request::new(cluster, meta.namespace.as_deref(), name))
+            .collect()
+    }
+}
+
+/// Maps an object to the owner it names with [`owner_annotations`]: a
+/// member's copy to the hub object it was made for.
+pub fn to_owner<K: Resource>() -> impl Fn(&MapContext<'_>, &K) -> Vec<Request> + Send + Sync {
+    |_, object| owner_of(object).into_iter().collect()
+}
+
+/// For [`owed_on_engage`](super::ControllerBuilder::owed_on_engage): when
+/// a member is engaged, a request for it for every `K` in the local
+/// cluster's cache that `keep` accepts (same namespace and name). Nothing
+/// for the local cluster itself, nor while it is not engaged; objects the
+/// local cache has not listed yet reach the member through their own
+/// events, mapped by [`to_every_member`].
+pub fn local_objects<K: CachedResource>(
+    keep: impl Fn(&K) -> bool + Send + Sync + 'static,
+) -> impl Fn(&ClusterName, &Controller) -> Vec<Request> + Send + Sync {
+    move |member, controller| {
+        if member.is_local() {
+            return Vec::new();
+        }
+        let Some(local) = controller.cluster(&ClusterName::local()) else {
+            return Vec::new();
+        };
+        local
+            .cache()
+            .informer::<K>()
+            .list(None)
+            .into_iter()
+            .filter(|object| keep(object))
+            .filter_map(|object| {
+                let meta = object.meta();
+                let name = meta.name.as_deref()?;
+                Some(Request::new(
+                    member.clone(),
+                    meta.namespace.as_deref(),
+                    name,
+                ))
+            })
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    use super::*;
+
+    fn annotated(annotations: BTreeMap<String, String>) -> ConfigMap {
+        let mut object = ConfigMap::default();
+        object.metadata.annotations = Some(annotations);
+        object
+    }
+
+    #[test]
+    fn owner_annotations_round_trip() {
+        for owner in [
+            Request::new(ClusterName::local(), Some("team"), "settings"),
+            Request::new("hub-2", Some("team"), "settings"),
+            Request::new(ClusterName::local(), None, "cluster-wide"),
+        ] {
+            let object = annotated(owner_annotations(&owner));
+            assert_eq!(owner_of(&object), Some(owner));
+        }
+    }
+
+    #[test]
+    fn objects_without_an_owner_map_to_nothing() {
+        assert_eq!(owner_of(&ConfigMap::default()), None);
+        let empty = annotated(BTreeMap::from([(
+            OWNER_ANNOTATION.to_string(),
+            "team/".to_string(),
+        )]));
+        assert_eq!(owner_of(&empty), None);
+    }
+}
