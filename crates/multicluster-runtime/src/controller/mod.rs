@@ -43,7 +43,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use queue::Backoff;
 pub use source::{Clusters, Filter, MapContext, Mapper, RequestMapper, filters};
-pub use work::{WorkQueue, WorkQueueBuilder};
+pub use work::{Terminal, WorkQueue, WorkQueueBuilder};
 
 use crate::cache::CachedResource;
 use crate::metrics::Metrics;
@@ -192,7 +192,10 @@ pub struct ControllerBuilder {
     backoff: Backoff,
     metrics: Option<Metrics>,
     owed: Option<Owed>,
+    error_policy: Option<ErrorPolicyFn>,
 }
+
+type ErrorPolicyFn = work::PolicyFn;
 
 /// What a cluster is owed when it is engaged.
 type Owed = Arc<dyn Fn(&ClusterName, &Controller) -> Vec<Request> + Send + Sync>;
@@ -352,12 +355,46 @@ impl ControllerBuilder {
         self
     }
 
-    /// Builds the controller around `reconcile`.
+    /// Decides what follows a failed reconcile: `Some(action)` replaces
+    /// the backoff (`Action::requeue(after)` retries after `after`,
+    /// `Action::await_change()` waits for the next event), `None` keeps
+    /// the backoff. A [`Terminal`] error is never retried. See
+    /// [`WorkQueueBuilder::error_policy`].
+    #[must_use]
+    pub fn error_policy(
+        mut self,
+        policy: impl Fn(&Request, &ReconcileError) -> Option<Action> + Send + Sync + 'static,
+    ) -> Self {
+        self.error_policy = Some(Arc::new(policy));
+        self
+    }
+
+    /// Builds the controller around `reconcile`, which gets each request,
+    /// its cluster and `context` (shared state: clients of other clusters,
+    /// settings, a recorder), as kube-runtime's `Controller::run` does.
+    pub fn build_with_context<C, F, Fut, E>(
+        self,
+        context: Arc<C>,
+        reconcile: F,
+    ) -> Result<Controller, Error>
+    where
+        C: Send + Sync + 'static,
+        F: Fn(Request, Cluster, Arc<C>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: Into<ReconcileError> + 'static,
+    {
+        self.build(move |request, cluster| reconcile(request, cluster, context.clone()))
+    }
+
+    /// Builds the controller around `reconcile`. Its error may be any type
+    /// that converts into a boxed error (an error type of one's own,
+    /// `Box<dyn Error + Send + Sync>`, `anyhow::Error`); wrap it in
+    /// [`Terminal`] when retrying cannot help.
     pub fn build<F, Fut, E>(self, reconcile: F) -> Result<Controller, Error>
     where
         F: Fn(Request, Cluster) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Action, E>> + Send + 'static,
-        E: std::error::Error + Send + Sync + 'static,
+        E: Into<ReconcileError> + 'static,
     {
         let mut sources = self.sources;
         if !self.owned.is_empty() {
@@ -378,12 +415,7 @@ impl ControllerBuilder {
         let reconcile = Arc::new(reconcile);
         let reconciler: Reconciler = Arc::new(move |request, cluster| {
             let reconcile = reconcile.clone();
-            async move {
-                reconcile(request, cluster)
-                    .await
-                    .map_err(|err| Box::new(err) as ReconcileError)
-            }
-            .boxed()
+            async move { reconcile(request, cluster).await.map_err(Into::into) }.boxed()
         });
         let share = self
             .max_concurrent_reconciles_per_cluster
@@ -395,6 +427,9 @@ impl ControllerBuilder {
             .timeout(self.reconcile_timeout);
         if let Some(metrics) = self.metrics {
             work = work.metrics(metrics);
+        }
+        if let Some(policy) = self.error_policy {
+            work = work.error_policy(move |request, error| policy(request, error));
         }
         Ok(Controller {
             inner: Arc::new(Inner {
@@ -501,6 +536,7 @@ impl Controller {
             backoff: Backoff::default(),
             metrics: None,
             owed: None,
+            error_policy: None,
         }
     }
 

@@ -42,6 +42,7 @@ struct Inner {
     queue: Arc<Queue>,
     max_concurrent: usize,
     timeout: Option<Duration>,
+    error_policy: Option<ErrorPolicy>,
     /// Set by the builder, else by a manager, else a private registry on
     /// first use.
     metrics: OnceLock<Metrics>,
@@ -55,9 +56,65 @@ pub struct WorkQueueBuilder {
     backoff: Backoff,
     metrics: Option<Metrics>,
     timeout: Option<Duration>,
+    error_policy: Option<ErrorPolicy>,
+}
+
+/// Decides what follows a failed work item (see
+/// [`WorkQueueBuilder::error_policy`]).
+#[derive(Clone)]
+pub(crate) struct ErrorPolicy(pub(crate) PolicyFn);
+
+/// An error policy's function.
+pub(crate) type PolicyFn = Arc<dyn Fn(&Request, &ReconcileError) -> Option<Action> + Send + Sync>;
+
+impl std::fmt::Debug for ErrorPolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ErrorPolicy(..)")
+    }
+}
+
+/// An error that is reported and counted (with the result `terminal`) but
+/// not retried: the key runs again only when it is queued again (for a
+/// controller, when the object or something mapped to it changes). For
+/// errors that retrying cannot fix, such as an invalid spec.
+#[derive(Debug)]
+pub struct Terminal(pub ReconcileError);
+
+impl Terminal {
+    /// `error`, not to be retried.
+    pub fn new(error: impl Into<ReconcileError>) -> Self {
+        Self(error.into())
+    }
+}
+
+impl std::fmt::Display for Terminal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for Terminal {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.0.source()
+    }
 }
 
 impl WorkQueueBuilder {
+    /// Decides, for each failed item, what follows: `Some(action)` replaces
+    /// the backoff (`Action::requeue(after)` runs it again after `after`;
+    /// `Action::await_change()` not until it is queued again), `None` keeps
+    /// the backoff. [`Terminal`] errors are never retried, whatever the
+    /// policy says. The failure is counted with the result `error` either
+    /// way.
+    #[must_use]
+    pub fn error_policy(
+        mut self,
+        policy: impl Fn(&Request, &ReconcileError) -> Option<Action> + Send + Sync + 'static,
+    ) -> Self {
+        self.error_policy = Some(ErrorPolicy(Arc::new(policy)));
+        self
+    }
+
     /// Work items running at once (default 1).
     #[must_use]
     pub fn max_concurrent(mut self, limit: usize) -> Self {
@@ -111,6 +168,7 @@ impl WorkQueueBuilder {
                 queue: Arc::new(queue),
                 max_concurrent: self.max_concurrent,
                 timeout: self.timeout,
+                error_policy: self.error_policy,
                 metrics: self.metrics.map(OnceLock::from).unwrap_or_default(),
             }),
         }
@@ -126,6 +184,7 @@ impl WorkQueue {
             backoff: Backoff::default(),
             metrics: None,
             timeout: None,
+            error_policy: None,
         }
     }
 
@@ -218,6 +277,7 @@ impl WorkQueue {
             );
             let this = self.clone();
             let timeout = self.inner.timeout;
+            let policy = self.inner.error_policy.clone();
             running.spawn(
                 async move {
                     let started = tokio::time::Instant::now();
@@ -232,9 +292,16 @@ impl WorkQueue {
                             tracing::debug!(?elapsed, ?action, "reconciled");
                             ("success", Outcome::Success(action.requeue_after()))
                         }
+                        Some(Ok(Err(err))) if is_terminal(err.as_ref()) => {
+                            tracing::error!(error = %err, "reconcile failed; not retried until queued again");
+                            ("terminal", Outcome::Success(None))
+                        }
                         Some(Ok(Err(err))) => {
                             tracing::warn!(error = %err, "reconcile failed");
-                            ("error", Outcome::Failure)
+                            match policy.and_then(|policy| (policy.0)(&key, &err)) {
+                                Some(action) => ("error", Outcome::Success(action.requeue_after())),
+                                None => ("error", Outcome::Failure),
+                            }
                         }
                         Some(Err(_)) => {
                             tracing::error!("reconciler panicked");
@@ -271,6 +338,11 @@ impl WorkQueue {
             .await;
         }
     }
+}
+
+/// Whether `err`, or an error it wraps, is [`Terminal`].
+fn is_terminal(err: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(err), |err| err.source()).any(|err| err.is::<Terminal>())
 }
 
 /// The next key to run, or `None` once `shutdown` fires.
