@@ -57,10 +57,12 @@ fn propagation(hub: Cluster) -> Controller {
             let controller = handle.get().cloned();
             async move {
                 let namespace = request.namespace.clone().unwrap_or_default();
+                // Waits for the hub's first list: a member's copy is never
+                // judged against a hub cache that has not been read yet.
                 let source = hub
                     .cache()
-                    .informer::<ConfigMap>()
-                    .get(Some(&namespace), &request.name)
+                    .get::<ConfigMap>(Some(&namespace), &request.name)
+                    .await?
                     .filter(|source| propagated(source));
                 if request.cluster.is_local() {
                     let (Some(source), Some(controller)) = (source, controller) else {
@@ -108,7 +110,7 @@ fn propagation(hub: Cluster) -> Controller {
                         }
                     }
                 }
-                Ok::<_, kube::Error>(Action::await_change())
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>(Action::await_change())
             }
         })
         .expect("controller");

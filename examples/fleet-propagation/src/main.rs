@@ -1,0 +1,266 @@
+//! Propagation across a fleet: every ConfigMap on the hub (the cluster
+//! `$KUBECONFIG` points at) labelled `fleet.example/propagate=true` is
+//! copied into every member cluster (one per kubeconfig Secret), kept equal
+//! to the hub's, made in members that join later, and removed from every
+//! member when it is deleted on the hub (a finalizer holds the hub object
+//! until then). The hub object's `fleet.example/members-in-sync`
+//! annotation says in how many members its copy is current.
+//!
+//! The controller shows the two fleet patterns: hub → members
+//! (`map::to_every_member`, one request per member, so a slow member holds
+//! up only its own copy) and members → hub (`map::to_owner`, from the
+//! owner annotations each copy carries).
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use clap::Parser;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs};
+use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
+use multicluster_runtime::controller::{
+    Action, Clusters, Controller, Request, Watch, filters, map,
+};
+use multicluster_runtime::{Cluster, ClusterName, Manager};
+use serde_json::json;
+
+/// The label that marks a hub ConfigMap to propagate.
+const PROPAGATE_LABEL: &str = "fleet.example/propagate";
+/// The annotation counting the members whose copy is current.
+const IN_SYNC_ANNOTATION: &str = "fleet.example/members-in-sync";
+/// Held on a propagated hub object until its copies are gone.
+const FINALIZER: &str = "fleet.example/copies";
+/// The field manager of the copies and of our changes to the hub object.
+const MANAGER: &str = "fleet-propagation";
+
+/// Propagate labelled hub ConfigMaps to every member cluster.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// Namespace of the members' kubeconfig Secrets on the hub; every namespace when unset.
+    #[arg(long, env = "NAMESPACE")]
+    namespace: Option<String>,
+    /// How often each hub object is reconciled without a change (its count
+    /// is refreshed when a member leaves).
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
+    resync: Duration,
+    #[command(flatten)]
+    manager: ManagerArgs,
+    #[command(flatten)]
+    client: ClientArgs,
+}
+
+/// What every reconcile shares.
+struct Context {
+    hub: Cluster,
+    /// The controller itself, to read the members' caches.
+    controller: OnceLock<Controller>,
+    resync: Duration,
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+fn propagated(object: &ConfigMap) -> bool {
+    object
+        .metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(PROPAGATE_LABEL))
+        .is_some_and(|value| value == "true")
+}
+
+async fn reconcile(
+    request: Request,
+    cluster: Cluster,
+    context: Arc<Context>,
+) -> Result<Action, BoxError> {
+    let namespace = request.namespace.clone().unwrap_or_default();
+    let source = context
+        .hub
+        .cache()
+        .get::<ConfigMap>(Some(&namespace), &request.name)
+        .await?;
+    if request.cluster.is_local() {
+        return match source {
+            Some(source) => reconcile_hub(&source, &request, &context).await,
+            None => Ok(Action::await_change()),
+        };
+    }
+    let copies = Api::<ConfigMap>::namespaced(cluster.client(), &namespace);
+    let wanted = source.filter(|s| propagated(s) && s.metadata.deletion_timestamp.is_none());
+    match wanted {
+        Some(source) => {
+            let owner = Request::new(
+                ClusterName::local(),
+                Some(&namespace),
+                request.name.as_str(),
+            );
+            let copy = json!({
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": { "name": request.name, "annotations": map::owner_annotations(&owner) },
+                "data": source.data,
+            });
+            copies
+                .patch(
+                    &request.name,
+                    &PatchParams::apply(MANAGER).force(),
+                    &Patch::Apply(copy),
+                )
+                .await?;
+        }
+        None => {
+            // Only copies we made (they name their owner) are removed.
+            let ours = cluster
+                .cache()
+                .get::<ConfigMap>(Some(&namespace), &request.name)
+                .await?
+                .is_some_and(|copy| map::owner_of(copy.as_ref()).is_some());
+            if ours {
+                delete_if_present(&copies, &request.name).await?;
+            }
+        }
+    }
+    Ok(Action::await_change())
+}
+
+/// The hub object: its finalizer, its count of members in sync, and, once
+/// it is being deleted, the removal of every copy before the finalizer
+/// goes.
+async fn reconcile_hub(
+    source: &ConfigMap,
+    request: &Request,
+    context: &Context,
+) -> Result<Action, BoxError> {
+    let Some(controller) = context.controller.get() else {
+        return Ok(Action::requeue(Duration::from_secs(1)));
+    };
+    let namespace = request.namespace.as_deref().unwrap_or_default();
+    let hub = Api::<ConfigMap>::namespaced(context.hub.client(), namespace);
+    let members: Vec<Cluster> = controller
+        .engaged_clusters()
+        .into_iter()
+        .filter(|name| !name.is_local())
+        .filter_map(|name| controller.cluster(&name))
+        .collect();
+    let finalizers = source.metadata.finalizers.clone().unwrap_or_default();
+    let held = finalizers.iter().any(|f| f == FINALIZER);
+    if source.metadata.deletion_timestamp.is_some() || !propagated(source) {
+        if held {
+            for member in &members {
+                let copies = Api::<ConfigMap>::namespaced(member.client(), namespace);
+                delete_if_present(&copies, &request.name).await?;
+            }
+            let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
+            let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": source.metadata.resource_version}});
+            hub.patch(&request.name, &PatchParams::default(), &Patch::Merge(patch))
+                .await?;
+        }
+        return Ok(Action::await_change());
+    }
+    if !held {
+        let mut with = finalizers.clone();
+        with.push(FINALIZER.to_string());
+        let patch = json!({"metadata": {"finalizers": with, "resourceVersion": source.metadata.resource_version}});
+        hub.patch(&request.name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        return Ok(Action::await_change());
+    }
+    let in_sync = members
+        .iter()
+        .filter(|member| {
+            member
+                .cache()
+                .informer::<ConfigMap>()
+                .get(Some(namespace), &request.name)
+                .is_some_and(|copy| copy.data == source.data)
+        })
+        .count()
+        .to_string();
+    let current = source
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(IN_SYNC_ANNOTATION));
+    if current != Some(&in_sync) {
+        let patch = json!({"metadata": {"annotations": {IN_SYNC_ANNOTATION: in_sync}}});
+        hub.patch(&request.name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+    }
+    Ok(Action::requeue(context.resync))
+}
+
+async fn delete_if_present(copies: &Api<ConfigMap>, name: &str) -> Result<(), kube::Error> {
+    match copies.delete(name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(err) => Err(err),
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), MainError> {
+    let args = Args::parse();
+    multicluster_example_configmap_sync::init_logging();
+
+    // The hub: where the objects to propagate and the members' Secrets live.
+    let hub = Cluster::new("hub", kube::Client::try_default().await?);
+    // The members: one per kubeconfig Secret.
+    let provider = Arc::new(KubeconfigProvider::new(
+        hub.client(),
+        KubeconfigOptions {
+            namespace: args.namespace,
+            client: args.client.options(),
+            ..KubeconfigOptions::default()
+        },
+    ));
+    let mut manager = Manager::with_provider(hub.clone(), provider, args.manager.options());
+    if let Some(election) = args.manager.leader_election(&manager)? {
+        manager = manager.with_coordinator(Arc::new(election));
+    }
+
+    let context = Arc::new(Context {
+        hub,
+        controller: OnceLock::new(),
+        resync: args.resync,
+    });
+    let labelled = || filters::labels([(PROPAGATE_LABEL.to_string(), "true".to_string())].into());
+    let controller = Controller::builder("fleet-propagation")
+        // The hub object itself: finalizer, count, clean-up.
+        .for_resource(
+            Watch::<ConfigMap>::new()
+                .clusters(Clusters::Local)
+                .filter(labelled()),
+        )
+        // Hub → members: a change on the hub is a request in every member.
+        .watches_across(
+            Watch::<ConfigMap>::new()
+                .clusters(Clusters::Local)
+                .filter(labelled()),
+            map::to_every_member(),
+        )
+        // A copy changed or deleted in a member: put it right, and recount
+        // on the hub.
+        .watches_across(Watch::<ConfigMap>::new(), |context, copy: &ConfigMap| {
+            let mut requests: Vec<Request> = map::owner_of(copy).into_iter().collect();
+            if let Some(owner) = requests.first().cloned() {
+                requests.push(Request::new(
+                    context.cluster().clone(),
+                    owner.namespace.as_deref(),
+                    owner.name,
+                ));
+            }
+            requests
+        })
+        // A member that joins gets every propagated hub object.
+        .owed_on_engage(map::local_objects::<ConfigMap>(propagated))
+        .max_concurrent_reconciles(8)
+        .build_with_context(context.clone(), reconcile)?;
+    let _ = context.controller.set(controller.clone());
+
+    manager.add_controller(controller)?;
+    tracing::info!("propagating; Ctrl-C stops");
+    manager.run_until_signal().await?;
+    Ok(())
+}

@@ -1,0 +1,177 @@
+//! The example binary on a hub and three member control planes, members
+//! joining and leaving through kubeconfig Secrets: a labelled hub
+//! ConfigMap is copied into every member, follows updates, reaches a member
+//! that joins later, is counted on the hub as members come and go, and is
+//! removed from every member when deleted on the hub (whose finalizer then
+//! lets it go).
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use multicluster_envtest::ControlPlane;
+use multicluster_example_testing::{GRACE, terminate};
+use multicluster_provider_kubeconfig::{DEFAULT_DATA_KEY, DEFAULT_LABEL};
+use multicluster_runtime::testing::eventually;
+use tokio::process::Command;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-fleet-propagation");
+const LABEL: &str = "fleet.example/propagate";
+const IN_SYNC: &str = "fleet.example/members-in-sync";
+
+async fn join(hub: &kube::Client, name: &str, member: &ControlPlane) {
+    let text = multicluster_envtest::to_yaml(member.kubeconfig()).expect("yaml");
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([(DEFAULT_LABEL.to_string(), "true".to_string())].into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            DEFAULT_DATA_KEY.to_string(),
+            ByteString(text.into_bytes()),
+        )])),
+        ..Secret::default()
+    };
+    Api::<Secret>::namespaced(hub.clone(), "fleet")
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("member Secret");
+}
+
+async fn copy_of(member: &ControlPlane) -> Option<BTreeMap<String, String>> {
+    Api::<ConfigMap>::namespaced(member.client().await.ok()?, "default")
+        .get_opt("shared")
+        .await
+        .ok()
+        .flatten()
+        .map(|copy| copy.data.unwrap_or_default())
+}
+
+fn data(value: &str) -> Option<BTreeMap<String, String>> {
+    Some(BTreeMap::from([("v".to_string(), value.to_string())]))
+}
+
+async fn hub_object(hub: &kube::Client) -> Option<ConfigMap> {
+    Api::<ConfigMap>::namespaced(hub.clone(), "default")
+        .get_opt("shared")
+        .await
+        .ok()
+        .flatten()
+}
+
+async fn counted(hub: &kube::Client) -> Option<String> {
+    hub_object(hub)
+        .await?
+        .metadata
+        .annotations?
+        .get(IN_SYNC)
+        .cloned()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hub_objects_are_propagated_counted_and_cleaned_up_as_members_come_and_go() {
+    let (hub_cp, m1, m2, m3) = tokio::join!(
+        ControlPlane::start(),
+        ControlPlane::start(),
+        ControlPlane::start(),
+        ControlPlane::start()
+    );
+    let (hub_cp, m1, m2, m3) = (
+        hub_cp.expect("hub"),
+        m1.expect("m1"),
+        m2.expect("m2"),
+        m3.expect("m3"),
+    );
+    hub_cp.create_namespace("fleet").await.expect("namespace");
+    let hub = hub_cp.client().await.expect("client");
+    join(&hub, "m1", &m1).await;
+    join(&hub, "m2", &m2).await;
+
+    let mut example = Command::new(BINARY)
+        .args(["--namespace", "fleet", "--resync", "1s"])
+        .args(["--health-address", "127.0.0.1:0"])
+        .env("KUBECONFIG", hub_cp.kubeconfig_path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("example");
+
+    let configmaps = Api::<ConfigMap>::namespaced(hub.clone(), "default");
+    let mut source = ConfigMap::default();
+    source.metadata.name = Some("shared".into());
+    source.metadata.labels = Some([(LABEL.to_string(), "true".to_string())].into());
+    source.data = data("1");
+    configmaps
+        .create(&PostParams::default(), &source)
+        .await
+        .expect("hub object");
+
+    eventually("copies in m1 and m2", || async {
+        copy_of(&m1).await == data("1") && copy_of(&m2).await == data("1")
+    })
+    .await;
+    eventually("the hub to count two members", || async {
+        counted(&hub).await.as_deref() == Some("2")
+    })
+    .await;
+    let finalizers = hub_object(&hub).await.and_then(|o| o.metadata.finalizers);
+    assert_eq!(finalizers, Some(vec!["fleet.example/copies".to_string()]));
+
+    configmaps
+        .patch(
+            "shared",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"data": {"v": "2"}})),
+        )
+        .await
+        .expect("update");
+    eventually("the copies to follow", || async {
+        copy_of(&m1).await == data("2") && copy_of(&m2).await == data("2")
+    })
+    .await;
+
+    // A member joins: it gets the copy without any change on the hub.
+    join(&hub, "m3", &m3).await;
+    eventually("the copy in m3", || async {
+        copy_of(&m3).await == data("2")
+    })
+    .await;
+    eventually("the hub to count three members", || async {
+        counted(&hub).await.as_deref() == Some("3")
+    })
+    .await;
+
+    // A member leaves (its Secret is deleted): it is no longer counted.
+    Api::<Secret>::namespaced(hub.clone(), "fleet")
+        .delete("m2", &DeleteParams::default())
+        .await
+        .expect("delete Secret");
+    eventually("the hub to count two members again", || async {
+        counted(&hub).await.as_deref() == Some("2")
+    })
+    .await;
+
+    // Deleted on the hub: the finalizer holds it until every member's copy
+    // is gone.
+    configmaps
+        .delete("shared", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("the copies and then the hub object to go", || async {
+        copy_of(&m1).await.is_none()
+            && copy_of(&m3).await.is_none()
+            && hub_object(&hub).await.is_none()
+    })
+    .await;
+    assert!(
+        example.try_wait().expect("status").is_none(),
+        "the example is still running"
+    );
+    let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
+    assert!(status.success(), "{status}");
+}
