@@ -29,7 +29,7 @@ use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
 use multicluster_runtime::leader_election::{LeaderElection, LeaderElectionOptions};
 use multicluster_runtime::testing::TestProvider;
-use multicluster_runtime::{Cluster, Manager, ManagerOptions};
+use multicluster_runtime::{Cluster, Manager};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};
 use tokio::process::{Child, ChildStdout, Command};
 use tokio_util::sync::CancellationToken;
@@ -111,8 +111,10 @@ async fn replica(id: &str, clusters: usize) -> Outcome {
             ..LeaderElectionOptions::new(LEASE)
         },
     )?;
-    let manager = Manager::with_provider(local, Arc::new(provider), ManagerOptions::default())
-        .with_coordinator(Arc::new(election.clone()));
+    let manager = Manager::builder(local)
+        .provider(Arc::new(provider))
+        .coordinator(Arc::new(election.clone()))
+        .build();
     manager.add_controller(controller)?;
     let shutdown = CancellationToken::new();
     let task = {

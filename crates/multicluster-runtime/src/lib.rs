@@ -42,6 +42,6 @@ pub mod watch_filter;
 
 pub use cluster::Cluster;
 pub use error::Error;
-pub use manager::{Manager, ManagerOptions};
+pub use manager::{Manager, ManagerBuilder, ManagerOptions};
 pub use name::ClusterName;
 pub use provider::{Aware, Provider, RunnableProvider};

@@ -133,7 +133,17 @@ pub fn recording_manager<P: crate::RunnableProvider + 'static>(
     provider: Arc<P>,
     options: crate::ManagerOptions,
 ) -> (crate::Manager, Recorder) {
-    let manager = crate::Manager::with_provider(local, provider, options);
+    recording_manager_from(
+        crate::Manager::builder(local)
+            .provider(provider)
+            .options(options),
+    )
+}
+
+/// Like [`recording_manager`], for a manager built by `builder` (with a
+/// coordinator, metrics, ...).
+pub fn recording_manager_from(builder: crate::ManagerBuilder) -> (crate::Manager, Recorder) {
+    let manager = builder.build();
     let recorder = Recorder::default();
     let controller = recording_controller(
         "recorder",

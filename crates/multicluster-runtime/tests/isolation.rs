@@ -300,15 +300,14 @@ async fn a_member_that_loses_rbac_is_degraded_until_it_is_back() {
         .clusters
         .add("member", Cluster::with_cache("member", client, cache))
         .expect("add");
-    let manager = Manager::with_provider(
-        cluster_for("local", &member).await,
-        Arc::new(provider),
-        ManagerOptions {
+    let manager = Manager::builder(cluster_for("local", &member).await)
+        .provider(Arc::new(provider))
+        .options(ManagerOptions {
             unhealthy_after: Duration::from_secs(1),
             ..ManagerOptions::default()
-        },
-    )
-    .with_metrics(multicluster_runtime::metrics::Metrics::new(true));
+        })
+        .metrics(multicluster_runtime::metrics::Metrics::new(true))
+        .build();
     let recorder = Recorder::default();
     manager
         .add_controller(copying_controller(&recorder, &Gate::new()))

@@ -12,8 +12,8 @@ use common::*;
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::leader_election::{LeaderElection, LeaderElectionOptions};
 use multicluster_runtime::manager::Coordinator;
-use multicluster_runtime::testing::recording_manager;
-use multicluster_runtime::{Cluster, ManagerOptions};
+use multicluster_runtime::testing::recording_manager_from;
+use multicluster_runtime::{Cluster, Manager};
 
 const LEASE_DURATION: Duration = Duration::from_secs(8);
 
@@ -40,9 +40,11 @@ async fn a_leader_whose_api_server_hangs_stops_working_before_its_lease_lapses()
         .expect("add");
     let local = Cluster::new("local", management.client().await.expect("client"));
     let election = LeaderElection::new(local.client(), options()).expect("election");
-    let (manager, recorder) =
-        recording_manager(local, Arc::new(provider), ManagerOptions::default());
-    let manager = manager.with_coordinator(Arc::new(election.clone()));
+    let (manager, recorder) = recording_manager_from(
+        Manager::builder(local)
+            .provider(Arc::new(provider))
+            .coordinator(Arc::new(election.clone())),
+    );
     let (stop, task) = run_manager(&manager);
 
     recorder.wait_for_more(&req("m1", "before"), 0).await;

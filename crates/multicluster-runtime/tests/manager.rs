@@ -303,3 +303,64 @@ async fn a_controller_added_while_the_manager_runs_reconciles() {
     stop.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// `Manager::index_field` indexes the local cluster and every cluster of
+/// the provider, those engaged already and those added later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn index_field_reaches_the_local_cluster_and_every_provider_cluster() {
+    use multicluster_runtime::cache::FieldIndex;
+
+    let (local_cp, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (local_cp, member) = (local_cp.expect("local"), member.expect("member"));
+    create_config_map(&local_cp, "on-local", &[("color", "blue")]).await;
+    create_config_map(&member, "on-member", &[("color", "blue")]).await;
+    let provider = TestProvider::default();
+    provider
+        .clusters
+        .add("early", cluster_for("early", &member).await)
+        .expect("add");
+    let manager = Manager::builder(cluster_for("local", &local_cp).await)
+        .provider(Arc::new(provider.clone()))
+        .build();
+    manager
+        .index_field(FieldIndex::new::<ConfigMap>(
+            "data.color",
+            |cm: &ConfigMap| {
+                cm.data
+                    .as_ref()
+                    .and_then(|data| data.get("color").cloned())
+                    .into_iter()
+                    .collect()
+            },
+        ))
+        .await
+        .expect("index");
+    // Added after the index was registered.
+    provider
+        .clusters
+        .add("late", cluster_for("late", &member).await)
+        .expect("add");
+
+    let blue = |cluster: multicluster_runtime::Cluster| async move {
+        let found = cluster
+            .cache()
+            .by_index::<ConfigMap>("data.color", "blue", None)
+            .await
+            .expect("lookup");
+        let mut names: Vec<String> = found
+            .iter()
+            .filter_map(|cm| cm.metadata.name.clone())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(blue(manager.local_cluster().clone()).await, ["on-local"]);
+    for name in ["early", "late"] {
+        let cluster = manager
+            .get_cluster(&ClusterName::from(name))
+            .await
+            .expect("cluster");
+        assert_eq!(blue(cluster).await, ["on-member"], "{name}");
+    }
+    assert!(manager.provider().is_some());
+}

@@ -34,18 +34,20 @@ pub async fn run<P: multicluster_runtime::RunnableProvider + 'static>(
     manager_args: &ManagerArgs,
     metrics: Option<multicluster_runtime::metrics::Metrics>,
 ) -> Result<(), Error> {
-    let options = manager_args.options();
-    let mut manager = multicluster_runtime::Manager::with_provider(local, provider, options);
+    let election = manager_args.leader_election(&local)?;
+    let mut manager = multicluster_runtime::Manager::builder(local)
+        .provider(provider)
+        .options(manager_args.options());
     if let Some(metrics) = metrics {
-        manager = manager.with_metrics(metrics);
+        manager = manager.metrics(metrics);
     }
-    match manager_args.leader_election(&manager)? {
+    match election {
         Some(election) => {
             // Copies name the replica that wrote them, so a takeover shows.
             let controller = controller_on_replica("configmap-copy", election.identity())?;
-            serve(manager.with_coordinator(Arc::new(election)), controller).await
+            serve(manager.coordinator(Arc::new(election)).build(), controller).await
         }
-        None => serve(manager, controller("configmap-copy")?).await,
+        None => serve(manager.build(), controller("configmap-copy")?).await,
     }
 }
 
@@ -104,12 +106,9 @@ impl ManagerArgs {
         }
     }
 
-    /// The leader election these flags ask for, keeping its Lease in
-    /// `manager`'s local cluster; `None` without `--leader-elect`.
-    pub fn leader_election(
-        &self,
-        manager: &multicluster_runtime::Manager,
-    ) -> Result<Option<LeaderElection>, Error> {
+    /// The leader election these flags ask for, keeping its Lease in the
+    /// `local` cluster; `None` without `--leader-elect`.
+    pub fn leader_election(&self, local: &Cluster) -> Result<Option<LeaderElection>, Error> {
         if !self.leader_elect {
             return Ok(None);
         }
@@ -129,7 +128,7 @@ impl ManagerArgs {
             retry_period: self.leader_election_retry_period,
             ..LeaderElectionOptions::new(lease_name)
         };
-        LeaderElection::new(manager.local_cluster().client(), options).map(Some)
+        LeaderElection::new(local.client(), options).map(Some)
     }
 }
 

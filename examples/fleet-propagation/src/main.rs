@@ -215,10 +215,13 @@ async fn main() -> Result<(), MainError> {
             ..KubeconfigOptions::default()
         },
     ));
-    let mut manager = Manager::with_provider(hub.clone(), provider, args.manager.options());
-    if let Some(election) = args.manager.leader_election(&manager)? {
-        manager = manager.with_coordinator(Arc::new(election));
+    let mut manager = Manager::builder(hub.clone())
+        .provider(provider)
+        .options(args.manager.options());
+    if let Some(election) = args.manager.leader_election(&hub)? {
+        manager = manager.coordinator(Arc::new(election));
     }
+    let manager = manager.build();
 
     let context = Arc::new(Context {
         hub,

@@ -83,9 +83,12 @@ async fn run(args: Args) -> Result<(), MainError> {
     let peer = coordinator.peer_id().to_string();
     tracing::info!(%peer, "sharding the fleet with the other replicas");
     // Reconciles counted per cluster, so each replica's share shows in /metrics.
-    let manager = Manager::with_provider(host, provider, options)
-        .with_metrics(Metrics::new(true))
-        .with_coordinator(Arc::new(coordinator));
+    let manager = Manager::builder(host)
+        .provider(provider)
+        .options(options)
+        .metrics(Metrics::new(true))
+        .coordinator(Arc::new(coordinator))
+        .build();
     serve(manager, controller_on_replica("configmap-copy", &peer)?).await?;
     Ok(())
 }

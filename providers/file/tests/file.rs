@@ -11,7 +11,8 @@ use multicluster_provider_file::{FileOptions, FileProvider};
 use multicluster_runtime::controller::{Backoff, Request};
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::testing::{
-    eventually, recording_manager, run_manager, wait_until_left, wait_until_unreachable,
+    eventually, recording_manager, recording_manager_from, run_manager, wait_until_left,
+    wait_until_unreachable,
 };
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions, Provider};
 
@@ -465,12 +466,11 @@ async fn a_file_written_in_two_steps_keeps_its_clusters() {
     write(&file, &merged(&[first.clone(), second.clone()]));
     let metrics = multicluster_runtime::metrics::Metrics::default();
     let provider = provider_of(&[&file], &[]);
-    let (manager, recorder) = recording_manager(
-        Cluster::new("local", cp.client().await.expect("client")),
-        provider.clone(),
-        ManagerOptions::default(),
+    let (manager, recorder) = recording_manager_from(
+        Manager::builder(Cluster::new("local", cp.client().await.expect("client")))
+            .provider(provider.clone())
+            .metrics(metrics.clone()),
     );
-    let manager = manager.with_metrics(metrics.clone());
     let (shutdown, task) = run_manager(&manager);
     for context in ["first", "second"] {
         recorder

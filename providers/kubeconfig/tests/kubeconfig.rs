@@ -117,12 +117,10 @@ async fn kubeconfig_secrets_engage_rotate_and_remove_member_clusters() {
             ..KubeconfigOptions::default()
         },
     ));
-    let manager = Manager::with_provider(
-        Cluster::new("local", admin.clone()),
-        provider.clone(),
-        ManagerOptions::default(),
-    )
-    .with_metrics(metrics.clone());
+    let manager = Manager::builder(Cluster::new("local", admin.clone()))
+        .provider(provider.clone())
+        .metrics(metrics.clone())
+        .build();
     let recorder = Recorder::default();
     manager
         .add_controller(

@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::cache::FieldIndex;
 use crate::controller::Controller;
 use crate::metrics::Metrics;
 use crate::redact::Redacted;
@@ -187,7 +188,7 @@ struct Inner {
     local: Cluster,
     provider: Option<Arc<dyn Provider>>,
     runnable: Option<Arc<dyn RunnableProvider>>,
-    coordinator: Mutex<Arc<dyn Coordinator>>,
+    coordinator: Arc<dyn Coordinator>,
     options: ManagerOptions,
     metrics: Metrics,
     components: Mutex<Vec<Arc<dyn Aware>>>,
@@ -216,48 +217,67 @@ struct Tracked {
     next_probe: Option<(tokio::time::Instant, Duration)>,
 }
 
-impl Manager {
-    /// A manager for the local cluster `local`, without a provider.
-    pub fn new(local: Cluster) -> Self {
-        Self::build(local, None, None, ManagerOptions::default())
+/// Builds a [`Manager`]: the local cluster, then whatever else it needs.
+#[must_use]
+pub struct ManagerBuilder {
+    local: Cluster,
+    provider: Option<Arc<dyn Provider>>,
+    runnable: Option<Arc<dyn RunnableProvider>>,
+    coordinator: Arc<dyn Coordinator>,
+    metrics: Option<Metrics>,
+    options: ManagerOptions,
+}
+
+impl ManagerBuilder {
+    /// The fleet comes from `provider`, which discovers clusters itself;
+    /// [`Manager::run`] starts it.
+    pub fn provider<P: RunnableProvider + 'static>(mut self, provider: Arc<P>) -> Self {
+        self.runnable = Some(provider.clone());
+        self.provider = Some(provider);
+        self
     }
 
-    /// A manager whose fleet comes from a provider that discovers clusters
-    /// itself; [`Manager::run`] starts it.
-    pub fn with_provider<P: RunnableProvider + 'static>(
-        local: Cluster,
-        provider: Arc<P>,
-        options: ManagerOptions,
-    ) -> Self {
-        let runnable: Arc<dyn RunnableProvider> = provider.clone();
-        let lookup: Arc<dyn Provider> = provider;
-        Self::build(local, Some(lookup), Some(runnable), options)
+    /// The fleet comes from a provider that is only looked up: its clusters
+    /// are engaged by whoever drives it.
+    pub fn lookup_provider(mut self, provider: Arc<dyn Provider>) -> Self {
+        self.provider = Some(provider);
+        self.runnable = None;
+        self
     }
 
-    /// A manager with a provider that is only looked up (its clusters are
-    /// engaged by whoever drives it).
-    pub fn with_lookup_provider(
-        local: Cluster,
-        provider: Arc<dyn Provider>,
-        options: ManagerOptions,
-    ) -> Self {
-        Self::build(local, Some(provider), None, options)
+    /// Who engages which cluster with the components (default
+    /// [`EngageAll`]): [`LeaderElection`](crate::leader_election::LeaderElection)
+    /// or [`ShardedCoordinator`](crate::sharding::ShardedCoordinator) for
+    /// several replicas.
+    pub fn coordinator(mut self, coordinator: Arc<dyn Coordinator>) -> Self {
+        self.coordinator = coordinator;
+        self
     }
 
-    fn build(
-        local: Cluster,
-        provider: Option<Arc<dyn Provider>>,
-        runnable: Option<Arc<dyn RunnableProvider>>,
-        options: ManagerOptions,
-    ) -> Self {
-        Self {
+    /// The metrics registry (default: a new one without per-cluster
+    /// labels), for example one with per-cluster labels or one shared with
+    /// a provider.
+    pub fn metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// The manager's settings (default [`ManagerOptions::default`]).
+    pub fn options(mut self, options: ManagerOptions) -> Self {
+        self.options = options;
+        self
+    }
+
+    /// The manager.
+    pub fn build(self) -> Manager {
+        Manager {
             inner: Arc::new(Inner {
-                local,
-                provider,
-                runnable,
-                coordinator: Mutex::new(Arc::new(EngageAll)),
-                options,
-                metrics: Metrics::default(),
+                local: self.local,
+                provider: self.provider,
+                runnable: self.runnable,
+                coordinator: self.coordinator,
+                options: self.options,
+                metrics: self.metrics.unwrap_or_default(),
                 components: Mutex::new(Vec::new()),
                 controllers: Mutex::default(),
                 clusters: Mutex::new(BTreeMap::new()),
@@ -265,32 +285,70 @@ impl Manager {
             }),
         }
     }
+}
 
-    /// Replaces the coordinator; clusters engaged from now on go through
-    /// it (set it before [`Manager::run`]).
-    #[must_use]
-    pub fn with_coordinator(self, coordinator: Arc<dyn Coordinator>) -> Self {
-        *lock(&self.inner.coordinator) = coordinator;
-        self
+impl Manager {
+    /// Starts building a manager for the local cluster `local`.
+    pub fn builder(local: Cluster) -> ManagerBuilder {
+        ManagerBuilder {
+            local,
+            provider: None,
+            runnable: None,
+            coordinator: Arc::new(EngageAll),
+            metrics: None,
+            options: ManagerOptions::default(),
+        }
+    }
+
+    /// A manager for the local cluster `local`, without a provider.
+    pub fn new(local: Cluster) -> Self {
+        Self::builder(local).build()
+    }
+
+    /// A manager whose fleet comes from a provider that discovers clusters
+    /// itself (short for the [builder](Manager::builder) with `provider`
+    /// and `options`).
+    pub fn with_provider<P: RunnableProvider + 'static>(
+        local: Cluster,
+        provider: Arc<P>,
+        options: ManagerOptions,
+    ) -> Self {
+        Self::builder(local)
+            .provider(provider)
+            .options(options)
+            .build()
+    }
+
+    /// A manager with a provider that is only looked up (short for the
+    /// [builder](Manager::builder) with `lookup_provider` and `options`).
+    pub fn with_lookup_provider(
+        local: Cluster,
+        provider: Arc<dyn Provider>,
+        options: ManagerOptions,
+    ) -> Self {
+        Self::builder(local)
+            .lookup_provider(provider)
+            .options(options)
+            .build()
     }
 
     pub(crate) fn coordinator(&self) -> Arc<dyn Coordinator> {
-        lock(&self.inner.coordinator).clone()
+        self.inner.coordinator.clone()
     }
 
-    /// Replaces the metrics registry, e.g. with one that has per-cluster
-    /// labels or is shared with a provider. Only possible on a manager that
-    /// has not been cloned yet (call it right after construction); otherwise
-    /// the registry stays as it was and a warning is logged.
-    #[must_use]
-    pub fn with_metrics(mut self, metrics: Metrics) -> Self {
-        match Arc::get_mut(&mut self.inner) {
-            Some(inner) => inner.metrics = metrics,
-            None => {
-                tracing::warn!("with_metrics on a manager already shared; keeping its registry")
-            }
+    /// The provider the fleet comes from, if any.
+    pub fn provider(&self) -> Option<&Arc<dyn Provider>> {
+        self.inner.provider.as_ref()
+    }
+
+    /// Registers a field index on the local cluster and on every cluster
+    /// of the provider, now and later.
+    pub async fn index_field(&self, index: FieldIndex) -> Result<(), Error> {
+        self.inner.local.cache().index_field(&index);
+        if let Some(provider) = &self.inner.provider {
+            provider.index_field(index).await?;
         }
-        self
+        Ok(())
     }
 
     /// The manager's metrics.
