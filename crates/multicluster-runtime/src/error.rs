@@ -2,8 +2,10 @@
 
 use crate::ClusterName;
 
-/// What can go wrong in providers, clusters and the manager.
+/// What can go wrong in providers, clusters and the manager. New variants
+/// may come: match with a wildcard arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// No cluster of that name is engaged (Go: `ErrClusterNotFound`).
     #[error("cluster {0} not found")]
@@ -54,9 +56,53 @@ pub enum Error {
         /// What failed.
         reason: String,
     },
-    /// Anything else, with a message that names what failed.
-    #[error("{0}")]
-    Other(String),
+    /// Settings that cannot work: the message names the component, the
+    /// field and what is wrong with it.
+    #[error("{component}: {reason}")]
+    InvalidOptions {
+        /// What was being set up (`sharding options`, `controller x`, ...).
+        component: String,
+        /// What is wrong.
+        reason: String,
+    },
+    /// A provider of that name is already present (multi provider).
+    #[error("provider {0:?} already added")]
+    ProviderExists(String),
+    /// An external command (a CLI such as `kind`) could not be run, failed
+    /// or printed something unusable.
+    #[error("`{command}` {reason}")]
+    Command {
+        /// The command line, as run.
+        command: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A watch a component depends on could not start or ended.
+    #[error("watching {what}: {reason}")]
+    Watch {
+        /// What was watched (files, a cache's namespaces, ...).
+        what: String,
+        /// What went wrong.
+        reason: String,
+    },
+    /// A listening socket could not be bound.
+    #[error("binding {address}: {source}")]
+    Bind {
+        /// The address.
+        address: std::net::SocketAddr,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A task the library runs in the background stopped abnormally (it
+    /// panicked or was cancelled).
+    #[error("{task} failed: {reason}")]
+    TaskFailed {
+        /// Which task.
+        task: &'static str,
+        /// How it ended.
+        reason: String,
+    },
 }
 
 impl Error {

@@ -85,7 +85,12 @@ impl LeaderElectionOptions {
     }
 
     fn check(&self) -> Result<(), Error> {
-        let invalid = |what: String| Err(Error::Other(format!("leader election options: {what}")));
+        let invalid = |reason: String| {
+            Err(Error::InvalidOptions {
+                component: "leader election options".to_string(),
+                reason,
+            })
+        };
         let name = &self.lease_name;
         if name.is_empty()
             || name.len() > 253

@@ -285,7 +285,10 @@ impl Shared {
                     let _ = changed_tx.send(event);
                 }
             })
-            .map_err(|err| Error::Other(format!("starting the file watcher: {err}")))?;
+            .map_err(|err| Error::Watch {
+                what: "the kubeconfig files".to_string(),
+                reason: err.to_string(),
+            })?;
         for dir in self.watched_directories() {
             match watcher.watch(&dir, notify::RecursiveMode::NonRecursive) {
                 Ok(()) => tracing::debug!(directory = %dir.display(), "watching"),

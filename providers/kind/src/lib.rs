@@ -108,22 +108,27 @@ impl Shared {
             .await
             .map_err(|err| match err {
                 ProcessError::Start(io) if io.kind() == std::io::ErrorKind::NotFound => {
-                    Error::Other(format!(
-                        "running `{shown}`: the kind CLI was not found; install kind or set its path in KindOptions::kind_command"
-                    ))
+                    Error::Command {
+                        command: shown.clone(),
+                        reason: "could not run: the kind CLI was not found; install kind or set its path in KindOptions::kind_command".to_string(),
+                    }
                 }
-                other => Error::Other(format!("`{shown}` {other}")),
+                other => Error::Command {
+                    command: shown.clone(),
+                    reason: other.to_string(),
+                },
             })?;
         if !output.status.success() {
             let stderr = String::from_utf8_lossy(&output.stderr);
-            return Err(Error::Other(format!(
-                "`{shown}` failed ({}): {}",
-                output.status,
-                stderr.trim()
-            )));
+            return Err(Error::Command {
+                command: shown,
+                reason: format!("failed ({}): {}", output.status, stderr.trim()),
+            });
         }
-        String::from_utf8(output.stdout)
-            .map_err(|_| Error::Other(format!("`{shown}` printed something that is not UTF-8")))
+        String::from_utf8(output.stdout).map_err(|_| Error::Command {
+            command: shown,
+            reason: "printed something that is not UTF-8".to_string(),
+        })
     }
 
     /// One poll: list, then queue a refresh of every listed cluster and of

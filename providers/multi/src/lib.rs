@@ -88,15 +88,18 @@ impl MultiProvider {
         runnable: Option<Arc<dyn RunnableProvider>>,
     ) -> Result<(), Error> {
         if name.is_empty() || name.contains(self.separator.as_str()) {
-            return Err(Error::Other(format!(
-                "provider name {name:?} must be non-empty and must not contain the separator {:?}",
-                self.separator
-            )));
+            return Err(Error::InvalidOptions {
+                component: "multi provider".to_string(),
+                reason: format!(
+                    "provider name {name:?} must be non-empty and must not contain the separator {:?}",
+                    self.separator
+                ),
+            });
         }
         let indexes = {
             let state = self.lock();
             if state.providers.contains_key(name) {
-                return Err(Error::Other(format!("provider {name:?} already added")));
+                return Err(Error::ProviderExists(name.to_string()));
             }
             state.indexes.clone()
         };
@@ -105,7 +108,7 @@ impl MultiProvider {
         }
         let mut state = self.lock();
         if state.providers.contains_key(name) {
-            return Err(Error::Other(format!("provider {name:?} already added")));
+            return Err(Error::ProviderExists(name.to_string()));
         }
         let stop = match &state.started {
             Some((shutdown, _)) => shutdown.child_token(),

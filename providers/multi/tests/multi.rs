@@ -161,3 +161,18 @@ async fn the_separator_is_configurable() {
         Err(Error::ClusterNotFound(_))
     ));
 }
+
+#[tokio::test]
+async fn bad_and_duplicate_provider_names_are_typed_errors() {
+    let multi = MultiProvider::with_separator("/");
+    let inner = Arc::new(ClustersProvider::new());
+    multi.add_runnable("p", inner.clone()).await.expect("add");
+    assert!(matches!(
+        multi.add_runnable("p", inner.clone()).await,
+        Err(Error::ProviderExists(name)) if name == "p"
+    ));
+    assert!(matches!(
+        multi.add_runnable("a/b", inner).await,
+        Err(Error::InvalidOptions { reason, .. }) if reason.contains("separator")
+    ));
+}

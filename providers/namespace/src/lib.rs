@@ -99,9 +99,10 @@ impl RunnableProvider for NamespaceProvider {
                 event = namespaces.next() => event,
             };
             let Some(event) = event else {
-                return Err(Error::Other(
-                    "the host cache stopped watching namespaces".into(),
-                ));
+                return Err(Error::Watch {
+                    what: "the host's namespaces".to_string(),
+                    reason: "the host cache stopped".to_string(),
+                });
             };
             let Some(name) = event.object().metadata.name.clone() else {
                 continue;

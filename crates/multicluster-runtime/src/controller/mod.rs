@@ -398,19 +398,17 @@ impl ControllerBuilder {
     {
         let mut sources = self.sources;
         if !self.owned.is_empty() {
-            let primary = self.primary.as_ref().ok_or_else(|| {
-                Error::Other(format!(
-                    "controller {}: owns() needs for_resource() to name the owner kind",
-                    self.name
-                ))
+            let primary = self.primary.as_ref().ok_or_else(|| Error::InvalidOptions {
+                component: format!("controller {}", self.name),
+                reason: "owns() needs for_resource() to name the owner kind".to_string(),
             })?;
             sources.extend(self.owned.into_iter().map(|make| make(primary)));
         }
         if sources.is_empty() {
-            return Err(Error::Other(format!(
-                "controller {} watches nothing",
-                self.name
-            )));
+            return Err(Error::InvalidOptions {
+                component: format!("controller {}", self.name),
+                reason: "it watches nothing".to_string(),
+            });
         }
         let reconcile = Arc::new(reconcile);
         let reconciler: Reconciler = Arc::new(move |request, cluster| {
@@ -715,5 +713,34 @@ impl fmt::Debug for Controller {
             .field("name", &self.inner.name)
             .field("clusters", &self.engaged_clusters())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[derive(Debug, thiserror::Error)]
+    #[error("never")]
+    struct Never;
+
+    #[test]
+    fn settings_that_cannot_work_are_typed_errors_naming_the_controller() {
+        let nothing = Controller::builder("idle")
+            .build(|_, _| async { Ok::<_, Never>(Action::await_change()) });
+        assert!(
+            matches!(&nothing, Err(Error::InvalidOptions { component, reason })
+                if component == "controller idle" && reason.contains("watches nothing")),
+            "{:?}",
+            nothing.err()
+        );
+        let orphan = Controller::builder("orphan")
+            .owns(Watch::<k8s_openapi::api::core::v1::ConfigMap>::new())
+            .build(|_, _| async { Ok::<_, Never>(Action::await_change()) });
+        assert!(
+            matches!(&orphan, Err(Error::InvalidOptions { reason, .. }) if reason.contains("for_resource")),
+            "{:?}",
+            orphan.err()
+        );
     }
 }

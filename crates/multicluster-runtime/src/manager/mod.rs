@@ -450,9 +450,7 @@ impl Manager {
         if let Some(address) = self.inner.options.health_address {
             let listener = tokio::net::TcpListener::bind(address)
                 .await
-                .map_err(|err| {
-                    Error::Other(format!("binding the health endpoint to {address}: {err}"))
-                })?;
+                .map_err(|source| Error::Bind { address, source })?;
             self.serve_health(listener, shutdown.clone());
         }
         // `stop` ends reconciling (on shutdown, or when the provider fails);
@@ -551,7 +549,10 @@ impl Manager {
         };
         match provider_result {
             Ok(result) => result,
-            Err(err) => Err(Error::Other(format!("provider task failed: {err}"))),
+            Err(err) => Err(Error::TaskFailed {
+                task: "the provider",
+                reason: err.to_string(),
+            }),
         }
     }
 

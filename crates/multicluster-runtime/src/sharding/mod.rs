@@ -106,7 +106,12 @@ impl Default for ShardingOptions {
 
 impl ShardingOptions {
     fn check(&self) -> Result<(), Error> {
-        let invalid = |what: String| Err(Error::Other(format!("sharding options: {what}")));
+        let invalid = |reason: String| {
+            Err(Error::InvalidOptions {
+                component: "sharding options".to_string(),
+                reason,
+            })
+        };
         for (field, prefix) in [
             ("peer_prefix", &self.peer_prefix),
             ("fence_prefix", &self.fence_prefix),
@@ -569,9 +574,10 @@ impl Coordinator for ShardedCoordinator {
         }
         self.release_all().await;
         registry_stop.cancel();
-        registry_task
-            .await
-            .map_err(|err| Error::Other(format!("peer registry task failed: {err}")))
+        registry_task.await.map_err(|err| Error::TaskFailed {
+            task: "the peer registry",
+            reason: err.to_string(),
+        })
     }
 }
 
