@@ -94,6 +94,12 @@ pub struct ClientOptions {
     /// [`crate::health::RequestTimedOut`] and marks the cluster unreachable
     /// until one is answered again.
     pub request_timeout: Option<Duration>,
+    /// Whether to offer HTTP/2 (default `true`): every request and watch
+    /// to the cluster then shares one connection, checked with pings
+    /// (every 30 s when idle, 15 s to answer, as client-go). With `false`,
+    /// or through a proxy, or with a `tls-server-name`, HTTP/1.1 holds a
+    /// connection per open watch.
+    pub http2: bool,
 }
 
 impl Default for ClientOptions {
@@ -102,6 +108,7 @@ impl Default for ClientOptions {
             plugin_timeout: DEFAULT_PLUGIN_TIMEOUT,
             connect_timeout: Some(DEFAULT_CONNECT_TIMEOUT),
             request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
+            http2: true,
         }
     }
 }
@@ -125,6 +132,13 @@ impl ClientOptions {
     #[must_use]
     pub fn plugin_timeout(mut self, timeout: Duration) -> Self {
         self.plugin_timeout = timeout;
+        self
+    }
+
+    /// Sets [`ClientOptions::http2`].
+    #[must_use]
+    pub fn http2(mut self, offer: bool) -> Self {
+        self.http2 = offer;
         self
     }
 }
@@ -195,7 +209,7 @@ pub(crate) async fn client_with_requests(
             timeout: options.request_timeout,
             requests: requests.clone(),
         };
-        kube::client::ClientBuilder::try_from(config)
+        crate::connection::builder(config, options.http2)
             .map(|builder| builder.with_layer(&layer).build())
             .map_err(|err| {
                 invalid(

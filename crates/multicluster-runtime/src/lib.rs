@@ -21,6 +21,7 @@
 pub mod cache;
 mod cluster;
 pub mod clusters;
+mod connection;
 pub mod controller;
 pub mod credentials;
 pub mod discovery;
