@@ -1,0 +1,309 @@
+//! Fleet benchmark for kubeconfig Secrets: N Secrets in one namespace of a
+//! real control plane, each a kubeconfig for that same API server, so N
+//! clusters with their own clients, connections and caches; one controller
+//! over the fleet's ConfigMaps (20 small ones, plus the one patched for the
+//! fan-out), trivial reconciler, 8 slots. Release build.
+//!
+//! Reports, per N: time from `Manager::run` to the first and to every
+//! cluster's first reconcile; RSS and RSS per cluster; CPU seconds to
+//! engage and per idle minute; file descriptors, sockets and connections to
+//! the API server; watches the API server counts; and change → reconcile
+//! latency (p50, p99, max over the clusters) when one patched ConfigMap
+//! reaches every cluster.
+//!
+//! Run with `make bench` or `cargo bench -p multicluster-provider-kubeconfig
+//! --bench fleet`; `KUBECONFIG_FLEET_SIZES=1000,10000` chooses N (default
+//! 1000).
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use multicluster_envtest::ControlPlane;
+use multicluster_provider_kubeconfig::{
+    DEFAULT_DATA_KEY, DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider,
+};
+use multicluster_runtime::controller::{Action, Controller, Request, Watch};
+use multicluster_runtime::testing::{connections_to, resident_memory_mib};
+use multicluster_runtime::{Cluster, ClusterName, Manager};
+use tokio_util::sync::CancellationToken;
+
+const NAMESPACE: &str = "fleet";
+const OBJECTS: usize = 20;
+
+type Outcome = Result<(), Box<dyn std::error::Error>>;
+
+#[derive(Debug, thiserror::Error)]
+#[error("never")]
+struct Never;
+
+/// When each cluster first reconciled, and when it reconciled the target
+/// after the patch.
+#[derive(Default)]
+struct Seen {
+    first: HashMap<ClusterName, Instant>,
+    target_since: Option<Instant>,
+    target: HashMap<ClusterName, Instant>,
+}
+
+/// CPU time of this process (all threads), from `/proc/self/stat`
+/// (`utime` + `stime`, in the kernel's USER_HZ of 100 ticks a second).
+fn cpu_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name, which is in parentheses.
+    let rest = stat.rsplit(')').next().unwrap_or_default();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15; `rest` starts at field 3.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// Open file descriptors, and how many of them are sockets.
+fn descriptors() -> (usize, usize) {
+    let Ok(entries) = std::fs::read_dir("/proc/self/fd") else {
+        return (0, 0);
+    };
+    let targets: Vec<String> = entries
+        .filter_map(Result::ok)
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok())
+        .map(|target| target.to_string_lossy().into_owned())
+        .collect();
+    let sockets = targets.iter().filter(|t| t.starts_with("socket:")).count();
+    (targets.len(), sockets)
+}
+
+/// Watches open on the API server, from its metrics.
+async fn server_watches(admin: &kube::Client) -> u64 {
+    let request = http::Request::get("/metrics")
+        .body(Vec::new())
+        .expect("request");
+    let Ok(metrics) = admin.request_text(request).await else {
+        return 0;
+    };
+    metrics
+        .lines()
+        .filter(|l| {
+            l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\"")
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+async fn poll(what: &str, within: Duration, mut done: impl FnMut() -> bool) -> Outcome {
+    let deadline = Instant::now() + within;
+    while !done() {
+        if Instant::now() > deadline {
+            return Err(format!("timed out waiting for {what}").into());
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    Ok(())
+}
+
+async fn create_secrets(
+    cp: &ControlPlane,
+    admin: &kube::Client,
+    from: usize,
+    to: usize,
+) -> Outcome {
+    let text = multicluster_envtest::to_yaml(cp.kubeconfig())?;
+    let secrets = Api::<Secret>::namespaced(admin.clone(), NAMESPACE);
+    let results: Vec<Result<Secret, kube::Error>> = futures::stream::iter(from..to)
+        .map(|i| {
+            let secrets = secrets.clone();
+            let secret = Secret {
+                metadata: ObjectMeta {
+                    name: Some(format!("member-{i:05}")),
+                    labels: Some([(DEFAULT_LABEL.to_string(), "true".to_string())].into()),
+                    ..ObjectMeta::default()
+                },
+                data: Some(BTreeMap::from([(
+                    DEFAULT_DATA_KEY.to_string(),
+                    ByteString(text.clone().into_bytes()),
+                )])),
+                ..Secret::default()
+            };
+            async move { secrets.create(&PostParams::default(), &secret).await }
+        })
+        .buffer_unordered(32)
+        .collect()
+        .await;
+    for result in results {
+        result?;
+    }
+    Ok(())
+}
+
+async fn run(
+    cp: &ControlPlane,
+    admin: &kube::Client,
+    port: u16,
+    clusters: usize,
+    created: &mut usize,
+) -> Outcome {
+    create_secrets(cp, admin, *created, clusters).await?;
+    *created = clusters;
+
+    let rss_before = resident_memory_mib();
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let controller = {
+        let seen = seen.clone();
+        Controller::builder("bench")
+            .for_resource(Watch::<ConfigMap>::new())
+            .max_concurrent_reconciles(8)
+            .build(move |request: Request, _cluster| {
+                let seen = seen.clone();
+                async move {
+                    let now = Instant::now();
+                    let mut seen = seen
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    seen.first.entry(request.cluster.clone()).or_insert(now);
+                    if request.name == "target" && seen.target_since.is_some() {
+                        seen.target.entry(request.cluster.clone()).or_insert(now);
+                    }
+                    Ok::<_, Never>(Action::await_change())
+                }
+            })?
+    };
+    let provider = Arc::new(KubeconfigProvider::new(
+        admin.clone(),
+        KubeconfigOptions {
+            namespace: Some(NAMESPACE.into()),
+            ..KubeconfigOptions::default()
+        },
+    ));
+    let manager = Manager::builder(Cluster::new("local", admin.clone()))
+        .provider(provider)
+        .build();
+    manager.add_controller(controller)?;
+    let shutdown = CancellationToken::new();
+    let cpu_before = cpu_seconds();
+    let started = Instant::now();
+    let task = {
+        let (manager, shutdown) = (manager.clone(), shutdown.clone());
+        tokio::spawn(async move { manager.run(shutdown).await })
+    };
+    let lock = || {
+        seen.lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    };
+    poll(
+        "every cluster's first reconcile",
+        Duration::from_secs(900),
+        || lock().first.len() >= clusters,
+    )
+    .await?;
+    let all = started.elapsed();
+    let first = lock()
+        .first
+        .values()
+        .min()
+        .map_or(Duration::ZERO, |at| *at - started);
+    let cpu_engage = cpu_seconds() - cpu_before;
+    let rss = resident_memory_mib();
+
+    // Idle: nothing changes for 20 s.
+    let idle_cpu_before = cpu_seconds();
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let idle_per_minute = (cpu_seconds() - idle_cpu_before) * 3.0;
+    let (fds, sockets) = descriptors();
+    let connections = connections_to(port);
+    let watches = server_watches(admin).await;
+
+    // One patch, seen by every cluster.
+    let sent = Instant::now();
+    lock().target_since = Some(sent);
+    Api::<ConfigMap>::namespaced(admin.clone(), "default")
+        .patch(
+            "target",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"data": {"sent": format!("{:?}", sent)}})),
+        )
+        .await?;
+    poll(
+        "the patch to reach every cluster",
+        Duration::from_secs(300),
+        || lock().target.len() >= clusters,
+    )
+    .await?;
+    let mut latencies: Vec<Duration> = lock().target.values().map(|at| *at - sent).collect();
+    latencies.sort();
+
+    println!(
+        "clusters={clusters:>5} first={:>6.2}s all={:>6.2}s rss={:>7.1}MiB (+{:.1}MiB, {:.0}KiB/cluster) \
+         cpu-engage={:>6.1}s cpu-idle={:>5.2}s/min fds={fds} sockets={sockets} connections-to-apiserver={connections} \
+         apiserver-watches={watches} fan-out p50={:>7.1}ms p99={:>7.1}ms max={:>7.1}ms",
+        first.as_secs_f64(),
+        all.as_secs_f64(),
+        rss,
+        rss - rss_before,
+        (rss - rss_before) * 1024.0 / clusters as f64,
+        cpu_engage,
+        idle_per_minute,
+        percentile(&latencies, 0.50).as_secs_f64() * 1000.0,
+        percentile(&latencies, 0.99).as_secs_f64() * 1000.0,
+        latencies.last().copied().unwrap_or_default().as_secs_f64() * 1000.0,
+    );
+    shutdown.cancel();
+    task.await??;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Outcome {
+    let sizes: Vec<usize> = std::env::var("KUBECONFIG_FLEET_SIZES")
+        .unwrap_or_else(|_| "1000".into())
+        .split(',')
+        .filter_map(|n| n.trim().parse().ok())
+        .collect();
+    // The manager raises the soft limit too; the control plane's clients
+    // in this process need it before.
+    multicluster_runtime::process::raise_open_files_limit()?;
+    let cp = ControlPlane::start().await?;
+    let admin = cp.client().await?;
+    let port: u16 = cp
+        .server()
+        .rsplit(':')
+        .next()
+        .and_then(|port| port.trim_end_matches('/').parse().ok())
+        .ok_or("no port in the server URL")?;
+    cp.create_namespace(NAMESPACE).await?;
+    let configmaps = Api::<ConfigMap>::namespaced(admin.clone(), "default");
+    for i in 0..OBJECTS {
+        let mut cm = ConfigMap::default();
+        cm.metadata.name = Some(format!("cm-{i}"));
+        cm.data = Some([("value".to_string(), i.to_string())].into());
+        configmaps.create(&PostParams::default(), &cm).await?;
+    }
+    let mut target = ConfigMap::default();
+    target.metadata.name = Some("target".into());
+    configmaps.create(&PostParams::default(), &target).await?;
+    println!(
+        "machine: {} cores; {} ConfigMaps per cluster; HTTP/2 to the API server",
+        std::thread::available_parallelism().map_or(0, usize::from),
+        OBJECTS + 1
+    );
+    let mut created = 0;
+    for clusters in sizes {
+        run(&cp, &admin, port, clusters, &mut created).await?;
+    }
+    Ok(())
+}
