@@ -5,10 +5,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use clap::{ArgGroup, Parser};
-use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs};
+use k8s_openapi::api::core::v1::ConfigMap;
+use multicluster_example_configmap_sync::{
+    ClientArgs, CopyContext, MainError, ManagerArgs, reconcile, sync_filter,
+};
 use multicluster_provider_cluster_inventory_api::access::ProviderFile;
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
 use multicluster_runtime::Cluster;
+use multicluster_runtime::controller::{Controller, Watch};
 use multicluster_runtime::metrics::Metrics;
 
 /// Copy labelled ConfigMaps in every ready ClusterProfile's cluster.
@@ -59,12 +63,19 @@ async fn run(args: Args) -> Result<(), MainError> {
     // The hub comes from $KUBECONFIG / ~/.kube/config / in-cluster.
     let hub = kube::Client::try_default().await?;
     let provider = Arc::new(ClusterProfileProvider::new(hub.clone(), options));
-    multicluster_example_configmap_sync::run(
-        Cluster::new("hub", hub),
-        provider,
-        &args.manager,
-        Some(metrics),
-    )
-    .await?;
+    // The manager: the local cluster, the fleet's provider, and (with
+    // --leader-elect) the Lease that decides which replica works.
+    let (manager, replica) = args.manager.builder(Cluster::new("hub", hub))?;
+    let manager = manager.provider(provider).metrics(metrics).build();
+    // The controller: labelled ConfigMaps in every cluster, and the copies
+    // they own; `reconcile` (shared by the examples) writes the copies.
+    let controller = Controller::builder("configmap-copy")
+        .for_resource(Watch::<ConfigMap>::new().filter(sync_filter()))
+        .owns(Watch::<ConfigMap>::new())
+        .max_concurrent_reconciles(4)
+        .build_with_context(CopyContext::new(replica.as_deref()), reconcile)?;
+    manager.add_controller(controller)?;
+    tracing::info!("running; Ctrl-C stops");
+    manager.run_until_signal().await?;
     Ok(())
 }

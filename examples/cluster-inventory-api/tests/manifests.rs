@@ -6,7 +6,6 @@
 //! engaged clusters are disjoint from the base's.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
@@ -15,9 +14,10 @@ use kube::api::{
 };
 use multicluster_envtest::ControlPlane;
 use multicluster_example_testing::manifests::{
-    Container, apply, can_i, container, engaged, render, run_as_deployed,
+    Container, apply, can_i, container, may_not, render, run_as_deployed, stop_all,
+    wait_until_engaged,
 };
-use multicluster_example_testing::{GRACE, terminate, wait_for_copy};
+use multicluster_example_testing::wait_for_copy;
 use multicluster_provider_cluster_inventory_api::{
     CONSUMER_LABEL, PROFILE_LABEL, SECRET_KEY, WATCH_FILTER_LABEL,
 };
@@ -133,21 +133,7 @@ async fn the_manifests_deploy_with_the_least_privilege_and_instances_stay_apart(
         vec![format!("{}/in-a", a.namespace)],
         vec![format!("{}/in-b", b.namespace)],
     );
-    let apart = tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            let seen = (engaged(first_address).await, engaged(other_address).await);
-            if seen.0 == want_a && seen.1 == want_b {
-                return;
-            }
-            eprintln!("engaged so far: {seen:?}");
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    })
-    .await;
-    assert!(
-        apart.is_ok(),
-        "each instance engages exactly its own clusters"
-    );
+    wait_until_engaged(&[(first_address, want_a), (other_address, want_b)]).await;
 
     // And no more: reading profiles and Secrets in its own namespace.
     let profiles = "clusterprofiles.multicluster.x-k8s.io";
@@ -156,25 +142,21 @@ async fn the_manifests_deploy_with_the_least_privilege_and_instances_stay_apart(
         (&b, &b.namespace, &a.namespace),
     ] {
         assert!(can_i(&hub, instance, &["list", profiles, "-n", own]).await);
-        for what in [
-            vec!["get", "secrets", "-n", foreign.as_str()],
-            vec!["list", profiles, "-n", foreign.as_str()],
-            vec!["list", "secrets", "--all-namespaces"],
-            vec!["update", profiles, "-n", own.as_str()],
-            vec!["create", "secrets", "-n", own.as_str()],
-            vec!["update", "leases/some-other-lease", "-n", own.as_str()],
-            vec!["list", "configmaps", "-n", own.as_str()],
-        ] {
-            assert!(
-                !can_i(&hub, instance, &what).await,
-                "{} may {what:?}",
-                instance.service_account
-            );
-        }
+        may_not(
+            &hub,
+            instance,
+            &[
+                vec!["get", "secrets", "-n", foreign.as_str()],
+                vec!["list", profiles, "-n", foreign.as_str()],
+                vec!["list", "secrets", "--all-namespaces"],
+                vec!["update", profiles, "-n", own.as_str()],
+                vec!["create", "secrets", "-n", own.as_str()],
+                vec!["update", "leases/some-other-lease", "-n", own.as_str()],
+                vec!["list", "configmaps", "-n", own.as_str()],
+            ],
+        )
+        .await;
     }
 
-    for child in [&mut first, &mut other] {
-        let status = terminate(child, GRACE + Duration::from_secs(5)).await;
-        assert!(status.success(), "{status}");
-    }
+    stop_all(&mut [&mut first, &mut other]).await;
 }

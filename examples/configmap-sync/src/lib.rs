@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use multicluster_runtime::controller::{Action, Controller, Request, Watch, filters};
+use multicluster_runtime::controller::{Action, Controller, Filter, Request, Watch, filters};
 use multicluster_runtime::leader_election::{LeaderElection, LeaderElectionOptions};
 use multicluster_runtime::{Cluster, Error};
 use std::sync::Arc;
@@ -23,32 +23,6 @@ pub enum SyncError {
     /// Writing the copy failed.
     #[error("writing the copy of {0}: {1}")]
     Write(Request, #[source] kube::Error),
-}
-
-/// Runs the copy controller over `provider`'s fleet (and `local`) until
-/// SIGTERM or Ctrl-C, serving health, readiness, metrics and cluster states
-/// on `health_address`.
-pub async fn run<P: multicluster_runtime::RunnableProvider + 'static>(
-    local: Cluster,
-    provider: std::sync::Arc<P>,
-    manager_args: &ManagerArgs,
-    metrics: Option<multicluster_runtime::metrics::Metrics>,
-) -> Result<(), Error> {
-    let election = manager_args.leader_election(&local)?;
-    let mut manager = multicluster_runtime::Manager::builder(local)
-        .provider(provider)
-        .options(manager_args.options());
-    if let Some(metrics) = metrics {
-        manager = manager.metrics(metrics);
-    }
-    match election {
-        Some(election) => {
-            // Copies name the replica that wrote them, so a takeover shows.
-            let controller = controller_on_replica("configmap-copy", election.identity())?;
-            serve(manager.coordinator(Arc::new(election)).build(), controller).await
-        }
-        None => serve(manager.build(), controller("configmap-copy")?).await,
-    }
 }
 
 /// Runs `controller` on `manager` until SIGTERM or Ctrl-C.
@@ -104,6 +78,24 @@ impl ManagerArgs {
             shutdown_grace: self.shutdown_grace,
             ..multicluster_runtime::ManagerOptions::default()
         }
+    }
+
+    /// A manager builder for `local` with these flags: the options, and
+    /// leader election when `--leader-elect` is given; with it, this
+    /// replica's identity.
+    pub fn builder(
+        &self,
+        local: Cluster,
+    ) -> Result<(multicluster_runtime::ManagerBuilder, Option<String>), Error> {
+        let election = self.leader_election(&local)?;
+        let builder = multicluster_runtime::Manager::builder(local).options(self.options());
+        Ok(match election {
+            Some(election) => {
+                let identity = election.identity().to_string();
+                (builder.coordinator(Arc::new(election)), Some(identity))
+            }
+            None => (builder, None),
+        })
     }
 
     /// The leader election these flags ask for, keeping its Lease in the
@@ -203,24 +195,49 @@ pub fn controller(name: &str) -> Result<Controller, Error> {
 /// Builds the controller for one replica of several: each copy it writes
 /// names `replica` in [`COPIED_BY_ANNOTATION`].
 pub fn controller_on_replica(name: &str, replica: &str) -> Result<Controller, Error> {
-    build(name, Some(replica.into()))
+    build(name, Some(replica))
 }
 
-fn build(name: &str, replica: Option<std::sync::Arc<str>>) -> Result<Controller, Error> {
+fn build(name: &str, replica: Option<&str>) -> Result<Controller, Error> {
     Controller::builder(name)
-        .for_resource(Watch::<ConfigMap>::new().filter(filters::labels(
-            [(SYNC_LABEL.to_string(), "true".to_string())].into(),
-        )))
+        .for_resource(Watch::<ConfigMap>::new().filter(sync_filter()))
         .owns(Watch::<ConfigMap>::new())
         .max_concurrent_reconciles(4)
-        .build(move |request, cluster| reconcile(request, cluster, replica.clone()))
+        .build_with_context(CopyContext::new(replica), reconcile)
 }
 
-async fn reconcile(
+/// Passes the events of ConfigMaps labelled [`SYNC_LABEL`]`=true` (and of
+/// those that just lost the label).
+pub fn sync_filter() -> Filter<ConfigMap> {
+    filters::labels([(SYNC_LABEL.to_string(), "true".to_string())].into())
+}
+
+/// What every copy reconcile shares: the replica that writes the copies,
+/// when there are several.
+#[derive(Debug, Default)]
+pub struct CopyContext {
+    replica: Option<Arc<str>>,
+}
+
+impl CopyContext {
+    /// The context for `replica` (named on each copy it writes, in
+    /// [`COPIED_BY_ANNOTATION`]), or for a single replica.
+    pub fn new(replica: Option<&str>) -> Arc<Self> {
+        Arc::new(Self {
+            replica: replica.map(Arc::from),
+        })
+    }
+}
+
+/// The copy reconciler: makes `<name>-copy` (owned by its source) equal to
+/// the labelled source, or deletes it when the source is gone or no longer
+/// labelled.
+pub async fn reconcile(
     request: Request,
     cluster: Cluster,
-    replica: Option<std::sync::Arc<str>>,
+    context: Arc<CopyContext>,
 ) -> Result<Action, SyncError> {
+    let replica = context.replica.clone();
     let namespace = request
         .namespace
         .clone()

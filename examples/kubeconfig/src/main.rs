@@ -4,11 +4,15 @@
 use std::sync::Arc;
 
 use clap::Parser;
-use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs};
+use k8s_openapi::api::core::v1::ConfigMap;
+use multicluster_example_configmap_sync::{
+    ClientArgs, CopyContext, MainError, ManagerArgs, reconcile, sync_filter,
+};
 use multicluster_provider_kubeconfig::{
     DEFAULT_DATA_KEY, DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider,
 };
 use multicluster_runtime::Cluster;
+use multicluster_runtime::controller::{Controller, Watch};
 use multicluster_runtime::metrics::Metrics;
 
 /// Copy labelled ConfigMaps in every cluster named by a kubeconfig Secret.
@@ -56,12 +60,21 @@ async fn run(args: Args) -> Result<(), MainError> {
             ..KubeconfigOptions::default()
         },
     ));
-    multicluster_example_configmap_sync::run(
-        Cluster::new("management", management),
-        provider,
-        &args.manager,
-        Some(metrics),
-    )
-    .await?;
+    // The manager: the local cluster, the fleet's provider, and (with
+    // --leader-elect) the Lease that decides which replica works.
+    let (manager, replica) = args
+        .manager
+        .builder(Cluster::new("management", management))?;
+    let manager = manager.provider(provider).metrics(metrics).build();
+    // The controller: labelled ConfigMaps in every cluster, and the copies
+    // they own; `reconcile` (shared by the examples) writes the copies.
+    let controller = Controller::builder("configmap-copy")
+        .for_resource(Watch::<ConfigMap>::new().filter(sync_filter()))
+        .owns(Watch::<ConfigMap>::new())
+        .max_concurrent_reconciles(4)
+        .build_with_context(CopyContext::new(replica.as_deref()), reconcile)?;
+    manager.add_controller(controller)?;
+    tracing::info!("running; Ctrl-C stops");
+    manager.run_until_signal().await?;
     Ok(())
 }

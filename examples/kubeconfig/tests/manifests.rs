@@ -5,16 +5,15 @@
 //! disjoint from the base's.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, ObjectMeta, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_example_testing::manifests::{
-    apply, can_i, container, engaged, render, run_as_deployed,
+    apply, can_i, container, may_not, render, run_as_deployed, stop_all, wait_until_engaged,
 };
-use multicluster_example_testing::{GRACE, terminate, wait_for_copy};
+use multicluster_example_testing::wait_for_copy;
 use multicluster_provider_kubeconfig::{DEFAULT_LABEL, WATCH_FILTER_LABEL};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-kubeconfig");
@@ -79,21 +78,11 @@ async fn the_manifests_deploy_with_the_least_privilege_and_instances_stay_apart(
     let (mut other, other_address) = run_as_deployed(BINARY, &management, &b, dir.path()).await;
     // It works: its RBAC is enough to read its Secrets.
     wait_for_copy(member.client().await.expect("client"), "settings").await;
-    let apart = tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            let seen = (engaged(first_address).await, engaged(other_address).await);
-            if seen.0 == ["in-a"] && seen.1 == ["in-b"] {
-                return;
-            }
-            eprintln!("engaged so far: {seen:?}");
-            tokio::time::sleep(Duration::from_millis(500)).await;
-        }
-    })
+    wait_until_engaged(&[
+        (first_address, vec!["in-a".to_string()]),
+        (other_address, vec!["in-b".to_string()]),
+    ])
     .await;
-    assert!(
-        apart.is_ok(),
-        "each instance engages exactly its own clusters"
-    );
 
     // And no more: only reading Secrets, only in its own namespace.
     for (instance, own, foreign) in [
@@ -101,25 +90,21 @@ async fn the_manifests_deploy_with_the_least_privilege_and_instances_stay_apart(
         (&b, &b.namespace, &a.namespace),
     ] {
         assert!(can_i(&management, instance, &["list", "secrets", "-n", own]).await);
-        for what in [
-            vec!["get", "secrets", "-n", foreign.as_str()],
-            vec!["get", "secrets", "-n", "kube-system"],
-            vec!["list", "secrets", "--all-namespaces"],
-            vec!["create", "secrets", "-n", own.as_str()],
-            vec!["delete", "secrets", "-n", own.as_str()],
-            vec!["list", "configmaps", "-n", own.as_str()],
-            vec!["update", "leases/some-other-lease", "-n", own.as_str()],
-        ] {
-            assert!(
-                !can_i(&management, instance, &what).await,
-                "{} may {what:?}",
-                instance.service_account
-            );
-        }
+        may_not(
+            &management,
+            instance,
+            &[
+                vec!["get", "secrets", "-n", foreign.as_str()],
+                vec!["get", "secrets", "-n", "kube-system"],
+                vec!["list", "secrets", "--all-namespaces"],
+                vec!["create", "secrets", "-n", own.as_str()],
+                vec!["delete", "secrets", "-n", own.as_str()],
+                vec!["list", "configmaps", "-n", own.as_str()],
+                vec!["update", "leases/some-other-lease", "-n", own.as_str()],
+            ],
+        )
+        .await;
     }
 
-    for child in [&mut first, &mut other] {
-        let status = terminate(child, GRACE + Duration::from_secs(5)).await;
-        assert!(status.success(), "{status}");
-    }
+    stop_all(&mut [&mut first, &mut other]).await;
 }

@@ -5,9 +5,13 @@
 use std::sync::Arc;
 
 use clap::Parser;
-use multicluster_example_configmap_sync::{MainError, ManagerArgs};
+use k8s_openapi::api::core::v1::ConfigMap;
+use multicluster_example_configmap_sync::{
+    CopyContext, MainError, ManagerArgs, reconcile, sync_filter,
+};
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
 use multicluster_runtime::Cluster;
+use multicluster_runtime::controller::{Controller, Watch};
 
 /// Copy labelled ConfigMaps in every namespace, treating each namespace as a cluster.
 #[derive(Parser)]
@@ -36,6 +40,19 @@ async fn run(args: Args) -> Result<(), MainError> {
             watch_filter: args.watch_filter,
         },
     ));
-    multicluster_example_configmap_sync::run(host, provider, &args.manager, None).await?;
+    // The manager: the local cluster, the fleet's provider, and (with
+    // --leader-elect) the Lease that decides which replica works.
+    let (manager, replica) = args.manager.builder(host)?;
+    let manager = manager.provider(provider).build();
+    // The controller: labelled ConfigMaps in every cluster, and the copies
+    // they own; `reconcile` (shared by the examples) writes the copies.
+    let controller = Controller::builder("configmap-copy")
+        .for_resource(Watch::<ConfigMap>::new().filter(sync_filter()))
+        .owns(Watch::<ConfigMap>::new())
+        .max_concurrent_reconciles(4)
+        .build_with_context(CopyContext::new(replica.as_deref()), reconcile)?;
+    manager.add_controller(controller)?;
+    tracing::info!("running; Ctrl-C stops");
+    manager.run_until_signal().await?;
     Ok(())
 }

@@ -220,3 +220,51 @@ pub async fn engaged(address: std::net::SocketAddr) -> Vec<String> {
     names.sort();
     names
 }
+
+/// Waits (60 s at most) until each example at `address` lists exactly its
+/// `expected` clusters on `/clusters`; panics with what they listed last.
+pub async fn wait_until_engaged(instances: &[(std::net::SocketAddr, Vec<String>)]) {
+    let mut seen = Vec::new();
+    let apart = tokio::time::timeout(Duration::from_secs(60), async {
+        loop {
+            seen.clear();
+            for (address, _) in instances {
+                seen.push(engaged(*address).await);
+            }
+            if seen
+                .iter()
+                .zip(instances)
+                .all(|(listed, (_, expected))| listed == expected)
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    })
+    .await;
+    assert!(
+        apart.is_ok(),
+        "each instance engages exactly its own clusters; they listed {seen:?}"
+    );
+}
+
+/// Asserts that the ServiceAccount may do none of `what` (each a
+/// `kubectl auth can-i` argument list).
+pub async fn may_not(management: &ControlPlane, container: &Container, what: &[Vec<&str>]) {
+    for what in what {
+        assert!(
+            !can_i(management, container, what).await,
+            "{} may {what:?}",
+            container.service_account
+        );
+    }
+}
+
+/// Stops each example with SIGTERM, as a Deployment's rollout does, and
+/// asserts it exits cleanly within the grace period.
+pub async fn stop_all(examples: &mut [&mut tokio::process::Child]) {
+    for example in examples.iter_mut() {
+        let status = crate::terminate(example, crate::GRACE + Duration::from_secs(5)).await;
+        assert!(status.success(), "{status}");
+    }
+}
