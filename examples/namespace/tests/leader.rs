@@ -4,8 +4,6 @@
 //! running; a killed leader is replaced once its Lease lapses, a stopped
 //! one hands over at once.
 
-use std::collections::BTreeMap;
-use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -13,9 +11,9 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_example_configmap_sync::{COPIED_BY_ANNOTATION, SYNC_LABEL};
-use multicluster_runtime::testing::{eventually, http_get};
+use multicluster_example_testing::replica::Replica;
+use multicluster_runtime::testing::eventually;
 use serde_json::json;
-use tokio::process::{Child, Command};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-namespace");
 const FILTER: &str = "led";
@@ -28,74 +26,43 @@ const RETRY_PERIOD: Duration = Duration::from_secs(1);
 /// Starting a process, its first request and the test's own polling.
 const SLACK: Duration = Duration::from_secs(3);
 
-/// One replica process, killed when dropped.
-struct Replica {
-    id: String,
-    port: u16,
-    process: Child,
+/// A replica of the namespace example under leader election, with short
+/// timings.
+fn start(cp: &ControlPlane, id: &str) -> Replica {
+    Replica::start(
+        BINARY,
+        cp,
+        id,
+        &[
+            "--watch-filter",
+            FILTER,
+            "--leader-elect",
+            "--leader-election-id",
+            LEASE,
+            "--leader-election-namespace",
+            "default",
+            "--leader-election-identity",
+            id,
+            "--leader-election-lease-duration",
+            "8s",
+            "--leader-election-renew-deadline",
+            "5s",
+            "--leader-election-retry-period",
+            "1s",
+        ],
+    )
 }
 
-impl Replica {
-    fn start(cp: &ControlPlane, id: &str) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
-        let process = Command::new(BINARY)
-            .args(["--watch-filter", FILTER])
-            .args(["--health-address", &format!("127.0.0.1:{port}")])
-            .args(["--leader-elect", "--leader-election-id", LEASE])
-            .args(["--leader-election-namespace", "default"])
-            .args(["--leader-election-identity", id])
-            .args(["--leader-election-lease-duration", "8s"])
-            .args(["--leader-election-renew-deadline", "5s"])
-            .args(["--leader-election-retry-period", "1s"])
-            .env("KUBECONFIG", cp.kubeconfig_path())
-            .env("RUST_LOG", "info,kube=warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("replica");
-        Self {
-            id: id.to_string(),
-            port,
-            process,
-        }
-    }
-
-    async fn get(&self, path: &str) -> Option<String> {
-        let address = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
-        let (_, body) = http_get(address, path).await.ok()?;
-        Some(body)
-    }
-
-    /// Reconciles this replica has run, over all clusters.
-    async fn reconciles(&self) -> u64 {
-        let metrics = self.get("/metrics").await.expect("metrics");
-        metrics
-            .lines()
-            .filter(|l| l.starts_with("controller_runtime_reconcile_total{"))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum::<f64>() as u64
-    }
-
-    /// The fleet's clusters as this replica reports them: name → state.
-    async fn clusters(&self) -> BTreeMap<String, String> {
-        let report = self.get("/clusters").await.unwrap_or_default();
-        report
-            .lines()
-            .filter_map(|l| l.split_once('\t'))
-            .filter(|(name, _)| name.starts_with("led-"))
-            .map(|(name, state)| (name.to_string(), state.to_string()))
-            .collect()
-    }
-
-    /// Whether this replica reports every cluster of the fleet in `state`.
-    async fn reports_all(&self, state: &str) -> bool {
-        let clusters = self.clusters().await;
-        clusters.len() == CLUSTERS && clusters.values().all(|s| s == state)
-    }
+/// Whether `replica` reports every cluster of the fleet in `state`.
+async fn reports_all(replica: &Replica, state: &str) -> bool {
+    let clusters: Vec<String> = replica
+        .clusters()
+        .await
+        .into_iter()
+        .filter(|(name, _)| name.starts_with("led-"))
+        .map(|(_, state)| state)
+        .collect();
+    clusters.len() == CLUSTERS && clusters.iter().all(|s| s == state)
 }
 
 fn names() -> Vec<String> {
@@ -262,7 +229,7 @@ async fn one_replica_leads_the_others_stand_by_warm_and_take_over() {
 
     let mut replicas: Vec<Replica> = ["replica-a", "replica-b", "replica-c"]
         .into_iter()
-        .map(|id| Replica::start(&cp, id))
+        .map(|id| start(&cp, id))
         .collect();
     let (first, _) = new_leader(&fleet, &replicas, "", Instant::now()).await;
     let first_id = replicas[first].id.clone();
@@ -280,7 +247,7 @@ async fn one_replica_leads_the_others_stand_by_warm_and_take_over() {
             "ready, left to another replica"
         };
         eventually(&format!("{} to report {expected}", replica.id), || {
-            replica.reports_all(expected)
+            reports_all(replica, expected)
         })
         .await;
     }

@@ -4,106 +4,60 @@
 //! must all name the one owner rendezvous hashing picks.
 
 use std::collections::BTreeMap;
-use std::process::Stdio;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_example_configmap_sync::{COPIED_BY_ANNOTATION, SYNC_LABEL};
+use multicluster_example_testing::replica::Replica;
 use multicluster_runtime::sharding::{Peer, lease_name, owner};
-use multicluster_runtime::testing::{eventually, http_get};
+use multicluster_runtime::testing::eventually;
 use serde_json::json;
-use tokio::process::{Child, Command};
+use tokio::process::Command;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-sharded-namespace");
 const FILTER: &str = "sharded";
 const CLUSTERS: usize = 12;
 
-/// One replica process, killed when dropped.
-struct Replica {
-    id: String,
-    port: u16,
-    process: Child,
+/// A replica of the sharded example, with short leases so hand-overs
+/// take seconds, not half a minute.
+fn start(cp: &ControlPlane, id: &str) -> Replica {
+    Replica::start(
+        BINARY,
+        cp,
+        id,
+        &[
+            "--peer-id",
+            id,
+            "--watch-filter",
+            FILTER,
+            "--probe-interval",
+            "1s",
+            "--peer-lease-duration",
+            "6s",
+            "--peer-renew-interval",
+            "1s",
+            "--fence-lease-duration",
+            "4s",
+            "--fence-renew-interval",
+            "1s",
+        ],
+    )
 }
 
-impl Replica {
-    fn start(cp: &ControlPlane, id: &str) -> Self {
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("free port")
-            .port();
-        let process = Command::new(BINARY)
-            .args(["--peer-id", id, "--watch-filter", FILTER])
-            .args(["--health-address", &format!("127.0.0.1:{port}")])
-            // Short leases so hand-overs take seconds, not half a minute.
-            .args(["--probe-interval", "1s"])
-            .args(["--peer-lease-duration", "6s", "--peer-renew-interval", "1s"])
-            .args([
-                "--fence-lease-duration",
-                "4s",
-                "--fence-renew-interval",
-                "1s",
-            ])
-            .env("KUBECONFIG", cp.kubeconfig_path())
-            .env("RUST_LOG", "info,kube=warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("replica");
-        Self {
-            id: id.to_string(),
-            port,
-            process,
-        }
-    }
-
-    async fn get(&self, path: &str) -> Option<String> {
-        let address = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
-        let (_, body) = http_get(address, path).await.ok()?;
-        Some(body)
-    }
-
-    /// Reconciles this replica has run, per cluster.
-    async fn reconciles(&self) -> BTreeMap<String, u64> {
-        let metrics = self.get("/metrics").await.expect("metrics");
-        let mut counts = BTreeMap::new();
-        for line in metrics
-            .lines()
-            .filter(|l| l.starts_with("controller_runtime_reconcile_total{"))
-        {
-            let Some(cluster) = line
-                .split("cluster=\"")
-                .nth(1)
-                .and_then(|rest| rest.split('"').next())
-            else {
-                continue;
-            };
-            let count: f64 = line
-                .rsplit(' ')
-                .next()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(0.0);
-            *counts.entry(cluster.to_string()).or_default() += count as u64;
-        }
-        counts
-    }
-
-    /// The clusters this replica says it works on.
-    async fn working_on(&self) -> Option<Vec<String>> {
-        let report = self.get("/clusters").await?;
-        Some(
-            report
-                .lines()
-                .filter(|l| l.ends_with("worked on here"))
-                .filter_map(|l| l.split('\t').next())
-                // The local cluster is sharded too; only the fleet is compared.
-                .filter(|name| *name != "<local>")
-                .map(str::to_string)
-                .collect(),
-        )
-    }
+/// The clusters `replica` says it works on.
+async fn working_on(replica: &Replica) -> Option<Vec<String>> {
+    replica.get("/clusters").await?;
+    Some(
+        replica
+            .clusters()
+            .await
+            .into_iter()
+            .filter(|(_, state)| state.ends_with("worked on here"))
+            .map(|(name, _)| name)
+            .collect(),
+    )
 }
 
 fn peers(replicas: &[&Replica]) -> Vec<Peer> {
@@ -239,7 +193,7 @@ impl Fleet {
 async fn counts(replicas: &[&Replica]) -> BTreeMap<String, BTreeMap<String, u64>> {
     let mut all = BTreeMap::new();
     for replica in replicas {
-        all.insert(replica.id.clone(), replica.reconciles().await);
+        all.insert(replica.id.clone(), replica.reconciles_by_cluster().await);
     }
     all
 }
@@ -288,7 +242,7 @@ async fn wait_until_working(replicas: &[&Replica], owners: &BTreeMap<String, Str
             .collect();
         eventually(
             "each replica at work on exactly its own clusters",
-            || async { replica.working_on().await.as_ref() == Some(&mine) },
+            || async { working_on(replica).await.as_ref() == Some(&mine) },
         )
         .await;
     }
@@ -298,9 +252,9 @@ async fn wait_until_working(replicas: &[&Replica], owners: &BTreeMap<String, Str
 async fn replicas_share_the_fleet_and_hand_clusters_over() {
     let cp = ControlPlane::start().await.expect("control plane");
     let fleet = Fleet::create(&cp).await;
-    let r0 = Replica::start(&cp, "r0");
-    let r1 = Replica::start(&cp, "r1");
-    let mut r2 = Replica::start(&cp, "r2");
+    let r0 = start(&cp, "r0");
+    let r1 = start(&cp, "r1");
+    let mut r2 = start(&cp, "r2");
 
     // Three replicas: every cluster's fence is held by its owner, the
     // owner wrote its copy, and no other replica reconciled it.
@@ -357,7 +311,7 @@ async fn replicas_share_the_fleet_and_hand_clusters_over() {
 
     // r3 joins: it takes its share, and nothing else moves.
     let fences_before = fleet.fences().await;
-    let r3 = Replica::start(&cp, "r3");
+    let r3 = start(&cp, "r3");
     let owners = expected(&[&r0, &r1, &r3]);
     eventually("r3's share handed over", || async {
         fleet.holders().await == owners
@@ -428,7 +382,7 @@ async fn replicas_share_the_fleet_and_hand_clusters_over() {
 async fn no_replica_works_on_without_its_fence() {
     let cp = ControlPlane::start().await.expect("control plane");
     let fleet = Fleet::create(&cp).await;
-    let replicas = [Replica::start(&cp, "r0"), Replica::start(&cp, "r1")];
+    let replicas = [start(&cp, "r0"), start(&cp, "r1")];
     let owners = expected(&[&replicas[0], &replicas[1]]);
     eventually("each cluster's fence held by its owner", || async {
         fleet.holders().await == owners
@@ -442,7 +396,7 @@ async fn no_replica_works_on_without_its_fence() {
     let stopped = tokio::time::Instant::now();
     for replica in &replicas {
         eventually("the replica to stop all work", || async {
-            replica.working_on().await == Some(Vec::new())
+            working_on(replica).await == Some(Vec::new())
         })
         .await;
     }

@@ -3,6 +3,7 @@
 //! in `config/` deploy it ([`manifests`]).
 
 pub mod manifests;
+pub mod replica;
 
 use std::time::Duration;
 

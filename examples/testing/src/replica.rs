@@ -1,0 +1,101 @@
+//! An example binary running as one of several replicas, each its own
+//! process, as a Deployment would run them.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+
+use multicluster_envtest::ControlPlane;
+use multicluster_runtime::testing::http_get;
+use tokio::process::{Child, Command};
+
+/// One replica process serving its endpoints on a free local port; killed
+/// when dropped.
+pub struct Replica {
+    /// The replica's ID (what it calls itself in Leases).
+    pub id: String,
+    /// Where it serves `/metrics`, `/clusters` and the probes.
+    pub port: u16,
+    /// The process.
+    pub process: Child,
+}
+
+impl Replica {
+    /// Starts `binary` with `args` against `cp` (as its `$KUBECONFIG`).
+    pub fn start(binary: &str, cp: &ControlPlane, id: &str, args: &[&str]) -> Self {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let process = Command::new(binary)
+            .args(args)
+            .args(["--health-address", &format!("127.0.0.1:{port}")])
+            .env("KUBECONFIG", cp.kubeconfig_path())
+            .env("RUST_LOG", "info,kube=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("replica");
+        Self {
+            id: id.to_string(),
+            port,
+            process,
+        }
+    }
+
+    /// The body of `path` on the replica's endpoint, if it answers.
+    pub async fn get(&self, path: &str) -> Option<String> {
+        let address = std::net::SocketAddr::from(([127, 0, 0, 1], self.port));
+        let (_, body) = http_get(address, path).await.ok()?;
+        Some(body)
+    }
+
+    /// Reconciles this replica has run, per cluster (with per-cluster
+    /// metric labels).
+    pub async fn reconciles_by_cluster(&self) -> BTreeMap<String, u64> {
+        let mut counts = BTreeMap::new();
+        for (line, count) in self.reconcile_lines().await {
+            if let Some(cluster) = line
+                .split("cluster=\"")
+                .nth(1)
+                .and_then(|rest| rest.split('"').next())
+            {
+                *counts.entry(cluster.to_string()).or_default() += count;
+            }
+        }
+        counts
+    }
+
+    /// Reconciles this replica has run, in all.
+    pub async fn reconciles(&self) -> u64 {
+        self.reconcile_lines()
+            .await
+            .into_iter()
+            .map(|(_, count)| count)
+            .sum()
+    }
+
+    async fn reconcile_lines(&self) -> Vec<(String, u64)> {
+        let metrics = self.get("/metrics").await.expect("metrics");
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("controller_runtime_reconcile_total{"))
+            .filter_map(|l| {
+                let count = l.rsplit(' ').next()?.parse::<f64>().ok()?;
+                Some((l.to_string(), count as u64))
+            })
+            .collect()
+    }
+
+    /// The fleet's clusters this replica reports, name → state, from
+    /// `/clusters` (the local cluster left out).
+    pub async fn clusters(&self) -> BTreeMap<String, String> {
+        let report = self.get("/clusters").await.unwrap_or_default();
+        report
+            .lines()
+            .filter_map(|l| l.split_once('\t'))
+            .filter(|(name, _)| *name != "<local>")
+            .map(|(name, state)| (name.to_string(), state.to_string()))
+            .collect()
+    }
+}
