@@ -98,6 +98,17 @@ impl Fleet {
         }
     }
 
+    /// Counts in `metrics` (the manager's) unless the provider was given a
+    /// registry of its own; see [`crate::RunnableProvider::use_metrics`].
+    pub fn use_metrics(&self, metrics: &Metrics) {
+        self.failures.use_metrics(metrics);
+    }
+
+    /// The registry the provider records in, if any yet.
+    pub fn metrics(&self) -> Option<&Metrics> {
+        self.failures.metrics()
+    }
+
     /// Engages `wanted`: builds its client unless the set already holds it
     /// unchanged, then adds or replaces it, and clears its failure. A
     /// failed build is recorded (named, never quoting the kubeconfig); when

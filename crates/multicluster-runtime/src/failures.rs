@@ -6,7 +6,7 @@
 //! reason per cluster stays readable until the cluster is engaged or gone.
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use crate::metrics::Metrics;
 use crate::sync::lock;
@@ -16,19 +16,31 @@ use crate::{ClusterName, Error};
 #[derive(Debug)]
 pub struct Failures {
     provider: &'static str,
-    metrics: Option<Metrics>,
+    metrics: OnceLock<Metrics>,
     reasons: Mutex<BTreeMap<ClusterName, String>>,
 }
 
 impl Failures {
     /// Failures of `provider` (its label in
-    /// `mcr_cluster_engagement_failures`), counted in `metrics` if given.
+    /// `mcr_cluster_engagement_failures`), counted in `metrics` if given
+    /// (else in those [`Failures::use_metrics`] hands over).
     pub fn new(provider: &'static str, metrics: Option<Metrics>) -> Self {
         Self {
             provider,
-            metrics,
+            metrics: metrics.map(OnceLock::from).unwrap_or_default(),
             reasons: Mutex::default(),
         }
+    }
+
+    /// Counts in `metrics` from now on, unless a registry was given at
+    /// construction.
+    pub fn use_metrics(&self, metrics: &Metrics) {
+        let _ = self.metrics.set(metrics.clone());
+    }
+
+    /// The registry failures are counted in, if any yet.
+    pub fn metrics(&self) -> Option<&Metrics> {
+        self.metrics.get()
     }
 
     /// Records that `name` cannot be engaged because of `reason` (counted
@@ -43,7 +55,7 @@ impl Failures {
         }
         tracing::warn!(cluster = %name, %reason, "cannot engage the cluster");
         reasons.insert(name.clone(), reason);
-        if let Some(metrics) = &self.metrics {
+        if let Some(metrics) = self.metrics.get() {
             metrics.engagement_failed(self.provider, kind);
         }
     }

@@ -66,4 +66,12 @@ pub trait RunnableProvider: Provider {
     /// through `aware` with a lifetime that is cancelled when the cluster
     /// leaves the fleet.
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error>;
+
+    /// Records the provider's own metrics (its discovery controller,
+    /// engagement failures) in `metrics` unless it was given a registry of
+    /// its own. The manager calls this with its registry before
+    /// [`RunnableProvider::start`]; the default records nothing.
+    fn use_metrics(&self, metrics: &crate::metrics::Metrics) {
+        let _ = metrics;
+    }
 }

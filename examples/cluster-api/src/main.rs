@@ -10,7 +10,6 @@ use multicluster_example_configmap_sync::{
 use multicluster_provider_cluster_api::{ClusterApiOptions, ClusterApiProvider, ClusterApiVersion};
 use multicluster_runtime::Cluster;
 use multicluster_runtime::controller::{Controller, Watch};
-use multicluster_runtime::metrics::Metrics;
 
 #[derive(Clone, Copy, ValueEnum)]
 enum Version {
@@ -47,7 +46,6 @@ async fn main() -> Result<(), MainError> {
 async fn run(args: Args) -> Result<(), MainError> {
     // The management cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
     let management = kube::Client::try_default().await?;
-    let metrics = Metrics::default();
     let provider = Arc::new(ClusterApiProvider::new(
         management.clone(),
         ClusterApiOptions {
@@ -57,7 +55,6 @@ async fn run(args: Args) -> Result<(), MainError> {
                 Version::V1beta2 => ClusterApiVersion::V1Beta2,
                 Version::V1beta1 => ClusterApiVersion::V1Beta1,
             },
-            metrics: Some(metrics.clone()),
             client: args.client.options(),
             ..ClusterApiOptions::default()
         },
@@ -67,7 +64,7 @@ async fn run(args: Args) -> Result<(), MainError> {
     let (manager, replica) = args
         .manager
         .builder(Cluster::new("management", management))?;
-    let manager = manager.provider(provider).metrics(metrics).build();
+    let manager = manager.provider(provider).build();
     // The controller: labelled ConfigMaps in every cluster, and the copies
     // they own; `reconcile` (shared by the examples) writes the copies.
     let controller = Controller::builder("configmap-copy")

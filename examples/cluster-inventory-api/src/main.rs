@@ -13,7 +13,6 @@ use multicluster_provider_cluster_inventory_api::access::ProviderFile;
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
 use multicluster_runtime::Cluster;
 use multicluster_runtime::controller::{Controller, Watch};
-use multicluster_runtime::metrics::Metrics;
 
 /// Copy labelled ConfigMaps in every ready ClusterProfile's cluster.
 #[derive(Parser)]
@@ -57,8 +56,6 @@ async fn run(args: Args) -> Result<(), MainError> {
     };
     options.namespace = args.namespace;
     options.watch_filter = args.watch_filter;
-    let metrics = Metrics::default();
-    options.metrics = Some(metrics.clone());
     options.client = args.client.options();
     // The hub comes from $KUBECONFIG / ~/.kube/config / in-cluster.
     let hub = kube::Client::try_default().await?;
@@ -66,7 +63,7 @@ async fn run(args: Args) -> Result<(), MainError> {
     // The manager: the local cluster, the fleet's provider, and (with
     // --leader-elect) the Lease that decides which replica works.
     let (manager, replica) = args.manager.builder(Cluster::new("hub", hub))?;
-    let manager = manager.provider(provider).metrics(metrics).build();
+    let manager = manager.provider(provider).build();
     // The controller: labelled ConfigMaps in every cluster, and the copies
     // they own; `reconcile` (shared by the examples) writes the copies.
     let controller = Controller::builder("configmap-copy")

@@ -13,7 +13,6 @@ use multicluster_provider_kubeconfig::{
 };
 use multicluster_runtime::Cluster;
 use multicluster_runtime::controller::{Controller, Watch};
-use multicluster_runtime::metrics::Metrics;
 
 /// Copy labelled ConfigMaps in every cluster named by a kubeconfig Secret.
 #[derive(Parser)]
@@ -47,7 +46,6 @@ async fn main() -> Result<(), MainError> {
 async fn run(args: Args) -> Result<(), MainError> {
     // The management cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
     let management = kube::Client::try_default().await?;
-    let metrics = Metrics::default();
     let provider = Arc::new(KubeconfigProvider::new(
         management.clone(),
         KubeconfigOptions {
@@ -55,7 +53,6 @@ async fn run(args: Args) -> Result<(), MainError> {
             label: args.label,
             data_key: args.key,
             watch_filter: args.watch_filter,
-            metrics: Some(metrics.clone()),
             client: args.client.options(),
             ..KubeconfigOptions::default()
         },
@@ -65,7 +62,7 @@ async fn run(args: Args) -> Result<(), MainError> {
     let (manager, replica) = args
         .manager
         .builder(Cluster::new("management", management))?;
-    let manager = manager.provider(provider).metrics(metrics).build();
+    let manager = manager.provider(provider).build();
     // The controller: labelled ConfigMaps in every cluster, and the copies
     // they own; `reconcile` (shared by the examples) writes the copies.
     let controller = Controller::builder("configmap-copy")

@@ -107,7 +107,8 @@ pub struct ClusterApiOptions {
     /// (default [`PROVIDER_BACKOFF`]: 1 s, doubling up to 5 min).
     pub retry: Backoff,
     /// Where engagement failures and the provider's reconciles (controller
-    /// `cluster-api-provider`) are counted.
+    /// `cluster-api-provider`) are counted. Default: the registry of the
+    /// manager that runs the provider.
     pub metrics: Option<Metrics>,
     /// How many Clusters' clients are built at once (default
     /// [`DEFAULT_MAX_CONCURRENT_BUILDS`]).
@@ -304,6 +305,10 @@ impl ClusterSetProvider for ClusterApiProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for ClusterApiProvider {
+    fn use_metrics(&self, metrics: &multicluster_runtime::metrics::Metrics) {
+        self.shared.fleet.use_metrics(metrics);
+    }
+
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
         let shared = &self.shared;
         shared.fleet.start(&shutdown, aware)?;
@@ -329,7 +334,7 @@ impl RunnableProvider for ClusterApiProvider {
         let reconciler = shared.clone();
         discovery::run(
             builder,
-            shared.options.metrics.as_ref(),
+            shared.fleet.metrics(),
             shared.management.clone(),
             shutdown,
             move |request| {

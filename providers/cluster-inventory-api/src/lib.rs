@@ -253,6 +253,10 @@ impl ClusterSetProvider for ClusterProfileProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for ClusterProfileProvider {
+    fn use_metrics(&self, metrics: &multicluster_runtime::metrics::Metrics) {
+        self.shared.fleet.use_metrics(metrics);
+    }
+
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
         let shared = &self.shared;
         shared.fleet.start(&shutdown, aware)?;
@@ -281,7 +285,7 @@ impl RunnableProvider for ClusterProfileProvider {
         let reconciler = shared.clone();
         discovery::run(
             builder,
-            shared.options.metrics.as_ref(),
+            shared.fleet.metrics(),
             shared.hub.clone(),
             shutdown,
             move |request| {

@@ -43,7 +43,8 @@ pub struct ClusterProfileOptions {
     /// (default: 1 s, doubling per failure up to 5 min).
     pub retry: Backoff,
     /// Where engagement failures and the provider's reconciles (controller
-    /// `cluster-inventory-api-provider`) are counted.
+    /// `cluster-inventory-api-provider`) are counted. Default: the registry
+    /// of the manager that runs the provider.
     pub metrics: Option<Metrics>,
     /// How many profiles' clients are built at once (default
     /// [`DEFAULT_MAX_CONCURRENT_BUILDS`]). Building runs the credential

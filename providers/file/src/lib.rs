@@ -374,6 +374,10 @@ impl ClusterSetProvider for FileProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for FileProvider {
+    fn use_metrics(&self, metrics: &multicluster_runtime::metrics::Metrics) {
+        self.shared.fleet.use_metrics(metrics);
+    }
+
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
         self.shared.fleet.start(&shutdown, aware)?;
         let shared = self.shared.clone();

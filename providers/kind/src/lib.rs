@@ -193,6 +193,10 @@ impl ClusterSetProvider for KindProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for KindProvider {
+    fn use_metrics(&self, metrics: &multicluster_runtime::metrics::Metrics) {
+        self.shared.fleet.use_metrics(metrics);
+    }
+
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
         let shared = &self.shared;
         shared.fleet.start(&shutdown, aware)?;

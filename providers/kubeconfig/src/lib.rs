@@ -65,8 +65,8 @@ pub struct KubeconfigOptions {
     /// Only Secrets labelled `cluster.x-k8s.io/watch-filter=<value>`.
     pub watch_filter: Option<String>,
     /// Where to count Secrets that could not be turned into clusters, and
-    /// the provider's reconciles (controller `kubeconfig-provider`): the
-    /// manager's registry, typically.
+    /// the provider's reconciles (controller `kubeconfig-provider`).
+    /// Default: the registry of the manager that runs the provider.
     pub metrics: Option<Metrics>,
     /// How long to wait before building a failed cluster's client again
     /// (default [`PROVIDER_BACKOFF`]: 1 s, doubling up to 5 min).
@@ -230,6 +230,10 @@ impl ClusterSetProvider for KubeconfigProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for KubeconfigProvider {
+    fn use_metrics(&self, metrics: &multicluster_runtime::metrics::Metrics) {
+        self.shared.fleet.use_metrics(metrics);
+    }
+
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
         let shared = &self.shared;
         shared.fleet.start(&shutdown, aware)?;
@@ -240,7 +244,7 @@ impl RunnableProvider for KubeconfigProvider {
         let reconciler = shared.clone();
         discovery::run(
             builder,
-            shared.options.metrics.as_ref(),
+            shared.fleet.metrics(),
             shared.management.clone(),
             shutdown,
             move |request| {

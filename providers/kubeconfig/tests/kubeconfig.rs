@@ -113,7 +113,6 @@ async fn kubeconfig_secrets_engage_rotate_and_remove_member_clusters() {
         admin.clone(),
         KubeconfigOptions {
             namespace: Some(NAMESPACE.into()),
-            metrics: Some(metrics.clone()),
             ..KubeconfigOptions::default()
         },
     ));
@@ -226,6 +225,11 @@ async fn kubeconfig_secrets_engage_rotate_and_remove_member_clusters() {
         "{exported}"
     );
     assert!(!exported.contains("very-secret"));
+    // The provider's own controller reports in the manager's registry too.
+    assert!(
+        exported.contains(r#"controller="kubeconfig-provider""#),
+        "{exported}"
+    );
 
     // Metadata-only change: nothing is re-engaged.
     let before = provider.names();

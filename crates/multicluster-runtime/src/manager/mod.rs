@@ -483,6 +483,7 @@ impl Manager {
             tasks.spawn(async move { controller.run(stop, grace).await });
         }
         let mut provider_task = self.inner.runnable.clone().map(|provider| {
+            provider.use_metrics(&self.inner.metrics);
             let aware: Arc<dyn Aware> = Arc::new(self.clone());
             let stop = components_stop.clone();
             tokio::spawn(async move { provider.start(stop, aware).await })
