@@ -10,4 +10,11 @@ cd "$(dirname "$0")/.."
 # build. A binary would choose one; here the variable stands in for it, with
 # the version the workspace's tests use.
 export K8S_OPENAPI_ENABLED_VERSION=1.35
+# cargo verifies each crate against the packages it has just made, served
+# from a local registry under target/package, and extracts them into
+# $CARGO_HOME/registry/src/-<hash of that path>/. A clone at the same path
+# that ran before left an extraction of the same name and version, which
+# cargo reuses: the providers would be built against the old core. Remove
+# the extracted copies of this workspace's packages first.
+rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/multicluster-*
 cargo publish --workspace --dry-run "$@"
