@@ -17,4 +17,9 @@ export K8S_OPENAPI_ENABLED_VERSION=1.35
 # cargo reuses: the providers would be built against the old core. Remove
 # the extracted copies of this workspace's packages first.
 rm -rf "${CARGO_HOME:-$HOME/.cargo}"/registry/src/-*/multicluster-*
+# Cargo also trusts what it built from a registry before and never rebuilds
+# it when the source changes; in a reused target directory the providers
+# would link the old core's build. Clean the core's artifacts (about half a
+# minute of rebuilding).
+cargo clean --quiet -p multicluster-runtime -p multicluster-envtest
 cargo publish --workspace --dry-run "$@"
