@@ -5,6 +5,11 @@
 //! connection per open watch: three watched types on 10,000 clusters would
 //! be 30,000 sockets.
 //!
+//! Until the first connection's TLS handshake has said it is HTTP/2,
+//! requests that race it may open connections of their own (hyper pools by
+//! protocol once it is known); the manager's first request to a cluster is
+//! its probe, so the watches that follow share one connection.
+//!
 //! HTTP/2 connections are checked with pings (every 30 s when idle, 15 s to
 //! answer, as client-go does), so a member that stops answering breaks its
 //! connection and its watches report it, rather than going quiet.
