@@ -46,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 use crate::manager::Coordinator;
 use crate::sharding::fence::{Attempt, Fence, Timing};
 use crate::sharding::lease::live_holder;
-use crate::sync::lock;
+use crate::sync::{child_until, lock};
 use crate::{Aware, Cluster, ClusterName, Error};
 
 /// Leader election settings. The durations are client-go's defaults.
@@ -157,20 +157,6 @@ struct Entry {
     components: Vec<Arc<dyn Aware>>,
     /// Set while this replica leads.
     work: Option<CancellationToken>,
-}
-
-/// Work on one cluster: ends with the cluster's lifetime or with the
-/// leadership, whichever comes first.
-fn work_token(lifetime: &CancellationToken, leading: &CancellationToken) -> CancellationToken {
-    let work = lifetime.child_token();
-    let (leading, stop) = (leading.clone(), work.clone());
-    tokio::spawn(async move {
-        tokio::select! {
-            () = leading.cancelled() => stop.cancel(),
-            () = stop.cancelled() => {}
-        }
-    });
-    work
 }
 
 fn engage_all(
@@ -318,7 +304,7 @@ impl LeaderElection {
                 .iter_mut()
                 .filter(|(_, entry)| !entry.lifetime.is_cancelled())
                 .map(|(name, entry)| {
-                    let work = work_token(&entry.lifetime, &leading);
+                    let work = child_until(&entry.lifetime, &leading);
                     entry.work = Some(work.clone());
                     (
                         name.clone(),
@@ -388,7 +374,7 @@ impl Coordinator for LeaderElection {
                 _ => {
                     // New, or a new instance under that name (whose old
                     // lifetime the provider has ended).
-                    let work = leading.map(|leading| work_token(&lifetime, &leading));
+                    let work = leading.map(|leading| child_until(&lifetime, &leading));
                     clusters.entries.insert(
                         name.clone(),
                         Entry {

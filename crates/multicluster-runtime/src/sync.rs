@@ -18,3 +18,21 @@ pub(crate) fn next_generation() -> u64 {
     static GENERATION: AtomicU64 = AtomicU64::new(0);
     GENERATION.fetch_add(1, Ordering::Relaxed)
 }
+
+/// A child of `parent` that is also cancelled when `also` is: work that
+/// ends with its cluster's lifetime or with the hold it was started under
+/// (a fence, the leadership), whichever ends first.
+pub(crate) fn child_until(
+    parent: &tokio_util::sync::CancellationToken,
+    also: &tokio_util::sync::CancellationToken,
+) -> tokio_util::sync::CancellationToken {
+    let child = parent.child_token();
+    let (also, stop) = (also.clone(), child.clone());
+    tokio::spawn(async move {
+        tokio::select! {
+            () = also.cancelled() => stop.cancel(),
+            () = stop.cancelled() => {}
+        }
+    });
+    child
+}

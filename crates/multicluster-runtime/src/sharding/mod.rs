@@ -42,7 +42,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::manager::Coordinator;
-use crate::sync::{lock, next_generation};
+use crate::sync::{child_until, lock, next_generation};
 use crate::{Aware, Cluster, ClusterName, Error};
 
 pub use hrw::{Peer, owner};
@@ -182,20 +182,12 @@ struct Held {
 impl Held {
     /// Work under `fence` that ends with the fence or the cluster.
     fn new(fence: fence::Fence, lifetime: &CancellationToken) -> Self {
-        let work = lifetime.child_token();
-        tokio::spawn(stop_when_lost(fence.lost().clone(), work.clone()));
+        let work = child_until(lifetime, fence.lost());
         Self { fence, work }
     }
 
     fn is_lost(&self) -> bool {
         self.fence.lost().is_cancelled()
-    }
-}
-
-async fn stop_when_lost(lost: CancellationToken, work: CancellationToken) {
-    tokio::select! {
-        () = lost.cancelled() => work.cancel(),
-        () = work.cancelled() => {}
     }
 }
 
