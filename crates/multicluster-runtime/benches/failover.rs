@@ -70,10 +70,7 @@ async fn replica(id: &str, clusters: usize) -> Outcome {
         let cache = Cache::with_options(
             name.as_str(),
             client.clone(),
-            CacheOptions {
-                namespace: Some(name.clone()),
-                ..CacheOptions::default()
-            },
+            CacheOptions::default().namespace(Some(name.clone())),
         );
         let cluster = Cluster::with_cache(name.as_str(), client, cache);
         members.push(cluster.clone());
@@ -105,11 +102,9 @@ async fn replica(id: &str, clusters: usize) -> Outcome {
     );
     let election = LeaderElection::new(
         local.client(),
-        LeaderElectionOptions {
-            namespace: "default".into(),
-            identity: Some(id.into()),
-            ..LeaderElectionOptions::new(LEASE)
-        },
+        LeaderElectionOptions::new(LEASE)
+            .namespace("default")
+            .identity(id.to_string()),
     )?;
     let manager = Manager::builder(local)
         .provider(Arc::new(provider))

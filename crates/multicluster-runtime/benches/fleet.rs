@@ -86,10 +86,7 @@ async fn run(cp: &ControlPlane, clusters: usize) -> Result<(), Box<dyn std::erro
         let cache = Cache::with_options(
             name.as_str(),
             client.clone(),
-            CacheOptions {
-                namespace: Some(name.clone()),
-                ..CacheOptions::default()
-            },
+            CacheOptions::default().namespace(Some(name.clone())),
         );
         provider.clusters.add(
             name.as_str(),

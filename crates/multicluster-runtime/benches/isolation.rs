@@ -84,10 +84,7 @@ async fn member(name: &str, cp: &ControlPlane, namespace: &str) -> Cluster {
     let cache = Cache::with_options(
         name,
         client.clone(),
-        CacheOptions {
-            namespace: Some(namespace.into()),
-            ..CacheOptions::default()
-        },
+        CacheOptions::default().namespace(namespace.to_string()),
     );
     Cluster::with_cache(name, client, cache)
 }

@@ -5,12 +5,12 @@
 //! (also to clusters added later), and engages it with the manager once the
 //! provider has started. Safe to use from many tasks at once.
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::FieldIndex;
+use crate::engagements::Engagements;
 use crate::{Aware, Cluster, ClusterName, Error, Provider};
 
 /// Called with errors that have no caller to return to (an engagement that
@@ -26,17 +26,14 @@ pub struct Clusters {
 
 #[derive(Default)]
 struct State {
-    entries: BTreeMap<ClusterName, Entry>,
+    /// Each cluster with what the provider built it from (e.g. a
+    /// kubeconfig hash), so add-or-replace keeps an unchanged one.
+    entries: Engagements<Option<String>>,
     indexes: Vec<FieldIndex>,
     started: Option<(CancellationToken, Arc<dyn Aware>)>,
-}
-
-struct Entry {
-    cluster: Cluster,
-    lifetime: CancellationToken,
-    /// What the provider built the cluster from (e.g. a kubeconfig hash);
-    /// add-or-replace keeps the cluster when it is unchanged.
-    fingerprint: Option<String>,
+    /// The parent of lifetimes given before the set is started, which
+    /// nothing ends: `start` gives each cluster one under the shutdown.
+    unstarted: CancellationToken,
 }
 
 impl Default for Clusters {
@@ -79,12 +76,18 @@ impl Clusters {
                 return Err(Error::AlreadyStarted("cluster set"));
             }
             state.started = Some((shutdown.clone(), aware.clone()));
-            state
+            let held: Vec<_> = state
                 .entries
-                .iter_mut()
-                .map(|(name, entry)| {
-                    entry.lifetime = shutdown.child_token();
-                    (entry.lifetime.clone(), name.clone(), entry.cluster.clone())
+                .iter()
+                .map(|(name, entry)| (name.clone(), entry.cluster.clone(), entry.data.clone()))
+                .collect();
+            held.into_iter()
+                .map(|(name, cluster, fingerprint)| {
+                    let (entry, _) =
+                        state
+                            .entries
+                            .insert(name.clone(), cluster.clone(), &shutdown, fingerprint);
+                    (entry.lifetime.clone(), name, cluster)
                 })
                 .collect()
         };
@@ -115,7 +118,7 @@ impl Clusters {
             if state
                 .entries
                 .get(&name)
-                .is_some_and(|entry| entry.fingerprint.as_deref() == Some(fingerprint.as_str()))
+                .is_some_and(|entry| entry.data.as_deref() == Some(fingerprint.as_str()))
             {
                 return false;
             }
@@ -162,28 +165,21 @@ impl Clusters {
         replace: bool,
     ) -> Result<(), Error> {
         let mut state = self.lock();
-        if let Some(old) = state.entries.get(&name) {
-            if !replace {
-                return Err(Error::ClusterExists(name));
-            }
-            old.lifetime.cancel();
+        if !replace && state.entries.get(&name).is_some() {
+            return Err(Error::ClusterExists(name));
         }
         for index in &state.indexes {
             cluster.cache().index_field(index);
         }
-        let lifetime = match &state.started {
-            Some((shutdown, _)) => shutdown.child_token(),
-            None => CancellationToken::new(),
+        let (parent, aware) = match &state.started {
+            Some((shutdown, aware)) => (shutdown.clone(), Some(aware.clone())),
+            None => (state.unstarted.clone(), None),
         };
-        let aware = state.started.as_ref().map(|(_, aware)| aware.clone());
-        state.entries.insert(
-            name.clone(),
-            Entry {
-                cluster: cluster.clone(),
-                lifetime: lifetime.clone(),
-                fingerprint,
-            },
-        );
+        // A cluster it replaces has its lifetime ended here.
+        let (entry, _) = state
+            .entries
+            .insert(name.clone(), cluster.clone(), &parent, fingerprint);
+        let lifetime = entry.lifetime.clone();
         // Foreign code runs without the lock: see `start`.
         drop(state);
         if let Some(aware) = aware {
@@ -206,24 +202,12 @@ impl Clusters {
 
     /// Removes a cluster and ends its lifetime; returns whether it was there.
     pub fn remove(&self, name: &ClusterName) -> bool {
-        match self.lock().entries.remove(name) {
-            Some(entry) => {
-                entry.lifetime.cancel();
-                true
-            }
-            None => false,
-        }
+        self.lock().entries.remove(name).is_some()
     }
 
     /// Removes every cluster for which `keep` is false.
     pub fn retain(&self, mut keep: impl FnMut(&ClusterName) -> bool) {
-        self.lock().entries.retain(|name, entry| {
-            let kept = keep(name);
-            if !kept {
-                entry.lifetime.cancel();
-            }
-            kept
-        });
+        self.lock().entries.retain(|name, _| keep(name));
     }
 
     /// The cluster of that name, or [`Error::ClusterNotFound`].
@@ -240,12 +224,12 @@ impl Clusters {
         self.lock()
             .entries
             .get(name)
-            .and_then(|entry| entry.fingerprint.clone())
+            .and_then(|entry| entry.data.clone())
     }
 
     /// Names of all clusters, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
-        self.lock().entries.keys().cloned().collect()
+        self.lock().entries.names()
     }
 
     /// Stores an index and applies it to every cluster, present and future.

@@ -113,35 +113,12 @@ impl Default for ClientOptions {
     }
 }
 
-impl ClientOptions {
-    /// Sets [`ClientOptions::connect_timeout`].
-    #[must_use]
-    pub fn connect_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.connect_timeout = timeout;
-        self
-    }
-
-    /// Sets [`ClientOptions::request_timeout`].
-    #[must_use]
-    pub fn request_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.request_timeout = timeout;
-        self
-    }
-
-    /// Sets [`ClientOptions::plugin_timeout`].
-    #[must_use]
-    pub fn plugin_timeout(mut self, timeout: Duration) -> Self {
-        self.plugin_timeout = timeout;
-        self
-    }
-
-    /// Sets [`ClientOptions::http2`].
-    #[must_use]
-    pub fn http2(mut self, offer: bool) -> Self {
-        self.http2 = offer;
-        self
-    }
-}
+crate::option_setters!(ClientOptions {
+    plugin_timeout: Duration,
+    connect_timeout: Option<Duration>,
+    request_timeout: Option<Duration>,
+    http2: bool,
+});
 
 /// Builds a client for `context` (the current context when `None`),
 /// checking first that the context, its cluster and its user exist so the

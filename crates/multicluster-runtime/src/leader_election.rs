@@ -30,7 +30,6 @@
 //! To share the work instead of keeping replicas idle, see
 //! [`sharding`](crate::sharding).
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,14 +42,17 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::engagements::{Arrival, Engagements};
 use crate::manager::Coordinator;
 use crate::sharding::fence::{Attempt, Fence, Timing};
 use crate::sharding::lease::live_holder;
 use crate::sync::{child_until, lock};
 use crate::{Aware, Cluster, ClusterName, Error};
 
-/// Leader election settings. The durations are client-go's defaults.
+/// Leader election settings: [`LeaderElectionOptions::new`], then the
+/// setters. The durations are client-go's defaults.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct LeaderElectionOptions {
     /// The Lease's name: one per controller (replicas of one controller
     /// share it).
@@ -70,6 +72,14 @@ pub struct LeaderElectionOptions {
     /// (default 2 s). Below `renew_deadline`.
     pub retry_period: Duration,
 }
+
+crate::option_setters!(LeaderElectionOptions {
+    namespace: impl Into<String>,
+    identity: impl Into<Option<String>>,
+    lease_duration: Duration,
+    renew_deadline: Duration,
+    retry_period: Duration,
+});
 
 impl LeaderElectionOptions {
     /// The defaults, with the Lease named `lease_name`.
@@ -148,12 +158,11 @@ struct Inner {
 struct Clusters {
     /// While this replica leads: the token that ends its work.
     leading: Option<CancellationToken>,
-    entries: BTreeMap<ClusterName, Entry>,
+    entries: Engagements<Led>,
 }
 
-struct Entry {
-    cluster: Cluster,
-    lifetime: CancellationToken,
+/// What this replica keeps for each cluster of the fleet.
+struct Led {
     components: Vec<Arc<dyn Aware>>,
     /// Set while this replica leads.
     work: Option<CancellationToken>,
@@ -302,14 +311,14 @@ impl LeaderElection {
             clusters
                 .entries
                 .iter_mut()
-                .filter(|(_, entry)| !entry.lifetime.is_cancelled())
+                .filter(|(_, entry)| entry.is_live())
                 .map(|(name, entry)| {
                     let work = child_until(&entry.lifetime, &leading);
-                    entry.work = Some(work.clone());
+                    entry.data.work = Some(work.clone());
                     (
                         name.clone(),
                         entry.cluster.clone(),
-                        entry.components.clone(),
+                        entry.data.components.clone(),
                         work,
                     )
                 })
@@ -331,12 +340,10 @@ impl LeaderElection {
         if let Some(leading) = clusters.leading.take() {
             leading.cancel();
         }
-        for entry in clusters.entries.values_mut() {
-            entry.work = None;
+        for (_, entry) in clusters.entries.iter_mut() {
+            entry.data.work = None;
         }
-        clusters
-            .entries
-            .retain(|_, entry| !entry.lifetime.is_cancelled());
+        clusters.entries.prune();
     }
 }
 
@@ -354,36 +361,37 @@ impl Coordinator for LeaderElection {
             let leading = clusters.leading.clone();
             // Clusters that left are dropped here as well as when leadership
             // changes, so the map does not grow with churn.
-            clusters
-                .entries
-                .retain(|_, entry| !entry.lifetime.is_cancelled());
-            match clusters.entries.get_mut(&name) {
-                Some(entry)
-                    if entry.cluster.same_instance(&cluster) && !lifetime.is_cancelled() =>
-                {
+            clusters.entries.prune();
+            match clusters.entries.arrival(&name, &cluster, &lifetime) {
+                Arrival::Stale => return Ok(()),
+                Arrival::Again => {
                     // More components for a cluster already here.
+                    let entry = clusters
+                        .entries
+                        .get_mut(&name)
+                        .expect("an engagement seen again is held");
+                    let led = &mut entry.data;
                     let new: Vec<Arc<dyn Aware>> = components
                         .iter()
-                        .filter(|c| !entry.components.iter().any(|e| Arc::ptr_eq(e, c)))
+                        .filter(|c| !led.components.iter().any(|e| Arc::ptr_eq(e, c)))
                         .cloned()
                         .collect();
-                    entry.components.extend(new.iter().cloned());
-                    (new, entry.work.clone())
+                    led.components.extend(new.iter().cloned());
+                    (new, led.work.clone())
                 }
-                _ if lifetime.is_cancelled() => return Ok(()),
-                _ => {
+                Arrival::New => {
                     // New, or a new instance under that name (whose old
-                    // lifetime the provider has ended).
-                    let work = leading.map(|leading| child_until(&lifetime, &leading));
-                    clusters.entries.insert(
-                        name.clone(),
-                        Entry {
-                            cluster: cluster.clone(),
-                            lifetime,
-                            components: components.to_vec(),
-                            work: work.clone(),
-                        },
-                    );
+                    // engagement ends here).
+                    let led = Led {
+                        components: components.to_vec(),
+                        work: None,
+                    };
+                    let (entry, _) =
+                        clusters
+                            .entries
+                            .insert(name.clone(), cluster.clone(), &lifetime, led);
+                    let work = leading.map(|leading| child_until(&entry.lifetime, &leading));
+                    entry.data.work = work.clone();
                     (components.to_vec(), work)
                 }
             }
@@ -403,7 +411,13 @@ impl Coordinator for LeaderElection {
             clusters
                 .entries
                 .iter()
-                .filter(|(_, entry)| entry.work.as_ref().is_some_and(|work| !work.is_cancelled()))
+                .filter(|(_, entry)| {
+                    entry
+                        .data
+                        .work
+                        .as_ref()
+                        .is_some_and(|work| !work.is_cancelled())
+                })
                 .map(|(name, _)| name.clone())
                 .collect(),
         )

@@ -172,7 +172,7 @@ impl Metrics {
 
     /// Sets `mcr_clusters{state}` from the counts of syncing, ready,
     /// degraded and unreachable clusters.
-    pub(crate) fn cluster_states(&self, [syncing, ready, degraded, unreachable]: [usize; 4]) {
+    pub(crate) fn cluster_states(&self, [syncing, ready, degraded, unreachable]: [i64; 4]) {
         for (state, count) in [
             ("syncing", syncing),
             ("ready", ready),
@@ -182,7 +182,7 @@ impl Metrics {
             self.inner
                 .clusters_by_state
                 .get_or_create(&vec![("state", state.to_string())])
-                .set(i64::try_from(count).unwrap_or(i64::MAX));
+                .set(count);
         }
     }
 

@@ -1,6 +1,5 @@
 //! Small synchronisation helpers shared across the crate.
 
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// Locks `mutex`, carrying on if a holder panicked: a panic inside one of
@@ -10,13 +9,6 @@ pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
-
-/// A number no other call in this process returns: tells one engagement of
-/// a cluster from a later one under the same name.
-pub(crate) fn next_generation() -> u64 {
-    static GENERATION: AtomicU64 = AtomicU64::new(0);
-    GENERATION.fetch_add(1, Ordering::Relaxed)
 }
 
 /// A child of `parent` that is also cancelled when `also` is: work that

@@ -37,10 +37,7 @@ async fn informers_are_shared_and_late_subscribers_see_current_contents_first() 
     let cache = Cache::with_options(
         "test",
         cp.client().await.expect("client"),
-        CacheOptions {
-            namespace: Some("default".into()),
-            ..CacheOptions::default()
-        },
+        CacheOptions::default().namespace("default".to_string()),
     );
 
     let informer = cache.informer::<ConfigMap>();
@@ -143,10 +140,7 @@ async fn a_namespace_restricted_cache_needs_rbac_for_that_namespace_only() {
     let restricted = Cache::with_options(
         "tenant",
         tenant.clone(),
-        CacheOptions {
-            namespace: Some("tenant-a".into()),
-            ..CacheOptions::default()
-        },
+        CacheOptions::default().namespace("tenant-a".to_string()),
     );
     let objects = restricted.list::<ConfigMap>(None).await.expect("list");
     let names: Vec<_> = objects

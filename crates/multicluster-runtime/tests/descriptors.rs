@@ -45,10 +45,7 @@ async fn descriptors_are_raised_and_running_out_is_reported_as_such() {
     let manager = Manager::with_provider(
         cluster_for("local", &member).await,
         Arc::new(provider),
-        ManagerOptions {
-            unhealthy_after: Duration::from_secs(1),
-            ..ManagerOptions::default()
-        },
+        ManagerOptions::default().unhealthy_after(Duration::from_secs(1)),
     );
     // A watch on the member, which must connect again after the outage.
     manager

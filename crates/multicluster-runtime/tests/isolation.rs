@@ -153,10 +153,7 @@ async fn a_hung_member_does_not_stall_the_others_and_is_reported() {
     let manager = Manager::with_provider(
         cluster_for("local", &m2).await,
         Arc::new(provider),
-        ManagerOptions {
-            unhealthy_after: Duration::from_secs(1),
-            ..ManagerOptions::default()
-        },
+        ManagerOptions::default().unhealthy_after(Duration::from_secs(1)),
     );
     let recorder = Recorder::default();
     let gate = Gate::new();
@@ -289,11 +286,9 @@ async fn a_member_that_loses_rbac_is_degraded_until_it_is_back() {
     let cache = Cache::with_options(
         "member",
         client.clone(),
-        CacheOptions {
-            namespace: Some("default".into()),
-            watcher: watcher::Config::default().timeout(3),
-            ..CacheOptions::default()
-        },
+        CacheOptions::default()
+            .namespace("default".to_string())
+            .watcher(watcher::Config::default().timeout(3)),
     );
     let provider = TestProvider::default();
     provider
@@ -302,10 +297,7 @@ async fn a_member_that_loses_rbac_is_degraded_until_it_is_back() {
         .expect("add");
     let manager = Manager::builder(cluster_for("local", &member).await)
         .provider(Arc::new(provider))
-        .options(ManagerOptions {
-            unhealthy_after: Duration::from_secs(1),
-            ..ManagerOptions::default()
-        })
+        .options(ManagerOptions::default().unhealthy_after(Duration::from_secs(1)))
         .metrics(multicluster_runtime::metrics::Metrics::new(true))
         .build();
     let recorder = Recorder::default();

@@ -18,14 +18,12 @@ use multicluster_runtime::{Cluster, Manager};
 const LEASE_DURATION: Duration = Duration::from_secs(8);
 
 fn options() -> LeaderElectionOptions {
-    LeaderElectionOptions {
-        namespace: "default".into(),
-        identity: Some("only-replica".into()),
-        lease_duration: LEASE_DURATION,
-        renew_deadline: Duration::from_secs(5),
-        retry_period: Duration::from_secs(1),
-        ..LeaderElectionOptions::new("recorder")
-    }
+    LeaderElectionOptions::new("recorder")
+        .namespace("default")
+        .identity("only-replica".to_string())
+        .lease_duration(LEASE_DURATION)
+        .renew_deadline(Duration::from_secs(5))
+        .retry_period(Duration::from_secs(1))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -142,10 +142,7 @@ async fn shutdown_lets_running_reconciles_finish_and_starts_no_new_ones() {
         .clusters
         .add("member", cluster_for("member", &cp).await)
         .expect("add");
-    let options = ManagerOptions {
-        shutdown_grace: Duration::from_secs(30),
-        ..ManagerOptions::default()
-    };
+    let options = ManagerOptions::default().shutdown_grace(Duration::from_secs(30));
     let manager =
         Manager::with_provider(cluster_for("local", &cp).await, Arc::new(provider), options);
     manager.add_controller(controller.clone()).expect("add");
@@ -236,10 +233,7 @@ async fn shutdown_is_bounded_whatever_reconciles_and_the_provider_do() {
     let manager = Manager::with_provider(
         cluster_for("local", &cp).await,
         Arc::new(StuckProvider::default()),
-        ManagerOptions {
-            shutdown_grace: grace,
-            ..ManagerOptions::default()
-        },
+        ManagerOptions::default().shutdown_grace(grace),
     );
     manager.add_controller(controller).expect("add");
     let (stop, task) = run_manager(&manager);

@@ -95,10 +95,7 @@ async fn a_failing_credential_plugin_leaks_nothing_anywhere() {
     let cache = Cache::with_options(
         "member",
         client.clone(),
-        CacheOptions {
-            watcher: watcher::Config::default().timeout(2),
-            ..CacheOptions::default()
-        },
+        CacheOptions::default().watcher(watcher::Config::default().timeout(2)),
     );
     let provider = TestProvider::default();
     provider
@@ -111,10 +108,7 @@ async fn a_failing_credential_plugin_leaks_nothing_anywhere() {
     let manager = Manager::with_provider(
         cluster_for("local", &member).await,
         Arc::new(provider),
-        ManagerOptions {
-            unhealthy_after: Duration::from_secs(1),
-            ..ManagerOptions::default()
-        },
+        ManagerOptions::default().unhealthy_after(Duration::from_secs(1)),
     );
     let recorder = Recorder::default();
     let controller = {

@@ -53,12 +53,10 @@ async fn an_unreachable_cluster_is_reported_retried_and_engaged_once_it_answers(
         .clusters
         .add("up", cluster_for("up", &up).await)
         .expect("add");
-    let options = ManagerOptions {
-        sync_timeout: Duration::from_secs(2),
-        retry_delay: Duration::from_millis(200),
-        max_retry_delay: Duration::from_secs(1),
-        ..ManagerOptions::default()
-    };
+    let options = ManagerOptions::default()
+        .sync_timeout(Duration::from_secs(2))
+        .retry_delay(Duration::from_millis(200))
+        .max_retry_delay(Duration::from_secs(1));
     let manager =
         Manager::with_provider(cluster_for("local", &up).await, Arc::new(provider), options);
     let recorder = Recorder::default();

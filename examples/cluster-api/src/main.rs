@@ -48,16 +48,14 @@ async fn run(args: Args) -> Result<(), MainError> {
     let management = kube::Client::try_default().await?;
     let provider = Arc::new(ClusterApiProvider::new(
         management.clone(),
-        ClusterApiOptions {
-            namespace: args.namespace,
-            watch_filter: args.watch_filter,
-            version: match args.api_version {
+        ClusterApiOptions::default()
+            .namespace(args.namespace)
+            .watch_filter(args.watch_filter)
+            .version(match args.api_version {
                 Version::V1beta2 => ClusterApiVersion::V1Beta2,
                 Version::V1beta1 => ClusterApiVersion::V1Beta1,
-            },
-            client: args.client.options(),
-            ..ClusterApiOptions::default()
-        },
+            })
+            .client(args.client.options()),
     ));
     // The manager: the local cluster, the fleet's provider, and (with
     // --leader-elect) the Lease that decides which replica works.

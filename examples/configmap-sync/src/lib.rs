@@ -73,11 +73,9 @@ pub struct ManagerArgs {
 impl ManagerArgs {
     /// The manager's options with these flags.
     pub fn options(&self) -> multicluster_runtime::ManagerOptions {
-        multicluster_runtime::ManagerOptions {
-            health_address: Some(self.health_address),
-            shutdown_grace: self.shutdown_grace,
-            ..multicluster_runtime::ManagerOptions::default()
-        }
+        multicluster_runtime::ManagerOptions::default()
+            .health_address(Some(self.health_address))
+            .shutdown_grace(self.shutdown_grace)
     }
 
     /// A manager builder for `local` with these flags: the options, and
@@ -112,14 +110,12 @@ impl ManagerArgs {
                 .unwrap_or_default();
             multicluster_runtime::sharding::dns1123(&program)
         });
-        let options = LeaderElectionOptions {
-            namespace: self.leader_election_namespace.clone(),
-            identity: self.leader_election_identity.clone(),
-            lease_duration: self.leader_election_lease_duration,
-            renew_deadline: self.leader_election_renew_deadline,
-            retry_period: self.leader_election_retry_period,
-            ..LeaderElectionOptions::new(lease_name)
-        };
+        let options = LeaderElectionOptions::new(lease_name)
+            .namespace(self.leader_election_namespace.clone())
+            .identity(self.leader_election_identity.clone())
+            .lease_duration(self.leader_election_lease_duration)
+            .renew_deadline(self.leader_election_renew_deadline)
+            .retry_period(self.leader_election_retry_period);
         LeaderElection::new(local.client(), options).map(Some)
     }
 }

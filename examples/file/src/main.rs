@@ -40,13 +40,13 @@ async fn main() -> Result<(), MainError> {
 }
 
 async fn run(args: Args) -> Result<(), MainError> {
-    let provider = Arc::new(FileProvider::new(FileOptions {
-        files: args.files,
-        directories: args.directories,
-        separator: args.separator,
-        client: args.client.options(),
-        ..FileOptions::default()
-    }));
+    let provider = Arc::new(FileProvider::new(
+        FileOptions::default()
+            .files(args.files)
+            .directories(args.directories)
+            .separator(args.separator)
+            .client(args.client.options()),
+    ));
     // The local cluster is the current context of $KUBECONFIG / ~/.kube/config.
     let local = Cluster::new("local", kube::Client::try_default().await?);
     // The manager: the local cluster, the fleet's provider, and (with

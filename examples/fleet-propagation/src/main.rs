@@ -209,11 +209,9 @@ async fn main() -> Result<(), MainError> {
     // The members: one per kubeconfig Secret.
     let provider = Arc::new(KubeconfigProvider::new(
         hub.client(),
-        KubeconfigOptions {
-            namespace: args.namespace,
-            client: args.client.options(),
-            ..KubeconfigOptions::default()
-        },
+        KubeconfigOptions::default()
+            .namespace(args.namespace)
+            .client(args.client.options()),
     ));
     let mut manager = Manager::builder(hub.clone())
         .provider(provider)

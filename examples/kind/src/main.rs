@@ -42,13 +42,13 @@ async fn main() -> Result<(), MainError> {
 }
 
 async fn run(args: Args) -> Result<(), MainError> {
-    let provider = Arc::new(KindProvider::new(KindOptions {
-        prefix: args.prefix,
-        poll_interval: Duration::from_secs(args.poll_seconds),
-        kind_command: args.kind,
-        client: args.client.options(),
-        ..KindOptions::default()
-    }));
+    let provider = Arc::new(KindProvider::new(
+        KindOptions::default()
+            .prefix(args.prefix)
+            .poll_interval(Duration::from_secs(args.poll_seconds))
+            .kind_command(args.kind)
+            .client(args.client.options()),
+    ));
     let local = Cluster::new("local", kube::Client::try_default().await?);
     // The manager: the local cluster, the fleet's provider, and (with
     // --leader-elect) the Lease that decides which replica works.

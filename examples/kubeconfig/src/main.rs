@@ -48,14 +48,12 @@ async fn run(args: Args) -> Result<(), MainError> {
     let management = kube::Client::try_default().await?;
     let provider = Arc::new(KubeconfigProvider::new(
         management.clone(),
-        KubeconfigOptions {
-            namespace: args.namespace,
-            label: args.label,
-            data_key: args.key,
-            watch_filter: args.watch_filter,
-            client: args.client.options(),
-            ..KubeconfigOptions::default()
-        },
+        KubeconfigOptions::default()
+            .namespace(args.namespace)
+            .label(args.label)
+            .data_key(args.key)
+            .watch_filter(args.watch_filter)
+            .client(args.client.options()),
     ));
     // The manager: the local cluster, the fleet's provider, and (with
     // --leader-elect) the Lease that decides which replica works.

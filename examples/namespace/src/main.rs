@@ -35,10 +35,8 @@ async fn run(args: Args) -> Result<(), MainError> {
     // The host cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
     let host = Cluster::new("host", kube::Client::try_default().await?);
     let provider = Arc::new(NamespaceProvider::new(
-        host.clone(),
-        NamespaceOptions {
-            watch_filter: args.watch_filter,
-        },
+        host.client(),
+        NamespaceOptions::default().watch_filter(args.watch_filter),
     ));
     // The manager: the local cluster, the fleet's provider, and (with
     // --leader-elect) the Lease that decides which replica works.

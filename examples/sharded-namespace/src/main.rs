@@ -62,22 +62,18 @@ async fn run(args: Args) -> Result<(), MainError> {
     let host = Cluster::new("host", kube::Client::try_default().await?);
     let coordinator = ShardedCoordinator::new(
         host.client(),
-        ShardingOptions {
-            namespace: args.lease_namespace,
-            peer_id: args.peer_id,
-            probe_interval: args.probe_interval,
-            peer_lease_duration: args.peer_lease_duration,
-            peer_renew_interval: args.peer_renew_interval,
-            fence_lease_duration: args.fence_lease_duration,
-            fence_renew_interval: args.fence_renew_interval,
-            ..ShardingOptions::default()
-        },
+        ShardingOptions::default()
+            .namespace(args.lease_namespace)
+            .peer_id(args.peer_id)
+            .probe_interval(args.probe_interval)
+            .peer_lease_duration(args.peer_lease_duration)
+            .peer_renew_interval(args.peer_renew_interval)
+            .fence_lease_duration(args.fence_lease_duration)
+            .fence_renew_interval(args.fence_renew_interval),
     )?;
     let provider = Arc::new(NamespaceProvider::new(
-        host.clone(),
-        NamespaceOptions {
-            watch_filter: args.watch_filter,
-        },
+        host.client(),
+        NamespaceOptions::default().watch_filter(args.watch_filter),
     ));
     let options = args.manager.options();
     let peer = coordinator.peer_id().to_string();

@@ -94,6 +94,7 @@ pub type Readiness = Arc<dyn Fn(&DynamicObject) -> bool + Send + Sync>;
 
 /// Options of the Cluster API provider.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct ClusterApiOptions {
     /// Watch Clusters and Secrets in this namespace only.
     pub namespace: Option<String>,
@@ -115,6 +116,29 @@ pub struct ClusterApiOptions {
     pub max_concurrent_builds: usize,
     /// How the clients reach their clusters (credential plugin timeout).
     pub client: ClientOptions,
+}
+
+multicluster_runtime::option_setters!(ClusterApiOptions {
+    namespace: impl Into<Option<String>>,
+    watch_filter: impl Into<Option<String>>,
+    version: ClusterApiVersion,
+    retry: Backoff,
+    metrics: impl Into<Option<Metrics>>,
+    max_concurrent_builds: usize,
+    client: ClientOptions,
+});
+
+impl ClusterApiOptions {
+    /// Sets [`ClusterApiOptions::readiness`]: `ready` decides whether an object's
+    /// cluster is engaged, instead of the default rule.
+    #[must_use]
+    pub fn readiness(
+        mut self,
+        ready: impl Fn(&DynamicObject) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.readiness = Some(Arc::new(ready));
+        self
+    }
 }
 
 impl Default for ClusterApiOptions {
@@ -170,16 +194,14 @@ impl ClusterApiProvider {
         let cache = Cache::with_options(
             "cluster-api",
             management.clone(),
-            CacheOptions {
-                namespace: options.namespace.clone(),
-                ..CacheOptions::default()
-            }
-            .watcher_for_resource(
-                &resource,
-                watch_filter::watcher_config(options.watch_filter.as_deref()),
-            )
-            // Only Secrets that belong to a cluster are cached.
-            .watcher_for::<Secret>(watcher::Config::default().labels(CLUSTER_NAME_LABEL)),
+            CacheOptions::default()
+                .namespace(options.namespace.clone())
+                .watcher_for_resource(
+                    &resource,
+                    watch_filter::watcher_config(options.watch_filter.as_deref()),
+                )
+                // Only Secrets that belong to a cluster are cached.
+                .watcher_for::<Secret>(watcher::Config::default().labels(CLUSTER_NAME_LABEL)),
         );
         Self {
             shared: Arc::new(Shared {

@@ -311,20 +311,16 @@ async fn watch_filters_split_clusters_between_instances_and_v1beta1_readiness_wo
 
     let x = Arc::new(ClusterApiProvider::new(
         management.client.clone(),
-        ClusterApiOptions {
-            namespace: Some("fleet".into()),
-            watch_filter: Some("x".into()),
-            ..ClusterApiOptions::default()
-        },
+        ClusterApiOptions::default()
+            .namespace("fleet".to_string())
+            .watch_filter("x".to_string()),
     ));
     let y = Arc::new(ClusterApiProvider::new(
         management.client.clone(),
-        ClusterApiOptions {
-            namespace: Some("fleet".into()),
-            watch_filter: Some("y".into()),
-            version: ClusterApiVersion::V1Beta1,
-            ..ClusterApiOptions::default()
-        },
+        ClusterApiOptions::default()
+            .namespace("fleet".to_string())
+            .watch_filter("y".to_string())
+            .version(ClusterApiVersion::V1Beta1),
     ));
     let ((x_manager, _), (y_manager, _)) = (
         manager_for(&management, x.clone()),
@@ -411,10 +407,7 @@ async fn broken_kubeconfig_secrets_affect_only_their_own_cluster() {
     let (manager, recorder) = recording_manager(
         Cluster::new("management", management.client.clone()),
         provider.clone(),
-        ManagerOptions {
-            sync_timeout: std::time::Duration::from_secs(3),
-            ..ManagerOptions::default()
-        },
+        ManagerOptions::default().sync_timeout(std::time::Duration::from_secs(3)),
     );
     let (shutdown, task) = run_manager(&manager);
     wait_until_unreachable(&manager, "fleet/untrusted").await;
@@ -477,13 +470,10 @@ async fn a_cluster_whose_credential_plugin_fails_at_first_is_engaged_once_it_wor
 
     let provider = Arc::new(ClusterApiProvider::new(
         management.client.clone(),
-        ClusterApiOptions {
-            retry: Backoff {
-                base: Duration::from_millis(100),
-                max: Duration::from_secs(1),
-            },
-            ..ClusterApiOptions::default()
-        },
+        ClusterApiOptions::default().retry(Backoff {
+            base: Duration::from_millis(100),
+            max: Duration::from_secs(1),
+        }),
     ));
     let (manager, recorder) = manager_for(&management, provider.clone());
     let (shutdown, task) = run_manager(&manager);
@@ -526,16 +516,13 @@ async fn a_custom_readiness_replaces_the_default() {
 
     let provider = Arc::new(ClusterApiProvider::new(
         management.client.clone(),
-        ClusterApiOptions {
-            readiness: Some(Arc::new(|cluster: &DynamicObject| {
-                cluster
-                    .metadata
-                    .annotations
-                    .as_ref()
-                    .is_some_and(|a| a.contains_key("example.com/ready"))
-            })),
-            ..ClusterApiOptions::default()
-        },
+        ClusterApiOptions::default().readiness(|cluster: &DynamicObject| {
+            cluster
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key("example.com/ready"))
+        }),
     ));
     let (manager, recorder) = manager_for(&management, provider.clone());
     let (shutdown, task) = run_manager(&manager);

@@ -104,14 +104,12 @@ impl ClusterProfileProvider {
             "v1alpha1",
             "ClusterProfile",
         ));
-        let mut cache_options = CacheOptions {
-            namespace: options.namespace.clone(),
-            ..CacheOptions::default()
-        }
-        .watcher_for_resource(
-            &resource,
-            watch_filter::watcher_config(options.watch_filter.as_deref()),
-        );
+        let mut cache_options = CacheOptions::default()
+            .namespace(options.namespace.clone())
+            .watcher_for_resource(
+                &resource,
+                watch_filter::watcher_config(options.watch_filter.as_deref()),
+            );
         let providers = match &options.credentials {
             Credentials::Secret { consumer } => {
                 cache_options = cache_options.watcher_for::<Secret>(

@@ -30,6 +30,7 @@ pub type Readiness = Arc<dyn Fn(&DynamicObject) -> bool + Send + Sync>;
 
 /// Options of the ClusterProfile provider.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct ClusterProfileOptions {
     /// Where credentials come from.
     pub credentials: Credentials,
@@ -55,7 +56,28 @@ pub struct ClusterProfileOptions {
     pub client: ClientOptions,
 }
 
+multicluster_runtime::option_setters!(ClusterProfileOptions {
+    credentials: Credentials,
+    namespace: impl Into<Option<String>>,
+    watch_filter: impl Into<Option<String>>,
+    retry: Backoff,
+    metrics: impl Into<Option<Metrics>>,
+    max_concurrent_builds: usize,
+    client: ClientOptions,
+});
+
 impl ClusterProfileOptions {
+    /// Sets [`ClusterProfileOptions::readiness`]: `ready` decides whether a
+    /// profile's cluster is engaged, instead of the default rule.
+    #[must_use]
+    pub fn readiness(
+        mut self,
+        ready: impl Fn(&DynamicObject) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.readiness = Some(Arc::new(ready));
+        self
+    }
+
     /// Options for the Secret strategy with everything else at defaults.
     pub fn with_secrets(consumer: impl Into<String>) -> Self {
         Self::with_credentials(Credentials::Secret {

@@ -252,10 +252,7 @@ async fn bad_credentials_affect_only_their_own_profile() {
     let (manager, recorder) = common::manager(
         &hub,
         &provider,
-        ManagerOptions {
-            sync_timeout: std::time::Duration::from_secs(3),
-            ..ManagerOptions::default()
-        },
+        ManagerOptions::default().sync_timeout(std::time::Duration::from_secs(3)),
     );
     let (shutdown, task) = run_manager(&manager);
     wait_until_unreachable(&manager, "inventory/untrusted").await;

@@ -93,10 +93,9 @@ async fn main() {
         let file = dir.path().join("fleet.kubeconfig");
         std::fs::write(&file, fleet(cp.kubeconfig(), count)).expect("write");
 
-        let provider = Arc::new(FileProvider::new(FileOptions {
-            files: vec![file.clone()],
-            ..FileOptions::default()
-        }));
+        let provider = Arc::new(FileProvider::new(
+            FileOptions::default().files(vec![file.clone()]),
+        ));
         let engagements = Arc::new(Engagements::default());
         let shutdown = CancellationToken::new();
         let started = Instant::now();

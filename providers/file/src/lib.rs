@@ -68,6 +68,7 @@ pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(100);
 
 /// Options of the file provider.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct FileOptions {
     /// Kubeconfig files.
     pub files: Vec<PathBuf>,
@@ -91,6 +92,17 @@ pub struct FileOptions {
     /// How the clients reach their clusters (credential plugin timeout).
     pub client: ClientOptions,
 }
+
+multicluster_runtime::option_setters!(FileOptions {
+    files: impl Into<Vec<PathBuf>>,
+    directories: impl Into<Vec<PathBuf>>,
+    patterns: impl Into<Vec<String>>,
+    separator: impl Into<String>,
+    retry: Backoff,
+    max_concurrent_builds: usize,
+    debounce: Duration,
+    client: ClientOptions,
+});
 
 impl Default for FileOptions {
     fn default() -> Self {
@@ -417,11 +429,11 @@ mod tests {
 
     #[test]
     fn only_content_changes_of_the_sources_matter() {
-        let provider = FileProvider::new(FileOptions {
-            files: vec![PathBuf::from("fleet.yaml")],
-            directories: vec![PathBuf::from("/etc/fleet")],
-            ..FileOptions::default()
-        });
+        let provider = FileProvider::new(
+            FileOptions::default()
+                .files(vec![PathBuf::from("fleet.yaml")])
+                .directories(vec![PathBuf::from("/etc/fleet")]),
+        );
         let patterns: Vec<glob::Pattern> = DEFAULT_PATTERNS
             .iter()
             .map(|p| glob::Pattern::new(p).expect("pattern"))

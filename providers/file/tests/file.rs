@@ -66,11 +66,11 @@ async fn contexts_of_watched_files_come_and_go_with_the_files() {
     let explicit = dir.path().join("explicit.yaml");
     write(&explicit, &with_contexts(&base, &["one", "two"]));
 
-    let provider = Arc::new(FileProvider::new(FileOptions {
-        files: vec![explicit.clone()],
-        directories: vec![watched.clone()],
-        ..FileOptions::default()
-    }));
+    let provider = Arc::new(FileProvider::new(
+        FileOptions::default()
+            .files(vec![explicit.clone()])
+            .directories(vec![watched.clone()]),
+    ));
     let (manager, recorder) = recording_manager(
         Cluster::new("local", cp.client().await.expect("client")),
         provider.clone(),
@@ -144,10 +144,9 @@ async fn missing_paths_are_skipped_until_they_appear() {
     let cp = ControlPlane::start().await.expect("control plane");
     let dir = tempfile::tempdir().expect("dir");
     let later = dir.path().join("later.yaml");
-    let provider = Arc::new(FileProvider::new(FileOptions {
-        files: vec![later.clone()],
-        ..FileOptions::default()
-    }));
+    let provider = Arc::new(FileProvider::new(
+        FileOptions::default().files(vec![later.clone()]),
+    ));
     let manager = Manager::with_provider(
         Cluster::new("local", cp.client().await.expect("client")),
         provider.clone(),
@@ -205,14 +204,10 @@ async fn broken_files_and_contexts_affect_only_themselves() {
         &multicluster_envtest::to_yaml(&wrong_ca).expect("yaml"),
     );
 
-    let provider = Arc::new(FileProvider::new(FileOptions {
-        directories: vec![dir.path().to_path_buf()],
-        ..FileOptions::default()
-    }));
-    let options = ManagerOptions {
-        sync_timeout: std::time::Duration::from_secs(3),
-        ..ManagerOptions::default()
-    };
+    let provider = Arc::new(FileProvider::new(
+        FileOptions::default().directories(vec![dir.path().to_path_buf()]),
+    ));
+    let options = ManagerOptions::default().sync_timeout(std::time::Duration::from_secs(3));
     let manager = Manager::with_provider(
         Cluster::new("local", cp.client().await.expect("client")),
         provider.clone(),
@@ -257,14 +252,14 @@ async fn credential_plugins_run_again_only_for_failed_or_changed_contexts() {
             .expect("yaml"),
     );
 
-    let provider = Arc::new(FileProvider::new(FileOptions {
-        directories: vec![dir.path().to_path_buf()],
-        retry: Backoff {
-            base: Duration::from_millis(100),
-            max: Duration::from_secs(1),
-        },
-        ..FileOptions::default()
-    }));
+    let provider = Arc::new(FileProvider::new(
+        FileOptions::default()
+            .directories(vec![dir.path().to_path_buf()])
+            .retry(Backoff {
+                base: Duration::from_millis(100),
+                max: Duration::from_secs(1),
+            }),
+    ));
     let (manager, recorder) = recording_manager(
         Cluster::new("local", cp.client().await.expect("client")),
         provider.clone(),
@@ -325,11 +320,20 @@ async fn token_kubeconfig(cp: &ControlPlane, name: &str) -> Kubeconfig {
 }
 
 fn provider_of(files: &[&Path], dirs: &[&Path]) -> Arc<FileProvider> {
-    Arc::new(FileProvider::new(FileOptions {
-        files: files.iter().map(|path| path.to_path_buf()).collect(),
-        directories: dirs.iter().map(|path| path.to_path_buf()).collect(),
-        ..FileOptions::default()
-    }))
+    Arc::new(FileProvider::new(
+        FileOptions::default()
+            .files(
+                files
+                    .iter()
+                    .map(|path| path.to_path_buf())
+                    .collect::<Vec<_>>(),
+            )
+            .directories(
+                dirs.iter()
+                    .map(|path| path.to_path_buf())
+                    .collect::<Vec<_>>(),
+            ),
+    ))
 }
 
 /// An idle provider reads nothing: not on its own, and not because

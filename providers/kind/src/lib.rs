@@ -33,6 +33,7 @@ use tokio_util::sync::CancellationToken;
 
 /// Options of the kind provider.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct KindOptions {
     /// Only clusters whose name starts with this prefix (kept in the name).
     pub prefix: Option<String>,
@@ -46,6 +47,14 @@ pub struct KindOptions {
     /// How the clients reach their clusters.
     pub client: ClientOptions,
 }
+
+multicluster_runtime::option_setters!(KindOptions {
+    prefix: impl Into<Option<String>>,
+    poll_interval: Duration,
+    kind_command: impl Into<PathBuf>,
+    command_timeout: Duration,
+    client: ClientOptions,
+});
 
 impl Default for KindOptions {
     fn default() -> Self {

@@ -78,12 +78,10 @@ esac
 }
 
 fn options(kind: &Path, prefix: Option<&str>) -> KindOptions {
-    KindOptions {
-        prefix: prefix.map(str::to_string),
-        poll_interval: Duration::from_millis(100),
-        kind_command: kind.to_path_buf(),
-        ..KindOptions::default()
-    }
+    KindOptions::default()
+        .prefix(prefix.map(str::to_string))
+        .poll_interval(Duration::from_millis(100))
+        .kind_command(kind.to_path_buf())
 }
 
 async fn create(cp: &ControlPlane, name: &str) {

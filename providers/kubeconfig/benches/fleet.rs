@@ -185,10 +185,7 @@ async fn run(
     };
     let provider = Arc::new(KubeconfigProvider::new(
         admin.clone(),
-        KubeconfigOptions {
-            namespace: Some(NAMESPACE.into()),
-            ..KubeconfigOptions::default()
-        },
+        KubeconfigOptions::default().namespace(NAMESPACE.to_string()),
     ));
     let manager = Manager::builder(Cluster::new("local", admin.clone()))
         .provider(provider)

@@ -55,6 +55,7 @@ pub use multicluster_runtime::discovery::PROVIDER_BACKOFF;
 
 /// Options of the kubeconfig provider.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct KubeconfigOptions {
     /// The namespace to watch; `None` watches every namespace.
     pub namespace: Option<String>,
@@ -77,6 +78,17 @@ pub struct KubeconfigOptions {
     /// How the clients reach their clusters (credential plugin timeout).
     pub client: ClientOptions,
 }
+
+multicluster_runtime::option_setters!(KubeconfigOptions {
+    namespace: impl Into<Option<String>>,
+    label: impl Into<String>,
+    data_key: impl Into<String>,
+    watch_filter: impl Into<Option<String>>,
+    metrics: impl Into<Option<Metrics>>,
+    retry: Backoff,
+    max_concurrent_builds: usize,
+    client: ClientOptions,
+});
 
 impl Default for KubeconfigOptions {
     fn default() -> Self {
@@ -119,11 +131,9 @@ impl KubeconfigProvider {
         let secrets = Cache::with_options(
             "kubeconfig-secrets",
             management.clone(),
-            CacheOptions {
-                namespace: options.namespace.clone(),
-                watcher: watcher::Config::default().labels(&selector),
-                ..CacheOptions::default()
-            },
+            CacheOptions::default()
+                .namespace(options.namespace.clone())
+                .watcher(watcher::Config::default().labels(&selector)),
         );
         Self {
             shared: Arc::new(Shared {

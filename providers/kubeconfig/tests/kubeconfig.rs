@@ -111,10 +111,7 @@ async fn kubeconfig_secrets_engage_rotate_and_remove_member_clusters() {
     let metrics = Metrics::default();
     let provider = Arc::new(KubeconfigProvider::new(
         admin.clone(),
-        KubeconfigOptions {
-            namespace: Some(NAMESPACE.into()),
-            ..KubeconfigOptions::default()
-        },
+        KubeconfigOptions::default().namespace(NAMESPACE.to_string()),
     ));
     let manager = Manager::builder(Cluster::new("local", admin.clone()))
         .provider(provider.clone())
@@ -343,10 +340,7 @@ async fn every_namespace_is_watched_when_none_is_given_and_a_watch_filter_splits
     ));
     let other = Arc::new(KubeconfigProvider::new(
         admin.clone(),
-        KubeconfigOptions {
-            watch_filter: Some("other".into()),
-            ..KubeconfigOptions::default()
-        },
+        KubeconfigOptions::default().watch_filter("other".to_string()),
     ));
     let manager = Manager::with_provider(
         Cluster::new("local", admin.clone()),
@@ -470,16 +464,10 @@ async fn broken_kubeconfigs_affect_only_their_own_secret() {
         .await
         .expect("secret");
 
-    let options = ManagerOptions {
-        sync_timeout: Duration::from_secs(3),
-        ..ManagerOptions::default()
-    };
+    let options = ManagerOptions::default().sync_timeout(Duration::from_secs(3));
     let provider = Arc::new(KubeconfigProvider::new(
         admin.clone(),
-        KubeconfigOptions {
-            namespace: Some(NAMESPACE.into()),
-            ..KubeconfigOptions::default()
-        },
+        KubeconfigOptions::default().namespace(NAMESPACE.to_string()),
     ));
     let (manager, recorder) =
         recording_manager(Cluster::new("local", admin), provider.clone(), options);
@@ -539,14 +527,12 @@ async fn a_secret_whose_credential_plugin_fails_at_first_is_engaged_once_it_work
 
     let provider = Arc::new(KubeconfigProvider::new(
         admin.clone(),
-        KubeconfigOptions {
-            namespace: Some(NAMESPACE.into()),
-            retry: Backoff {
+        KubeconfigOptions::default()
+            .namespace(NAMESPACE.to_string())
+            .retry(Backoff {
                 base: Duration::from_millis(100),
                 max: Duration::from_secs(1),
-            },
-            ..KubeconfigOptions::default()
-        },
+            }),
     ));
     let (manager, recorder) = recording_manager(
         Cluster::new("local", admin),
@@ -585,10 +571,7 @@ fn start_provider(
 ) {
     let provider = Arc::new(KubeconfigProvider::new(
         admin.clone(),
-        KubeconfigOptions {
-            namespace: Some(NAMESPACE.into()),
-            ..options
-        },
+        options.namespace(NAMESPACE.to_string()),
     ));
     let (manager, recorder) = recording_manager(
         Cluster::new("local", admin.clone()),

@@ -52,10 +52,8 @@ async fn run(cp: &ControlPlane, count: usize) -> Result<(), Box<dyn std::error::
     let before = resident_memory_mib();
     let host = Cluster::new("host", cp.client().await?);
     let provider = Arc::new(NamespaceProvider::new(
-        host.clone(),
-        NamespaceOptions {
-            watch_filter: Some(filter),
-        },
+        host.client(),
+        NamespaceOptions::default().watch_filter(Some(filter)),
     ));
     let manager = Manager::with_provider(host.clone(), provider, ManagerOptions::default());
     let recorder = Recorder::default();

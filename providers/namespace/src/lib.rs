@@ -34,11 +34,16 @@ pub use multicluster_runtime::watch_filter::LABEL as WATCH_FILTER_LABEL;
 
 /// Options of the namespace provider.
 #[derive(Clone, Debug, Default)]
+#[non_exhaustive]
 pub struct NamespaceOptions {
     /// Only namespaces whose `cluster.x-k8s.io/watch-filter` label has this
     /// value become clusters; `None` takes every namespace.
     pub watch_filter: Option<String>,
 }
+
+multicluster_runtime::option_setters!(NamespaceOptions {
+    watch_filter: impl Into<Option<String>>,
+});
 
 /// Namespaces of a host cluster as virtual clusters.
 pub struct NamespaceProvider {
@@ -49,11 +54,13 @@ pub struct NamespaceProvider {
 }
 
 impl NamespaceProvider {
-    /// A provider over the namespaces of `host`. The host's cache must see
-    /// every namespace (no namespace restriction).
-    pub fn new(host: Cluster, options: NamespaceOptions) -> Self {
+    /// A provider over the namespaces of the cluster `host` reaches. It
+    /// keeps its own cache of the host, one watch per type for every
+    /// virtual cluster, with no namespace restriction (it must see every
+    /// namespace).
+    pub fn new(host: kube::Client, options: NamespaceOptions) -> Self {
         Self {
-            host,
+            host: Cluster::new("host", host),
             options,
             clusters: Clusters::new(),
             discovery: Arc::default(),

@@ -71,7 +71,7 @@ async fn namespaces_are_clusters_with_scoped_clients_and_caches() {
 
     let host = Cluster::new("host", admin.clone());
     let provider = Arc::new(NamespaceProvider::new(
-        host.clone(),
+        host.client(),
         NamespaceOptions::default(),
     ));
     provider
@@ -354,10 +354,8 @@ async fn a_watch_filter_splits_namespaces_between_instances() {
 
     let host = Cluster::new("host", admin.clone());
     let one = Arc::new(NamespaceProvider::new(
-        host.clone(),
-        NamespaceOptions {
-            watch_filter: Some("one".into()),
-        },
+        host.client(),
+        NamespaceOptions::default().watch_filter("one".to_string()),
     ));
     let manager = Manager::with_provider(host, one.clone(), ManagerOptions::default());
     let (shutdown, task) = run_manager(&manager);
@@ -384,10 +382,8 @@ async fn a_watch_filter_splits_namespaces_between_instances() {
     // namespace.
     let host = Cluster::new("host", cp.client().await.expect("client"));
     let all = Arc::new(NamespaceProvider::new(
-        host.clone(),
-        NamespaceOptions {
-            watch_filter: Some(String::new()),
-        },
+        host.client(),
+        NamespaceOptions::default().watch_filter(Some(String::new())),
     ));
     let everything = Manager::with_provider(host, all.clone(), ManagerOptions::default());
     let (everything_shutdown, everything_task) = run_manager(&everything);
@@ -444,7 +440,7 @@ async fn a_crd_added_to_a_known_group_version_is_found() {
     let admin = cp.client().await.expect("client");
     create_namespace(&admin, "team-a", &[]).await;
     let provider = Arc::new(NamespaceProvider::new(
-        Cluster::new("host", admin.clone()),
+        admin.clone(),
         NamespaceOptions::default(),
     ));
     let manager = Manager::with_provider(
@@ -499,7 +495,7 @@ async fn many_namespaces_share_a_handful_of_connections_to_the_host() {
     }
     let host_client = cp.client().await.expect("client");
     let provider = Arc::new(NamespaceProvider::new(
-        Cluster::new("host", host_client.clone()),
+        host_client.clone(),
         NamespaceOptions::default(),
     ));
     let manager = Manager::with_provider(

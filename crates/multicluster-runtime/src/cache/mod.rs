@@ -43,6 +43,7 @@ pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How a cache watches.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct CacheOptions {
     /// Watch only this namespace (namespaced resources); `None` watches all.
     /// Lets an instance run with RBAC for one namespace.
@@ -62,6 +63,13 @@ pub struct CacheOptions {
     /// How a failed watch is retried.
     pub backoff: WatchBackoff,
 }
+
+crate::option_setters!(CacheOptions {
+    namespace: impl Into<Option<String>>,
+    strip_managed_fields: bool,
+    watcher: watcher::Config,
+    backoff: WatchBackoff,
+});
 
 impl Default for CacheOptions {
     fn default() -> Self {

@@ -29,6 +29,7 @@ mod queue;
 mod source;
 mod work;
 
+use crate::engagements::{Arrival, Engagements, when_ended};
 use crate::sync::lock;
 use std::collections::HashMap;
 use std::fmt;
@@ -435,7 +436,7 @@ impl ControllerBuilder {
                 sources,
                 reconciler,
                 work: work.build_gated(share),
-                clusters: Mutex::new(HashMap::new()),
+                clusters: Mutex::new(Engagements::default()),
                 running: Mutex::new(HashMap::new()),
                 finished: tokio::sync::Notify::new(),
                 owed: self.owed,
@@ -457,7 +458,7 @@ struct Inner {
     reconciler: Reconciler,
     /// The queue (taking requests of engaged clusters only) and its runner.
     work: WorkQueue,
-    clusters: Mutex<HashMap<ClusterName, Engaged>>,
+    clusters: Mutex<Engagements<()>>,
     /// Reconciles running now, per cluster, and a signal when one ends.
     running: Mutex<HashMap<ClusterName, usize>>,
     finished: tokio::sync::Notify,
@@ -472,11 +473,7 @@ impl Inner {
     /// [`Aware::settled`] would miss.
     fn start_reconcile(self: &Arc<Self>, request: &Request) -> Option<(Cluster, Running)> {
         let clusters = lock(&self.clusters);
-        let cluster = clusters
-            .get(&request.cluster)
-            .filter(|engaged| !engaged.stop.is_cancelled())?
-            .cluster
-            .clone();
+        let cluster = clusters.live(&request.cluster)?.cluster.clone();
         *lock(&self.running)
             .entry(request.cluster.clone())
             .or_default() += 1;
@@ -514,12 +511,6 @@ impl Drop for Running {
     }
 }
 
-struct Engaged {
-    cluster: Cluster,
-    stop: CancellationToken,
-    generation: u64,
-}
-
 impl Controller {
     /// Starts building a controller named `name` (used in logs and metrics).
     pub fn builder(name: impl Into<String>) -> ControllerBuilder {
@@ -547,16 +538,13 @@ impl Controller {
     /// [`ClusterName::local`] when it is engaged).
     pub fn cluster(&self, name: &ClusterName) -> Option<Cluster> {
         lock(&self.inner.clusters)
-            .get(name)
-            .filter(|engaged| !engaged.stop.is_cancelled())
+            .live(name)
             .map(|engaged| engaged.cluster.clone())
     }
 
     /// Names of the clusters the controller works on, sorted.
     pub fn engaged_clusters(&self) -> Vec<ClusterName> {
-        let mut names: Vec<_> = lock(&self.inner.clusters).keys().cloned().collect();
-        names.sort();
-        names
+        lock(&self.inner.clusters).names()
     }
 
     /// Records metrics in `metrics` unless the controller already has a
@@ -600,12 +588,7 @@ impl Controller {
     }
 
     fn disengage(&self, name: &ClusterName, generation: u64) {
-        let mut clusters = lock(&self.inner.clusters);
-        if clusters
-            .get(name)
-            .is_some_and(|engaged| engaged.generation == generation)
-        {
-            clusters.remove(name);
+        if lock(&self.inner.clusters).end(name, generation).is_some() {
             self.inner.work.queue().disengage(name);
             tracing::info!(controller = %self.inner.name, cluster = %name, "cluster disengaged");
         }
@@ -638,34 +621,19 @@ impl Aware for Controller {
         name: ClusterName,
         cluster: Cluster,
     ) -> Result<(), Error> {
-        if lifetime.is_cancelled() {
-            // A stale engagement that arrived late: the cluster has left (or
-            // was replaced) already.
-            return Ok(());
-        }
-        let generation = crate::sync::next_generation();
-        let stop = lifetime.child_token();
-        {
+        let (stop, generation) = {
             let mut clusters = lock(&self.inner.clusters);
-            if let Some(existing) = clusters.get(&name) {
-                if existing.cluster.same_instance(&cluster) && !existing.stop.is_cancelled() {
-                    return Ok(());
-                }
-                // A new instance under the same name (e.g. rotated
-                // credentials): the old one's sources stop, queued requests
-                // stay and run against the new instance.
-                existing.stop.cancel();
+            if clusters.arrival(&name, &cluster, &lifetime) != Arrival::New {
+                return Ok(());
             }
-            clusters.insert(
-                name.clone(),
-                Engaged {
-                    cluster: cluster.clone(),
-                    stop: stop.clone(),
-                    generation,
-                },
-            );
+            // A new instance under a known name (e.g. rotated credentials)
+            // ends the old one's sources; queued requests stay and run
+            // against the new instance.
+            let (engaged, _) = clusters.insert(name.clone(), cluster.clone(), &lifetime, ());
+            let held = (engaged.lifetime.clone(), engaged.generation);
             self.inner.work.queue().engage(name.clone());
-        }
+            held
+        };
         for source in self
             .inner
             .sources
@@ -686,10 +654,7 @@ impl Aware for Controller {
             }
         }
         let this = self.clone();
-        tokio::spawn(async move {
-            stop.cancelled().await;
-            this.disengage(&name, generation);
-        });
+        when_ended(&stop, move || this.disengage(&name, generation));
         Ok(())
     }
 

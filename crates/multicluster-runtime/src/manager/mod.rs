@@ -20,8 +20,8 @@
 
 mod endpoints;
 
+use crate::engagements::{Arrival, Engagements, when_ended};
 use crate::sync::lock;
-use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -67,6 +67,17 @@ impl ClusterState {
             ClusterState::Ready => "ready",
             ClusterState::Degraded(_) => "degraded",
             ClusterState::Unreachable(_) => "unreachable",
+        }
+    }
+
+    /// The state's place in the per-state counts (the order of
+    /// [`crate::metrics`]'s `cluster_states`).
+    fn index(&self) -> usize {
+        match self {
+            ClusterState::Syncing => 0,
+            ClusterState::Ready => 1,
+            ClusterState::Degraded(_) => 2,
+            ClusterState::Unreachable(_) => 3,
         }
     }
 }
@@ -133,8 +144,9 @@ impl Coordinator for EngageAll {
     }
 }
 
-/// Manager settings.
+/// Manager settings: [`Default`], then the setters.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ManagerOptions {
     /// How long a newly engaged cluster may take to answer and sync before
     /// it is reported unreachable (default 30 s).
@@ -163,6 +175,16 @@ pub struct ManagerOptions {
     /// connect for want of file descriptors says so in its reason.
     pub raise_open_files_limit: bool,
 }
+
+crate::option_setters!(ManagerOptions {
+    sync_timeout: Duration,
+    retry_delay: Duration,
+    max_retry_delay: Duration,
+    unhealthy_after: Duration,
+    shutdown_grace: Duration,
+    health_address: Option<SocketAddr>,
+    raise_open_files_limit: bool,
+});
 
 impl Default for ManagerOptions {
     fn default() -> Self {
@@ -193,7 +215,7 @@ struct Inner {
     metrics: Metrics,
     components: Mutex<Vec<Arc<dyn Aware>>>,
     controllers: Mutex<Controllers>,
-    clusters: Mutex<BTreeMap<ClusterName, Tracked>>,
+    clusters: Mutex<Tracked>,
     started: CancellationToken,
 }
 
@@ -205,16 +227,39 @@ struct Controllers {
     start: Option<tokio::sync::mpsc::UnboundedSender<Controller>>,
 }
 
+/// The engaged clusters, and how many are in each state (kept as states
+/// change, so publishing the counts never walks the fleet).
+#[derive(Default)]
 struct Tracked {
-    cluster: Cluster,
-    lifetime: CancellationToken,
+    clusters: Engagements<Progress>,
+    counts: [i64; 4],
+}
+
+struct Progress {
     state: ClusterState,
-    generation: u64,
     /// Whether it was handed to the components (it became ready once).
     engaged: bool,
     /// When an unhealthy engaged cluster is probed next, and the delay
     /// after that.
     next_probe: Option<(tokio::time::Instant, Duration)>,
+}
+
+impl Tracked {
+    fn count(&mut self, state: &ClusterState, by: i64) {
+        self.counts[state.index()] += by;
+    }
+
+    /// Moves `name`'s engagement of `generation` to `state`; false when
+    /// that engagement is gone.
+    fn set_state(&mut self, name: &ClusterName, generation: u64, state: ClusterState) -> bool {
+        let Some(held) = self.clusters.current_mut(name, generation) else {
+            return false;
+        };
+        let old = std::mem::replace(&mut held.data.state, state.clone());
+        self.count(&old, -1);
+        self.count(&state, 1);
+        true
+    }
 }
 
 /// Builds a [`Manager`]: the local cluster, then whatever else it needs.
@@ -280,7 +325,7 @@ impl ManagerBuilder {
                 metrics: self.metrics.unwrap_or_default(),
                 components: Mutex::new(Vec::new()),
                 controllers: Mutex::default(),
-                clusters: Mutex::new(BTreeMap::new()),
+                clusters: Mutex::default(),
                 started: CancellationToken::new(),
             }),
         }
@@ -378,15 +423,10 @@ impl Manager {
     pub fn add(&self, component: Arc<dyn Aware>) -> Result<(), Error> {
         lock(&self.inner.components).push(component.clone());
         let ready: Vec<_> = lock(&self.inner.clusters)
+            .clusters
             .iter()
-            .filter(|(_, tracked)| tracked.engaged)
-            .map(|(name, tracked)| {
-                (
-                    name.clone(),
-                    tracked.cluster.clone(),
-                    tracked.lifetime.clone(),
-                )
-            })
+            .filter(|(_, held)| held.data.engaged)
+            .map(|(name, held)| (name.clone(), held.cluster.clone(), held.lifetime.clone()))
             .collect();
         for (name, cluster, lifetime) in ready {
             self.coordinator()
@@ -413,8 +453,9 @@ impl Manager {
     /// Each engaged cluster and its state, sorted by name.
     pub fn cluster_states(&self) -> Vec<(ClusterName, ClusterState)> {
         lock(&self.inner.clusters)
+            .clusters
             .iter()
-            .map(|(name, tracked)| (name.clone(), tracked.state.clone()))
+            .map(|(name, held)| (name.clone(), held.data.state.clone()))
             .collect()
     }
 
@@ -422,8 +463,9 @@ impl Manager {
     /// engaged.
     pub fn cluster_state(&self, name: &ClusterName) -> Option<ClusterState> {
         lock(&self.inner.clusters)
+            .clusters
             .get(name)
-            .map(|tracked| tracked.state.clone())
+            .map(|held| held.data.state.clone())
     }
 
     /// Whether [`Manager::run`] has engaged the local cluster and started
@@ -601,11 +643,11 @@ impl Manager {
                     if !self.set_state(&name, generation, ClusterState::Ready) {
                         return;
                     }
-                    if let Some(tracked) = lock(&self.inner.clusters)
-                        .get_mut(&name)
-                        .filter(|tracked| tracked.generation == generation)
+                    if let Some(held) = lock(&self.inner.clusters)
+                        .clusters
+                        .current_mut(&name, generation)
                     {
-                        tracked.engaged = true;
+                        held.data.engaged = true;
                     }
                     tracing::info!(cluster = %name, "cluster ready; engaging components");
                     let components = lock(&self.inner.components).clone();
@@ -634,37 +676,25 @@ impl Manager {
 
     fn tracked(&self, name: &ClusterName, generation: u64) -> Option<(Cluster, CancellationToken)> {
         lock(&self.inner.clusters)
-            .get(name)
-            .filter(|tracked| tracked.generation == generation)
-            .map(|tracked| (tracked.cluster.clone(), tracked.lifetime.clone()))
+            .clusters
+            .current_mut(name, generation)
+            .map(|held| (held.cluster.clone(), held.lifetime.clone()))
     }
 
     fn set_state(&self, name: &ClusterName, generation: u64, state: ClusterState) -> bool {
-        let mut clusters = lock(&self.inner.clusters);
-        let changed = match clusters.get_mut(name) {
-            Some(tracked) if tracked.generation == generation => {
-                self.inner.metrics.cluster_state(name, state.label());
-                tracked.state = state;
-                true
-            }
-            _ => false,
-        };
-        self.publish_states(&clusters);
-        changed
+        let mut tracked = lock(&self.inner.clusters);
+        let label = state.label();
+        if !tracked.set_state(name, generation, state) {
+            return false;
+        }
+        self.inner.metrics.cluster_state(name, label);
+        self.publish_states(&tracked);
+        true
     }
 
-    /// Updates the per-state cluster gauge from the tracked clusters.
-    fn publish_states(&self, clusters: &BTreeMap<ClusterName, Tracked>) {
-        let mut counts = [0usize; 4];
-        for tracked in clusters.values() {
-            counts[match tracked.state {
-                ClusterState::Syncing => 0,
-                ClusterState::Ready => 1,
-                ClusterState::Degraded(_) => 2,
-                ClusterState::Unreachable(_) => 3,
-            }] += 1;
-        }
-        self.inner.metrics.cluster_states(counts);
+    /// Updates the per-state cluster gauge.
+    fn publish_states(&self, tracked: &Tracked) {
+        self.inner.metrics.cluster_states(tracked.counts);
     }
 
     /// Brings each engaged cluster's state in line with its health every
@@ -683,10 +713,16 @@ impl Manager {
     fn check_health(&self) {
         let options = &self.inner.options;
         let now = tokio::time::Instant::now();
-        let mut clusters = lock(&self.inner.clusters);
+        let mut guard = lock(&self.inner.clusters);
+        let tracked = &mut *guard;
         let mut changed = false;
-        for (name, tracked) in clusters.iter_mut().filter(|(_, t)| t.engaged) {
-            let state = match tracked.cluster.failure() {
+        for (name, held) in tracked
+            .clusters
+            .iter_mut()
+            .filter(|(_, held)| held.data.engaged)
+        {
+            let progress = &mut held.data;
+            let state = match held.cluster.failure() {
                 Some(failure) if now.duration_since(failure.since) >= options.unhealthy_after => {
                     ClusterState::from(failure.health())
                 }
@@ -695,22 +731,24 @@ impl Manager {
                 None => ClusterState::Ready,
             };
             if state == ClusterState::Ready {
-                tracked.next_probe = None;
+                progress.next_probe = None;
             } else {
-                let (due, delay) = *tracked.next_probe.get_or_insert((now, options.retry_delay));
+                let (due, delay) = *progress
+                    .next_probe
+                    .get_or_insert((now, options.retry_delay));
                 if due <= now {
                     // Something that asks, so that a server that comes back is
                     // seen even when nothing else talks to it.
-                    let cluster = tracked.cluster.clone();
+                    let cluster = held.cluster.clone();
                     let timeout = options.sync_timeout;
                     tokio::spawn(async move {
                         let _ = tokio::time::timeout(timeout, probe_server(&cluster)).await;
                     });
-                    tracked.next_probe =
+                    progress.next_probe =
                         Some((now + delay, (delay * 2).min(options.max_retry_delay)));
                 }
             }
-            if tracked.state == state {
+            if progress.state == state {
                 continue;
             }
             match &state {
@@ -721,11 +759,13 @@ impl Manager {
                 ClusterState::Syncing => {}
             }
             self.inner.metrics.cluster_state(name, state.label());
-            tracked.state = state;
+            tracked.counts[progress.state.index()] -= 1;
+            tracked.counts[state.index()] += 1;
+            progress.state = state;
             changed = true;
         }
         if changed {
-            self.publish_states(&clusters);
+            self.publish_states(tracked);
         }
     }
 }
@@ -737,51 +777,41 @@ impl Aware for Manager {
         name: ClusterName,
         cluster: Cluster,
     ) -> Result<(), Error> {
-        if lifetime.is_cancelled() {
-            // A stale engagement that arrived late: the cluster has left (or
-            // was replaced) already.
-            return Ok(());
-        }
-        let generation = crate::sync::next_generation();
-        {
-            let mut clusters = lock(&self.inner.clusters);
-            if let Some(existing) = clusters.get(&name) {
-                if existing.cluster.same_instance(&cluster) && !existing.lifetime.is_cancelled() {
-                    return Ok(());
-                }
-                // Replaced by a new instance: the old one's lifetime ends here
-                // so its components let go even if the provider forgot to.
-                existing.lifetime.cancel();
-            } else {
-                self.inner.metrics.cluster_engaged();
+        let (ended, generation) = {
+            let mut tracked = lock(&self.inner.clusters);
+            if tracked.clusters.arrival(&name, &cluster, &lifetime) != Arrival::New {
+                return Ok(());
             }
-            clusters.insert(
-                name.clone(),
-                Tracked {
-                    cluster,
-                    lifetime: lifetime.child_token(),
-                    state: ClusterState::Syncing,
-                    generation,
-                    engaged: false,
-                    next_probe: None,
-                },
-            );
+            let progress = Progress {
+                state: ClusterState::Syncing,
+                engaged: false,
+                next_probe: None,
+            };
+            // A replaced instance's lifetime ends here, so its components
+            // let go even if the provider forgot to end it.
+            let (held, replaced) =
+                tracked
+                    .clusters
+                    .insert(name.clone(), cluster, &lifetime, progress);
+            let engagement = (held.lifetime.clone(), held.generation);
+            match replaced {
+                Some(old) => tracked.count(&old.data.state, -1),
+                None => self.inner.metrics.cluster_engaged(),
+            }
+            tracked.count(&ClusterState::Syncing, 1);
             self.inner.metrics.cluster_state(&name, "syncing");
-            self.publish_states(&clusters);
-        }
+            self.publish_states(&tracked);
+            engagement
+        };
         tokio::spawn(self.clone().bring_up(name.clone(), generation));
         let this = self.clone();
-        tokio::spawn(async move {
-            lifetime.cancelled().await;
-            let mut clusters = lock(&this.inner.clusters);
-            if clusters
-                .get(&name)
-                .is_some_and(|tracked| tracked.generation == generation)
-            {
-                clusters.remove(&name);
+        when_ended(&ended, move || {
+            let mut tracked = lock(&this.inner.clusters);
+            if let Some(gone) = tracked.clusters.end(&name, generation) {
+                tracked.count(&gone.data.state, -1);
                 this.inner.metrics.cluster_disengaged();
                 this.inner.metrics.cluster_gone(&name);
-                this.publish_states(&clusters);
+                this.publish_states(&tracked);
                 tracing::info!(cluster = %name, "cluster left the fleet");
             }
         });

@@ -31,7 +31,6 @@ pub(crate) mod lease;
 mod names;
 mod peers;
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -41,8 +40,9 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::engagements::{Arrival, Engagements, when_ended};
 use crate::manager::Coordinator;
-use crate::sync::{child_until, lock, next_generation};
+use crate::sync::{child_until, lock};
 use crate::{Aware, Cluster, ClusterName, Error};
 
 pub use hrw::{Peer, owner};
@@ -51,6 +51,7 @@ pub use peers::{PART_OF_LABEL, PEER_LABEL, PREFIX_LABEL, WEIGHT_ANNOTATION};
 
 /// Sharding settings; the defaults are Go multicluster-runtime's.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct ShardingOptions {
     /// Where peer and fence Leases live (default `kube-system`).
     pub namespace: String,
@@ -103,6 +104,21 @@ impl Default for ShardingOptions {
         }
     }
 }
+
+crate::option_setters!(ShardingOptions {
+    namespace: impl Into<String>,
+    peer_id: impl Into<Option<String>>,
+    peer_prefix: impl Into<String>,
+    peer_weight: u32,
+    peer_lease_duration: Duration,
+    peer_renew_interval: Duration,
+    fence_prefix: impl Into<String>,
+    fence_lease_duration: Duration,
+    fence_renew_interval: Duration,
+    fence_retry_delay: Duration,
+    probe_interval: Duration,
+    handover_timeout: Duration,
+});
 
 impl ShardingOptions {
     fn check(&self) -> Result<(), Error> {
@@ -160,14 +176,12 @@ struct Inner {
     options: ShardingOptions,
     me: Peer,
     peers: watch::Sender<Vec<Peer>>,
-    clusters: std::sync::Mutex<BTreeMap<ClusterName, Entry>>,
+    clusters: std::sync::Mutex<Engagements<Share>>,
     wake: Arc<Notify>,
 }
 
-struct Entry {
-    cluster: Cluster,
-    lifetime: CancellationToken,
-    generation: u64,
+/// What this replica keeps for each cluster of the fleet.
+struct Share {
     components: Vec<Arc<dyn Aware>>,
     held: Option<Held>,
     retry_at: Option<Instant>,
@@ -226,7 +240,7 @@ impl ShardedCoordinator {
                 peers: watch::Sender::new(vec![me.clone()]),
                 me,
                 options,
-                clusters: std::sync::Mutex::new(BTreeMap::new()),
+                clusters: std::sync::Mutex::default(),
                 wake: Arc::new(Notify::new()),
             }),
         })
@@ -249,6 +263,7 @@ impl ShardedCoordinator {
             .iter()
             .filter(|(_, entry)| {
                 entry
+                    .data
                     .held
                     .as_ref()
                     .is_some_and(|held| !held.work.is_cancelled())
@@ -274,7 +289,7 @@ impl ShardedCoordinator {
     /// replica owns, hands back those it no longer owns.
     async fn balance(&self) {
         let peers = self.peers();
-        let names: Vec<ClusterName> = lock(&self.inner.clusters).keys().cloned().collect();
+        let names = lock(&self.inner.clusters).names();
         for name in names {
             self.balance_one(&name, &peers).await;
         }
@@ -307,14 +322,16 @@ impl ShardedCoordinator {
         let Some(entry) = clusters.get_mut(name) else {
             return Step::Nothing;
         };
-        if entry.lifetime.is_cancelled() {
-            let held = clusters.remove(name).and_then(|entry| entry.held);
+        if !entry.is_live() {
+            let held = clusters.remove(name).and_then(|entry| entry.data.held);
             return held.map_or(Step::Nothing, |held| Step::Release {
                 held,
                 why: "the cluster left the fleet".to_string(),
                 settle: Vec::new(),
             });
         }
+        let generation = entry.generation;
+        let entry = &mut entry.data;
         let now = Instant::now();
         if let Some(held) = entry.held.take_if(|held| held.is_lost()) {
             entry.retry_at = Some(now + self.inner.options.fence_retry_delay);
@@ -335,9 +352,7 @@ impl ShardedCoordinator {
                 ),
                 settle: entry.components.clone(),
             },
-            (true, None) if entry.retry_at.is_none_or(|at| now >= at) => Step::Take {
-                generation: entry.generation,
-            },
+            (true, None) if entry.retry_at.is_none_or(|at| now >= at) => Step::Take { generation },
             (_, held) => {
                 entry.held = held;
                 Step::Nothing
@@ -370,20 +385,16 @@ impl ShardedCoordinator {
         };
         let start = {
             let mut clusters = lock(&self.inner.clusters);
-            match clusters.get_mut(name) {
-                Some(entry)
-                    if entry.generation == generation
-                        && entry.held.is_none()
-                        && !entry.lifetime.is_cancelled() =>
-                {
+            match clusters.current_mut(name, generation) {
+                Some(entry) if entry.data.held.is_none() && entry.is_live() => {
                     let held = Held::new(fence, &entry.lifetime);
                     let start = (
                         held.work.clone(),
                         entry.cluster.clone(),
-                        entry.components.clone(),
+                        entry.data.components.clone(),
                     );
-                    entry.held = Some(held);
-                    entry.retry_at = None;
+                    entry.data.held = Some(held);
+                    entry.data.retry_at = None;
                     Ok(start)
                 }
                 // Replaced or gone while the fence was taken: the next
@@ -411,11 +422,8 @@ impl ShardedCoordinator {
     }
 
     fn retry_later(&self, name: &ClusterName, generation: u64) {
-        if let Some(entry) = lock(&self.inner.clusters)
-            .get_mut(name)
-            .filter(|entry| entry.generation == generation)
-        {
-            entry.retry_at = Some(Instant::now() + self.inner.options.fence_retry_delay);
+        if let Some(entry) = lock(&self.inner.clusters).current_mut(name, generation) {
+            entry.data.retry_at = Some(Instant::now() + self.inner.options.fence_retry_delay);
         }
     }
 
@@ -425,8 +433,8 @@ impl ShardedCoordinator {
         let probe = Instant::now() + self.inner.options.probe_interval;
         lock(&self.inner.clusters)
             .values()
-            .filter(|entry| entry.held.is_none())
-            .filter_map(|entry| entry.retry_at)
+            .filter(|entry| entry.data.held.is_none())
+            .filter_map(|entry| entry.data.retry_at)
             .fold(probe, Instant::min)
     }
 
@@ -434,7 +442,7 @@ impl ShardedCoordinator {
     async fn release_all(&self) {
         let held: Vec<(ClusterName, Held)> = lock(&self.inner.clusters)
             .iter_mut()
-            .filter_map(|(name, entry)| Some((name.clone(), entry.held.take()?)))
+            .filter_map(|(name, entry)| Some((name.clone(), entry.data.held.take()?)))
             .collect();
         for (name, held) in held {
             held.work.cancel();
@@ -470,56 +478,54 @@ impl Coordinator for ShardedCoordinator {
         cluster: Cluster,
         components: &[Arc<dyn Aware>],
     ) -> Result<(), Error> {
-        let mut start = None;
-        {
+        let start = {
             let mut clusters = lock(&self.inner.clusters);
-            match clusters.get_mut(&name) {
-                Some(entry)
-                    if entry.cluster.same_instance(&cluster) && !entry.lifetime.is_cancelled() =>
-                {
+            match clusters.arrival(&name, &cluster, &lifetime) {
+                Arrival::Stale => return Ok(()),
+                Arrival::Again => {
                     // More components for a cluster already here.
+                    let entry = clusters
+                        .get_mut(&name)
+                        .expect("an engagement seen again is held");
+                    let share = &mut entry.data;
                     let new: Vec<Arc<dyn Aware>> = components
                         .iter()
-                        .filter(|c| !entry.components.iter().any(|e| Arc::ptr_eq(e, c)))
+                        .filter(|c| !share.components.iter().any(|e| Arc::ptr_eq(e, c)))
                         .cloned()
                         .collect();
-                    entry.components.extend(new.iter().cloned());
-                    if let Some(held) = entry.held.as_ref().filter(|h| !h.work.is_cancelled()) {
-                        start = Some((held.work.clone(), cluster.clone(), new));
-                    }
+                    share.components.extend(new.iter().cloned());
+                    share
+                        .held
+                        .as_ref()
+                        .filter(|held| !held.work.is_cancelled())
+                        .map(|held| (held.work.clone(), cluster.clone(), new))
                 }
-                existing => {
+                Arrival::New => {
                     // A new cluster, or a new instance under the same name
-                    // (rotated credentials): a fence held for the old one
-                    // stays, and its work restarts on the new instance.
-                    let held = existing.and_then(|entry| entry.held.take());
-                    let held = held.filter(|held| !held.is_lost()).map(|held| {
-                        held.work.cancel();
-                        Held::new(held.fence, &lifetime)
-                    });
-                    if let Some(held) = &held {
-                        start = Some((held.work.clone(), cluster.clone(), components.to_vec()));
-                    }
+                    // (rotated credentials): the old engagement's work ends,
+                    // a fence held for it stays, and the work restarts on
+                    // the new instance.
+                    let share = Share {
+                        components: components.to_vec(),
+                        held: None,
+                        retry_at: None,
+                    };
+                    let (entry, replaced) =
+                        clusters.insert(name.clone(), cluster.clone(), &lifetime, share);
                     let wake = self.inner.wake.clone();
-                    let left = lifetime.clone();
-                    tokio::spawn(async move {
-                        left.cancelled().await;
-                        wake.notify_one();
-                    });
-                    clusters.insert(
-                        name.clone(),
-                        Entry {
-                            cluster,
-                            lifetime,
-                            generation: next_generation(),
-                            components: components.to_vec(),
-                            held,
-                            retry_at: None,
-                        },
-                    );
+                    when_ended(&entry.lifetime, move || wake.notify_one());
+                    let kept = replaced
+                        .and_then(|old| old.data.held)
+                        .filter(|held| !held.is_lost());
+                    kept.map(|held| {
+                        let held = Held::new(held.fence, &entry.lifetime);
+                        let work = held.work.clone();
+                        entry.data.held = Some(held);
+                        (work, cluster.clone(), components.to_vec())
+                    })
                 }
             }
-        }
+        };
         if let Some((work, cluster, components)) = start {
             engage_all(&components, &work, &name, &cluster);
         }

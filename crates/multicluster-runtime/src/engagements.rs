@@ -1,0 +1,244 @@
+//! The clusters one component holds, each under its latest engagement.
+//!
+//! Every part that receives clusters (the manager, controllers, the
+//! coordinators) and the provider-side set obey the same rules, kept here
+//! so they cannot drift apart:
+//!
+//! - a call whose lifetime has already ended is stale (it lost a race with
+//!   the cluster leaving or being replaced) and changes nothing;
+//! - the same instance under a live engagement is the same engagement;
+//! - a new instance under a known name replaces the old one, whose
+//!   lifetime ends there, so its work stops even if the provider forgot to
+//!   end it;
+//! - clean-up after a lifetime ends removes only the engagement it was
+//!   started for (its generation), never a newer one under the same name.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use tokio_util::sync::CancellationToken;
+
+use crate::{Cluster, ClusterName};
+
+/// One cluster as a component holds it.
+pub(crate) struct Engagement<T> {
+    pub(crate) cluster: Cluster,
+    /// Ends when the cluster leaves the fleet or is replaced.
+    pub(crate) lifetime: CancellationToken,
+    /// Tells this engagement from a later one under the same name.
+    pub(crate) generation: u64,
+    /// What the component keeps for the cluster.
+    pub(crate) data: T,
+}
+
+impl<T> Engagement<T> {
+    pub(crate) fn is_live(&self) -> bool {
+        !self.lifetime.is_cancelled()
+    }
+}
+
+/// How an engagement compares with what is held under its name.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Arrival {
+    /// Its lifetime ended before it arrived: ignore it.
+    Stale,
+    /// The instance already held under a live engagement.
+    Again,
+    /// A cluster not held, or a new instance under a held name.
+    New,
+}
+
+/// A component's clusters by name.
+pub(crate) struct Engagements<T> {
+    entries: BTreeMap<ClusterName, Engagement<T>>,
+}
+
+impl<T> Default for Engagements<T> {
+    fn default() -> Self {
+        Self {
+            entries: BTreeMap::new(),
+        }
+    }
+}
+
+impl<T> Engagements<T> {
+    /// How `cluster`, engaged under `name` for `lifetime`, relates to what is
+    /// held.
+    pub(crate) fn arrival(
+        &self,
+        name: &ClusterName,
+        cluster: &Cluster,
+        lifetime: &CancellationToken,
+    ) -> Arrival {
+        if lifetime.is_cancelled() {
+            return Arrival::Stale;
+        }
+        match self.entries.get(name) {
+            Some(held) if held.is_live() && held.cluster.same_instance(cluster) => Arrival::Again,
+            _ => Arrival::New,
+        }
+    }
+
+    /// Holds `cluster` under `name` with a lifetime that is a child of
+    /// `lifetime` (so ending it here never ends the caller's), ending the
+    /// engagement it replaces, which is returned.
+    pub(crate) fn insert(
+        &mut self,
+        name: ClusterName,
+        cluster: Cluster,
+        lifetime: &CancellationToken,
+        data: T,
+    ) -> (&mut Engagement<T>, Option<Engagement<T>>) {
+        let engagement = Engagement {
+            cluster,
+            lifetime: lifetime.child_token(),
+            generation: next_generation(),
+            data,
+        };
+        let replaced = self.entries.insert(name.clone(), engagement);
+        if let Some(old) = &replaced {
+            old.lifetime.cancel();
+        }
+        let held = self
+            .entries
+            .get_mut(&name)
+            .expect("the entry was inserted above");
+        (held, replaced)
+    }
+
+    /// The engagement under `name`, live or not.
+    pub(crate) fn get(&self, name: &ClusterName) -> Option<&Engagement<T>> {
+        self.entries.get(name)
+    }
+
+    /// The engagement under `name`, live or not.
+    pub(crate) fn get_mut(&mut self, name: &ClusterName) -> Option<&mut Engagement<T>> {
+        self.entries.get_mut(name)
+    }
+
+    /// The live engagement under `name`.
+    pub(crate) fn live(&self, name: &ClusterName) -> Option<&Engagement<T>> {
+        self.entries.get(name).filter(|held| held.is_live())
+    }
+
+    /// The engagement under `name` if it is still the one of `generation`.
+    pub(crate) fn current_mut(
+        &mut self,
+        name: &ClusterName,
+        generation: u64,
+    ) -> Option<&mut Engagement<T>> {
+        self.entries
+            .get_mut(name)
+            .filter(|held| held.generation == generation)
+    }
+
+    /// Removes the engagement of `generation` once its lifetime has ended;
+    /// a newer one under the same name stays.
+    pub(crate) fn end(&mut self, name: &ClusterName, generation: u64) -> Option<Engagement<T>> {
+        self.current_mut(name, generation)?;
+        self.entries.remove(name)
+    }
+
+    /// Removes the engagement under `name` and ends its lifetime.
+    pub(crate) fn remove(&mut self, name: &ClusterName) -> Option<Engagement<T>> {
+        let removed = self.entries.remove(name)?;
+        removed.lifetime.cancel();
+        Some(removed)
+    }
+
+    /// Keeps the engagements for which `keep` is true and ends the others.
+    pub(crate) fn retain(
+        &mut self,
+        mut keep: impl FnMut(&ClusterName, &mut Engagement<T>) -> bool,
+    ) {
+        self.entries.retain(|name, held| {
+            let kept = keep(name, held);
+            if !kept {
+                held.lifetime.cancel();
+            }
+            kept
+        });
+    }
+
+    /// Forgets engagements whose lifetime has ended.
+    pub(crate) fn prune(&mut self) {
+        self.entries.retain(|_, held| held.is_live());
+    }
+
+    /// Names held, live or not, sorted.
+    pub(crate) fn names(&self) -> Vec<ClusterName> {
+        self.entries.keys().cloned().collect()
+    }
+
+    pub(crate) fn iter(&self) -> impl Iterator<Item = (&ClusterName, &Engagement<T>)> {
+        self.entries.iter()
+    }
+
+    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (&ClusterName, &mut Engagement<T>)> {
+        self.entries.iter_mut()
+    }
+
+    pub(crate) fn values(&self) -> impl Iterator<Item = &Engagement<T>> {
+        self.entries.values()
+    }
+}
+
+/// Runs `then` once `lifetime` has ended.
+pub(crate) fn when_ended(lifetime: &CancellationToken, then: impl FnOnce() + Send + 'static) {
+    let lifetime = lifetime.clone();
+    tokio::spawn(async move {
+        lifetime.cancelled().await;
+        then();
+    });
+}
+
+/// A number no other call in this process returns.
+fn next_generation() -> u64 {
+    static GENERATION: AtomicU64 = AtomicU64::new(0);
+    GENERATION.fetch_add(1, Ordering::Relaxed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(name: &str) -> Cluster {
+        let config = kube::Config::new("https://127.0.0.1:1".parse().expect("uri"));
+        Cluster::new(name, kube::Client::try_from(config).expect("client"))
+    }
+
+    #[tokio::test]
+    async fn the_same_instance_is_the_same_engagement_and_a_new_one_replaces_it() {
+        let mut held = Engagements::default();
+        let provider = CancellationToken::new();
+        let first = cluster("a");
+        assert_eq!(held.arrival(&"a".into(), &first, &provider), Arrival::New);
+        let (engagement, replaced) = held.insert("a".into(), first.clone(), &provider, ());
+        let (old_lifetime, old_generation) = (engagement.lifetime.clone(), engagement.generation);
+        assert!(replaced.is_none());
+        assert_eq!(held.arrival(&"a".into(), &first, &provider), Arrival::Again);
+
+        let second = cluster("a");
+        assert_eq!(held.arrival(&"a".into(), &second, &provider), Arrival::New);
+        let (_, replaced) = held.insert("a".into(), second, &provider, ());
+        assert!(replaced.is_some_and(|old| old.generation == old_generation));
+        assert!(old_lifetime.is_cancelled(), "the replaced engagement ends");
+        assert!(!provider.is_cancelled(), "the caller's lifetime does not");
+        assert!(
+            held.end(&"a".into(), old_generation).is_none(),
+            "the old engagement's clean-up leaves the new one"
+        );
+        assert!(held.live(&"a".into()).is_some());
+    }
+
+    #[tokio::test]
+    async fn an_engagement_whose_lifetime_ended_is_stale() {
+        let held = Engagements::<()>::default();
+        let ended = CancellationToken::new();
+        ended.cancel();
+        assert_eq!(
+            held.arrival(&"a".into(), &cluster("a"), &ended),
+            Arrival::Stale
+        );
+    }
+}
