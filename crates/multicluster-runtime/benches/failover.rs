@@ -27,7 +27,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
-use multicluster_runtime::leader_election::{LeaderElection, LeaderElectionOptions};
+use multicluster_runtime::coordinator::leader_election::{LeaderElection, LeaderElectionOptions};
 use multicluster_runtime::testing::TestProvider;
 use multicluster_runtime::{Cluster, Manager};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};

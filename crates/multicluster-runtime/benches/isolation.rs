@@ -25,7 +25,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
-use multicluster_runtime::kubeconfig::{self, ClientOptions};
+use multicluster_runtime::provider::kubeconfig::{self, ClientOptions};
 use multicluster_runtime::testing::TestProvider;
 use multicluster_runtime::{Cluster, Manager, ManagerOptions};
 use tokio_util::sync::CancellationToken;

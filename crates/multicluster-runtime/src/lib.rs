@@ -9,7 +9,9 @@
 //!   cluster until its lifetime ends;
 //! - a [`Cluster`] is a `kube::Client` and a shared [`cache::Cache`] with one
 //!   watch per resource type;
-//! - [`clusters::Clusters`] is the set providers keep their clusters in.
+//! - [`provider::clusters::Clusters`] is the set providers keep their
+//!   clusters in; [`provider`] holds what provider authors build on, and
+//!   [`coordinator`] decides which replica works on which cluster.
 //!
 //! The empty [`ClusterName`] is the local cluster.
 //!
@@ -20,28 +22,20 @@
 
 pub mod cache;
 mod cluster;
-pub mod clusters;
-mod connection;
 pub mod controller;
-pub mod credentials;
-pub mod discovery;
+pub mod coordinator;
 mod engagements;
 mod error;
-pub mod failures;
 pub mod health;
-pub mod kubeconfig;
-pub mod leader_election;
 pub mod manager;
 pub mod metrics;
 mod name;
-pub mod process;
-mod provider;
+pub mod provider;
 pub mod redact;
 mod setters;
-pub mod sharding;
 mod sync;
+#[cfg(feature = "testing")]
 pub mod testing;
-pub mod watch_filter;
 
 pub use cluster::Cluster;
 pub use error::Error;

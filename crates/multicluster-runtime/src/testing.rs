@@ -14,16 +14,16 @@ use crate::{ClusterName, Error};
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
 
 /// The smallest runnable provider: a cluster set the test fills and
-/// empties by hand ([`Clusters::add`](crate::clusters::Clusters::add),
-/// [`remove`](crate::clusters::Clusters::remove)).
+/// empties by hand ([`Clusters::add`](crate::provider::clusters::Clusters::add),
+/// [`remove`](crate::provider::clusters::Clusters::remove)).
 #[derive(Clone, Debug, Default)]
 pub struct TestProvider {
     /// The clusters this provider engages.
-    pub clusters: crate::clusters::Clusters,
+    pub clusters: crate::provider::clusters::Clusters,
 }
 
-impl crate::clusters::ClusterSetProvider for TestProvider {
-    fn cluster_set(&self) -> &crate::clusters::Clusters {
+impl crate::provider::clusters::ClusterSetProvider for TestProvider {
+    fn cluster_set(&self) -> &crate::provider::clusters::Clusters {
         &self.clusters
     }
 }

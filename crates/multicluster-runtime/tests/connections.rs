@@ -7,7 +7,7 @@ mod common;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::Cluster;
-use multicluster_runtime::kubeconfig::{self, ClientOptions};
+use multicluster_runtime::provider::kubeconfig::{self, ClientOptions};
 use multicluster_runtime::testing::{connections_to, eventually};
 
 /// A cluster over a client built from `cp`'s kubeconfig, with three

@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use common::*;
 use multicluster_envtest::ControlPlane;
-use multicluster_runtime::clusters::KubeconfigCluster;
-use multicluster_runtime::kubeconfig::ClientOptions;
 use multicluster_runtime::manager::ClusterState;
+use multicluster_runtime::provider::clusters::KubeconfigCluster;
+use multicluster_runtime::provider::kubeconfig::ClientOptions;
 use multicluster_runtime::{ClusterName, Manager, ManagerOptions};
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 

@@ -14,10 +14,10 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::watcher;
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::cache::{Cache, CacheOptions};
-use multicluster_runtime::clusters::KubeconfigCluster;
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
-use multicluster_runtime::kubeconfig::ClientOptions;
 use multicluster_runtime::manager::ClusterState;
+use multicluster_runtime::provider::clusters::KubeconfigCluster;
+use multicluster_runtime::provider::kubeconfig::ClientOptions;
 use multicluster_runtime::testing::eventually_within;
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
 

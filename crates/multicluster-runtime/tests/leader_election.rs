@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use multicluster_envtest::ControlPlane;
-use multicluster_runtime::leader_election::{LeaderElection, LeaderElectionOptions};
-use multicluster_runtime::manager::Coordinator;
+use multicluster_runtime::coordinator::Coordinator;
+use multicluster_runtime::coordinator::leader_election::{LeaderElection, LeaderElectionOptions};
 use multicluster_runtime::testing::recording_manager_from;
 use multicluster_runtime::{Cluster, Manager};
 

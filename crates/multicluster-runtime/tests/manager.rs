@@ -174,11 +174,11 @@ async fn shutdown_lets_running_reconciles_finish_and_starts_no_new_ones() {
 /// discovery loop stuck in a call that has no deadline.
 #[derive(Default)]
 struct StuckProvider {
-    clusters: multicluster_runtime::clusters::Clusters,
+    clusters: multicluster_runtime::provider::clusters::Clusters,
 }
 
-impl multicluster_runtime::clusters::ClusterSetProvider for StuckProvider {
-    fn cluster_set(&self) -> &multicluster_runtime::clusters::Clusters {
+impl multicluster_runtime::provider::clusters::ClusterSetProvider for StuckProvider {
+    fn cluster_set(&self) -> &multicluster_runtime::provider::clusters::Clusters {
         &self.clusters
     }
 }

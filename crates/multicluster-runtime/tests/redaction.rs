@@ -16,7 +16,7 @@ use kube::runtime::watcher;
 use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::controller::{Action, Controller, Watch};
-use multicluster_runtime::kubeconfig::{self, ClientOptions};
+use multicluster_runtime::provider::kubeconfig::{self, ClientOptions};
 use multicluster_runtime::{Cluster, Manager, ManagerOptions};
 
 const SECRET_ENV: &str = "api-key-that-must-not-leak";

@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use multicluster_runtime::controller::{Action, Controller, Filter, Request, Watch, filters};
-use multicluster_runtime::leader_election::{LeaderElection, LeaderElectionOptions};
+use multicluster_runtime::coordinator::leader_election::{LeaderElection, LeaderElectionOptions};
 use multicluster_runtime::{Cluster, Error};
 use std::sync::Arc;
 use std::time::Duration;
@@ -108,7 +108,7 @@ impl ManagerArgs {
                 .file_name()
                 .map(|name| name.to_string_lossy().into_owned())
                 .unwrap_or_default();
-            multicluster_runtime::sharding::dns1123(&program)
+            multicluster_runtime::coordinator::dns1123(&program)
         });
         let options = LeaderElectionOptions::new(lease_name)
             .namespace(self.leader_election_namespace.clone())
@@ -135,8 +135,8 @@ pub struct ClientArgs {
 
 impl ClientArgs {
     /// The client options with these flags.
-    pub fn options(&self) -> multicluster_runtime::kubeconfig::ClientOptions {
-        multicluster_runtime::kubeconfig::ClientOptions::default()
+    pub fn options(&self) -> multicluster_runtime::provider::kubeconfig::ClientOptions {
+        multicluster_runtime::provider::kubeconfig::ClientOptions::default()
             .request_timeout(Some(self.request_timeout).filter(|timeout| !timeout.is_zero()))
             .plugin_timeout(self.plugin_timeout)
     }

@@ -22,7 +22,7 @@
 //!   multi-instance contract), so instances never touch each other's clusters.
 //!
 //! Discovery is a controller over the Clusters and their Secrets
-//! ([`multicluster_runtime::discovery`]): each Cluster is reconciled on its
+//! ([`multicluster_runtime::provider::discovery`]): each Cluster is reconciled on its
 //! own, up to [`ClusterApiOptions::max_concurrent_builds`] at once, and one
 //! whose credential plugin fails or hangs is retried with backoff while the
 //! others go on.
@@ -33,18 +33,19 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheOptions};
-use multicluster_runtime::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
 use multicluster_runtime::controller::{Action, Backoff, Controller, Request, Watch};
-use multicluster_runtime::discovery::{
+use multicluster_runtime::metrics::Metrics;
+use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
+use multicluster_runtime::provider::discovery::{
     self, DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, MANAGEMENT, PROVIDER_BACKOFF,
 };
-use multicluster_runtime::kubeconfig::ClientOptions;
-use multicluster_runtime::metrics::Metrics;
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider, watch_filter};
+use multicluster_runtime::provider::kubeconfig::ClientOptions;
+use multicluster_runtime::provider::watch_filter;
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 /// The label key of the watch-filter convention.
-pub use multicluster_runtime::watch_filter::LABEL as WATCH_FILTER_LABEL;
+pub use multicluster_runtime::provider::watch_filter::LABEL as WATCH_FILTER_LABEL;
 /// The annotation that pauses a Cluster.
 pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
 /// The label Cluster API puts on a cluster's Secrets.

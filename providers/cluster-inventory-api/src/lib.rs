@@ -24,7 +24,7 @@
 //! see [`access`].
 //!
 //! Discovery is a controller over the profiles (and their Secrets)
-//! ([`multicluster_runtime::discovery`]): each profile is reconciled on its
+//! ([`multicluster_runtime::provider::discovery`]): each profile is reconciled on its
 //! own, up to [`ClusterProfileOptions::max_concurrent_builds`] at once, so a
 //! slow or hung plugin holds up only its own profile.
 //!
@@ -48,10 +48,11 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheOptions};
-use multicluster_runtime::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
-use multicluster_runtime::discovery::{self, Fleet, MANAGEMENT};
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider, watch_filter};
+use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
+use multicluster_runtime::provider::discovery::{self, Fleet, MANAGEMENT};
+use multicluster_runtime::provider::watch_filter;
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 /// The label naming the consumer a credentials Secret is for.
@@ -63,7 +64,7 @@ pub const SECRET_KEY: &str = "Config";
 /// The property carrying the cluster's stable ID (KEP-2149).
 pub const CLUSTER_ID_PROPERTY: &str = "cluster.clusterset.k8s.io";
 /// The label key of the watch-filter convention.
-pub use multicluster_runtime::watch_filter::LABEL as WATCH_FILTER_LABEL;
+pub use multicluster_runtime::provider::watch_filter::LABEL as WATCH_FILTER_LABEL;
 
 /// ClusterProfiles as clusters.
 #[derive(Debug)]

@@ -5,9 +5,9 @@ use std::sync::Arc;
 
 use kube::api::DynamicObject;
 use multicluster_runtime::controller::Backoff;
-use multicluster_runtime::discovery::{DEFAULT_MAX_CONCURRENT_BUILDS, PROVIDER_BACKOFF};
-use multicluster_runtime::kubeconfig::ClientOptions;
 use multicluster_runtime::metrics::Metrics;
+use multicluster_runtime::provider::discovery::{DEFAULT_MAX_CONCURRENT_BUILDS, PROVIDER_BACKOFF};
+use multicluster_runtime::provider::kubeconfig::ClientOptions;
 
 use crate::access::ProviderFile;
 

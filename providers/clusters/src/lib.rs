@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
+use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 

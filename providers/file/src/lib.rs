@@ -17,7 +17,7 @@
 //!
 //! Each context is fingerprinted by what it resolves to — the context, its
 //! cluster and its user with their data, extensions and exec settings
-//! ([`multicluster_runtime::kubeconfig::context_text`]) — so an edit
+//! ([`multicluster_runtime::provider::kubeconfig::context_text`]) — so an edit
 //! elsewhere in the file leaves it alone: its client is not rebuilt and its
 //! credential plugin does not run. Changed contexts are built concurrently
 //! (up to [`FileOptions::max_concurrent_builds`]), each engaged as soon as
@@ -41,10 +41,12 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::controller::{Action, Backoff, Request, WorkQueue};
-use multicluster_runtime::discovery::{DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, PROVIDER_BACKOFF};
-use multicluster_runtime::kubeconfig::ClientOptions;
+use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
+use multicluster_runtime::provider::discovery::{
+    DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, PROVIDER_BACKOFF,
+};
+use multicluster_runtime::provider::kubeconfig::ClientOptions;
 use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
 use notify::Watcher;
 use tokio_util::sync::CancellationToken;

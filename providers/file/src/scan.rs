@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use multicluster_runtime::ClusterName;
-use multicluster_runtime::clusters::KubeconfigCluster;
-use multicluster_runtime::kubeconfig;
+use multicluster_runtime::provider::clusters::KubeconfigCluster;
+use multicluster_runtime::provider::kubeconfig;
 
 use crate::{Shared, lock};
 

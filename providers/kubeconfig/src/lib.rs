@@ -21,7 +21,7 @@
 //!   and retried, never blocking other clusters.
 //!
 //! Discovery is a controller over the Secrets
-//! ([`multicluster_runtime::discovery`]): each Secret is reconciled on its
+//! ([`multicluster_runtime::provider::discovery`]): each Secret is reconciled on its
 //! own, up to [`KubeconfigOptions::max_concurrent_builds`] at once, so a
 //! Secret whose plugin hangs holds up only itself.
 //!
@@ -34,12 +34,15 @@ use std::sync::Arc;
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheOptions};
-use multicluster_runtime::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
 use multicluster_runtime::controller::{Action, Backoff, Controller, Request, Watch};
-use multicluster_runtime::discovery::{self, DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, MANAGEMENT};
-use multicluster_runtime::kubeconfig::ClientOptions;
 use multicluster_runtime::metrics::Metrics;
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider, watch_filter};
+use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
+use multicluster_runtime::provider::discovery::{
+    self, DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, MANAGEMENT,
+};
+use multicluster_runtime::provider::kubeconfig::ClientOptions;
+use multicluster_runtime::provider::watch_filter;
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 /// The default label marking kubeconfig Secrets (value `true`).
@@ -47,11 +50,11 @@ pub const DEFAULT_LABEL: &str = "sigs.k8s.io/multicluster-runtime-kubeconfig";
 /// The default data key holding the kubeconfig.
 pub const DEFAULT_DATA_KEY: &str = "kubeconfig";
 /// The label key of the watch-filter convention.
-pub use multicluster_runtime::watch_filter::LABEL as WATCH_FILTER_LABEL;
+pub use multicluster_runtime::provider::watch_filter::LABEL as WATCH_FILTER_LABEL;
 
 /// The providers' default backoff for clusters whose credentials could not
 /// be obtained: 1 s, doubling up to 5 min.
-pub use multicluster_runtime::discovery::PROVIDER_BACKOFF;
+pub use multicluster_runtime::provider::discovery::PROVIDER_BACKOFF;
 
 /// Options of the kubeconfig provider.
 #[derive(Clone, Debug)]

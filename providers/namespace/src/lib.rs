@@ -23,14 +23,15 @@ use std::sync::Arc;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use multicluster_runtime::cache::{Cache, CacheEvent};
-use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider, watch_filter};
+use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
+use multicluster_runtime::provider::watch_filter;
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 pub use multicluster_runtime::cache::VIRTUAL_NAMESPACE;
 
 /// The label key of the watch-filter convention.
-pub use multicluster_runtime::watch_filter::LABEL as WATCH_FILTER_LABEL;
+pub use multicluster_runtime::provider::watch_filter::LABEL as WATCH_FILTER_LABEL;
 
 /// Options of the namespace provider.
 #[derive(Clone, Debug, Default)]

@@ -18,6 +18,7 @@
 //! Providers run on every replica, leader or not, so any replica can answer
 //! for any cluster; the coordinator decides which components engage.
 
+#[cfg(feature = "health")]
 mod endpoints;
 
 use crate::engagements::{Arrival, Engagements, when_ended};
@@ -30,6 +31,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::FieldIndex;
 use crate::controller::Controller;
+use crate::coordinator::{Coordinator, EngageAll};
 use crate::metrics::Metrics;
 use crate::redact::Redacted;
 use crate::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
@@ -92,58 +94,6 @@ impl From<crate::health::Health> for ClusterState {
     }
 }
 
-/// Decides which components engage a cluster. The basic coordinator engages
-/// all of them; a sharded one ([`crate::sharding::ShardedCoordinator`])
-/// engages only clusters this replica owns.
-#[async_trait::async_trait]
-pub trait Coordinator: Send + Sync {
-    /// Engages `cluster` with `components` as this replica sees fit. Must not
-    /// block. Called again with more components for a cluster already
-    /// engaged when components are added later.
-    fn engage(
-        &self,
-        lifetime: CancellationToken,
-        name: ClusterName,
-        cluster: Cluster,
-        components: &[Arc<dyn Aware>],
-    ) -> Result<(), Error>;
-
-    /// Runs whatever the coordinator does in the background until `stop`,
-    /// which fires once running reconciles have finished; the manager waits
-    /// for it before returning. The default does nothing.
-    async fn run(&self, stop: CancellationToken) -> Result<(), Error> {
-        stop.cancelled().await;
-        Ok(())
-    }
-
-    /// The clusters this replica works on, for a coordinator that does not
-    /// work on all of them (`None`, the default, means all). The `/clusters`
-    /// endpoint reports it.
-    fn working_on(&self) -> Option<Vec<ClusterName>> {
-        None
-    }
-}
-
-/// Engages every component with every cluster.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct EngageAll;
-
-#[async_trait::async_trait]
-impl Coordinator for EngageAll {
-    fn engage(
-        &self,
-        lifetime: CancellationToken,
-        name: ClusterName,
-        cluster: Cluster,
-        components: &[Arc<dyn Aware>],
-    ) -> Result<(), Error> {
-        for component in components {
-            component.engage(lifetime.clone(), name.clone(), cluster.clone())?;
-        }
-        Ok(())
-    }
-}
-
 /// Manager settings: [`Default`], then the setters.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -167,11 +117,12 @@ pub struct ManagerOptions {
     /// dropped.
     pub shutdown_grace: Duration,
     /// Where to serve `/healthz`, `/readyz`, `/metrics` and `/clusters`;
-    /// `None` (the default) serves nothing.
+    /// `None` (the default) serves nothing. Needs the `health` feature (a
+    /// default one); without it, [`Manager::run`] refuses an address.
     pub health_address: Option<SocketAddr>,
     /// Raise the process's soft limit on open files to its hard limit when
     /// [`Manager::run`] starts (default true; see
-    /// [`crate::process::raise_open_files_limit`]). A cluster that cannot
+    /// [`crate::provider::process::raise_open_files_limit`]). A cluster that cannot
     /// connect for want of file descriptors says so in its reason.
     pub raise_open_files_limit: bool,
 }
@@ -291,8 +242,8 @@ impl ManagerBuilder {
     }
 
     /// Who engages which cluster with the components (default
-    /// [`EngageAll`]): [`LeaderElection`](crate::leader_election::LeaderElection)
-    /// or [`ShardedCoordinator`](crate::sharding::ShardedCoordinator) for
+    /// [`EngageAll`]): [`LeaderElection`](crate::coordinator::leader_election::LeaderElection)
+    /// or [`ShardedCoordinator`](crate::coordinator::sharding::ShardedCoordinator) for
     /// several replicas.
     pub fn coordinator(mut self, coordinator: Arc<dyn Coordinator>) -> Self {
         self.coordinator = coordinator;
@@ -479,7 +430,7 @@ impl Manager {
     /// lets running reconciles finish for up to the shutdown grace period.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
         if self.inner.options.raise_open_files_limit {
-            match crate::process::raise_open_files_limit() {
+            match crate::provider::process::raise_open_files_limit() {
                 Ok((before, after)) if before != after => {
                     tracing::info!(?before, ?after, "raised the open-files limit");
                 }
@@ -490,10 +441,7 @@ impl Manager {
             }
         }
         if let Some(address) = self.inner.options.health_address {
-            let listener = tokio::net::TcpListener::bind(address)
-                .await
-                .map_err(|source| Error::Bind { address, source })?;
-            self.serve_health(listener, shutdown.clone());
+            self.bind_health(address, &shutdown).await?;
         }
         // `stop` ends reconciling (on shutdown, or when the provider fails);
         // `components_stop` ends cluster lifetimes and the provider, only
@@ -599,9 +547,33 @@ impl Manager {
         }
     }
 
+    #[cfg(feature = "health")]
+    async fn bind_health(
+        &self,
+        address: SocketAddr,
+        shutdown: &CancellationToken,
+    ) -> Result<(), Error> {
+        let listener = tokio::net::TcpListener::bind(address)
+            .await
+            .map_err(|source| Error::Bind { address, source })?;
+        self.serve_health(listener, shutdown.clone());
+        Ok(())
+    }
+
+    #[cfg(not(feature = "health"))]
+    async fn bind_health(&self, address: SocketAddr, _: &CancellationToken) -> Result<(), Error> {
+        Err(Error::InvalidOptions {
+            component: "manager options".to_string(),
+            reason: format!(
+                "health_address is {address}, but this build has no endpoints: enable the `health` feature of multicluster-runtime"
+            ),
+        })
+    }
+
     /// Serves the health, readiness, metrics and cluster-state endpoints on
     /// `listener` until `shutdown` fires (what `health_address` does, for a
-    /// listener the caller bound).
+    /// listener the caller bound). Needs the `health` feature.
+    #[cfg(feature = "health")]
     pub fn serve_health(&self, listener: tokio::net::TcpListener, shutdown: CancellationToken) {
         tokio::spawn(endpoints::serve(listener, self.clone(), shutdown));
     }

@@ -10,8 +10,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ObjectMeta, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::cache::FieldIndex;
-use multicluster_runtime::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::controller::Request;
+use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 

@@ -4,7 +4,7 @@
 //! build, with no deadline and no way to stop it; a plugin that hangs (a
 //! cloud CLI waiting for a login or the network) then holds a thread, a
 //! provider and the process's shutdown. Here the plugin runs on tokio's
-//! process driver through [`crate::process`]: once per client build, again
+//! process driver through [`crate::provider::process`]: once per client build, again
 //! only when its credential is about to expire or the server answered 401,
 //! never past its deadline, and killed (with whatever it started) when the
 //! caller stops waiting.
@@ -29,7 +29,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
-use crate::process::{self, ProcessError};
+use crate::provider::process::{self, ProcessError};
 
 /// How long a credential plugin may take by default before it is stopped
 /// and the attempt counts as failed.

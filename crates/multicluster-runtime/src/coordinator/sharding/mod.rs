@@ -25,10 +25,7 @@
 //! The replicas need RBAC to get, list, create, update and delete Leases in
 //! the fence namespace.
 
-pub(crate) mod fence;
 mod hrw;
-pub(crate) mod lease;
-mod names;
 mod peers;
 
 use std::sync::Arc;
@@ -40,13 +37,12 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::coordinator::{Coordinator, dns1123, fence, lease_name};
 use crate::engagements::{Arrival, Engagements, when_ended};
-use crate::manager::Coordinator;
 use crate::sync::{child_until, lock};
 use crate::{Aware, Cluster, ClusterName, Error};
 
 pub use hrw::{Peer, owner};
-pub use names::{dns1123, lease_name};
 pub use peers::{PART_OF_LABEL, PEER_LABEL, PREFIX_LABEL, WEIGHT_ANNOTATION};
 
 /// Sharding settings; the defaults are Go multicluster-runtime's.

@@ -135,7 +135,7 @@ impl Clusters {
         name: impl Into<ClusterName>,
         text: &str,
         source: &str,
-        options: &crate::kubeconfig::ClientOptions,
+        options: &crate::provider::kubeconfig::ClientOptions,
     ) -> Result<bool, Error> {
         let wanted = KubeconfigCluster {
             name: name.into(),
@@ -280,7 +280,7 @@ impl KubeconfigCluster {
     /// A digest of the text and stable ID: equal exactly when building
     /// again would give the same cluster.
     pub fn fingerprint(&self) -> String {
-        crate::kubeconfig::fingerprint(&format!(
+        crate::provider::kubeconfig::fingerprint(&format!(
             "{}\n{}",
             self.stable_id.as_deref().unwrap_or_default(),
             self.text
@@ -289,14 +289,15 @@ impl KubeconfigCluster {
 
     /// Parses the text and builds the cluster's client with `options`
     /// (running its credential plugin once, if it has one: see
-    /// [`crate::kubeconfig::client`]).
+    /// [`crate::provider::kubeconfig::client`]).
     pub async fn build(
         &self,
-        options: &crate::kubeconfig::ClientOptions,
+        options: &crate::provider::kubeconfig::ClientOptions,
     ) -> Result<Cluster, Error> {
-        let parsed = crate::kubeconfig::parse(&self.text, &self.source)?;
+        let parsed = crate::provider::kubeconfig::parse(&self.text, &self.source)?;
         let (client, requests) =
-            crate::kubeconfig::client_with_requests(&parsed, None, &self.source, options).await?;
+            crate::provider::kubeconfig::client_with_requests(&parsed, None, &self.source, options)
+                .await?;
         let cluster = Cluster::new(self.name.clone(), client).watching_requests(requests);
         Ok(match &self.stable_id {
             Some(id) => cluster.with_stable_id(id),

@@ -22,11 +22,11 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::clusters::{Clusters, KubeconfigCluster};
 use crate::controller::{Action, Backoff, ControllerBuilder, Request};
-use crate::failures::Failures;
-use crate::kubeconfig::ClientOptions;
 use crate::metrics::Metrics;
+use crate::provider::clusters::{Clusters, KubeconfigCluster};
+use crate::provider::failures::Failures;
+use crate::provider::kubeconfig::ClientOptions;
 use crate::{Aware, Cluster, ClusterName, Error};
 
 /// The providers' default backoff for clusters whose credentials could not

@@ -10,8 +10,8 @@ use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use secrecy::ExposeSecret;
 
 use crate::Error;
-use crate::credentials::{self, Credential, DEFAULT_PLUGIN_TIMEOUT, Plugin};
 use crate::health::{BoundedLayer, Requests};
+use crate::provider::credentials::{self, Credential, DEFAULT_PLUGIN_TIMEOUT, Plugin};
 
 /// Parses kubeconfig YAML. `source` says where it came from (e.g. `Secret
 /// fleet/prod key kubeconfig`) and is used in errors.
@@ -127,7 +127,7 @@ crate::option_setters!(ClientOptions {
 /// An exec credential plugin runs once, here, under
 /// [`ClientOptions::plugin_timeout`]; the client runs it again only when its
 /// token is about to expire or the server refuses it (see
-/// [`crate::credentials`]). Dropping the returned future stops the plugin.
+/// [`crate::provider::credentials`]). Dropping the returned future stops the plugin.
 /// Requests get the deadlines of `options`.
 pub async fn client(
     kubeconfig: &Kubeconfig,
@@ -186,7 +186,7 @@ pub(crate) async fn client_with_requests(
             timeout: options.request_timeout,
             requests: requests.clone(),
         };
-        crate::connection::builder(config, options.http2)
+        crate::provider::connection::builder(config, options.http2)
             .map(|builder| builder.with_layer(&layer).build())
             .map_err(|err| {
                 invalid(

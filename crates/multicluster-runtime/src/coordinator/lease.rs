@@ -2,7 +2,6 @@
 //! fence, and publish a peer. Every write carries the resourceVersion that
 //! was read, so two replicas racing for one Lease cannot both win.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -145,56 +144,6 @@ pub(crate) async fn release(api: &Api<Lease>, name: &str, me: &str) -> Result<()
         Err(err) if is_conflict(&err) => Ok(()),
         Err(err) => Err(err),
     }
-}
-
-/// Creates or renews the peer Lease `name` for `me`, with `labels` and
-/// `annotations` set.
-pub(crate) async fn publish(
-    api: &Api<Lease>,
-    name: &str,
-    me: &str,
-    duration: Duration,
-    labels: &BTreeMap<String, String>,
-    annotations: &BTreeMap<String, String>,
-) -> Result<(), kube::Error> {
-    let now = MicroTime(Timestamp::now());
-    match api.get_opt(name).await? {
-        None => {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(name.to_string()),
-                    labels: Some(labels.clone()),
-                    annotations: Some(annotations.clone()),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(LeaseSpec {
-                    holder_identity: Some(me.to_string()),
-                    lease_duration_seconds: Some(seconds(duration)),
-                    renew_time: Some(now),
-                    ..LeaseSpec::default()
-                }),
-            };
-            api.create(&PostParams::default(), &lease).await?;
-        }
-        Some(mut lease) => {
-            lease
-                .metadata
-                .labels
-                .get_or_insert_with(BTreeMap::new)
-                .extend(labels.clone());
-            lease
-                .metadata
-                .annotations
-                .get_or_insert_with(BTreeMap::new)
-                .extend(annotations.clone());
-            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-            spec.holder_identity = Some(me.to_string());
-            spec.lease_duration_seconds = Some(seconds(duration));
-            spec.renew_time = Some(now);
-            api.replace(name, &PostParams::default(), &lease).await?;
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

@@ -8,7 +8,7 @@
 //! replicas of both agree. The product wraps for almost every score, so a
 //! weight shuffles which clusters a peer wins more than it grows its share.
 
-use super::names::fnv1a;
+use crate::coordinator::names::fnv1a;
 
 /// A replica taking part in sharding.
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]

@@ -1,4 +1,28 @@
-//! The provider contract: how clusters enter and leave the fleet.
+//! The provider contract, and what provider authors build on.
+//!
+//! [`Provider`], [`RunnableProvider`] and [`Aware`] are the contract (also
+//! at the crate root). The modules below are the parts the providers of
+//! this workspace are made of, for out-of-tree providers to use as well:
+//!
+//! - [`clusters`]: the set a provider keeps its clusters in;
+//! - [`discovery`]: a provider as a controller over its management
+//!   cluster, building several clients at once;
+//! - [`kubeconfig`] and [`credentials`]: clients from kubeconfig text with
+//!   deadlines, HTTP/2 and exec plugins run under a timeout;
+//! - [`failures`]: per-object failure records and their metrics;
+//! - [`process`]: commands with a deadline whose whole process group is
+//!   killed when they overrun or are dropped;
+//! - [`watch_filter`]: the `cluster.x-k8s.io/watch-filter` label
+//!   convention.
+
+pub mod clusters;
+mod connection;
+pub mod credentials;
+pub mod discovery;
+pub mod failures;
+pub mod kubeconfig;
+pub mod process;
+pub mod watch_filter;
 
 use std::sync::Arc;
 
@@ -40,7 +64,7 @@ pub trait Aware: Send + Sync {
     /// Gets ready to work on `cluster` without doing any work: starts the
     /// informers the component will read, so that a later
     /// [`engage`](Aware::engage) finds synced caches. A standby replica
-    /// under [leader election](crate::leader_election) warms every cluster
+    /// under [leader election](crate::coordinator::leader_election) warms every cluster
     /// it would work on if it led. Must not block; the default does
     /// nothing.
     fn warm(&self, name: &ClusterName, cluster: &Cluster) {

@@ -28,7 +28,7 @@
 //! Lease so that it can take it the moment it is released).
 //!
 //! To share the work instead of keeping replicas idle, see
-//! [`sharding`](crate::sharding).
+//! [`sharding`](crate::coordinator::sharding).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,10 +42,10 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::coordinator::Coordinator;
+use crate::coordinator::fence::{Attempt, Fence, Timing};
+use crate::coordinator::lease::live_holder;
 use crate::engagements::{Arrival, Engagements};
-use crate::manager::Coordinator;
-use crate::sharding::fence::{Attempt, Fence, Timing};
-use crate::sharding::lease::live_holder;
 use crate::sync::{child_until, lock};
 use crate::{Aware, Cluster, ClusterName, Error};
 
@@ -104,7 +104,7 @@ impl LeaderElectionOptions {
         let name = &self.lease_name;
         if name.is_empty()
             || name.len() > 253
-            || crate::sharding::dns1123(name) != *name
+            || crate::coordinator::dns1123(name) != *name
             || name.contains("..")
         {
             return invalid(format!(

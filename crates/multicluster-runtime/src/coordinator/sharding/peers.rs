@@ -4,14 +4,15 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DeleteParams, ListParams};
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::hrw::Peer;
-use super::lease;
+use crate::coordinator::lease::{self, seconds};
 
 /// Label every multicluster-runtime peer Lease carries.
 pub const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
@@ -78,7 +79,7 @@ impl Registry {
         ]);
         let annotations =
             BTreeMap::from([(WEIGHT_ANNOTATION.to_string(), self.me.weight.to_string())]);
-        let call = lease::publish(
+        let call = publish(
             &self.api,
             &self.lease_name,
             &self.me.id,
@@ -148,4 +149,54 @@ fn weight(lease: &Lease) -> u32 {
         .and_then(|w| w.parse::<u32>().ok())
         .filter(|w| *w > 0)
         .unwrap_or(1)
+}
+
+/// Creates or renews the peer Lease `name` for `me`, with `labels` and
+/// `annotations` set.
+async fn publish(
+    api: &Api<Lease>,
+    name: &str,
+    me: &str,
+    duration: Duration,
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+) -> Result<(), kube::Error> {
+    let now = MicroTime(Timestamp::now());
+    match api.get_opt(name).await? {
+        None => {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(name.to_string()),
+                    labels: Some(labels.clone()),
+                    annotations: Some(annotations.clone()),
+                    ..ObjectMeta::default()
+                },
+                spec: Some(LeaseSpec {
+                    holder_identity: Some(me.to_string()),
+                    lease_duration_seconds: Some(seconds(duration)),
+                    renew_time: Some(now),
+                    ..LeaseSpec::default()
+                }),
+            };
+            api.create(&PostParams::default(), &lease).await?;
+        }
+        Some(mut lease) => {
+            lease
+                .metadata
+                .labels
+                .get_or_insert_with(BTreeMap::new)
+                .extend(labels.clone());
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .extend(annotations.clone());
+            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+            spec.holder_identity = Some(me.to_string());
+            spec.lease_duration_seconds = Some(seconds(duration));
+            spec.renew_time = Some(now);
+            api.replace(name, &PostParams::default(), &lease).await?;
+        }
+    }
+    Ok(())
 }

@@ -1,0 +1,77 @@
+//! Which replica works on which cluster.
+//!
+//! The manager hands every ready cluster to its [`Coordinator`], which
+//! decides whether this replica engages it:
+//!
+//! - [`EngageAll`] (the default): one replica works on everything;
+//! - [`leader_election::LeaderElection`]: one Lease holder works on
+//!   everything, the other replicas stand by with warm caches;
+//! - [`sharding::ShardedCoordinator`] (feature `sharding`): the replicas
+//!   share the fleet, each cluster fenced by a Lease of its own.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::{Aware, Cluster, ClusterName, Error};
+
+pub(crate) mod fence;
+pub mod leader_election;
+pub(crate) mod lease;
+mod names;
+#[cfg(feature = "sharding")]
+pub mod sharding;
+
+pub use names::{dns1123, lease_name};
+
+/// Decides which components engage a cluster. The basic coordinator engages
+/// all of them; a sharded one ([`sharding::ShardedCoordinator`])
+/// engages only clusters this replica owns.
+#[async_trait::async_trait]
+pub trait Coordinator: Send + Sync {
+    /// Engages `cluster` with `components` as this replica sees fit. Must not
+    /// block. Called again with more components for a cluster already
+    /// engaged when components are added later.
+    fn engage(
+        &self,
+        lifetime: CancellationToken,
+        name: ClusterName,
+        cluster: Cluster,
+        components: &[Arc<dyn Aware>],
+    ) -> Result<(), Error>;
+
+    /// Runs whatever the coordinator does in the background until `stop`,
+    /// which fires once running reconciles have finished; the manager waits
+    /// for it before returning. The default does nothing.
+    async fn run(&self, stop: CancellationToken) -> Result<(), Error> {
+        stop.cancelled().await;
+        Ok(())
+    }
+
+    /// The clusters this replica works on, for a coordinator that does not
+    /// work on all of them (`None`, the default, means all). The `/clusters`
+    /// endpoint reports it.
+    fn working_on(&self) -> Option<Vec<ClusterName>> {
+        None
+    }
+}
+
+/// Engages every component with every cluster.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EngageAll;
+
+#[async_trait::async_trait]
+impl Coordinator for EngageAll {
+    fn engage(
+        &self,
+        lifetime: CancellationToken,
+        name: ClusterName,
+        cluster: Cluster,
+        components: &[Arc<dyn Aware>],
+    ) -> Result<(), Error> {
+        for component in components {
+            component.engage(lifetime.clone(), name.clone(), cluster.clone())?;
+        }
+        Ok(())
+    }
+}
