@@ -233,7 +233,13 @@ pub fn run_manager(
 /// This process's resident memory in MiB (Linux; NaN elsewhere), for
 /// benchmarks that report memory per cluster.
 pub fn resident_memory_mib() -> f64 {
-    std::fs::read_to_string("/proc/self/status")
+    resident_memory_mib_of("self")
+}
+
+/// The resident memory in MiB of `process` (a PID, or `self`), as
+/// [`resident_memory_mib`].
+pub fn resident_memory_mib_of(process: impl std::fmt::Display) -> f64 {
+    std::fs::read_to_string(format!("/proc/{process}/status"))
         .ok()
         .and_then(|status| {
             status
@@ -243,6 +249,24 @@ pub fn resident_memory_mib() -> f64 {
                 .and_then(|kb| kb.parse::<f64>().ok())
         })
         .map_or(f64::NAN, |kb| kb / 1024.0)
+}
+
+/// The CPU time `process` (a PID, or `self`) has used so far, all threads,
+/// in seconds (Linux: `utime` + `stime` from `/proc/<process>/stat`, in the
+/// kernel's USER_HZ of 100 ticks a second; 0 elsewhere).
+pub fn cpu_seconds_of(process: impl std::fmt::Display) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{process}/stat")).unwrap_or_default();
+    // The fields after the command name, which is in parentheses.
+    let rest = stat.rsplit(')').next().unwrap_or_default();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15; `rest` starts at field 3.
+    (ticks(11) + ticks(12)) / 100.0
 }
 
 /// How many TCP connections this process holds to `port` on any address

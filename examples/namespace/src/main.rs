@@ -10,7 +10,6 @@ use multicluster_example_configmap_sync::{
     CopyContext, MainError, ManagerArgs, reconcile, sync_filter,
 };
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
-use multicluster_runtime::Cluster;
 use multicluster_runtime::controller::{Controller, Watch};
 
 /// Copy labelled ConfigMaps in every namespace, treating each namespace as a cluster.
@@ -33,14 +32,14 @@ async fn main() -> Result<(), MainError> {
 
 async fn run(args: Args) -> Result<(), MainError> {
     // The host cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
-    let host = Cluster::new("host", kube::Client::try_default().await?);
     let provider = Arc::new(NamespaceProvider::new(
-        host.client(),
+        kube::Client::try_default().await?,
         NamespaceOptions::default().watch_filter(args.watch_filter),
     ));
-    // The manager: the local cluster, the fleet's provider, and (with
-    // --leader-elect) the Lease that decides which replica works.
-    let (manager, replica) = args.manager.builder(host)?;
+    // The manager: the local cluster (the host, so both share its cache),
+    // the fleet's provider, and (with --leader-elect) the Lease that
+    // decides which replica works.
+    let (manager, replica) = args.manager.builder(provider.host().clone())?;
     let manager = manager.provider(provider).build();
     // The controller: labelled ConfigMaps in every cluster, and the copies
     // they own; `reconcile` (shared by the examples) writes the copies.

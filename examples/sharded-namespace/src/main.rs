@@ -13,7 +13,7 @@ use multicluster_example_configmap_sync::{MainError, ManagerArgs, controller_on_
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
 use multicluster_runtime::coordinator::sharding::{ShardedCoordinator, ShardingOptions};
 use multicluster_runtime::metrics::Metrics;
-use multicluster_runtime::{Cluster, Manager};
+use multicluster_runtime::Manager;
 
 /// Copy labelled ConfigMaps in namespace-backed clusters, sharded over replicas.
 #[derive(Parser)]
@@ -59,7 +59,12 @@ async fn run(args: Args) -> Result<(), MainError> {
         return Err("--leader-elect: this example shares the fleet among its replicas; run examples/namespace for one active replica with warm standbys".into());
     }
     // The host cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
-    let host = Cluster::new("host", kube::Client::try_default().await?);
+    let provider = Arc::new(NamespaceProvider::new(
+        kube::Client::try_default().await?,
+        NamespaceOptions::default().watch_filter(args.watch_filter),
+    ));
+    // The host is the local cluster too: the Leases live there.
+    let host = provider.host().clone();
     let coordinator = ShardedCoordinator::new(
         host.client(),
         ShardingOptions::default()
@@ -71,10 +76,6 @@ async fn run(args: Args) -> Result<(), MainError> {
             .fence_lease_duration(args.fence_lease_duration)
             .fence_renew_interval(args.fence_renew_interval),
     )?;
-    let provider = Arc::new(NamespaceProvider::new(
-        host.client(),
-        NamespaceOptions::default().watch_filter(args.watch_filter),
-    ));
     let options = args.manager.options();
     let peer = coordinator.peer_id().to_string();
     tracing::info!(%peer, "sharding the fleet with the other replicas");

@@ -50,21 +50,9 @@ struct Seen {
     target: HashMap<ClusterName, Instant>,
 }
 
-/// CPU time of this process (all threads), from `/proc/self/stat`
-/// (`utime` + `stime`, in the kernel's USER_HZ of 100 ticks a second).
+/// CPU time of this process (all threads).
 fn cpu_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    // Fields after the command name, which is in parentheses.
-    let rest = stat.rsplit(')').next().unwrap_or_default();
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|f| f.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    // utime and stime are fields 14 and 15; `rest` starts at field 3.
-    (ticks(11) + ticks(12)) / 100.0
+    multicluster_runtime::testing::cpu_seconds_of("self")
 }
 
 /// Open file descriptors, and how many of them are sockets.

@@ -68,6 +68,13 @@ impl NamespaceProvider {
         }
     }
 
+    /// The host cluster, whose cache serves every virtual cluster. Give it
+    /// to the manager as its local cluster and the manager's local work
+    /// shares that cache too.
+    pub fn host(&self) -> &Cluster {
+        &self.host
+    }
+
     /// Names of the virtual clusters, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
         self.clusters.names()

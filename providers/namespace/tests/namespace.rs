@@ -69,11 +69,11 @@ async fn namespaces_are_clusters_with_scoped_clients_and_caches() {
         create_config_map(&admin, ns, "existing", "blue").await;
     }
 
-    let host = Cluster::new("host", admin.clone());
     let provider = Arc::new(NamespaceProvider::new(
-        host.client(),
+        admin.clone(),
         NamespaceOptions::default(),
     ));
+    let host = provider.host().clone();
     provider
         .index_field(FieldIndex::new::<ConfigMap>(
             "data.color",
