@@ -199,9 +199,9 @@ async fn stable(
                 Some((name.clone(), holder.clone()))
             })
             .collect();
-        let settled = names.iter().all(|name| {
-            owner(name, &peers).map(|peer| &peer.id) == by_cluster.get(name)
-        });
+        let settled = names
+            .iter()
+            .all(|name| owner(name, &peers).map(|peer| &peer.id) == by_cluster.get(name));
         if settled {
             return Ok(by_cluster);
         }

@@ -11,9 +11,9 @@ use std::time::Duration;
 use clap::Parser;
 use multicluster_example_configmap_sync::{MainError, ManagerArgs, controller_on_replica, serve};
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
+use multicluster_runtime::Manager;
 use multicluster_runtime::coordinator::sharding::{ShardedCoordinator, ShardingOptions};
 use multicluster_runtime::metrics::Metrics;
-use multicluster_runtime::Manager;
 
 /// Copy labelled ConfigMaps in namespace-backed clusters, sharded over replicas.
 #[derive(Parser)]

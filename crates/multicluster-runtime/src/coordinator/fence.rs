@@ -134,13 +134,14 @@ async fn renew(
     on_lost: Arc<Notify>,
 ) {
     let mut last_good = tokio::time::Instant::now();
+    let mut written = None;
     loop {
         tokio::select! {
             () = stop.cancelled() => return,
             () = tokio::time::sleep(timing.renew) => {}
         }
         let sent = tokio::time::Instant::now();
-        let call = lease::renew(&api, &name, &me, timing.duration);
+        let call = lease::renew(&api, &name, &me, timing.duration, &mut written);
         let failure = tokio::select! {
             () = stop.cancelled() => return,
             result = tokio::time::timeout(timing.call_timeout(), call) => match result {

@@ -103,25 +103,47 @@ pub(crate) async fn take(
 
 /// Renews `me`'s hold on `name`; `Ok(false)` when the Lease is gone or has
 /// another holder.
+///
+/// `last` is what the previous renewal wrote: the renewal writes over it
+/// without reading first, one request instead of two (a fleet of 10,000
+/// fences renewed every 10 s is 1,000 requests a second rather than 2,000).
+/// Its resourceVersion still guards the write, so a Lease changed since
+/// is read and checked before a second try. `last` then holds what this
+/// renewal wrote, or nothing after a failure.
 pub(crate) async fn renew(
     api: &Api<Lease>,
     name: &str,
     me: &str,
     duration: Duration,
+    last: &mut Option<Lease>,
 ) -> Result<bool, kube::Error> {
-    let Some(mut lease) = api.get_opt(name).await? else {
-        return Ok(false);
-    };
-    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-    if spec.holder_identity.as_deref() != Some(me) {
-        return Ok(false);
-    }
-    spec.lease_duration_seconds = Some(seconds(duration));
-    spec.renew_time = Some(MicroTime(Timestamp::now()));
-    match api.replace(name, &PostParams::default(), &lease).await {
-        Ok(_) => Ok(true),
-        Err(err) if is_conflict(&err) => Ok(false),
-        Err(err) => Err(err),
+    let mut written_over = last.take();
+    loop {
+        let read = written_over.is_none();
+        let mut lease = match written_over.take() {
+            Some(lease) => lease,
+            None => match api.get_opt(name).await? {
+                Some(lease) => lease,
+                None => return Ok(false),
+            },
+        };
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        if spec.holder_identity.as_deref() != Some(me) {
+            return Ok(false);
+        }
+        spec.lease_duration_seconds = Some(seconds(duration));
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        match api.replace(name, &PostParams::default(), &lease).await {
+            Ok(written) => {
+                *last = Some(written);
+                return Ok(true);
+            }
+            // Changed since our last write: read it, and renew if it is
+            // still ours.
+            Err(err) if is_conflict(&err) && !read => {}
+            Err(err) if is_conflict(&err) => return Ok(false),
+            Err(err) => return Err(err),
+        }
     }
 }
 
@@ -172,6 +194,86 @@ mod tests {
         let (no_duration, now) = spec(0, None);
         assert!(expired(&no_duration, now));
         assert!(expired(&LeaseSpec::default(), now));
+    }
+
+    /// Lease reads the API server has answered so far, from its metrics.
+    async fn lease_reads(client: &kube::Client) -> f64 {
+        let request = http::Request::get("/metrics")
+            .body(Vec::new())
+            .expect("request");
+        let metrics = client.request_text(request).await.expect("metrics");
+        metrics
+            .lines()
+            .filter(|l| l.starts_with("apiserver_request_total{"))
+            .filter(|l| l.contains("resource=\"leases\"") && l.contains("verb=\"GET\""))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewal_writes_over_the_last_one_without_reading_and_still_sees_changes() {
+        let cp = multicluster_envtest::ControlPlane::start()
+            .await
+            .expect("control plane");
+        let client = cp.client().await.expect("client");
+        let api: Api<Lease> = Api::namespaced(client.clone(), "default");
+        let duration = Duration::from_secs(20);
+        assert_eq!(
+            take(&api, "fence", "me", duration).await.expect("take"),
+            Taken::Yes
+        );
+        let mut last = None;
+        assert!(
+            renew(&api, "fence", "me", duration, &mut last)
+                .await
+                .expect("renew")
+        );
+        let before = lease_reads(&client).await;
+        for _ in 0..5 {
+            assert!(
+                renew(&api, "fence", "me", duration, &mut last)
+                    .await
+                    .expect("renew")
+            );
+        }
+        assert_eq!(
+            lease_reads(&client).await,
+            before,
+            "renewals after the first read nothing"
+        );
+
+        // Someone else changed the Lease but it is still ours: the stale
+        // write conflicts, and the renewal reads and succeeds.
+        let mut touched = api.get("fence").await.expect("get");
+        touched
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("touched".to_string(), "yes".to_string());
+        api.replace("fence", &PostParams::default(), &touched)
+            .await
+            .expect("touch");
+        assert!(
+            renew(&api, "fence", "me", duration, &mut last)
+                .await
+                .expect("renew")
+        );
+
+        // Taken by another: the renewal says so.
+        let mut taken = api.get("fence").await.expect("get");
+        taken.spec.as_mut().expect("spec").holder_identity = Some("other".to_string());
+        api.replace("fence", &PostParams::default(), &taken)
+            .await
+            .expect("take over");
+        assert!(
+            !renew(&api, "fence", "me", duration, &mut last)
+                .await
+                .expect("renew")
+        );
+        assert!(
+            last.is_none(),
+            "nothing to write over after a failed renewal"
+        );
     }
 
     #[test]

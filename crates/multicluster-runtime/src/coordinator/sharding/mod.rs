@@ -20,7 +20,9 @@
 //! at once, a renewal that hangs counts as failed before the Lease can
 //! lapse, and ownership is re-examined as soon as peers change rather than
 //! at the next probe. Go's single shared fence for the whole fleet is not
-//! offered: it lets only one replica work at all.
+//! offered: it lets only one replica work at all. The scores differ from
+//! Go's (see [`score`]): Go's give one of five peers named `x-0` to `x-4`
+//! half of the fleet, so Go and Rust replicas must not share one fleet.
 //!
 //! The replicas need RBAC to get, list, create, update and delete Leases in
 //! the fence namespace.
@@ -42,7 +44,7 @@ use crate::engagements::{Arrival, Engagements, when_ended};
 use crate::sync::{child_until, lock};
 use crate::{Aware, Cluster, ClusterName, Error};
 
-pub use hrw::{Peer, owner};
+pub use hrw::{Peer, owner, score};
 pub use peers::{PART_OF_LABEL, PEER_LABEL, PREFIX_LABEL, WEIGHT_ANNOTATION};
 
 /// Sharding settings; the defaults are Go multicluster-runtime's.
