@@ -1,7 +1,21 @@
 #!/usr/bin/env bash
 # Runs the benchmarks one after another (they share two cores) and prints
 # their figures; copy them into BENCHMARKS.md with the machine they ran on.
+#
+# Sizes come from each benchmark's variable (FLEET_SIZES,
+# KUBECONFIG_FLEET_SIZES, NAMESPACE_COUNTS, FILE_CONTEXTS,
+# FAILOVER_CLUSTERS, SHARDING_CLUSTERS; see BENCHMARKS.md). QUICK=1 (make
+# bench QUICK=1) sets the small sizes nobody set, for a run of a few
+# minutes that only shows everything still works.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${QUICK:-}" = 1 ]; then
+  export FLEET_SIZES="${FLEET_SIZES:-10}"
+  export KUBECONFIG_FLEET_SIZES="${KUBECONFIG_FLEET_SIZES:-20}"
+  export NAMESPACE_COUNTS="${NAMESPACE_COUNTS:-20}"
+  export FILE_CONTEXTS="${FILE_CONTEXTS:-20}"
+  export FAILOVER_CLUSTERS="${FAILOVER_CLUSTERS:-5}"
+  export SHARDING_CLUSTERS="${SHARDING_CLUSTERS:-50}"
+fi
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)"
 cargo bench --workspace

@@ -19,6 +19,11 @@ pub(crate) fn child_until(
     also: &tokio_util::sync::CancellationToken,
 ) -> tokio_util::sync::CancellationToken {
     let child = parent.child_token();
+    if also.is_cancelled() {
+        // Already over: no work may start under it, not even briefly.
+        child.cancel();
+        return child;
+    }
     let (also, stop) = (also.clone(), child.clone());
     tokio::spawn(async move {
         tokio::select! {

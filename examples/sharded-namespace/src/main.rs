@@ -12,7 +12,7 @@ use clap::Parser;
 use multicluster_example_configmap_sync::{MainError, ManagerArgs, controller_on_replica, serve};
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
 use multicluster_runtime::Manager;
-use multicluster_runtime::coordinator::sharding::{ShardedCoordinator, ShardingOptions};
+use multicluster_runtime::coordinator::sharding::{FenceHold, ShardedCoordinator, ShardingOptions};
 use multicluster_runtime::metrics::Metrics;
 
 /// Copy labelled ConfigMaps in namespace-backed clusters, sharded over replicas.
@@ -45,6 +45,11 @@ struct Args {
     /// How often a held fence is renewed.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     fence_renew_interval: Duration,
+    /// How held fences are kept: `renewed` each on its own (Go's way), or
+    /// `with-peer`, held while this replica's peer Lease lives (a fleet of
+    /// any size costs one renewal per replica).
+    #[arg(long, value_parser = ["renewed", "with-peer"], default_value = "renewed")]
+    fence_hold: String,
 }
 
 #[tokio::main]
@@ -74,7 +79,11 @@ async fn run(args: Args) -> Result<(), MainError> {
             .peer_lease_duration(args.peer_lease_duration)
             .peer_renew_interval(args.peer_renew_interval)
             .fence_lease_duration(args.fence_lease_duration)
-            .fence_renew_interval(args.fence_renew_interval),
+            .fence_renew_interval(args.fence_renew_interval)
+            .fence_hold(match args.fence_hold.as_str() {
+                "with-peer" => FenceHold::WithPeer,
+                _ => FenceHold::Renewed,
+            }),
     )?;
     let options = args.manager.options();
     let peer = coordinator.peer_id().to_string();

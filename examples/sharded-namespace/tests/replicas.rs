@@ -21,9 +21,13 @@ const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-sharded-namespace"
 const FILTER: &str = "sharded";
 const CLUSTERS: usize = 12;
 
+/// How the replicas keep their fences (`--fence-hold`).
+const RENEWED: &str = "renewed";
+const WITH_PEER: &str = "with-peer";
+
 /// A replica of the sharded example, with short leases so hand-overs
-/// take seconds, not half a minute.
-fn start(cp: &ControlPlane, id: &str) -> Replica {
+/// take seconds, not half a minute, keeping its fences as `hold` says.
+fn start(cp: &ControlPlane, id: &str, hold: &str) -> Replica {
     Replica::start(
         BINARY,
         cp,
@@ -43,6 +47,8 @@ fn start(cp: &ControlPlane, id: &str) -> Replica {
             "4s",
             "--fence-renew-interval",
             "1s",
+            "--fence-hold",
+            hold,
         ],
     )
 }
@@ -125,6 +131,17 @@ impl Fleet {
 
     /// The holder and acquire time of each cluster's fence.
     async fn fences(&self) -> BTreeMap<String, (Option<String>, Option<String>)> {
+        self.fence_times()
+            .await
+            .into_iter()
+            .map(|(name, (holder, acquired, _))| (name, (holder, acquired)))
+            .collect()
+    }
+
+    /// The holder, acquire time and renew time of each cluster's fence.
+    async fn fence_times(
+        &self,
+    ) -> BTreeMap<String, (Option<String>, Option<String>, Option<String>)> {
         let leases = Api::<Lease>::namespaced(self.client.clone(), "kube-system");
         let mut fences = BTreeMap::new();
         for name in names() {
@@ -138,7 +155,10 @@ impl Fleet {
                 name,
                 (
                     spec.as_ref().and_then(|s| s.holder_identity.clone()),
-                    spec.and_then(|s| s.acquire_time).map(|t| t.0.to_string()),
+                    spec.as_ref()
+                        .and_then(|s| s.acquire_time.as_ref())
+                        .map(|t| t.0.to_string()),
+                    spec.and_then(|s| s.renew_time).map(|t| t.0.to_string()),
                 ),
             );
         }
@@ -251,11 +271,20 @@ async fn wait_until_working(replicas: &[&Replica], owners: &BTreeMap<String, Str
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replicas_share_the_fleet_and_hand_clusters_over() {
+    share_and_hand_over(RENEWED).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replicas_holding_fences_with_their_peer_lease_share_and_hand_over() {
+    share_and_hand_over(WITH_PEER).await;
+}
+
+async fn share_and_hand_over(hold: &str) {
     let cp = ControlPlane::start().await.expect("control plane");
     let fleet = Fleet::create(&cp).await;
-    let r0 = start(&cp, "r0");
-    let r1 = start(&cp, "r1");
-    let mut r2 = start(&cp, "r2");
+    let r0 = start(&cp, "r0", hold);
+    let r1 = start(&cp, "r1", hold);
+    let mut r2 = start(&cp, "r2", hold);
 
     // Three replicas: every cluster's fence is held by its owner, the
     // owner wrote its copy, and no other replica reconciled it.
@@ -289,6 +318,7 @@ async fn replicas_share_the_fleet_and_hand_clusters_over() {
 
     // r2 dies without a word: its peer Lease and fences lapse, and the two
     // others take its clusters.
+    let times_before = fleet.fence_times().await;
     r2.process.start_kill().expect("kill r2");
     r2.process.wait().await.expect("r2 gone");
     let killed = tokio::time::Instant::now();
@@ -301,6 +331,24 @@ async fn replicas_share_the_fleet_and_hand_clusters_over() {
         "clusters of the killed replica taken over after {:?}",
         killed.elapsed()
     );
+    // That took longer than the peer Lease (6 s), so fences renewed every
+    // second have all been renewed since; fences held with the peer Lease
+    // never are.
+    let times_after = fleet.fence_times().await;
+    let kept: Vec<&String> = owners
+        .iter()
+        .filter(|(cluster, owner)| times_before[*cluster].0.as_ref() == Some(*owner))
+        .map(|(cluster, _)| cluster)
+        .collect();
+    assert!(!kept.is_empty(), "no cluster kept its holder: {owners:?}");
+    for cluster in kept {
+        let (before, after) = (&times_before[cluster].2, &times_after[cluster].2);
+        if hold == WITH_PEER {
+            assert_eq!(before, after, "the fence of {cluster} was renewed");
+        } else {
+            assert_ne!(before, after, "the fence of {cluster} was not renewed");
+        }
+    }
     wait_until_working(&[&r0, &r1], &owners).await;
     let before = counts(&[&r0, &r1]).await;
     fleet.touch(2).await;
@@ -312,7 +360,7 @@ async fn replicas_share_the_fleet_and_hand_clusters_over() {
 
     // r3 joins: it takes its share, and nothing else moves.
     let fences_before = fleet.fences().await;
-    let r3 = start(&cp, "r3");
+    let r3 = start(&cp, "r3", hold);
     let owners = expected(&[&r0, &r1, &r3]);
     eventually("r3's share handed over", || async {
         fleet.holders().await == owners
@@ -381,9 +429,20 @@ async fn replicas_share_the_fleet_and_hand_clusters_over() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_replica_works_on_without_its_fence() {
+    stop_without_the_api_server(RENEWED).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_replica_works_on_without_its_peer_lease() {
+    stop_without_the_api_server(WITH_PEER).await;
+}
+
+/// With the API server gone, no fence (or peer Lease) can be renewed, and
+/// every replica stops working before anything could lapse.
+async fn stop_without_the_api_server(hold: &str) {
     let cp = ControlPlane::start().await.expect("control plane");
     let fleet = Fleet::create(&cp).await;
-    let replicas = [start(&cp, "r0"), start(&cp, "r1")];
+    let replicas = [start(&cp, "r0", hold), start(&cp, "r1", hold)];
     let owners = expected(&[&replicas[0], &replicas[1]]);
     eventually("each cluster's fence held by its owner", || async {
         fleet.holders().await == owners

@@ -43,6 +43,19 @@ impl Timing {
     }
 }
 
+/// Where this replica stands with its peer Lease, for fences held with it.
+#[cfg(feature = "sharding")]
+#[derive(Clone, Debug)]
+pub(crate) struct Standing {
+    /// The peer Lease's name.
+    pub(crate) peer_lease: String,
+    /// The epoch it announces.
+    pub(crate) epoch: String,
+    /// Live while the peer Lease is surely live for the others in this
+    /// epoch; cancelled once that cannot be said, which ends the epoch.
+    pub(crate) token: CancellationToken,
+}
+
 /// How an attempt to take a fence ended.
 pub(crate) enum Attempt {
     /// This replica holds it.
@@ -59,6 +72,8 @@ pub(crate) struct Fence {
     pub(crate) name: String,
     lost: CancellationToken,
     stop: CancellationToken,
+    /// Held with the peer Lease (not renewed itself).
+    with_peer: bool,
 }
 
 impl Fence {
@@ -71,7 +86,7 @@ impl Fence {
         timing: Timing,
         on_lost: Arc<Notify>,
     ) -> Attempt {
-        let call = lease::take(api, &name, me, timing.duration);
+        let call = lease::take(api, &name, me, timing.duration, None);
         match tokio::time::timeout(timing.call_timeout(), call).await {
             Err(_) => return Attempt::Failed("no answer from the API server".to_string()),
             Ok(Err(err)) => return Attempt::Failed(crate::redact::kube_error(&err)),
@@ -82,6 +97,7 @@ impl Fence {
             name,
             lost: CancellationToken::new(),
             stop: CancellationToken::new(),
+            with_peer: false,
         };
         tokio::spawn(renew(
             api.clone(),
@@ -95,24 +111,71 @@ impl Fence {
         Attempt::Taken(fence)
     }
 
+    #[cfg(feature = "sharding")]
+    /// Tries to take the Lease `name` for `me` for as long as `me`'s peer
+    /// Lease lives in the epoch of `standing`: nothing renews the fence, and
+    /// the hold ends when `standing`'s token does (this replica can no
+    /// longer be sure its peer Lease is live for the others).
+    pub(crate) async fn take_with_peer(
+        api: &Api<Lease>,
+        name: String,
+        me: &str,
+        standing: &Standing,
+        timing: Timing,
+    ) -> Attempt {
+        if standing.token.is_cancelled() {
+            return Attempt::Failed("this replica's peer Lease is not renewed".to_string());
+        }
+        let held_with = format!("{}/{}", standing.peer_lease, standing.epoch);
+        let call = lease::take(api, &name, me, timing.duration, Some(&held_with));
+        match tokio::time::timeout(timing.call_timeout(), call).await {
+            Err(_) => Attempt::Failed("no answer from the API server".to_string()),
+            Ok(Err(err)) => Attempt::Failed(crate::redact::kube_error(&err)),
+            Ok(Ok(Taken::HeldBy(holder))) => Attempt::Busy(holder),
+            Ok(Ok(Taken::Yes)) => Attempt::Taken(Self {
+                name,
+                lost: standing.token.clone(),
+                stop: CancellationToken::new(),
+                with_peer: true,
+            }),
+        }
+    }
+
     /// Fires when a renewal failed: the hold is over.
     pub(crate) fn lost(&self) -> &CancellationToken {
         &self.lost
     }
 
-    /// Stops renewing and clears the holder if it is still `me` (best
-    /// effort: otherwise the Lease lapses on its own).
-    pub(crate) async fn release(self, api: &Api<Lease>, me: &str, timeout: Duration) {
+    /// Stops renewing and clears the holder if it is still `me`. A fence
+    /// that is renewed lapses on its own when that fails; one held with the
+    /// peer Lease does not while this replica's epoch lasts, so it comes
+    /// back to be released again later. A fence whose epoch has ended needs
+    /// nothing: the new epoch freed it.
+    pub(crate) async fn release(
+        self,
+        api: &Api<Lease>,
+        me: &str,
+        timeout: Duration,
+    ) -> Option<Fence> {
         self.stop.cancel();
+        if self.with_peer && self.lost.is_cancelled() {
+            return None;
+        }
         let call = lease::release(api, &self.name, me);
-        match tokio::time::timeout(timeout, call).await {
-            Ok(Ok(())) => tracing::debug!(lease = %self.name, "fence released"),
-            Ok(Err(err)) => {
-                tracing::warn!(lease = %self.name, error = %crate::redact::kube_error(&err), "could not release the fence; it lapses on its own")
+        let failure = match tokio::time::timeout(timeout, call).await {
+            Ok(Ok(())) => {
+                tracing::debug!(lease = %self.name, "fence released");
+                return None;
             }
-            Err(_) => {
-                tracing::warn!(lease = %self.name, "no answer releasing the fence; it lapses on its own")
-            }
+            Ok(Err(err)) => crate::redact::kube_error(&err),
+            Err(_) => "no answer from the API server".to_string(),
+        };
+        if self.with_peer {
+            tracing::warn!(lease = %self.name, reason = %failure, "could not release the fence; trying again");
+            Some(self)
+        } else {
+            tracing::warn!(lease = %self.name, reason = %failure, "could not release the fence; it lapses on its own");
+            None
         }
     }
 }

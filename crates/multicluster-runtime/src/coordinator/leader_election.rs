@@ -42,9 +42,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::coordinator::Coordinator;
 use crate::coordinator::fence::{Attempt, Fence, Timing};
 use crate::coordinator::lease::live_holder;
+use crate::coordinator::{Coordinator, add_components};
 use crate::engagements::{Arrival, Engagements};
 use crate::sync::{child_until, lock};
 use crate::{Aware, Cluster, ClusterName, Error};
@@ -371,12 +371,7 @@ impl Coordinator for LeaderElection {
                         .get_mut(&name)
                         .expect("an engagement seen again is held");
                     let led = &mut entry.data;
-                    let new: Vec<Arc<dyn Aware>> = components
-                        .iter()
-                        .filter(|c| !led.components.iter().any(|e| Arc::ptr_eq(e, c)))
-                        .cloned()
-                        .collect();
-                    led.components.extend(new.iter().cloned());
+                    let new = add_components(&mut led.components, components);
                     (new, led.work.clone())
                 }
                 Arrival::New => {

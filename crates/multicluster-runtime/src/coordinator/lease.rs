@@ -2,12 +2,15 @@
 //! fence, and publish a peer. Every write carries the resourceVersion that
 //! was read, so two replicas racing for one Lease cannot both win.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
+
+use super::{EPOCH_ANNOTATION, HELD_WITH_ANNOTATION};
 
 /// What an attempt to take a Lease found.
 #[derive(Debug, PartialEq, Eq)]
@@ -47,18 +50,64 @@ fn is_conflict(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 409)
 }
 
-/// Takes the Lease `name` for `me` if it is free, expired or already ours.
+/// Whether `holder` still holds `lease`: by the Lease's own renewal, or for
+/// a fence held with a peer Lease, while that peer Lease is live, names
+/// `holder` and is still in the epoch the fence was taken in. The peer
+/// Lease is read now: a peer that has just joined may not be known yet.
+async fn holds(
+    api: &Api<Lease>,
+    lease: &Lease,
+    holder: &str,
+    now: Timestamp,
+) -> Result<bool, kube::Error> {
+    let held_with = lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(HELD_WITH_ANNOTATION));
+    match (held_with, &lease.spec) {
+        (Some(held_with), _) => {
+            let Some((peer_lease, epoch)) = held_with.rsplit_once('/') else {
+                return Ok(false);
+            };
+            Ok(api.get_opt(peer_lease).await?.is_some_and(|peer| {
+                live_holder(&peer, now) == Some(holder) && epoch_of(&peer) == Some(epoch)
+            }))
+        }
+        (None, Some(spec)) => Ok(!expired(spec, now)),
+        (None, None) => Ok(false),
+    }
+}
+
+/// The epoch a peer Lease announces.
+pub(crate) fn epoch_of(peer: &Lease) -> Option<&str> {
+    peer.metadata
+        .annotations
+        .as_ref()?
+        .get(EPOCH_ANNOTATION)
+        .map(String::as_str)
+}
+
+/// Takes the Lease `name` for `me` if it is free, lapsed or already ours.
+/// With `held_with` (`<this replica's peer Lease>/<its epoch>`) the Lease
+/// holds for as long as that peer Lease lives in that epoch, and is not
+/// renewed itself.
 pub(crate) async fn take(
     api: &Api<Lease>,
     name: &str,
     me: &str,
     duration: Duration,
+    held_with: Option<&str>,
 ) -> Result<Taken, kube::Error> {
     let now = Timestamp::now();
+    let annotations = held_with.map(|peer_lease| {
+        BTreeMap::from([(HELD_WITH_ANNOTATION.to_string(), peer_lease.to_string())])
+    });
     let Some(mut lease) = api.get_opt(name).await? else {
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
+                annotations,
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {
@@ -77,13 +126,20 @@ pub(crate) async fn take(
             Err(err) => Err(err),
         };
     };
-    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-    let holder = spec.holder_identity.clone().filter(|h| !h.is_empty());
+    let holder = lease
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.holder_identity.clone())
+        .filter(|h| !h.is_empty());
     if let Some(other) = holder.as_deref().filter(|h| *h != me)
-        && !expired(spec, now)
+        && holds(api, &lease, other, now).await?
     {
         return Ok(Taken::HeldBy(Some(other.to_string())));
     }
+    let kept = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    kept.remove(HELD_WITH_ANNOTATION);
+    kept.extend(annotations.unwrap_or_default());
+    let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     if holder.as_deref() != Some(me) || spec.acquire_time.is_none() {
         spec.acquire_time = Some(MicroTime(now));
     }
@@ -219,7 +275,9 @@ mod tests {
         let api: Api<Lease> = Api::namespaced(client.clone(), "default");
         let duration = Duration::from_secs(20);
         assert_eq!(
-            take(&api, "fence", "me", duration).await.expect("take"),
+            take(&api, "fence", "me", duration, None)
+                .await
+                .expect("take"),
             Taken::Yes
         );
         let mut last = None;

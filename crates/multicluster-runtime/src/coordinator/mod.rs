@@ -24,6 +24,16 @@ pub mod sharding;
 
 pub use names::{dns1123, lease_name};
 
+/// Annotation on a fence Lease held with its holder's peer Lease rather than
+/// renewed itself: `<peer Lease name>/<epoch>`. The fence holds while that
+/// peer Lease is live and announces that epoch.
+pub const HELD_WITH_ANNOTATION: &str = "mcr.sigs.k8s.io/held-with";
+
+/// Annotation on a peer Lease: the epoch of its replica's standing. A
+/// replica that could not renew its peer Lease in time starts a new epoch,
+/// which frees every fence it held with the old one.
+pub const EPOCH_ANNOTATION: &str = "mcr.sigs.k8s.io/epoch";
+
 /// Decides which components engage a cluster. The basic coordinator engages
 /// all of them; a sharded one ([`sharding::ShardedCoordinator`])
 /// engages only clusters this replica owns.
@@ -54,6 +64,22 @@ pub trait Coordinator: Send + Sync {
     fn working_on(&self) -> Option<Vec<ClusterName>> {
         None
     }
+}
+
+/// Adds to `held` the components of `offered` it does not have yet (a
+/// coordinator asked again for a cluster it has, as components are added
+/// later), and returns those.
+pub(crate) fn add_components(
+    held: &mut Vec<Arc<dyn Aware>>,
+    offered: &[Arc<dyn Aware>],
+) -> Vec<Arc<dyn Aware>> {
+    let new: Vec<Arc<dyn Aware>> = offered
+        .iter()
+        .filter(|c| !held.iter().any(|e| Arc::ptr_eq(e, c)))
+        .cloned()
+        .collect();
+    held.extend(new.iter().cloned());
+    new
 }
 
 /// Engages every component with every cluster.

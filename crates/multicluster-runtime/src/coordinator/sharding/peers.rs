@@ -2,16 +2,20 @@
 //! reads the others' to know who shares the fleet.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DeleteParams, ListParams, PostParams};
-use tokio::sync::watch;
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use super::hrw::Peer;
+use crate::coordinator::EPOCH_ANNOTATION;
+use crate::coordinator::fence::Standing;
 use crate::coordinator::lease::{self, seconds};
 
 /// Label every multicluster-runtime peer Lease carries.
@@ -34,27 +38,76 @@ pub(crate) struct Registry {
     pub(crate) peers: watch::Sender<Vec<Peer>>,
     /// Fired once the peers have been read for the first time.
     pub(crate) known: CancellationToken,
+    /// This replica's standing, for fences held with the peer Lease.
+    pub(crate) standing: watch::Sender<Standing>,
+    /// Woken when the standing changes.
+    pub(crate) wake: Arc<Notify>,
+}
+
+/// A name for a new epoch, different from every earlier one of this peer
+/// ID: the time in nanoseconds and the process.
+pub(crate) fn new_epoch() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos());
+    format!("{nanos:x}-{:x}", std::process::id())
 }
 
 impl Registry {
     /// Publishes this replica and reads its peers every renew interval
     /// until `stop`, then deletes its Lease so the others take over its
     /// clusters at once instead of after the Lease lapses.
+    ///
+    /// The standing lasts from a good renewal until one renew interval
+    /// before the Lease would lapse for the others (the interval is the
+    /// margin for clocks and a write in flight); then its epoch ends, and
+    /// the next good renewal announces a new one.
     pub(crate) async fn run(self, stop: CancellationToken) {
-        loop {
-            let round = async {
-                self.publish().await;
+        let (good_until, mut watched) = watch::channel(None::<Instant>);
+        let rounds = async {
+            loop {
+                let sent = Instant::now();
+                // A renewal that wrote an epoch which ended meanwhile
+                // counts for nothing: the next one announces the new epoch.
+                if let Some(epoch) = self.publish().await
+                    && self.standing.borrow().epoch == epoch
+                {
+                    let until = sent + self.duration.saturating_sub(self.renew);
+                    good_until.send_replace(Some(until));
+                    self.stand();
+                }
                 self.refresh().await;
-            };
-            tokio::select! {
-                () = stop.cancelled() => break,
-                () = round => {}
+                tokio::time::sleep(self.renew).await;
             }
-            tokio::select! {
-                () = stop.cancelled() => break,
-                () = tokio::time::sleep(self.renew) => {}
+        };
+        let watchdog = async {
+            loop {
+                let until = *watched.borrow_and_update();
+                let lapse = async {
+                    match until {
+                        Some(until) => tokio::time::sleep_until(until).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    changed = watched.changed() => if changed.is_err() { return },
+                    () = lapse => {
+                        tracing::warn!(lease = %self.lease_name, "the peer Lease was not renewed in time; stopping the work on fences held with it");
+                        self.fall();
+                        if watched.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                }
             }
+        };
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = rounds => {}
+            () = watchdog => {}
         }
+        // Stopping: the coordinator has let go of every fence already.
+        self.fall();
         let params = DeleteParams::default();
         let delete = self.api.delete(&self.lease_name, &params);
         match tokio::time::timeout(self.renew, delete).await {
@@ -68,7 +121,33 @@ impl Registry {
         }
     }
 
-    async fn publish(&self) {
+    /// Ends the epoch: fences held with it stop, and the next good renewal
+    /// announces a new epoch, which frees them for the others at once.
+    fn fall(&self) {
+        self.standing.send_modify(|standing| {
+            standing.token.cancel();
+            standing.epoch = new_epoch();
+        });
+        self.wake.notify_one();
+    }
+
+    /// After a good renewal: a new standing if the last one had ended.
+    fn stand(&self) {
+        let renewed = self.standing.send_if_modified(|standing| {
+            if !standing.token.is_cancelled() {
+                return false;
+            }
+            standing.token = CancellationToken::new();
+            true
+        });
+        if renewed {
+            self.wake.notify_one();
+        }
+    }
+
+    /// Renews (or creates) this replica's peer Lease; the epoch it wrote, if
+    /// it worked.
+    async fn publish(&self) -> Option<String> {
         let labels = BTreeMap::from([
             (
                 PART_OF_LABEL.to_string(),
@@ -77,8 +156,11 @@ impl Registry {
             (PEER_LABEL.to_string(), "true".to_string()),
             (PREFIX_LABEL.to_string(), self.prefix.clone()),
         ]);
-        let annotations =
-            BTreeMap::from([(WEIGHT_ANNOTATION.to_string(), self.me.weight.to_string())]);
+        let epoch = self.standing.borrow().epoch.clone();
+        let annotations = BTreeMap::from([
+            (WEIGHT_ANNOTATION.to_string(), self.me.weight.to_string()),
+            (EPOCH_ANNOTATION.to_string(), epoch.clone()),
+        ]);
         let call = publish(
             &self.api,
             &self.lease_name,
@@ -88,11 +170,15 @@ impl Registry {
             &annotations,
         );
         match tokio::time::timeout(self.renew, call).await {
-            Ok(Ok(())) => {}
+            Ok(Ok(())) => Some(epoch),
             Ok(Err(err)) => {
-                tracing::warn!(lease = %self.lease_name, error = %crate::redact::kube_error(&err), "could not renew the peer lease")
+                tracing::warn!(lease = %self.lease_name, error = %crate::redact::kube_error(&err), "could not renew the peer lease");
+                None
             }
-            Err(_) => tracing::warn!(lease = %self.lease_name, "no answer renewing the peer lease"),
+            Err(_) => {
+                tracing::warn!(lease = %self.lease_name, "no answer renewing the peer lease");
+                None
+            }
         }
     }
 
