@@ -392,8 +392,13 @@ impl ShardedCoordinator {
                 settle: entry.components.clone(),
             },
             (true, None) if entry.retry_at.is_none_or(|at| now >= at) => Step::Take { generation },
-            (_, held) => {
+            (owns, held) => {
                 entry.held = held;
+                if !owns {
+                    // A retry due for a cluster that is another's now would
+                    // have the loop look again at once, over and over.
+                    entry.retry_at = None;
+                }
                 Step::Nothing
             }
         }
@@ -677,6 +682,61 @@ mod tests {
         assert_eq!(options.fence_prefix, "mcr-shard");
         assert_eq!(options.fence_lease_duration, Duration::from_secs(20));
         assert_eq!(options.probe_interval, Duration::from_secs(5));
+    }
+
+    fn offline_client() -> kube::Client {
+        let config = kube::Config::new("https://127.0.0.1:1".parse().expect("uri"));
+        kube::Client::try_from(config).expect("client")
+    }
+
+    #[tokio::test]
+    async fn a_retry_left_on_a_cluster_owned_by_another_does_not_hurry_the_next_look() {
+        let coordinator = ShardedCoordinator::new(
+            offline_client(),
+            ShardingOptions::default().peer_id("me".to_string()),
+        )
+        .expect("coordinator");
+        let name = ClusterName::from("elsewhere");
+        let cluster = Cluster::new("elsewhere", offline_client());
+        coordinator
+            .engage(CancellationToken::new(), name.clone(), cluster, &[])
+            .expect("engage");
+        // A take that failed while this replica still thought it owned the
+        // cluster (before it knew its peers, say).
+        let generation = lock(&coordinator.inner.clusters)
+            .get(&name)
+            .expect("held")
+            .generation;
+        coordinator.retry_later(&name, generation);
+        tokio::time::sleep(coordinator.inner.options.fence_retry_delay).await;
+        // The peers are known now, and another owns the cluster.
+        let other = Peer {
+            id: "other".to_string(),
+            weight: 1,
+        };
+        let peers = [coordinator.inner.me.clone(), other.clone()];
+        let peers: Vec<Peer> = if owner(name.as_str(), &peers) == Some(&other) {
+            peers.to_vec()
+        } else {
+            // Make `other` win: weight it far above this replica.
+            vec![
+                coordinator.inner.me.clone(),
+                Peer {
+                    weight: u32::MAX,
+                    ..other
+                },
+            ]
+        };
+        assert_eq!(
+            owner(name.as_str(), &peers).map(|p| p.id.as_str()),
+            Some("other")
+        );
+        assert!(matches!(coordinator.decide(&name, &peers), Step::Nothing));
+        let next = coordinator.next_look();
+        assert!(
+            next > Instant::now(),
+            "a stale retry of a cluster this replica does not own makes the loop look again at once, over and over"
+        );
     }
 
     type Spoil = fn(&mut ShardingOptions);
