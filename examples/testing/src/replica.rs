@@ -26,12 +26,21 @@ impl Replica {
             .and_then(|l| l.local_addr())
             .expect("free port")
             .port();
+        // With REPLICA_LOG_DIR set, each replica logs to <dir>/<id>.log,
+        // for looking into a test or benchmark that misbehaves.
+        let log = || match std::env::var_os("REPLICA_LOG_DIR") {
+            Some(dir) => {
+                std::fs::File::create(std::path::Path::new(&dir).join(format!("{id}.log")))
+                    .map_or_else(|_| Stdio::null(), Stdio::from)
+            }
+            None => Stdio::null(),
+        };
         let process = Command::new(binary)
             .args(args)
             .args(["--health-address", &format!("127.0.0.1:{port}")])
             .env("KUBECONFIG", cp.kubeconfig_path())
             .env("RUST_LOG", "info,kube=warn")
-            .stdout(Stdio::null())
+            .stdout(log())
             .stderr(Stdio::null())
             .kill_on_drop(true)
             .spawn()
