@@ -120,24 +120,67 @@ pub struct RequestTimedOut(pub Duration);
 /// How the requests of one client have ended lately: the failure since the
 /// last answer, if any. Shared by the client's layer and its cluster.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Requests(Arc<Mutex<Option<Failure>>>);
+pub(crate) struct Requests(Arc<RequestOutcomes>);
+
+#[derive(Debug, Default)]
+struct RequestOutcomes {
+    failure: Mutex<Option<Failure>>,
+    /// Whether `failure` is set: the manager asks every cluster every
+    /// second, and a healthy one (nearly all of them) answers without a
+    /// lock.
+    failing: FailingFlag,
+}
 
 impl Requests {
     pub(crate) fn failure(&self) -> Option<Failure> {
-        lock(&self.0).clone()
+        if !self.0.failing.get() {
+            return None;
+        }
+        lock(&self.0.failure).clone()
     }
 
     fn answered(&self) {
-        let mut failure = lock(&self.0);
-        if failure.is_some() {
-            *failure = None;
+        if !self.0.failing.get() {
+            return;
         }
+        let mut failure = lock(&self.0.failure);
+        *failure = None;
+        self.0.failing.set(false);
     }
 
     fn failed(&self, reason: Redacted) {
-        let mut failure = lock(&self.0);
+        let mut failure = lock(&self.0.failure);
         *failure = Some(Failure::continuing(failure.as_ref(), reason, true));
+        self.0.failing.set(true);
     }
+}
+
+/// Whether something is failing, readable without the lock that guards the
+/// failure itself. Written under that lock; a reader that races a write
+/// sees the change at its next look.
+#[derive(Debug, Default)]
+pub(crate) struct FailingFlag(std::sync::atomic::AtomicBool);
+
+/// How many times any flag in this process has changed: a walk over every
+/// cluster that found them all well need not be repeated until it moves.
+static FLAG_CHANGES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl FailingFlag {
+    pub(crate) fn get(&self) -> bool {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    pub(crate) fn set(&self, failing: bool) {
+        if self.0.swap(failing, std::sync::atomic::Ordering::AcqRel) != failing {
+            FLAG_CHANGES.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        }
+    }
+}
+
+/// A number that moves whenever a request or watch of any cluster starts or
+/// stops failing.
+pub(crate) fn failure_changes() -> u64 {
+    FLAG_CHANGES.load(std::sync::atomic::Ordering::Acquire)
 }
 
 /// Whether a request runs for as long as its caller wants: a watch, a

@@ -20,7 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ClusterName;
 use crate::cache::index::Indexes;
-use crate::health::Failure;
+use crate::health::{FailingFlag, Failure};
 
 /// A change seen by an informer.
 #[derive(Debug)]
@@ -98,6 +98,9 @@ where
     store: Store<K>,
     state: Mutex<State<K>>,
     ready: watch::Receiver<bool>,
+    /// Whether the state holds a failure (the manager's health walk reads
+    /// this every second for every cluster, without the lock).
+    failing: FailingFlag,
 }
 
 struct State<K>
@@ -145,6 +148,7 @@ where
                 failure: None,
             }),
             ready,
+            failing: FailingFlag::default(),
         });
         let weak = Arc::downgrade(&informer);
         tokio::spawn(async move {
@@ -175,6 +179,7 @@ where
                             err,
                             unreachable,
                         ));
+                        informer.failing.set(true);
                     }
                 }
             }
@@ -197,7 +202,10 @@ where
     /// has completed.
     fn apply(&self, event: watcher::Event<K>) -> bool {
         let mut state = self.lock();
-        state.failure = None;
+        if self.failing.get() {
+            state.failure = None;
+            self.failing.set(false);
+        }
         let mut outgoing = Vec::new();
         let mut synced = false;
         match &event {
@@ -347,6 +355,9 @@ where
 
     /// The watch's failure since its last success, if it is failing.
     pub(crate) fn failure(&self) -> Option<Failure> {
+        if !self.failing.get() {
+            return None;
+        }
         self.lock().failure.clone()
     }
 }

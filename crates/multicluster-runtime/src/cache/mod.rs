@@ -567,14 +567,16 @@ impl Cache {
             Backend::Api { options, .. } => (options.backoff.max * 5).max(FAILURE_EXPIRY),
             Backend::Scoped { .. } => FAILURE_EXPIRY,
         };
-        let now = tokio::time::Instant::now();
-        let failures: Vec<crate::health::Failure> = lock(&self.inner.informers)
+        // The clock is read only when a watch fails: this runs every second
+        // for every cluster.
+        let mut now = None;
+        lock(&self.inner.informers)
             .iter()
             .filter_map(|(_, informer)| informer.failure())
-            .filter(|failure| now.duration_since(failure.last) < expiry)
-            .collect();
-        failures
-            .into_iter()
+            .filter(|failure| {
+                let now = *now.get_or_insert_with(tokio::time::Instant::now);
+                now.duration_since(failure.last) < expiry
+            })
             .min_by_key(|failure| (!failure.unreachable, failure.since))
     }
 

@@ -184,6 +184,10 @@ struct Controllers {
 struct Tracked {
     clusters: Engagements<Progress>,
     counts: [i64; 4],
+    /// Set when a health walk found every engaged cluster well: the
+    /// failure changes then. Until they move (or a cluster is engaged),
+    /// walking again would find the same.
+    quiet_at: Option<u64>,
 }
 
 struct Progress {
@@ -621,6 +625,9 @@ impl Manager {
                     {
                         held.data.engaged = true;
                     }
+                    // A failure recorded before the cluster was engaged
+                    // moved nothing since the last walk.
+                    lock(&self.inner.clusters).quiet_at = None;
                     tracing::info!(cluster = %name, "cluster ready; engaging components");
                     let components = lock(&self.inner.components).clone();
                     if let Err(err) =
@@ -685,16 +692,24 @@ impl Manager {
     fn check_health(&self) {
         let options = &self.inner.options;
         let now = tokio::time::Instant::now();
+        // Read before the walk: a change during it moves the number again.
+        let changes = crate::health::failure_changes();
         let mut guard = lock(&self.inner.clusters);
         let tracked = &mut *guard;
+        if tracked.quiet_at == Some(changes) {
+            return;
+        }
         let mut changed = false;
+        let mut quiet = true;
         for (name, held) in tracked
             .clusters
             .iter_mut()
             .filter(|(_, held)| held.data.engaged)
         {
             let progress = &mut held.data;
-            let state = match held.cluster.failure() {
+            let failure = held.cluster.failure();
+            quiet &= failure.is_none() && progress.state == ClusterState::Ready;
+            let state = match failure {
                 Some(failure) if now.duration_since(failure.since) >= options.unhealthy_after => {
                     ClusterState::from(failure.health())
                 }
@@ -739,6 +754,7 @@ impl Manager {
         if changed {
             self.publish_states(tracked);
         }
+        tracked.quiet_at = quiet.then_some(changes);
     }
 }
 
