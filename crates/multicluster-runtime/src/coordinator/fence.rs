@@ -141,6 +141,18 @@ impl Fence {
         }
     }
 
+    /// A fence held with the peer Lease, as taking it would give, for tests
+    /// of what holds fences.
+    #[cfg(all(test, feature = "sharding"))]
+    pub(crate) fn held_with_peer(name: &str, standing: &CancellationToken) -> Self {
+        Self {
+            name: name.to_string(),
+            lost: standing.clone(),
+            stop: CancellationToken::new(),
+            with_peer: true,
+        }
+    }
+
     /// Fires when a renewal failed: the hold is over.
     pub(crate) fn lost(&self) -> &CancellationToken {
         &self.lost

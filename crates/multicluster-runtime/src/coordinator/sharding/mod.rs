@@ -489,11 +489,24 @@ impl ShardedCoordinator {
         }
     }
 
-    /// Tries again to release the fences whose release failed.
+    /// Tries again to release the fences whose release failed, but not one
+    /// this replica has taken again since (its cluster came back to it):
+    /// clearing that would let another replica take a cluster worked on
+    /// here. Only the balancing loop takes fences, and this runs in it, so
+    /// none is taken while this looks.
     async fn release_again(&self) {
         let unreleased = std::mem::take(&mut *lock(&self.inner.unreleased));
         for fence in unreleased {
-            self.release(fence).await;
+            let taken_again = lock(&self.inner.clusters).values().any(|entry| {
+                entry
+                    .data
+                    .held
+                    .as_ref()
+                    .is_some_and(|held| held.fence.name == fence.name)
+            });
+            if !taken_again {
+                self.release(fence).await;
+            }
         }
     }
 
@@ -737,6 +750,46 @@ mod tests {
             next > Instant::now(),
             "a stale retry of a cluster this replica does not own makes the loop look again at once, over and over"
         );
+    }
+
+    #[tokio::test]
+    async fn a_fence_taken_again_is_not_released_by_an_earlier_failed_release() {
+        let coordinator = ShardedCoordinator::new(
+            offline_client(),
+            ShardingOptions::default()
+                .peer_id("me".to_string())
+                .fence_hold(FenceHold::WithPeer)
+                .fence_renew_interval(Duration::from_millis(200)),
+        )
+        .expect("coordinator");
+        let standing = CancellationToken::new();
+        let (again, other) = (ClusterName::from("again"), ClusterName::from("other"));
+        for name in [&again, &other] {
+            let cluster = Cluster::new(name.clone(), offline_client());
+            coordinator
+                .engage(CancellationToken::new(), name.clone(), cluster, &[])
+                .expect("engage");
+        }
+        // Both fences failed to be released earlier; `again` has been
+        // taken again since and is worked on here.
+        for name in [&again, &other] {
+            let fence = fence::Fence::held_with_peer(&coordinator.fence_name(name), &standing);
+            lock(&coordinator.inner.unreleased).push(fence);
+        }
+        {
+            let mut clusters = lock(&coordinator.inner.clusters);
+            let entry = clusters.get_mut(&again).expect("held");
+            let fence = fence::Fence::held_with_peer(&coordinator.fence_name(&again), &standing);
+            entry.data.held = Some(Held::new(fence, &entry.lifetime));
+        }
+        coordinator.release_again().await;
+        // The API server is unreachable, so a release that is tried fails
+        // and comes back; the one taken again must not have been tried.
+        let left: Vec<String> = lock(&coordinator.inner.unreleased)
+            .iter()
+            .map(|fence| fence.name.clone())
+            .collect();
+        assert_eq!(left, [coordinator.fence_name(&other)]);
     }
 
     type Spoil = fn(&mut ShardingOptions);

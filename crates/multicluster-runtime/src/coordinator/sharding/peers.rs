@@ -69,9 +69,10 @@ impl Registry {
                 let sent = Instant::now();
                 // A renewal that wrote an epoch which ended meanwhile
                 // counts for nothing: the next one announces the new epoch.
-                if let Some(epoch) = self.publish().await
-                    && self.standing.borrow().epoch == epoch
-                {
+                let written = self.publish().await;
+                // (The borrow ends here, before `stand` writes.)
+                let current = written.is_some_and(|epoch| self.standing.borrow().epoch == epoch);
+                if current {
                     let until = sent + self.duration.saturating_sub(self.renew);
                     good_until.send_replace(Some(until));
                     self.stand();
