@@ -44,7 +44,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::coordinator::fence::{Attempt, Fence, Timing};
 use crate::coordinator::lease::live_holder;
-use crate::coordinator::{Coordinator, add_components};
+use crate::coordinator::{Coordinator, add_components, engage_each};
 use crate::engagements::{Arrival, Engagements};
 use crate::sync::{child_until, lock};
 use crate::{Aware, Cluster, ClusterName, Error};
@@ -168,16 +168,16 @@ struct Led {
     work: Option<CancellationToken>,
 }
 
+/// Engages the components under the leadership's `work`; a failure is
+/// logged and the others carry on (there is no hand-back to retry).
 fn engage_all(
     components: &[Arc<dyn Aware>],
     work: &CancellationToken,
     name: &ClusterName,
     cluster: &Cluster,
 ) {
-    for component in components {
-        if let Err(err) = component.engage(work.clone(), name.clone(), cluster.clone()) {
-            tracing::error!(cluster = %name, error = %err, "engaging a component failed");
-        }
+    if let Err(err) = engage_each(components, work, name, cluster) {
+        tracing::error!(cluster = %name, error = %err, "engaging a component failed");
     }
 }
 

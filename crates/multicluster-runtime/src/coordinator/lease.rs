@@ -136,9 +136,19 @@ pub(crate) async fn take(
     {
         return Ok(Taken::HeldBy(Some(other.to_string())));
     }
-    let kept = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
-    kept.remove(HELD_WITH_ANNOTATION);
-    kept.extend(annotations.unwrap_or_default());
+    // Held with this peer Lease now, or renewed: the annotation says which.
+    match annotations {
+        Some(held_with) => lease
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend(held_with),
+        None => {
+            if let Some(kept) = lease.metadata.annotations.as_mut() {
+                kept.remove(HELD_WITH_ANNOTATION);
+            }
+        }
+    }
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     if holder.as_deref() != Some(me) || spec.acquire_time.is_none() {
         spec.acquire_time = Some(MicroTime(now));

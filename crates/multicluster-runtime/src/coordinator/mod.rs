@@ -82,6 +82,24 @@ pub(crate) fn add_components(
     new
 }
 
+/// Engages each component with `cluster` under `work`, every one of them
+/// even when an earlier one fails (one component's trouble does not keep
+/// the others from the cluster), and returns the first failure.
+pub(crate) fn engage_each(
+    components: &[Arc<dyn Aware>],
+    work: &CancellationToken,
+    name: &ClusterName,
+    cluster: &Cluster,
+) -> Result<(), Error> {
+    let mut first = None;
+    for component in components {
+        if let Err(err) = component.engage(work.clone(), name.clone(), cluster.clone()) {
+            first.get_or_insert(err);
+        }
+    }
+    first.map_or(Ok(()), Err)
+}
+
 /// Engages every component with every cluster.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct EngageAll;
@@ -95,9 +113,6 @@ impl Coordinator for EngageAll {
         cluster: Cluster,
         components: &[Arc<dyn Aware>],
     ) -> Result<(), Error> {
-        for component in components {
-            component.engage(lifetime.clone(), name.clone(), cluster.clone())?;
-        }
-        Ok(())
+        engage_each(components, &lifetime, &name, &cluster)
     }
 }

@@ -619,15 +619,15 @@ impl Manager {
                     if !self.set_state(&name, generation, ClusterState::Ready) {
                         return;
                     }
-                    if let Some(held) = lock(&self.inner.clusters)
-                        .clusters
-                        .current_mut(&name, generation)
                     {
-                        held.data.engaged = true;
+                        let mut tracked = lock(&self.inner.clusters);
+                        if let Some(held) = tracked.clusters.current_mut(&name, generation) {
+                            held.data.engaged = true;
+                        }
+                        // A failure recorded before the cluster was engaged
+                        // moved nothing since the last walk.
+                        tracked.quiet_at = None;
                     }
-                    // A failure recorded before the cluster was engaged
-                    // moved nothing since the last walk.
-                    lock(&self.inner.clusters).quiet_at = None;
                     tracing::info!(cluster = %name, "cluster ready; engaging components");
                     let components = lock(&self.inner.components).clone();
                     if let Err(err) =

@@ -39,7 +39,7 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use crate::coordinator::{Coordinator, add_components, dns1123, fence, lease_name};
+use crate::coordinator::{Coordinator, add_components, dns1123, engage_each, fence, lease_name};
 use crate::engagements::{Arrival, Engagements, when_ended};
 use crate::sync::{child_until, lock};
 use crate::{Aware, Cluster, ClusterName, Error};
@@ -549,20 +549,18 @@ impl ShardedCoordinator {
     }
 }
 
-/// Engages each component; a failure stops the work, so the cluster is
-/// handed back and tried again rather than half-engaged.
+/// Engages the components under the fence's `work`; a failure stops the
+/// work, so the cluster is handed back and tried again rather than left
+/// half-engaged.
 fn engage_all(
     components: &[Arc<dyn Aware>],
     work: &CancellationToken,
     name: &ClusterName,
     cluster: &Cluster,
 ) {
-    for component in components {
-        if let Err(err) = component.engage(work.clone(), name.clone(), cluster.clone()) {
-            tracing::error!(cluster = %name, error = %err, "engaging a component failed; handing the cluster back");
-            work.cancel();
-            return;
-        }
+    if let Err(err) = engage_each(components, work, name, cluster) {
+        tracing::error!(cluster = %name, error = %err, "engaging a component failed; handing the cluster back");
+        work.cancel();
     }
 }
 
