@@ -89,6 +89,24 @@ impl<T> Engagements<T> {
         lifetime: &CancellationToken,
         data: T,
     ) -> (&mut Engagement<T>, Option<Engagement<T>>) {
+        let (held, replaced) = self.insert_ending_later(name, cluster, lifetime, data);
+        if let Some(old) = &replaced {
+            old.lifetime.cancel();
+        }
+        (held, replaced)
+    }
+
+    /// Like [`Engagements::insert`], but the replaced engagement is
+    /// returned with its lifetime still running: the caller ends it once
+    /// the new one has been handed on, so that nobody downstream sees the
+    /// cluster leave in between.
+    pub(crate) fn insert_ending_later(
+        &mut self,
+        name: ClusterName,
+        cluster: Cluster,
+        lifetime: &CancellationToken,
+        data: T,
+    ) -> (&mut Engagement<T>, Option<Engagement<T>>) {
         let engagement = Engagement {
             cluster,
             lifetime: lifetime.child_token(),
@@ -96,9 +114,6 @@ impl<T> Engagements<T> {
             data,
         };
         let replaced = self.entries.insert(name.clone(), engagement);
-        if let Some(old) = &replaced {
-            old.lifetime.cancel();
-        }
         let held = self
             .entries
             .get_mut(&name)

@@ -34,6 +34,22 @@ struct State {
     /// The parent of lifetimes given before the set is started, which
     /// nothing ends: `start` gives each cluster one under the shutdown.
     unstarted: CancellationToken,
+    /// Engagements still to be handed to the component, in the order the
+    /// set made them.
+    outbox: std::collections::VecDeque<Handover>,
+    /// Whether a caller is handing the outbox over (and will take what is
+    /// added meanwhile).
+    handing_over: bool,
+}
+
+/// An engagement on its way to the component, and the one it replaces,
+/// which ends only once this one has been handed over.
+struct Handover {
+    aware: Arc<dyn Aware>,
+    lifetime: CancellationToken,
+    name: ClusterName,
+    cluster: Cluster,
+    replaced: Option<CancellationToken>,
 }
 
 impl Default for Clusters {
@@ -66,11 +82,14 @@ impl Clusters {
     /// `aware`, with lifetimes that end at the latest with `shutdown`.
     ///
     /// `aware` is called after the set's lock is released, so it may look
-    /// clusters up (or change the set) from `engage`. Calls for one name can
-    /// then arrive out of order; the one whose lifetime has already ended is
-    /// the stale one, and [`Aware`] implementations ignore it.
+    /// clusters up (or change the set) from `engage`. It is called once at a
+    /// time, in the order the set changed; a cluster that replaces another
+    /// under its name is engaged before the replaced one's lifetime ends,
+    /// so `aware` never sees the name leave in between. An engagement whose
+    /// lifetime has already ended when it arrives (the cluster was removed
+    /// meanwhile) is stale, and [`Aware`] implementations ignore it.
     pub fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
-        let engagements: Vec<_> = {
+        {
             let mut state = self.lock();
             if state.started.is_some() {
                 return Err(Error::AlreadyStarted("cluster set"));
@@ -81,19 +100,24 @@ impl Clusters {
                 .iter()
                 .map(|(name, entry)| (name.clone(), entry.cluster.clone(), entry.data.clone()))
                 .collect();
-            held.into_iter()
-                .map(|(name, cluster, fingerprint)| {
-                    let (entry, _) =
-                        state
-                            .entries
-                            .insert(name.clone(), cluster.clone(), &shutdown, fingerprint);
-                    (entry.lifetime.clone(), name, cluster)
-                })
-                .collect()
-        };
-        for (lifetime, name, cluster) in engagements {
-            self.engage(&aware, lifetime, &name, &cluster);
+            for (name, cluster, fingerprint) in held {
+                // The lifetimes given before the start were never handed
+                // to anyone: they may end at once.
+                let (entry, _) =
+                    state
+                        .entries
+                        .insert(name.clone(), cluster.clone(), &shutdown, fingerprint);
+                let lifetime = entry.lifetime.clone();
+                state.outbox.push_back(Handover {
+                    aware: aware.clone(),
+                    lifetime,
+                    name,
+                    cluster,
+                    replaced: None,
+                });
+            }
         }
+        self.hand_over();
         Ok(())
     }
 
@@ -171,32 +195,80 @@ impl Clusters {
         for index in &state.indexes {
             cluster.cache().index_field(index);
         }
-        let (parent, aware) = match &state.started {
-            Some((shutdown, aware)) => (shutdown.clone(), Some(aware.clone())),
-            None => (state.unstarted.clone(), None),
+        let Some((shutdown, aware)) = state.started.clone() else {
+            let unstarted = state.unstarted.clone();
+            // Nobody was given the lifetime of a cluster it replaces.
+            state.entries.insert(name, cluster, &unstarted, fingerprint);
+            return Ok(());
         };
-        // A cluster it replaces has its lifetime ended here.
-        let (entry, _) = state
-            .entries
-            .insert(name.clone(), cluster.clone(), &parent, fingerprint);
+        let (entry, replaced) = state.entries.insert_ending_later(
+            name.clone(),
+            cluster.clone(),
+            &shutdown,
+            fingerprint,
+        );
         let lifetime = entry.lifetime.clone();
-        // Foreign code runs without the lock: see `start`.
+        state.outbox.push_back(Handover {
+            aware,
+            lifetime,
+            name,
+            cluster,
+            replaced: replaced.map(|old| old.lifetime),
+        });
         drop(state);
-        if let Some(aware) = aware {
-            self.engage(&aware, lifetime, &name, &cluster);
-        }
+        self.hand_over();
         Ok(())
     }
 
-    fn engage(
-        &self,
-        aware: &Arc<dyn Aware>,
-        lifetime: CancellationToken,
-        name: &ClusterName,
-        cluster: &Cluster,
-    ) {
-        if let Err(err) = aware.engage(lifetime, name.clone(), cluster.clone()) {
-            (self.on_error)(name, &err);
+    /// Hands the outbox to the component, oldest first, unless another
+    /// caller is doing so (it takes ours too). The component is called
+    /// without the set's lock, so it may look clusters up or change the set
+    /// from `engage` (see `start`); one caller at a time keeps the calls in
+    /// the order the set made them, so a stale engagement is always the
+    /// one whose lifetime has ended, and a replacement is engaged before
+    /// the lifetime it replaces ends.
+    fn hand_over(&self) {
+        {
+            let mut state = self.lock();
+            if state.handing_over {
+                return;
+            }
+            state.handing_over = true;
+        }
+        // Should a component panic, the next caller can still hand over.
+        struct Unwinding<'a>(&'a Clusters);
+        impl Drop for Unwinding<'_> {
+            fn drop(&mut self) {
+                if std::thread::panicking() {
+                    self.0.lock().handing_over = false;
+                }
+            }
+        }
+        let _unwinding = Unwinding(self);
+        loop {
+            let next = {
+                let mut state = self.lock();
+                let Some(next) = state.outbox.pop_front() else {
+                    // Under the lock that callers who add to the outbox
+                    // take: nothing can be left behind.
+                    state.handing_over = false;
+                    return;
+                };
+                next
+            };
+            let Handover {
+                aware,
+                lifetime,
+                name,
+                cluster,
+                replaced,
+            } = next;
+            if let Err(err) = aware.engage(lifetime, name.clone(), cluster) {
+                (self.on_error)(&name, &err);
+            }
+            if let Some(replaced) = replaced {
+                replaced.cancel();
+            }
         }
     }
 
@@ -394,6 +466,47 @@ mod tests {
             *aware.1.lock().expect("lock"),
             ["before", "after", "after"].map(ClusterName::from)
         );
+    }
+
+    /// Whether, at each engagement, the engagement it replaces had already
+    /// ended.
+    #[derive(Default)]
+    struct ReplacementOrder(Mutex<Vec<bool>>, Mutex<Option<CancellationToken>>);
+
+    impl Aware for ReplacementOrder {
+        fn engage(
+            &self,
+            lifetime: CancellationToken,
+            _: ClusterName,
+            _: Cluster,
+        ) -> Result<(), Error> {
+            let previous = self.1.lock().expect("lock").replace(lifetime);
+            if let Some(previous) = previous {
+                self.0.lock().expect("lock").push(previous.is_cancelled());
+            }
+            Ok(())
+        }
+    }
+
+    /// A replaced cluster's lifetime ends only after its successor was
+    /// engaged: ended first, a component sees the cluster leave the fleet
+    /// and come back (the manager counted a disengagement, and on a busy
+    /// machine dropped the cluster's components in between).
+    #[tokio::test]
+    async fn a_replacement_is_engaged_before_the_replaced_lifetime_ends() {
+        let set = Clusters::new();
+        let aware = Arc::new(ReplacementOrder::default());
+        set.start(CancellationToken::new(), aware.clone())
+            .expect("start");
+        assert!(set.add_or_replace("c", cluster("c"), "v1"));
+        let first = aware.1.lock().expect("lock").clone().expect("engaged");
+        assert!(set.add_or_replace("c", cluster("c"), "v2"));
+        assert_eq!(
+            *aware.0.lock().expect("lock"),
+            [false],
+            "the old lifetime ended before the new instance was engaged"
+        );
+        assert!(first.is_cancelled(), "the replaced lifetime ends after");
     }
 
     #[tokio::test]

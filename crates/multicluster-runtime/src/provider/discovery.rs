@@ -139,13 +139,15 @@ impl Fleet {
             return Ok(Action::await_change());
         }
         let replaced = self.clusters.get(&wanted.name).is_ok();
+        // Cleared first: whoever sees the new cluster must not find the
+        // failure it replaces still reported.
+        self.failures.clear(&wanted.name);
         if self
             .clusters
             .add_or_replace(wanted.name.clone(), built, wanted.fingerprint())
         {
             tracing::info!(cluster = %wanted.name, replaced, "cluster engaged from {}", wanted.source);
         }
-        self.failures.clear(&wanted.name);
         Ok(Action::await_change())
     }
 
