@@ -248,12 +248,16 @@ impl Shared {
         };
         changes_content
             && event.paths.iter().any(|path| {
-                self.options.files.iter().any(|file| same_path(file, path))
+                let path = canonical(path);
+                self.options
+                    .files
+                    .iter()
+                    .any(|file| canonical(file) == path)
                     || (path.parent().is_some_and(|dir| {
                         self.options
                             .directories
                             .iter()
-                            .any(|watched| same_path(watched, dir))
+                            .any(|watched| canonical(watched) == dir)
                     }) && path
                         .file_name()
                         .and_then(|name| name.to_str())
@@ -346,15 +350,25 @@ impl Shared {
     }
 }
 
-/// Whether two paths name the same file as written, `.` components aside:
-/// a file given as `a.yaml` is watched through `.` and reported as
-/// `./a.yaml`.
-fn same_path(a: &Path, b: &Path) -> bool {
-    fn significant(path: &Path) -> impl Iterator<Item = std::path::Component<'_>> {
-        path.components()
-            .filter(|part| *part != std::path::Component::CurDir)
+/// One spelling for every path that names a file, so that sources and
+/// file system events can be compared: absolute (notify reports absolute
+/// paths for relative watches), with `.`, `..` and symbolic links in the
+/// directory resolved. The file itself is not resolved: it may not exist
+/// (yet, or any more), and a link in its place is the source. A directory
+/// that does not exist keeps its absolute spelling.
+fn canonical(path: &Path) -> PathBuf {
+    let absolute = std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf());
+    if let Ok(resolved) = std::fs::canonicalize(&absolute)
+        && resolved.is_dir()
+    {
+        return resolved;
     }
-    significant(a).eq(significant(b))
+    match (absolute.parent(), absolute.file_name()) {
+        (Some(parent), Some(name)) => std::fs::canonicalize(parent)
+            .unwrap_or_else(|_| parent.to_path_buf())
+            .join(name),
+        _ => absolute,
+    }
 }
 
 fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -466,6 +480,15 @@ mod tests {
             EventKind::Access(AccessKind::Close(AccessMode::Read)),
             "/etc/fleet/a.kubeconfig"
         ));
+        let absolute = std::env::current_dir()
+            .expect("working directory")
+            .join("fleet.yaml")
+            .display()
+            .to_string();
+        assert!(
+            matters(written, &absolute),
+            "notify reports a relative source by its absolute path"
+        );
         assert!(!matters(written, "./other.yaml"));
         assert!(!matters(written, "/etc/fleet/notes.txt"));
         assert!(!matters(written, "/etc/fleet/sub/a.kubeconfig"));

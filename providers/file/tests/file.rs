@@ -615,3 +615,66 @@ async fn a_listed_pipe_is_refused_and_the_other_files_are_read() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// `path` spelled relative to the working directory (`../../target/...`
+/// from the package), as a user passes `--file` or `--directory`.
+fn relative_to_working_directory(path: &Path) -> std::path::PathBuf {
+    let here = std::env::current_dir().expect("working directory");
+    let here = std::fs::canonicalize(here).expect("canonical working directory");
+    let path = std::fs::canonicalize(path).expect("canonical path");
+    let common = here
+        .components()
+        .zip(path.components())
+        .take_while(|(a, b)| a == b)
+        .count();
+    let mut relative = std::path::PathBuf::new();
+    for _ in here.components().skip(common) {
+        relative.push("..");
+    }
+    for part in path.components().skip(common) {
+        relative.push(part);
+    }
+    assert!(relative.is_relative(), "{}", relative.display());
+    relative
+}
+
+/// Sources given as relative paths see every change: a file added to a
+/// relative directory, an explicit relative file rewritten, and one renamed
+/// away (notify reports absolute paths for relative watches).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relative_paths_see_every_change() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    cp.create_config_map("hello", &[]).await.expect("object");
+    let base = cp.kubeconfig().clone();
+    let dir = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).expect("dir");
+    let watched = dir.path().join("watched");
+    std::fs::create_dir(&watched).expect("mkdir");
+    let watched = relative_to_working_directory(&watched);
+    let explicit = relative_to_working_directory(dir.path()).join("explicit.yaml");
+    write(&explicit, &with_contexts(&base, &["one"]));
+    let provider = provider_of(&[&explicit], &[&watched]);
+    let (manager, recorder) = recording_manager(
+        Cluster::new("local", cp.client().await.expect("client")),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    let (shutdown, task) = run_manager(&manager);
+    let req =
+        |path: &Path, context: &str| Request::new(name(path, context), Some("default"), "hello");
+    recorder.wait_for_more(&req(&explicit, "one"), 0).await;
+
+    let added = watched.join("team.kubeconfig");
+    write(&added, &with_contexts(&base, &["two"]));
+    recorder.wait_for_more(&req(&added, "two"), 0).await;
+
+    write(&explicit, &with_contexts(&base, &["three"]));
+    recorder.wait_for_more(&req(&explicit, "three"), 0).await;
+    wait_until_left(&manager, name(&explicit, "one").as_str()).await;
+
+    std::fs::rename(&added, watched.join("team.disabled")).expect("rename");
+    wait_until_left(&manager, name(&added, "two").as_str()).await;
+    assert_eq!(provider.names(), [name(&explicit, "three")]);
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
