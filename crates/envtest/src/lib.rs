@@ -27,6 +27,7 @@
 //! [`plugins`]), stop and restart its API
 //! server for fault tests ([`ControlPlane::restart_api_server`]) and run a
 //! `kube-controller-manager` ([`ControlPlaneBuilder::controller_manager`]).
+//! Upstream CRDs come from the Go module proxy ([`upstream`]).
 
 pub mod binaries;
 mod control_plane;
@@ -36,6 +37,7 @@ mod kubeconfig;
 mod pki;
 pub mod plugins;
 mod process;
+pub mod upstream;
 
 use std::time::Duration;
 
@@ -126,6 +128,9 @@ pub enum Error {
         /// Why it failed.
         reason: String,
     },
+    /// A file of an upstream Go module could not be had.
+    #[error("upstream module: {0}")]
+    Upstream(String),
     /// A file system operation failed.
     #[error("{what}: {source}")]
     Io {

@@ -8,7 +8,7 @@ mod common;
 use std::process::Stdio;
 use std::time::Duration;
 
-use common::{CRD, ready_cluster};
+use common::{install_crd, ready_cluster};
 use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_example_testing::{GRACE, terminate, wait_for_copy};
 use tokio::process::Command;
@@ -19,7 +19,7 @@ const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-cluster-api");
 async fn sigterm_stops_the_example_while_a_credential_plugin_hangs() {
     let (management, workload) = tokio::join!(ControlPlane::start(), ControlPlane::start());
     let (management, workload) = (management.expect("management"), workload.expect("workload"));
-    management.install_crds(CRD).await.expect("CRD");
+    install_crd(&management).await;
     management
         .create_namespace("fleet")
         .await

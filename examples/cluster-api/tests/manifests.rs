@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::{CRD, ready_cluster};
+use common::{install_crd, ready_cluster};
 use multicluster_envtest::ControlPlane;
 use multicluster_example_testing::manifests::{
     apply, can_i, container, may_not, render, run_as_deployed, stop_all, wait_until_engaged,
@@ -22,7 +22,7 @@ const CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../config/cluster-
 async fn the_manifests_deploy_with_the_least_privilege_and_instances_stay_apart() {
     let (management, workload) = tokio::join!(ControlPlane::start(), ControlPlane::start());
     let (management, workload) = (management.expect("management"), workload.expect("workload"));
-    management.install_crds(CRD).await.expect("CRD");
+    install_crd(&management).await;
     let dir = tempfile::tempdir().expect("dir");
 
     let (base_yaml, base) = render(&format!("{CONFIG}/base")).await;

@@ -17,8 +17,6 @@ use serde_json::json;
 use tokio::process::Command;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-cluster-inventory-api");
-const CRD: &str =
-    include_str!("../../../providers/cluster-inventory-api/tests/crds/clusterprofile.yaml");
 
 #[tokio::test]
 async fn exactly_one_credentials_source_is_required() {
@@ -66,7 +64,10 @@ async fn a_bad_provider_file_stops_the_example_with_its_name() {
 async fn the_example_copies_configmaps_in_a_profiles_cluster() {
     let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
     let (hub, member) = (hub.expect("hub"), member.expect("member"));
-    hub.install_crds(CRD).await.expect("CRD");
+    let crd = multicluster_envtest::upstream::cluster_profile_crd()
+        .await
+        .expect("upstream CRD");
+    hub.install_crds(&crd).await.expect("CRD");
     hub.create_namespace("inventory").await.expect("namespace");
 
     // The plugin hands out a token of a cluster-admin service account.

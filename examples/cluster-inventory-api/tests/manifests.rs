@@ -28,8 +28,6 @@ const CONFIG: &str = concat!(
     env!("CARGO_MANIFEST_DIR"),
     "/../../config/cluster-inventory-api"
 );
-const CRD: &str =
-    include_str!("../../../providers/cluster-inventory-api/tests/crds/clusterprofile.yaml");
 
 /// A healthy ClusterProfile `name` where `instance` runs, with `labels`,
 /// and the credentials Secret for `instance`'s consumer reaching `member`.
@@ -105,7 +103,10 @@ async fn healthy_profile(
 async fn the_manifests_deploy_with_the_least_privilege_and_instances_stay_apart() {
     let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
     let (hub, member) = (hub.expect("hub"), member.expect("member"));
-    hub.install_crds(CRD).await.expect("CRD");
+    let crd = multicluster_envtest::upstream::cluster_profile_crd()
+        .await
+        .expect("upstream CRD");
+    hub.install_crds(&crd).await.expect("CRD");
     let dir = tempfile::tempdir().expect("dir");
 
     let (base_yaml, base) = render(&format!("{CONFIG}/base")).await;

@@ -5,8 +5,12 @@
 //! the kubeconfig in its `<name>-kubeconfig` Secret (data key `value`):
 //!
 //! - readiness by default: v1beta2 `status.initialization.controlPlaneInitialized`;
-//!   v1beta1 `status.phase == Provisioned` or `status.controlPlaneReady`;
-//!   [`ClusterApiOptions::readiness`] overrides it. A Cluster that is not
+//!   v1beta1 `status.phase == Provisioned` or `status.controlPlaneReady`.
+//!   v1beta2 is the version Cluster API stores; served as v1beta1 through
+//!   its conversion webhook, a Cluster has `controlPlaneReady`, but where
+//!   only the CRD is installed (no webhook) the API server keeps no field
+//!   that v1beta2 lacks, and a v1beta1 Cluster's readiness comes from its
+//!   `phase` alone. [`ClusterApiOptions::readiness`] overrides it. A Cluster that is not
 //!   ready yet is engaged when it becomes ready; one already engaged is not
 //!   dropped for turning not-ready;
 //! - the kubeconfig Secrets are watched too, so a rotated kubeconfig replaces
@@ -378,4 +382,55 @@ fn cluster_of_secret(secret: &Secret) -> Option<(Option<String>, String)> {
         return None;
     }
     Some((meta.namespace.clone(), cluster.clone()))
+}
+
+#[cfg(test)]
+mod tests {
+    use kube::api::DynamicObject;
+
+    use super::*;
+
+    fn with_status(version: ClusterApiVersion, status: serde_json::Value) -> DynamicObject {
+        let mut cluster = DynamicObject::new("c", &version.resource()).within("fleet");
+        cluster.data = serde_json::json!({ "status": status });
+        cluster
+    }
+
+    /// Statuses as Cluster API leaves them: v1beta2 as stored; v1beta1
+    /// through its conversion webhook (`controlPlaneReady` may come before
+    /// the phase moves on), and without the webhook (only the phase left).
+    #[test]
+    fn readiness_reads_what_each_version_really_carries() {
+        use ClusterApiVersion::{V1Beta1, V1Beta2};
+        for (version, status, ready) in [
+            (
+                V1Beta2,
+                serde_json::json!({"initialization": {"infrastructureProvisioned": true, "controlPlaneInitialized": true}, "phase": "Provisioned"}),
+                true,
+            ),
+            (
+                V1Beta2,
+                serde_json::json!({"initialization": {"infrastructureProvisioned": true}, "phase": "Provisioning"}),
+                false,
+            ),
+            (
+                V1Beta1,
+                serde_json::json!({"infrastructureReady": true, "controlPlaneReady": true, "phase": "Provisioning"}),
+                true,
+            ),
+            (
+                V1Beta1,
+                serde_json::json!({"infrastructureReady": true, "controlPlaneReady": false, "phase": "Provisioning"}),
+                false,
+            ),
+            (V1Beta1, serde_json::json!({"phase": "Provisioned"}), true),
+            (V1Beta1, serde_json::json!({"phase": "Provisioning"}), false),
+        ] {
+            assert_eq!(
+                version.is_ready(&with_status(version, status.clone())),
+                ready,
+                "{version:?} {status}"
+            );
+        }
+    }
 }

@@ -22,8 +22,6 @@ use multicluster_runtime::testing::{
 };
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
 
-const CRD: &str = include_str!("crds/cluster.yaml");
-
 struct Management {
     cp: ControlPlane,
     client: kube::Client,
@@ -32,7 +30,10 @@ struct Management {
 impl Management {
     async fn start(namespaces: &[&str]) -> Self {
         let cp = ControlPlane::start().await.expect("management");
-        cp.install_crds(CRD).await.expect("CRD");
+        let crd = multicluster_envtest::upstream::cluster_api_cluster_crd()
+            .await
+            .expect("upstream CRD");
+        cp.install_crds(&crd).await.expect("CRD");
         let client = cp.client().await.expect("client");
         for ns in namespaces {
             cp.create_namespace(ns).await.expect("namespace");
@@ -74,7 +75,11 @@ impl Management {
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
         );
-        object.data = serde_json::json!({"spec": {}});
+        // As a user writes it: a control plane and an infrastructure.
+        object.data = serde_json::json!({"spec": {
+            "controlPlaneRef": {"apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KubeadmControlPlane", "name": name},
+            "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerCluster", "name": name},
+        }});
         self.clusters(namespace, "v1beta2")
             .create(&PostParams::default(), &object)
             .await
@@ -98,12 +103,16 @@ impl Management {
             .expect("status");
     }
 
+    /// Provisioned, as Cluster API's controllers leave it.
     async fn set_ready(&self, namespace: &str, name: &str) {
         self.set_status(
             namespace,
             name,
             "v1beta2",
-            serde_json::json!({"initialization": {"controlPlaneInitialized": true}}),
+            serde_json::json!({
+                "initialization": {"infrastructureProvisioned": true, "controlPlaneInitialized": true},
+                "phase": "Provisioned",
+            }),
         )
         .await;
     }
@@ -296,18 +305,36 @@ async fn watch_filters_split_clusters_between_instances_and_v1beta1_readiness_wo
         management.create_cluster("fleet", name, &labels, &[]).await;
         management.put_kubeconfig("fleet", name, &workload).await;
     }
-    // The "y" instance watches v1beta1 and judges readiness by its phase.
     for name in ["x-one", "x-two"] {
         management.set_ready("fleet", name).await;
     }
+    // The "y" instance watches v1beta1. Its Cluster gets the status a
+    // v1beta1 controller writes; without Cluster API's conversion webhook
+    // (as here, and wherever only the CRD is installed) the API server
+    // keeps only what v1beta2, the stored version, also has: the phase.
     management
         .set_status(
             "fleet",
             "y-one",
             "v1beta1",
-            serde_json::json!({"phase": "Provisioned"}),
+            serde_json::json!({
+                "phase": "Provisioned",
+                "infrastructureReady": true,
+                "controlPlaneReady": true,
+            }),
         )
         .await;
+    let stored = management
+        .clusters("fleet", "v1beta1")
+        .get("y-one")
+        .await
+        .expect("y-one");
+    assert_eq!(stored.data["status"]["phase"], "Provisioned");
+    assert!(
+        stored.data["status"].get("controlPlaneReady").is_none(),
+        "pruned without the webhook: {}",
+        stored.data["status"]
+    );
 
     let x = Arc::new(ClusterApiProvider::new(
         management.client.clone(),

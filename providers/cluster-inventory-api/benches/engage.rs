@@ -47,10 +47,10 @@ fn list(var: &str, default: &str) -> Vec<String> {
 async fn main() {
     let (hub_cp, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
     let (hub_cp, member) = (hub_cp.expect("hub"), member.expect("member"));
-    hub_cp
-        .install_crds(include_str!("../tests/crds/clusterprofile.yaml"))
+    let crd = multicluster_envtest::upstream::cluster_profile_crd()
         .await
-        .expect("CRD");
+        .expect("upstream CRD");
+    hub_cp.install_crds(&crd).await.expect("CRD");
     let hub = hub_cp.client().await.expect("client");
     let token = member
         .service_account_token("robots", "bench", Duration::from_secs(3600))

@@ -21,12 +21,45 @@ use kube::config::{
 };
 use serde::{Deserialize, Serialize};
 
-/// Profile extension with extra plugin arguments (a list of strings).
+/// Profile extension with extra plugin arguments. The ClusterProfile CRD
+/// declares every extension's value an object, so the form an API server
+/// stores is `{"args": ["--region", "eu-1"]}`; a bare list of strings (the
+/// form upstream's Go library reads, which only objects built in memory can
+/// hold) is accepted too.
 pub const ADDITIONAL_ARGS_EXTENSION: &str =
     "clusterprofiles.multicluster.x-k8s.io/exec/additional-args";
 /// Profile extension with extra plugin environment variables (a string map).
 pub const ADDITIONAL_ENVS_EXTENSION: &str =
     "clusterprofiles.multicluster.x-k8s.io/exec/additional-envs";
+
+/// The value of an additional-args extension, in either of its forms.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum AdditionalArgs {
+    /// `{"args": [...]}`: what the real CRD can store.
+    Object(ArgsObject),
+    /// `[...]`: what upstream's Go library reads.
+    List(Vec<String>),
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ArgsObject {
+    args: Vec<String>,
+}
+
+impl AdditionalArgs {
+    fn read(value: &serde_json::Value) -> Result<Vec<String>, String> {
+        match serde_json::from_value(value.clone()) {
+            Ok(AdditionalArgs::Object(ArgsObject { args }) | AdditionalArgs::List(args)) => {
+                Ok(args)
+            }
+            Err(_) => Err(format!(
+                "extension {ADDITIONAL_ARGS_EXTENSION} is neither {{\"args\": [strings]}} nor a list of strings"
+            )),
+        }
+    }
+}
 
 /// The consumer's provider file (Go flag `--clusterprofile-provider-file`).
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
@@ -308,12 +341,7 @@ fn plugin_call(provider: &AccessProvider, cluster: &Cluster) -> Result<ExecConfi
             ADDITIONAL_ARGS_EXTENSION => match provider.profile_sourced_cli_args_policy {
                 ArgsPolicy::Ignore => {}
                 ArgsPolicy::Append => {
-                    let extra: Vec<String> = serde_json::from_value(extension.extension.clone())
-                        .map_err(|_| {
-                            format!(
-                                "extension {ADDITIONAL_ARGS_EXTENSION} is not a list of strings"
-                            )
-                        })?;
+                    let extra = AdditionalArgs::read(&extension.extension)?;
                     exec.args.get_or_insert_default().extend(extra);
                 }
             },

@@ -11,8 +11,14 @@ use kube::api::{
 };
 use multicluster_provider_cluster_api::CLUSTER_NAME_LABEL;
 
-/// Cluster API's Cluster CRD.
-pub const CRD: &str = include_str!("../../../../providers/cluster-api/tests/crds/cluster.yaml");
+/// Installs Cluster API's Cluster CRD (upstream's, from the Go module
+/// proxy) in `management`.
+pub async fn install_crd(management: &multicluster_envtest::ControlPlane) {
+    let crd = multicluster_envtest::upstream::cluster_api_cluster_crd()
+        .await
+        .expect("upstream CRD");
+    management.install_crds(&crd).await.expect("CRD");
+}
 
 /// A ready v1beta2 Cluster `name` in `namespace`, with `labels`, whose
 /// kubeconfig Secret holds `kubeconfig`.
@@ -36,7 +42,11 @@ pub async fn ready_cluster(
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
     );
-    object.data = serde_json::json!({"spec": {}});
+    // As a user writes it: a control plane and an infrastructure.
+    object.data = serde_json::json!({"spec": {
+        "controlPlaneRef": {"apiGroup": "controlplane.cluster.x-k8s.io", "kind": "KubeadmControlPlane", "name": name},
+        "infrastructureRef": {"apiGroup": "infrastructure.cluster.x-k8s.io", "kind": "DockerCluster", "name": name},
+    }});
     clusters
         .create(&PostParams::default(), &object)
         .await
@@ -45,7 +55,11 @@ pub async fn ready_cluster(
         .patch_status(
             name,
             &PatchParams::default(),
-            &Patch::Merge(serde_json::json!({"status": {"initialization": {"controlPlaneInitialized": true}}})),
+            // As Cluster API's controllers leave a provisioned Cluster.
+            &Patch::Merge(serde_json::json!({"status": {
+                "initialization": {"infrastructureProvisioned": true, "controlPlaneInitialized": true},
+                "phase": "Provisioned",
+            }})),
         )
         .await
         .expect("status");

@@ -164,9 +164,41 @@ fn with_extras(args: serde_json::Value, envs: serde_json::Value) -> DynamicObjec
 }
 
 #[test]
+fn additional_args_are_read_as_the_crd_stores_them_and_as_a_list() {
+    let providers = file(json!({"providers": [provider("p", "Append", "Ignore")]}));
+    for args in [
+        json!({"args": ["--region", "eu-1"]}),
+        json!(["--region", "eu-1"]),
+    ] {
+        let access = providers
+            .access_for(&with_extras(args.clone(), json!({})))
+            .expect("access");
+        assert_eq!(
+            exec(&access).args.clone().unwrap_or_default(),
+            ["--base", "--region", "eu-1"],
+            "{args}"
+        );
+    }
+    for unusable in [
+        json!({"arguments": ["--x"]}),
+        json!({"args": "--x"}),
+        json!("--x"),
+    ] {
+        let message = providers
+            .access_for(&with_extras(unusable.clone(), json!({})))
+            .expect_err("unusable")
+            .to_string();
+        assert!(
+            message.contains("is neither {\"args\": [strings]} nor a list of strings"),
+            "{unusable}: {message}"
+        );
+    }
+}
+
+#[test]
 fn profile_sourced_args_and_envs_follow_the_providers_policies() {
     let extras = with_extras(
-        json!(["--region", "eu-1"]),
+        json!({"args": ["--region", "eu-1"]}),
         json!({"KEEP": "from-profile", "REGION": "eu-1"}),
     );
     let cases = [
@@ -229,7 +261,7 @@ fn malformed_extensions_are_errors_only_when_they_would_be_used() {
     for (policies, expected) in [
         (
             ("Append", "Ignore"),
-            "additional-args is not a list of strings",
+            "additional-args is neither {\"args\": [strings]} nor a list of strings",
         ),
         (
             ("Ignore", "Replace"),

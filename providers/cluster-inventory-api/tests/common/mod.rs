@@ -19,11 +19,13 @@ use multicluster_runtime::{Cluster, Manager, ManagerOptions};
 /// The hub namespace the profiles live in.
 pub(crate) const NS: &str = "inventory";
 
-/// A hub control plane with the ClusterProfile CRD and namespace [`NS`].
+/// A hub control plane with the ClusterProfile CRD (upstream's, from the
+/// Go module proxy) and namespace [`NS`].
 pub(crate) async fn hub(cp: &ControlPlane) -> kube::Client {
-    cp.install_crds(include_str!("../crds/clusterprofile.yaml"))
+    let crd = multicluster_envtest::upstream::cluster_profile_crd()
         .await
-        .expect("CRD");
+        .expect("upstream CRD");
+    cp.install_crds(&crd).await.expect("CRD");
     cp.create_namespace(NS).await.expect("namespace");
     cp.client().await.expect("client")
 }
