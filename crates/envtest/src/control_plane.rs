@@ -303,6 +303,22 @@ impl ControlPlane {
         ))
     }
 
+    /// A client certificate and its key (both PEM) for the user `user`
+    /// (common name) in `group` (organisation), signed by the CA the API
+    /// server trusts and valid for `valid_for` from now: what a credential
+    /// plugin that hands out short-lived certificates gives.
+    pub fn client_certificate(
+        &self,
+        user: &str,
+        group: Option<&str>,
+        valid_for: Duration,
+    ) -> Result<(String, String), Error> {
+        let pair = self
+            .ca
+            .client_pair_valid_for(user, group, Some(valid_for))?;
+        Ok((pair.cert, pair.key))
+    }
+
     /// A kubeconfig holding `token` as a bearer token for this API server.
     pub fn token_kubeconfig(&self, name: &str, token: String) -> Kubeconfig {
         kubeconfig::build(

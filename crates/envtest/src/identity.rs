@@ -6,7 +6,7 @@ use std::time::Duration;
 use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{
-    ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
+    ClusterRole, ClusterRoleBinding, PolicyRule, Role, RoleBinding, RoleRef, Subject,
 };
 use kube::api::{Api, ObjectMeta, PostParams};
 use kube::config::Kubeconfig;
@@ -95,11 +95,80 @@ impl ControlPlane {
         user: &str,
         rules: Vec<PolicyRule>,
     ) -> Result<(), Error> {
+        let subject = Subject {
+            kind: "User".into(),
+            name: user.to_string(),
+            api_group: Some("rbac.authorization.k8s.io".into()),
+            ..Subject::default()
+        };
+        self.grant(namespace, user, subject, rules).await
+    }
+
+    /// Grants the service account `account_namespace/account` `rules` in
+    /// `namespace` only, through a Role and RoleBinding named
+    /// `<account_namespace>-<account>`: deleting that RoleBinding revokes
+    /// the grant, and granting again restores it.
+    pub async fn grant_service_account_in_namespace(
+        &self,
+        namespace: &str,
+        account_namespace: &str,
+        account: &str,
+        rules: Vec<PolicyRule>,
+    ) -> Result<(), Error> {
+        let subject = Subject {
+            kind: "ServiceAccount".into(),
+            name: account.to_string(),
+            namespace: Some(account_namespace.to_string()),
+            ..Subject::default()
+        };
+        let name = format!("{account_namespace}-{account}");
+        self.grant(namespace, &name, subject, rules).await
+    }
+
+    /// Grants the service account `account_namespace/account` `rules` in
+    /// every namespace, through a ClusterRole and ClusterRoleBinding named
+    /// `<account_namespace>-<account>`. (The aggregated ClusterRoles such as
+    /// `view` are empty here: kube-controller-manager fills them.)
+    pub async fn grant_service_account_cluster_wide(
+        &self,
+        account_namespace: &str,
+        account: &str,
+        rules: Vec<PolicyRule>,
+    ) -> Result<(), Error> {
         let client = self.client().await?;
-        let what = || format!("granting {user} access in namespace {namespace}");
+        let name = format!("{account_namespace}-{account}");
+        let what = || format!("granting {name} access in every namespace");
+        let role = ClusterRole {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..ObjectMeta::default()
+            },
+            rules: Some(rules),
+            ..ClusterRole::default()
+        };
+        create_if_missing(&Api::all(client), &role)
+            .await
+            .map_err(|source| Error::Api {
+                what: what(),
+                source,
+            })?;
+        self.bind_cluster_role(&name, account_namespace, account)
+            .await
+    }
+
+    /// A Role `name` with `rules` in `namespace`, bound to `subject`.
+    async fn grant(
+        &self,
+        namespace: &str,
+        name: &str,
+        subject: Subject,
+        rules: Vec<PolicyRule>,
+    ) -> Result<(), Error> {
+        let client = self.client().await?;
+        let what = || format!("granting {name} access in namespace {namespace}");
         let role = Role {
             metadata: ObjectMeta {
-                name: Some(user.to_string()),
+                name: Some(name.to_string()),
                 ..ObjectMeta::default()
             },
             rules: Some(rules),
@@ -112,20 +181,15 @@ impl ControlPlane {
             })?;
         let binding = RoleBinding {
             metadata: ObjectMeta {
-                name: Some(user.to_string()),
+                name: Some(name.to_string()),
                 ..ObjectMeta::default()
             },
             role_ref: RoleRef {
                 api_group: "rbac.authorization.k8s.io".into(),
                 kind: "Role".into(),
-                name: user.to_string(),
+                name: name.to_string(),
             },
-            subjects: Some(vec![Subject {
-                kind: "User".into(),
-                name: user.to_string(),
-                api_group: Some("rbac.authorization.k8s.io".into()),
-                ..Subject::default()
-            }]),
+            subjects: Some(vec![subject]),
         };
         create_if_missing(&Api::namespaced(client, namespace), &binding)
             .await

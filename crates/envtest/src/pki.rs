@@ -73,7 +73,23 @@ impl CertificateAuthority {
     /// name and the group from the organisation. rcgen keeps one value per
     /// attribute type, so a certificate carries at most one group.
     pub(crate) fn client_pair(&self, user: &str, group: Option<&str>) -> Result<PemPair, Error> {
+        self.client_pair_valid_for(user, group, None)
+    }
+
+    /// Like [`CertificateAuthority::client_pair`], valid from a minute ago
+    /// until `valid_for` from now when given (rcgen's default otherwise).
+    pub(crate) fn client_pair_valid_for(
+        &self,
+        user: &str,
+        group: Option<&str>,
+        valid_for: Option<std::time::Duration>,
+    ) -> Result<PemPair, Error> {
         let mut params = CertificateParams::default();
+        if let Some(valid_for) = valid_for {
+            let now = time::OffsetDateTime::now_utc();
+            params.not_before = now - time::Duration::minutes(1);
+            params.not_after = now + valid_for;
+        }
         params.distinguished_name = name(user, group);
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,

@@ -6,17 +6,20 @@
 /// Hands out the bearer token in `$STATE_DIR/token` (read at every call, so
 /// a test can rotate it; without it the plugin fails the way half-working
 /// plugins do: exit 1, its arguments and `$API_KEY` on stdout, "identity
-/// service: no token for this cluster" as the last stderr line). If `$STATE_DIR/ttl`
-/// holds a number of seconds, the credential expires that long after the
-/// call, so clients call the plugin again. If `$STATE_DIR/delay` holds a
+/// service: no token for this cluster" on stderr, and its whole environment
+/// as the last stderr line). With `$STATE_DIR/cert` and `$STATE_DIR/key`
+/// ([`set_certificate`]) it hands out that client certificate instead. If `$STATE_DIR/ttl`
+/// holds a number of seconds, the credential (token or certificate) expires
+/// that long after the call, so clients call the plugin again. If `$STATE_DIR/delay` holds a
 /// number of seconds, it takes that long to answer; while `$STATE_DIR/hold`
 /// exists (up to 2 minutes) it does not answer at all. Every call appends a line to
 /// `$STATE_DIR/calls`: `pid=` (its process ID), `args=`, `KEEP=`, `REGION=`
 /// and `info=` (the `KUBERNETES_EXEC_INFO` it got), tab-separated.
 pub const TOKEN: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/plugins/token.sh");
 
-/// Always fails: exit 1, its arguments and `$API_KEY` on stdout, "identity
-/// service: no grant for this cluster" as the last stderr line. Appends a line
+/// Always fails: exit 1, its arguments and `$API_KEY` on stdout, its whole
+/// environment on stderr, then "identity service: no grant for this
+/// cluster" as the last stderr line. Appends a line
 /// to `$STATE_DIR/calls` per call when `$STATE_DIR` is set.
 pub const REFUSE: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/plugins/refuse.sh");
 
@@ -33,6 +36,15 @@ pub fn calls(state: &std::path::Path) -> Vec<String> {
 /// next call on.
 pub fn set_token(state: &std::path::Path, token: &str) -> std::io::Result<()> {
     std::fs::write(state.join("token"), token)
+}
+
+/// Makes [`TOKEN`] with state directory `state` hand out the client
+/// certificate `cert` with its `key` (both PEM) instead of a token from its
+/// next call on (see [`crate::ControlPlane::client_certificate`]).
+pub fn set_certificate(state: &std::path::Path, cert: &str, key: &str) -> std::io::Result<()> {
+    // The key first: the plugin hands out a certificate once `cert` exists.
+    std::fs::write(state.join("key"), key)?;
+    std::fs::write(state.join("cert"), cert)
 }
 
 /// The token [`TOKEN`] with state directory `state` hands out now.

@@ -87,14 +87,15 @@ impl Cluster {
             .map_or(Health::Healthy, |failure| failure.health())
     }
 
-    /// What is failing on the cluster, if anything: a request failure (the
-    /// server cannot be reached) before a watch's.
+    /// What is failing on the cluster, if anything: a server that cannot
+    /// be reached first, then a watch's failure (its reason quotes the
+    /// server's answer), then a request's.
     pub(crate) fn failure(&self) -> Option<Failure> {
-        self.inner
-            .requests
-            .as_ref()
-            .and_then(Requests::failure)
-            .or_else(|| self.inner.cache.failure())
+        let requests = self.inner.requests.as_ref().and_then(Requests::failure);
+        if requests.as_ref().is_some_and(|failure| failure.unreachable) {
+            return requests;
+        }
+        self.inner.cache.failure().or(requests)
     }
 
     /// The name the provider created the cluster with; used in logs.

@@ -1,16 +1,19 @@
 //! How a cluster is doing, as the requests of its client and the watches of
 //! its cache see it: the truth behind a cluster's state on `/clusters`.
 //!
-//! - A watch that keeps failing with an answer from the server (403 after
-//!   lost RBAC, say) makes the cluster [`Health::Degraded`]: the server is
-//!   there, but part of the work cannot be done.
+//! - A watch that the server refuses (403 after lost RBAC, 404 for a CRD
+//!   that is not installed) makes the cluster [`Health::Degraded`] from its
+//!   first refusal until the watch delivers again: the server is there, but
+//!   part of the work cannot be done. Every failed watch starts over with a
+//!   list, so its return always shows (see the cache's retry notes).
+//! - A request the server refuses (403) makes it degraded too, until a
+//!   request of the same verb, resource and namespace succeeds, or
+//!   [`REFUSAL_MEMORY`] (5 min) after the last refusal if none is tried.
+//! - A credential that does not work (a 401, a credential plugin that
+//!   fails) makes it degraded until any request succeeds.
 //! - A watch or a request that cannot reach the server (connection refused
 //!   or reset, TLS failure, no answer within the request deadline) makes it
-//!   [`Health::Unreachable`].
-//! - Both clear by themselves: a request's next answer; a watch's next
-//!   event, or the end of its errors (a watch that starts again quietly
-//!   reports nothing, so one whose retries, at most a few seconds apart,
-//!   stop failing counts as working again).
+//!   [`Health::Unreachable`] until the server answers again.
 //!
 //! Reasons are built from redacted error text ([`crate::redact`]): they can
 //! be logged and served.
@@ -38,8 +41,9 @@ use crate::sync::lock;
 pub enum Health {
     /// Its watches and requests work.
     Healthy,
-    /// The server answers, but some of its watches fail (the reason says
-    /// why, e.g. `403 Forbidden`).
+    /// The server answers, but refuses some watches or requests, or the
+    /// credential does not work (the reason says which, e.g. `403
+    /// Forbidden: cannot patch configmaps in namespace "default"`).
     Degraded(Redacted),
     /// The server cannot be reached or does not answer in time.
     Unreachable(Redacted),
@@ -117,41 +121,210 @@ pub(crate) fn is_unreachable(err: &(dyn StdError + 'static)) -> bool {
 #[error("no answer within {0:?}")]
 pub struct RequestTimedOut(pub Duration);
 
-/// How the requests of one client have ended lately: the failure since the
-/// last answer, if any. Shared by the client's layer and its cluster.
+/// How long a refused request counts against its cluster when no request
+/// of the same kind is made again: a reconciler that gave up, or backs off
+/// for long, leaves its last refusal on the record this long.
+pub const REFUSAL_MEMORY: Duration = Duration::from_secs(300);
+
+/// How the requests of one client have ended lately. Shared by the
+/// client's layers and its cluster.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Requests(Arc<RequestOutcomes>);
 
 #[derive(Debug, Default)]
 struct RequestOutcomes {
-    failure: Mutex<Option<Failure>>,
-    /// Whether `failure` is set: the manager asks every cluster every
-    /// second, and a healthy one (nearly all of them) answers without a
-    /// lock.
+    failures: Mutex<RequestFailures>,
+    /// Whether `failures` holds anything: the manager asks every cluster
+    /// every second, and a healthy one (nearly all of them) answers without
+    /// a lock.
     failing: FailingFlag,
 }
 
+/// What is failing in a client's requests, by cause.
+#[derive(Debug, Default)]
+struct RequestFailures {
+    /// The server could not be reached or did not answer in time; cleared
+    /// by any answer.
+    unreachable: Option<Failure>,
+    /// The credential does not work: a 401, or a credential plugin that
+    /// failed. Cleared by any successful answer.
+    credential: Option<Failure>,
+    /// Requests the server refused (403), by what they asked (verb,
+    /// resource, namespace). Each is cleared by a success of the same
+    /// kind, or forgotten [`REFUSAL_MEMORY`] after its last refusal.
+    refused: std::collections::BTreeMap<String, Failure>,
+}
+
+impl RequestFailures {
+    fn is_empty(&self) -> bool {
+        self.unreachable.is_none() && self.credential.is_none() && self.refused.is_empty()
+    }
+}
+
 impl Requests {
+    /// The failure that says most about the cluster: unreachable first,
+    /// then a credential that does not work, then the oldest refusal.
     pub(crate) fn failure(&self) -> Option<Failure> {
         if !self.0.failing.get() {
             return None;
         }
-        lock(&self.0.failure).clone()
+        let mut failures = lock(&self.0.failures);
+        let now = Instant::now();
+        failures
+            .refused
+            .retain(|_, failure| now.duration_since(failure.last) < REFUSAL_MEMORY);
+        let found = failures
+            .unreachable
+            .clone()
+            .or_else(|| failures.credential.clone())
+            .or_else(|| {
+                failures
+                    .refused
+                    .values()
+                    .min_by_key(|failure| failure.since)
+                    .cloned()
+            });
+        self.0.failing.set(!failures.is_empty());
+        found
     }
 
-    fn answered(&self) {
-        if !self.0.failing.get() {
+    /// The server answered `what` with `status`.
+    fn answered(&self, what: &RequestKind, status: http::StatusCode) {
+        let refused = matches!(
+            status,
+            http::StatusCode::UNAUTHORIZED | http::StatusCode::FORBIDDEN
+        );
+        if !refused && !self.0.failing.get() {
             return;
         }
-        let mut failure = lock(&self.0.failure);
-        *failure = None;
-        self.0.failing.set(false);
+        let mut failures = lock(&self.0.failures);
+        failures.unreachable = None;
+        if status == http::StatusCode::UNAUTHORIZED {
+            failures.credential = Some(Failure::continuing(
+                failures.credential.as_ref(),
+                Redacted::ours(what.refusal(status)),
+                false,
+            ));
+        } else if status == http::StatusCode::FORBIDDEN {
+            let key = what.key();
+            let before = failures.refused.get(&key);
+            let failure = Failure::continuing(before, Redacted::ours(what.refusal(status)), false);
+            failures.refused.insert(key, failure);
+        } else if status.is_success() {
+            failures.credential = None;
+            failures.refused.remove(&what.key());
+        }
+        self.0.failing.set(!failures.is_empty());
     }
 
-    fn failed(&self, reason: Redacted) {
-        let mut failure = lock(&self.0.failure);
-        *failure = Some(Failure::continuing(failure.as_ref(), reason, true));
+    /// A request got no answer: `reason` says why.
+    fn unreachable(&self, reason: Redacted) {
+        let mut failures = lock(&self.0.failures);
+        failures.unreachable = Some(Failure::continuing(
+            failures.unreachable.as_ref(),
+            reason,
+            true,
+        ));
         self.0.failing.set(true);
+    }
+
+    /// No credential could be obtained for a request (a credential plugin
+    /// failed): `reason` says why.
+    pub(crate) fn credential_failed(&self, reason: Redacted) {
+        let mut failures = lock(&self.0.failures);
+        failures.credential = Some(Failure::continuing(
+            failures.credential.as_ref(),
+            reason,
+            false,
+        ));
+        self.0.failing.set(true);
+    }
+}
+
+/// What a request asked for, as RBAC sees it: verb, resource (with its
+/// group) and namespace, read from its method and path.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct RequestKind {
+    verb: &'static str,
+    /// `configmaps`, `deployments.apps`, `pods/log`; or the path, for
+    /// requests outside the resource API (`/version`).
+    resource: String,
+    namespace: Option<String>,
+}
+
+impl RequestKind {
+    pub(crate) fn of<B>(request: &Request<B>) -> Self {
+        let path = request.uri().path();
+        let parts: Vec<&str> = path.split('/').filter(|part| !part.is_empty()).collect();
+        // `/api/v1/...` or `/apis/<group>/<version>/...`.
+        let (group, rest) = match parts.as_slice() {
+            ["api", _version, rest @ ..] => ("", rest),
+            ["apis", group, _version, rest @ ..] => (*group, rest),
+            _ => ("", &[][..]),
+        };
+        let (namespace, rest) = match rest {
+            // `/namespaces/<name>` alone is the namespace object itself.
+            ["namespaces", namespace, rest @ ..] if !rest.is_empty() => {
+                (Some((*namespace).to_string()), rest)
+            }
+            _ => (None, rest),
+        };
+        let named = rest.len() >= 2;
+        let verb = match *request.method() {
+            http::Method::GET | http::Method::HEAD if named => "get",
+            http::Method::GET | http::Method::HEAD => "list",
+            http::Method::POST => "create",
+            http::Method::PUT => "update",
+            http::Method::PATCH => "patch",
+            http::Method::DELETE if named => "delete",
+            http::Method::DELETE => "deletecollection",
+            _ => "request",
+        };
+        let resource = match rest {
+            [] => path.to_string(),
+            [resource] | [resource, _] => with_group(resource, group),
+            [resource, _, subresource, ..] => {
+                format!("{}/{subresource}", with_group(resource, group))
+            }
+        };
+        Self {
+            verb,
+            resource,
+            namespace,
+        }
+    }
+
+    fn key(&self) -> String {
+        format!(
+            "{} {} {}",
+            self.verb,
+            self.resource,
+            self.namespace.as_deref().unwrap_or_default()
+        )
+    }
+
+    /// `403 Forbidden: cannot patch configmaps in namespace "default"`.
+    fn refusal(&self, status: http::StatusCode) -> String {
+        let place = self
+            .namespace
+            .as_ref()
+            .map(|namespace| format!(" in namespace {namespace:?}"))
+            .unwrap_or_default();
+        format!(
+            "{} {}: cannot {} {}{place}",
+            status.as_u16(),
+            status.canonical_reason().unwrap_or("refused"),
+            self.verb,
+            self.resource
+        )
+    }
+}
+
+fn with_group(resource: &str, group: &str) -> String {
+    if group.is_empty() {
+        resource.to_string()
+    } else {
+        format!("{resource}.{group}")
     }
 }
 
@@ -204,6 +377,8 @@ fn is_long_running<B>(request: &Request<B>) -> bool {
 pub(crate) struct BoundedLayer {
     pub(crate) timeout: Option<Duration>,
     pub(crate) requests: Requests,
+    /// The server, as reasons name it (without user information).
+    pub(crate) server: Arc<str>,
 }
 
 impl<S> tower::Layer<S> for BoundedLayer {
@@ -214,16 +389,18 @@ impl<S> tower::Layer<S> for BoundedLayer {
             inner,
             timeout: self.timeout,
             requests: self.requests.clone(),
+            server: self.server.clone(),
         }
     }
 }
 
 /// Gives each request that is not long-running a deadline, and records
-/// whether requests are answered.
+/// how requests end: unanswered, refused, or answered.
 pub(crate) struct Bounded<S> {
     inner: S,
     timeout: Option<Duration>,
     requests: Requests,
+    server: Arc<str>,
 }
 
 type BoxError = Box<dyn StdError + Send + Sync>;
@@ -244,8 +421,9 @@ where
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let deadline = self.timeout.filter(|_| !is_long_running(&request));
+        let kind = RequestKind::of(&request);
         let call = self.inner.call(request);
-        let requests = self.requests.clone();
+        let (requests, server) = (self.requests.clone(), self.server.clone());
         Box::pin(async move {
             let result = match deadline {
                 Some(after) => match tokio::time::timeout(after, call).await {
@@ -255,9 +433,9 @@ where
                 None => call.await.map_err(Into::into),
             };
             match &result {
-                Ok(_) => requests.answered(),
+                Ok(response) => requests.answered(&kind, response.status()),
                 Err(err) if is_unreachable(err.as_ref()) => {
-                    requests.failed(Redacted::error(err.as_ref()));
+                    requests.unreachable(Redacted::unreachable(&server, err.as_ref()));
                 }
                 Err(_) => {}
             }
@@ -312,14 +490,112 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_failure_keeps_its_start_until_an_answer_clears_it() {
         let requests = Requests::default();
-        requests.failed(Redacted::ours("no answer within 1s"));
+        requests.unreachable(Redacted::ours("no answer within 1s"));
         let first = requests.failure().expect("failing").since;
         tokio::time::advance(Duration::from_secs(5)).await;
-        requests.failed(Redacted::ours("connection refused"));
+        requests.unreachable(Redacted::ours("connection refused"));
         let failure = requests.failure().expect("failing");
         assert_eq!(failure.since, first);
         assert_eq!(failure.reason.as_str(), "connection refused");
-        requests.answered();
-        assert!(requests.failure().is_none());
+        let version = RequestKind::of(&request("/version"));
+        requests.answered(&version, http::StatusCode::NOT_FOUND);
+        assert!(requests.failure().is_none(), "any answer means reachable");
+    }
+
+    fn kind(method: http::Method, uri: &str) -> RequestKind {
+        RequestKind::of(
+            &Request::builder()
+                .method(method)
+                .uri(uri)
+                .body(())
+                .expect("request"),
+        )
+    }
+
+    #[test]
+    fn requests_are_described_as_rbac_sees_them() {
+        use http::Method;
+        let refusal = |method, uri| kind(method, uri).refusal(http::StatusCode::FORBIDDEN);
+        for (method, uri, expected) in [
+            (
+                Method::PATCH,
+                "/api/v1/namespaces/default/configmaps/a?fieldManager=x",
+                "403 Forbidden: cannot patch configmaps in namespace \"default\"",
+            ),
+            (
+                Method::GET,
+                "/apis/apps/v1/namespaces/team/deployments",
+                "403 Forbidden: cannot list deployments.apps in namespace \"team\"",
+            ),
+            (
+                Method::GET,
+                "/api/v1/namespaces/team/pods/p/log",
+                "403 Forbidden: cannot get pods/log in namespace \"team\"",
+            ),
+            (
+                Method::GET,
+                "/api/v1/namespaces/team",
+                "403 Forbidden: cannot get namespaces",
+            ),
+            (
+                Method::DELETE,
+                "/api/v1/nodes",
+                "403 Forbidden: cannot deletecollection nodes",
+            ),
+            (
+                Method::POST,
+                "/apis/x.io/v1/things",
+                "403 Forbidden: cannot create things.x.io",
+            ),
+            (
+                Method::GET,
+                "/version",
+                "403 Forbidden: cannot list /version",
+            ),
+        ] {
+            assert_eq!(refusal(method, uri), expected, "{uri}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn refusals_clear_by_kind_and_are_forgotten_in_time() {
+        use http::{Method, StatusCode};
+        let requests = Requests::default();
+        let patch = kind(Method::PATCH, "/api/v1/namespaces/a/configmaps/x");
+        let get = kind(Method::GET, "/api/v1/namespaces/a/configmaps/x");
+        requests.answered(&patch, StatusCode::FORBIDDEN);
+        requests.answered(&get, StatusCode::OK);
+        let failure = requests
+            .failure()
+            .expect("a read does not clear a refused write");
+        assert!(!failure.unreachable);
+        assert!(
+            failure.reason.contains("cannot patch configmaps"),
+            "{}",
+            failure.reason
+        );
+        requests.answered(&patch, StatusCode::OK);
+        assert!(requests.failure().is_none(), "the same kind works again");
+
+        requests.answered(&patch, StatusCode::FORBIDDEN);
+        tokio::time::advance(REFUSAL_MEMORY).await;
+        assert!(
+            requests.failure().is_none(),
+            "forgotten when not tried again"
+        );
+
+        requests.answered(&get, StatusCode::UNAUTHORIZED);
+        assert!(
+            requests
+                .failure()
+                .expect("401")
+                .reason
+                .starts_with("401 Unauthorized")
+        );
+        requests.answered(&patch, StatusCode::OK);
+        assert!(
+            requests.failure().is_none(),
+            "a success shows the credential works"
+        );
     }
 }

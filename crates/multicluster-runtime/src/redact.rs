@@ -4,8 +4,16 @@
 //! of the command it ran, which lists the environment it set (the
 //! kubeconfig's `env` entries, often secrets) and every argument, followed by
 //! the plugin's raw output (which holds a token when the plugin half
-//! worked). These helpers describe such failures by exit status and the
-//! plugin's own diagnostic line instead, and pass every other error through.
+//! worked). These helpers describe such failures by command and exit status
+//! only: a plugin's stderr can print anything it was given (some print
+//! their environment when they fail), so it is withheld.
+//!
+//! Everything else keeps what an operator needs and no credential holds:
+//! the server's status code, reason and message for an answer; each cause
+//! of a failure to connect (the I/O error, TLS verification, a timeout).
+//! kube-rs's own text for an API error appends the `Debug` dump of the
+//! whole status; here it is one line. Every text is one line of at most
+//! [`MAX_LEN`] bytes.
 
 use std::error::Error as StdError;
 
@@ -19,25 +27,59 @@ use kube::runtime::watcher;
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Redacted(String);
 
+/// The longest text a [`Redacted`] holds, in bytes (longer ones are cut,
+/// ending in `…`).
+pub const MAX_LEN: usize = 600;
+
 impl Redacted {
     /// A client error, described by [`kube_error`].
     pub fn kube(err: &kube::Error) -> Self {
-        Self(said_plainly(err, kube_error(err)))
+        Self::bounded(said_plainly(err, kube_error(err)))
     }
 
     /// A watch error, described by [`watcher_error`].
     pub fn watcher(err: &watcher::Error) -> Self {
-        Self(said_plainly(err, watcher_error(err)))
+        Self::bounded(said_plainly(err, watcher_error(err)))
     }
 
     /// Any error and its causes, described by [`error_chain`].
     pub fn error(err: &(dyn StdError + 'static)) -> Self {
-        Self(said_plainly(err, error_chain(err)))
+        Self::bounded(said_plainly(err, error_chain(err)))
+    }
+
+    /// `server` could not be reached because of `err` (and its causes).
+    /// Running out of file descriptors, the process's own fault, comes
+    /// first.
+    pub fn unreachable(server: &str, err: &(dyn StdError + 'static)) -> Self {
+        Self::bounded(said_plainly(
+            err,
+            format!("{server} cannot be reached: {}", error_chain(err)),
+        ))
     }
 
     /// The crate's own words, which quote no client data.
     pub(crate) fn ours(text: impl Into<String>) -> Self {
-        Self(text.into())
+        Self::bounded(text.into())
+    }
+
+    /// This text after `context`, the crate's own words: `context: text`.
+    #[must_use]
+    pub fn with_context(self, context: &str) -> Self {
+        Self::bounded(format!("{context}: {}", self.0))
+    }
+
+    /// `text` on one line, cut to [`MAX_LEN`].
+    fn bounded(text: String) -> Self {
+        let text = if text.contains(['\n', '\r']) {
+            text.split(['\n', '\r'])
+                .map(str::trim)
+                .filter(|line| !line.is_empty())
+                .collect::<Vec<_>>()
+                .join(" ")
+        } else {
+            text
+        };
+        Self(cut(text, MAX_LEN))
     }
 
     /// The text.
@@ -92,12 +134,21 @@ pub(crate) fn out_of_descriptors(err: &(dyn StdError + 'static)) -> bool {
     false
 }
 
-/// How much of a plugin's stderr is kept: enough for its own explanation.
+/// How much of a plugin's stderr is kept, when it is shown at all: enough
+/// for its own explanation.
 const STDERR_LIMIT: usize = 300;
 
 /// Describes a kube error without credentials.
 pub fn kube_error(err: &kube::Error) -> String {
     match err {
+        // kube-rs appends the Debug dump of the whole status.
+        kube::Error::Api(status) => status_text(status),
+        // "ServiceError: client error (Connect)" says nothing; the causes
+        // (the I/O error, a TLS failure, a timeout) do.
+        kube::Error::Service(inner) if auth_error_in(err).is_none() => {
+            causes(err.to_string(), inner.as_ref())
+        }
+        kube::Error::HyperError(inner) => causes(err.to_string(), inner),
         // kube-rs prints the whole proxy URL, user and password included.
         kube::Error::ProxyProtocolDisabled {
             proxy_url,
@@ -117,7 +168,36 @@ pub fn kube_error(err: &kube::Error) -> String {
     }
 }
 
-fn without_userinfo(uri: &http::Uri) -> String {
+/// A status the server answered with, on one line: `403 Forbidden:
+/// configmaps is forbidden: User "x" cannot list ...`.
+fn status_text(status: &kube::core::Status) -> String {
+    let mut text = status.code.to_string();
+    for part in [&status.reason, &status.message] {
+        if !part.is_empty() && !text.contains(part.as_str()) {
+            text.push_str(if text.len() > 3 { ": " } else { " " });
+            text.push_str(part);
+        }
+    }
+    text
+}
+
+/// `head`, then each cause of `err` (itself included) that adds something.
+fn causes(mut head: String, err: &(dyn StdError + 'static)) -> String {
+    let mut current: Option<&(dyn StdError + 'static)> = Some(err);
+    while let Some(err) = current {
+        let part = err.to_string();
+        if !head.contains(&part) {
+            head.push_str(": ");
+            head.push_str(&part);
+        }
+        current = err.source();
+    }
+    head
+}
+
+/// `uri` without user information (`https://user:pass@host` is allowed in
+/// a kubeconfig's server), as reasons may name it.
+pub(crate) fn without_userinfo(uri: &http::Uri) -> String {
     format!(
         "{}://{}",
         uri.scheme_str().unwrap_or("?"),
@@ -176,15 +256,10 @@ pub fn watcher_error(err: &watcher::Error) -> String {
 /// Describes a client authentication error without credentials.
 pub fn auth_error(err: &AuthError) -> String {
     match err {
-        AuthError::AuthExecRun { out, .. } => {
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            match last_line(&stderr) {
-                Some(line) => {
-                    format!("the credential plugin failed ({}): {line}", out.status)
-                }
-                None => format!("the credential plugin failed ({})", out.status),
-            }
-        }
+        AuthError::AuthExecRun { out, .. } => format!(
+            "the credential plugin failed ({}); {STDERR_WITHHELD}",
+            out.status
+        ),
         AuthError::AuthExecStart(io) => format!("the credential plugin could not be run: {io}"),
         // Parser messages can quote the output, i.e. the credential.
         AuthError::AuthExecParse(_) => {
@@ -215,21 +290,30 @@ fn auth_error_in(err: &kube::Error) -> Option<&AuthError> {
     None
 }
 
+/// What a failed credential plugin's description says instead of its
+/// stderr.
+pub(crate) const STDERR_WITHHELD: &str = "its stderr is withheld, as it may print secrets (ClientOptions::plugin_stderr shows its last line)";
+
 /// The last non-empty line of `text`, shortened to a few hundred bytes:
 /// how a failed plugin or command explains itself, without the rest of
 /// what it printed.
 pub(crate) fn last_line(text: &str) -> Option<String> {
     let line = text.lines().map(str::trim).rfind(|line| !line.is_empty())?;
-    let mut line = line.to_string();
-    if line.len() > STDERR_LIMIT {
-        let mut cut = STDERR_LIMIT;
-        while !line.is_char_boundary(cut) {
-            cut -= 1;
+    Some(cut(line.to_string(), STDERR_LIMIT))
+}
+
+/// `text` cut to at most `limit` bytes (on a character boundary), ending
+/// in `…` when cut.
+fn cut(mut text: String, limit: usize) -> String {
+    if text.len() > limit {
+        let mut end = limit;
+        while !text.is_char_boundary(end) {
+            end -= 1;
         }
-        line.truncate(cut);
-        line.push('…');
+        text.truncate(end);
+        text.push('…');
     }
-    Some(line)
+    text
 }
 
 #[cfg(test)]
@@ -253,14 +337,14 @@ mod tests {
     }
 
     #[test]
-    fn a_failed_plugin_is_described_by_status_and_its_last_stderr_line() {
+    fn a_failed_plugin_is_described_by_its_status_only() {
         let err = failed_run(
             &format!("{{\"token\": \"{SECRET}\"}}"),
-            "starting\nno access\n\n",
+            &format!("starting\nKUBE_PASSWORD={SECRET}\n\n"),
         );
         let text = auth_error(&err);
         assert!(text.contains("exit status: 3"), "{text}");
-        assert!(text.ends_with("no access"), "{text}");
+        assert!(text.contains("stderr is withheld"), "{text}");
         assert!(!text.contains(SECRET), "{text}");
         // Wrapped the way kube-rs wraps a failed refresh during a request.
         let wrapped = kube::Error::Service(Box::new(failed_run("", "")));
@@ -309,6 +393,41 @@ mod tests {
         );
         let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
         assert!(!Redacted::error(&refused).contains("file descriptors"));
+    }
+
+    #[test]
+    fn an_answer_is_one_line_with_code_reason_and_message() {
+        let status = kube::core::Status::failure(
+            "configmaps is forbidden: User \"reader\" cannot list resource \"configmaps\"",
+            "Forbidden",
+        )
+        .with_code(403);
+        let text = Redacted::kube(&kube::Error::Api(Box::new(status)));
+        assert_eq!(
+            text.as_str(),
+            "403 Forbidden: configmaps is forbidden: User \"reader\" cannot list resource \"configmaps\""
+        );
+    }
+
+    #[test]
+    fn a_failure_to_connect_keeps_its_causes() {
+        let refused = std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "Connection refused (os error 111)",
+        );
+        let err = kube::Error::Service(Box::new(refused));
+        let text = kube_error(&err);
+        assert!(
+            text.ends_with("Connection refused (os error 111)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn texts_are_one_bounded_line() {
+        let text = Redacted::ours(format!("first\nsecond\r\n{}", "x".repeat(2 * MAX_LEN)));
+        assert!(text.starts_with("first second xx"), "{text}");
+        assert!(text.len() <= MAX_LEN + '…'.len_utf8(), "{}", text.len());
     }
 
     #[test]

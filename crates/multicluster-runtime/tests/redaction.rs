@@ -1,7 +1,9 @@
 //! Credential text never leaves the process: a credential plugin that
-//! worked once and then fails, echoing its secret environment and
-//! arguments, shows on `/clusters`, in the logs and in errors only by its
-//! command, exit status and last stderr line.
+//! worked once and then fails, echoing its secret arguments on stdout and
+//! its whole environment (the kubeconfig's `env:` entries) on stderr, shows
+//! on `/clusters`, in the logs (at trace level) and in errors only by its
+//! command and exit status, and the cluster whose requests fail for want of
+//! a credential is degraded.
 
 mod common;
 
@@ -12,12 +14,12 @@ use std::time::Duration;
 use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, ListParams};
-use kube::runtime::watcher;
 use multicluster_envtest::{ControlPlane, plugins};
-use multicluster_runtime::cache::{Cache, CacheOptions};
+use multicluster_runtime::Manager;
 use multicluster_runtime::controller::{Action, Controller, Watch};
-use multicluster_runtime::provider::kubeconfig::{self, ClientOptions};
-use multicluster_runtime::{Cluster, Manager, ManagerOptions};
+use multicluster_runtime::manager::ClusterState;
+use multicluster_runtime::provider::clusters::KubeconfigCluster;
+use multicluster_runtime::provider::kubeconfig::ClientOptions;
 
 const SECRET_ENV: &str = "api-key-that-must-not-leak";
 const SECRET_ARG: &str = "password-that-must-not-leak";
@@ -57,7 +59,7 @@ async fn a_failing_credential_plugin_leaks_nothing_anywhere() {
     let logs = Logs::default();
     let writer = logs.clone();
     tracing_subscriber::fmt()
-        .with_env_filter("info,multicluster_runtime=debug")
+        .with_env_filter("trace")
         .with_writer(move || writer.clone())
         .with_ansi(false)
         .init();
@@ -87,29 +89,23 @@ async fn a_failing_credential_plugin_leaks_nothing_anywhere() {
         .into(),
     );
     let text = multicluster_envtest::to_yaml(&identity).expect("yaml");
-    let parsed = kubeconfig::parse(&text, "test kubeconfig").expect("parses");
-    let client = kubeconfig::client(&parsed, None, "test kubeconfig", &ClientOptions::default())
-        .await
-        .expect("client");
-    // Watches start again every 2 s, so the failing plugin shows in them.
-    let cache = Cache::with_options(
-        "member",
-        client.clone(),
-        CacheOptions::default().watcher(watcher::Config::default().timeout(2)),
-    );
+    // Built as providers build clusters, with the default options.
+    let cluster = KubeconfigCluster {
+        name: "member".into(),
+        text,
+        source: "test kubeconfig".into(),
+        stable_id: None,
+    }
+    .build(&ClientOptions::default())
+    .await
+    .expect("cluster");
+    let client = cluster.client();
     let provider = TestProvider::default();
-    provider
-        .clusters
-        .add(
-            "member",
-            Cluster::with_cache("member", client.clone(), cache),
-        )
-        .expect("add");
-    let manager = Manager::with_provider(
-        cluster_for("local", &member).await,
-        Arc::new(provider),
-        ManagerOptions::default().unhealthy_after(Duration::from_secs(1)),
-    );
+    provider.clusters.add("member", cluster).expect("add");
+    let manager = Manager::builder(cluster_for("local", &member).await)
+        .provider(Arc::new(provider))
+        .metrics(multicluster_runtime::metrics::Metrics::new(true))
+        .build();
     let recorder = Recorder::default();
     let controller = {
         let recorder = recorder.clone();
@@ -133,45 +129,60 @@ async fn a_failing_credential_plugin_leaks_nothing_anywhere() {
     manager.serve_health(listener, stop.clone());
     recorder.wait_for_more(&req("member", "seen"), 0).await;
 
-    // From now on the plugin fails, echoing its secrets on stdout.
+    // From now on the plugin fails, echoing its secrets. Every request
+    // the cluster's client makes fails once its token has expired: the
+    // cluster is degraded, its reason naming the plugin, not its output.
     std::fs::remove_file(state.path().join("token")).expect("no more token");
-    eventually("the failing plugin to show on /clusters", || async {
-        multicluster_runtime::testing::http_get(address, "/clusters")
-            .await
-            .is_ok_and(|(_, body)| {
-                body.lines().any(|line| {
-                    line.starts_with("member\t") && line.contains("no token for this cluster")
-                })
-            })
-    })
-    .await;
-    let (_, clusters) = multicluster_runtime::testing::http_get(address, "/clusters")
-        .await
-        .expect("/clusters");
-    assert!(
-        clusters.contains(plugins::TOKEN),
-        "names the plugin: {clusters}"
-    );
-    assert!(clusters.contains("exit status: 1"), "{clusters}");
-    assert_no_secret("/clusters", &clusters);
-
-    let err = Api::<ConfigMap>::namespaced(client, "default")
-        .list(&ListParams::default())
-        .await
-        .expect_err("the credential is gone");
+    let api = Api::<ConfigMap>::namespaced(client, "default");
+    let err = loop {
+        match api.list(&ListParams::default()).await {
+            Ok(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            Err(err) => break err,
+        }
+    };
     assert_no_secret("the error", &err.to_string());
     assert_no_secret("the error's Debug form", &format!("{err:?}"));
     assert_no_secret(
         "the redacted error",
         &multicluster_runtime::redact::kube_error(&err),
     );
+    eventually(
+        "the member to be degraded by its failing plugin",
+        || async {
+            let _ = api.list(&ListParams::default()).await;
+            matches!(
+                manager.cluster_state(&"member".into()),
+                Some(ClusterState::Degraded(reason))
+                    if reason.contains(plugins::TOKEN) && reason.contains("exit status: 1")
+            )
+        },
+    )
+    .await;
+    for path in ["/clusters", "/metrics", "/healthz", "/readyz"] {
+        let (_, body) = multicluster_runtime::testing::http_get(address, path)
+            .await
+            .expect(path);
+        assert_no_secret(path, &body);
+        if path == "/clusters" {
+            assert!(
+                body.lines()
+                    .any(|line| line.starts_with("member\tdegraded: ")
+                        && line.contains("stderr is withheld")),
+                "{body}"
+            );
+        }
+    }
 
     stop.cancel();
     task.await.expect("task").expect("clean stop");
     let logs = logs.text();
     assert!(
-        logs.contains("no token for this cluster"),
+        logs.contains("renewing a credential failed") && logs.contains("stderr is withheld"),
         "logged:\n{logs}"
+    );
+    assert!(
+        !logs.contains("no token for this cluster"),
+        "stderr is not logged:\n{logs}"
     );
     assert_no_secret("the logs", &logs);
 }

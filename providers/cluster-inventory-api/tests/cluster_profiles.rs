@@ -228,7 +228,7 @@ async fn bad_credentials_affect_only_their_own_profile() {
         (
             "failing-plugin",
             Some(failing_plugin),
-            "identity service: no grant for this cluster",
+            "failed (exit status: 1); its stderr is withheld",
         ),
         (
             "untrusted",

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::ClusterName;
 use crate::cache::index::Indexes;
+use crate::cache::retry::RetryState;
 use crate::health::{FailingFlag, Failure};
 
 /// A change seen by an informer.
@@ -130,12 +131,14 @@ where
         events: S,
         indexes: Indexes<K>,
         stop: CancellationToken,
+        retries: Option<RetryState>,
     ) -> Arc<Self>
     where
         S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
     {
         let writer = Writer::new(dyntype.clone());
         let kind = K::kind(&dyntype).to_string();
+        let plural = K::plural(&dyntype).to_string();
         let (ready_tx, ready) = watch::channel(false);
         let informer = Arc::new(Self {
             dyntype,
@@ -171,12 +174,14 @@ where
                     }
                     Err(err) => {
                         let unreachable = crate::health::is_unreachable(&err);
-                        let err = crate::redact::Redacted::watcher(&err);
-                        tracing::warn!(%cluster, kind, error = %err, "watch failed; retrying with backoff");
+                        let reason = crate::redact::Redacted::watcher(&err)
+                            .with_context(&format!("watching {plural}"));
+                        let retry_in = retries.as_ref().and_then(RetryState::delay);
+                        tracing::warn!(%cluster, kind, error = %reason, ?retry_in, "watch failed");
                         let mut state = informer.lock();
                         state.failure = Some(Failure::continuing(
                             state.failure.as_ref(),
-                            err,
+                            reason,
                             unreachable,
                         ));
                         informer.failing.set(true);
@@ -202,7 +207,9 @@ where
     /// has completed.
     fn apply(&self, event: watcher::Event<K>) -> bool {
         let mut state = self.lock();
-        if self.failing.get() {
+        // The start of a list says nothing yet: a refused list starts over
+        // and over. What it delivers shows that the watch works again.
+        if self.failing.get() && !matches!(event, watcher::Event::Init) {
             state.failure = None;
             self.failing.set(false);
         }
@@ -345,7 +352,7 @@ where
         let _ = ready.wait_for(|ready| *ready).await;
     }
 
-    /// The last watch error, cleared by the next successful event.
+    /// The last watch error, cleared once the watch delivers again.
     pub fn last_error(&self) -> Option<String> {
         self.lock()
             .failure
@@ -389,6 +396,7 @@ mod tests {
             stream,
             Indexes::new(()),
             CancellationToken::new(),
+            None,
         );
         events
             .unbounded_send(Ok(watcher::Event::Init))

@@ -10,6 +10,7 @@
 
 mod index;
 mod informer;
+mod retry;
 mod scoped;
 
 use crate::sync::lock;
@@ -33,10 +34,6 @@ pub use scoped::VIRTUAL_NAMESPACE;
 
 use crate::{ClusterName, Error};
 use index::Indexes;
-
-/// How long after its latest error a watch still counts as failing, at
-/// least.
-const FAILURE_EXPIRY: Duration = Duration::from_secs(10);
 
 /// Default time [`Cache::wait_for_sync`] callers use.
 pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
@@ -112,34 +109,62 @@ impl CacheOptions {
     }
 }
 
-/// How an informer retries a watch that failed: exponentially from
-/// `initial` up to `max`, each delay stretched by up to 100 % at random so
-/// that many clusters do not retry in step. The delay starts over after any
-/// success, and a watch that the server ends with `410 Gone` (its resource
-/// version is too old) is listed again at once, without a delay.
+/// How an informer retries a watch that failed. The delay doubles while
+/// failures of one kind go on, each stretched by up to 100 % at random so
+/// that many clusters do not retry in step, and starts over only once the
+/// watch delivers again (see the `retry` module's notes). A watch that the
+/// server ends with `410 Gone` (its resource version is too old) is listed
+/// again at once, without a delay.
 ///
-/// The default (250 ms up to 1 s, so at most 2 s with the random part) keeps
-/// an API server that comes back from an outage of any length seen again
-/// within about 2 s. kube-runtime's default grows to 30 s (60 s with its
-/// jitter).
+/// - A server that cannot be reached (connection refused or reset, TLS
+///   failure, no answer in time) is tried again from `initial` (250 ms) up
+///   to `max` (1 s; 2 s with the random part), so a server back from an
+///   outage of any length is seen again within about 2 s.
+/// - A server that refuses the watch (403 after lost RBAC, 404 for a CRD
+///   that is not installed) is asked again from `refused_initial` (1 s) up
+///   to `refused_max` (30 s; 60 s with the random part): at most 8 lists
+///   in the first minute, and 1 to 2 a minute after that, where
+///   kube-runtime's own backoff (which takes the start of every list for a
+///   success) kept asking twice a second.
+///
+/// Fields may be added: start from `WatchBackoff::default()` and use the
+/// setters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct WatchBackoff {
-    /// The first delay.
+    /// The first delay after a failure to reach the server.
     pub initial: Duration,
-    /// The longest delay before the random part.
+    /// The longest delay after failures to reach the server, before the
+    /// random part.
     pub max: Duration,
+    /// The first delay after the server refused the watch.
+    pub refused_initial: Duration,
+    /// The longest delay after refusals, before the random part.
+    pub refused_max: Duration,
 }
+
+crate::option_setters!(WatchBackoff {
+    initial: Duration,
+    max: Duration,
+    refused_initial: Duration,
+    refused_max: Duration,
+});
 
 impl Default for WatchBackoff {
     fn default() -> Self {
         Self {
             initial: Duration::from_millis(250),
             max: Duration::from_secs(1),
+            refused_initial: Duration::from_secs(1),
+            refused_max: Duration::from_secs(30),
         }
     }
 }
 
 impl WatchBackoff {
+    /// The delays for a watch of our own that is not an informer's (the
+    /// Lease watch of leader election): those of a server that cannot be
+    /// reached.
     pub(crate) fn strategy(self) -> watcher::ExponentialBackoff {
         backon::ExponentialBuilder::default()
             .with_min_delay(self.initial)
@@ -360,11 +385,12 @@ impl Cache {
         match &self.inner.backend {
             Backend::Api { client, options } => self.ensure(key, (), || {
                 let api = restricted_api::<K>(client, options, &());
-                watch_events(api, &(), options)
+                let (events, retries) = watch_events(api, &(), options);
+                (events, Some(retries))
             }),
             Backend::Scoped { host, namespace } => {
                 let host = host.informer::<K>();
-                self.ensure(key, (), || scoped::events(host, namespace.clone()))
+                self.ensure(key, (), || (scoped::events(host, namespace.clone()), None))
             }
         }
     }
@@ -378,12 +404,13 @@ impl Cache {
         match &self.inner.backend {
             Backend::Api { client, options } => self.ensure(key, resource.clone(), || {
                 let api = restricted_api::<DynamicObject>(client, options, resource);
-                watch_events(api, resource, options)
+                let (events, retries) = watch_events(api, resource, options);
+                (events, Some(retries))
             }),
             Backend::Scoped { host, namespace } => {
                 let host = host.dynamic(resource);
                 self.ensure(key, resource.clone(), || {
-                    scoped::events(host, namespace.clone())
+                    (scoped::events(host, namespace.clone()), None)
                 })
             }
         }
@@ -399,11 +426,12 @@ impl Cache {
         match &self.inner.backend {
             Backend::Api { client, options } => self.ensure(key, (), || {
                 let api = restricted_api::<PartialObjectMeta<K>>(client, options, &());
-                watch_events(api, &(), options)
+                let (events, retries) = watch_events(api, &(), options);
+                (events, Some(retries))
             }),
             Backend::Scoped { host, namespace } => {
                 let host = host.metadata::<K>();
-                self.ensure(key, (), || scoped::events(host, namespace.clone()))
+                self.ensure(key, (), || (scoped::events(host, namespace.clone()), None))
             }
         }
     }
@@ -412,7 +440,7 @@ impl Cache {
         &self,
         key: ResourceKey,
         dyntype: K::DynamicType,
-        events: impl FnOnce() -> S,
+        events: impl FnOnce() -> (S, Option<retry::RetryState>),
     ) -> Arc<Informer<K>>
     where
         K: Resource + Clone + Debug + Send + Sync + 'static,
@@ -436,12 +464,14 @@ impl Cache {
                 indexes.insert(index.field.clone(), extractor);
             }
         }
+        let (events, retries) = events();
         let informer = Informer::spawn(
             self.inner.cluster.clone(),
             dyntype,
-            events(),
+            events,
             indexes,
             self.inner.stop.child_token(),
+            retries,
         );
         informers.push((key, informer.clone()));
         informer
@@ -561,22 +591,11 @@ impl Cache {
     /// watch that cannot reach the server comes before one the server
     /// refuses.
     pub(crate) fn failure(&self) -> Option<crate::health::Failure> {
-        // A failing watch errs again at least every backoff period; one
-        // whose errors stopped started again (which it does not announce).
-        let expiry = match &self.inner.backend {
-            Backend::Api { options, .. } => (options.backoff.max * 5).max(FAILURE_EXPIRY),
-            Backend::Scoped { .. } => FAILURE_EXPIRY,
-        };
-        // The clock is read only when a watch fails: this runs every second
-        // for every cluster.
-        let mut now = None;
+        // A failure lasts until its watch delivers again: every failed
+        // watch starts over with a list, whose first result shows it works.
         lock(&self.inner.informers)
             .iter()
             .filter_map(|(_, informer)| informer.failure())
-            .filter(|failure| {
-                let now = *now.get_or_insert_with(tokio::time::Instant::now);
-                now.duration_since(failure.last) < expiry
-            })
             .min_by_key(|failure| (!failure.unreachable, failure.since))
     }
 
@@ -622,28 +641,40 @@ where
     }
 }
 
-/// A watch with its own backoff, stripping managed fields when asked.
+/// A watch that starts over after failures with its own backoff (see the
+/// `retry` module), stripping managed fields when asked, and the record of
+/// its retries.
 fn watch_events<K>(
     api: Api<K>,
     dyntype: &K::DynamicType,
     options: &CacheOptions,
-) -> impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static
+) -> (
+    impl Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send + 'static,
+    retry::RetryState,
+)
 where
     K: Resource + Clone + DeserializeOwned + Debug + Send + 'static,
     K::DynamicType: Clone + Eq + Hash,
 {
     let strip = options.strip_managed_fields;
     let config = options.watcher_of(&resource_id::<K>(dyntype)).clone();
-    watcher(api, config)
-        // The watcher has already gone back to listing: waiting first would
-        // only delay it.
-        .filter(|event| std::future::ready(!is_gone(event)))
-        .backoff(options.backoff.strategy())
-        .modify(move |obj| {
-            if strip {
-                obj.managed_fields_mut().clear();
-            }
-        })
+    let retries = retry::RetryState::default();
+    let observed = retries.clone();
+    let events = retry::Restarting::new(move || {
+        watcher(api.clone(), config.clone())
+            // The watcher has already gone back to listing: waiting first
+            // would only delay it.
+            .filter(|event| std::future::ready(!is_gone(event)))
+            .boxed()
+    })
+    .inspect(move |event| observed.observe(event))
+    .backoff(retry::WatchRetry::new(options.backoff, retries.clone()))
+    .modify(move |obj| {
+        if strip {
+            obj.managed_fields_mut().clear();
+        }
+    });
+    (events, retries)
 }
 
 /// Whether the server ended a watch with `410 Gone`.

@@ -9,13 +9,23 @@
 //! never past its deadline, and killed (with whatever it started) when the
 //! caller stops waiting.
 //!
-//! A token goes into every request through a service of ours over the
-//! client kube-rs builds without the plugin, and is renewed while requests
-//! go on with the old one. A client certificate goes into the client's TLS
-//! settings and is used as long as the client is: renewing it takes a new
-//! client, which the provider builds when the cluster's kubeconfig changes. Error messages name the plugin's command,
-//! its exit status and the last line of its stderr, never its arguments,
-//! environment or output, which can all hold secrets.
+//! The credential is presented by a service of ours, renewed (as client-go
+//! does) shortly before its `expirationTimestamp` and after the server
+//! answers 401, while requests go on with the old one as long as it works.
+//! A token goes into each request's header, through the client kube-rs
+//! builds without the plugin. A client certificate is presented in the TLS
+//! handshake of a client built with it; a renewed certificate gets a new
+//! one, whose new connections present it, while the connections of the old
+//! one (a watch's) go on until they end. A plugin may switch from tokens to
+//! certificates and back. None of this rebuilds the cluster: its caches
+//! and watches stay.
+//!
+//! Error messages name the plugin's command and its exit status, never its
+//! arguments, environment or output, which can all hold secrets. Its
+//! stderr is withheld too (a plugin may print its environment when it
+//! fails) unless [`ClientOptions::plugin_stderr`] asks for its last line.
+//!
+//! [`ClientOptions::plugin_stderr`]: crate::provider::kubeconfig::ClientOptions::plugin_stderr
 
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -29,7 +39,10 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::{Deserialize, Serialize};
 use tokio::time::Instant;
 
+use crate::Error;
+use crate::health::Requests;
 use crate::provider::process::{self, ProcessError};
+use crate::redact::Redacted;
 
 /// How long a credential plugin may take by default before it is stopped
 /// and the attempt counts as failed.
@@ -53,16 +66,30 @@ pub(crate) enum PluginError {
         hint: String,
     },
     /// It ran and exited with a failure.
-    #[error("the credential plugin {command:?} failed ({status}){}", stderr.as_deref().map(|line| format!(": {line}")).unwrap_or_default())]
+    #[error("the credential plugin {command:?} failed ({status}){}", match stderr {
+        Stderr::Withheld => format!("; {}", crate::redact::STDERR_WITHHELD),
+        Stderr::Empty => String::new(),
+        Stderr::LastLine(line) => format!(": {line}"),
+    })]
     Failed {
         command: String,
         status: std::process::ExitStatus,
-        /// The last non-empty line of its stderr, shortened.
-        stderr: Option<String>,
+        stderr: Stderr,
     },
     /// It exited successfully but what it printed is not usable.
     #[error("the credential plugin {command:?} gave no usable credential: {reason}")]
     Unusable { command: String, reason: String },
+}
+
+/// What a failed plugin's description shows of its stderr.
+#[derive(Debug)]
+pub(crate) enum Stderr {
+    /// Nothing: it may hold secrets (the default).
+    Withheld,
+    /// It printed nothing.
+    Empty,
+    /// Its last non-empty line, shortened (when the user asked for it).
+    LastLine(String),
 }
 
 /// What a plugin handed out.
@@ -72,10 +99,12 @@ pub(crate) enum Credential {
         token: SecretString,
         expires: Option<Timestamp>,
     },
-    /// A client certificate and key, both PEM.
+    /// A client certificate and key, both PEM, valid until `expires` if
+    /// given.
     Certificate {
         certificate: String,
         key: SecretString,
+        expires: Option<Timestamp>,
     },
 }
 
@@ -86,6 +115,8 @@ pub(crate) struct Plugin {
     command: String,
     interactive: bool,
     timeout: Duration,
+    /// Whether a failure may show the last line of its stderr.
+    show_stderr: bool,
 }
 
 impl Plugin {
@@ -108,12 +139,17 @@ impl Plugin {
             command,
             interactive,
             timeout,
+            show_stderr: false,
         })
     }
 
-    /// The command, as the kubeconfig names it.
-    pub(crate) fn command(&self) -> &str {
-        &self.command
+    /// This plugin, showing the last line of its stderr when it fails
+    /// (see [`ClientOptions::plugin_stderr`] for the risk).
+    ///
+    /// [`ClientOptions::plugin_stderr`]: crate::provider::kubeconfig::ClientOptions::plugin_stderr
+    pub(crate) fn showing_stderr(mut self, show: bool) -> Self {
+        self.show_stderr = show;
+        self
     }
 
     /// Runs the plugin once and reads its credential.
@@ -150,10 +186,16 @@ impl Plugin {
             }
         })?;
         if !output.status.success() {
+            let stderr = if self.show_stderr {
+                crate::redact::last_line(&String::from_utf8_lossy(&output.stderr))
+                    .map_or(Stderr::Empty, Stderr::LastLine)
+            } else {
+                Stderr::Withheld
+            };
             return Err(PluginError::Failed {
                 command: self.command.clone(),
                 status: output.status,
-                stderr: crate::redact::last_line(&String::from_utf8_lossy(&output.stderr)),
+                stderr,
             });
         }
         self.read(&output.stdout)
@@ -238,6 +280,7 @@ impl Plugin {
             (_, Some(certificate), Some(key)) => Ok(Credential::Certificate {
                 certificate,
                 key: key.into(),
+                expires,
             }),
             (Some(token), _, _) if !token.is_empty() => Ok(Credential::Token {
                 token: token.into(),
@@ -250,60 +293,110 @@ impl Plugin {
     }
 }
 
-/// A client whose requests carry the token of `plugin`, starting with
-/// `token` (obtained when the client was built). `inner` is the client
-/// built without the plugin.
+/// Builds the client a credential is presented through: without a client
+/// certificate (tokens go into a header), or with one (presented in each
+/// new connection's TLS handshake).
+pub(crate) type Connect = std::sync::Arc<
+    dyn Fn(Option<(&str, &SecretString)>) -> Result<kube::Client, Error> + Send + Sync,
+>;
+
+/// A client whose requests carry the credential of `plugin`, starting with
+/// `first` (obtained when the client was built), renewed before it expires
+/// or after the server refused it (401), whether the plugin hands out
+/// tokens, certificates, or switches from one to the other: the client
+/// stays the same, so the cluster and its caches do too.
 pub(crate) fn authenticated(
-    inner: kube::Client,
+    connect: Connect,
     plugin: Plugin,
-    token: SecretString,
-    expires: Option<Timestamp>,
-) -> kube::Client {
-    let default_namespace = inner.default_namespace().to_string();
-    let tokens = Tokens {
+    first: Credential,
+    requests: Requests,
+) -> Result<kube::Client, Error> {
+    let plain = connect(None)?;
+    let default_namespace = plain.default_namespace().to_string();
+    let current = Current::new(Presented::of(first, &connect)?, 0);
+    let credentials = Credentials {
         plugin,
-        current: std::sync::Mutex::new(Current::new(token, expires)),
+        connect,
+        plain,
+        current: std::sync::Mutex::new(current),
         renewing: tokio::sync::Mutex::new(()),
+        requests,
     };
-    kube::Client::new(
+    Ok(kube::Client::new(
         ExecAuth {
-            inner,
-            tokens: std::sync::Arc::new(tokens),
+            credentials: std::sync::Arc::new(credentials),
         },
         default_namespace,
-    )
+    ))
 }
 
-/// The plugin and the token it last handed out. One run of the plugin at a
-/// time renews the token: requests that find it stale while a renewal runs
-/// go on with the current token if it still works, and wait for the
-/// renewal only if it does not.
-struct Tokens {
+/// The plugin and the credential it last handed out. One run of the plugin
+/// at a time renews it: requests that find it stale while a renewal runs go
+/// on with the current one if it still works, and wait for the renewal
+/// only if it does not.
+struct Credentials {
     plugin: Plugin,
+    connect: Connect,
+    /// The client tokens are sent through.
+    plain: kube::Client,
     current: std::sync::Mutex<Current>,
     renewing: tokio::sync::Mutex<()>,
+    /// The client's request record: a renewal that fails counts against
+    /// the cluster's health, as a refused request does.
+    requests: Requests,
+}
+
+/// A credential as requests present it.
+#[derive(Clone)]
+enum Presented {
+    /// A bearer token, sent in a header through the plain client.
+    Token(SecretString),
+    /// A client certificate, presented by a client of its own: new
+    /// connections shake hands with it. Connections the previous
+    /// certificate opened (a watch's) go on until they end.
+    Certificate(kube::Client),
+}
+
+impl Presented {
+    fn of(credential: Credential, connect: &Connect) -> Result<(Self, Option<Timestamp>), Error> {
+        Ok(match credential {
+            Credential::Token { token, expires } => (Presented::Token(token), expires),
+            Credential::Certificate {
+                certificate,
+                key,
+                expires,
+            } => (
+                Presented::Certificate(connect(Some((&certificate, &key)))?),
+                expires,
+            ),
+        })
+    }
 }
 
 #[derive(Clone)]
 struct Current {
-    token: SecretString,
-    /// When to run the plugin again; `None` for a token without expiry.
+    presented: Presented,
+    /// Tells this credential from the ones before and after it.
+    generation: u64,
+    /// When to run the plugin again; `None` for a credential without
+    /// expiry.
     renew_at: Option<Instant>,
-    /// When the token stops working, as the plugin said.
+    /// When the credential stops working, as the plugin said.
     expires_at: Option<Instant>,
-    /// The server refused the token (401): renew before the next request.
+    /// The server refused it (401): renew before the next request.
     refused: bool,
 }
 
 impl Current {
-    fn new(token: SecretString, expires: Option<Timestamp>) -> Self {
+    fn new((presented, expires): (Presented, Option<Timestamp>), generation: u64) -> Self {
         let now = Instant::now();
         let left = expires.map(|expires| {
             let seconds = expires.duration_since(Timestamp::now()).as_secs_f64();
             Duration::try_from_secs_f64(seconds.max(0.0)).unwrap_or(Duration::MAX)
         });
         Self {
-            token,
+            presented,
+            generation,
             renew_at: left.map(|left| now + left.saturating_sub(RENEW_MARGIN.min(left / 2))),
             expires_at: left.map(|left| now + left),
             refused: false,
@@ -319,52 +412,55 @@ impl Current {
     }
 }
 
-impl Tokens {
+impl Credentials {
     fn current(&self) -> Current {
         crate::sync::lock(&self.current).clone()
     }
 
-    /// The token to send now, renewed first if it is stale.
-    async fn token(&self) -> Result<SecretString, kube::Error> {
+    /// The credential to present now, renewed first if it is stale.
+    async fn credential(&self) -> Result<Current, kube::Error> {
         let seen = self.current();
         if seen.fresh() {
-            return Ok(seen.token);
+            return Ok(seen);
         }
         let _renewing = match self.renewing.try_lock() {
             Ok(guard) => guard,
             // Someone is renewing it; the current one works meanwhile.
-            Err(_) if seen.usable() => return Ok(seen.token),
+            Err(_) if seen.usable() => return Ok(seen),
             Err(_) => self.renewing.lock().await,
         };
         // Renewed while this request waited?
         let seen = self.current();
         if seen.fresh() {
-            return Ok(seen.token);
+            return Ok(seen);
         }
-        match self.plugin.run().await {
-            Ok(Credential::Token { token, expires }) => {
-                let renewed = Current::new(token, expires);
+        let renewed = self.plugin.run().await.map_err(|err| err.to_string());
+        let renewed = renewed.and_then(|credential| {
+            Presented::of(credential, &self.connect).map_err(|err| err.to_string())
+        });
+        match renewed {
+            Ok(presented) => {
+                let renewed = Current::new(presented, seen.generation + 1);
                 *crate::sync::lock(&self.current) = renewed.clone();
-                Ok(renewed.token)
+                Ok(renewed)
             }
-            Ok(Credential::Certificate { .. }) => Err(auth_error(&format!(
-                "the credential plugin {:?} now hands out a client certificate instead of a token; the cluster has to be built again",
-                self.plugin.command()
-            ))),
-            // Renewing early failed: the old token still works for now.
-            Err(err) if seen.usable() => {
-                tracing::warn!(error = %err, "renewing a credential failed; using the current one until it expires");
-                Ok(seen.token)
+            // Renewing early failed: the old credential still works for now.
+            Err(reason) if seen.usable() => {
+                tracing::warn!(error = %reason, "renewing a credential failed; using the current one until it expires");
+                Ok(seen)
             }
-            Err(err) => Err(auth_error(&err.to_string())),
+            Err(reason) => {
+                self.requests.credential_failed(Redacted::ours(&reason));
+                Err(auth_error(&reason))
+            }
         }
     }
 
-    /// The server refused `token`: the next request renews it, unless it
-    /// was renewed meanwhile.
-    fn refused(&self, token: &SecretString) {
+    /// The server refused the credential of `generation`: the next request
+    /// renews it, unless it was renewed meanwhile.
+    fn refused(&self, generation: u64) {
         let mut current = crate::sync::lock(&self.current);
-        if current.token.expose_secret() == token.expose_secret() {
+        if current.generation == generation {
             current.refused = true;
         }
     }
@@ -385,12 +481,12 @@ fn bearer(token: &SecretString) -> Result<HeaderValue, kube::Error> {
     Ok(value)
 }
 
-/// Adds the plugin's token to each request; a 401 answer marks the token
-/// refused, as client-go does, so the next request runs the plugin again.
+/// Presents the plugin's credential with each request; a 401 answer marks
+/// it refused, as client-go does, so the next request runs the plugin
+/// again.
 #[derive(Clone)]
 struct ExecAuth {
-    inner: kube::Client,
-    tokens: std::sync::Arc<Tokens>,
+    credentials: std::sync::Arc<Credentials>,
 }
 
 impl tower::Service<Request<Body>> for ExecAuth {
@@ -403,13 +499,18 @@ impl tower::Service<Request<Body>> for ExecAuth {
     }
 
     fn call(&mut self, mut request: Request<Body>) -> Self::Future {
-        let this = self.clone();
+        let credentials = self.credentials.clone();
         Box::pin(async move {
-            let token = this.tokens.token().await?;
-            request.headers_mut().insert(AUTHORIZATION, bearer(&token)?);
-            let response = this.inner.send(request).await?;
+            let current = credentials.credential().await?;
+            let response = match &current.presented {
+                Presented::Token(token) => {
+                    request.headers_mut().insert(AUTHORIZATION, bearer(token)?);
+                    credentials.plain.send(request).await?
+                }
+                Presented::Certificate(client) => client.send(request).await?,
+            };
             if response.status() == StatusCode::UNAUTHORIZED {
-                this.tokens.refused(&token);
+                credentials.refused(current.generation);
             }
             Ok(response)
         })
@@ -485,16 +586,23 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn a_failure_is_described_by_status_and_the_last_stderr_line() {
-        let err = plugin("echo secret-token; echo starting >&2; echo 'no grant' >&2; exit 4")
+    async fn a_failure_is_described_by_status_and_its_stderr_only_when_asked() {
+        let script = "echo secret-token; echo API_KEY=secret-env >&2; echo 'no grant' >&2; exit 4";
+        let withheld = plugin(script).run().await.err().expect("fails").to_string();
+        assert!(withheld.contains("exit status: 4"), "{withheld}");
+        assert!(withheld.contains("stderr is withheld"), "{withheld}");
+        for secret in ["secret-token", "secret-env", "no grant"] {
+            assert!(!withheld.contains(secret), "{withheld}");
+        }
+        let shown = plugin(script)
+            .showing_stderr(true)
             .run()
             .await
             .err()
-            .expect("fails");
-        let message = err.to_string();
-        assert!(message.contains("exit status: 4"), "{message}");
-        assert!(message.ends_with("no grant"), "{message}");
-        assert!(!message.contains("secret-token"), "{message}");
+            .expect("fails")
+            .to_string();
+        assert!(shown.ends_with("exit status: 4): no grant"), "{shown}");
+        assert!(!shown.contains("secret-token"), "stdout never: {shown}");
     }
 
     #[tokio::test]
@@ -545,6 +653,22 @@ mod tests {
         }
     }
 
+    /// A client that is never asked anything here.
+    fn offline() -> kube::Client {
+        crate::testing::offline_cluster("offline").client()
+    }
+
+    fn token(value: &str) -> Presented {
+        Presented::Token(value.to_string().into())
+    }
+
+    fn presented_token(current: &Current) -> &str {
+        match &current.presented {
+            Presented::Token(token) => token.expose_secret(),
+            Presented::Certificate(_) => "a certificate",
+        }
+    }
+
     /// A renewal whose plugin hangs holds up no request while the current
     /// token still works.
     #[tokio::test]
@@ -552,37 +676,79 @@ mod tests {
         let mut hanging = plugin("exec sleep 1000");
         hanging.timeout = Duration::from_secs(600);
         let now = Instant::now();
-        let tokens = std::sync::Arc::new(Tokens {
+        let credentials = std::sync::Arc::new(Credentials {
             plugin: hanging,
+            connect: std::sync::Arc::new(|_| Ok(offline())),
+            plain: offline(),
             current: std::sync::Mutex::new(Current {
-                token: "current".to_string().into(),
+                presented: token("current"),
+                generation: 0,
                 renew_at: Some(now),
                 expires_at: Some(now + Duration::from_secs(600)),
                 refused: false,
             }),
             renewing: tokio::sync::Mutex::new(()),
+            requests: Requests::default(),
         });
         let renewal = tokio::spawn({
-            let tokens = tokens.clone();
-            async move { tokens.token().await.map(|_| ()) }
+            let credentials = credentials.clone();
+            async move { credentials.credential().await.map(|_| ()) }
         });
         let deadline = Instant::now() + Duration::from_secs(10);
-        while tokens.renewing.try_lock().is_ok() {
+        while credentials.renewing.try_lock().is_ok() {
             assert!(Instant::now() < deadline, "the renewal did not start");
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        let token = tokio::time::timeout(Duration::from_secs(10), tokens.token())
+        let current = tokio::time::timeout(Duration::from_secs(10), credentials.credential())
             .await
             .expect("not held up by the renewal")
             .expect("a token");
-        assert_eq!(token.expose_secret(), "current");
+        assert_eq!(presented_token(&current), "current");
         renewal.abort();
     }
 
+    /// A plugin that hands out a certificate after a token (a cluster
+    /// manager that switched) is followed: the next credential is the
+    /// certificate, presented through a client of its own.
+    #[tokio::test]
+    async fn a_plugin_that_switches_to_a_certificate_is_followed() {
+        let built = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let connect: Connect = {
+            let built = built.clone();
+            std::sync::Arc::new(move |certificate: Option<(&str, &SecretString)>| {
+                built
+                    .lock()
+                    .expect("lock")
+                    .push(certificate.map(|(pem, _)| pem.to_string()));
+                Ok(offline())
+            })
+        };
+        let credentials = Credentials {
+            plugin: plugin(
+                r#"echo '{"apiVersion":"client.authentication.k8s.io/v1","status":{"clientCertificateData":"CERT","clientKeyData":"KEY"}}'"#,
+            ),
+            connect,
+            plain: offline(),
+            current: std::sync::Mutex::new(Current::new((token("old"), None), 0)),
+            renewing: tokio::sync::Mutex::new(()),
+            requests: Requests::default(),
+        };
+        credentials.refused(0);
+        let renewed = credentials.credential().await.expect("renewed");
+        assert!(matches!(renewed.presented, Presented::Certificate(_)));
+        assert_eq!(renewed.generation, 1);
+        assert_eq!(*built.lock().expect("lock"), [Some("CERT".to_string())]);
+        credentials.refused(0);
+        assert!(
+            credentials.current().fresh(),
+            "a stale refusal changes nothing"
+        );
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn a_token_is_renewed_before_it_expires_and_after_a_refusal() {
+    async fn a_credential_is_renewed_before_it_expires_and_after_a_refusal() {
         let expires = Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(100);
-        let current = Current::new("t".to_string().into(), Some(expires));
+        let current = Current::new((token("t"), Some(expires)), 0);
         assert!(current.fresh());
         tokio::time::advance(Duration::from_secs(89)).await;
         assert!(current.fresh(), "renewed only 10 s before expiry");
@@ -591,15 +757,15 @@ mod tests {
         assert!(current.usable(), "still works until it expires");
 
         let short = Timestamp::now() + k8s_openapi::jiff::SignedDuration::from_secs(4);
-        let current = Current::new("t".to_string().into(), Some(short));
+        let current = Current::new((token("t"), Some(short)), 0);
         assert!(
             current.fresh(),
-            "a short-lived token is used for half its life"
+            "a short-lived credential is used for half its life"
         );
         tokio::time::advance(Duration::from_secs(3)).await;
         assert!(!current.fresh());
 
-        let mut forever = Current::new("t".to_string().into(), None);
+        let mut forever = Current::new((token("t"), None), 0);
         assert!(forever.fresh());
         forever.refused = true;
         assert!(!forever.fresh() && !forever.usable());

@@ -11,7 +11,7 @@ use secrecy::ExposeSecret;
 
 use crate::Error;
 use crate::health::{BoundedLayer, Requests};
-use crate::provider::credentials::{self, Credential, DEFAULT_PLUGIN_TIMEOUT, Plugin};
+use crate::provider::credentials::{self, DEFAULT_PLUGIN_TIMEOUT, Plugin};
 
 /// Parses kubeconfig YAML. `source` says where it came from (e.g. `Secret
 /// fleet/prod key kubeconfig`) and is used in errors.
@@ -100,6 +100,14 @@ pub struct ClientOptions {
     /// or through a proxy, or with a `tls-server-name`, HTTP/1.1 holds a
     /// connection per open watch.
     pub http2: bool,
+    /// Whether a credential plugin that fails is described with the last
+    /// line of its stderr (default `false`: only its command and exit
+    /// status). That line is often the plugin's own explanation, but it is
+    /// whatever the plugin printed: some print their environment or the
+    /// request they made when they fail, and the kubeconfig's `env:`
+    /// entries (often API keys) then reach errors, logs and `/clusters`.
+    /// Turn it on only for plugins you know.
+    pub plugin_stderr: bool,
 }
 
 impl Default for ClientOptions {
@@ -109,6 +117,7 @@ impl Default for ClientOptions {
             connect_timeout: Some(DEFAULT_CONNECT_TIMEOUT),
             request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
             http2: true,
+            plugin_stderr: false,
         }
     }
 }
@@ -118,6 +127,7 @@ crate::option_setters!(ClientOptions {
     connect_timeout: Option<Duration>,
     request_timeout: Option<Duration>,
     http2: bool,
+    plugin_stderr: bool,
 });
 
 /// Builds a client for `context` (the current context when `None`),
@@ -179,43 +189,47 @@ pub(crate) async fn client_with_requests(
         ));
     }
     config.connect_timeout = options.connect_timeout;
-    let plugin = plugin_of(&mut config.auth_info, options.plugin_timeout);
+    let plugin = plugin_of(&mut config.auth_info, options.plugin_timeout)
+        .map(|plugin| plugin.showing_stderr(options.plugin_stderr));
     let requests = Requests::default();
-    let build = |config: kube::Config| {
+    let server: std::sync::Arc<str> = crate::redact::without_userinfo(&config.cluster_url).into();
+    let (source_text, context_text) = (source.to_string(), context_name.clone());
+    let (timeout, http2, recorded) = (options.request_timeout, options.http2, requests.clone());
+    // Builds the client, with a client certificate from the plugin when it
+    // hands out one (again at each renewal).
+    let connect: credentials::Connect = std::sync::Arc::new(move |certificate| {
+        let mut config = config.clone();
+        if let Some((certificate, key)) = certificate {
+            use base64::Engine;
+            let encode = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+            config.auth_info.client_certificate_data = Some(encode(certificate));
+            config.auth_info.client_key_data = Some(encode(key.expose_secret()).into());
+        }
         let layer = BoundedLayer {
-            timeout: options.request_timeout,
-            requests: requests.clone(),
+            timeout,
+            requests: recorded.clone(),
+            server: server.clone(),
         };
-        crate::provider::connection::builder(config, options.http2)
+        crate::provider::connection::builder(config, http2)
             .map(|builder| builder.with_layer(&layer).build())
             .map_err(|err| {
                 invalid(
-                    source,
+                    &source_text,
                     &format!(
-                        "context {context_name:?}: {}",
+                        "context {context_text:?}: {}",
                         crate::redact::kube_error(&err)
                     ),
                 )
             })
-    };
+    });
     let Some(plugin) = plugin else {
-        return Ok((build(config)?, requests));
+        return Ok((connect(None)?, requests));
     };
     match plugin.run().await {
-        Ok(Credential::Token { token, expires }) => {
-            let client = build(config)?;
-            Ok((
-                credentials::authenticated(client, plugin, token, expires),
-                requests,
-            ))
-        }
-        Ok(Credential::Certificate { certificate, key }) => {
-            use base64::Engine;
-            let encode = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
-            config.auth_info.client_certificate_data = Some(encode(&certificate));
-            config.auth_info.client_key_data = Some(encode(key.expose_secret()).into());
-            Ok((build(config)?, requests))
-        }
+        Ok(first) => Ok((
+            credentials::authenticated(connect, plugin, first, requests.clone())?,
+            requests,
+        )),
         Err(err) => Err(Error::Credentials {
             origin: source.to_string(),
             reason: format!("context {context_name:?} (user {user:?}): {err}"),
@@ -451,21 +465,37 @@ mod tests {
             "user \"u\"",
             command.as_str(),
             "exit status: 1",
-            "identity service: no grant for this cluster",
+            "stderr is withheld",
         ] {
             assert!(
                 message.contains(expected),
                 "{message} should say {expected}"
             );
         }
+        for withheld in [
+            SECRET_TOKEN,
+            "very-secret-argument",
+            "identity service: no grant for this cluster",
+        ] {
+            assert!(!message.contains(withheld), "leaked {withheld}: {message}");
+        }
+
+        // Asked for, the plugin's last stderr line explains the failure.
+        let shown = client(
+            &parsed,
+            None,
+            "Secret fleet/prod key kubeconfig",
+            &ClientOptions::default().plugin_stderr(true),
+        )
+        .await
+        .map(|_| ())
+        .expect_err("the plugin fails")
+        .to_string();
         assert!(
-            !message.contains(SECRET_TOKEN),
-            "credentials leaked: {message}"
+            shown.contains("identity service: no grant for this cluster"),
+            "{shown}"
         );
-        assert!(
-            !message.contains("very-secret-argument"),
-            "arguments leaked: {message}"
-        );
+        assert!(!shown.contains(SECRET_TOKEN), "{shown}");
     }
 
     /// On a single-threaded runtime a held plugin can only be released if

@@ -1,0 +1,265 @@
+//! How a cache's watch comes back after it fails, so that its health is
+//! always known: every failure is followed either by another failure or by
+//! an event that shows the watch works again.
+//!
+//! - After any error the watch starts over with a fresh list (a 410 Gone
+//!   aside, which kube-runtime's watcher already answers with one). A
+//!   watch resumed where it failed gives no sign when it works again, so a
+//!   cluster whose watch had failed would have had to be guessed well.
+//! - The delay before each attempt grows while failures of one kind go on
+//!   and starts over only after the watch delivered something (a listed
+//!   object, the end of a list, a change). kube-runtime's watcher announces
+//!   every list it starts (`Init`), and its backoff takes that for a
+//!   success: a watch the server kept refusing was retried at the first
+//!   delay forever, a couple of times a second.
+//! - A server that cannot be reached is tried again soon (its return should
+//!   be seen within seconds); a server that answers with a refusal (403 after
+//!   lost RBAC, 404 for a missing CRD) is asked less and less often, up to
+//!   [`WatchBackoff::refused_max`].
+
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use kube::runtime::utils::Backoff;
+use kube::runtime::watcher;
+
+use crate::cache::WatchBackoff;
+use crate::sync::lock;
+
+type Events<K> = Pin<Box<dyn Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send>>;
+
+/// A watch that starts over after every error: `start` makes a new one.
+pub(crate) struct Restarting<K, F> {
+    start: F,
+    current: Option<Events<K>>,
+}
+
+impl<K, F> Restarting<K, F>
+where
+    F: FnMut() -> Events<K>,
+{
+    pub(crate) fn new(start: F) -> Self {
+        Self {
+            start,
+            current: None,
+        }
+    }
+}
+
+impl<K, F> Stream for Restarting<K, F>
+where
+    F: FnMut() -> Events<K> + Unpin,
+{
+    type Item = Result<watcher::Event<K>, watcher::Error>;
+
+    fn poll_next(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = self.get_mut();
+        let current = this.current.get_or_insert_with(&mut this.start);
+        let next = current.poll_next_unpin(cx);
+        if matches!(next, Poll::Ready(Some(Err(_)) | None)) {
+            // Polled again only after the backoff's delay.
+            this.current = None;
+        }
+        match next {
+            // A watcher never ends by itself; if one did, start over.
+            Poll::Ready(None) => {
+                cx.waker().wake_by_ref();
+                Poll::Pending
+            }
+            other => other,
+        }
+    }
+}
+
+/// Why the latest attempt failed, as far as retrying goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    /// No answer: try again soon.
+    Unreachable,
+    /// The server answered with an error: ask less and less often.
+    Refused,
+}
+
+/// What the watch's stream told the backoff since it last asked.
+#[derive(Debug, Default)]
+pub(crate) struct Outcomes {
+    /// The kind of the latest error.
+    failed: Option<Kind>,
+    /// Whether the watch delivered something since the last error.
+    delivered: bool,
+    /// The delay chosen after the latest error.
+    delay: Option<Duration>,
+}
+
+/// What a watch has been through, shared by its stream, its backoff and
+/// its informer (which logs the delay).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct RetryState(Arc<Mutex<Outcomes>>);
+
+impl RetryState {
+    /// Notes what the stream yields, before the backoff sees it.
+    pub(crate) fn observe<K>(&self, event: &Result<watcher::Event<K>, watcher::Error>) {
+        let mut outcomes = lock(&self.0);
+        match event {
+            // The start of a list is no sign that the list works.
+            Ok(watcher::Event::Init) => {}
+            Ok(_) => outcomes.delivered = true,
+            Err(err) => {
+                outcomes.failed = Some(if crate::health::is_unreachable(err) {
+                    Kind::Unreachable
+                } else {
+                    Kind::Refused
+                });
+            }
+        }
+    }
+
+    /// The delay chosen after the latest error.
+    pub(crate) fn delay(&self) -> Option<Duration> {
+        lock(&self.0).delay
+    }
+}
+
+/// The backoff of one watch: a delay that grows per kind of failure, and
+/// starts over only after the watch delivered something.
+pub(crate) struct WatchRetry {
+    state: RetryState,
+    settings: WatchBackoff,
+    /// The kind of failure the current delays belong to, and their
+    /// sequence.
+    current: Option<(Kind, backon::ExponentialBackoff)>,
+}
+
+impl WatchRetry {
+    pub(crate) fn new(settings: WatchBackoff, state: RetryState) -> Self {
+        Self {
+            state,
+            settings,
+            current: None,
+        }
+    }
+
+    /// Delays for `kind`, doubling from its first to its longest, each
+    /// stretched by up to as much again at random so that many clusters
+    /// that failed at once do not retry in step.
+    fn delays(&self, kind: Kind) -> backon::ExponentialBackoff {
+        use backon::BackoffBuilder;
+        let settings = &self.settings;
+        let (initial, max) = match kind {
+            Kind::Unreachable => (settings.initial, settings.max),
+            Kind::Refused => (settings.refused_initial, settings.refused_max),
+        };
+        backon::ExponentialBuilder::default()
+            .with_min_delay(initial)
+            .with_max_delay(max.max(initial))
+            .with_factor(2.0)
+            .with_jitter()
+            .without_max_times()
+            .build()
+    }
+}
+
+impl Iterator for WatchRetry {
+    type Item = Duration;
+
+    fn next(&mut self) -> Option<Duration> {
+        let kind = lock(&self.state.0).failed.unwrap_or(Kind::Refused);
+        // A failure of another kind starts its own sequence.
+        if self
+            .current
+            .as_ref()
+            .is_none_or(|(current, _)| *current != kind)
+        {
+            self.current = Some((kind, self.delays(kind)));
+        }
+        let delay = self
+            .current
+            .as_mut()
+            .and_then(|(_, delays)| delays.next())
+            .unwrap_or(self.settings.refused_max);
+        lock(&self.state.0).delay = Some(delay);
+        Some(delay)
+    }
+}
+
+impl Backoff for WatchRetry {
+    /// Called by kube-runtime's `StreamBackoff` on every item that is not
+    /// an error; only what the watch delivered counts.
+    fn reset(&mut self) {
+        let mut outcomes = lock(&self.state.0);
+        if std::mem::take(&mut outcomes.delivered) {
+            outcomes.failed = None;
+            outcomes.delay = None;
+            self.current = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn forbidden() -> watcher::Error {
+        watcher::Error::InitialListFailed(kube::Error::Api(Box::new(
+            kube::core::Status::failure("forbidden", "Forbidden").with_code(403),
+        )))
+    }
+
+    fn refused_connection() -> watcher::Error {
+        watcher::Error::InitialListFailed(kube::Error::Service(Box::new(std::io::Error::from(
+            std::io::ErrorKind::ConnectionRefused,
+        ))))
+    }
+
+    /// The delay before jitter, which adds at most as much again.
+    fn within(delay: Duration, base_millis: u64) -> bool {
+        let base = Duration::from_millis(base_millis);
+        delay >= base && delay <= base * 2
+    }
+
+    #[test]
+    fn a_list_that_starts_again_is_no_success() {
+        let state = RetryState::default();
+        let mut retry = WatchRetry::new(WatchBackoff::default(), state.clone());
+        let mut delays = Vec::new();
+        for _ in 0..7 {
+            // What a refused watch yields over and over: Init, then the error.
+            state.observe::<()>(&Ok(watcher::Event::Init));
+            retry.reset();
+            state.observe::<()>(&Err(forbidden()));
+            delays.push(retry.next().expect("a delay"));
+        }
+        for (delay, base) in delays
+            .iter()
+            .zip([1_000, 2_000, 4_000, 8_000, 16_000, 30_000, 30_000])
+        {
+            assert!(within(*delay, base), "{delays:?}");
+        }
+        assert_eq!(state.delay(), delays.last().copied());
+
+        // Something delivered: the next failure starts from the beginning.
+        state.observe::<()>(&Ok(watcher::Event::InitDone));
+        retry.reset();
+        state.observe::<()>(&Err(forbidden()));
+        assert!(within(retry.next().expect("a delay"), 1_000));
+    }
+
+    #[test]
+    fn an_unreachable_server_is_tried_again_soon_and_kinds_keep_their_own_delays() {
+        let state = RetryState::default();
+        let mut retry = WatchRetry::new(WatchBackoff::default(), state.clone());
+        let mut next = |err: watcher::Error| {
+            state.observe::<()>(&Err(err));
+            retry.next().expect("a delay")
+        };
+        assert!(within(next(refused_connection()), 250));
+        assert!(within(next(refused_connection()), 500));
+        assert!(within(next(refused_connection()), 1_000));
+        assert!(within(next(refused_connection()), 1_000), "at most 1 s");
+        assert!(within(next(forbidden()), 1_000), "a refusal starts its own");
+        assert!(within(next(forbidden()), 2_000));
+    }
+}
