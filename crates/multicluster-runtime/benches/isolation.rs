@@ -1,18 +1,18 @@
-//! Isolation benchmark: ten member clusters, one of which stops answering
-//! (its API server paused with SIGSTOP) in the middle of a burst of changes
-//! to it. Reports the change-to-reconcile latency on the nine healthy
-//! members with every member healthy, with the tenth stopped, and with the
-//! tenth stopped but no per-cluster share of the controller's slots.
+//! Isolation benchmark: ten member clusters, some of which stop answering
+//! (their API servers paused with SIGSTOP) in the middle of a burst of
+//! changes to them. Reports the change-to-reconcile latency on the healthy
+//! members with every member healthy, with one stopped, and with three
+//! stopped, all with the controller's default options (one slot per
+//! cluster).
 //!
-//! Nine members are namespaces of one real control plane (each its own
+//! Seven members are namespaces of one real control plane (each its own
 //! client built from a kubeconfig, its cache limited to its namespace); the
-//! tenth is a control plane of its own, so that it can be stopped. The
-//! controller has 4 slots and writes a copy of each changed ConfigMap into
-//! its cluster (the write is what hangs on the stopped member); clients
-//! have the default 30 s request deadline. The burst's reconciles wait
-//! before their write until the tenth member is stopped, so that the stop
-//! catches as many in flight as the tenth may run (a burst larger than the
-//! controller's pace does the same).
+//! other three are control planes of their own, so that they can be
+//! stopped. The controller writes a copy of each changed ConfigMap into its
+//! cluster (the write is what hangs on a stopped member); clients have the
+//! default 30 s request deadline. The burst's reconciles wait before their
+//! write until the members are stopped, so that the stop catches one in
+//! flight in each.
 //!
 //! Run with `make bench` or `cargo bench -p multicluster-runtime --bench isolation`.
 
@@ -30,7 +30,9 @@ use multicluster_runtime::testing::TestProvider;
 use multicluster_runtime::{Cluster, Manager, ManagerOptions};
 use tokio_util::sync::CancellationToken;
 
-const HEALTHY: usize = 9;
+const HEALTHY: usize = 7;
+/// Members with a control plane of their own, which can be stopped.
+const STOPPABLE: usize = 3;
 const UPDATES: usize = 180;
 const UPDATE_INTERVAL: Duration = Duration::from_millis(20);
 const BURST: usize = 40;
@@ -90,13 +92,13 @@ async fn member(name: &str, cp: &ControlPlane, namespace: &str) -> Cluster {
 }
 
 /// One case: the update load over the healthy members, after a burst in
-/// the tenth member that is then stopped when `stop_tenth`.
+/// each of the stoppable members, the first `stop` of which are then
+/// stopped.
 async fn case(
     shared: &ControlPlane,
-    tenth_cp: &ControlPlane,
+    stoppable: &[ControlPlane],
     case: &str,
-    stop_tenth: bool,
-    per_cluster: Option<usize>,
+    stop: usize,
 ) -> Vec<Duration> {
     let admin = shared.client().await.expect("client");
     let provider = TestProvider::default();
@@ -128,15 +130,18 @@ async fn case(
             )
             .expect("add");
     }
-    provider
-        .clusters
-        .add("tenth", member("tenth", tenth_cp, "default").await)
-        .expect("add");
+    for (i, cp) in stoppable.iter().enumerate() {
+        let name = format!("stoppable-{i}");
+        provider
+            .clusters
+            .add(name.as_str(), member(&name, cp, "default").await)
+            .expect("add");
+    }
 
     let observed = Arc::new(Mutex::new(Observed::default()));
     let stopped = Arc::new(tokio::sync::watch::channel(false).0);
-    let mut builder = Controller::builder("bench")
-        .for_resource(Watch::<ConfigMap>::new().filter_by(|event| {
+    let builder =
+        Controller::builder("bench").for_resource(Watch::<ConfigMap>::new().filter_by(|event| {
             !event
                 .object()
                 .metadata
@@ -144,11 +149,7 @@ async fn case(
                 .as_deref()
                 .unwrap_or_default()
                 .ends_with("-copy")
-        }))
-        .max_concurrent_reconciles(4);
-    if let Some(limit) = per_cluster {
-        builder = builder.max_concurrent_reconciles_per_cluster(limit);
-    }
+        }));
     let controller = {
         let (observed, stopped) = (observed.clone(), stopped.clone());
         builder
@@ -199,7 +200,7 @@ async fn case(
         .iter()
         .filter(|(name, _)| !name.is_local())
         .all(|(_, state)| *state == multicluster_runtime::manager::ClusterState::Ready)
-        || manager.cluster_states().len() < HEALTHY + 2
+        || manager.cluster_states().len() < HEALTHY + STOPPABLE + 1
     {
         assert!(Instant::now() < deadline, "members did not become ready");
         tokio::time::sleep(Duration::from_millis(20)).await;
@@ -207,15 +208,18 @@ async fn case(
     tokio::time::sleep(Duration::from_secs(2)).await;
     eprintln!("{case}: every member ready");
 
-    if stop_tenth {
-        // A burst of changes in the tenth member, which stops answering
-        // while they are being reconciled.
-        let tenth =
-            Api::<ConfigMap>::namespaced(tenth_cp.client().await.expect("client"), "default");
-        create_sources(&tenth, (0..BURST).map(|i| format!("{case}-burst-{i}"))).await;
-        tenth_cp.pause_api_server().expect("SIGSTOP");
-        stopped.send_replace(true);
+    if stop > 0 {
+        // A burst of changes in the members to be stopped, which stop
+        // answering while they are being reconciled.
+        for cp in &stoppable[..stop] {
+            let api = Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default");
+            create_sources(&api, (0..BURST).map(|i| format!("{case}-burst-{i}"))).await;
+        }
+        for cp in &stoppable[..stop] {
+            cp.pause_api_server().expect("SIGSTOP");
+        }
     }
+    stopped.send_replace(true);
 
     // Steady load on the healthy members: one change every
     // UPDATE_INTERVAL, round-robin; latency = change sent -> its reconcile
@@ -242,8 +246,8 @@ async fn case(
     while !lock(&observed).pending.is_empty() && Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    if stop_tenth {
-        tenth_cp.resume_api_server().expect("SIGCONT");
+    for cp in &stoppable[..stop] {
+        cp.resume_api_server().expect("SIGCONT");
     }
     shutdown.cancel();
     task.await.expect("task").expect("manager");
@@ -254,23 +258,22 @@ async fn case(
 
 #[tokio::main]
 async fn main() {
-    let (shared, tenth) = tokio::join!(ControlPlane::start(), ControlPlane::start());
-    let (shared, tenth) = (
-        shared.expect("control plane"),
-        tenth.expect("control plane"),
+    let (shared, stoppable) = tokio::join!(
+        ControlPlane::start(),
+        futures::future::join_all((0..STOPPABLE).map(|_| ControlPlane::start()))
     );
-    println!("case                                         changes  p50 (ms)  p99 (ms)  max (ms)");
-    for (name, label, stop, per_cluster) in [
-        ("healthy", "all 10 members healthy", false, None),
-        ("stopped", "1 of 10 stopped mid-burst", true, None),
-        (
-            "noshare",
-            "1 of 10 stopped, no per-cluster share",
-            true,
-            Some(4),
-        ),
+    let shared = shared.expect("control plane");
+    let stoppable: Vec<ControlPlane> = stoppable
+        .into_iter()
+        .map(|cp| cp.expect("control plane"))
+        .collect();
+    println!("case (default options)                       changes  p50 (ms)  p99 (ms)  max (ms)");
+    for (name, label, stop) in [
+        ("healthy", "all 10 members healthy", 0),
+        ("one", "1 of 10 stopped mid-burst", 1),
+        ("three", "3 of 10 stopped mid-burst", 3),
     ] {
-        let latencies = case(&shared, &tenth, name, stop, per_cluster).await;
+        let latencies = case(&shared, &stoppable, name, stop).await;
         println!(
             "{label:<44} {:>7}  {:>8.1}  {:>8.1}  {:>8.1}",
             latencies.len(),

@@ -7,11 +7,15 @@
 //!
 //! Guarantees, per controller:
 //!
-//! - at most `max_concurrent_reconciles` reconciles at once, and never two of
-//!   one request; while more than one cluster is engaged, at most
-//!   `max_concurrent_reconciles_per_cluster` of one cluster (by default one
-//!   less than the limit), so a cluster whose reconciles hang leaves slots
-//!   for the others;
+//! - each cluster has slots of its own: at most `max_concurrent_reconciles`
+//!   reconciles of one cluster at once (default 1, controller-runtime's
+//!   default, per cluster), and never two of one request. A cluster's
+//!   requests wait only for that cluster's slots, so members whose
+//!   reconciles hang, one or most of the fleet, never hold up a healthy
+//!   member's. No limit across clusters applies unless
+//!   `max_concurrent_reconciles_total` sets one (controller-runtime's
+//!   strict "one at a time" is a total of 1), and hung clusters can then
+//!   hold every slot of it;
 //! - a reconcile that runs past `reconcile_timeout` (5 minutes by default) is
 //!   cancelled, counted with the result `timeout`, and backed off;
 //! - duplicate requests collapse, and a request that arrives while it is being
@@ -188,7 +192,7 @@ pub struct ControllerBuilder {
     /// Owned-type sources wait for the primary's (apiVersion, kind).
     owned: Vec<OwnedSource>,
     max_concurrent_reconciles: usize,
-    max_concurrent_reconciles_per_cluster: Option<usize>,
+    max_concurrent_reconciles_total: Option<usize>,
     reconcile_timeout: Option<Duration>,
     backoff: Backoff,
     metrics: Option<Metrics>,
@@ -309,20 +313,27 @@ impl ControllerBuilder {
         self
     }
 
-    /// Reconciles running at once across all clusters (default 1, as
-    /// controller-runtime).
+    /// Reconciles of one cluster running at once (default 1, as
+    /// controller-runtime runs one controller's: each cluster has that many
+    /// slots of its own). A cluster's requests never wait for another
+    /// cluster's slots, so members whose reconciles hang cannot hold up the
+    /// rest of the fleet.
     #[must_use]
     pub fn max_concurrent_reconciles(mut self, limit: usize) -> Self {
         self.max_concurrent_reconciles = limit.max(1);
         self
     }
 
-    /// Reconciles of one cluster running at once while the controller works
-    /// on other clusters too (default: `max_concurrent_reconciles` − 1, at
-    /// least 1). Setting it to the limit lets one cluster take every slot.
+    /// Reconciles running at once across every cluster (default: no limit
+    /// beyond each cluster's own slots). `1` gives controller-runtime's
+    /// strict one reconcile at a time for the whole controller. A limit
+    /// here is shared: clusters whose reconciles hang can hold all of it
+    /// until the reconcile deadline frees them, and healthy members wait
+    /// meanwhile. Reach for it to cap work on a shared resource (the local
+    /// cluster, an external API), not for isolation.
     #[must_use]
-    pub fn max_concurrent_reconciles_per_cluster(mut self, limit: usize) -> Self {
-        self.max_concurrent_reconciles_per_cluster = Some(limit.max(1));
+    pub fn max_concurrent_reconciles_total(mut self, limit: usize) -> Self {
+        self.max_concurrent_reconciles_total = Some(limit.max(1));
         self
     }
 
@@ -416,12 +427,7 @@ impl ControllerBuilder {
             let reconcile = reconcile.clone();
             async move { reconcile(request, cluster).await.map_err(Into::into) }.boxed()
         });
-        let share = self
-            .max_concurrent_reconciles_per_cluster
-            .unwrap_or(self.max_concurrent_reconciles.saturating_sub(1))
-            .max(1);
         let mut work = WorkQueue::builder(self.name.clone())
-            .max_concurrent(self.max_concurrent_reconciles)
             .backoff(self.backoff)
             .timeout(self.reconcile_timeout);
         if let Some(metrics) = self.metrics {
@@ -435,7 +441,10 @@ impl ControllerBuilder {
                 name: self.name,
                 sources,
                 reconciler,
-                work: work.build_gated(share),
+                work: work.build_gated(
+                    self.max_concurrent_reconciles,
+                    self.max_concurrent_reconciles_total,
+                ),
                 clusters: Mutex::new(Engagements::default()),
                 running: Mutex::new(HashMap::new()),
                 finished: tokio::sync::Notify::new(),
@@ -520,7 +529,7 @@ impl Controller {
             sources: Vec::new(),
             owned: Vec::new(),
             max_concurrent_reconciles: 1,
-            max_concurrent_reconciles_per_cluster: None,
+            max_concurrent_reconciles_total: None,
             reconcile_timeout: Some(DEFAULT_RECONCILE_TIMEOUT),
             backoff: Backoff::default(),
             metrics: None,
@@ -590,7 +599,7 @@ impl Controller {
     fn disengage(&self, name: &ClusterName, generation: u64) {
         if lock(&self.inner.clusters).end(name, generation).is_some() {
             self.inner.work.queue().disengage(name);
-            tracing::info!(controller = %self.inner.name, cluster = %name, "cluster disengaged");
+            tracing::info!(controller = %self.inner.name, cluster = %name, "controller stopped watching the cluster");
         }
     }
 }
@@ -647,7 +656,7 @@ impl Aware for Controller {
                 stop.clone(),
             );
         }
-        tracing::info!(controller = %self.inner.name, cluster = %name, "cluster engaged");
+        tracing::info!(controller = %self.inner.name, cluster = %name, "controller watches the cluster");
         if let Some(owed) = &self.inner.owed {
             for request in owed(&name, self) {
                 self.inner.work.enqueue(request);

@@ -7,10 +7,10 @@
 //! a request added while it runs runs once more afterwards. Delayed requests
 //! (requeue-after, error backoff) wait in a timer heap until due.
 //!
-//! While more than one cluster is engaged, no cluster runs more than its
-//! share of requests at once (the controller's limit minus one by default),
-//! so a cluster whose requests hang cannot take every slot: the others are
-//! served with what is left.
+//! Each cluster runs at most its own number of requests at once (a
+//! controller's `max_concurrent_reconciles`): a cluster's requests wait
+//! only for that cluster's slots, so clusters whose requests hang, however
+//! many, hold up nobody else's.
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet, VecDeque};
@@ -84,9 +84,8 @@ pub(crate) struct Queue {
     /// Whether only requests of engaged clusters are taken (a controller's
     /// queue) or any (a [`super::WorkQueue`] of its own).
     gated: bool,
-    /// How many requests of one cluster may run at once while other
-    /// clusters are engaged.
-    share: usize,
+    /// How many requests of one cluster may run at once.
+    per_cluster: usize,
 }
 
 impl Queue {
@@ -97,14 +96,13 @@ impl Queue {
             changed: Notify::new(),
             backoff,
             gated: true,
-            share: usize::MAX,
+            per_cluster: usize::MAX,
         }
     }
 
-    /// Runs at most `share` (at least 1) requests of one cluster at once
-    /// while other clusters are engaged.
-    pub(crate) fn with_share(mut self, share: usize) -> Self {
-        self.share = share.max(1);
+    /// Runs at most `limit` (at least 1) requests of one cluster at once.
+    pub(crate) fn per_cluster(mut self, limit: usize) -> Self {
+        self.per_cluster = limit.max(1);
         self
     }
 
@@ -228,15 +226,14 @@ impl Queue {
                 Self::enqueue(&mut state, request);
             }
         }
-        let shared = state.engaged.len() > 1;
-        // Each cluster in turn at most once: one at its share waits its
-        // next turn.
+        // Each cluster in turn at most once: one using all its slots waits
+        // its next turn.
         for _ in 0..state.turn.len() {
             let Some(cluster) = state.turn.pop_front() else {
                 break;
             };
             let running = state.running_per_cluster.get(&cluster).copied();
-            if shared && running.unwrap_or(0) >= self.share {
+            if running.unwrap_or(0) >= self.per_cluster {
                 state.turn.push_back(cluster);
                 continue;
             }
@@ -377,24 +374,31 @@ mod tests {
     }
 
     #[test]
-    fn a_cluster_runs_at_most_its_share_while_others_are_engaged() {
-        let q = queue(&["busy", "quiet"]).with_share(2);
+    fn a_cluster_runs_at_most_its_own_slots_and_others_have_theirs() {
+        let q = queue(&["busy", "quiet", "other"]).per_cluster(2);
         for i in 0..5 {
             q.add(req("busy", &format!("obj-{i}")));
         }
         let first = q.next().expect("one");
         let _second = q.next().expect("two");
-        assert!(q.next().is_err(), "busy is at its share");
-        q.add(req("quiet", "only"));
-        assert_eq!(q.next().ok(), Some(req("quiet", "only")));
+        assert!(q.next().is_err(), "busy uses both of its slots");
+        q.add(req("quiet", "a"));
+        q.add(req("quiet", "b"));
+        q.add(req("other", "c"));
+        let mut others: Vec<_> = (0..3).filter_map(|_| q.next().ok()).collect();
+        others.sort();
+        assert_eq!(
+            others,
+            [req("other", "c"), req("quiet", "a"), req("quiet", "b")]
+        );
         q.done(&first, Outcome::Success(None));
         assert_eq!(q.next().ok(), Some(req("busy", "obj-2")));
 
-        // Alone, a cluster may use every slot.
-        let alone = queue(&["only"]).with_share(1);
+        // Alone, a cluster has its own slots and no more.
+        let alone = queue(&["only"]).per_cluster(1);
         alone.add(req("only", "x"));
         alone.add(req("only", "y"));
-        assert!(alone.next().is_ok() && alone.next().is_ok());
+        assert!(alone.next().is_ok() && alone.next().is_err());
     }
 
     #[test]

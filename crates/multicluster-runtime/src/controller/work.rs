@@ -40,7 +40,9 @@ pub struct WorkQueue {
 struct Inner {
     name: String,
     queue: Arc<Queue>,
-    max_concurrent: usize,
+    /// Items running at once across every key; `None`: no limit but the
+    /// queue's per-cluster one.
+    max_concurrent: Option<usize>,
     timeout: Option<Duration>,
     error_policy: Option<ErrorPolicy>,
     /// Set by the builder, else by a manager, else a private registry on
@@ -151,22 +153,24 @@ impl WorkQueueBuilder {
     /// A queue that takes keys of any `cluster`.
     pub fn build(self) -> WorkQueue {
         let queue = Queue::open(self.backoff);
-        self.build_with(queue)
+        let total = Some(self.max_concurrent);
+        self.build_with(queue, total)
     }
 
     /// A queue that takes keys only of the clusters engaged on it, running
-    /// at most `share` of one cluster at once while others are engaged.
-    pub(crate) fn build_gated(self, share: usize) -> WorkQueue {
-        let queue = Queue::new(self.backoff).with_share(share);
-        self.build_with(queue)
+    /// at most `per_cluster` of one cluster at once, and at most
+    /// `max_concurrent` in all only if it was set.
+    pub(crate) fn build_gated(self, per_cluster: usize, total: Option<usize>) -> WorkQueue {
+        let queue = Queue::new(self.backoff).per_cluster(per_cluster);
+        self.build_with(queue, total)
     }
 
-    fn build_with(self, queue: Queue) -> WorkQueue {
+    fn build_with(self, queue: Queue, max_concurrent: Option<usize>) -> WorkQueue {
         WorkQueue {
             inner: Arc::new(Inner {
                 name: self.name,
                 queue: Arc::new(queue),
-                max_concurrent: self.max_concurrent,
+                max_concurrent,
                 timeout: self.timeout,
                 error_policy: self.error_policy,
                 metrics: self.metrics.map(OnceLock::from).unwrap_or_default(),
@@ -251,13 +255,19 @@ impl WorkQueue {
         mut start: impl FnMut(&Request) -> Option<BoxFuture<'static, Result<Action, ReconcileError>>>,
     ) {
         let queue = self.inner.queue.clone();
-        let slots = Arc::new(Semaphore::new(self.inner.max_concurrent));
+        let slots = self
+            .inner
+            .max_concurrent
+            .map(|limit| Arc::new(Semaphore::new(limit)));
         let mut running = JoinSet::new();
         loop {
-            let slot = tokio::select! {
-                biased;
-                () = shutdown.cancelled() => break,
-                slot = slots.clone().acquire_owned() => match slot { Ok(slot) => slot, Err(_) => break },
+            let slot = match &slots {
+                Some(slots) => tokio::select! {
+                    biased;
+                    () = shutdown.cancelled() => break,
+                    slot = slots.clone().acquire_owned() => match slot { Ok(slot) => Some(slot), Err(_) => break },
+                },
+                None => None,
             };
             let Some(key) = next_key(&queue, &shutdown).await else {
                 break;
