@@ -17,6 +17,21 @@
 //! Proxies, plain-HTTP servers and kubeconfigs that name a TLS server name
 //! keep kube-rs's stack (HTTP/1.1): its proxy tunnels and server-name
 //! resolution are not public.
+//!
+//! Compared with kube-rs's stack (`ClientBuilder::try_from`, kube 5), layer
+//! by layer from the outside in:
+//!
+//! - kept: the base URI; the retry of 429, 503 and 504 answers with
+//!   kube's own policy (`RetryPolicy::server_retry`: `Retry-After` honoured,
+//!   5 ms doubling, 15 tries), when the config's `default_retry` asks for it
+//!   (the default); authentication; extra headers; a debug span per request
+//!   (tower-http's `TraceLayer`, without headers);
+//! - replaced: kube's connector read and write timeouts (none by default)
+//!   by the request deadline of [`crate::health`] and, for a connection as a
+//!   whole, HTTP/2 pings;
+//! - not used: gzip decompression, which kube-rs enables only with its
+//!   `gzip` feature (off in this workspace), and kube's own handling of
+//!   exec-plugin certificates, which [`crate::provider::credentials`] does.
 
 use std::time::Duration;
 
@@ -24,6 +39,7 @@ use http::{Request, Response};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
+use kube::client::retry::RetryPolicy;
 use kube::client::{Body, ClientBuilder, ConfigExt, DynBody};
 use tower::util::BoxService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
@@ -66,10 +82,15 @@ pub(crate) fn builder(
             .http2_keep_alive_timeout(PING_TIMEOUT)
             .http2_keep_alive_while_idle(true)
             .build(connector);
+    let retry = config
+        .default_retry
+        .then(|| tower::retry::RetryLayer::new(RetryPolicy::server_retry()));
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
+        .option_layer(retry)
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
+        .layer(tower_http::trace::TraceLayer::new_for_http())
         .map_err(BoxError::from)
         .service(client)
         .map_response(|response| {

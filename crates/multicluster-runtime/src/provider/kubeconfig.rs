@@ -11,6 +11,7 @@ use secrecy::ExposeSecret;
 
 use crate::Error;
 use crate::health::{BoundedLayer, Requests};
+use crate::provider::budget::{Budget, BudgetLayer, RequestBudget};
 use crate::provider::credentials::{self, DEFAULT_PLUGIN_TIMEOUT, Plugin};
 
 /// Parses kubeconfig YAML. `source` says where it came from (e.g. `Secret
@@ -108,6 +109,12 @@ pub struct ClientOptions {
     /// entries (often API keys) then reach errors, logs and `/clusters`.
     /// Turn it on only for plugins you know.
     pub plugin_stderr: bool,
+    /// How many requests the cluster's clients may send (default `None`:
+    /// no budget, as the module [`crate::provider::budget`] explains why);
+    /// shared by every client built for the cluster and everything that
+    /// uses them. [`RequestBudget::CLIENT_GO`] is client-go's 5 a second,
+    /// bursts of 10.
+    pub request_budget: Option<RequestBudget>,
 }
 
 impl Default for ClientOptions {
@@ -118,6 +125,7 @@ impl Default for ClientOptions {
             request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
             http2: true,
             plugin_stderr: false,
+            request_budget: None,
         }
     }
 }
@@ -128,6 +136,7 @@ crate::option_setters!(ClientOptions {
     request_timeout: Option<Duration>,
     http2: bool,
     plugin_stderr: bool,
+    request_budget: Option<RequestBudget>,
 });
 
 /// Builds a client for `context` (the current context when `None`),
@@ -191,6 +200,17 @@ pub(crate) async fn client_with_requests(
     config.connect_timeout = options.connect_timeout;
     let plugin = plugin_of(&mut config.auth_info, options.plugin_timeout)
         .map(|plugin| plugin.showing_stderr(options.plugin_stderr));
+    let budget = match options.request_budget {
+        Some(budget) if !budget.is_valid() => {
+            return Err(Error::InvalidOptions {
+                component: "client options".to_string(),
+                reason: format!(
+                    "a request budget needs a positive qps and a burst of at least 1, not {budget:?}"
+                ),
+            });
+        }
+        budget => budget.map(|budget| BudgetLayer(Budget::new(budget))),
+    };
     let requests = Requests::default();
     let server: std::sync::Arc<str> = crate::redact::without_userinfo(&config.cluster_url).into();
     let (source_text, context_text) = (source.to_string(), context_name.clone());
@@ -210,8 +230,15 @@ pub(crate) async fn client_with_requests(
             requests: recorded.clone(),
             server: server.clone(),
         };
+        // Outside the deadline: waiting for the budget is not the server's
+        // slowness.
         crate::provider::connection::builder(config, http2)
-            .map(|builder| builder.with_layer(&layer).build())
+            .map(|builder| {
+                builder
+                    .with_layer(&layer)
+                    .with_layer(&tower::util::option_layer(budget.clone()))
+                    .build()
+            })
             .map_err(|err| {
                 invalid(
                     &source_text,
@@ -232,7 +259,8 @@ pub(crate) async fn client_with_requests(
         )),
         Err(err) => Err(Error::Credentials {
             origin: source.to_string(),
-            reason: format!("context {context_name:?} (user {user:?}): {err}"),
+            user: format!("context {context_name:?}, user {user:?}"),
+            source: err.into(),
         }),
     }
 }

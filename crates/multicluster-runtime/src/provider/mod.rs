@@ -15,6 +15,7 @@
 //! - [`watch_filter`]: the `cluster.x-k8s.io/watch-filter` label
 //!   convention.
 
+pub mod budget;
 pub mod clusters;
 mod connection;
 pub mod credentials;
@@ -44,6 +45,13 @@ pub trait Aware: Send + Sync {
     /// example after credential rotation), whose work stops. An engagement
     /// whose `lifetime` has already ended is stale (it arrived after the
     /// one that replaced it) and is ignored.
+    ///
+    /// The lifetime ends when the cluster leaves the fleet, when it is
+    /// replaced, and also when the process stops (the manager releases
+    /// every cluster at shutdown). A component that cleans up after a
+    /// cluster that left (deletes what it made for it on a hub, say) must
+    /// tell these apart: [`Manager::is_stopping`](crate::Manager::is_stopping)
+    /// is true from before any lifetime ends at shutdown.
     fn engage(
         &self,
         lifetime: CancellationToken,
