@@ -37,24 +37,31 @@ pub enum Error {
         #[source]
         source: kube::Error,
     },
-    /// A kubeconfig that cannot be used. The message names where it came
-    /// from and what is wrong, and never quotes it.
-    #[error("kubeconfig from {origin}: {reason}")]
+    /// A kubeconfig that cannot be used until it is changed. The message
+    /// names where it came from and what is wrong, and never quotes it (nor
+    /// passes on a YAML parser's message, which can quote a token).
+    #[error("invalid kubeconfig from {origin}: {reason}")]
     InvalidKubeconfig {
         /// Where the kubeconfig came from (Secret, file, command).
         origin: String,
         /// What is wrong with it.
         reason: String,
     },
-    /// A kubeconfig whose credentials could not be obtained: its exec
-    /// credential plugin failed or gave nothing usable. Worth another try
-    /// later. The message never quotes the plugin's settings or output.
-    #[error("kubeconfig from {origin}: {reason}")]
+    /// A kubeconfig whose credentials could not be obtained this time: its
+    /// exec credential plugin failed, timed out or gave nothing usable.
+    /// Worth another try later (providers retry with backoff). The message
+    /// never quotes the plugin's settings, output or (unless asked) stderr.
+    #[error(
+        "credentials for the kubeconfig from {origin} ({user}) could not be obtained; it will be tried again: {source}"
+    )]
     Credentials {
         /// Where the kubeconfig came from (Secret, file, command).
         origin: String,
+        /// The context and user whose plugin failed.
+        user: String,
         /// What failed.
-        reason: String,
+        #[source]
+        source: crate::provider::credentials::CredentialError,
     },
     /// Settings that cannot work: the message names the component, the
     /// field and what is wrong with it.
@@ -78,12 +85,13 @@ pub enum Error {
         reason: String,
     },
     /// A watch a component depends on could not start or ended.
-    #[error("watching {what}: {reason}")]
+    #[error("watching {what}: {source}")]
     Watch {
         /// What was watched (files, a cache's namespaces, ...).
         what: String,
         /// What went wrong.
-        reason: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// A listening socket could not be bound.
     #[error("binding {address}: {source}")]
@@ -96,12 +104,13 @@ pub enum Error {
     },
     /// A task the library runs in the background stopped abnormally (it
     /// panicked or was cancelled).
-    #[error("{task} failed: {reason}")]
+    #[error("{task} failed: {source}")]
     TaskFailed {
         /// Which task.
         task: &'static str,
         /// How it ended.
-        reason: String,
+        #[source]
+        source: tokio::task::JoinError,
     },
 }
 

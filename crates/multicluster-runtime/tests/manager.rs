@@ -298,6 +298,118 @@ async fn a_controller_added_while_the_manager_runs_reconciles() {
     task.await.expect("task").expect("clean stop");
 }
 
+/// A controller handed to `Manager::add`, as any cluster-aware component
+/// is, runs and reconciles: it is not merely told about clusters.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_given_to_add_runs_too() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    create_config_map(&cp, "seen", &[]).await;
+    let provider = TestProvider::default();
+    provider
+        .clusters
+        .add("member", cluster_for("member", &cp).await)
+        .expect("add");
+    let manager = Manager::builder(cluster_for("local", &cp).await)
+        .provider(Arc::new(provider))
+        .build();
+    let recorder = Recorder::default();
+    let controller = multicluster_runtime::testing::recording_controller(
+        "added",
+        Watch::<ConfigMap>::new(),
+        &recorder,
+    )
+    .expect("controller");
+    manager.add(Arc::new(controller)).expect("add");
+    let (stop, task) = run_manager(&manager);
+    recorder.wait_for_more(&req("member", "seen"), 0).await;
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// Notes, when a cluster's lifetime ends, whether the manager is stopping.
+#[derive(Default)]
+struct Departures {
+    manager: std::sync::OnceLock<Manager>,
+    ended: Arc<std::sync::Mutex<Vec<(ClusterName, bool)>>>,
+}
+
+impl multicluster_runtime::Aware for Departures {
+    fn engage(
+        &self,
+        lifetime: tokio_util::sync::CancellationToken,
+        name: ClusterName,
+        _cluster: multicluster_runtime::Cluster,
+    ) -> Result<(), Error> {
+        let manager = self.manager.get().expect("set").clone();
+        let ended = self.ended.clone();
+        tokio::spawn(async move {
+            lifetime.cancelled().await;
+            ended
+                .lock()
+                .expect("lock")
+                .push((name, manager.is_stopping()));
+        });
+        Ok(())
+    }
+}
+
+/// A cluster that leaves the fleet and clusters released because the
+/// manager stops are told apart: by `Manager::is_stopping` for components,
+/// in the disengagement count and in the log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leaving_the_fleet_and_stopping_are_told_apart() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let provider = Arc::new(TestProvider::default());
+    for name in ["stays", "leaves"] {
+        provider
+            .clusters
+            .add(name, cluster_for(name, &cp).await)
+            .expect("add");
+    }
+    let manager = Manager::builder(cluster_for("local", &cp).await)
+        .provider(provider.clone())
+        .build();
+    let departures = Arc::new(Departures::default());
+    let _ = departures.manager.set(manager.clone());
+    manager.add(departures.clone()).expect("add");
+    let (stop, task) = run_manager(&manager);
+    eventually("both members to be ready", || async {
+        ["stays", "leaves"].iter().all(|name| {
+            manager.cluster_state(&ClusterName::from(*name))
+                == Some(multicluster_runtime::manager::ClusterState::Ready)
+        })
+    })
+    .await;
+    provider.clusters.remove(&ClusterName::from("leaves"));
+    eventually("the departure to be seen", || async {
+        !departures.ended.lock().expect("lock").is_empty()
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+    let mut ended = departures.ended.lock().expect("lock").clone();
+    ended.sort();
+    assert_eq!(
+        ended,
+        [
+            (ClusterName::local(), true),
+            (ClusterName::from("leaves"), false),
+            (ClusterName::from("stays"), true),
+        ]
+    );
+    let disengaged = manager
+        .metrics()
+        .encode()
+        .lines()
+        .find(|line| line.starts_with("mcr_cluster_disengagements_total"))
+        .map(str::to_string);
+    assert_eq!(
+        disengaged.as_deref(),
+        Some("mcr_cluster_disengagements_total 1"),
+        "stopping is no departure"
+    );
+}
+
 /// `Manager::index_field` indexes the local cluster and every cluster of
 /// the provider, those engaged already and those added later.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -305,7 +305,7 @@ impl Shared {
             })
             .map_err(|err| Error::Watch {
                 what: "the kubeconfig files".to_string(),
-                reason: err.to_string(),
+                source: Box::new(err),
             })?;
         for dir in self.watched_directories() {
             match watcher.watch(&dir, notify::RecursiveMode::NonRecursive) {

@@ -116,7 +116,7 @@ impl RunnableProvider for NamespaceProvider {
             let Some(event) = event else {
                 return Err(Error::Watch {
                     what: "the host's namespaces".to_string(),
-                    reason: "the host cache stopped".to_string(),
+                    source: "the host cache stopped".into(),
                 });
             };
             let Some(name) = event.object().metadata.name.clone() else {

@@ -168,6 +168,9 @@ struct Inner {
     controllers: Mutex<Controllers>,
     clusters: Mutex<Tracked>,
     started: CancellationToken,
+    /// Cancelled when the manager ends every cluster's lifetime because it
+    /// stops: those clusters are released, not gone from the fleet.
+    stopping: CancellationToken,
 }
 
 /// The controllers added, and while the manager runs, how to start one
@@ -282,6 +285,7 @@ impl ManagerBuilder {
                 controllers: Mutex::default(),
                 clusters: Mutex::default(),
                 started: CancellationToken::new(),
+                stopping: CancellationToken::new(),
             }),
         }
     }
@@ -373,9 +377,26 @@ impl Manager {
         }
     }
 
+    /// Whether the manager is stopping: from before it ends the lifetimes
+    /// of the clusters it holds at shutdown, so a component whose lifetime
+    /// ends can tell "the process stops" from "the cluster left the fleet"
+    /// (see [`Aware::engage`]).
+    pub fn is_stopping(&self) -> bool {
+        self.inner.stopping.is_cancelled()
+    }
+
     /// Adds a cluster-aware component; clusters already ready are engaged
-    /// with it at once.
-    pub fn add(&self, component: Arc<dyn Aware>) -> Result<(), Error> {
+    /// with it at once. A [`Controller`] given here is added as
+    /// [`Manager::add_controller`] adds it, and run.
+    pub fn add<A: Aware + 'static>(&self, component: Arc<A>) -> Result<(), Error> {
+        let any: Arc<dyn std::any::Any + Send + Sync> = component.clone();
+        if let Ok(controller) = any.downcast::<Controller>() {
+            return self.add_controller(Controller::clone(&controller));
+        }
+        self.add_component(component)
+    }
+
+    fn add_component(&self, component: Arc<dyn Aware>) -> Result<(), Error> {
         lock(&self.inner.components).push(component.clone());
         let ready: Vec<_> = lock(&self.inner.clusters)
             .clusters
@@ -402,7 +423,7 @@ impl Manager {
                 let _ = start.send(controller.clone());
             }
         }
-        self.add(Arc::new(controller))
+        self.add_component(Arc::new(controller))
     }
 
     /// Each engaged cluster and its state, sorted by name.
@@ -520,6 +541,7 @@ impl Manager {
             tracing::warn!("controllers did not stop in time; dropping them");
             tasks.abort_all();
         }
+        self.inner.stopping.cancel();
         components_stop.cancel();
         match tokio::time::timeout_at(deadline, &mut coordinator_task).await {
             Ok(Ok(Ok(()))) => {}
@@ -544,9 +566,9 @@ impl Manager {
         };
         match provider_result {
             Ok(result) => result,
-            Err(err) => Err(Error::TaskFailed {
+            Err(source) => Err(Error::TaskFailed {
                 task: "the provider",
-                reason: err.to_string(),
+                source,
             }),
         }
     }
@@ -628,7 +650,7 @@ impl Manager {
                         // moved nothing since the last walk.
                         tracked.quiet_at = None;
                     }
-                    tracing::info!(cluster = %name, "cluster ready; engaging components");
+                    tracing::info!(cluster = %name, "cluster ready");
                     let components = lock(&self.inner.components).clone();
                     if let Err(err) =
                         self.coordinator()
@@ -797,10 +819,14 @@ impl Aware for Manager {
             let mut tracked = lock(&this.inner.clusters);
             if let Some(gone) = tracked.clusters.end(&name, generation) {
                 tracked.count(&gone.data.state, -1);
-                this.inner.metrics.cluster_disengaged();
                 this.inner.metrics.cluster_gone(&name);
                 this.publish_states(&tracked);
-                tracing::info!(cluster = %name, "cluster left the fleet");
+                if this.inner.stopping.is_cancelled() {
+                    tracing::debug!(cluster = %name, "cluster released: the manager stops");
+                } else {
+                    this.inner.metrics.cluster_disengaged();
+                    tracing::info!(cluster = %name, "cluster left the fleet");
+                }
             }
         });
         Ok(())

@@ -81,6 +81,31 @@ pub(crate) enum PluginError {
     Unusable { command: String, reason: String },
 }
 
+/// Why a credential plugin gave no credential, as [`Error::Credentials`]
+/// carries it: its command, and how it failed (could not be started, timed
+/// out, exited with a failure, printed nothing usable). Never its arguments,
+/// environment or output.
+#[derive(Debug)]
+pub struct CredentialError(PluginError);
+
+impl std::fmt::Display for CredentialError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(&self.0, f)
+    }
+}
+
+impl std::error::Error for CredentialError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        std::error::Error::source(&self.0)
+    }
+}
+
+impl From<PluginError> for CredentialError {
+    fn from(err: PluginError) -> Self {
+        Self(err)
+    }
+}
+
 /// What a failed plugin's description shows of its stderr.
 #[derive(Debug)]
 pub(crate) enum Stderr {

@@ -146,7 +146,11 @@ impl Fleet {
             .clusters
             .add_or_replace(wanted.name.clone(), built, wanted.fingerprint())
         {
-            tracing::info!(cluster = %wanted.name, replaced, "cluster engaged from {}", wanted.source);
+            if replaced {
+                tracing::info!(cluster = %wanted.name, "cluster replaced in the fleet from {}", wanted.source);
+            } else {
+                tracing::info!(cluster = %wanted.name, "cluster added to the fleet from {}", wanted.source);
+            }
         }
         Ok(Action::await_change())
     }
@@ -156,7 +160,7 @@ impl Fleet {
     pub fn remove(&self, name: &ClusterName, why: &str) {
         self.failures.clear(name);
         if self.clusters.remove(name) {
-            tracing::info!(cluster = %name, "cluster removed: {why}");
+            tracing::info!(cluster = %name, "cluster removed from the fleet: {why}");
         }
     }
 

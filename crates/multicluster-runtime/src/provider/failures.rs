@@ -50,10 +50,10 @@ impl Failures {
         let reason = reason.into();
         let mut reasons = lock(&self.reasons);
         if reasons.get(name) == Some(&reason) {
-            tracing::debug!(cluster = %name, %reason, "still cannot engage the cluster");
+            tracing::debug!(cluster = %name, %reason, "still cannot add the cluster to the fleet");
             return;
         }
-        tracing::warn!(cluster = %name, %reason, "cannot engage the cluster");
+        tracing::warn!(cluster = %name, %reason, "cannot add the cluster to the fleet");
         reasons.insert(name.clone(), reason);
         if let Some(metrics) = self.metrics.get() {
             metrics.engagement_failed(self.provider, kind);
@@ -122,7 +122,12 @@ mod tests {
         let name = ClusterName::from("a");
         let plugin = Error::Credentials {
             origin: "Secret s".into(),
-            reason: "the plugin failed".into(),
+            user: "context \"c\", user \"u\"".into(),
+            source: crate::provider::credentials::PluginError::Unusable {
+                command: "plugin".into(),
+                reason: "no status".into(),
+            }
+            .into(),
         };
         assert!(failures.record_build_error(&name, &plugin));
         assert_eq!(failures.current()[&name], plugin.to_string());

@@ -664,9 +664,9 @@ impl Coordinator for ShardedCoordinator {
         }
         self.release_all().await;
         registry_stop.cancel();
-        registry_task.await.map_err(|err| Error::TaskFailed {
+        registry_task.await.map_err(|source| Error::TaskFailed {
             task: "the peer registry",
-            reason: err.to_string(),
+            source,
         })
     }
 }
