@@ -8,9 +8,9 @@ leftovers() { pgrep -x etcd || true; pgrep -x kube-apiserver || true; pgrep -x k
 before=$(leftovers | sort)
 status=0
 # Benches are left to `make bench`: --all-targets would run them here too.
-cargo test --workspace --lib --bins --tests --examples || status=$?
+cargo test --workspace --no-fail-fast --lib --bins --tests --examples || status=$?
 # Doc tests are not part of --all-targets.
-cargo test --workspace --doc || status=$?
+cargo test --workspace --no-fail-fast --doc || status=$?
 after=$(leftovers | sort)
 left=$(comm -13 <(echo "$before") <(echo "$after") | sed '/^$/d')
 if [ -n "$left" ]; then

@@ -36,6 +36,13 @@ impl Cluster {
         Self::with_cache(name, client, cache)
     }
 
+    /// The local cluster (the one the manager runs against), under the
+    /// local name ([`ClusterName::local`]): logs, spans and `/clusters`
+    /// call it `<local>` throughout, and requests for it carry that name.
+    pub fn local(client: kube::Client) -> Self {
+        Self::new(ClusterName::local(), client)
+    }
+
     /// A cluster with an explicit cache, e.g. a scoped view.
     pub fn with_cache(name: impl Into<ClusterName>, client: kube::Client, cache: Cache) -> Self {
         Self {

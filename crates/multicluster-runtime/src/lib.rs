@@ -26,6 +26,7 @@ pub mod controller;
 pub mod coordinator;
 mod engagements;
 mod error;
+pub mod fleet;
 pub mod health;
 pub mod manager;
 pub mod metrics;

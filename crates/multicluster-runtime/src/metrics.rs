@@ -39,6 +39,7 @@ struct Inner {
     reconcile_errors: Family<Labels, Counter>,
     reconcile_time: Family<Labels, Histogram>,
     queue_depth: Family<Labels, Gauge>,
+    fleet: crate::fleet::FleetView,
 }
 
 impl Default for Metrics {
@@ -64,6 +65,7 @@ impl Metrics {
             (|| Histogram::new(exponential_buckets(0.005, 2.0, 16))) as fn() -> Histogram,
         );
         let queue_depth = Family::<Labels, Gauge>::default();
+        let inventory_failures = Family::<Labels, Gauge>::default();
         registry.register(
             "mcr_engaged_clusters",
             "Clusters currently engaged",
@@ -116,6 +118,11 @@ impl Metrics {
             "Requests waiting per controller",
             queue_depth.clone(),
         );
+        registry.register(
+            "mcr_inventory_failures",
+            "Inventory objects (Secrets, Clusters, ClusterProfiles, contexts) that cannot become clusters now, by provider",
+            inventory_failures.clone(),
+        );
         Self {
             inner: Arc::new(Inner {
                 registry: Mutex::new(registry),
@@ -130,6 +137,7 @@ impl Metrics {
                 reconcile_errors,
                 reconcile_time,
                 queue_depth,
+                fleet: crate::fleet::FleetView::new(inventory_failures),
             }),
         }
     }
@@ -172,7 +180,9 @@ impl Metrics {
 
     /// Sets `mcr_clusters{state}` from the counts of syncing, ready,
     /// degraded and unreachable clusters.
-    pub(crate) fn cluster_states(&self, [syncing, ready, degraded, unreachable]: [i64; 4]) {
+    pub(crate) fn cluster_states(&self, counts: [i64; 4]) {
+        self.inner.fleet.engaged(counts);
+        let [syncing, ready, degraded, unreachable] = counts;
         for (state, count) in [
             ("syncing", syncing),
             ("ready", ready),
@@ -235,6 +245,11 @@ impl Metrics {
         }
         labels.push(("result", result.to_string()));
         self.inner.reconciles.get_or_create(&labels).inc();
+    }
+
+    /// The fleet's summary and unusable inventory, shared with providers.
+    pub(crate) fn fleet(&self) -> &crate::fleet::FleetView {
+        &self.inner.fleet
     }
 
     pub(crate) fn queue_depth(&self, controller: &str, depth: usize) {

@@ -135,3 +135,67 @@ async fn a_stopped_api_server_does_not_delay_the_other_clusters() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// A member whose server refuses connections is reported unreachable with
+/// a reason that names the server and the refusal (and no credential), on
+/// `/clusters` too, with the default options.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unreachable_member_is_named_with_its_address_and_the_cause() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    // A port that nothing listens on any more.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port();
+    let mut kubeconfig = cp.kubeconfig().clone();
+    let server = format!("https://127.0.0.1:{port}");
+    if let Some(cluster) = kubeconfig.clusters[0].cluster.as_mut() {
+        cluster.server = Some(server.clone());
+    }
+    let down = multicluster_runtime::provider::clusters::KubeconfigCluster {
+        name: "down".into(),
+        text: multicluster_envtest::to_yaml(&kubeconfig).expect("yaml"),
+        source: "test kubeconfig".into(),
+        stable_id: None,
+    }
+    .build(&multicluster_runtime::provider::kubeconfig::ClientOptions::default())
+    .await
+    .expect("cluster");
+    let provider = TestProvider::default();
+    provider.clusters.add("down", down).expect("add");
+    let manager = Manager::builder(cluster_for("local", &cp).await)
+        .provider(Arc::new(provider))
+        .build();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let (shutdown, task) = run_manager(&manager);
+    manager.serve_health(listener, shutdown.clone());
+    eventually("the member to be reported unreachable", || async {
+        matches!(
+            state_of(&manager, "down"),
+            Some(ClusterState::Unreachable(_))
+        )
+    })
+    .await;
+    let Some(ClusterState::Unreachable(reason)) = state_of(&manager, "down") else {
+        panic!("unreachable, then not");
+    };
+    assert!(
+        reason.starts_with(&format!("{server} cannot be reached: ")),
+        "{reason}"
+    );
+    assert!(reason.contains("Connection refused"), "{reason}");
+    let (_, clusters) = multicluster_runtime::testing::http_get(address, "/clusters")
+        .await
+        .expect("/clusters");
+    assert!(
+        clusters
+            .lines()
+            .any(|line| line == format!("down\tunreachable: {reason}")),
+        "{clusters}"
+    );
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}

@@ -59,9 +59,7 @@ async fn run(args: Args) -> Result<(), MainError> {
     ));
     // The manager: the local cluster, the fleet's provider, and (with
     // --leader-elect) the Lease that decides which replica works.
-    let (manager, replica) = args
-        .manager
-        .builder(Cluster::new("management", management))?;
+    let (manager, replica) = args.manager.builder(Cluster::local(management))?;
     let manager = manager.provider(provider).build();
     // The controller: labelled ConfigMaps in every cluster, and the copies
     // they own; `reconcile` (shared by the examples) writes the copies.

@@ -149,6 +149,7 @@ pub fn init_logging() {
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| "info,kube=warn".into()),
         )
+        .with_writer(std::io::stderr)
         .init();
 }
 

@@ -48,7 +48,7 @@ async fn run(args: Args) -> Result<(), MainError> {
             .client(args.client.options()),
     ));
     // The local cluster is the current context of $KUBECONFIG / ~/.kube/config.
-    let local = Cluster::new("local", kube::Client::try_default().await?);
+    let local = Cluster::local(kube::Client::try_default().await?);
     // The manager: the local cluster, the fleet's provider, and (with
     // --leader-elect) the Lease that decides which replica works.
     let (manager, replica) = args.manager.builder(local)?;

@@ -49,7 +49,7 @@ async fn run(args: Args) -> Result<(), MainError> {
             .kind_command(args.kind)
             .client(args.client.options()),
     ));
-    let local = Cluster::new("local", kube::Client::try_default().await?);
+    let local = Cluster::local(kube::Client::try_default().await?);
     // The manager: the local cluster, the fleet's provider, and (with
     // --leader-elect) the Lease that decides which replica works.
     let (manager, replica) = args.manager.builder(local)?;

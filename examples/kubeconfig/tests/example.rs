@@ -11,7 +11,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ObjectMeta, PostParams};
 use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_example_configmap_sync::SYNC_LABEL;
-use multicluster_example_testing::{GRACE, terminate, wait_for_copy};
+use multicluster_example_testing::{GRACE, terminate, terminate_showing_log, wait_for_copy};
 use multicluster_provider_kubeconfig::DEFAULT_LABEL;
 use multicluster_runtime::testing::eventually;
 use tokio::process::Command;
@@ -136,7 +136,7 @@ async fn sigterm_with_reconciles_hung_on_a_stopped_member_exits_within_the_grace
     })
     .await;
 
-    let status = terminate(&mut example, grace).await;
+    let status = terminate_showing_log(&mut example, grace, &log).await;
     member.resume_api_server().expect("SIGCONT");
     assert!(status.success(), "{status}");
     let output = std::fs::read_to_string(&log).expect("log");

@@ -45,6 +45,34 @@ pub async fn wait_for_copy_in(member: kube::Client, namespace: &str, name: &str)
     .await;
 }
 
+/// [`terminate`], and when the example does not exit in time, the end of
+/// its `log` in the panic, to say what it was waiting for.
+pub async fn terminate_showing_log(
+    example: &mut tokio::process::Child,
+    within: Duration,
+    log: &std::path::Path,
+) -> std::process::ExitStatus {
+    let pid = example.id().expect("the example is running").to_string();
+    let signalled = tokio::process::Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .await
+        .expect("kill");
+    assert!(signalled.success(), "SIGTERM to {pid}");
+    match tokio::time::timeout(within, example.wait()).await {
+        Ok(status) => status.expect("exit status"),
+        Err(_) => {
+            let text = std::fs::read_to_string(log).unwrap_or_default();
+            let tail: Vec<&str> = text.lines().rev().take(60).collect();
+            let tail: Vec<&str> = tail.into_iter().rev().collect();
+            panic!(
+                "the example did not exit within {within:?} of SIGTERM; its log ends:\n{}",
+                tail.join("\n")
+            )
+        }
+    }
+}
+
 /// Sends SIGTERM to `example` and waits for it to exit, at most `within`
 /// (panics after that).
 pub async fn terminate(

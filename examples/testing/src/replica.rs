@@ -40,8 +40,8 @@ impl Replica {
             .args(["--health-address", &format!("127.0.0.1:{port}")])
             .env("KUBECONFIG", cp.kubeconfig_path())
             .env("RUST_LOG", "info,kube=warn")
-            .stdout(log())
-            .stderr(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log())
             .kill_on_drop(true)
             .spawn()
             .expect("replica");

@@ -14,6 +14,7 @@ use multicluster_provider_kubeconfig::{
     DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider, WATCH_FILTER_LABEL,
 };
 use multicluster_runtime::controller::{Backoff, Request, Watch};
+use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::testing::{
     Recorder, eventually, recording_controller, recording_manager, run_manager, wait_until_left,
@@ -493,6 +494,83 @@ async fn broken_kubeconfigs_affect_only_their_own_secret() {
         recorder.for_cluster("refused") + recorder.for_cluster("wrong-ca"),
         0
     );
+
+    // The Secrets that could not become clusters are part of the fleet's
+    // view, each with the reason naming its Secret, and in the metrics.
+    let skipped: Vec<&str> = cases
+        .iter()
+        .filter(|(_, _, outcome)| matches!(outcome, Outcome::Skipped))
+        .map(|(name, _, _)| *name)
+        .collect();
+    for name in &skipped {
+        eventually(&format!("{name} to be listed unusable"), || async {
+            matches!(
+                manager.cluster_state(&ClusterName::from(*name)),
+                Some(ClusterState::Unusable(_))
+            )
+        })
+        .await;
+        match manager.cluster_state(&ClusterName::from(*name)) {
+            Some(ClusterState::Unusable(reason)) => assert!(
+                reason.contains(&format!("Secret {NAMESPACE}/{name}")),
+                "{name}: {reason}"
+            ),
+            other => panic!("{name}: {other:?}"),
+        }
+    }
+    let mut fleet = manager.watch_fleet();
+    assert_eq!(fleet.borrow().unusable, skipped.len());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    manager.serve_health(listener, shutdown.clone());
+    let (_, clusters) = multicluster_runtime::testing::http_get(address, "/clusters")
+        .await
+        .expect("/clusters");
+    for name in &skipped {
+        assert!(
+            clusters
+                .lines()
+                .any(|line| line.starts_with(&format!("{name}\tunusable: "))),
+            "{clusters}"
+        );
+    }
+    let metric = format!(
+        "mcr_inventory_failures{{provider=\"{}\"}} {}",
+        "kubeconfig",
+        skipped.len()
+    );
+    assert!(
+        manager
+            .metrics()
+            .encode()
+            .lines()
+            .any(|line| line == metric),
+        "{metric} in:\n{}",
+        manager.metrics().encode()
+    );
+    // Fixed, one leaves the unusable inventory; a subscriber is told.
+    secrets
+        .replace(
+            "not-yaml",
+            &PostParams::default(),
+            &secret(
+                "not-yaml",
+                Some(&multicluster_envtest::to_yaml(&good).expect("yaml")),
+                &[(DEFAULT_LABEL, "true")],
+            ),
+        )
+        .await
+        .expect("fix");
+    tokio::time::timeout(
+        multicluster_runtime::testing::DEFAULT_DEADLINE,
+        fleet.wait_for(|summary| summary.unusable == skipped.len() - 1),
+    )
+    .await
+    .expect("told within the deadline")
+    .expect("the manager is there");
+    recorder.wait_for_more(&req("not-yaml", "hello"), 0).await;
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");

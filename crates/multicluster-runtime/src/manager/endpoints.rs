@@ -96,6 +96,7 @@ fn cluster_report(manager: &Manager) -> String {
                 },
                 ClusterState::Degraded(reason) => format!("degraded: {reason}"),
                 ClusterState::Unreachable(reason) => format!("unreachable: {reason}"),
+                ClusterState::Unusable(reason) => format!("unusable: {reason}"),
             };
             format!("{name}\t{state}\n")
         })

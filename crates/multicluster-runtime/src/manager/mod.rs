@@ -43,8 +43,9 @@ const STOP_ALLOWANCE: Duration = Duration::from_secs(3);
 /// How often engaged clusters' health is looked at.
 const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
-/// Where an engaged cluster stands.
+/// Where a cluster stands.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ClusterState {
     /// Engaged by the provider; waiting for the API server and cache.
     Syncing,
@@ -59,6 +60,11 @@ pub enum ClusterState {
     /// is handed to the components, the check is retried with backoff; after,
     /// it is probed with backoff and is ready again once it answers.
     Unreachable(Redacted),
+    /// Not a cluster yet: the provider found it in its inventory but cannot
+    /// make a cluster of it (a Secret without its key, a kubeconfig naming a
+    /// user it lacks, a credential plugin that fails); the reason says why.
+    /// A cluster already engaged under the name keeps its own state.
+    Unusable(Redacted),
 }
 
 impl ClusterState {
@@ -69,17 +75,19 @@ impl ClusterState {
             ClusterState::Ready => "ready",
             ClusterState::Degraded(_) => "degraded",
             ClusterState::Unreachable(_) => "unreachable",
+            ClusterState::Unusable(_) => "unusable",
         }
     }
 
-    /// The state's place in the per-state counts (the order of
-    /// [`crate::metrics`]'s `cluster_states`).
+    /// The state's place in the engaged clusters' counts (the order of
+    /// [`crate::metrics`]'s `cluster_states`); an engaged cluster is never
+    /// unusable.
     fn index(&self) -> usize {
         match self {
             ClusterState::Syncing => 0,
             ClusterState::Ready => 1,
             ClusterState::Degraded(_) => 2,
-            ClusterState::Unreachable(_) => 3,
+            ClusterState::Unreachable(_) | ClusterState::Unusable(_) => 3,
         }
     }
 }
@@ -426,22 +434,47 @@ impl Manager {
         self.add_component(Arc::new(controller))
     }
 
-    /// Each engaged cluster and its state, sorted by name.
+    /// Each engaged cluster and its state, and each inventory object the
+    /// provider could not make a cluster of ([`ClusterState::Unusable`]),
+    /// sorted by name.
     pub fn cluster_states(&self) -> Vec<(ClusterName, ClusterState)> {
-        lock(&self.inner.clusters)
-            .clusters
-            .iter()
-            .map(|(name, held)| (name.clone(), held.data.state.clone()))
-            .collect()
+        let mut states: std::collections::BTreeMap<ClusterName, ClusterState> =
+            lock(&self.inner.clusters)
+                .clusters
+                .iter()
+                .map(|(name, held)| (name.clone(), held.data.state.clone()))
+                .collect();
+        for (name, _, reason) in self.inner.metrics.fleet().unusable_inventory() {
+            states.entry(name).or_insert(ClusterState::Unusable(reason));
+        }
+        states.into_iter().collect()
     }
 
-    /// The state of the engaged cluster `name`; `None` when it is not
-    /// engaged.
+    /// The state of `name`: an engaged cluster's, or
+    /// [`ClusterState::Unusable`] for an inventory object that could not
+    /// become one; `None` when the fleet has no such name.
     pub fn cluster_state(&self, name: &ClusterName) -> Option<ClusterState> {
-        lock(&self.inner.clusters)
+        let engaged = lock(&self.inner.clusters)
             .clusters
             .get(name)
-            .map(|held| held.data.state.clone())
+            .map(|held| held.data.state.clone());
+        engaged.or_else(|| {
+            self.inner
+                .metrics
+                .fleet()
+                .unusable_inventory()
+                .into_iter()
+                .find(|(unusable, _, _)| unusable == name)
+                .map(|(_, _, reason)| ClusterState::Unusable(reason))
+        })
+    }
+
+    /// The fleet in numbers, told of every change: how many clusters are
+    /// syncing, ready, degraded, unreachable, and how many inventory objects
+    /// are unusable. Wait on it (`changed().await`) instead of polling
+    /// [`Manager::cluster_states`].
+    pub fn watch_fleet(&self) -> tokio::sync::watch::Receiver<crate::fleet::FleetSummary> {
+        self.inner.metrics.fleet().subscribe()
     }
 
     /// Whether [`Manager::run`] has engaged the local cluster and started
@@ -765,7 +798,7 @@ impl Manager {
                 ClusterState::Degraded(reason) | ClusterState::Unreachable(reason) => {
                     tracing::warn!(cluster = %name, state = state.label(), %reason, "cluster is not healthy");
                 }
-                ClusterState::Syncing => {}
+                ClusterState::Syncing | ClusterState::Unusable(_) => {}
             }
             self.inner.metrics.cluster_state(name, state.label());
             tracked.counts[progress.state.index()] -= 1;
@@ -856,7 +889,9 @@ async fn probe(cluster: &Cluster) -> Result<(), Redacted> {
 }
 
 /// Whether the cluster's API server answers `/version`; the reason is
-/// redacted (a failed credential plugin's settings never show).
+/// redacted (a failed credential plugin's settings never show). A server
+/// that cannot be reached is named, as the cluster's request record names
+/// it (clients built from kubeconfigs).
 async fn probe_server(cluster: &Cluster) -> Result<(), Redacted> {
     let request = http::Request::get("/version")
         .body(Vec::new())
@@ -866,7 +901,12 @@ async fn probe_server(cluster: &Cluster) -> Result<(), Redacted> {
         .request_text(request)
         .await
         .map(|_| ())
-        .map_err(|err| Redacted::kube(&err))
+        .map_err(|err| {
+            cluster
+                .failure()
+                .filter(|failure| failure.unreachable)
+                .map_or_else(|| Redacted::kube(&err), |failure| failure.reason)
+        })
 }
 
 async fn wait_for_signal() {

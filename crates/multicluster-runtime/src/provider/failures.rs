@@ -54,10 +54,15 @@ impl Failures {
             return;
         }
         tracing::warn!(cluster = %name, %reason, "cannot add the cluster to the fleet");
-        reasons.insert(name.clone(), reason);
         if let Some(metrics) = self.metrics.get() {
             metrics.engagement_failed(self.provider, kind);
+            // The crate's errors and the providers' own words: no
+            // credential text.
+            metrics
+                .fleet()
+                .unusable(self.provider, name, crate::redact::Redacted::ours(&reason));
         }
+        reasons.insert(name.clone(), reason);
     }
 
     /// Records that building `name`'s cluster from its kubeconfig failed
@@ -77,7 +82,11 @@ impl Failures {
 
     /// Forgets `name`'s failure: it is engaged, or gone.
     pub fn clear(&self, name: &ClusterName) {
-        lock(&self.reasons).remove(name);
+        if lock(&self.reasons).remove(name).is_some()
+            && let Some(metrics) = self.metrics.get()
+        {
+            metrics.fleet().usable(self.provider, name);
+        }
     }
 
     /// The clusters that cannot be engaged now, each with its reason.

@@ -1,0 +1,132 @@
+//! The fleet as a whole: how many clusters are in each state, as a value to
+//! subscribe to ([`crate::Manager::watch_fleet`]), and the inventory that
+//! could not become clusters (a Secret without its key, a context naming a
+//! user that does not exist, a credential plugin that fails), as providers
+//! report it.
+//!
+//! Both travel with the manager's [`Metrics`](crate::metrics::Metrics),
+//! which the manager hands to its provider before starting it, so every
+//! provider that records its failures in
+//! [`provider::failures::Failures`](crate::provider::failures::Failures)
+//! shows them in [`crate::Manager::cluster_states`], on `/clusters` and in
+//! `mcr_inventory_failures{provider}` without further wiring.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use tokio::sync::watch;
+
+use crate::ClusterName;
+use crate::redact::Redacted;
+use crate::sync::lock;
+
+/// How many clusters are in each state. Subscribers are told of every
+/// change ([`FleetSummary::changes`] moves even when the counts stay, as
+/// when one cluster turns ready while another turns degraded); the details
+/// are in [`crate::Manager::cluster_states`].
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FleetSummary {
+    /// Engaged, waiting for the API server and cache.
+    pub syncing: usize,
+    /// Working.
+    pub ready: usize,
+    /// Working, but refused some watches or requests.
+    pub degraded: usize,
+    /// Not answering.
+    pub unreachable: usize,
+    /// Inventory objects that could not become clusters.
+    pub unusable: usize,
+    /// How many changes the fleet has seen.
+    pub changes: u64,
+}
+
+/// The fleet's summary and unusable inventory, shared by the manager and
+/// its provider. Cheap to clone.
+#[derive(Clone, Debug)]
+pub(crate) struct FleetView(Arc<Shared>);
+
+#[derive(Debug)]
+struct Shared {
+    summary: watch::Sender<FleetSummary>,
+    /// What could not become a cluster, by name: the provider and why.
+    unusable: Mutex<BTreeMap<ClusterName, (&'static str, Redacted)>>,
+    /// `mcr_inventory_failures{provider}`.
+    gauge: Family<Vec<(&'static str, String)>, Gauge>,
+}
+
+impl FleetView {
+    pub(crate) fn new(gauge: Family<Vec<(&'static str, String)>, Gauge>) -> Self {
+        Self(Arc::new(Shared {
+            summary: watch::Sender::new(FleetSummary::default()),
+            unusable: Mutex::default(),
+            gauge,
+        }))
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<FleetSummary> {
+        self.0.summary.subscribe()
+    }
+
+    /// The engaged clusters' counts changed (or one changed state).
+    pub(crate) fn engaged(&self, [syncing, ready, degraded, unreachable]: [i64; 4]) {
+        let count = |n: i64| usize::try_from(n).unwrap_or_default();
+        self.0.summary.send_modify(|summary| {
+            summary.syncing = count(syncing);
+            summary.ready = count(ready);
+            summary.degraded = count(degraded);
+            summary.unreachable = count(unreachable);
+            summary.changes += 1;
+        });
+    }
+
+    /// `provider` found `name` but cannot make a cluster of it.
+    pub(crate) fn unusable(&self, provider: &'static str, name: &ClusterName, reason: Redacted) {
+        let mut unusable = lock(&self.0.unusable);
+        let before = unusable.insert(name.clone(), (provider, reason));
+        if before.as_ref().is_none_or(|(was, _)| *was != provider) {
+            if let Some((was, _)) = before {
+                self.gauge(was).dec();
+            }
+            self.gauge(provider).inc();
+        }
+        self.publish(unusable.len());
+    }
+
+    /// `provider` made a cluster of `name` after all, or it is gone.
+    pub(crate) fn usable(&self, provider: &'static str, name: &ClusterName) {
+        let mut unusable = lock(&self.0.unusable);
+        if unusable
+            .get(name)
+            .is_some_and(|(recorded, _)| *recorded == provider)
+        {
+            unusable.remove(name);
+            self.gauge(provider).dec();
+            self.publish(unusable.len());
+        }
+    }
+
+    /// What could not become a cluster: name, provider, reason; sorted.
+    pub(crate) fn unusable_inventory(&self) -> Vec<(ClusterName, &'static str, Redacted)> {
+        lock(&self.0.unusable)
+            .iter()
+            .map(|(name, (provider, reason))| (name.clone(), *provider, reason.clone()))
+            .collect()
+    }
+
+    fn gauge(&self, provider: &'static str) -> Gauge {
+        self.0
+            .gauge
+            .get_or_create(&vec![("provider", provider.to_string())])
+            .clone()
+    }
+
+    fn publish(&self, unusable: usize) {
+        self.0.summary.send_modify(|summary| {
+            summary.unusable = unusable;
+            summary.changes += 1;
+        });
+    }
+}
