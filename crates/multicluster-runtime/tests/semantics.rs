@@ -44,6 +44,8 @@ async fn fleet_of(
     (manager, provider)
 }
 
+/// Per cluster at most `max_concurrent_reconciles`, in all at most
+/// `max_concurrent_reconciles_total`, and never one request twice at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrency_is_limited_and_a_request_never_runs_twice_at_once() {
     let cp = ControlPlane::start().await.expect("control plane");
@@ -51,15 +53,18 @@ async fn concurrency_is_limited_and_a_request_never_runs_twice_at_once() {
         create_config_map(&cp, &format!("cm-{i}"), &[]).await;
     }
     let in_flight = Arc::new(Mutex::new(HashSet::<Request>::new()));
+    // The most reconciles seen at once in all, and in one cluster.
     let most = Arc::new(AtomicUsize::new(0));
+    let most_in_one = Arc::new(AtomicUsize::new(0));
     let overlapped = Arc::new(AtomicBool::new(false));
     let recorder = Recorder::default();
     let api = Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default");
     let touched = Arc::new(AtomicBool::new(false));
     let controller = {
-        let (in_flight, most, overlapped, recorder, api, touched) = (
+        let (in_flight, most, most_in_one, overlapped, recorder, api, touched) = (
             in_flight.clone(),
             most.clone(),
+            most_in_one.clone(),
             overlapped.clone(),
             recorder.clone(),
             api.clone(),
@@ -67,11 +72,13 @@ async fn concurrency_is_limited_and_a_request_never_runs_twice_at_once() {
         );
         Controller::builder("limited")
             .for_resource(Watch::<ConfigMap>::new())
-            .max_concurrent_reconciles(3)
+            .max_concurrent_reconciles(2)
+            .max_concurrent_reconciles_total(3)
             .build(move |request, _cluster| {
-                let (in_flight, most, overlapped, recorder, api, touched) = (
+                let (in_flight, most, most_in_one, overlapped, recorder, api, touched) = (
                     in_flight.clone(),
                     most.clone(),
+                    most_in_one.clone(),
                     overlapped.clone(),
                     recorder.clone(),
                     api.clone(),
@@ -84,6 +91,11 @@ async fn concurrency_is_limited_and_a_request_never_runs_twice_at_once() {
                             overlapped.store(true, Ordering::SeqCst);
                         }
                         most.fetch_max(running.len(), Ordering::SeqCst);
+                        let in_cluster = running
+                            .iter()
+                            .filter(|other| other.cluster == request.cluster)
+                            .count();
+                        most_in_one.fetch_max(in_cluster, Ordering::SeqCst);
                     }
                     // While cm-0 in cluster a is being reconciled, change it:
                     // the event arrives mid-reconcile and must cause one more run.
@@ -121,9 +133,16 @@ async fn concurrency_is_limited_and_a_request_never_runs_twice_at_once() {
         !overlapped.load(Ordering::SeqCst),
         "a request ran twice at once"
     );
-    let most = most.load(Ordering::SeqCst);
-    assert!(most <= 3, "at most 3 at once, saw {most}");
-    assert!(most >= 2, "reconciles ran in parallel (saw at most {most})");
+    let (most, most_in_one) = (
+        most.load(Ordering::SeqCst),
+        most_in_one.load(Ordering::SeqCst),
+    );
+    assert!(most <= 3, "at most 3 at once in all, saw {most}");
+    assert!(
+        most_in_one <= 2,
+        "at most 2 at once in one cluster, saw {most_in_one}"
+    );
+    assert!(most >= 3, "both clusters ran at once (saw at most {most})");
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
