@@ -14,8 +14,8 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ObjectMeta, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::provider::budget::RequestBudget;
-use multicluster_runtime::provider::clusters::KubeconfigCluster;
 use multicluster_runtime::provider::kubeconfig::ClientOptions;
+use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 
 const WRITES: usize = 100;
 

@@ -19,7 +19,7 @@ use multicluster_envtest::ControlPlane;
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
 use multicluster_runtime::testing::TestProvider;
-use multicluster_runtime::{Cluster, Manager, ManagerOptions};
+use multicluster_runtime::{Cluster, Manager};
 use tokio_util::sync::CancellationToken;
 
 const OBJECTS_PER_CLUSTER: usize = 100;
@@ -113,11 +113,9 @@ async fn run(cp: &ControlPlane, clusters: usize) -> Result<(), Box<dyn std::erro
                 }
             })?
     };
-    let manager = Manager::with_provider(
-        Cluster::new("local", cp.client().await?),
-        Arc::new(provider),
-        ManagerOptions::default(),
-    );
+    let manager = Manager::builder(Cluster::new("local", cp.client().await?))
+        .provider(Arc::new(provider))
+        .build();
     manager.add_controller(controller)?;
     let shutdown = CancellationToken::new();
     let started = Instant::now();

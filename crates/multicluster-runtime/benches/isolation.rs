@@ -27,7 +27,7 @@ use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
 use multicluster_runtime::provider::kubeconfig::{self, ClientOptions};
 use multicluster_runtime::testing::TestProvider;
-use multicluster_runtime::{Cluster, Manager, ManagerOptions};
+use multicluster_runtime::{Cluster, Manager};
 use tokio_util::sync::CancellationToken;
 
 const HEALTHY: usize = 7;
@@ -182,11 +182,9 @@ async fn case(
             })
             .expect("controller")
     };
-    let manager = Manager::with_provider(
-        Cluster::new("local", admin.clone()),
-        Arc::new(provider),
-        ManagerOptions::default(),
-    );
+    let manager = Manager::builder(Cluster::new("local", admin.clone()))
+        .provider(Arc::new(provider))
+        .build();
     manager.add_controller(controller).expect("add");
     let shutdown = CancellationToken::new();
     let task = {

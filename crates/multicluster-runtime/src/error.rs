@@ -27,7 +27,7 @@ pub enum Error {
     #[error("{0} already started")]
     AlreadyStarted(&'static str),
     /// A call to a cluster's API server failed. The message goes through
-    /// [`crate::redact::kube_error`], so a failed credential plugin's
+    /// [`crate::redact::Redacted::kube`], so a failed credential plugin's
     /// settings never show.
     #[error("cluster {cluster}: {}", crate::redact::kube_error(source))]
     Kube {

@@ -32,17 +32,17 @@ pub struct Redacted(String);
 pub const MAX_LEN: usize = 600;
 
 impl Redacted {
-    /// A client error, described by [`kube_error`].
+    /// A client error: an API error as code, reason and message on one line, other errors with their causes, credential plugin failures by command and status.
     pub fn kube(err: &kube::Error) -> Self {
         Self::bounded(said_plainly(err, kube_error(err)))
     }
 
-    /// A watch error, described by [`watcher_error`].
+    /// A watch error, described as [`Redacted::kube`] describes its client error.
     pub fn watcher(err: &watcher::Error) -> Self {
         Self::bounded(said_plainly(err, watcher_error(err)))
     }
 
-    /// Any error and its causes, described by [`error_chain`].
+    /// Any error and its causes, each once; client errors as [`Redacted::kube`] describes them.
     pub fn error(err: &(dyn StdError + 'static)) -> Self {
         Self::bounded(said_plainly(err, error_chain(err)))
     }
@@ -139,7 +139,7 @@ pub(crate) fn out_of_descriptors(err: &(dyn StdError + 'static)) -> bool {
 const STDERR_LIMIT: usize = 300;
 
 /// Describes a kube error without credentials.
-pub fn kube_error(err: &kube::Error) -> String {
+pub(crate) fn kube_error(err: &kube::Error) -> String {
     match err {
         // kube-rs appends the Debug dump of the whole status.
         kube::Error::Api(status) => status_text(status),
@@ -209,7 +209,7 @@ pub(crate) fn without_userinfo(uri: &http::Uri) -> String {
 
 /// Describes any error and its causes without credentials: kube-rs errors
 /// through [`kube_error`], others by their messages, each cause once.
-pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
+pub(crate) fn error_chain(err: &(dyn StdError + 'static)) -> String {
     let mut text = String::new();
     let mut current: Option<&(dyn StdError + 'static)> = Some(err);
     while let Some(err) = current {
@@ -235,7 +235,7 @@ pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
 }
 
 /// Describes a watcher error without credentials.
-pub fn watcher_error(err: &watcher::Error) -> String {
+pub(crate) fn watcher_error(err: &watcher::Error) -> String {
     match err {
         watcher::Error::InitialListFailed(inner) => {
             format!(
@@ -254,7 +254,7 @@ pub fn watcher_error(err: &watcher::Error) -> String {
 }
 
 /// Describes a client authentication error without credentials.
-pub fn auth_error(err: &AuthError) -> String {
+pub(crate) fn auth_error(err: &AuthError) -> String {
     match err {
         AuthError::AuthExecRun { out, .. } => format!(
             "the credential plugin failed ({}); {STDERR_WITHHELD}",
@@ -271,12 +271,6 @@ pub fn auth_error(err: &AuthError) -> String {
         AuthError::InvalidBasicAuth(_) => "the basic auth credentials are not valid".to_string(),
         other => other.to_string(),
     }
-}
-
-/// Whether `err` is a client authentication error (a failed credential
-/// plugin, for one), however deeply kube-rs wrapped it.
-pub fn is_auth_error(err: &kube::Error) -> bool {
-    auth_error_in(err).is_some()
 }
 
 fn auth_error_in(err: &kube::Error) -> Option<&AuthError> {

@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use kube::api::{Api, DeleteParams, PostParams};
 use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_runtime::Cluster;
-use multicluster_runtime::provider::clusters::KubeconfigCluster;
 use multicluster_runtime::provider::kubeconfig::ClientOptions;
+use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::testing::eventually;
 
 /// A cluster of `cp` built as providers build it, authenticated by the

@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::*;
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::manager::ClusterState;
-use multicluster_runtime::provider::clusters::KubeconfigCluster;
 use multicluster_runtime::provider::kubeconfig::ClientOptions;
+use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::{ClusterName, Manager, ManagerOptions};
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 
@@ -42,11 +42,10 @@ async fn descriptors_are_raised_and_running_out_is_reported_as_such() {
     .await
     .expect("cluster");
     provider.clusters.add("member", cluster).expect("add");
-    let manager = Manager::with_provider(
-        cluster_for("local", &member).await,
-        Arc::new(provider),
-        ManagerOptions::default().unhealthy_after(Duration::from_secs(1)),
-    );
+    let manager = Manager::builder(cluster_for("local", &member).await)
+        .provider(Arc::new(provider))
+        .options(ManagerOptions::default().unhealthy_after(Duration::from_secs(1)))
+        .build();
     // A watch on the member, which must connect again after the outage.
     manager
         .add_controller(

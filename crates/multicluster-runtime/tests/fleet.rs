@@ -17,7 +17,7 @@ use multicluster_envtest::ControlPlane;
 use multicluster_runtime::cache::FieldIndex;
 use multicluster_runtime::controller::{Action, Controller, Watch};
 use multicluster_runtime::manager::ClusterState;
-use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions, Provider};
+use multicluster_runtime::{Cluster, ClusterName, Manager, Provider};
 
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -63,7 +63,7 @@ async fn a_controller_reconciles_across_a_changing_fleet() {
         .expect("index");
 
     let local = cluster_for("local", &a).await;
-    let manager = Manager::with_provider(local, provider.clone(), ManagerOptions::default());
+    let manager = Manager::builder(local).provider(provider.clone()).build();
     let recorder = Recorder::default();
     let seen = recorder.clone();
     let controller = Controller::builder("config-maps")

@@ -17,8 +17,8 @@ use multicluster_envtest::ControlPlane;
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::metrics::Metrics;
-use multicluster_runtime::provider::clusters::KubeconfigCluster;
 use multicluster_runtime::provider::kubeconfig::ClientOptions;
+use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::testing::{eventually_within, recording_controller};
 use multicluster_runtime::{Cluster, Manager, ManagerOptions};
 

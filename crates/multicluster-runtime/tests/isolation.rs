@@ -16,8 +16,8 @@ use multicluster_envtest::ControlPlane;
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
 use multicluster_runtime::manager::ClusterState;
-use multicluster_runtime::provider::clusters::KubeconfigCluster;
 use multicluster_runtime::provider::kubeconfig::ClientOptions;
+use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::testing::eventually_within;
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
 
@@ -149,11 +149,10 @@ async fn a_hung_member_does_not_stall_the_others_and_is_reported() {
             .add(name, kubeconfig_cluster(name, cp, &options).await)
             .expect("add");
     }
-    let manager = Manager::with_provider(
-        cluster_for("local", &m2).await,
-        Arc::new(provider),
-        ManagerOptions::default().unhealthy_after(Duration::from_secs(1)),
-    );
+    let manager = Manager::builder(cluster_for("local", &m2).await)
+        .provider(Arc::new(provider))
+        .options(ManagerOptions::default().unhealthy_after(Duration::from_secs(1)))
+        .build();
     let recorder = Recorder::default();
     let gate = Gate::new();
     manager

@@ -33,11 +33,9 @@ async fn endpoints_report_health_readiness_metrics_and_clusters() {
         .clusters
         .add("member", cluster_for("member", &cp).await)
         .expect("add");
-    let manager = Manager::with_provider(
-        cluster_for("local", &cp).await,
-        Arc::new(provider),
-        ManagerOptions::default(),
-    );
+    let manager = Manager::builder(cluster_for("local", &cp).await)
+        .provider(Arc::new(provider))
+        .build();
     let recorder = Recorder::default();
     let controller = {
         let recorder = recorder.clone();
@@ -143,8 +141,10 @@ async fn shutdown_lets_running_reconciles_finish_and_starts_no_new_ones() {
         .add("member", cluster_for("member", &cp).await)
         .expect("add");
     let options = ManagerOptions::default().shutdown_grace(Duration::from_secs(30));
-    let manager =
-        Manager::with_provider(cluster_for("local", &cp).await, Arc::new(provider), options);
+    let manager = Manager::builder(cluster_for("local", &cp).await)
+        .provider(Arc::new(provider))
+        .options(options)
+        .build();
     manager.add_controller(controller.clone()).expect("add");
     let (stop, task) = run_manager(&manager);
 
@@ -230,11 +230,10 @@ async fn shutdown_is_bounded_whatever_reconciles_and_the_provider_do() {
             .expect("controller")
     };
     let grace = Duration::from_secs(2);
-    let manager = Manager::with_provider(
-        cluster_for("local", &cp).await,
-        Arc::new(StuckProvider::default()),
-        ManagerOptions::default().shutdown_grace(grace),
-    );
+    let manager = Manager::builder(cluster_for("local", &cp).await)
+        .provider(Arc::new(StuckProvider::default()))
+        .options(ManagerOptions::default().shutdown_grace(grace))
+        .build();
     manager.add_controller(controller).expect("add");
     let (stop, task) = run_manager(&manager);
     tokio::time::timeout(DEADLINE, started.notified())
@@ -265,11 +264,9 @@ async fn a_controller_added_while_the_manager_runs_reconciles() {
         .clusters
         .add("member", cluster_for("member", &cp).await)
         .expect("add");
-    let manager = Manager::with_provider(
-        cluster_for("local", &cp).await,
-        Arc::new(provider),
-        ManagerOptions::default(),
-    );
+    let manager = Manager::builder(cluster_for("local", &cp).await)
+        .provider(Arc::new(provider))
+        .build();
     let (stop, task) = run_manager(&manager);
     eventually("the member to be ready", || async {
         manager.cluster_state(&ClusterName::from("member"))

@@ -17,7 +17,7 @@ use multicluster_envtest::ControlPlane;
 use multicluster_runtime::controller::{
     Action, Clusters, Controller, Request, Watch, filters, map,
 };
-use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
+use multicluster_runtime::{Cluster, ClusterName, Manager};
 use serde_json::json;
 
 const LABEL: &str = "example.com/propagate";
@@ -187,11 +187,9 @@ async fn a_hub_object_reaches_every_member_including_one_that_joins_later() {
         .clusters
         .add("m1", cluster_for("m1", &m1).await)
         .expect("add");
-    let manager = Manager::with_provider(
-        hub.clone(),
-        Arc::new(provider.clone()),
-        ManagerOptions::default(),
-    );
+    let manager = Manager::builder(hub.clone())
+        .provider(Arc::new(provider.clone()))
+        .build();
     manager.add_controller(propagation(hub)).expect("add");
     let (stop, task) = run_manager(&manager);
 

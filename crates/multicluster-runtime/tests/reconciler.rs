@@ -14,9 +14,9 @@ use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use multicluster_envtest::ControlPlane;
+use multicluster_runtime::Manager;
 use multicluster_runtime::controller::{Action, Backoff, Controller, Request, Terminal, Watch};
 use multicluster_runtime::testing::Recorder;
-use multicluster_runtime::{Manager, ManagerOptions};
 
 /// Shared with every reconcile through the context argument.
 #[derive(Default)]
@@ -83,11 +83,9 @@ async fn terminal_errors_wait_for_a_change_and_the_error_policy_replaces_the_bac
             reconcile(request, context)
         })
         .expect("controller");
-    let manager = Manager::with_provider(
-        cluster_for("local", &cp).await,
-        Arc::new(provider),
-        ManagerOptions::default(),
-    );
+    let manager = Manager::builder(cluster_for("local", &cp).await)
+        .provider(Arc::new(provider))
+        .build();
     manager.add_controller(controller).expect("add");
     let (stop, task) = run_manager(&manager);
 

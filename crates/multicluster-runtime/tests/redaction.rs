@@ -18,8 +18,8 @@ use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_runtime::Manager;
 use multicluster_runtime::controller::{Action, Controller, Watch};
 use multicluster_runtime::manager::ClusterState;
-use multicluster_runtime::provider::clusters::KubeconfigCluster;
 use multicluster_runtime::provider::kubeconfig::ClientOptions;
+use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 
 const SECRET_ENV: &str = "api-key-that-must-not-leak";
 const SECRET_ARG: &str = "password-that-must-not-leak";
@@ -144,7 +144,7 @@ async fn a_failing_credential_plugin_leaks_nothing_anywhere() {
     assert_no_secret("the error's Debug form", &format!("{err:?}"));
     assert_no_secret(
         "the redacted error",
-        &multicluster_runtime::redact::kube_error(&err),
+        &multicluster_runtime::redact::Redacted::kube(&err),
     );
     eventually(
         "the member to be degraded by its failing plugin",

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::controller::{Action, Backoff, Controller, Request, Watch};
-use multicluster_runtime::{ClusterName, Manager, ManagerOptions};
+use multicluster_runtime::{ClusterName, Manager};
 use tokio::sync::Notify;
 
 #[derive(Debug, thiserror::Error)]
@@ -35,11 +35,9 @@ async fn fleet_of(
             .add(*name, cluster_for(name, cp).await)
             .expect("add");
     }
-    let manager = Manager::with_provider(
-        cluster_for("local", cp).await,
-        Arc::new(provider.clone()),
-        ManagerOptions::default(),
-    );
+    let manager = Manager::builder(cluster_for("local", cp).await)
+        .provider(Arc::new(provider.clone()))
+        .build();
     manager.add_controller(controller).expect("add controller");
     (manager, provider)
 }

@@ -12,8 +12,8 @@ use kube::api::{Api, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::Cluster;
 use multicluster_runtime::provider::budget::RequestBudget;
-use multicluster_runtime::provider::clusters::KubeconfigCluster;
 use multicluster_runtime::provider::kubeconfig::ClientOptions;
+use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 
 /// A control plane that writes an audit record of every request into the
 /// returned log, with `args` for its API server.

@@ -12,8 +12,8 @@ use std::sync::{Arc, Mutex};
 use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_envtest::ControlPlane;
+use multicluster_runtime::Manager;
 use multicluster_runtime::controller::{Action, Controller, Watch};
-use multicluster_runtime::{Manager, ManagerOptions};
 
 #[derive(Debug, thiserror::Error)]
 #[error("never")]
@@ -75,11 +75,9 @@ async fn reconcile_spans_carry_the_cluster_name() {
             .add(name, cluster_for(name, &cp).await)
             .expect("add");
     }
-    let manager = Manager::with_provider(
-        cluster_for("local", &cp).await,
-        Arc::new(provider),
-        ManagerOptions::default(),
-    );
+    let manager = Manager::builder(cluster_for("local", &cp).await)
+        .provider(Arc::new(provider))
+        .build();
     manager.add_controller(controller).expect("add controller");
     let (shutdown, task) = run_manager(&manager);
     recorder.wait_for_more(&req("east", "traced"), 0).await;

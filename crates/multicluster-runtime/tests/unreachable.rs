@@ -57,8 +57,10 @@ async fn an_unreachable_cluster_is_reported_retried_and_engaged_once_it_answers(
         .sync_timeout(Duration::from_secs(2))
         .retry_delay(Duration::from_millis(200))
         .max_retry_delay(Duration::from_secs(1));
-    let manager =
-        Manager::with_provider(cluster_for("local", &up).await, Arc::new(provider), options);
+    let manager = Manager::builder(cluster_for("local", &up).await)
+        .provider(Arc::new(provider))
+        .options(options)
+        .build();
     let recorder = Recorder::default();
     manager
         .add_controller(recording_controller(&recorder))
@@ -103,11 +105,9 @@ async fn a_stopped_api_server_does_not_delay_the_other_clusters() {
         .clusters
         .add("failing", cluster_for("failing", &failing).await)
         .expect("add");
-    let manager = Manager::with_provider(
-        cluster_for("local", &healthy).await,
-        Arc::new(provider),
-        ManagerOptions::default(),
-    );
+    let manager = Manager::builder(cluster_for("local", &healthy).await)
+        .provider(Arc::new(provider))
+        .build();
     let recorder = Recorder::default();
     manager
         .add_controller(recording_controller(&recorder))
@@ -152,7 +152,7 @@ async fn an_unreachable_member_is_named_with_its_address_and_the_cause() {
     if let Some(cluster) = kubeconfig.clusters[0].cluster.as_mut() {
         cluster.server = Some(server.clone());
     }
-    let down = multicluster_runtime::provider::clusters::KubeconfigCluster {
+    let down = multicluster_runtime::provider::kubeconfig::KubeconfigCluster {
         name: "down".into(),
         text: multicluster_envtest::to_yaml(&kubeconfig).expect("yaml"),
         source: "test kubeconfig".into(),

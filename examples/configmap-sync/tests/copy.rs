@@ -11,7 +11,7 @@ use multicluster_envtest::ControlPlane;
 use multicluster_example_configmap_sync::{SYNC_LABEL, controller, copy_name};
 use multicluster_provider_single::SingleProvider;
 use multicluster_runtime::testing::{eventually, run_manager};
-use multicluster_runtime::{Cluster, Manager, ManagerOptions};
+use multicluster_runtime::{Cluster, Manager};
 
 async fn copy(configmaps: &Api<ConfigMap>, source: &str) -> Option<ConfigMap> {
     configmaps.get_opt(&copy_name(source)).await.ok().flatten()
@@ -25,11 +25,9 @@ async fn a_source_that_loses_its_label_loses_its_copy() {
         "member",
         Cluster::new("member", client.clone()),
     ));
-    let manager = Manager::with_provider(
-        Cluster::new("local", client.clone()),
-        provider,
-        ManagerOptions::default(),
-    );
+    let manager = Manager::builder(Cluster::new("local", client.clone()))
+        .provider(provider)
+        .build();
     manager
         .add_controller(controller("copy").expect("controller"))
         .expect("add");

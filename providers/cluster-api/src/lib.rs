@@ -39,11 +39,12 @@ use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::controller::{Action, Backoff, Controller, Request, Watch};
 use multicluster_runtime::metrics::Metrics;
-use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
+use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::discovery::{
     self, DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, MANAGEMENT, PROVIDER_BACKOFF,
 };
 use multicluster_runtime::provider::kubeconfig::ClientOptions;
+use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::watch_filter;
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
@@ -224,13 +225,13 @@ impl ClusterApiProvider {
 
     /// Names of the engaged clusters, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
-        self.shared.fleet.clusters.names()
+        self.shared.fleet.clusters().names()
     }
 
     /// Ready Clusters that cannot be engaged now, each with the reason
     /// (naming the Secret and key, never quoting it).
     pub fn failures(&self) -> std::collections::BTreeMap<ClusterName, String> {
-        self.shared.fleet.failures.current()
+        self.shared.fleet.failures().current()
     }
 }
 
@@ -311,7 +312,9 @@ impl Shared {
         match self.wanted(namespace, &request.name) {
             Wanted::Gone => self.fleet.remove(&fleet_name, "its Cluster is deleted"),
             Wanted::Leave(why) => tracing::debug!(cluster = %fleet_name, "{why}"),
-            Wanted::Missing(reason, kind) => self.fleet.failures.record(&fleet_name, reason, kind),
+            Wanted::Missing(reason, kind) => {
+                self.fleet.failures().record(&fleet_name, reason, kind)
+            }
             Wanted::Engage(wanted) => {
                 let now = || match self.wanted(namespace, &request.name) {
                     Wanted::Engage(now) => Some(now),
@@ -326,7 +329,7 @@ impl Shared {
 
 impl ClusterSetProvider for ClusterApiProvider {
     fn cluster_set(&self) -> &Clusters {
-        &self.shared.fleet.clusters
+        self.shared.fleet.clusters()
     }
 }
 

@@ -49,8 +49,9 @@ use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
-use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
+use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::discovery::{self, Fleet, MANAGEMENT};
+use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::watch_filter;
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
@@ -138,14 +139,14 @@ impl ClusterProfileProvider {
 
     /// Names of the engaged clusters, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
-        self.shared.fleet.clusters.names()
+        self.shared.fleet.clusters().names()
     }
 
     /// Profiles that are ready but could not be engaged with their current
     /// settings, each with the reason; an entry goes once the profile is
     /// engaged or gone.
     pub fn failures(&self) -> BTreeMap<ClusterName, String> {
-        self.shared.fleet.failures.current()
+        self.shared.fleet.failures().current()
     }
 }
 
@@ -211,7 +212,7 @@ impl Shared {
             Wanted::Gone => self
                 .fleet
                 .remove(&fleet_name, "its ClusterProfile is deleted"),
-            Wanted::NotReady if self.fleet.clusters.get(&fleet_name).is_ok() => {
+            Wanted::NotReady if self.fleet.clusters().get(&fleet_name).is_ok() => {
                 tracing::warn!(cluster = %fleet_name, "ClusterProfile is not ready; keeping the engaged cluster");
             }
             Wanted::NotReady => {
@@ -219,7 +220,7 @@ impl Shared {
             }
             Wanted::NoCredentials(reason) => {
                 self.fleet
-                    .failures
+                    .failures()
                     .record(&fleet_name, reason, "no-credentials");
             }
             Wanted::Engage(wanted) => {
@@ -246,7 +247,7 @@ fn stable_id(profile: &DynamicObject) -> Option<String> {
 
 impl ClusterSetProvider for ClusterProfileProvider {
     fn cluster_set(&self) -> &Clusters {
-        &self.shared.fleet.clusters
+        self.shared.fleet.clusters()
     }
 }
 

@@ -163,13 +163,13 @@ impl FileProvider {
 
     /// Names of the engaged clusters, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
-        self.shared.fleet.clusters.names()
+        self.shared.fleet.clusters().names()
     }
 
     /// Contexts (by cluster name) and files (by path) that cannot be used
     /// now, each with the reason; the clusters they had stay engaged.
     pub fn failures(&self) -> BTreeMap<ClusterName, String> {
-        self.shared.fleet.failures.current()
+        self.shared.fleet.failures().current()
     }
 
     /// How many times a kubeconfig file has been read: once per source file
@@ -396,7 +396,7 @@ fn default_sources(options: &mut FileOptions) {
 
 impl ClusterSetProvider for FileProvider {
     fn cluster_set(&self) -> &Clusters {
-        &self.shared.fleet.clusters
+        self.shared.fleet.clusters()
     }
 }
 

@@ -5,8 +5,8 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use multicluster_runtime::ClusterName;
-use multicluster_runtime::provider::clusters::KubeconfigCluster;
 use multicluster_runtime::provider::kubeconfig;
+use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 
 use crate::{Shared, lock};
 
@@ -45,7 +45,7 @@ pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
         if let Ok(meta) = std::fs::metadata(&file)
             && !meta.is_file()
         {
-            shared.fleet.failures.record(
+            shared.fleet.failures().record(
                 &file_key,
                 format!(
                     "file {} is not a regular file (a directory, pipe or device); only regular files are read",
@@ -60,11 +60,11 @@ pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
         let text = match std::fs::read_to_string(&file) {
             Ok(text) => text,
             Err(err) if err.kind() == std::io::ErrorKind::NotFound => {
-                shared.fleet.failures.clear(&file_key);
+                shared.fleet.failures().clear(&file_key);
                 continue;
             }
             Err(err) => {
-                shared.fleet.failures.record(
+                shared.fleet.failures().record(
                     &file_key,
                     format!("file {} cannot be read: {err}", file.display()),
                     "unreadable-file",
@@ -79,13 +79,13 @@ pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
             Err(err) => {
                 shared
                     .fleet
-                    .failures
+                    .failures()
                     .record(&file_key, err.to_string(), "invalid-kubeconfig");
                 keep_all(&mut found);
                 continue;
             }
         };
-        shared.fleet.failures.clear(&file_key);
+        shared.fleet.failures().clear(&file_key);
         for context in kubeconfig::context_names(&parsed) {
             let name = ClusterName::from(format!("{prefix}{context}"));
             if found.contains_key(&name) {
@@ -108,7 +108,7 @@ pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
                 Err(err) => {
                     shared
                         .fleet
-                        .failures
+                        .failures()
                         .record(&name, err.to_string(), "invalid-kubeconfig");
                     found.insert(name, Desired::Broken);
                 }
@@ -117,7 +117,7 @@ pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
     }
     // Failures of contexts that are gone are no longer news.
     for name in before.iter().filter(|name| !found.contains_key(*name)) {
-        shared.fleet.failures.clear(name);
+        shared.fleet.failures().clear(name);
     }
     found
 }

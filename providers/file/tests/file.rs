@@ -147,11 +147,9 @@ async fn missing_paths_are_skipped_until_they_appear() {
     let provider = Arc::new(FileProvider::new(
         FileOptions::default().files(vec![later.clone()]),
     ));
-    let manager = Manager::with_provider(
-        Cluster::new("local", cp.client().await.expect("client")),
-        provider.clone(),
-        ManagerOptions::default(),
-    );
+    let manager = Manager::builder(Cluster::new("local", cp.client().await.expect("client")))
+        .provider(provider.clone())
+        .build();
     let (shutdown, task) = run_manager(&manager);
     eventually("the manager to start", || async { manager.is_started() }).await;
     write(&later, &with_contexts(cp.kubeconfig(), &["ctx"]));
@@ -208,11 +206,10 @@ async fn broken_files_and_contexts_affect_only_themselves() {
         FileOptions::default().directories(vec![dir.path().to_path_buf()]),
     ));
     let options = ManagerOptions::default().sync_timeout(std::time::Duration::from_secs(3));
-    let manager = Manager::with_provider(
-        Cluster::new("local", cp.client().await.expect("client")),
-        provider.clone(),
-        options,
-    );
+    let manager = Manager::builder(Cluster::new("local", cp.client().await.expect("client")))
+        .provider(provider.clone())
+        .options(options)
+        .build();
     let (shutdown, task) = run_manager(&manager);
 
     let wrong_ca_name = name(&file("wrong-ca"), "wrong-ca");

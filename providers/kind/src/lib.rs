@@ -24,11 +24,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use multicluster_runtime::controller::{Action, Request, WorkQueue};
-use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
+use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::discovery::{
     DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, PROVIDER_BACKOFF,
 };
 use multicluster_runtime::provider::kubeconfig::ClientOptions;
+use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::process::{self, ProcessError};
 use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
@@ -104,7 +105,7 @@ impl KindProvider {
 
     /// Names of the engaged clusters, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
-        self.shared.fleet.clusters.names()
+        self.shared.fleet.clusters().names()
     }
 }
 
@@ -198,7 +199,7 @@ impl Shared {
 
 impl ClusterSetProvider for KindProvider {
     fn cluster_set(&self) -> &Clusters {
-        &self.shared.fleet.clusters
+        self.shared.fleet.clusters()
     }
 }
 

@@ -144,9 +144,8 @@ async fn a_failing_first_listing_fails_start_with_the_reason() {
     let kind = FakeKind::new();
     kind.failing(true);
     let provider = KindProvider::new(options(&kind.command(), None));
-    let aware: Arc<dyn Aware> = Arc::new(Manager::new(
-        multicluster_runtime::testing::offline_cluster("local"),
-    ));
+    let aware: Arc<dyn Aware> =
+        Arc::new(Manager::builder(multicluster_runtime::testing::offline_cluster("local")).build());
     let err = provider
         .start(CancellationToken::new(), aware)
         .await
@@ -157,9 +156,8 @@ async fn a_failing_first_listing_fails_start_with_the_reason() {
 #[tokio::test]
 async fn a_missing_kind_cli_is_a_clear_error() {
     let provider = KindProvider::new(options(Path::new("/nonexistent/kind"), None));
-    let aware: Arc<dyn Aware> = Arc::new(Manager::new(
-        multicluster_runtime::testing::offline_cluster("local"),
-    ));
+    let aware: Arc<dyn Aware> =
+        Arc::new(Manager::builder(multicluster_runtime::testing::offline_cluster("local")).build());
     let err = provider
         .start(CancellationToken::new(), aware)
         .await
@@ -174,7 +172,7 @@ async fn a_manager_whose_provider_cannot_start_stops_with_the_providers_error() 
         None,
     )));
     let local = multicluster_runtime::testing::offline_cluster("local");
-    let manager = Manager::with_provider(local, provider, ManagerOptions::default());
+    let manager = Manager::builder(local).provider(provider).build();
     // Never cancelled: run() must end by itself.
     let result = tokio::time::timeout(
         Duration::from_secs(30),

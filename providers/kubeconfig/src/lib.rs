@@ -36,11 +36,12 @@ use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::controller::{Action, Backoff, Controller, Request, Watch};
 use multicluster_runtime::metrics::Metrics;
-use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters, KubeconfigCluster};
+use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::discovery::{
     self, DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, MANAGEMENT,
 };
 use multicluster_runtime::provider::kubeconfig::ClientOptions;
+use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::watch_filter;
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
@@ -153,13 +154,13 @@ impl KubeconfigProvider {
 
     /// Names of the engaged clusters, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
-        self.shared.fleet.clusters.names()
+        self.shared.fleet.clusters().names()
     }
 
     /// Labelled Secrets that cannot be turned into clusters now, each with
     /// the reason (naming the Secret and key, never quoting it).
     pub fn failures(&self) -> std::collections::BTreeMap<ClusterName, String> {
-        self.shared.fleet.failures.current()
+        self.shared.fleet.failures().current()
     }
 }
 
@@ -225,10 +226,10 @@ impl Shared {
                 Ok(Action::await_change())
             }
             Err((reason, kind)) => {
-                if self.fleet.clusters.remove(&name) {
+                if self.fleet.clusters().remove(&name) {
                     tracing::info!(cluster = %name, "cluster removed: its kubeconfig is gone");
                 }
-                self.fleet.failures.record(&name, reason, kind);
+                self.fleet.failures().record(&name, reason, kind);
                 Ok(Action::await_change())
             }
         }
@@ -237,7 +238,7 @@ impl Shared {
 
 impl ClusterSetProvider for KubeconfigProvider {
     fn cluster_set(&self) -> &Clusters {
-        &self.shared.fleet.clusters
+        self.shared.fleet.clusters()
     }
 }
 

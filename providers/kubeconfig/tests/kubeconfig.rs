@@ -343,16 +343,12 @@ async fn every_namespace_is_watched_when_none_is_given_and_a_watch_filter_splits
         admin.clone(),
         KubeconfigOptions::default().watch_filter("other".to_string()),
     ));
-    let manager = Manager::with_provider(
-        Cluster::new("local", admin.clone()),
-        provider.clone(),
-        ManagerOptions::default(),
-    );
-    let other_manager = Manager::with_provider(
-        Cluster::new("local", admin),
-        other.clone(),
-        ManagerOptions::default(),
-    );
+    let manager = Manager::builder(Cluster::new("local", admin.clone()))
+        .provider(provider.clone())
+        .build();
+    let other_manager = Manager::builder(Cluster::new("local", admin))
+        .provider(other.clone())
+        .build();
     let (shutdown, task) = run_manager(&manager);
     let (other_shutdown, other_task) = run_manager(&other_manager);
     // Without a filter every labelled Secret counts; with one, only its own.

@@ -17,7 +17,7 @@ use multicluster_envtest::ControlPlane;
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider, WATCH_FILTER_LABEL};
 use multicluster_runtime::controller::Watch;
 use multicluster_runtime::testing::{Recorder, recording_controller, resident_memory_mib};
-use multicluster_runtime::{Cluster, Manager, ManagerOptions};
+use multicluster_runtime::{Cluster, Manager};
 use tokio_util::sync::CancellationToken;
 
 const OBJECTS_PER_NAMESPACE: usize = 10;
@@ -55,7 +55,7 @@ async fn run(cp: &ControlPlane, count: usize) -> Result<(), Box<dyn std::error::
         host.client(),
         NamespaceOptions::default().watch_filter(Some(filter)),
     ));
-    let manager = Manager::with_provider(host.clone(), provider, ManagerOptions::default());
+    let manager = Manager::builder(host.clone()).provider(provider).build();
     let recorder = Recorder::default();
     manager.add_controller(recording_controller(
         "scale",

@@ -133,10 +133,12 @@ impl Discovery {
                         let status = response.status();
                         match response.into_body().collect_bytes().await {
                             Ok(bytes) => Ok((status, bytes)),
-                            Err(err) => Err(multicluster_runtime::redact::kube_error(&err)),
+                            Err(err) => {
+                                Err(multicluster_runtime::redact::Redacted::kube(&err).to_string())
+                            }
                         }
                     }
-                    Err(err) => Err(multicluster_runtime::redact::kube_error(&err)),
+                    Err(err) => Err(multicluster_runtime::redact::Redacted::kube(&err).to_string()),
                 };
                 *version = Some((Instant::now(), answer.clone()));
                 answer

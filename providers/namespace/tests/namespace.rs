@@ -14,7 +14,7 @@ use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider, WATCH
 use multicluster_runtime::cache::FieldIndex;
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
 use multicluster_runtime::testing::{Recorder, eventually, run_manager, wait_until_left};
-use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions, Provider};
+use multicluster_runtime::{Cluster, ClusterName, Manager, Provider};
 
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -81,7 +81,9 @@ async fn namespaces_are_clusters_with_scoped_clients_and_caches() {
         ))
         .await
         .expect("index");
-    let manager = Manager::with_provider(host.clone(), provider.clone(), ManagerOptions::default());
+    let manager = Manager::builder(host.clone())
+        .provider(provider.clone())
+        .build();
     let recorder = Recorder::default();
     let controller = {
         let recorder = recorder.clone();
@@ -357,7 +359,7 @@ async fn a_watch_filter_splits_namespaces_between_instances() {
         host.client(),
         NamespaceOptions::default().watch_filter("one".to_string()),
     ));
-    let manager = Manager::with_provider(host, one.clone(), ManagerOptions::default());
+    let manager = Manager::builder(host).provider(one.clone()).build();
     let (shutdown, task) = run_manager(&manager);
     eventually("the labelled namespace", || async {
         one.names() == [ClusterName::from("mine")]
@@ -385,7 +387,7 @@ async fn a_watch_filter_splits_namespaces_between_instances() {
         host.client(),
         NamespaceOptions::default().watch_filter(Some(String::new())),
     ));
-    let everything = Manager::with_provider(host, all.clone(), ManagerOptions::default());
+    let everything = Manager::builder(host).provider(all.clone()).build();
     let (everything_shutdown, everything_task) = run_manager(&everything);
     eventually("every namespace under an empty filter", || async {
         ["mine", "theirs", "nobodys", "default"]
@@ -443,11 +445,9 @@ async fn a_crd_added_to_a_known_group_version_is_found() {
         admin.clone(),
         NamespaceOptions::default(),
     ));
-    let manager = Manager::with_provider(
-        Cluster::new("host", admin.clone()),
-        provider.clone(),
-        ManagerOptions::default(),
-    );
+    let manager = Manager::builder(Cluster::new("host", admin.clone()))
+        .provider(provider.clone())
+        .build();
     let (shutdown, task) = run_manager(&manager);
     let team_a = {
         let provider = provider.clone();
@@ -498,11 +498,9 @@ async fn many_namespaces_share_a_handful_of_connections_to_the_host() {
         host_client.clone(),
         NamespaceOptions::default(),
     ));
-    let manager = Manager::with_provider(
-        Cluster::new("host", host_client),
-        provider,
-        ManagerOptions::default(),
-    );
+    let manager = Manager::builder(Cluster::new("host", host_client))
+        .provider(provider)
+        .build();
     let (shutdown, task) = run_manager(&manager);
     eventually("every namespace to be ready", || async {
         manager

@@ -8,7 +8,7 @@ use multicluster_envtest::ControlPlane;
 use multicluster_provider_nop::NopProvider;
 use multicluster_runtime::controller::{Clusters, Request, Watch};
 use multicluster_runtime::testing::{Recorder, recording_controller, run_manager};
-use multicluster_runtime::{Cluster, ClusterName, Error, Manager, ManagerOptions, Provider};
+use multicluster_runtime::{Cluster, ClusterName, Error, Manager, Provider};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_local_cluster_is_reconciled_and_lookups_find_nothing() {
@@ -26,7 +26,7 @@ async fn only_the_local_cluster_is_reconciled_and_lookups_find_nothing() {
         Err(Error::ClusterNotFound(name)) if name.as_str() == "anything"
     ));
     let local = Cluster::new("local", cp.client().await.expect("client"));
-    let manager = Manager::with_provider(local, provider, ManagerOptions::default());
+    let manager = Manager::builder(local).provider(provider).build();
     let recorder = Recorder::default();
     manager
         .add_controller(

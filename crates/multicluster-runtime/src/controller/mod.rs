@@ -47,7 +47,7 @@ use kube::api::{ApiResource, DynamicObject};
 use tokio_util::sync::CancellationToken;
 
 pub use queue::Backoff;
-pub use source::{Clusters, Filter, MapContext, Mapper, RequestMapper, filters};
+pub use source::{Clusters, Filter, MapContext, filters};
 pub use work::{Terminal, WorkQueue, WorkQueueBuilder};
 
 use crate::cache::CachedResource;

@@ -57,14 +57,15 @@ pub type Filter<K> = Arc<dyn Fn(&CacheEvent<K>) -> bool + Send + Sync>;
 
 /// Maps an object to the `(namespace, name)` of the primary objects to
 /// reconcile in the same cluster.
-pub type Mapper<K> = Arc<dyn Fn(&K) -> Vec<(Option<String>, String)> + Send + Sync>;
+pub(crate) type Mapper<K> = Arc<dyn Fn(&K) -> Vec<(Option<String>, String)> + Send + Sync>;
 
 /// Maps an object, seen in the cluster [`MapContext::cluster`], to requests
 /// in any cluster (see [`super::map`] for ready ones).
-pub type RequestMapper<K> = Arc<dyn Fn(&MapContext<'_>, &K) -> Vec<Request> + Send + Sync>;
+pub(crate) type RequestMapper<K> = Arc<dyn Fn(&MapContext<'_>, &K) -> Vec<Request> + Send + Sync>;
 
-/// What a [`RequestMapper`] knows besides the object: where the event came
-/// from and which clusters the controller works on.
+/// What a cross-cluster mapper ([`ControllerBuilder::watches_across`](super::ControllerBuilder::watches_across))
+/// knows besides the object: where the event came from and which clusters
+/// the controller works on.
 pub struct MapContext<'a> {
     cluster: &'a ClusterName,
     queue: &'a Queue,

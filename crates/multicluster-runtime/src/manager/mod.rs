@@ -20,8 +20,14 @@
 
 #[cfg(feature = "health")]
 mod endpoints;
+mod options;
+mod state;
+mod tracking;
 
-use crate::engagements::{Arrival, Engagements, when_ended};
+pub use options::ManagerOptions;
+pub use state::ClusterState;
+use tracking::Tracked;
+
 use crate::sync::lock;
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
@@ -33,131 +39,11 @@ use crate::cache::FieldIndex;
 use crate::controller::Controller;
 use crate::coordinator::{Coordinator, EngageAll};
 use crate::metrics::Metrics;
-use crate::redact::Redacted;
 use crate::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
 
 /// How long the coordinator and the provider may take to stop after the
 /// shutdown grace period.
 const STOP_ALLOWANCE: Duration = Duration::from_secs(3);
-
-/// How often engaged clusters' health is looked at.
-const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
-
-/// Where a cluster stands.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ClusterState {
-    /// Engaged by the provider; waiting for the API server and cache.
-    Syncing,
-    /// Handed to the components, and working.
-    Ready,
-    /// Handed to the components, but some of its watches keep failing with
-    /// an answer from the server (a `403` after lost RBAC, say); the reason
-    /// says which. Ready again once they work.
-    Degraded(Redacted),
-    /// The API server cannot be reached, does not answer in time, or the
-    /// cache did not sync; the reason is the last error. Before the cluster
-    /// is handed to the components, the check is retried with backoff; after,
-    /// it is probed with backoff and is ready again once it answers.
-    Unreachable(Redacted),
-    /// Not a cluster yet: the provider found it in its inventory but cannot
-    /// make a cluster of it (a Secret without its key, a kubeconfig naming a
-    /// user it lacks, a credential plugin that fails); the reason says why.
-    /// A cluster already engaged under the name keeps its own state.
-    Unusable(Redacted),
-}
-
-impl ClusterState {
-    /// The state's name as `/clusters` and `mcr_clusters{state}` show it.
-    pub fn label(&self) -> &'static str {
-        match self {
-            ClusterState::Syncing => "syncing",
-            ClusterState::Ready => "ready",
-            ClusterState::Degraded(_) => "degraded",
-            ClusterState::Unreachable(_) => "unreachable",
-            ClusterState::Unusable(_) => "unusable",
-        }
-    }
-
-    /// The state's place in the engaged clusters' counts (the order of
-    /// [`crate::metrics`]'s `cluster_states`); an engaged cluster is never
-    /// unusable.
-    fn index(&self) -> usize {
-        match self {
-            ClusterState::Syncing => 0,
-            ClusterState::Ready => 1,
-            ClusterState::Degraded(_) => 2,
-            ClusterState::Unreachable(_) | ClusterState::Unusable(_) => 3,
-        }
-    }
-}
-
-impl From<crate::health::Health> for ClusterState {
-    fn from(health: crate::health::Health) -> Self {
-        match health {
-            crate::health::Health::Healthy => ClusterState::Ready,
-            crate::health::Health::Degraded(reason) => ClusterState::Degraded(reason),
-            crate::health::Health::Unreachable(reason) => ClusterState::Unreachable(reason),
-        }
-    }
-}
-
-/// Manager settings: [`Default`], then the setters.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct ManagerOptions {
-    /// How long a newly engaged cluster may take to answer and sync before
-    /// it is reported unreachable (default 30 s).
-    pub sync_timeout: Duration,
-    /// First retry delay for unreachable clusters, doubling up to
-    /// `max_retry_delay` (default 1 s).
-    pub retry_delay: Duration,
-    /// Longest retry delay (default 60 s).
-    pub max_retry_delay: Duration,
-    /// How long a failure of a ready cluster must last before it is reported
-    /// degraded or unreachable (default 3 s), so that one error retried at
-    /// once does not make its state flap.
-    pub unhealthy_after: Duration,
-    /// How long running reconciles may take to finish at shutdown (default
-    /// 30 s). The whole shutdown — reconciles, the coordinator handing its
-    /// clusters over, the provider stopping (and its credential plugins
-    /// with it) — ends within this plus 3 s: whatever still runs then is
-    /// dropped.
-    pub shutdown_grace: Duration,
-    /// Where to serve `/healthz`, `/readyz`, `/metrics` and `/clusters`;
-    /// `None` (the default) serves nothing. Needs the `health` feature (a
-    /// default one); without it, [`Manager::run`] refuses an address.
-    pub health_address: Option<SocketAddr>,
-    /// Raise the process's soft limit on open files to its hard limit when
-    /// [`Manager::run`] starts (default true; see
-    /// [`crate::provider::process::raise_open_files_limit`]). A cluster that cannot
-    /// connect for want of file descriptors says so in its reason.
-    pub raise_open_files_limit: bool,
-}
-
-crate::option_setters!(ManagerOptions {
-    sync_timeout: Duration,
-    retry_delay: Duration,
-    max_retry_delay: Duration,
-    unhealthy_after: Duration,
-    shutdown_grace: Duration,
-    health_address: Option<SocketAddr>,
-    raise_open_files_limit: bool,
-});
-
-impl Default for ManagerOptions {
-    fn default() -> Self {
-        Self {
-            sync_timeout: crate::cache::DEFAULT_SYNC_TIMEOUT,
-            retry_delay: Duration::from_secs(1),
-            max_retry_delay: Duration::from_secs(60),
-            unhealthy_after: Duration::from_secs(3),
-            shutdown_grace: Duration::from_secs(30),
-            health_address: None,
-            raise_open_files_limit: true,
-        }
-    }
-}
 
 /// Runs controllers over the local cluster and a provider's fleet.
 #[derive(Clone)]
@@ -187,45 +73,6 @@ struct Inner {
 struct Controllers {
     added: Vec<Controller>,
     start: Option<tokio::sync::mpsc::UnboundedSender<Controller>>,
-}
-
-/// The engaged clusters, and how many are in each state (kept as states
-/// change, so publishing the counts never walks the fleet).
-#[derive(Default)]
-struct Tracked {
-    clusters: Engagements<Progress>,
-    counts: [i64; 4],
-    /// Set when a health walk found every engaged cluster well: the
-    /// failure changes then. Until they move (or a cluster is engaged),
-    /// walking again would find the same.
-    quiet_at: Option<u64>,
-}
-
-struct Progress {
-    state: ClusterState,
-    /// Whether it was handed to the components (it became ready once).
-    engaged: bool,
-    /// When an unhealthy engaged cluster is probed next, and the delay
-    /// after that.
-    next_probe: Option<(tokio::time::Instant, Duration)>,
-}
-
-impl Tracked {
-    fn count(&mut self, state: &ClusterState, by: i64) {
-        self.counts[state.index()] += by;
-    }
-
-    /// Moves `name`'s engagement of `generation` to `state`; false when
-    /// that engagement is gone.
-    fn set_state(&mut self, name: &ClusterName, generation: u64, state: ClusterState) -> bool {
-        let Some(held) = self.clusters.current_mut(name, generation) else {
-            return false;
-        };
-        let old = std::mem::replace(&mut held.data.state, state.clone());
-        self.count(&old, -1);
-        self.count(&state, 1);
-        true
-    }
 }
 
 /// Builds a [`Manager`]: the local cluster, then whatever else it needs.
@@ -310,38 +157,6 @@ impl Manager {
             metrics: None,
             options: ManagerOptions::default(),
         }
-    }
-
-    /// A manager for the local cluster `local`, without a provider.
-    pub fn new(local: Cluster) -> Self {
-        Self::builder(local).build()
-    }
-
-    /// A manager whose fleet comes from a provider that discovers clusters
-    /// itself (short for the [builder](Manager::builder) with `provider`
-    /// and `options`).
-    pub fn with_provider<P: RunnableProvider + 'static>(
-        local: Cluster,
-        provider: Arc<P>,
-        options: ManagerOptions,
-    ) -> Self {
-        Self::builder(local)
-            .provider(provider)
-            .options(options)
-            .build()
-    }
-
-    /// A manager with a provider that is only looked up (short for the
-    /// [builder](Manager::builder) with `lookup_provider` and `options`).
-    pub fn with_lookup_provider(
-        local: Cluster,
-        provider: Arc<dyn Provider>,
-        options: ManagerOptions,
-    ) -> Self {
-        Self::builder(local)
-            .lookup_provider(provider)
-            .options(options)
-            .build()
     }
 
     pub(crate) fn coordinator(&self) -> Arc<dyn Coordinator> {
@@ -576,25 +391,16 @@ impl Manager {
         }
         self.inner.stopping.cancel();
         components_stop.cancel();
-        match tokio::time::timeout_at(deadline, &mut coordinator_task).await {
-            Ok(Ok(Ok(()))) => {}
-            Ok(Ok(Err(err))) => tracing::error!(error = %err, "the coordinator failed"),
-            Ok(Err(err)) => tracing::error!(error = %err, "the coordinator task failed"),
-            Err(_) => {
-                tracing::warn!("the coordinator did not stop in time; dropping it");
-                coordinator_task.abort();
-            }
+        match stop_by(deadline, "the coordinator", &mut coordinator_task).await {
+            Some(Ok(Ok(()))) | None => {}
+            Some(Ok(Err(err))) => tracing::error!(error = %err, "the coordinator failed"),
+            Some(Err(err)) => tracing::error!(error = %err, "the coordinator task failed"),
         }
         let provider_result = match (provider_ended, provider_task) {
             (Some(result), _) => result,
-            (None, Some(mut task)) => match tokio::time::timeout_at(deadline, &mut task).await {
-                Ok(result) => result,
-                Err(_) => {
-                    tracing::warn!("the provider did not stop in time; dropping it");
-                    task.abort();
-                    Ok(Ok(()))
-                }
-            },
+            (None, Some(mut task)) => stop_by(deadline, "the provider", &mut task)
+                .await
+                .unwrap_or(Ok(Ok(()))),
             (None, None) => Ok(Ok(())),
         };
         match provider_result {
@@ -647,223 +453,6 @@ impl Manager {
         });
         self.run(shutdown).await
     }
-
-    /// Brings an engaged cluster through syncing to ready (or unreachable
-    /// and retried), then hands it to the coordinator.
-    async fn bring_up(self, name: ClusterName, generation: u64) {
-        let options = self.inner.options.clone();
-        let mut delay = options.retry_delay;
-        loop {
-            let Some((cluster, lifetime)) = self.tracked(&name, generation) else {
-                return;
-            };
-            let check = tokio::time::timeout(options.sync_timeout, probe(&cluster));
-            let failure = tokio::select! {
-                () = lifetime.cancelled() => return,
-                result = check => match result {
-                    Ok(Ok(())) => None,
-                    Ok(Err(err)) => Some(err),
-                    Err(_) => Some(Redacted::ours(format!(
-                        "no answer within {:?}",
-                        options.sync_timeout
-                    ))),
-                },
-            };
-            match failure {
-                None => {
-                    if !self.set_state(&name, generation, ClusterState::Ready) {
-                        return;
-                    }
-                    {
-                        let mut tracked = lock(&self.inner.clusters);
-                        if let Some(held) = tracked.clusters.current_mut(&name, generation) {
-                            held.data.engaged = true;
-                        }
-                        // A failure recorded before the cluster was engaged
-                        // moved nothing since the last walk.
-                        tracked.quiet_at = None;
-                    }
-                    tracing::info!(cluster = %name, "cluster ready");
-                    let components = lock(&self.inner.components).clone();
-                    if let Err(err) =
-                        self.coordinator()
-                            .engage(lifetime, name.clone(), cluster, &components)
-                    {
-                        tracing::error!(cluster = %name, error = %err, "engaging components failed");
-                    }
-                    return;
-                }
-                Some(reason) => {
-                    tracing::warn!(cluster = %name, %reason, retry_in = ?delay, "cluster unreachable");
-                    if !self.set_state(&name, generation, ClusterState::Unreachable(reason)) {
-                        return;
-                    }
-                    tokio::select! {
-                        () = lifetime.cancelled() => return,
-                        () = tokio::time::sleep(delay) => {}
-                    }
-                    delay = (delay * 2).min(options.max_retry_delay);
-                }
-            }
-        }
-    }
-
-    fn tracked(&self, name: &ClusterName, generation: u64) -> Option<(Cluster, CancellationToken)> {
-        lock(&self.inner.clusters)
-            .clusters
-            .current_mut(name, generation)
-            .map(|held| (held.cluster.clone(), held.lifetime.clone()))
-    }
-
-    fn set_state(&self, name: &ClusterName, generation: u64, state: ClusterState) -> bool {
-        let mut tracked = lock(&self.inner.clusters);
-        let label = state.label();
-        if !tracked.set_state(name, generation, state) {
-            return false;
-        }
-        self.inner.metrics.cluster_state(name, label);
-        self.publish_states(&tracked);
-        true
-    }
-
-    /// Updates the per-state cluster gauge.
-    fn publish_states(&self, tracked: &Tracked) {
-        self.inner.metrics.cluster_states(tracked.counts);
-    }
-
-    /// Brings each engaged cluster's state in line with its health every
-    /// [`HEALTH_CHECK_INTERVAL`] until `stop` fires.
-    async fn watch_health(self, stop: CancellationToken) {
-        let mut ticks = tokio::time::interval(HEALTH_CHECK_INTERVAL);
-        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        loop {
-            tokio::select! {
-                () = stop.cancelled() => return,
-                _ = ticks.tick() => self.check_health(),
-            }
-        }
-    }
-
-    fn check_health(&self) {
-        let options = &self.inner.options;
-        let now = tokio::time::Instant::now();
-        // Read before the walk: a change during it moves the number again.
-        let changes = crate::health::failure_changes();
-        let mut guard = lock(&self.inner.clusters);
-        let tracked = &mut *guard;
-        if tracked.quiet_at == Some(changes) {
-            return;
-        }
-        let mut changed = false;
-        let mut quiet = true;
-        for (name, held) in tracked
-            .clusters
-            .iter_mut()
-            .filter(|(_, held)| held.data.engaged)
-        {
-            let progress = &mut held.data;
-            let failure = held.cluster.failure();
-            quiet &= failure.is_none() && progress.state == ClusterState::Ready;
-            let state = match failure {
-                Some(failure) if now.duration_since(failure.since) >= options.unhealthy_after => {
-                    ClusterState::from(failure.health())
-                }
-                // Too young to tell a lasting failure from a passing one.
-                Some(_) => continue,
-                None => ClusterState::Ready,
-            };
-            if state == ClusterState::Ready {
-                progress.next_probe = None;
-            } else {
-                let (due, delay) = *progress
-                    .next_probe
-                    .get_or_insert((now, options.retry_delay));
-                if due <= now {
-                    // Something that asks, so that a server that comes back is
-                    // seen even when nothing else talks to it.
-                    let cluster = held.cluster.clone();
-                    let timeout = options.sync_timeout;
-                    tokio::spawn(async move {
-                        let _ = tokio::time::timeout(timeout, probe_server(&cluster)).await;
-                    });
-                    progress.next_probe =
-                        Some((now + delay, (delay * 2).min(options.max_retry_delay)));
-                }
-            }
-            if progress.state == state {
-                continue;
-            }
-            match &state {
-                ClusterState::Ready => tracing::info!(cluster = %name, "cluster works again"),
-                ClusterState::Degraded(reason) | ClusterState::Unreachable(reason) => {
-                    tracing::warn!(cluster = %name, state = state.label(), %reason, "cluster is not healthy");
-                }
-                ClusterState::Syncing | ClusterState::Unusable(_) => {}
-            }
-            self.inner.metrics.cluster_state(name, state.label());
-            tracked.counts[progress.state.index()] -= 1;
-            tracked.counts[state.index()] += 1;
-            progress.state = state;
-            changed = true;
-        }
-        if changed {
-            self.publish_states(tracked);
-        }
-        tracked.quiet_at = quiet.then_some(changes);
-    }
-}
-
-impl Aware for Manager {
-    fn engage(
-        &self,
-        lifetime: CancellationToken,
-        name: ClusterName,
-        cluster: Cluster,
-    ) -> Result<(), Error> {
-        let (ended, generation) = {
-            let mut tracked = lock(&self.inner.clusters);
-            if tracked.clusters.arrival(&name, &cluster, &lifetime) != Arrival::New {
-                return Ok(());
-            }
-            let progress = Progress {
-                state: ClusterState::Syncing,
-                engaged: false,
-                next_probe: None,
-            };
-            // A replaced instance's lifetime ends here, so its components
-            // let go even if the provider forgot to end it.
-            let (held, replaced) =
-                tracked
-                    .clusters
-                    .insert(name.clone(), cluster, &lifetime, progress);
-            let engagement = (held.lifetime.clone(), held.generation);
-            match replaced {
-                Some(old) => tracked.count(&old.data.state, -1),
-                None => self.inner.metrics.cluster_engaged(),
-            }
-            tracked.count(&ClusterState::Syncing, 1);
-            self.inner.metrics.cluster_state(&name, "syncing");
-            self.publish_states(&tracked);
-            engagement
-        };
-        tokio::spawn(self.clone().bring_up(name.clone(), generation));
-        let this = self.clone();
-        when_ended(&ended, move || {
-            let mut tracked = lock(&this.inner.clusters);
-            if let Some(gone) = tracked.clusters.end(&name, generation) {
-                tracked.count(&gone.data.state, -1);
-                this.inner.metrics.cluster_gone(&name);
-                this.publish_states(&tracked);
-                if this.inner.stopping.is_cancelled() {
-                    tracing::debug!(cluster = %name, "cluster released: the manager stops");
-                } else {
-                    this.inner.metrics.cluster_disengaged();
-                    tracing::info!(cluster = %name, "cluster left the fleet");
-                }
-            }
-        });
-        Ok(())
-    }
 }
 
 impl std::fmt::Debug for Manager {
@@ -874,39 +463,21 @@ impl std::fmt::Debug for Manager {
     }
 }
 
-/// Whether the cluster answers and its cache has synced.
-async fn probe(cluster: &Cluster) -> Result<(), Redacted> {
-    probe_server(cluster).await?;
-    match cluster
-        .cache()
-        .wait_for_sync(Duration::from_secs(3600))
-        .await
-    {
-        Err(Error::NotReady { reason, .. }) => Err(reason),
-        Err(other) => Err(Redacted::error(&other)),
-        Ok(()) => Ok(()),
+/// Waits for `task` until `deadline`; past it, says so and stops the task
+/// (`None`). Nothing the manager waits for at shutdown extends it.
+async fn stop_by<T>(
+    deadline: tokio::time::Instant,
+    what: &str,
+    task: &mut tokio::task::JoinHandle<T>,
+) -> Option<Result<T, tokio::task::JoinError>> {
+    match tokio::time::timeout_at(deadline, &mut *task).await {
+        Ok(result) => Some(result),
+        Err(_) => {
+            tracing::warn!("{what} did not stop in time; dropping it");
+            task.abort();
+            None
+        }
     }
-}
-
-/// Whether the cluster's API server answers `/version`; the reason is
-/// redacted (a failed credential plugin's settings never show). A server
-/// that cannot be reached is named, as the cluster's request record names
-/// it (clients built from kubeconfigs).
-async fn probe_server(cluster: &Cluster) -> Result<(), Redacted> {
-    let request = http::Request::get("/version")
-        .body(Vec::new())
-        .map_err(|err| Redacted::ours(format!("building the request: {err}")))?;
-    cluster
-        .client()
-        .request_text(request)
-        .await
-        .map(|_| ())
-        .map_err(|err| {
-            cluster
-                .failure()
-                .filter(|failure| failure.unreachable)
-                .map_or_else(|| Redacted::kube(&err), |failure| failure.reason)
-        })
 }
 
 async fn wait_for_signal() {

@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::FieldIndex;
 use crate::engagements::Engagements;
+use crate::provider::kubeconfig::KubeconfigCluster;
 use crate::{Aware, Cluster, ClusterName, Error, Provider};
 
 /// Called with errors that have no caller to return to (an engagement that
@@ -148,30 +149,6 @@ impl Clusters {
             }
         }
         self.insert(name, cluster, Some(fingerprint), true).is_ok()
-    }
-
-    /// Adds or replaces `name` with a cluster built from kubeconfig `text`
-    /// (its current context) with `options`, unless the text is unchanged
-    /// since the last call. `source` names where the text came from, for
-    /// errors (which never quote it). Returns whether the set changed.
-    pub async fn add_or_replace_from_kubeconfig(
-        &self,
-        name: impl Into<ClusterName>,
-        text: &str,
-        source: &str,
-        options: &crate::provider::kubeconfig::ClientOptions,
-    ) -> Result<bool, Error> {
-        let wanted = KubeconfigCluster {
-            name: name.into(),
-            text: text.to_string(),
-            source: source.to_string(),
-            stable_id: None,
-        };
-        if self.is_current(&wanted) {
-            return Ok(false);
-        }
-        let cluster = wanted.build(options).await?;
-        Ok(self.add_or_replace(wanted.name.clone(), cluster, wanted.fingerprint()))
     }
 
     /// Whether `wanted` is what the set already holds under its name (same
@@ -319,62 +296,6 @@ impl std::fmt::Debug for Clusters {
         f.debug_struct("Clusters")
             .field("names", &self.names())
             .finish()
-    }
-}
-
-/// A cluster to build from kubeconfig text: what a provider found, before
-/// the (possibly slow) client is built. Building runs exec credential
-/// plugins; providers can build several at once and hand the results to
-/// [`Clusters::add_or_replace`] with [`KubeconfigCluster::fingerprint`].
-#[derive(Clone, PartialEq, Eq)]
-pub struct KubeconfigCluster {
-    /// The cluster's name in the fleet.
-    pub name: ClusterName,
-    /// The kubeconfig; its current context is used.
-    pub text: String,
-    /// Where the text came from, for errors (which never quote it).
-    pub source: String,
-    /// The cluster's stable ID, if known ([`Cluster::stable_id`]).
-    pub stable_id: Option<String>,
-}
-
-impl std::fmt::Debug for KubeconfigCluster {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("KubeconfigCluster")
-            .field("name", &self.name)
-            .field("source", &self.source)
-            .field("stable_id", &self.stable_id)
-            .finish_non_exhaustive()
-    }
-}
-
-impl KubeconfigCluster {
-    /// A digest of the text and stable ID: equal exactly when building
-    /// again would give the same cluster.
-    pub fn fingerprint(&self) -> String {
-        crate::provider::kubeconfig::fingerprint(&format!(
-            "{}\n{}",
-            self.stable_id.as_deref().unwrap_or_default(),
-            self.text
-        ))
-    }
-
-    /// Parses the text and builds the cluster's client with `options`
-    /// (running its credential plugin once, if it has one: see
-    /// [`crate::provider::kubeconfig::client`]).
-    pub async fn build(
-        &self,
-        options: &crate::provider::kubeconfig::ClientOptions,
-    ) -> Result<Cluster, Error> {
-        let parsed = crate::provider::kubeconfig::parse(&self.text, &self.source)?;
-        let (client, requests) =
-            crate::provider::kubeconfig::client_with_requests(&parsed, None, &self.source, options)
-                .await?;
-        let cluster = Cluster::new(self.name.clone(), client).watching_requests(requests);
-        Ok(match &self.stable_id {
-            Some(id) => cluster.with_stable_id(id),
-            None => cluster,
-        })
     }
 }
 

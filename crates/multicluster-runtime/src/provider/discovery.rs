@@ -24,9 +24,10 @@ use tokio_util::sync::CancellationToken;
 
 use crate::controller::{Action, Backoff, ControllerBuilder, Request};
 use crate::metrics::Metrics;
-use crate::provider::clusters::{Clusters, KubeconfigCluster};
+use crate::provider::clusters::Clusters;
 use crate::provider::failures::Failures;
 use crate::provider::kubeconfig::ClientOptions;
+use crate::provider::kubeconfig::KubeconfigCluster;
 use crate::{Aware, Cluster, ClusterName, Error};
 
 /// The providers' default backoff for clusters whose credentials could not
@@ -79,12 +80,9 @@ where
 /// could not be, and how it builds clients.
 #[derive(Debug)]
 pub struct Fleet {
-    /// The engaged clusters.
-    pub clusters: Clusters,
-    /// Why clusters found could not be engaged.
-    pub failures: Failures,
-    /// How clients are built.
-    pub client: ClientOptions,
+    clusters: Clusters,
+    failures: Failures,
+    client: ClientOptions,
 }
 
 impl Fleet {
@@ -96,6 +94,16 @@ impl Fleet {
             failures: Failures::new(provider, metrics),
             client,
         }
+    }
+
+    /// The clusters engaged so far.
+    pub fn clusters(&self) -> &Clusters {
+        &self.clusters
+    }
+
+    /// Why clusters found could not be engaged.
+    pub fn failures(&self) -> &Failures {
+        &self.failures
     }
 
     /// Counts in `metrics` (the manager's) unless the provider was given a

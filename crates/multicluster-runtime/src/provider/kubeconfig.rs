@@ -9,10 +9,10 @@ use std::time::Duration;
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use secrecy::ExposeSecret;
 
-use crate::Error;
 use crate::health::{BoundedLayer, Requests};
 use crate::provider::budget::{Budget, BudgetLayer, RequestBudget};
 use crate::provider::credentials::{self, DEFAULT_PLUGIN_TIMEOUT, Plugin};
+use crate::{Cluster, ClusterName, Error};
 
 /// Parses kubeconfig YAML. `source` says where it came from (e.g. `Secret
 /// fleet/prod key kubeconfig`) and is used in errors.
@@ -379,7 +379,7 @@ pub fn canonical_text(kubeconfig: &Kubeconfig) -> String {
 
 /// A short, stable digest of kubeconfig text, for telling whether a
 /// cluster's connection config changed (not a security measure).
-pub fn fingerprint(text: &str) -> String {
+pub(crate) fn fingerprint(text: &str) -> String {
     let mut hasher = std::collections::hash_map::DefaultHasher::new();
     text.hash(&mut hasher);
     format!("{:016x}", hasher.finish())
@@ -389,6 +389,57 @@ fn invalid(source: &str, reason: &str) -> Error {
     Error::InvalidKubeconfig {
         origin: source.to_string(),
         reason: reason.to_string(),
+    }
+}
+
+/// A cluster to build from kubeconfig text: what a provider found, before
+/// the (possibly slow) client is built. Building runs exec credential
+/// plugins; providers can build several at once and hand the results to
+/// [`Clusters::add_or_replace`](crate::provider::clusters::Clusters::add_or_replace) with [`KubeconfigCluster::fingerprint`].
+#[derive(Clone, PartialEq, Eq)]
+pub struct KubeconfigCluster {
+    /// The cluster's name in the fleet.
+    pub name: ClusterName,
+    /// The kubeconfig; its current context is used.
+    pub text: String,
+    /// Where the text came from, for errors (which never quote it).
+    pub source: String,
+    /// The cluster's stable ID, if known ([`Cluster::stable_id`]).
+    pub stable_id: Option<String>,
+}
+
+impl std::fmt::Debug for KubeconfigCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeconfigCluster")
+            .field("name", &self.name)
+            .field("source", &self.source)
+            .field("stable_id", &self.stable_id)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KubeconfigCluster {
+    /// A digest of the text and stable ID: equal exactly when building
+    /// again would give the same cluster.
+    pub fn fingerprint(&self) -> String {
+        fingerprint(&format!(
+            "{}\n{}",
+            self.stable_id.as_deref().unwrap_or_default(),
+            self.text
+        ))
+    }
+
+    /// Parses the text and builds the cluster's client with `options`
+    /// (running its credential plugin once, if it has one: see
+    /// [`client`]).
+    pub async fn build(&self, options: &ClientOptions) -> Result<Cluster, Error> {
+        let parsed = parse(&self.text, &self.source)?;
+        let (client, requests) = client_with_requests(&parsed, None, &self.source, options).await?;
+        let cluster = Cluster::new(self.name.clone(), client).watching_requests(requests);
+        Ok(match &self.stable_id {
+            Some(id) => cluster.with_stable_id(id),
+            None => cluster,
+        })
     }
 }
 

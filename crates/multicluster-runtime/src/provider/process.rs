@@ -46,7 +46,7 @@ pub async fn output(
 
 /// Like [`output`], for a command that may ask its user something: stdin
 /// and stderr are this process's own, only stdout is captured.
-pub async fn output_interactive(
+pub(crate) async fn output_interactive(
     mut command: tokio::process::Command,
     timeout: Duration,
 ) -> Result<Output, ProcessError> {
