@@ -12,6 +12,43 @@
 //!   end it;
 //! - clean-up after a lifetime ends removes only the engagement it was
 //!   started for (its generation), never a newer one under the same name.
+//!
+//! # One engagement, end to end
+//!
+//! 1. `provider/clusters.rs`: a provider adds a cluster to its set
+//!    (`Clusters::add`, `add_or_replace`; providers that discover from
+//!    objects do it from `provider/discovery.rs`, `Fleet::engage`); the set
+//!    hands it to the manager in order (`Clusters::hand_over`).
+//! 2. `manager/tracking.rs`: `Manager::engage` holds it as syncing and
+//!    `Manager::bring_up` waits for its API server and cache (retrying an
+//!    unreachable one), then marks it ready.
+//! 3. `coordinator/mod.rs` (or `leader_election.rs`, `sharding/`): the
+//!    coordinator decides whether this replica works on it and engages the
+//!    components (`engage_each`).
+//! 4. `controller/mod.rs`: `Controller::engage` takes the cluster's
+//!    requests from now on and starts its sources (`controller/source.rs`),
+//!    which subscribe to the cluster's informers (`cache/`).
+//!
+//! The lifetimes form a tree of cancellation tokens; ending one ends
+//! everything under it:
+//!
+//! ```text
+//! shutdown (given to Manager::run)
+//! └─ stop: the controllers' runners take no more requests
+//!
+//! components_stop (Manager::run ends it once running reconciles are done)
+//! └─ the provider's run (RunnableProvider::start)
+//!    └─ the set's lifetime of a cluster (Clusters, one per engagement)
+//!       └─ the manager's engagement (Manager::engage)
+//!          └─ the coordinator's work on it (ended when the Lease is lost
+//!             or the fence moves: sync::child_until)
+//!             └─ each component's engagement (Controller::engage)
+//!                └─ each source's subscription (Source::start)
+//! ```
+//!
+//! Reconciles are not in the tree: the controller's runner stops taking
+//! requests at shutdown and lets running ones finish within the grace
+//! period; a cluster that leaves has its queued requests dropped.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -5,7 +5,7 @@ use std::sync::{Mutex, MutexGuard};
 /// Locks `mutex`, carrying on if a holder panicked: a panic inside one of
 /// the crate's short critical sections is reported where it happened, and
 /// the fleet keeps working with the data as it was left.
-pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)

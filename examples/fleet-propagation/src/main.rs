@@ -20,7 +20,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs};
 use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
 use multicluster_runtime::controller::{
-    Action, Clusters, Controller, Request, Watch, filters, map,
+    Action, ClusterSelector, Controller, Request, Watch, filters, map,
 };
 use multicluster_runtime::{Cluster, ClusterName, Manager};
 use serde_json::json;
@@ -231,13 +231,13 @@ async fn main() -> Result<(), MainError> {
         // The hub object itself: finalizer, count, clean-up.
         .for_resource(
             Watch::<ConfigMap>::new()
-                .clusters(Clusters::Local)
+                .clusters(ClusterSelector::Local)
                 .filter(labelled()),
         )
         // Hub → members: a change on the hub is a request in every member.
         .watches_across(
             Watch::<ConfigMap>::new()
-                .clusters(Clusters::Local)
+                .clusters(ClusterSelector::Local)
                 .filter(labelled()),
             map::to_every_member(),
         )

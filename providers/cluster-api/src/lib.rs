@@ -223,11 +223,6 @@ impl ClusterApiProvider {
         }
     }
 
-    /// Names of the engaged clusters, sorted.
-    pub fn names(&self) -> Vec<ClusterName> {
-        self.shared.fleet.clusters().names()
-    }
-
     /// Ready Clusters that cannot be engaged now, each with the reason
     /// (naming the Secret and key, never quoting it).
     pub fn failures(&self) -> std::collections::BTreeMap<ClusterName, String> {

@@ -1,6 +1,7 @@
 //! The Cluster API provider against a management control plane with the
 //! Cluster CRD and real workload control planes behind kubeconfig Secrets.
 
+use multicluster_runtime::provider::clusters::ClusterSetProvider;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;

@@ -11,6 +11,7 @@
 //! `PROFILE_COUNTS=20,100` and `PLUGIN_DELAYS=0,0.2` choose the cases,
 //! `MAX_CONCURRENT_BUILDS` the provider's limit (default 8).
 
+use multicluster_runtime::provider::clusters::ClusterSetProvider;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

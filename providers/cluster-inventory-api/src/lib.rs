@@ -137,11 +137,6 @@ impl ClusterProfileProvider {
         }
     }
 
-    /// Names of the engaged clusters, sorted.
-    pub fn names(&self) -> Vec<ClusterName> {
-        self.shared.fleet.clusters().names()
-    }
-
     /// Profiles that are ready but could not be engaged with their current
     /// settings, each with the reason; an entry goes once the profile is
     /// engaged or gone.

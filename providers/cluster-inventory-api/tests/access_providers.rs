@@ -4,6 +4,7 @@
 
 mod common;
 
+use multicluster_runtime::provider::clusters::ClusterSetProvider;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;

@@ -3,6 +3,7 @@
 
 mod common;
 
+use multicluster_runtime::provider::clusters::ClusterSetProvider;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 

@@ -45,11 +45,6 @@ impl ClustersProvider {
     pub fn remove(&self, name: &ClusterName) -> bool {
         self.clusters.remove(name)
     }
-
-    /// Names of the clusters, sorted.
-    pub fn names(&self) -> Vec<ClusterName> {
-        self.clusters.names()
-    }
 }
 
 impl ClusterSetProvider for ClustersProvider {

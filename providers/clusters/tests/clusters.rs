@@ -1,5 +1,6 @@
 //! Clusters added and removed by hand, before and after start.
 
+use multicluster_runtime::provider::clusters::ClusterSetProvider;
 use std::sync::Arc;
 
 use multicluster_envtest::ControlPlane;

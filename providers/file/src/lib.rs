@@ -47,6 +47,7 @@ use multicluster_runtime::provider::discovery::{
     DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, PROVIDER_BACKOFF,
 };
 use multicluster_runtime::provider::kubeconfig::ClientOptions;
+use multicluster_runtime::provider::lock;
 use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
 use notify::Watcher;
 use tokio_util::sync::CancellationToken;
@@ -161,11 +162,6 @@ impl FileProvider {
         }
     }
 
-    /// Names of the engaged clusters, sorted.
-    pub fn names(&self) -> Vec<ClusterName> {
-        self.shared.fleet.clusters().names()
-    }
-
     /// Contexts (by cluster name) and files (by path) that cannot be used
     /// now, each with the reason; the clusters they had stay engaged.
     pub fn failures(&self) -> BTreeMap<ClusterName, String> {
@@ -173,7 +169,9 @@ impl FileProvider {
     }
 
     /// How many times a kubeconfig file has been read: once per source file
-    /// at start and once per file after each change, never more.
+    /// at start and once per file after each change, never more. For the
+    /// provider's own tests, which show that an idle provider reads nothing.
+    #[doc(hidden)]
     pub fn file_reads(&self) -> u64 {
         self.shared.reads.load(Ordering::Relaxed)
     }
@@ -265,6 +263,26 @@ impl Shared {
             })
     }
 
+    /// Waits for the files to be quiet for [`FileOptions::debounce`] (a
+    /// write is often several events), but at most ten times that; false
+    /// when the provider stops meanwhile.
+    async fn quiet_after(
+        &self,
+        changed: &mut tokio::sync::mpsc::UnboundedReceiver<notify::Event>,
+        shutdown: &CancellationToken,
+    ) -> bool {
+        let debounce = self.options.debounce;
+        let give_up = tokio::time::Instant::now() + debounce * 10;
+        loop {
+            tokio::select! {
+                () = shutdown.cancelled() => return false,
+                () = tokio::time::sleep(debounce) => return true,
+                () = tokio::time::sleep_until(give_up) => return true,
+                event = changed.recv() => if event.is_none() { return false },
+            }
+        }
+    }
+
     /// Directories whose changes matter: each directory and each file's
     /// parent (the file itself may not exist yet, or be replaced).
     fn watched_directories(&self) -> Vec<PathBuf> {
@@ -328,18 +346,8 @@ impl Shared {
                     None => return Ok(()),
                 },
             }
-            // A write is often several events: wait for quiet (but not
-            // forever), then read once.
-            let debounce = self.options.debounce;
-            let give_up = tokio::time::Instant::now() + debounce * 10;
-            loop {
-                let quiet = tokio::time::sleep(debounce);
-                tokio::select! {
-                    () = shutdown.cancelled() => return Ok(()),
-                    () = quiet => break,
-                    () = tokio::time::sleep_until(give_up) => break,
-                    event = changed.recv() => if event.is_none() { return Ok(()) },
-                }
+            if !self.quiet_after(&mut changed, &shutdown).await {
+                return Ok(());
             }
             // A read hung on a network mount must not hold up shutdown.
             tokio::select! {
@@ -369,12 +377,6 @@ fn canonical(path: &Path) -> PathBuf {
             .join(name),
         _ => absolute,
     }
-}
-
-fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 fn default_sources(options: &mut FileOptions) {

@@ -8,7 +8,9 @@ use multicluster_runtime::ClusterName;
 use multicluster_runtime::provider::kubeconfig;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 
-use crate::{Shared, lock};
+use multicluster_runtime::provider::lock;
+
+use crate::Shared;
 
 /// What the files ask of one cluster.
 #[derive(Clone, Debug, PartialEq, Eq)]

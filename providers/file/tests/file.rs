@@ -1,6 +1,7 @@
 //! Kubeconfig files and directories: contexts as clusters, changes picked up
 //! from the file system, bad files skipped, unreachable servers harmless.
 
+use multicluster_runtime::provider::clusters::ClusterSetProvider;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;

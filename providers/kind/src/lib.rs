@@ -18,6 +18,7 @@
 //! on. A cluster whose kubeconfig cannot be read or used is logged and
 //! skipped; the others are unaffected.
 
+use multicluster_runtime::provider::lock;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -102,11 +103,6 @@ impl KindProvider {
             }),
         }
     }
-
-    /// Names of the engaged clusters, sorted.
-    pub fn names(&self) -> Vec<ClusterName> {
-        self.shared.fleet.clusters().names()
-    }
 }
 
 impl Shared {
@@ -160,7 +156,7 @@ impl Shared {
             .map(str::to_string)
             .collect();
         let gone: Vec<String> = {
-            let mut before = self.listed.lock().unwrap_or_else(|p| p.into_inner());
+            let mut before = lock(&self.listed);
             let gone = before.difference(&names).cloned().collect();
             *before = names.clone();
             gone
@@ -173,11 +169,7 @@ impl Shared {
 
     /// Brings one cluster in line with kind.
     async fn refresh(&self, name: ClusterName) -> Result<Action, Error> {
-        let listed = self
-            .listed
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(name.as_str());
+        let listed = lock(&self.listed).contains(name.as_str());
         if !listed {
             self.fleet.remove(&name, "kind no longer lists it");
             return Ok(Action::await_change());

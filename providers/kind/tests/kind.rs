@@ -1,6 +1,7 @@
 //! The kind provider against a stand-in `kind` executable that lists
 //! clusters from a directory and prints kubeconfigs for a real control plane.
 
+use multicluster_runtime::provider::clusters::ClusterSetProvider;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;

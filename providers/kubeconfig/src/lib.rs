@@ -152,11 +152,6 @@ impl KubeconfigProvider {
         }
     }
 
-    /// Names of the engaged clusters, sorted.
-    pub fn names(&self) -> Vec<ClusterName> {
-        self.shared.fleet.clusters().names()
-    }
-
     /// Labelled Secrets that cannot be turned into clusters now, each with
     /// the reason (naming the Secret and key, never quoting it).
     pub fn failures(&self) -> std::collections::BTreeMap<ClusterName, String> {

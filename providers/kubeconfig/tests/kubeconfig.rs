@@ -2,6 +2,7 @@
 //! control planes: engagement, rotation with a revoked old token, repointing,
 //! removal, bad Secrets ignored while the rest of the fleet works.
 
+use multicluster_runtime::provider::clusters::ClusterSetProvider;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;

@@ -9,6 +9,7 @@
 //! Indexes registered on the multi provider reach every provider, including
 //! those added later.
 
+use multicluster_runtime::provider::lock;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
@@ -60,9 +61,7 @@ impl MultiProvider {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        self.state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        lock(&self.state)
     }
 
     /// Adds a provider that discovers clusters itself; it starts now if the

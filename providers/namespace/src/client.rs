@@ -3,6 +3,7 @@
 //! back into `default` — paths, object bodies (create, update, all patch
 //! types), lists and watch streams.
 
+use multicluster_runtime::provider::lock;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -82,12 +83,7 @@ impl Discovery {
         group_version: &str,
         plural: &str,
     ) -> Result<Option<bool>, BoxError> {
-        if let Some(known) = self
-            .known
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(group_version)
-        {
+        if let Some(known) = lock(&self.known).get(group_version) {
             let answer = known.resources.get(plural).copied();
             if answer.is_some() || known.fetched.elapsed() < MISS_REFRESH {
                 return Ok(answer);
@@ -101,16 +97,13 @@ impl Discovery {
             .map(|resource| (resource.name, resource.namespaced))
             .collect();
         let answer = resources.get(plural).copied();
-        self.known
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(
-                group_version.to_string(),
-                Known {
-                    resources,
-                    fetched: Instant::now(),
-                },
-            );
+        lock(&self.known).insert(
+            group_version.to_string(),
+            Known {
+                resources,
+                fetched: Instant::now(),
+            },
+        );
         Ok(answer)
     }
 }

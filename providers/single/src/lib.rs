@@ -4,6 +4,7 @@
 //! until shutdown. Lookups of its name return it; any other name is
 //! [`Error::ClusterNotFound`]. Indexes go to that cluster's cache.
 
+use multicluster_runtime::provider::lock;
 use std::sync::{Arc, Mutex};
 
 use multicluster_runtime::cache::FieldIndex;
@@ -54,10 +55,7 @@ impl Provider for SingleProvider {
 impl RunnableProvider for SingleProvider {
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
         {
-            let mut started = self
-                .started
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            let mut started = lock(&self.started);
             if *started {
                 return Err(Error::AlreadyStarted("single provider"));
             }

@@ -98,7 +98,7 @@ where
     dyntype: K::DynamicType,
     store: Store<K>,
     state: Mutex<State<K>>,
-    ready: watch::Receiver<bool>,
+    pub(super) ready: watch::Receiver<bool>,
     /// Whether the state holds a failure (the manager's health walk reads
     /// this every second for every cluster, without the lock).
     failing: FailingFlag,

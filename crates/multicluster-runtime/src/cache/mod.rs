@@ -299,6 +299,7 @@ enum Backend {
 trait ErasedInformer: Send + Sync {
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
     fn is_ready(&self) -> bool;
+    fn ready(&self) -> tokio::sync::watch::Receiver<bool>;
     fn failure(&self) -> Option<crate::health::Failure>;
     fn add_index(&self, index: &FieldIndex);
 }
@@ -313,6 +314,9 @@ where
     }
     fn is_ready(&self) -> bool {
         Informer::is_ready(self)
+    }
+    fn ready(&self) -> tokio::sync::watch::Receiver<bool> {
+        self.ready.clone()
     }
     fn failure(&self) -> Option<crate::health::Failure> {
         Informer::failure(self)
@@ -564,26 +568,38 @@ impl Cache {
     /// Waits until [`Cache::is_synced`], or fails after `timeout` with the last
     /// watch error.
     pub async fn wait_for_sync(&self, timeout: Duration) -> Result<(), Error> {
-        let deadline = tokio::time::Instant::now() + timeout;
+        if tokio::time::timeout(timeout, self.synced()).await.is_ok() {
+            return Ok(());
+        }
+        let reason = lock(&self.inner.informers)
+            .iter()
+            .find_map(|(_, informer)| informer.failure())
+            .map_or_else(
+                || crate::redact::Redacted::ours("informers have not listed yet"),
+                |failure| failure.reason,
+            );
+        Err(Error::NotReady {
+            name: self.inner.cluster.clone(),
+            timeout,
+            reason,
+        })
+    }
+
+    /// Completes once every informer created so far (including any created
+    /// while it waits) has completed its first list.
+    pub(crate) async fn synced(&self) {
         loop {
-            if self.is_synced() {
-                return Ok(());
+            let ready: Vec<_> = lock(&self.inner.informers)
+                .iter()
+                .map(|(_, informer)| informer.ready())
+                .collect();
+            let count = ready.len();
+            for mut ready in ready {
+                let _ = ready.wait_for(|ready| *ready).await;
             }
-            if tokio::time::Instant::now() >= deadline {
-                let reason = lock(&self.inner.informers)
-                    .iter()
-                    .find_map(|(_, informer)| informer.failure())
-                    .map_or_else(
-                        || crate::redact::Redacted::ours("informers have not listed yet"),
-                        |failure| failure.reason,
-                    );
-                return Err(Error::NotReady {
-                    name: self.inner.cluster.clone(),
-                    timeout,
-                    reason,
-                });
+            if lock(&self.inner.informers).len() == count {
+                return;
             }
-            tokio::time::sleep(Duration::from_millis(50)).await;
         }
     }
 

@@ -16,7 +16,7 @@ use crate::{Cluster, ClusterName};
 
 /// Which clusters a source watches.
 #[derive(Clone, Default)]
-pub enum Clusters {
+pub enum ClusterSelector {
     /// Every cluster a provider engages (not the local cluster).
     #[default]
     Fleet,
@@ -24,30 +24,30 @@ pub enum Clusters {
     Local,
     /// The fleet and the local cluster.
     Both,
-    /// Clusters whose name passes the filter (the local cluster's name is
+    /// ClusterSelector whose name passes the filter (the local cluster's name is
     /// empty).
     Matching(Arc<dyn Fn(&ClusterName) -> bool + Send + Sync>),
 }
 
-impl Clusters {
+impl ClusterSelector {
     /// Whether a source with this selection watches `name`.
     pub fn includes(&self, name: &ClusterName) -> bool {
         match self {
-            Clusters::Fleet => !name.is_local(),
-            Clusters::Local => name.is_local(),
-            Clusters::Both => true,
-            Clusters::Matching(filter) => filter(name),
+            ClusterSelector::Fleet => !name.is_local(),
+            ClusterSelector::Local => name.is_local(),
+            ClusterSelector::Both => true,
+            ClusterSelector::Matching(filter) => filter(name),
         }
     }
 }
 
-impl Debug for Clusters {
+impl Debug for ClusterSelector {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            Clusters::Fleet => f.write_str("Fleet"),
-            Clusters::Local => f.write_str("Local"),
-            Clusters::Both => f.write_str("Both"),
-            Clusters::Matching(_) => f.write_str("Matching(..)"),
+            ClusterSelector::Fleet => f.write_str("Fleet"),
+            ClusterSelector::Local => f.write_str("Local"),
+            ClusterSelector::Both => f.write_str("Both"),
+            ClusterSelector::Matching(_) => f.write_str("Matching(..)"),
         }
     }
 }
@@ -145,7 +145,7 @@ pub mod filters {
 
 /// A source without its type, as the controller keeps it.
 pub(crate) trait Source: Send + Sync {
-    fn clusters(&self) -> &Clusters;
+    fn clusters(&self) -> &ClusterSelector;
     /// Starts feeding `queue` from `cluster` until `stop` fires.
     fn start(
         &self,
@@ -169,7 +169,7 @@ type Ensure = Arc<dyn Fn(&crate::cache::Cache) + Send + Sync>;
 
 /// Events of one informer per cluster, filtered and mapped to requests.
 pub(crate) struct InformerSource<K> {
-    clusters: Clusters,
+    clusters: ClusterSelector,
     filters: Vec<Filter<K>>,
     mapper: RequestMapper<K>,
     subscribe: Subscribe<K>,
@@ -228,7 +228,7 @@ impl<K> InformerSource<K> {
 }
 
 impl<K: Send + Sync + 'static> Source for InformerSource<K> {
-    fn clusters(&self) -> &Clusters {
+    fn clusters(&self) -> &ClusterSelector {
         &self.clusters
     }
 

@@ -56,6 +56,26 @@ pub(crate) struct Standing {
     pub(crate) token: CancellationToken,
 }
 
+#[cfg(feature = "sharding")]
+impl Standing {
+    /// No standing yet (the peer Lease was never written) for `peer_lease`
+    /// in `epoch`: no fence can be held with it until a renewal gives one.
+    pub(crate) fn not_yet(peer_lease: String, epoch: String) -> Self {
+        let token = CancellationToken::new();
+        token.cancel();
+        Self {
+            peer_lease,
+            epoch,
+            token,
+        }
+    }
+
+    /// Whether fences can be held with it now.
+    pub(crate) fn is_live(&self) -> bool {
+        !self.token.is_cancelled()
+    }
+}
+
 /// How an attempt to take a fence ended.
 pub(crate) enum Attempt {
     /// This replica holds it.
@@ -123,7 +143,7 @@ impl Fence {
         standing: &Standing,
         timing: Timing,
     ) -> Attempt {
-        if standing.token.is_cancelled() {
+        if !standing.is_live() {
             return Attempt::Failed("this replica's peer Lease is not renewed".to_string());
         }
         let held_with = format!("{}/{}", standing.peer_lease, standing.epoch);

@@ -77,10 +77,12 @@ impl Manager {
                 result = check => match result {
                     Ok(Ok(())) => None,
                     Ok(Err(err)) => Some(err),
-                    Err(_) => Some(Redacted::ours(format!(
-                        "no answer within {:?}",
-                        options.sync_timeout
-                    ))),
+                    // The cache did not sync in time: a watch's failure
+                    // says why, if one failed.
+                    Err(_) => Some(cluster.failure().map_or_else(
+                        || Redacted::ours(format!("no answer within {:?}", options.sync_timeout)),
+                        |failure| failure.reason,
+                    )),
                 },
             };
             match failure {
@@ -280,15 +282,9 @@ impl Aware for Manager {
 /// Whether the cluster answers and its cache has synced.
 async fn probe(cluster: &Cluster) -> Result<(), Redacted> {
     probe_server(cluster).await?;
-    match cluster
-        .cache()
-        .wait_for_sync(Duration::from_secs(3600))
-        .await
-    {
-        Err(Error::NotReady { reason, .. }) => Err(reason),
-        Err(other) => Err(Redacted::error(&other)),
-        Ok(()) => Ok(()),
-    }
+    // Bounded by the caller's sync timeout.
+    cluster.cache().synced().await;
+    Ok(())
 }
 
 /// Whether the cluster's API server answers `/version`; the reason is

@@ -305,6 +305,11 @@ impl std::fmt::Debug for Clusters {
 pub trait ClusterSetProvider: Send + Sync {
     /// The set the provider keeps its clusters in.
     fn cluster_set(&self) -> &Clusters;
+
+    /// Names of the clusters the provider holds now, sorted.
+    fn names(&self) -> Vec<ClusterName> {
+        self.cluster_set().names()
+    }
 }
 
 #[async_trait::async_trait]

@@ -25,6 +25,11 @@ pub mod kubeconfig;
 pub mod process;
 pub mod watch_filter;
 
+/// Locks a `std::sync::Mutex`, carrying on with the data as it was left if
+/// a holder panicked: what every provider of this workspace uses for its
+/// short critical sections.
+pub use crate::sync::lock;
+
 use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;

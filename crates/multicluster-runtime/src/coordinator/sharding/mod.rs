@@ -28,10 +28,10 @@
 //! the fence namespace.
 
 mod hrw;
+mod options;
 mod peers;
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
@@ -45,147 +45,8 @@ use crate::sync::{child_until, lock};
 use crate::{Aware, Cluster, ClusterName, Error};
 
 pub use hrw::{Peer, owner, score};
+pub use options::{FenceHold, ShardingOptions};
 pub use peers::{PART_OF_LABEL, PEER_LABEL, PREFIX_LABEL, WEIGHT_ANNOTATION};
-
-/// Sharding settings; the defaults are Go multicluster-runtime's.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct ShardingOptions {
-    /// Where peer and fence Leases live (default `kube-system`).
-    pub namespace: String,
-    /// This replica's ID (default: the host name, which is the pod name in
-    /// Kubernetes). Made DNS-1123-safe.
-    pub peer_id: Option<String>,
-    /// Peer Lease name prefix (default `mcr-peer`). Replicas with another
-    /// prefix are not peers, so one namespace can hold several groups.
-    pub peer_prefix: String,
-    /// This replica's weight (default 1; 0 counts as 1).
-    pub peer_weight: u32,
-    /// How long a peer counts as alive after its last renewal (default 30 s).
-    pub peer_lease_duration: Duration,
-    /// How often a replica renews its peer Lease and reads the others'
-    /// (default 10 s).
-    pub peer_renew_interval: Duration,
-    /// Fence Lease name prefix (default `mcr-shard`).
-    pub fence_prefix: String,
-    /// How long a fence holds after its last renewal (default 20 s).
-    pub fence_lease_duration: Duration,
-    /// How often a held fence is renewed (default 10 s).
-    pub fence_renew_interval: Duration,
-    /// How long to wait before trying again to take a fence that was busy
-    /// or could not be taken (default 750 ms).
-    pub fence_retry_delay: Duration,
-    /// How often ownership is re-examined even when nothing changed
-    /// (default 5 s).
-    pub probe_interval: Duration,
-    /// How long reconciles still running on a cluster that moves to another
-    /// replica may take before its fence is handed over anyway (default
-    /// 30 s). The fence stays renewed meanwhile, so the new owner waits.
-    pub handover_timeout: Duration,
-    /// How held fences are kept (default [`FenceHold::Renewed`], Go's way).
-    pub fence_hold: FenceHold,
-}
-
-/// How a replica keeps the fences it holds.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum FenceHold {
-    /// Every fence is renewed on its own every `fence_renew_interval` and
-    /// lapses `fence_lease_duration` after its last renewal (Go's way).
-    /// Steady cost: a write per held cluster per interval, about 1,000
-    /// requests a second for 10,000 clusters at the defaults.
-    #[default]
-    Renewed,
-    /// A fence holds while its holder's peer Lease is live in the epoch the
-    /// fence was taken in ([`crate::coordinator::HELD_WITH_ANNOTATION`]);
-    /// nothing renews it. Steady cost: one peer Lease renewal per replica
-    /// per interval, whatever the fleet's size. A replica that cannot renew
-    /// its peer Lease until one `peer_renew_interval` before it would
-    /// lapse stops all its work and ends its epoch, which frees every
-    /// fence it held. After a crash, the others take its clusters when its
-    /// peer Lease lapses (`peer_lease_duration`) instead of each fence.
-    /// Replicas of either kind can share a fleet.
-    WithPeer,
-}
-
-impl Default for ShardingOptions {
-    fn default() -> Self {
-        Self {
-            namespace: "kube-system".to_string(),
-            peer_id: None,
-            peer_prefix: "mcr-peer".to_string(),
-            peer_weight: 1,
-            peer_lease_duration: Duration::from_secs(30),
-            peer_renew_interval: Duration::from_secs(10),
-            fence_prefix: "mcr-shard".to_string(),
-            fence_lease_duration: Duration::from_secs(20),
-            fence_renew_interval: Duration::from_secs(10),
-            fence_retry_delay: Duration::from_millis(750),
-            probe_interval: Duration::from_secs(5),
-            handover_timeout: Duration::from_secs(30),
-            fence_hold: FenceHold::Renewed,
-        }
-    }
-}
-
-crate::option_setters!(ShardingOptions {
-    namespace: impl Into<String>,
-    peer_id: impl Into<Option<String>>,
-    peer_prefix: impl Into<String>,
-    peer_weight: u32,
-    peer_lease_duration: Duration,
-    peer_renew_interval: Duration,
-    fence_prefix: impl Into<String>,
-    fence_lease_duration: Duration,
-    fence_renew_interval: Duration,
-    fence_retry_delay: Duration,
-    probe_interval: Duration,
-    handover_timeout: Duration,
-    fence_hold: FenceHold,
-});
-
-impl ShardingOptions {
-    fn check(&self) -> Result<(), Error> {
-        let invalid = |reason: String| {
-            Err(Error::InvalidOptions {
-                component: "sharding options".to_string(),
-                reason,
-            })
-        };
-        for (field, prefix) in [
-            ("peer_prefix", &self.peer_prefix),
-            ("fence_prefix", &self.fence_prefix),
-        ] {
-            // The peer prefix is also a label value: at most 63 characters.
-            if prefix.is_empty() || prefix.len() > 63 || dns1123(prefix) != *prefix {
-                return invalid(format!(
-                    "{field} {prefix:?} must be 1 to 63 characters of a-z, 0-9, '-' and '.', alphanumeric at both ends"
-                ));
-            }
-        }
-        if self.namespace.is_empty() {
-            return invalid("namespace is empty".to_string());
-        }
-        for (what, duration, renew) in [
-            ("peer", self.peer_lease_duration, self.peer_renew_interval),
-            (
-                "fence",
-                self.fence_lease_duration,
-                self.fence_renew_interval,
-            ),
-        ] {
-            if renew.is_zero() || renew >= duration {
-                return invalid(format!(
-                    "the {what} renew interval ({renew:?}) must be above zero and below the {what} lease duration ({duration:?})"
-                ));
-            }
-        }
-        if self.probe_interval.is_zero() {
-            return invalid("probe_interval is zero".to_string());
-        }
-        Ok(())
-    }
-}
 
 /// A [`Coordinator`] that shares the fleet among the replicas of a
 /// controller: each cluster is worked on by exactly one of them. See the
@@ -263,13 +124,8 @@ impl ShardedCoordinator {
             id: dns1123(&id),
             weight: options.peer_weight.max(1),
         };
-        // No standing until the peer Lease is first written.
-        let standing = fence::Standing {
-            peer_lease: lease_name(&options.peer_prefix, &me.id),
-            epoch: peers::new_epoch(),
-            token: CancellationToken::new(),
-        };
-        standing.token.cancel();
+        let standing =
+            fence::Standing::not_yet(lease_name(&options.peer_prefix, &me.id), peers::new_epoch());
         Ok(Self {
             inner: Arc::new(Inner {
                 leases: Api::namespaced(client, &options.namespace),
@@ -292,22 +148,6 @@ impl ShardedCoordinator {
     /// The live peers as last read, this replica included, sorted by ID.
     pub fn peers(&self) -> Vec<Peer> {
         self.inner.peers.borrow().clone()
-    }
-
-    /// The clusters this replica works on now (it holds their fences),
-    /// sorted.
-    pub fn working_on(&self) -> Vec<ClusterName> {
-        lock(&self.inner.clusters)
-            .iter()
-            .filter(|(_, entry)| {
-                entry
-                    .data
-                    .held
-                    .as_ref()
-                    .is_some_and(|held| !held.work.is_cancelled())
-            })
-            .map(|(name, _)| name.clone())
-            .collect()
     }
 
     /// The fence Lease name for a cluster.
@@ -419,7 +259,7 @@ impl ShardedCoordinator {
             }
             FenceHold::WithPeer => {
                 let standing = self.inner.standing.borrow().clone();
-                if standing.token.is_cancelled() {
+                if !standing.is_live() {
                     // Until the peer Lease is renewed again; the registry
                     // wakes the loop then.
                     self.retry_later(name, generation);
@@ -623,8 +463,22 @@ impl Coordinator for ShardedCoordinator {
         Ok(())
     }
 
+    /// The clusters this replica works on now (it holds their fences),
+    /// sorted.
     fn working_on(&self) -> Option<Vec<ClusterName>> {
-        Some(ShardedCoordinator::working_on(self))
+        Some({
+            lock(&self.inner.clusters)
+                .iter()
+                .filter(|(_, entry)| {
+                    entry
+                        .data
+                        .held
+                        .as_ref()
+                        .is_some_and(|held| !held.work.is_cancelled())
+                })
+                .map(|(name, _)| name.clone())
+                .collect()
+        })
     }
 
     async fn run(&self, stop: CancellationToken) -> Result<(), Error> {
@@ -682,6 +536,8 @@ impl std::fmt::Debug for ShardedCoordinator {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     #[test]

@@ -135,7 +135,7 @@ impl Registry {
     /// After a good renewal: a new standing if the last one had ended.
     fn stand(&self) {
         let renewed = self.standing.send_if_modified(|standing| {
-            if !standing.token.is_cancelled() {
+            if standing.is_live() {
                 return false;
             }
             standing.token = CancellationToken::new();

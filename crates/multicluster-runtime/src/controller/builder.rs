@@ -1,0 +1,360 @@
+//! Building a controller: what it watches ([`Watch`]), in which clusters,
+//! how it maps events to requests, and its settings.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::FutureExt;
+use kube::api::{ApiResource, DynamicObject};
+
+use super::source::{InformerSource, Source, in_same_cluster};
+use super::{
+    Action, Backoff, ClusterSelector, Controller, Filter, Inner, MapContext, ReconcileError,
+    Reconciler, Request, WorkQueue, work,
+};
+use crate::cache::CachedResource;
+use crate::engagements::Engagements;
+use crate::metrics::Metrics;
+use crate::{Cluster, ClusterName, Error};
+
+/// Which clusters and events a watch covers; used with the builder's
+/// `for_resource`, `owns` and `watches`.
+pub struct Watch<K> {
+    clusters: ClusterSelector,
+    filters: Vec<Filter<K>>,
+}
+
+impl<K> Default for Watch<K> {
+    fn default() -> Self {
+        Self {
+            clusters: ClusterSelector::Fleet,
+            filters: Vec::new(),
+        }
+    }
+}
+
+impl<K> Watch<K> {
+    /// The fleet, every event.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Watch these clusters instead of the fleet.
+    #[must_use]
+    pub fn clusters(mut self, clusters: ClusterSelector) -> Self {
+        self.clusters = clusters;
+        self
+    }
+
+    pub(super) fn into_parts(self) -> (ClusterSelector, Vec<Filter<K>>) {
+        (self.clusters, self.filters)
+    }
+
+    /// Only events passing `filter` (all filters must pass).
+    #[must_use]
+    pub fn filter(mut self, filter: Filter<K>) -> Self {
+        self.filters.push(filter);
+        self
+    }
+
+    /// Only events for which `passes` holds: [`Watch::filter`] with a
+    /// closure, whose argument type is then known.
+    #[must_use]
+    pub fn filter_by(
+        self,
+        passes: impl Fn(&crate::cache::CacheEvent<K>) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.filter(Arc::new(passes))
+    }
+}
+
+type OwnedSource = Box<dyn FnOnce(&(String, String)) -> Arc<dyn Source> + Send>;
+
+/// Builds a [`Controller`].
+pub struct ControllerBuilder {
+    name: String,
+    primary: Option<(String, String)>,
+    sources: Vec<Arc<dyn Source>>,
+    /// Owned-type sources wait for the primary's (apiVersion, kind).
+    owned: Vec<OwnedSource>,
+    max_concurrent_reconciles: usize,
+    max_concurrent_reconciles_total: Option<usize>,
+    reconcile_timeout: Option<Duration>,
+    backoff: Backoff,
+    metrics: Option<Metrics>,
+    owed: Option<Owed>,
+    error_policy: Option<ErrorPolicyFn>,
+}
+
+type ErrorPolicyFn = work::PolicyFn;
+
+/// What a cluster is owed when it is engaged.
+pub(super) type Owed = Arc<dyn Fn(&ClusterName, &Controller) -> Vec<Request> + Send + Sync>;
+
+impl ControllerBuilder {
+    /// What [`Controller::builder`] starts from.
+    pub(super) fn new(name: String) -> Self {
+        Self {
+            name,
+            primary: None,
+            sources: Vec::new(),
+            owned: Vec::new(),
+            max_concurrent_reconciles: 1,
+            max_concurrent_reconciles_total: None,
+            reconcile_timeout: Some(super::DEFAULT_RECONCILE_TIMEOUT),
+            backoff: Backoff::default(),
+            metrics: None,
+            owed: None,
+            error_policy: None,
+        }
+    }
+
+    /// Reconcile objects of `K`: each event of a `K` requests its own
+    /// reconcile.
+    #[must_use]
+    pub fn for_resource<K: CachedResource>(mut self, watch: Watch<K>) -> Self {
+        self.primary = Some((K::api_version(&()).into_owned(), K::kind(&()).into_owned()));
+        self.sources.push(Arc::new(InformerSource::typed(
+            watch,
+            in_same_cluster(Arc::new(|obj: &K| {
+                vec![(
+                    obj.meta().namespace.clone(),
+                    obj.meta().name.clone().unwrap_or_default(),
+                )]
+            })),
+        )));
+        self
+    }
+
+    /// Reconcile the controlling owner (of the primary kind) of every `O` that
+    /// changes.
+    #[must_use]
+    pub fn owns<O: CachedResource>(mut self, watch: Watch<O>) -> Self {
+        self.owned.push(Box::new(move |(api_version, kind)| {
+            let (api_version, kind) = (api_version.clone(), kind.clone());
+            Arc::new(InformerSource::typed(
+                watch,
+                in_same_cluster(Arc::new(move |obj: &O| {
+                    obj.meta()
+                        .owner_references
+                        .iter()
+                        .flatten()
+                        .filter(|owner| {
+                            owner.controller == Some(true)
+                                && owner.kind == kind
+                                && owner.api_version == api_version
+                        })
+                        .map(|owner| (obj.meta().namespace.clone(), owner.name.clone()))
+                        .collect()
+                })),
+            )) as Arc<dyn Source>
+        }));
+        self
+    }
+
+    /// Reconcile whatever `mapper` maps each changed `W` to (in the same
+    /// cluster).
+    #[must_use]
+    pub fn watches<W: CachedResource>(
+        mut self,
+        watch: Watch<W>,
+        mapper: impl Fn(&W) -> Vec<(Option<String>, String)> + Send + Sync + 'static,
+    ) -> Self {
+        self.sources.push(Arc::new(InformerSource::typed(
+            watch,
+            in_same_cluster(Arc::new(mapper)),
+        )));
+        self
+    }
+
+    /// Reconcile whatever requests `mapper` returns for each changed `W`,
+    /// in any cluster: the form for controllers that work across clusters,
+    /// such as propagating a hub object to every member
+    /// ([`map::to_every_member`]) or reporting a member object's change to
+    /// its owner on the hub ([`map::to_owner`]). The [`MapContext`] names
+    /// the cluster the event came from and the clusters engaged now;
+    /// requests for clusters that are not engaged are dropped (see
+    /// [`ControllerBuilder::owed_on_engage`] for those that join later).
+    #[must_use]
+    pub fn watches_across<W: CachedResource>(
+        mut self,
+        watch: Watch<W>,
+        mapper: impl Fn(&MapContext<'_>, &W) -> Vec<Request> + Send + Sync + 'static,
+    ) -> Self {
+        self.sources
+            .push(Arc::new(InformerSource::typed(watch, Arc::new(mapper))));
+        self
+    }
+
+    /// When a cluster is engaged, queue the requests `owed` returns for it,
+    /// so a cluster that joins late converges without waiting for an event
+    /// elsewhere (for example every hub object for a new member:
+    /// [`map::local_objects`]). `owed` gets the new cluster's name and the
+    /// controller (to read other clusters' caches); it must not block.
+    #[must_use]
+    pub fn owed_on_engage(
+        mut self,
+        owed: impl Fn(&ClusterName, &Controller) -> Vec<Request> + Send + Sync + 'static,
+    ) -> Self {
+        self.owed = Some(Arc::new(owed));
+        self
+    }
+
+    /// Like [`ControllerBuilder::watches`] for a resource known at run time.
+    #[must_use]
+    pub fn watches_dynamic(
+        mut self,
+        resource: ApiResource,
+        watch: Watch<DynamicObject>,
+        mapper: impl Fn(&DynamicObject) -> Vec<(Option<String>, String)> + Send + Sync + 'static,
+    ) -> Self {
+        self.sources.push(Arc::new(InformerSource::dynamic(
+            resource,
+            watch,
+            in_same_cluster(Arc::new(mapper)),
+        )));
+        self
+    }
+
+    /// Reconciles of one cluster running at once (default 1, as
+    /// controller-runtime runs one controller's: each cluster has that many
+    /// slots of its own). A cluster's requests never wait for another
+    /// cluster's slots, so members whose reconciles hang cannot hold up the
+    /// rest of the fleet.
+    #[must_use]
+    pub fn max_concurrent_reconciles(mut self, limit: usize) -> Self {
+        self.max_concurrent_reconciles = limit.max(1);
+        self
+    }
+
+    /// Reconciles running at once across every cluster (default: no limit
+    /// beyond each cluster's own slots). `1` gives controller-runtime's
+    /// strict one reconcile at a time for the whole controller. A limit
+    /// here is shared: clusters whose reconciles hang can hold all of it
+    /// until the reconcile deadline frees them, and healthy members wait
+    /// meanwhile. Reach for it to cap work on a shared resource (the local
+    /// cluster, an external API), not for isolation.
+    #[must_use]
+    pub fn max_concurrent_reconciles_total(mut self, limit: usize) -> Self {
+        self.max_concurrent_reconciles_total = Some(limit.max(1));
+        self
+    }
+
+    /// How long a reconcile may run (default [`DEFAULT_RECONCILE_TIMEOUT`],
+    /// 5 minutes; `None`: as long as it takes). One that runs longer is
+    /// cancelled, counted as an error with the result `timeout`, and backed
+    /// off like any error.
+    ///
+    /// Cancelling drops the reconcile's future: it stops at the `.await` it
+    /// was waiting on, and whatever it had done until then stays done. A
+    /// reconciler must therefore be safe to stop at any `.await` — which it
+    /// must be anyway, since the process can stop at any point — and converge
+    /// when run again.
+    #[must_use]
+    pub fn reconcile_timeout(mut self, timeout: Option<Duration>) -> Self {
+        self.reconcile_timeout = timeout;
+        self
+    }
+
+    /// Error backoff (default 5 ms doubling up to 1000 s).
+    #[must_use]
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.backoff = backoff;
+        self
+    }
+
+    /// Record reconcile metrics in `metrics` (the manager passes its own).
+    #[must_use]
+    pub fn metrics(mut self, metrics: Metrics) -> Self {
+        self.metrics = Some(metrics);
+        self
+    }
+
+    /// Decides what follows a failed reconcile: `Some(action)` replaces
+    /// the backoff (`Action::requeue(after)` retries after `after`,
+    /// `Action::await_change()` waits for the next event), `None` keeps
+    /// the backoff. A [`Terminal`] error is never retried. See
+    /// [`WorkQueueBuilder::error_policy`].
+    #[must_use]
+    pub fn error_policy(
+        mut self,
+        policy: impl Fn(&Request, &ReconcileError) -> Option<Action> + Send + Sync + 'static,
+    ) -> Self {
+        self.error_policy = Some(Arc::new(policy));
+        self
+    }
+
+    /// Builds the controller around `reconcile`, which gets each request,
+    /// its cluster and `context` (shared state: clients of other clusters,
+    /// settings, a recorder), as kube-runtime's `Controller::run` does.
+    pub fn build_with_context<C, F, Fut, E>(
+        self,
+        context: Arc<C>,
+        reconcile: F,
+    ) -> Result<Controller, Error>
+    where
+        C: Send + Sync + 'static,
+        F: Fn(Request, Cluster, Arc<C>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: Into<ReconcileError> + 'static,
+    {
+        self.build(move |request, cluster| reconcile(request, cluster, context.clone()))
+    }
+
+    /// Builds the controller around `reconcile`. Its error may be any type
+    /// that converts into a boxed error (an error type of one's own,
+    /// `Box<dyn Error + Send + Sync>`, `anyhow::Error`); wrap it in
+    /// [`Terminal`] when retrying cannot help.
+    pub fn build<F, Fut, E>(self, reconcile: F) -> Result<Controller, Error>
+    where
+        F: Fn(Request, Cluster) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, E>> + Send + 'static,
+        E: Into<ReconcileError> + 'static,
+    {
+        let mut sources = self.sources;
+        if !self.owned.is_empty() {
+            let primary = self.primary.as_ref().ok_or_else(|| Error::InvalidOptions {
+                component: format!("controller {}", self.name),
+                reason: "owns() needs for_resource() to name the owner kind".to_string(),
+            })?;
+            sources.extend(self.owned.into_iter().map(|make| make(primary)));
+        }
+        if sources.is_empty() {
+            return Err(Error::InvalidOptions {
+                component: format!("controller {}", self.name),
+                reason: "it watches nothing".to_string(),
+            });
+        }
+        let reconcile = Arc::new(reconcile);
+        let reconciler: Reconciler = Arc::new(move |request, cluster| {
+            let reconcile = reconcile.clone();
+            async move { reconcile(request, cluster).await.map_err(Into::into) }.boxed()
+        });
+        let mut work = WorkQueue::builder(self.name.clone())
+            .backoff(self.backoff)
+            .timeout(self.reconcile_timeout);
+        if let Some(metrics) = self.metrics {
+            work = work.metrics(metrics);
+        }
+        if let Some(policy) = self.error_policy {
+            work = work.error_policy(move |request, error| policy(request, error));
+        }
+        Ok(Controller {
+            inner: Arc::new(Inner {
+                name: self.name,
+                sources,
+                reconciler,
+                work: work.build_gated(
+                    self.max_concurrent_reconciles,
+                    self.max_concurrent_reconciles_total,
+                ),
+                clusters: Mutex::new(Engagements::default()),
+                running: Mutex::new(HashMap::new()),
+                finished: tokio::sync::Notify::new(),
+                owed: self.owed,
+            }),
+        })
+    }
+}
