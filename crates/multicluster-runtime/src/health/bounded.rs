@@ -1,0 +1,138 @@
+//! The layer under clients built from kubeconfigs that gives each request
+//! that is not long-running a deadline and records how requests end.
+
+use std::error::Error as StdError;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use futures::future::BoxFuture;
+use http::{Request, Response};
+use kube::client::Body;
+
+use super::is_unreachable;
+use super::requests::{RequestKind, Requests};
+use crate::redact::Redacted;
+
+/// A request that is not long-running got no answer within its deadline.
+#[derive(Debug, thiserror::Error)]
+#[error("no answer within {0:?}")]
+pub struct RequestTimedOut(pub Duration);
+
+/// Whether a request runs for as long as its caller wants: a watch, a
+/// followed log, an exec, attach or port-forward session. Those get no
+/// deadline (a watch has its own, on the server).
+fn is_long_running<B>(request: &Request<B>) -> bool {
+    let query = request.uri().query().unwrap_or_default();
+    let long_query = query
+        .split('&')
+        .any(|pair| matches!(pair, "watch=true" | "watch=1" | "follow=true" | "follow=1"));
+    let path = request.uri().path();
+    long_query
+        || request.headers().contains_key(http::header::UPGRADE)
+        || ["/exec", "/attach", "/portforward", "/proxy"]
+            .iter()
+            .any(|end| path.ends_with(end) || path.contains(&format!("{end}/")))
+}
+
+/// The layer of [`Bounded`].
+#[derive(Clone, Debug)]
+pub(crate) struct BoundedLayer {
+    pub(crate) timeout: Option<Duration>,
+    pub(crate) requests: Requests,
+    /// The server, as reasons name it (without user information).
+    pub(crate) server: Arc<str>,
+}
+
+impl<S> tower::Layer<S> for BoundedLayer {
+    type Service = Bounded<S>;
+
+    fn layer(&self, inner: S) -> Bounded<S> {
+        Bounded {
+            inner,
+            timeout: self.timeout,
+            requests: self.requests.clone(),
+            server: self.server.clone(),
+        }
+    }
+}
+
+/// Gives each request that is not long-running a deadline, and records
+/// how requests end: unanswered, refused, or answered.
+pub(crate) struct Bounded<S> {
+    inner: S,
+    timeout: Option<Duration>,
+    requests: Requests,
+    server: Arc<str>,
+}
+
+type BoxError = Box<dyn StdError + Send + Sync>;
+
+impl<S, B> tower::Service<Request<Body>> for Bounded<S>
+where
+    S: tower::Service<Request<Body>, Response = Response<B>>,
+    S::Error: Into<BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<B>;
+    type Error = BoxError;
+    type Future = BoxFuture<'static, Result<Response<B>, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let deadline = self.timeout.filter(|_| !is_long_running(&request));
+        let kind = RequestKind::of(&request);
+        let call = self.inner.call(request);
+        let (requests, server) = (self.requests.clone(), self.server.clone());
+        Box::pin(async move {
+            let result = match deadline {
+                Some(after) => match tokio::time::timeout(after, call).await {
+                    Ok(result) => result.map_err(Into::into),
+                    Err(_) => Err(Box::new(RequestTimedOut(after)) as BoxError),
+                },
+                None => call.await.map_err(Into::into),
+            };
+            match &result {
+                Ok(response) => requests.answered(&kind, response.status()),
+                Err(err) if is_unreachable(err.as_ref()) => {
+                    requests.unreachable(Redacted::unreachable(&server, err.as_ref()));
+                }
+                Err(_) => {}
+            }
+            result
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(uri: &str) -> Request<()> {
+        Request::get(uri).body(()).expect("request")
+    }
+
+    #[test]
+    fn watches_follows_and_sessions_are_long_running() {
+        for uri in [
+            "/api/v1/configmaps?watch=true&timeoutSeconds=290",
+            "/api/v1/namespaces/a/pods/p/log?follow=true",
+            "/api/v1/namespaces/a/pods/p/exec?command=sh",
+            "/api/v1/namespaces/a/pods/p/portforward?ports=80",
+            "/api/v1/namespaces/a/services/s/proxy/metrics",
+        ] {
+            assert!(is_long_running(&request(uri)), "{uri}");
+        }
+        for uri in [
+            "/version",
+            "/api/v1/namespaces/a/configmaps?limit=500",
+            "/api/v1/namespaces/a/configmaps/watch-list",
+            "/apis/apps/v1/namespaces/a/deployments/exec-thing",
+        ] {
+            assert!(!is_long_running(&request(uri)), "{uri}");
+        }
+    }
+}
