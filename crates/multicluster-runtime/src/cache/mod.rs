@@ -10,6 +10,7 @@
 
 mod index;
 mod informer;
+mod options;
 mod retry;
 mod scoped;
 
@@ -30,6 +31,8 @@ use tokio_util::sync::CancellationToken;
 
 pub use index::{Extractor, FieldIndex};
 pub use informer::{CacheEvent, Informer, Subscription};
+use options::resource_id;
+pub use options::{CacheOptions, WatchBackoff};
 pub use scoped::VIRTUAL_NAMESPACE;
 
 use crate::{ClusterName, Error};
@@ -37,155 +40,6 @@ use index::Indexes;
 
 /// Default time [`Cache::wait_for_sync`] callers use.
 pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// How a cache watches.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct CacheOptions {
-    /// Watch only this namespace (namespaced resources); `None` watches all.
-    /// Lets an instance run with RBAC for one namespace.
-    pub namespace: Option<String>,
-    /// Drop `metadata.managedFields` before storing objects (default true):
-    /// it is often the largest part of an object and controllers rarely
-    /// read it.
-    pub strip_managed_fields: bool,
-    /// Watcher settings (label/field selectors, page size, ...), applied to
-    /// every watch of the cache without its own in `per_resource`.
-    pub watcher: watcher::Config,
-    /// Watcher settings of particular resources, by `group/version/plural`
-    /// (controller-runtime's `ByObject`); fill it with
-    /// [`CacheOptions::watcher_for`] and
-    /// [`CacheOptions::watcher_for_resource`].
-    pub per_resource: Vec<(String, watcher::Config)>,
-    /// How a failed watch is retried.
-    pub backoff: WatchBackoff,
-}
-
-crate::option_setters!(CacheOptions {
-    namespace: impl Into<Option<String>>,
-    strip_managed_fields: bool,
-    watcher: watcher::Config,
-    backoff: WatchBackoff,
-});
-
-impl Default for CacheOptions {
-    fn default() -> Self {
-        Self {
-            namespace: None,
-            strip_managed_fields: true,
-            watcher: watcher::Config::default(),
-            per_resource: Vec::new(),
-            backoff: WatchBackoff::default(),
-        }
-    }
-}
-
-impl CacheOptions {
-    /// Watches `K` with `config` instead of [`CacheOptions::watcher`]: a
-    /// label selector for one type only, say.
-    #[must_use]
-    pub fn watcher_for<K: Resource<DynamicType = ()>>(self, config: watcher::Config) -> Self {
-        self.with_override(resource_id::<K>(&()), config)
-    }
-
-    /// Like [`CacheOptions::watcher_for`], for a resource known at run time.
-    #[must_use]
-    pub fn watcher_for_resource(self, resource: &ApiResource, config: watcher::Config) -> Self {
-        self.with_override(resource_id::<DynamicObject>(resource), config)
-    }
-
-    fn with_override(mut self, id: String, config: watcher::Config) -> Self {
-        self.per_resource.retain(|(known, _)| *known != id);
-        self.per_resource.push((id, config));
-        self
-    }
-
-    /// The watcher settings of the resource `id` (`group/version/plural`).
-    fn watcher_of(&self, id: &str) -> &watcher::Config {
-        self.per_resource
-            .iter()
-            .find(|(known, _)| known == id)
-            .map_or(&self.watcher, |(_, config)| config)
-    }
-}
-
-/// How an informer retries a watch that failed. The delay doubles while
-/// failures of one kind go on, each stretched by up to 100 % at random so
-/// that many clusters do not retry in step, and starts over only once the
-/// watch delivers again (see the `retry` module's notes). A watch that the
-/// server ends with `410 Gone` (its resource version is too old) is listed
-/// again at once, without a delay.
-///
-/// - A server that cannot be reached (connection refused or reset, TLS
-///   failure, no answer in time) is tried again from `initial` (250 ms) up
-///   to `max` (1 s; 2 s with the random part), so a server back from an
-///   outage of any length is seen again within about 2 s.
-/// - A server that refuses the watch (403 after lost RBAC, 404 for a CRD
-///   that is not installed) is asked again from `refused_initial` (1 s) up
-///   to `refused_max` (30 s; 60 s with the random part): at most 8 lists
-///   in the first minute, and 1 to 2 a minute after that, where
-///   kube-runtime's own backoff (which takes the start of every list for a
-///   success) kept asking twice a second.
-///
-/// Fields may be added: start from `WatchBackoff::default()` and use the
-/// setters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct WatchBackoff {
-    /// The first delay after a failure to reach the server.
-    pub initial: Duration,
-    /// The longest delay after failures to reach the server, before the
-    /// random part.
-    pub max: Duration,
-    /// The first delay after the server refused the watch.
-    pub refused_initial: Duration,
-    /// The longest delay after refusals, before the random part.
-    pub refused_max: Duration,
-}
-
-crate::option_setters!(WatchBackoff {
-    initial: Duration,
-    max: Duration,
-    refused_initial: Duration,
-    refused_max: Duration,
-});
-
-impl Default for WatchBackoff {
-    fn default() -> Self {
-        Self {
-            initial: Duration::from_millis(250),
-            max: Duration::from_secs(1),
-            refused_initial: Duration::from_secs(1),
-            refused_max: Duration::from_secs(30),
-        }
-    }
-}
-
-impl WatchBackoff {
-    /// The delays for a watch of our own that is not an informer's (the
-    /// Lease watch of leader election): those of a server that cannot be
-    /// reached.
-    pub(crate) fn strategy(self) -> watcher::ExponentialBackoff {
-        backon::ExponentialBuilder::default()
-            .with_min_delay(self.initial)
-            .with_max_delay(self.max.max(self.initial))
-            .with_factor(2.0)
-            .with_jitter()
-            .without_max_times()
-            .into()
-    }
-}
-
-/// The `group/version/plural` of a resource, as [`CacheOptions::per_resource`]
-/// names it.
-fn resource_id<K: Resource>(dyntype: &K::DynamicType) -> String {
-    format!(
-        "{}/{}/{}",
-        K::group(dyntype),
-        K::version(dyntype),
-        K::plural(dyntype)
-    )
-}
 
 /// How a watch is limited to the cache's namespace restriction, by resource
 /// scope: namespaced resources are watched in that namespace only,
