@@ -49,12 +49,14 @@ impl Backoff {
     }
 }
 
-/// How a reconcile ended, for [`Queue::done`].
+/// What follows a reconcile, for [`Queue::done`].
 pub(crate) enum Outcome {
-    /// Success; run again after the delay if one is given.
-    Success(Option<Duration>),
-    /// Failure; back off.
-    Failure,
+    /// No backoff: run again after the delay if one is given, else only
+    /// when queued again. A success, a terminal error, or an error whose
+    /// policy chose what follows.
+    Settled(Option<Duration>),
+    /// An error: back off, longer after each one in a row.
+    BackOff,
 }
 
 #[derive(Default)]
@@ -274,16 +276,16 @@ impl Queue {
         }
         let engaged = self.takes(&state, &request.cluster);
         let delay = match outcome {
-            Outcome::Success(after) => {
+            Outcome::Settled(after) => {
                 state.failures.remove(request);
                 after
             }
-            Outcome::Failure if engaged => {
+            Outcome::BackOff if engaged => {
                 let failures = state.failures.entry(request.clone()).or_default();
                 *failures = failures.saturating_add(1);
                 Some(self.backoff.delay(*failures))
             }
-            Outcome::Failure => None,
+            Outcome::BackOff => None,
         };
         let dirty = state.dirty.remove(request);
         if engaged {
@@ -354,9 +356,9 @@ mod tests {
         q.add(req("a", "x"));
         q.add(req("a", "x"));
         assert!(q.next().is_err(), "never twice at once");
-        q.done(&running, Outcome::Success(None));
+        q.done(&running, Outcome::Settled(None));
         assert_eq!(q.next().ok(), Some(req("a", "x")));
-        q.done(&running, Outcome::Success(None));
+        q.done(&running, Outcome::Settled(None));
         assert!(q.next().is_err(), "only once more");
     }
 
@@ -391,7 +393,7 @@ mod tests {
             others,
             [req("other", "c"), req("quiet", "a"), req("quiet", "b")]
         );
-        q.done(&first, Outcome::Success(None));
+        q.done(&first, Outcome::Settled(None));
         assert_eq!(q.next().ok(), Some(req("busy", "obj-2")));
 
         // Alone, a cluster has its own slots and no more.
@@ -422,10 +424,10 @@ mod tests {
         let q = queue(&["a"]);
         q.add(req("a", "x"));
         let r = q.next().expect("ready");
-        q.done(&r, Outcome::Failure);
-        q.done(&r, Outcome::Failure);
+        q.done(&r, Outcome::BackOff);
+        q.done(&r, Outcome::BackOff);
         assert_eq!(q.lock().failures.get(&r), Some(&2));
-        q.done(&r, Outcome::Success(None));
+        q.done(&r, Outcome::Settled(None));
         assert_eq!(q.lock().failures.get(&r), None);
     }
 }

@@ -275,7 +275,7 @@ impl WorkQueue {
             self.metrics().queue_depth(self.name(), queue.depth());
             while running.try_join_next().is_some() {}
             let Some(work) = start(&key) else {
-                queue.done(&key, Outcome::Success(None));
+                queue.done(&key, Outcome::Settled(None));
                 continue;
             };
             let span = tracing::info_span!(
@@ -300,29 +300,29 @@ impl WorkQueue {
                     let (label, outcome) = match result {
                         Some(Ok(Ok(action))) => {
                             tracing::debug!(?elapsed, ?action, "reconciled");
-                            ("success", Outcome::Success(action.requeue_after()))
+                            ("success", Outcome::Settled(action.requeue_after()))
                         }
                         Some(Ok(Err(err))) if is_terminal(err.as_ref()) => {
                             tracing::error!(error = %err, "reconcile failed; not retried until queued again");
-                            ("terminal", Outcome::Success(None))
+                            ("terminal", Outcome::Settled(None))
                         }
                         Some(Ok(Err(err))) => {
                             tracing::warn!(error = %err, "reconcile failed");
                             match policy.and_then(|policy| (policy.0)(&key, &err)) {
-                                Some(action) => ("error", Outcome::Success(action.requeue_after())),
-                                None => ("error", Outcome::Failure),
+                                Some(action) => ("error", Outcome::Settled(action.requeue_after())),
+                                None => ("error", Outcome::BackOff),
                             }
                         }
                         Some(Err(_)) => {
                             tracing::error!("reconciler panicked");
-                            ("error", Outcome::Failure)
+                            ("error", Outcome::BackOff)
                         }
                         None => {
                             tracing::warn!(
                                 ?elapsed,
                                 "reconcile cancelled: it ran past its deadline"
                             );
-                            ("timeout", Outcome::Failure)
+                            ("timeout", Outcome::BackOff)
                         }
                     };
                     let metrics = this.metrics();
@@ -363,7 +363,7 @@ async fn next_key(queue: &Queue, shutdown: &CancellationToken) -> Option<Request
             Ok(key) => {
                 if shutdown.is_cancelled() {
                     // Left for the queue to drop with the controller.
-                    queue.done(&key, Outcome::Success(None));
+                    queue.done(&key, Outcome::Settled(None));
                     return None;
                 }
                 return Some(key);
