@@ -38,7 +38,7 @@ fn propagation(hub: Cluster) -> Controller {
     let this: Arc<OnceLock<Controller>> = Arc::new(OnceLock::new());
     let handle = this.clone();
     let controller = Controller::builder("propagation")
-        .watches_across(
+        .watches(
             Watch::<ConfigMap>::new()
                 .clusters(ClusterSelector::Local)
                 .filter(filters::labels(
@@ -49,7 +49,7 @@ fn propagation(hub: Cluster) -> Controller {
         // A copy changed (or was deleted) in a member: fix it, and recount
         // on the hub.
         .for_resource(Watch::<ConfigMap>::new())
-        .watches_across(Watch::<ConfigMap>::new(), map::to_owner())
+        .watches(Watch::<ConfigMap>::new(), map::to_owner())
         .owed_on_engage(map::local_objects::<ConfigMap>(propagated))
         .max_concurrent_reconciles(4)
         .build(move |request: Request, cluster: Cluster| {

@@ -324,9 +324,9 @@ async fn event_filters_decide_which_changes_reconcile() {
                                 .starts_with("skip")
                         },
                     )),
-                |cm: &ConfigMap| {
-                    vec![(
-                        cm.metadata.namespace.clone(),
+                |context, cm: &ConfigMap| {
+                    vec![context.here(
+                        cm.metadata.namespace.as_deref(),
                         format!("cm-{}", cm.metadata.name.clone().unwrap_or_default()),
                     )]
                 },

@@ -235,7 +235,7 @@ async fn main() -> Result<(), MainError> {
                 .filter(labelled()),
         )
         // Hub → members: a change on the hub is a request in every member.
-        .watches_across(
+        .watches(
             Watch::<ConfigMap>::new()
                 .clusters(ClusterSelector::Local)
                 .filter(labelled()),
@@ -243,7 +243,7 @@ async fn main() -> Result<(), MainError> {
         )
         // A copy changed or deleted in a member: put it right, and recount
         // on the hub.
-        .watches_across(Watch::<ConfigMap>::new(), |context, copy: &ConfigMap| {
+        .watches(Watch::<ConfigMap>::new(), |context, copy: &ConfigMap| {
             let mut requests: Vec<Request> = map::owner_of(copy).into_iter().collect();
             if let Some(owner) = requests.first().cloned() {
                 requests.push(Request::new(

@@ -37,8 +37,8 @@ async fn main() -> Result<(), Error> {
         .provider(provider)
         .build();
     let controller = Controller::builder("configmap-summary")
-        .watches(Watch::<ConfigMap>::new(), |_| {
-            vec![(None, SUMMARY.to_string())]
+        .watches(Watch::<ConfigMap>::new(), |context, _| {
+            vec![context.here(None, SUMMARY)]
         })
         .build(summarise)?;
     manager.add_controller(controller)?;

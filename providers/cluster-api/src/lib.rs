@@ -345,14 +345,17 @@ impl RunnableProvider for ClusterApiProvider {
             () = secrets.wait_ready() => {}
         }
         let builder = Controller::builder("cluster-api-provider")
-            .watches_dynamic(shared.resource.clone(), Watch::new(), |cluster| {
-                vec![(
-                    cluster.metadata.namespace.clone(),
+            .watches_dynamic(shared.resource.clone(), Watch::new(), |context, cluster| {
+                vec![context.here(
+                    cluster.metadata.namespace.as_deref(),
                     cluster.metadata.name.clone().unwrap_or_default(),
                 )]
             })
-            .watches(Watch::<Secret>::new(), |secret| {
-                cluster_of_secret(secret).into_iter().collect()
+            .watches(Watch::<Secret>::new(), |context, secret| {
+                cluster_of_secret(secret)
+                    .map(|(namespace, name)| context.here(namespace.as_deref(), name))
+                    .into_iter()
+                    .collect()
             })
             .max_concurrent_reconciles(shared.options.max_concurrent_builds)
             .backoff(shared.options.retry);

@@ -256,9 +256,9 @@ impl RunnableProvider for ClusterProfileProvider {
         let shared = &self.shared;
         shared.fleet.start(&shutdown, aware)?;
         let mut builder = Controller::builder("cluster-inventory-api-provider")
-            .watches_dynamic(shared.resource.clone(), Watch::new(), |profile| {
-                vec![(
-                    profile.metadata.namespace.clone(),
+            .watches_dynamic(shared.resource.clone(), Watch::new(), |context, profile| {
+                vec![context.here(
+                    profile.metadata.namespace.as_deref(),
                     profile.metadata.name.clone().unwrap_or_default(),
                 )]
             })
@@ -273,8 +273,11 @@ impl RunnableProvider for ClusterProfileProvider {
                 () = shutdown.cancelled() => return Ok(()),
                 () = secrets.wait_ready() => {}
             }
-            builder = builder.watches(Watch::<Secret>::new(), |secret| {
-                secrets::profile_of(secret).into_iter().collect()
+            builder = builder.watches(Watch::<Secret>::new(), |context, secret| {
+                secrets::profile_of(secret)
+                    .map(|(namespace, name)| context.here(namespace.as_deref(), name))
+                    .into_iter()
+                    .collect()
             });
         }
         let reconciler = shared.clone();

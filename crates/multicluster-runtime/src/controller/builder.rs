@@ -154,31 +154,16 @@ impl ControllerBuilder {
         self
     }
 
-    /// Reconcile whatever `mapper` maps each changed `W` to (in the same
-    /// cluster).
-    #[must_use]
-    pub fn watches<W: CachedResource>(
-        mut self,
-        watch: Watch<W>,
-        mapper: impl Fn(&W) -> Vec<(Option<String>, String)> + Send + Sync + 'static,
-    ) -> Self {
-        self.sources.push(Arc::new(InformerSource::typed(
-            watch,
-            in_same_cluster(Arc::new(mapper)),
-        )));
-        self
-    }
-
-    /// Reconcile whatever requests `mapper` returns for each changed `W`,
-    /// in any cluster: the form for controllers that work across clusters,
-    /// such as propagating a hub object to every member
-    /// ([`map::to_every_member`]) or reporting a member object's change to
-    /// its owner on the hub ([`map::to_owner`]). The [`MapContext`] names
-    /// the cluster the event came from and the clusters engaged now;
-    /// requests for clusters that are not engaged are dropped (see
+    /// Reconcile whatever requests `mapper` returns for each changed `W`.
+    /// The [`MapContext`] names the cluster the event came from
+    /// ([`MapContext::here`] makes a request in it) and the clusters engaged
+    /// now, so a mapper may also reach across clusters: propagate a hub
+    /// object to every member ([`map::to_every_member`](super::map::to_every_member)) or report a member
+    /// object's change to its owner on the hub ([`map::to_owner`](super::map::to_owner)).
+    /// Requests for clusters that are not engaged are dropped (see
     /// [`ControllerBuilder::owed_on_engage`] for those that join later).
     #[must_use]
-    pub fn watches_across<W: CachedResource>(
+    pub fn watches<W: CachedResource>(
         mut self,
         watch: Watch<W>,
         mapper: impl Fn(&MapContext<'_>, &W) -> Vec<Request> + Send + Sync + 'static,
@@ -208,12 +193,12 @@ impl ControllerBuilder {
         mut self,
         resource: ApiResource,
         watch: Watch<DynamicObject>,
-        mapper: impl Fn(&DynamicObject) -> Vec<(Option<String>, String)> + Send + Sync + 'static,
+        mapper: impl Fn(&MapContext<'_>, &DynamicObject) -> Vec<Request> + Send + Sync + 'static,
     ) -> Self {
         self.sources.push(Arc::new(InformerSource::dynamic(
             resource,
             watch,
-            in_same_cluster(Arc::new(mapper)),
+            Arc::new(mapper),
         )));
         self
     }

@@ -1,5 +1,5 @@
 //! Ready mappers for controllers that work across clusters, for
-//! [`ControllerBuilder::watches_across`](super::ControllerBuilder::watches_across)
+//! [`ControllerBuilder::watches`](super::ControllerBuilder::watches)
 //! and [`ControllerBuilder::owed_on_engage`](super::ControllerBuilder::owed_on_engage).
 //!
 //! The two patterns fleet controllers share:

@@ -37,7 +37,8 @@
 //! 2. `controller/source.rs`: each source the controller's builder made
 //!    (`InformerSource`) subscribed when its cluster was engaged
 //!    (`Source::start`); it filters the event and maps it to [`Request`]s,
-//!    in its own cluster or, for `watches_across`, any engaged cluster.
+//!    in its own cluster or, for a mapper that reaches across, any engaged
+//!    cluster.
 //! 3. `controller/queue.rs`: `Queue::add` collapses duplicates and marks a
 //!    running request dirty; `Queue::next` serves clusters in turn, each
 //!    within its own slots.

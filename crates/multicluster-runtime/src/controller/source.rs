@@ -63,7 +63,7 @@ pub(crate) type Mapper<K> = Arc<dyn Fn(&K) -> Vec<(Option<String>, String)> + Se
 /// in any cluster (see [`super::map`] for ready ones).
 pub(crate) type RequestMapper<K> = Arc<dyn Fn(&MapContext<'_>, &K) -> Vec<Request> + Send + Sync>;
 
-/// What a cross-cluster mapper ([`ControllerBuilder::watches_across`](super::ControllerBuilder::watches_across))
+/// What a mapper ([`ControllerBuilder::watches`](super::ControllerBuilder::watches))
 /// knows besides the object: where the event came from and which clusters
 /// the controller works on.
 pub struct MapContext<'a> {
@@ -75,6 +75,12 @@ impl MapContext<'_> {
     /// The cluster the event came from.
     pub fn cluster(&self) -> &ClusterName {
         self.cluster
+    }
+
+    /// A request for `namespace/name` in the cluster the event came from:
+    /// what a mapper within one cluster returns.
+    pub fn here(&self, namespace: Option<&str>, name: impl Into<String>) -> Request {
+        Request::new(self.cluster.clone(), namespace, name)
     }
 
     /// The clusters engaged with the controller now (the local cluster
