@@ -176,7 +176,7 @@ impl ControllerBuilder {
     /// When a cluster is engaged, queue the requests `owed` returns for it,
     /// so a cluster that joins late converges without waiting for an event
     /// elsewhere (for example every hub object for a new member:
-    /// [`map::local_objects`]). `owed` gets the new cluster's name and the
+    /// [`map::local_objects`](super::map::local_objects)). `owed` gets the new cluster's name and the
     /// controller (to read other clusters' caches); it must not block.
     #[must_use]
     pub fn owed_on_engage(
@@ -227,7 +227,7 @@ impl ControllerBuilder {
         self
     }
 
-    /// How long a reconcile may run (default [`DEFAULT_RECONCILE_TIMEOUT`],
+    /// How long a reconcile may run (default [`DEFAULT_RECONCILE_TIMEOUT`](super::DEFAULT_RECONCILE_TIMEOUT),
     /// 5 minutes; `None`: as long as it takes). One that runs longer is
     /// cancelled, counted as an error with the result `timeout`, and backed
     /// off like any error.
@@ -260,8 +260,8 @@ impl ControllerBuilder {
     /// Decides what follows a failed reconcile: `Some(action)` replaces
     /// the backoff (`Action::requeue(after)` retries after `after`,
     /// `Action::await_change()` waits for the next event), `None` keeps
-    /// the backoff. A [`Terminal`] error is never retried. See
-    /// [`WorkQueueBuilder::error_policy`].
+    /// the backoff. A [`Terminal`](super::Terminal) error is never retried. See
+    /// [`WorkQueueBuilder::error_policy`](super::WorkQueueBuilder::error_policy).
     #[must_use]
     pub fn error_policy(
         mut self,
@@ -291,7 +291,7 @@ impl ControllerBuilder {
     /// Builds the controller around `reconcile`. Its error may be any type
     /// that converts into a boxed error (an error type of one's own,
     /// `Box<dyn Error + Send + Sync>`, `anyhow::Error`); wrap it in
-    /// [`Terminal`] when retrying cannot help.
+    /// [`Terminal`](super::Terminal) when retrying cannot help.
     pub fn build<F, Fut, E>(self, reconcile: F) -> Result<Controller, Error>
     where
         F: Fn(Request, Cluster) -> Fut + Send + Sync + 'static,
