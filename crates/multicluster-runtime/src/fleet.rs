@@ -52,7 +52,7 @@ pub(crate) struct FleetView(Arc<Shared>);
 struct Shared {
     summary: watch::Sender<FleetSummary>,
     /// What could not become a cluster, by name: the provider and why.
-    unusable: Mutex<BTreeMap<ClusterName, (&'static str, Redacted)>>,
+    unusable: Mutex<BTreeMap<ClusterName, (Arc<str>, Redacted)>>,
     /// `mcr_inventory_failures{provider}`.
     gauge: Family<Vec<(&'static str, String)>, Gauge>,
 }
@@ -83,12 +83,12 @@ impl FleetView {
     }
 
     /// `provider` found `name` but cannot make a cluster of it.
-    pub(crate) fn unusable(&self, provider: &'static str, name: &ClusterName, reason: Redacted) {
+    pub(crate) fn unusable(&self, provider: &str, name: &ClusterName, reason: Redacted) {
         let mut unusable = lock(&self.0.unusable);
-        let before = unusable.insert(name.clone(), (provider, reason));
-        if before.as_ref().is_none_or(|(was, _)| *was != provider) {
+        let before = unusable.insert(name.clone(), (provider.into(), reason));
+        if before.as_ref().is_none_or(|(was, _)| &**was != provider) {
             if let Some((was, _)) = before {
-                self.gauge(was).dec();
+                self.gauge(&was).dec();
             }
             self.gauge(provider).inc();
         }
@@ -96,11 +96,11 @@ impl FleetView {
     }
 
     /// `provider` made a cluster of `name` after all, or it is gone.
-    pub(crate) fn usable(&self, provider: &'static str, name: &ClusterName) {
+    pub(crate) fn usable(&self, provider: &str, name: &ClusterName) {
         let mut unusable = lock(&self.0.unusable);
         if unusable
             .get(name)
-            .is_some_and(|(recorded, _)| *recorded == provider)
+            .is_some_and(|(recorded, _)| &**recorded == provider)
         {
             unusable.remove(name);
             self.gauge(provider).dec();
@@ -109,14 +109,14 @@ impl FleetView {
     }
 
     /// What could not become a cluster: name, provider, reason; sorted.
-    pub(crate) fn unusable_inventory(&self) -> Vec<(ClusterName, &'static str, Redacted)> {
+    pub(crate) fn unusable_inventory(&self) -> Vec<(ClusterName, Arc<str>, Redacted)> {
         lock(&self.0.unusable)
             .iter()
-            .map(|(name, (provider, reason))| (name.clone(), *provider, reason.clone()))
+            .map(|(name, (provider, reason))| (name.clone(), provider.clone(), reason.clone()))
             .collect()
     }
 
-    fn gauge(&self, provider: &'static str) -> Gauge {
+    fn gauge(&self, provider: &str) -> Gauge {
         self.0
             .gauge
             .get_or_create(&vec![("provider", provider.to_string())])

@@ -102,6 +102,11 @@ pub type Readiness = Arc<dyn Fn(&DynamicObject) -> bool + Send + Sync>;
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct ClusterApiOptions {
+    /// This instance's name (default `cluster-api`): the label `provider` of
+    /// its metrics, and its controller's name with `-provider` appended
+    /// (logs and spans carry it). Give instances in one process (two in a
+    /// multi provider, say) different names, so their figures stay apart.
+    pub name: String,
     /// Watch Clusters and Secrets in this namespace only.
     pub namespace: Option<String>,
     /// Only Clusters labelled `cluster.x-k8s.io/watch-filter=<value>`.
@@ -125,6 +130,7 @@ pub struct ClusterApiOptions {
 }
 
 multicluster_runtime::option_setters!(ClusterApiOptions {
+    name: impl Into<String>,
     namespace: impl Into<Option<String>>,
     watch_filter: impl Into<Option<String>>,
     version: ClusterApiVersion,
@@ -150,6 +156,7 @@ impl ClusterApiOptions {
 impl Default for ClusterApiOptions {
     fn default() -> Self {
         Self {
+            name: "cluster-api".to_string(),
             namespace: None,
             watch_filter: None,
             version: ClusterApiVersion::default(),
@@ -165,6 +172,7 @@ impl Default for ClusterApiOptions {
 impl std::fmt::Debug for ClusterApiOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClusterApiOptions")
+            .field("name", &self.name)
             .field("namespace", &self.namespace)
             .field("watch_filter", &self.watch_filter)
             .field("version", &self.version)
@@ -214,7 +222,7 @@ impl ClusterApiProvider {
                 resource,
                 management: Cluster::with_cache(MANAGEMENT, management, cache),
                 fleet: Fleet::new(
-                    "cluster-api",
+                    options.name.as_str(),
                     options.metrics.clone(),
                     options.client.clone(),
                 ),
@@ -344,7 +352,7 @@ impl RunnableProvider for ClusterApiProvider {
             () = shutdown.cancelled() => return Ok(()),
             () = secrets.wait_ready() => {}
         }
-        let builder = Controller::builder("cluster-api-provider")
+        let builder = Controller::builder(format!("{}-provider", shared.options.name))
             .watches_dynamic(shared.resource.clone(), Watch::new(), |context, cluster| {
                 vec![context.here(
                     cluster.metadata.namespace.as_deref(),

@@ -128,7 +128,7 @@ impl ClusterProfileProvider {
                 hub: Cluster::with_cache(MANAGEMENT, hub, cache),
                 providers,
                 fleet: Fleet::new(
-                    "cluster-inventory-api",
+                    options.name.as_str(),
                     options.metrics.clone(),
                     options.client.clone(),
                 ),
@@ -255,7 +255,7 @@ impl RunnableProvider for ClusterProfileProvider {
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
         let shared = &self.shared;
         shared.fleet.start(&shutdown, aware)?;
-        let mut builder = Controller::builder("cluster-inventory-api-provider")
+        let mut builder = Controller::builder(format!("{}-provider", shared.options.name))
             .watches_dynamic(shared.resource.clone(), Watch::new(), |context, profile| {
                 vec![context.here(
                     profile.metadata.namespace.as_deref(),

@@ -32,6 +32,11 @@ pub type Readiness = Arc<dyn Fn(&DynamicObject) -> bool + Send + Sync>;
 #[derive(Clone)]
 #[non_exhaustive]
 pub struct ClusterProfileOptions {
+    /// This instance's name (default `cluster-inventory-api`): the label `provider` of
+    /// its metrics, and its controller's name with `-provider` appended
+    /// (logs and spans carry it). Give instances in one process (two in a
+    /// multi provider, say) different names, so their figures stay apart.
+    pub name: String,
     /// Where credentials come from.
     pub credentials: Credentials,
     /// Watch profiles (and Secrets) in this namespace only.
@@ -57,6 +62,7 @@ pub struct ClusterProfileOptions {
 }
 
 multicluster_runtime::option_setters!(ClusterProfileOptions {
+    name: impl Into<String>,
     credentials: Credentials,
     namespace: impl Into<Option<String>>,
     watch_filter: impl Into<Option<String>>,
@@ -93,6 +99,7 @@ impl ClusterProfileOptions {
 
     fn with_credentials(credentials: Credentials) -> Self {
         Self {
+            name: "cluster-inventory-api".to_string(),
             credentials,
             namespace: None,
             watch_filter: None,
@@ -108,6 +115,7 @@ impl ClusterProfileOptions {
 impl std::fmt::Debug for ClusterProfileOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ClusterProfileOptions")
+            .field("name", &self.name)
             .field("credentials", &self.credentials)
             .field("namespace", &self.namespace)
             .field("watch_filter", &self.watch_filter)

@@ -73,6 +73,11 @@ pub const DEFAULT_DEBOUNCE: Duration = Duration::from_millis(100);
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct FileOptions {
+    /// This instance's name (default `file`): the label `provider` of
+    /// its metrics, and its controller's name with `-provider` appended
+    /// (logs and spans carry it). Give instances in one process (two in a
+    /// multi provider, say) different names, so their figures stay apart.
+    pub name: String,
     /// Kubeconfig files.
     pub files: Vec<PathBuf>,
     /// Directories searched with `patterns`.
@@ -97,6 +102,7 @@ pub struct FileOptions {
 }
 
 multicluster_runtime::option_setters!(FileOptions {
+    name: impl Into<String>,
     files: impl Into<Vec<PathBuf>>,
     directories: impl Into<Vec<PathBuf>>,
     patterns: impl Into<Vec<String>>,
@@ -110,6 +116,7 @@ multicluster_runtime::option_setters!(FileOptions {
 impl Default for FileOptions {
     fn default() -> Self {
         Self {
+            name: "file".to_string(),
             files: Vec::new(),
             directories: Vec::new(),
             patterns: DEFAULT_PATTERNS.iter().map(|p| p.to_string()).collect(),
@@ -147,13 +154,13 @@ impl FileProvider {
         if options.files.is_empty() && options.directories.is_empty() {
             default_sources(&mut options);
         }
-        let builds = WorkQueue::builder("file-provider")
+        let builds = WorkQueue::builder(format!("{}-provider", options.name))
             .max_concurrent(options.max_concurrent_builds)
             .backoff(options.retry)
             .build();
         Self {
             shared: Arc::new(Shared {
-                fleet: Fleet::new("file", None, options.client.clone()),
+                fleet: Fleet::new(options.name.as_str(), None, options.client.clone()),
                 options,
                 desired: std::sync::Mutex::default(),
                 builds,

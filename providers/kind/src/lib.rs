@@ -39,6 +39,11 @@ use tokio_util::sync::CancellationToken;
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct KindOptions {
+    /// This instance's name (default `kind`): the label `provider` of
+    /// its metrics, and its controller's name with `-provider` appended
+    /// (logs and spans carry it). Give instances in one process (two in a
+    /// multi provider, say) different names, so their figures stay apart.
+    pub name: String,
     /// Only clusters whose name starts with this prefix (kept in the name).
     pub prefix: Option<String>,
     /// Time between polls (default 2 s).
@@ -53,6 +58,7 @@ pub struct KindOptions {
 }
 
 multicluster_runtime::option_setters!(KindOptions {
+    name: impl Into<String>,
     prefix: impl Into<Option<String>>,
     poll_interval: Duration,
     kind_command: impl Into<PathBuf>,
@@ -63,6 +69,7 @@ multicluster_runtime::option_setters!(KindOptions {
 impl Default for KindOptions {
     fn default() -> Self {
         Self {
+            name: "kind".to_string(),
             prefix: None,
             poll_interval: Duration::from_secs(2),
             kind_command: PathBuf::from("kind"),
@@ -91,15 +98,16 @@ struct Shared {
 impl KindProvider {
     /// A provider with `options`.
     pub fn new(options: KindOptions) -> Self {
+        let refreshes = WorkQueue::builder(format!("{}-provider", options.name))
+            .max_concurrent(DEFAULT_MAX_CONCURRENT_BUILDS)
+            .backoff(PROVIDER_BACKOFF)
+            .build();
         Self {
             shared: Arc::new(Shared {
-                fleet: Fleet::new("kind", None, options.client.clone()),
+                fleet: Fleet::new(options.name.as_str(), None, options.client.clone()),
                 options,
                 listed: Mutex::default(),
-                refreshes: WorkQueue::builder("kind-provider")
-                    .max_concurrent(DEFAULT_MAX_CONCURRENT_BUILDS)
-                    .backoff(PROVIDER_BACKOFF)
-                    .build(),
+                refreshes,
             }),
         }
     }

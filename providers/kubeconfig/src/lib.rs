@@ -61,6 +61,11 @@ pub use multicluster_runtime::provider::discovery::PROVIDER_BACKOFF;
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct KubeconfigOptions {
+    /// This instance's name (default `kubeconfig`): the label `provider` of
+    /// its metrics, and its controller's name with `-provider` appended
+    /// (logs and spans carry it). Give instances in one process (two in a
+    /// multi provider, say) different names, so their figures stay apart.
+    pub name: String,
     /// The namespace to watch; `None` watches every namespace.
     pub namespace: Option<String>,
     /// The label marking kubeconfig Secrets (its value must be `true`).
@@ -70,7 +75,7 @@ pub struct KubeconfigOptions {
     /// Only Secrets labelled `cluster.x-k8s.io/watch-filter=<value>`.
     pub watch_filter: Option<String>,
     /// Where to count Secrets that could not be turned into clusters, and
-    /// the provider's reconciles (controller `kubeconfig-provider`).
+    /// the provider's reconciles (controller `<name>-provider`).
     /// Default: the registry of the manager that runs the provider.
     pub metrics: Option<Metrics>,
     /// How long to wait before building a failed cluster's client again
@@ -84,6 +89,7 @@ pub struct KubeconfigOptions {
 }
 
 multicluster_runtime::option_setters!(KubeconfigOptions {
+    name: impl Into<String>,
     namespace: impl Into<Option<String>>,
     label: impl Into<String>,
     data_key: impl Into<String>,
@@ -97,6 +103,7 @@ multicluster_runtime::option_setters!(KubeconfigOptions {
 impl Default for KubeconfigOptions {
     fn default() -> Self {
         Self {
+            name: "kubeconfig".to_string(),
             namespace: None,
             label: DEFAULT_LABEL.to_string(),
             data_key: DEFAULT_DATA_KEY.to_string(),
@@ -142,7 +149,7 @@ impl KubeconfigProvider {
         Self {
             shared: Arc::new(Shared {
                 fleet: Fleet::new(
-                    "kubeconfig",
+                    options.name.as_str(),
                     options.metrics.clone(),
                     options.client.clone(),
                 ),
@@ -246,7 +253,7 @@ impl RunnableProvider for KubeconfigProvider {
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
         let shared = &self.shared;
         shared.fleet.start(&shutdown, aware)?;
-        let builder = Controller::builder("kubeconfig-provider")
+        let builder = Controller::builder(format!("{}-provider", self.shared.options.name))
             .for_resource(Watch::<Secret>::new())
             .max_concurrent_reconciles(shared.options.max_concurrent_builds)
             .backoff(shared.options.retry);

@@ -31,6 +31,9 @@ struct State {
     providers: BTreeMap<String, Member>,
     indexes: Vec<FieldIndex>,
     started: Option<(CancellationToken, Arc<dyn Aware>)>,
+    /// The manager's registry, handed to every runnable provider (also
+    /// those added later), so their figures reach the manager's metrics.
+    metrics: Option<multicluster_runtime::metrics::Metrics>,
 }
 
 struct Member {
@@ -113,6 +116,9 @@ impl MultiProvider {
             Some((shutdown, _)) => shutdown.child_token(),
             None => CancellationToken::new(),
         };
+        if let (Some(metrics), Some(provider)) = (&state.metrics, &runnable) {
+            provider.use_metrics(metrics);
+        }
         if let (Some((_, aware)), Some(provider)) = (&state.started, &runnable) {
             self.spawn(name, provider.clone(), stop.clone(), aware.clone());
         }
@@ -213,6 +219,16 @@ impl Provider for MultiProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for MultiProvider {
+    fn use_metrics(&self, metrics: &multicluster_runtime::metrics::Metrics) {
+        let mut state = self.lock();
+        state.metrics = Some(metrics.clone());
+        for member in state.providers.values() {
+            if let Some(provider) = &member.runnable {
+                provider.use_metrics(metrics);
+            }
+        }
+    }
+
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
         {
             let mut state = self.lock();

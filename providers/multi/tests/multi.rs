@@ -176,3 +176,114 @@ async fn bad_and_duplicate_provider_names_are_typed_errors() {
         Err(Error::InvalidOptions { reason, .. }) if reason.contains("separator")
     ));
 }
+
+/// A Secret labelled for the kubeconfig provider in `namespace`, holding
+/// `text` as its kubeconfig.
+fn kubeconfig_secret(
+    namespace: &str,
+    name: &str,
+    text: &str,
+) -> k8s_openapi::api::core::v1::Secret {
+    let mut secret = k8s_openapi::api::core::v1::Secret::default();
+    secret.metadata.name = Some(name.into());
+    secret.metadata.namespace = Some(namespace.into());
+    secret.metadata.labels = Some(
+        [(
+            multicluster_provider_kubeconfig::DEFAULT_LABEL.to_string(),
+            "true".to_string(),
+        )]
+        .into(),
+    );
+    secret.data = Some(
+        [(
+            multicluster_provider_kubeconfig::DEFAULT_DATA_KEY.to_string(),
+            k8s_openapi::ByteString(text.as_bytes().to_vec()),
+        )]
+        .into(),
+    );
+    secret
+}
+
+/// Two kubeconfig providers (one namespace each) in one multi provider,
+/// with one metrics registry: named apart, their controllers, reconciles
+/// and failures are counted apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_instances_of_one_provider_keep_their_figures_apart() {
+    use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
+    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (management, member) = (management.expect("management"), member.expect("member"));
+    create(&member, "hello", "blue").await;
+    let admin = management.client().await.expect("client");
+    let good = multicluster_envtest::to_yaml(member.kubeconfig()).expect("yaml");
+    for team in ["team-a", "team-b"] {
+        management.create_namespace(team).await.expect("namespace");
+        kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(admin.clone(), team)
+            .create(
+                &kube::api::PostParams::default(),
+                &kubeconfig_secret(team, "good", &good),
+            )
+            .await
+            .expect("secret");
+    }
+    kube::Api::<k8s_openapi::api::core::v1::Secret>::namespaced(admin.clone(), "team-a")
+        .create(
+            &kube::api::PostParams::default(),
+            &kubeconfig_secret("team-a", "broken", "{{{ not yaml"),
+        )
+        .await
+        .expect("secret");
+
+    let multi = Arc::new(MultiProvider::new());
+    for team in ["team-a", "team-b"] {
+        let provider = Arc::new(KubeconfigProvider::new(
+            admin.clone(),
+            KubeconfigOptions::default()
+                .name(team)
+                .namespace(team.to_string()),
+        ));
+        multi.add_runnable(team, provider).await.expect("add");
+    }
+    let (manager, recorder) = recording_manager(
+        Cluster::local(admin),
+        multi.clone(),
+        ManagerOptions::default(),
+    );
+    let (shutdown, task) = run_manager(&manager);
+    recorder
+        .wait_for_more(&req("team-a#good", "hello"), 0)
+        .await;
+    recorder
+        .wait_for_more(&req("team-b#good", "hello"), 0)
+        .await;
+    multicluster_runtime::testing::eventually("team-a's broken Secret to be counted", || async {
+        manager.metrics().encode().lines().any(|line| {
+            line == "mcr_cluster_engagement_failures_total{provider=\"team-a\",reason=\"invalid-kubeconfig\"} 1"
+        })
+    })
+    .await;
+    let metrics = manager.metrics().encode();
+    assert!(
+        !metrics
+            .lines()
+            .any(|line| line
+                .starts_with("mcr_cluster_engagement_failures_total{provider=\"team-b\"")),
+        "{metrics}"
+    );
+    for team in ["team-a", "team-b"] {
+        assert!(
+            metrics.lines().any(|line| line.starts_with(&format!(
+                "controller_runtime_reconcile_total{{controller=\"{team}-provider\""
+            ))),
+            "{team}'s reconciles in:\n{metrics}"
+        );
+    }
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line == "mcr_inventory_failures{provider=\"team-a\"} 1"),
+        "{metrics}"
+    );
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}

@@ -88,7 +88,11 @@ pub struct Fleet {
 impl Fleet {
     /// An empty fleet of `provider` (its label in
     /// `mcr_cluster_engagement_failures`), counting failures in `metrics`.
-    pub fn new(provider: &'static str, metrics: Option<Metrics>, client: ClientOptions) -> Self {
+    pub fn new(
+        provider: impl Into<std::sync::Arc<str>>,
+        metrics: Option<Metrics>,
+        client: ClientOptions,
+    ) -> Self {
         Self {
             clusters: Clusters::new(),
             failures: Failures::new(provider, metrics),

@@ -15,7 +15,7 @@ use crate::{ClusterName, Error};
 /// The current failure reason per cluster of one provider.
 #[derive(Debug)]
 pub struct Failures {
-    provider: &'static str,
+    provider: std::sync::Arc<str>,
     metrics: OnceLock<Metrics>,
     reasons: Mutex<BTreeMap<ClusterName, String>>,
 }
@@ -24,9 +24,9 @@ impl Failures {
     /// Failures of `provider` (its label in
     /// `mcr_cluster_engagement_failures`), counted in `metrics` if given
     /// (else in those [`Failures::use_metrics`] hands over).
-    pub fn new(provider: &'static str, metrics: Option<Metrics>) -> Self {
+    pub fn new(provider: impl Into<std::sync::Arc<str>>, metrics: Option<Metrics>) -> Self {
         Self {
-            provider,
+            provider: provider.into(),
             metrics: metrics.map(OnceLock::from).unwrap_or_default(),
             reasons: Mutex::default(),
         }
@@ -55,12 +55,12 @@ impl Failures {
         }
         tracing::warn!(cluster = %name, %reason, "cannot add the cluster to the fleet");
         if let Some(metrics) = self.metrics.get() {
-            metrics.engagement_failed(self.provider, kind);
+            metrics.engagement_failed(&self.provider, kind);
             // The crate's errors and the providers' own words: no
             // credential text.
             metrics
                 .fleet()
-                .unusable(self.provider, name, crate::redact::Redacted::ours(&reason));
+                .unusable(&self.provider, name, crate::redact::Redacted::ours(&reason));
         }
         reasons.insert(name.clone(), reason);
     }
@@ -85,7 +85,7 @@ impl Failures {
         if lock(&self.reasons).remove(name).is_some()
             && let Some(metrics) = self.metrics.get()
         {
-            metrics.fleet().usable(self.provider, name);
+            metrics.fleet().usable(&self.provider, name);
         }
     }
 
