@@ -10,6 +10,11 @@ pub enum Error {
     /// No cluster of that name is engaged (Go: `ErrClusterNotFound`).
     #[error("cluster {0} not found")]
     ClusterNotFound(ClusterName),
+    /// The cluster exists, but this replica does not work on it now (another
+    /// replica holds it, or this one stands by): see
+    /// [`crate::Manager::get_cluster`].
+    #[error("cluster {0} is not worked on by this replica")]
+    NotOwned(ClusterName),
     /// A cluster of that name is already present.
     #[error("cluster {0} already exists")]
     ClusterExists(ClusterName),

@@ -400,6 +400,14 @@ impl Coordinator for LeaderElection {
         Ok(())
     }
 
+    fn owns(&self, name: &ClusterName) -> bool {
+        lock(&self.inner.clusters)
+            .entries
+            .live(name)
+            .and_then(|entry| entry.data.work.as_ref())
+            .is_some_and(|work| !work.is_cancelled())
+    }
+
     fn working_on(&self) -> Option<Vec<ClusterName>> {
         let clusters = lock(&self.inner.clusters);
         Some(

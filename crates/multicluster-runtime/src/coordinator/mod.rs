@@ -64,6 +64,16 @@ pub trait Coordinator: Send + Sync {
     fn working_on(&self) -> Option<Vec<ClusterName>> {
         None
     }
+
+    /// Whether this replica works on `name` now: false before it holds what
+    /// lets it (a fence, the leadership), after it lost that, and for a
+    /// name it does not know. [`crate::Manager::get_cluster`] refuses a
+    /// cluster this replica does not own. The default asks
+    /// [`Coordinator::working_on`].
+    fn owns(&self, name: &ClusterName) -> bool {
+        self.working_on()
+            .is_none_or(|names| names.binary_search(name).is_ok())
+    }
 }
 
 /// Adds to `held` the components of `offered` it does not have yet (a

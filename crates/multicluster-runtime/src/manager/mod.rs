@@ -189,15 +189,26 @@ impl Manager {
     }
 
     /// The cluster of that name: the local cluster for the empty name,
-    /// otherwise the provider's.
+    /// otherwise the provider's, if this replica works on it.
+    ///
+    /// A cluster the coordinator gives to another replica (sharding), or to
+    /// none while this one stands by (leader election), is refused with
+    /// [`Error::NotOwned`]: a reconciler that reads a hub object naming a
+    /// member must not write to that member from a replica that does not
+    /// own it. The local cluster is always handed out: every replica works
+    /// with the hub its members are reconciled against.
     pub async fn get_cluster(&self, name: &ClusterName) -> Result<Cluster, Error> {
         if name.is_local() {
             return Ok(self.inner.local.clone());
         }
-        match &self.inner.provider {
-            Some(provider) => provider.get(name).await,
-            None => Err(Error::ClusterNotFound(name.clone())),
+        let cluster = match &self.inner.provider {
+            Some(provider) => provider.get(name).await?,
+            None => return Err(Error::ClusterNotFound(name.clone())),
+        };
+        if !self.coordinator().owns(name) {
+            return Err(Error::NotOwned(name.clone()));
         }
+        Ok(cluster)
     }
 
     /// Whether the manager is stopping: from before it ends the lifetimes

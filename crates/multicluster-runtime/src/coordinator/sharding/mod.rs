@@ -463,6 +463,13 @@ impl Coordinator for ShardedCoordinator {
         Ok(())
     }
 
+    fn owns(&self, name: &ClusterName) -> bool {
+        lock(&self.inner.clusters)
+            .live(name)
+            .and_then(|entry| entry.data.held.as_ref())
+            .is_some_and(|held| !held.work.is_cancelled())
+    }
+
     /// The clusters this replica works on now (it holds their fences),
     /// sorted.
     fn working_on(&self) -> Option<Vec<ClusterName>> {

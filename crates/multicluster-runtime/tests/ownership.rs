@@ -1,0 +1,113 @@
+//! Ownership holds everywhere, not only in dispatch (Go's issue #172): two
+//! sharded replicas over one fleet each hand out, through
+//! `Manager::get_cluster`, only the clusters they own and refuse the
+//! others' with `Error::NotOwned`; unknown names are not found; the local
+//! cluster is always handed out; once a replica stops, the other owns
+//! everything and the stopped one owns nothing.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use multicluster_envtest::ControlPlane;
+use multicluster_runtime::coordinator::Coordinator;
+use multicluster_runtime::coordinator::sharding::{ShardedCoordinator, ShardingOptions};
+use multicluster_runtime::{ClusterName, Error, Manager};
+
+const MEMBERS: [&str; 6] = ["m0", "m1", "m2", "m3", "m4", "m5"];
+
+/// A replica: its manager over the shared fleet, under `peer_id`.
+async fn replica(cp: &ControlPlane, peer_id: &str) -> (Manager, Arc<ShardedCoordinator>) {
+    let provider = TestProvider::default();
+    for name in MEMBERS {
+        provider
+            .clusters
+            .add(name, cluster_for(name, cp).await)
+            .expect("add");
+    }
+    let client = cp.client().await.expect("client");
+    let coordinator = Arc::new(
+        ShardedCoordinator::new(
+            client,
+            ShardingOptions::default().peer_id(peer_id.to_string()),
+        )
+        .expect("coordinator"),
+    );
+    let manager = Manager::builder(cluster_for("local", cp).await)
+        .provider(Arc::new(provider))
+        .coordinator(coordinator.clone())
+        .build();
+    (manager, coordinator)
+}
+
+/// What `manager` answers for `name`: owned, not owned, or not found.
+async fn answer(manager: &Manager, name: &str) -> &'static str {
+    match manager.get_cluster(&ClusterName::from(name)).await {
+        Ok(_) => "owned",
+        Err(Error::NotOwned(_)) => "not owned",
+        Err(Error::ClusterNotFound(_)) => "not found",
+        Err(_) => "other error",
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_hands_out_only_the_clusters_it_owns() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let ((a, a_coordinator), (b, b_coordinator)) =
+        tokio::join!(replica(&cp, "replica-a"), replica(&cp, "replica-b"));
+    let (a_stop, a_task) = run_manager(&a);
+    let (b_stop, b_task) = run_manager(&b);
+
+    // Both replicas see each other and split the fleet: every member owned
+    // by exactly one of them.
+    eventually("the fleet to be split between the replicas", || async {
+        // The local cluster is sharded like any other; only members count.
+        let mine = |coordinator: &ShardedCoordinator| {
+            let mut owned = coordinator.working_on().unwrap_or_default();
+            owned.retain(|name| !name.is_local());
+            owned
+        };
+        let (a_owns, b_owns) = (mine(&a_coordinator), mine(&b_coordinator));
+        !a_owns.is_empty()
+            && !b_owns.is_empty()
+            && a_owns.len() + b_owns.len() == MEMBERS.len()
+            && MEMBERS.iter().all(|name| {
+                let name = ClusterName::from(*name);
+                a_owns.contains(&name) != b_owns.contains(&name)
+            })
+    })
+    .await;
+    for name in MEMBERS {
+        let cluster = ClusterName::from(name);
+        let answers = (answer(&a, name).await, answer(&b, name).await);
+        let expected = if a_coordinator.owns(&cluster) {
+            ("owned", "not owned")
+        } else {
+            ("not owned", "owned")
+        };
+        assert_eq!(answers, expected, "{name}");
+    }
+    for manager in [&a, &b] {
+        assert_eq!(answer(manager, "nowhere").await, "not found");
+        assert!(manager.get_cluster(&ClusterName::local()).await.is_ok());
+    }
+
+    // A stops (handing its fences back): B owns everything, A nothing.
+    a_stop.cancel();
+    a_task.await.expect("task").expect("clean stop");
+    eventually("the other replica to own every member", || async {
+        let owned = b_coordinator.working_on().unwrap_or_default();
+        MEMBERS
+            .iter()
+            .all(|name| owned.contains(&ClusterName::from(*name)))
+    })
+    .await;
+    for name in MEMBERS {
+        assert_eq!(answer(&b, name).await, "owned", "{name}");
+        assert_eq!(answer(&a, name).await, "not owned", "{name}");
+    }
+
+    b_stop.cancel();
+    b_task.await.expect("task").expect("clean stop");
+}
