@@ -5,6 +5,8 @@ use std::sync::Arc;
 
 use crate::ClusterName;
 use crate::cache::Cache;
+use kube::runtime::events::{Recorder, Reporter};
+
 use crate::health::{Failure, Health, Requests};
 
 /// A cluster as providers hand it out and reconcilers receive it.
@@ -26,6 +28,9 @@ struct Inner {
     stable_id: Option<String>,
     /// How the client's requests end, when its client records that.
     requests: Option<Requests>,
+    /// Events recorders by reporter, so that repeated Events are counted
+    /// as series (kube-runtime keeps that count per recorder).
+    recorders: std::sync::Mutex<std::collections::HashMap<Reporter, Recorder>>,
 }
 
 impl Cluster {
@@ -52,6 +57,7 @@ impl Cluster {
                 cache,
                 stable_id: None,
                 requests: None,
+                recorders: std::sync::Mutex::default(),
             }),
         }
     }
@@ -68,6 +74,7 @@ impl Cluster {
                 cache: inner.cache.clone(),
                 stable_id: Some(id.into()),
                 requests: inner.requests.clone(),
+                recorders: std::sync::Mutex::default(),
             }),
         }
     }
@@ -82,6 +89,7 @@ impl Cluster {
                 cache: inner.cache.clone(),
                 stable_id: inner.stable_id.clone(),
                 requests: Some(requests),
+                recorders: std::sync::Mutex::default(),
             }),
         }
     }
@@ -113,6 +121,42 @@ impl Cluster {
     /// A client for the cluster.
     pub fn client(&self) -> kube::Client {
         self.inner.client.clone()
+    }
+
+    /// Records Events (`events.k8s.io/v1`) in this cluster, through its
+    /// client, as `reporter` (a controller name, e.g.
+    /// `Cluster::recorder("copy-controller")`, with this host as the
+    /// instance, or a [`Reporter`] with both). One recorder per reporter
+    /// and cluster, kept with the cluster, so an Event repeated within
+    /// kube-runtime's window is counted as a series instead of written
+    /// again. A namespace provider's virtual cluster writes its Events into
+    /// its host namespace, as every other object.
+    ///
+    /// ```no_run
+    /// # async fn demo(cluster: multicluster_runtime::Cluster, cm: k8s_openapi::api::core::v1::ConfigMap) -> kube::Result<()> {
+    /// use kube::Resource;
+    /// use kube::runtime::events::{Event, EventType};
+    /// cluster
+    ///     .recorder("copy-controller")
+    ///     .publish(
+    ///         &Event {
+    ///             type_: EventType::Normal,
+    ///             reason: "Copied".into(),
+    ///             note: Some("copied into cm-copy".into()),
+    ///             action: "Copy".into(),
+    ///             secondary: None,
+    ///         },
+    ///         &cm.object_ref(&()),
+    ///     )
+    ///     .await
+    /// # }
+    /// ```
+    pub fn recorder(&self, reporter: impl Into<Reporter>) -> Recorder {
+        let reporter = reporter.into();
+        crate::sync::lock(&self.inner.recorders)
+            .entry(reporter.clone())
+            .or_insert_with(|| Recorder::new(self.inner.client.clone(), reporter))
+            .clone()
     }
 
     /// The cluster's shared cache.

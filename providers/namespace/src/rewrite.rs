@@ -71,10 +71,32 @@ pub(crate) fn route(path: &str, host_namespace: &str) -> Route {
     }
 }
 
+/// Where objects name other objects' namespaces: an Event's subjects
+/// (`events.k8s.io/v1` and core `v1`). They move with the object, so an
+/// Event recorded in a virtual cluster is about the host namespace's object.
+const REFERENCED_NAMESPACES: [&str; 3] = [
+    "/regarding/namespace",
+    "/related/namespace",
+    "/involvedObject/namespace",
+];
+
+/// Replaces `from` with `to` at each of [`REFERENCED_NAMESPACES`] in
+/// `object`.
+fn move_references(object: &mut Value, from: &str, to: &str) {
+    for pointer in REFERENCED_NAMESPACES {
+        if let Some(namespace) = object.pointer_mut(pointer)
+            && namespace.as_str() == Some(from)
+        {
+            *namespace = Value::String(to.to_string());
+        }
+    }
+}
+
 /// Moves an object (or each item of a list) from the virtual namespace to
 /// the host namespace. An object naming another namespace is refused.
 pub(crate) fn to_host(value: &mut Value, host_namespace: &str) -> Result<(), String> {
     for object in objects_mut(value) {
+        move_references(object, VIRTUAL_NAMESPACE, host_namespace);
         if let Some(namespace) = object.pointer_mut("/metadata/namespace") {
             match namespace.as_str() {
                 Some(VIRTUAL_NAMESPACE) => *namespace = Value::String(host_namespace.to_string()),
@@ -94,6 +116,7 @@ pub(crate) fn to_host(value: &mut Value, host_namespace: &str) -> Result<(), Str
 /// host namespace to the virtual one.
 pub(crate) fn to_virtual(value: &mut Value, host_namespace: &str) {
     for object in objects_mut(value) {
+        move_references(object, host_namespace, VIRTUAL_NAMESPACE);
         if let Some(namespace) = object.pointer_mut("/metadata/namespace")
             && namespace.as_str() == Some(host_namespace)
         {
@@ -192,6 +215,16 @@ mod tests {
         to_virtual(&mut object, "team-a");
         assert_eq!(object["metadata"]["namespace"], "default");
 
+        let mut event = json!({
+            "metadata": {"name": "e", "namespace": "default"},
+            "regarding": {"kind": "ConfigMap", "name": "a", "namespace": "default"},
+            "related": {"kind": "Node", "name": "n"},
+        });
+        to_host(&mut event, "team-a").expect("allowed");
+        assert_eq!(event["regarding"]["namespace"], "team-a");
+        assert!(event["related"].get("namespace").is_none());
+        to_virtual(&mut event, "team-a");
+        assert_eq!(event["regarding"]["namespace"], "default");
         let mut foreign = json!({"metadata": {"name": "a", "namespace": "kube-system"}});
         assert!(to_host(&mut foreign, "team-a").is_err());
 

@@ -529,3 +529,67 @@ async fn many_namespaces_share_a_handful_of_connections_to_the_host() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// An Event recorded in a virtual cluster about one of its objects lands in
+/// the host namespace, about the host namespace's object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_of_a_virtual_cluster_land_in_its_namespace() {
+    use k8s_openapi::api::events::v1::Event as K8sEvent;
+    use kube::Resource;
+    use kube::runtime::events::{Event, EventType};
+    let cp = ControlPlane::start().await.expect("control plane");
+    let admin = cp.client().await.expect("client");
+    create_namespace(&admin, "team-a", &[]).await;
+    create_config_map(&admin, "team-a", "noticed", "blue").await;
+    let provider = Arc::new(NamespaceProvider::new(
+        admin.clone(),
+        NamespaceOptions::default(),
+    ));
+    let manager = Manager::builder(provider.host().clone())
+        .provider(provider.clone())
+        .build();
+    let (shutdown, task) = run_manager(&manager);
+    eventually("the namespace to be a cluster", || async {
+        provider.get(&ClusterName::from("team-a")).await.is_ok()
+    })
+    .await;
+    let cluster = provider
+        .get(&ClusterName::from("team-a"))
+        .await
+        .expect("cluster");
+    let cm = cluster
+        .cache()
+        .get::<ConfigMap>(Some("default"), "noticed")
+        .await
+        .expect("cache")
+        .expect("the ConfigMap, seen in default");
+    cluster
+        .recorder("namespace-events-test")
+        .publish(
+            &Event {
+                type_: EventType::Normal,
+                reason: "Noticed".into(),
+                note: None,
+                action: "Notice".into(),
+                secondary: None,
+            },
+            &cm.object_ref(&()),
+        )
+        .await
+        .expect("published through the virtual client");
+    let events = Api::<K8sEvent>::namespaced(admin, "team-a")
+        .list(&Default::default())
+        .await
+        .expect("events")
+        .items;
+    let event = events
+        .iter()
+        .find(|event| event.reporting_controller.as_deref() == Some("namespace-events-test"))
+        .unwrap_or_else(|| panic!("no Event in team-a: {events:?}"));
+    let regarding = event.regarding.as_ref().expect("regarding");
+    assert_eq!(regarding.namespace.as_deref(), Some("team-a"));
+    assert_eq!(regarding.name.as_deref(), Some("noticed"));
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}

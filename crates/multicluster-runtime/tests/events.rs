@@ -1,0 +1,109 @@
+//! Events go to the cluster of the object they are about: a reconciler
+//! records through its request's cluster (`Cluster::recorder`), the Event
+//! lands in that member (not in the local cluster), and an Event repeated
+//! is counted as a series, as kube-runtime counts it.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::*;
+use k8s_openapi::api::core::v1::ConfigMap;
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use kube::Resource;
+use kube::api::{Api, ListParams};
+use kube::runtime::events::{Event, EventType};
+use multicluster_envtest::ControlPlane;
+use multicluster_runtime::controller::{Action, Controller, Request, Watch};
+use multicluster_runtime::{Cluster, Manager};
+
+/// The Events about ConfigMap `name` in `default` of `cp`.
+async fn events_about(cp: &ControlPlane, name: &str) -> Vec<K8sEvent> {
+    Api::<K8sEvent>::namespaced(cp.client().await.expect("client"), "default")
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|event| {
+            event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                && event.reporting_controller.as_deref() == Some("events-test")
+        })
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn events_are_recorded_in_the_objects_own_cluster_and_counted() {
+    let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, member) = (hub.expect("hub"), member.expect("member"));
+    create_config_map(&member, "noticed", &[]).await;
+    let provider = TestProvider::default();
+    provider
+        .clusters
+        .add("member", cluster_for("member", &member).await)
+        .expect("add");
+    let manager = Manager::builder(cluster_for("local", &hub).await)
+        .provider(Arc::new(provider))
+        .build();
+    let recorder = Recorder::default();
+    let controller = {
+        let recorder = recorder.clone();
+        Controller::builder("events")
+            .for_resource(Watch::<ConfigMap>::new())
+            // Reconciled twice, so the Event is published twice.
+            .build(move |request: Request, cluster: Cluster| {
+                let recorder = recorder.clone();
+                async move {
+                    let Some(cm) = cluster
+                        .cache()
+                        .get::<ConfigMap>(request.namespace.as_deref(), &request.name)
+                        .await?
+                    else {
+                        return Ok(Action::await_change());
+                    };
+                    cluster
+                        .recorder("events-test")
+                        .publish(
+                            &Event {
+                                type_: EventType::Normal,
+                                reason: "Noticed".into(),
+                                note: Some(format!("seen in {}", request.cluster)),
+                                action: "Notice".into(),
+                                secondary: None,
+                            },
+                            &cm.object_ref(&()),
+                        )
+                        .await?;
+                    recorder.record(&request);
+                    let again = recorder.count(&request) < 2;
+                    Ok::<_, Box<dyn std::error::Error + Send + Sync>>(if again {
+                        Action::requeue(std::time::Duration::from_millis(10))
+                    } else {
+                        Action::await_change()
+                    })
+                }
+            })
+            .expect("controller")
+    };
+    manager.add_controller(controller).expect("add");
+    let (stop, task) = run_manager(&manager);
+    recorder.wait_for_more(&req("member", "noticed"), 1).await;
+
+    let events = events_about(&member, "noticed").await;
+    assert_eq!(events.len(), 1, "one Event, repeated: {events:?}");
+    let event = &events[0];
+    assert_eq!(event.reason.as_deref(), Some("Noticed"));
+    assert_eq!(event.note.as_deref(), Some("seen in member"));
+    assert_eq!(
+        event.series.as_ref().map(|series| series.count),
+        Some(2),
+        "counted as a series: {event:?}"
+    );
+    assert!(
+        events_about(&hub, "noticed").await.is_empty(),
+        "nothing in the local cluster"
+    );
+
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
