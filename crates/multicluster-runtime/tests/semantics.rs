@@ -456,3 +456,58 @@ async fn a_cluster_settles_once_its_running_reconciles_end() {
     shutdown.cancel();
     run.await.expect("run");
 }
+
+/// Reconciles asked for from outside the watches: every primary object of
+/// one cluster or of every engaged cluster (`reconcile_all_on`), and single
+/// requests (`reconcile_on`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn triggers_reconcile_one_cluster_every_cluster_or_one_request() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    for name in ["x", "y"] {
+        create_config_map(&cp, name, &[]).await;
+    }
+    let (all_tx, all) = futures::channel::mpsc::unbounded::<Option<ClusterName>>();
+    let (one_tx, one) = futures::channel::mpsc::unbounded::<Request>();
+    let recorder = Recorder::default();
+    let controller = {
+        let recorder = recorder.clone();
+        Controller::builder("triggered")
+            .for_resource(Watch::<ConfigMap>::new())
+            .reconcile_all_on(all)
+            .reconcile_on(one)
+            .build(move |request, _cluster| {
+                let recorder = recorder.clone();
+                async move {
+                    recorder.record(&request);
+                    Ok::<_, TestError>(Action::await_change())
+                }
+            })
+            .expect("controller")
+    };
+    let (manager, _provider) = fleet_of(&cp, &["a", "b"], controller).await;
+    let (shutdown, task) = run_manager(&manager);
+    for cluster in ["a", "b"] {
+        for name in ["x", "y"] {
+            recorder.wait_for_more(&req(cluster, name), 0).await;
+        }
+    }
+    let count = |cluster: &str, name: &str| recorder.count(&req(cluster, name));
+
+    all_tx.unbounded_send(Some("a".into())).expect("send");
+    recorder.wait_for_more(&req("a", "x"), 1).await;
+    recorder.wait_for_more(&req("a", "y"), 1).await;
+    assert_eq!((count("b", "x"), count("b", "y")), (1, 1), "only a");
+
+    all_tx.unbounded_send(None).expect("send");
+    for name in ["x", "y"] {
+        recorder.wait_for_more(&req("a", name), 2).await;
+        recorder.wait_for_more(&req("b", name), 1).await;
+    }
+
+    one_tx.unbounded_send(req("b", "x")).expect("send");
+    recorder.wait_for_more(&req("b", "x"), 2).await;
+    assert_eq!(count("b", "y"), 2, "only the request asked for");
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}

@@ -41,10 +41,6 @@ struct Args {
     /// Namespace of the members' kubeconfig Secrets on the hub; every namespace when unset.
     #[arg(long, env = "NAMESPACE")]
     namespace: Option<String>,
-    /// How often each hub object is reconciled without a change (its count
-    /// is refreshed when a member leaves).
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "30s")]
-    resync: Duration,
     #[command(flatten)]
     manager: ManagerArgs,
     #[command(flatten)]
@@ -56,7 +52,6 @@ struct Context {
     hub: Cluster,
     /// The controller itself, to read the members' caches.
     controller: OnceLock<Controller>,
-    resync: Duration,
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -188,7 +183,9 @@ async fn reconcile_hub(
         hub.patch(&request.name, &PatchParams::default(), &Patch::Merge(patch))
             .await?;
     }
-    Ok(Action::requeue(context.resync))
+    // Recounted on events: a copy's change in a member, a member joining
+    // (its copies are made) or leaving (`owed_on_disengage`).
+    Ok(Action::await_change())
 }
 
 async fn delete_if_present(copies: &Api<ConfigMap>, name: &str) -> Result<(), kube::Error> {
@@ -224,7 +221,6 @@ async fn main() -> Result<(), MainError> {
     let context = Arc::new(Context {
         hub,
         controller: OnceLock::new(),
-        resync: args.resync,
     });
     let labelled = || filters::labels([(PROPAGATE_LABEL.to_string(), "true".to_string())].into());
     let controller = Controller::builder("fleet-propagation")
@@ -254,8 +250,10 @@ async fn main() -> Result<(), MainError> {
             }
             requests
         })
-        // A member that joins gets every propagated hub object.
+        // A member that joins gets every propagated hub object; one that
+        // leaves makes every hub object count again.
         .owed_on_engage(map::local_objects::<ConfigMap>(propagated))
+        .owed_on_disengage(map::local_requests::<ConfigMap>(propagated))
         .max_concurrent_reconciles(8)
         .build_with_context(context.clone(), reconcile)?;
     let _ = context.controller.set(controller.clone());

@@ -92,7 +92,7 @@ async fn hub_objects_are_propagated_counted_and_cleaned_up_as_members_come_and_g
     join(&hub, "m2", &m2).await;
 
     let mut example = Command::new(BINARY)
-        .args(["--namespace", "fleet", "--resync", "1s"])
+        .args(["--namespace", "fleet"])
         .args(["--health-address", "127.0.0.1:0"])
         .env("KUBECONFIG", hub_cp.kubeconfig_path())
         .stdout(Stdio::null())

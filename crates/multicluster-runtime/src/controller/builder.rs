@@ -85,6 +85,9 @@ pub struct ControllerBuilder {
     backoff: Backoff,
     metrics: Option<Metrics>,
     owed: Option<Owed>,
+    owed_on_disengage: Option<Owed>,
+    primary_lister: Option<super::triggers::PrimaryLister>,
+    triggers: super::triggers::Triggers,
     error_policy: Option<ErrorPolicyFn>,
 }
 
@@ -107,6 +110,9 @@ impl ControllerBuilder {
             backoff: Backoff::default(),
             metrics: None,
             owed: None,
+            owed_on_disengage: None,
+            primary_lister: None,
+            triggers: super::triggers::Triggers::default(),
             error_policy: None,
         }
     }
@@ -116,6 +122,20 @@ impl ControllerBuilder {
     #[must_use]
     pub fn for_resource<K: CachedResource>(mut self, watch: Watch<K>) -> Self {
         self.primary = Some((K::api_version(&()).into_owned(), K::kind(&()).into_owned()));
+        self.primary_lister = Some(Arc::new(|cluster: &Cluster| {
+            cluster
+                .cache()
+                .informer::<K>()
+                .list(None)
+                .iter()
+                .map(|obj| {
+                    (
+                        obj.meta().namespace.clone(),
+                        obj.meta().name.clone().unwrap_or_default(),
+                    )
+                })
+                .collect()
+        }));
         self.sources.push(Arc::new(InformerSource::typed(
             watch,
             in_same_cluster(Arc::new(|obj: &K| {
@@ -170,6 +190,48 @@ impl ControllerBuilder {
     ) -> Self {
         self.sources
             .push(Arc::new(InformerSource::typed(watch, Arc::new(mapper))));
+        self
+    }
+
+    /// Reconcile each request `requests` yields (kube-runtime's
+    /// `reconcile_on`): a signal from outside the clusters, a timer of
+    /// one's own. Requests for clusters that are not engaged are dropped.
+    #[must_use]
+    pub fn reconcile_on(
+        mut self,
+        requests: impl futures::Stream<Item = Request> + Send + 'static,
+    ) -> Self {
+        self.triggers.requests.push(Box::pin(requests));
+        self
+    }
+
+    /// Reconcile every object of the primary type (set by
+    /// [`ControllerBuilder::for_resource`]) each time `trigger` yields: in
+    /// the named cluster for `Some(name)`, in every engaged cluster for
+    /// `None` (kube-runtime's `reconcile_all_on`, for a fleet). Objects come
+    /// from the caches, as a relist would have them.
+    #[must_use]
+    pub fn reconcile_all_on(
+        mut self,
+        trigger: impl futures::Stream<Item = Option<ClusterName>> + Send + 'static,
+    ) -> Self {
+        self.triggers.all.push(Box::pin(trigger));
+        self
+    }
+
+    /// When a cluster leaves (its lifetime ends; not when it is replaced
+    /// by a new instance of itself), queue the requests `owed` returns: the
+    /// mirror of [`ControllerBuilder::owed_on_engage`], for what other
+    /// clusters must do about the departure (recount every hub object that
+    /// counted the member: [`map::local_requests`](super::map::local_requests)).
+    /// `owed` gets the departed cluster's name and the controller; it must
+    /// not block. Requests for the departed cluster itself are dropped.
+    #[must_use]
+    pub fn owed_on_disengage(
+        mut self,
+        owed: impl Fn(&ClusterName, &Controller) -> Vec<Request> + Send + Sync + 'static,
+    ) -> Self {
+        self.owed_on_disengage = Some(Arc::new(owed));
         self
     }
 
@@ -339,6 +401,9 @@ impl ControllerBuilder {
                 running: Mutex::new(HashMap::new()),
                 finished: tokio::sync::Notify::new(),
                 owed: self.owed,
+                owed_on_disengage: self.owed_on_disengage,
+                primary_lister: self.primary_lister,
+                triggers: Mutex::new(self.triggers),
             }),
         })
     }

@@ -101,26 +101,47 @@ pub fn local_objects<K: CachedResource>(
         if member.is_local() {
             return Vec::new();
         }
-        let Some(local) = controller.cluster(&ClusterName::local()) else {
-            return Vec::new();
-        };
-        local
-            .cache()
-            .informer::<K>()
-            .list(None)
-            .into_iter()
-            .filter(|object| keep(object))
-            .filter_map(|object| {
-                let meta = object.meta();
-                let name = meta.name.as_deref()?;
-                Some(Request::new(
-                    member.clone(),
-                    meta.namespace.as_deref(),
-                    name,
-                ))
-            })
-            .collect()
+        requests_for_local(controller, member, &keep)
     }
+}
+
+/// For [`owed_on_disengage`](super::ControllerBuilder::owed_on_disengage):
+/// a request in the local cluster for every `K` of its cache that `keep`
+/// accepts, whichever cluster left (a hub object counting its members is
+/// counted again when one leaves). Nothing while the local cluster is not
+/// engaged.
+pub fn local_requests<K: CachedResource>(
+    keep: impl Fn(&K) -> bool + Send + Sync + 'static,
+) -> impl Fn(&ClusterName, &Controller) -> Vec<Request> + Send + Sync {
+    move |_, controller| requests_for_local(controller, &ClusterName::local(), &keep)
+}
+
+/// A request in `target` for every `K` of the local cluster's cache that
+/// `keep` accepts; none while the local cluster is not engaged.
+fn requests_for_local<K: CachedResource>(
+    controller: &Controller,
+    target: &ClusterName,
+    keep: &impl Fn(&K) -> bool,
+) -> Vec<Request> {
+    let Some(local) = controller.cluster(&ClusterName::local()) else {
+        return Vec::new();
+    };
+    local
+        .cache()
+        .informer::<K>()
+        .list(None)
+        .into_iter()
+        .filter(|object| keep(object))
+        .filter_map(|object| {
+            let meta = object.meta();
+            let name = meta.name.as_deref()?;
+            Some(Request::new(
+                target.clone(),
+                meta.namespace.as_deref(),
+                name,
+            ))
+        })
+        .collect()
 }
 
 #[cfg(test)]

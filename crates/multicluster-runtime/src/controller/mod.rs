@@ -54,6 +54,7 @@ pub mod map;
 mod queue;
 mod request;
 mod source;
+mod triggers;
 mod work;
 
 pub use builder::{ControllerBuilder, Watch};
@@ -107,6 +108,11 @@ struct Inner {
     running: Mutex<HashMap<ClusterName, usize>>,
     finished: tokio::sync::Notify,
     owed: Option<Owed>,
+    owed_on_disengage: Option<Owed>,
+    /// Lists the primary objects of a cluster (for `reconcile_all_on`).
+    primary_lister: Option<triggers::PrimaryLister>,
+    /// Streams asking for reconciles, taken by the first `run`.
+    triggers: Mutex<triggers::Triggers>,
 }
 
 impl Inner {
@@ -200,6 +206,8 @@ impl Controller {
     /// finish for at most `grace` before abandoning them (their futures are
     /// dropped).
     pub async fn run(&self, shutdown: CancellationToken, grace: Duration) {
+        let triggers = std::mem::take(&mut *lock(&self.inner.triggers));
+        self.follow_triggers(triggers, &shutdown);
         let inner = self.inner.clone();
         self.inner
             .work
@@ -223,6 +231,11 @@ impl Controller {
         if lock(&self.inner.clusters).end(name, generation).is_some() {
             self.inner.work.queue().disengage(name);
             tracing::info!(controller = %self.inner.name, cluster = %name, "controller stopped watching the cluster");
+            if let Some(owed) = &self.inner.owed_on_disengage {
+                for request in owed(name, self) {
+                    self.inner.work.enqueue(request);
+                }
+            }
         }
     }
 }
