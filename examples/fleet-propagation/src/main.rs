@@ -2,8 +2,8 @@
 //! `$KUBECONFIG` points at) labelled `fleet.example/propagate=true` is
 //! copied into every member cluster (one per kubeconfig Secret), kept equal
 //! to the hub's, made in members that join later, and removed from every
-//! member when it is deleted on the hub (a finalizer holds the hub object
-//! until then). The hub object's `fleet.example/members-in-sync`
+//! member when it is deleted on the hub or unlabelled (a finalizer holds
+//! the hub object until then). The hub object's `fleet.example/members-in-sync`
 //! annotation says in how many members its copy is current.
 //!
 //! The controller shows the two fleet patterns: hub → members
@@ -16,11 +16,13 @@ use std::time::Duration;
 
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
 use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs};
 use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
 use multicluster_runtime::controller::{
-    Action, ClusterSelector, Controller, Request, Watch, filters, map,
+    Action, ClusterSelector, Controller, Request, Watch, filters, finalizer, map,
 };
 use multicluster_runtime::{Cluster, ClusterName, Manager};
 use serde_json::json;
@@ -78,7 +80,7 @@ async fn reconcile(
         .await?;
     if request.cluster.is_local() {
         return match source {
-            Some(source) => reconcile_hub(&source, &request, &context).await,
+            Some(source) => reconcile_hub(source, &request, &context).await,
             None => Ok(Action::await_change()),
         };
     }
@@ -120,48 +122,58 @@ async fn reconcile(
     Ok(Action::await_change())
 }
 
-/// The hub object: its finalizer, its count of members in sync, and, once
-/// it is being deleted, the removal of every copy before the finalizer
-/// goes.
+/// The hub object: its finalizer, its count of members in sync (told as
+/// an Event on it when it changes), and, once it is being deleted or no
+/// longer labelled, the removal of every copy before the finalizer goes.
 async fn reconcile_hub(
-    source: &ConfigMap,
+    source: Arc<ConfigMap>,
     request: &Request,
     context: &Context,
 ) -> Result<Action, BoxError> {
     let Some(controller) = context.controller.get() else {
         return Ok(Action::requeue(Duration::from_secs(1)));
     };
+    let owner = request.clone();
+    let ours = |copy: &ConfigMap| map::owner_of(copy).as_ref() == Some(&owner);
+    let namespace = request.namespace.as_deref();
+    if !propagated(&source) {
+        finalizer::delete_from_members(controller, namespace, &request.name, ours).await?;
+        finalizer::release(&context.hub, FINALIZER, source.as_ref()).await?;
+        return Ok(Action::await_change());
+    }
+    let action = finalizer::finalizer(&context.hub, FINALIZER, source, |event| async {
+        match event {
+            finalizer::Event::Apply(source) => {
+                count_in_sync(&source, request, context, controller).await
+            }
+            // Held until no member has a copy; retried with backoff, and at
+            // once when a copy goes (mapped to its owner).
+            finalizer::Event::Cleanup(_) => {
+                finalizer::delete_from_members(controller, namespace, &request.name, ours).await?;
+                Ok(Action::await_change())
+            }
+        }
+    })
+    .await?;
+    Ok(action)
+}
+
+/// Writes how many members hold a current copy on the hub object, and
+/// tells in an Event on it, when that changes, whether every member is
+/// current.
+async fn count_in_sync(
+    source: &ConfigMap,
+    request: &Request,
+    context: &Context,
+    controller: &Controller,
+) -> Result<Action, BoxError> {
     let namespace = request.namespace.as_deref().unwrap_or_default();
-    let hub = Api::<ConfigMap>::namespaced(context.hub.client(), namespace);
     let members: Vec<Cluster> = controller
         .engaged_clusters()
         .into_iter()
         .filter(|name| !name.is_local())
         .filter_map(|name| controller.cluster(&name))
         .collect();
-    let finalizers = source.metadata.finalizers.clone().unwrap_or_default();
-    let held = finalizers.iter().any(|f| f == FINALIZER);
-    if source.metadata.deletion_timestamp.is_some() || !propagated(source) {
-        if held {
-            for member in &members {
-                let copies = Api::<ConfigMap>::namespaced(member.client(), namespace);
-                delete_if_present(&copies, &request.name).await?;
-            }
-            let rest: Vec<&String> = finalizers.iter().filter(|f| *f != FINALIZER).collect();
-            let patch = json!({"metadata": {"finalizers": rest, "resourceVersion": source.metadata.resource_version}});
-            hub.patch(&request.name, &PatchParams::default(), &Patch::Merge(patch))
-                .await?;
-        }
-        return Ok(Action::await_change());
-    }
-    if !held {
-        let mut with = finalizers.clone();
-        with.push(FINALIZER.to_string());
-        let patch = json!({"metadata": {"finalizers": with, "resourceVersion": source.metadata.resource_version}});
-        hub.patch(&request.name, &PatchParams::default(), &Patch::Merge(patch))
-            .await?;
-        return Ok(Action::await_change());
-    }
     let in_sync = members
         .iter()
         .filter(|member| {
@@ -171,16 +183,35 @@ async fn reconcile_hub(
                 .get(Some(namespace), &request.name)
                 .is_some_and(|copy| copy.data == source.data)
         })
-        .count()
-        .to_string();
+        .count();
     let current = source
         .metadata
         .annotations
         .as_ref()
         .and_then(|a| a.get(IN_SYNC_ANNOTATION));
-    if current != Some(&in_sync) {
-        let patch = json!({"metadata": {"annotations": {IN_SYNC_ANNOTATION: in_sync}}});
-        hub.patch(&request.name, &PatchParams::default(), &Patch::Merge(patch))
+    if current != Some(&in_sync.to_string()) {
+        let patch = json!({"metadata": {"annotations": {IN_SYNC_ANNOTATION: in_sync.to_string()}}});
+        Api::<ConfigMap>::namespaced(context.hub.client(), namespace)
+            .patch(&request.name, &PatchParams::default(), &Patch::Merge(patch))
+            .await?;
+        // The recorder counts a repeated Event (same reason) as a series
+        // and keeps its first note, so the note must not carry the count.
+        let (reason, note) = if in_sync == members.len() {
+            ("InSync", "the copy is current in every member")
+        } else {
+            ("Propagating", "the copy is not yet current in every member")
+        };
+        let event = Event {
+            type_: EventType::Normal,
+            reason: reason.into(),
+            note: Some(note.into()),
+            action: "Propagate".into(),
+            secondary: None,
+        };
+        context
+            .hub
+            .recorder(MANAGER)
+            .publish(&event, &source.object_ref(&()))
             .await?;
     }
     // Recounted on events: a copy's change in a member, a member joining

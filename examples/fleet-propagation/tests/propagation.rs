@@ -3,7 +3,8 @@
 //! ConfigMap is copied into every member, follows updates, reaches a member
 //! that joins later, is counted on the hub as members come and go, and is
 //! removed from every member when deleted on the hub (whose finalizer then
-//! lets it go).
+//! lets it go) or no longer labelled (the finalizer is let go at once); the
+//! count is told in an Event on the hub object.
 
 use std::collections::BTreeMap;
 use std::process::Stdio;
@@ -11,7 +12,8 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::events::v1::Event as K8sEvent;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_example_testing::{GRACE, terminate};
 use multicluster_provider_kubeconfig::{DEFAULT_DATA_KEY, DEFAULT_LABEL};
@@ -43,8 +45,12 @@ async fn join(hub: &kube::Client, name: &str, member: &ControlPlane) {
 }
 
 async fn copy_of(member: &ControlPlane) -> Option<BTreeMap<String, String>> {
+    copy_named(member, "shared").await
+}
+
+async fn copy_named(member: &ControlPlane, name: &str) -> Option<BTreeMap<String, String>> {
     Api::<ConfigMap>::namespaced(member.client().await.ok()?, "default")
-        .get_opt("shared")
+        .get_opt(name)
         .await
         .ok()
         .flatten()
@@ -145,6 +151,21 @@ async fn hub_objects_are_propagated_counted_and_cleaned_up_as_members_come_and_g
         counted(&hub).await.as_deref() == Some("3")
     })
     .await;
+    eventually(
+        "an Event on the hub object saying it is in sync",
+        || async {
+            Api::<K8sEvent>::namespaced(hub.clone(), "default")
+                .list(&ListParams::default())
+                .await
+                .is_ok_and(|events| {
+                    events.items.iter().any(|event| {
+                        event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("shared")
+                            && event.reason.as_deref() == Some("InSync")
+                    })
+                })
+        },
+    )
+    .await;
 
     // A member leaves (its Secret is deleted): it is no longer counted.
     Api::<Secret>::namespaced(hub.clone(), "fleet")
@@ -153,6 +174,38 @@ async fn hub_objects_are_propagated_counted_and_cleaned_up_as_members_come_and_g
         .expect("delete Secret");
     eventually("the hub to count two members again", || async {
         counted(&hub).await.as_deref() == Some("2")
+    })
+    .await;
+
+    // No longer labelled: its copies go and its finalizer is let go while
+    // it lives.
+    let mut other = source.clone();
+    other.metadata.name = Some("unlabelled-later".into());
+    configmaps
+        .create(&PostParams::default(), &other)
+        .await
+        .expect("second hub object");
+    eventually("the second object's copy in m3", || async {
+        copy_named(&m3, "unlabelled-later").await.is_some()
+    })
+    .await;
+    configmaps
+        .patch(
+            "unlabelled-later",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {LABEL: null}}})),
+        )
+        .await
+        .expect("unlabel");
+    eventually("its copies gone and its finalizer released", || async {
+        copy_named(&m1, "unlabelled-later").await.is_none()
+            && copy_named(&m3, "unlabelled-later").await.is_none()
+            && configmaps
+                .get_opt("unlabelled-later")
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|o| o.metadata.finalizers.unwrap_or_default().is_empty())
     })
     .await;
 

@@ -50,6 +50,7 @@
 //!    cluster left meanwhile.
 
 mod builder;
+pub mod finalizer;
 pub mod map;
 mod queue;
 mod request;
