@@ -1,7 +1,8 @@
 //! Events go to the cluster of the object they are about: a reconciler
 //! records through its request's cluster (`Cluster::recorder`), the Event
 //! lands in that member (not in the local cluster), and an Event repeated
-//! is counted as a series, as kube-runtime counts it.
+//! is counted as a series, as kube-runtime counts it; with
+//! `warning_events`, a failed reconcile leaves a Warning about its object.
 
 mod common;
 
@@ -101,6 +102,70 @@ async fn events_are_recorded_in_the_objects_own_cluster_and_counted() {
     );
     assert!(
         events_about(&hub, "noticed").await.is_empty(),
+        "nothing in the local cluster"
+    );
+
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("the widget service answered 503")]
+struct WidgetDown;
+
+/// With `warning_events`, a failed reconcile leaves a Warning Event about
+/// its object in the object's cluster, saying why; a reconcile that
+/// succeeds leaves none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_reconcile_leaves_a_warning_in_the_objects_cluster() {
+    let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, member) = (hub.expect("hub"), member.expect("member"));
+    create_config_map(&member, "failing", &[]).await;
+    create_config_map(&member, "fine", &[]).await;
+    let provider = TestProvider::default();
+    provider
+        .clusters
+        .add("member", cluster_for("member", &member).await)
+        .expect("add");
+    let manager = Manager::builder(cluster_for("local", &hub).await)
+        .provider(Arc::new(provider))
+        .build();
+    let recorder = Recorder::default();
+    let controller = {
+        let recorder = recorder.clone();
+        Controller::builder("warnings")
+            .for_resource(Watch::<ConfigMap>::new())
+            .warning_events("events-test")
+            .build(move |request: Request, _cluster: Cluster| {
+                let recorder = recorder.clone();
+                async move {
+                    recorder.record(&request);
+                    if request.name == "failing" {
+                        return Err(WidgetDown);
+                    }
+                    Ok(Action::await_change())
+                }
+            })
+            .expect("controller")
+    };
+    manager.add_controller(controller).expect("add");
+    let (stop, task) = run_manager(&manager);
+    recorder.wait_for_more(&req("member", "fine"), 0).await;
+
+    eventually("a warning about the failing object", || async {
+        events_about(&member, "failing").await.iter().any(|event| {
+            event.type_.as_deref() == Some("Warning")
+                && event.reason.as_deref() == Some("ReconcileFailed")
+                && event.note.as_deref() == Some("the widget service answered 503")
+        })
+    })
+    .await;
+    assert!(
+        events_about(&member, "fine").await.is_empty(),
+        "a warning for a reconcile that succeeded"
+    );
+    assert!(
+        events_about(&hub, "failing").await.is_empty(),
         "nothing in the local cluster"
     );
 

@@ -285,6 +285,8 @@ async fn main() -> Result<(), MainError> {
         // leaves makes every hub object count again.
         .owed_on_engage(map::local_objects::<ConfigMap>(propagated))
         .owed_on_disengage(map::local_requests::<ConfigMap>(propagated))
+        // A failed reconcile says why on its object, in that object's cluster.
+        .warning_events(MANAGER)
         .max_concurrent_reconciles(8)
         .build_with_context(context.clone(), reconcile)?;
     let _ = context.controller.set(controller.clone());

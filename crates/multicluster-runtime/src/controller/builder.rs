@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use kube::api::{ApiResource, DynamicObject};
+use kube::runtime::events::Reporter;
 
+use super::primary::Primary;
 use super::source::{InformerSource, Source, in_same_cluster};
 use super::{
     Action, Backoff, ClusterSelector, Controller, Filter, Inner, MapContext, ReconcileError,
@@ -86,7 +88,8 @@ pub struct ControllerBuilder {
     metrics: Option<Metrics>,
     owed: Option<Owed>,
     owed_on_disengage: Option<Owed>,
-    primary_lister: Option<super::triggers::PrimaryLister>,
+    primary_ops: Option<Primary>,
+    warning_events: Option<Reporter>,
     triggers: super::triggers::Triggers,
     error_policy: Option<ErrorPolicyFn>,
 }
@@ -111,7 +114,8 @@ impl ControllerBuilder {
             metrics: None,
             owed: None,
             owed_on_disengage: None,
-            primary_lister: None,
+            primary_ops: None,
+            warning_events: None,
             triggers: super::triggers::Triggers::default(),
             error_policy: None,
         }
@@ -122,20 +126,7 @@ impl ControllerBuilder {
     #[must_use]
     pub fn for_resource<K: CachedResource>(mut self, watch: Watch<K>) -> Self {
         self.primary = Some((K::api_version(&()).into_owned(), K::kind(&()).into_owned()));
-        self.primary_lister = Some(Arc::new(|cluster: &Cluster| {
-            cluster
-                .cache()
-                .informer::<K>()
-                .list(None)
-                .iter()
-                .map(|obj| {
-                    (
-                        obj.meta().namespace.clone(),
-                        obj.meta().name.clone().unwrap_or_default(),
-                    )
-                })
-                .collect()
-        }));
+        self.primary_ops = Some(Primary::of::<K>());
         self.sources.push(Arc::new(InformerSource::typed(
             watch,
             in_same_cluster(Arc::new(|obj: &K| {
@@ -333,6 +324,18 @@ impl ControllerBuilder {
         self
     }
 
+    /// When a reconcile fails, publishes a Warning Event about its object
+    /// in the request's cluster (reason `ReconcileFailed`, the error's
+    /// redacted text as its note, reported by `reporter`), so that
+    /// `kubectl describe` in that cluster shows why. Only for requests of
+    /// the `for_resource` type whose object is cached; repeated failures
+    /// are counted as one Event's series. Off by default.
+    #[must_use]
+    pub fn warning_events(mut self, reporter: impl Into<Reporter>) -> Self {
+        self.warning_events = Some(reporter.into());
+        self
+    }
+
     /// Builds the controller around `reconcile`, which gets each request,
     /// its cluster and `context` (shared state: clients of other clusters,
     /// settings, a recorder), as kube-runtime's `Controller::run` does.
@@ -374,10 +377,36 @@ impl ControllerBuilder {
                 reason: "it watches nothing".to_string(),
             });
         }
+        let warnings = match (self.warning_events, &self.primary_ops) {
+            (None, _) => None,
+            (Some(reporter), Some(primary)) => Some(Arc::new((reporter, primary.clone()))),
+            (Some(_), None) => {
+                return Err(Error::InvalidOptions {
+                    component: format!("controller {}", self.name),
+                    reason:
+                        "warning_events() needs for_resource() to name the objects Events are about"
+                            .to_string(),
+                });
+            }
+        };
         let reconcile = Arc::new(reconcile);
         let reconciler: Reconciler = Arc::new(move |request, cluster| {
             let reconcile = reconcile.clone();
-            async move { reconcile(request, cluster).await.map_err(Into::into) }.boxed()
+            let Some(warnings) = warnings.clone() else {
+                return async move { reconcile(request, cluster).await.map_err(Into::into) }
+                    .boxed();
+            };
+            async move {
+                let result = reconcile(request.clone(), cluster.clone())
+                    .await
+                    .map_err(Into::into);
+                if let Err(error) = &result {
+                    let (reporter, primary) = warnings.as_ref();
+                    primary.warn(reporter, &request, &cluster, error).await;
+                }
+                result
+            }
+            .boxed()
         });
         let mut work = WorkQueue::builder(self.name.clone())
             .backoff(self.backoff)
@@ -402,7 +431,7 @@ impl ControllerBuilder {
                 finished: tokio::sync::Notify::new(),
                 owed: self.owed,
                 owed_on_disengage: self.owed_on_disengage,
-                primary_lister: self.primary_lister,
+                primary: self.primary_ops,
                 triggers: Mutex::new(self.triggers),
             }),
         })

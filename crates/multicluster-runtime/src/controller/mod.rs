@@ -52,6 +52,7 @@
 mod builder;
 pub mod finalizer;
 pub mod map;
+mod primary;
 mod queue;
 mod request;
 mod source;
@@ -110,8 +111,8 @@ struct Inner {
     finished: tokio::sync::Notify,
     owed: Option<Owed>,
     owed_on_disengage: Option<Owed>,
-    /// Lists the primary objects of a cluster (for `reconcile_all_on`).
-    primary_lister: Option<triggers::PrimaryLister>,
+    /// The primary type's operations (for `reconcile_all_on`).
+    primary: Option<primary::Primary>,
     /// Streams asking for reconciles, taken by the first `run`.
     triggers: Mutex<triggers::Triggers>,
 }

@@ -4,18 +4,12 @@
 //! kube-runtime's `Controller::reconcile_on` and `reconcile_all_on` do for
 //! one cluster.
 
-use std::sync::Arc;
-
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio_util::sync::CancellationToken;
 
 use super::{Controller, Request};
-use crate::{Cluster, ClusterName};
-
-/// Lists the primary objects of a cluster, as (namespace, name).
-pub(super) type PrimaryLister =
-    Arc<dyn Fn(&Cluster) -> Vec<(Option<String>, String)> + Send + Sync>;
+use crate::ClusterName;
 
 /// The trigger streams a controller was built with, taken when it runs.
 #[derive(Default)]
@@ -59,7 +53,7 @@ impl Controller {
     /// Queues every primary object of `cluster` (every engaged cluster when
     /// `None`).
     fn reconcile_all(&self, cluster: Option<&ClusterName>) {
-        let Some(list) = &self.inner.primary_lister else {
+        let Some(primary) = &self.inner.primary else {
             return;
         };
         let clusters = match cluster {
@@ -70,7 +64,7 @@ impl Controller {
             let Some(engaged) = self.cluster(&name) else {
                 continue;
             };
-            for (namespace, object) in list(&engaged) {
+            for (namespace, object) in primary.list(&engaged) {
                 self.inner
                     .work
                     .enqueue(Request::new(name.clone(), namespace.as_deref(), object));
