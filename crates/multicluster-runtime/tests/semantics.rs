@@ -511,3 +511,91 @@ async fn triggers_reconcile_one_cluster_every_cluster_or_one_request() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// The manager's controller defaults reach a controller that sets nothing,
+/// and a controller's own setting wins: with a manager-wide debounce of
+/// 1 s, a burst of changes to one object is reconciled once by a
+/// controller that sets nothing, and more than once by one that sets
+/// `debounce(ZERO)`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manager_defaults_apply_unless_a_controller_sets_its_own() {
+    use multicluster_runtime::ManagerOptions;
+    use multicluster_runtime::controller::ControllerDefaults;
+
+    let cp = ControlPlane::start().await.expect("control plane");
+    for name in ["burst", "marker"] {
+        create_config_map(&cp, name, &[]).await;
+    }
+    let recording = |name: &str, recorder: &Recorder| {
+        let recorder = recorder.clone();
+        Controller::builder(name)
+            .for_resource(Watch::<ConfigMap>::new())
+            .build(move |request, _cluster| {
+                recorder.record(&request);
+                async { Ok::<_, TestError>(Action::await_change()) }
+            })
+            .expect("controller")
+    };
+    let (debounced, eager) = (Recorder::default(), Recorder::default());
+    let provider = TestProvider::default();
+    provider
+        .clusters
+        .add("a", cluster_for("a", &cp).await)
+        .expect("add");
+    let defaults = ControllerDefaults::default().debounce(Duration::from_secs(1));
+    let manager = Manager::builder(cluster_for("local", &cp).await)
+        .provider(Arc::new(provider))
+        .options(ManagerOptions::default().controller_defaults(defaults))
+        .build();
+    manager
+        .add_controller(recording("debounced", &debounced))
+        .expect("add");
+    let eager_controller = {
+        let recorder = eager.clone();
+        Controller::builder("eager")
+            .for_resource(Watch::<ConfigMap>::new())
+            .debounce(Duration::ZERO)
+            .build(move |request, _cluster| {
+                recorder.record(&request);
+                async { Ok::<_, TestError>(Action::await_change()) }
+            })
+            .expect("controller")
+    };
+    manager.add_controller(eager_controller).expect("add");
+    let (shutdown, task) = run_manager(&manager);
+    for recorder in [&debounced, &eager] {
+        for name in ["burst", "marker"] {
+            recorder.wait_for_more(&req("a", name), 0).await;
+        }
+    }
+
+    let config_maps = Api::<ConfigMap>::namespaced(cp.client().await.expect("client"), "default");
+    for i in 0..5 {
+        let patch = serde_json::json!({"data": {"v": i.to_string()}});
+        config_maps
+            .patch("burst", &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .expect("patch");
+    }
+    // The marker changes last: once it is reconciled, so is the burst.
+    let patch = serde_json::json!({"data": {"v": "after"}});
+    config_maps
+        .patch("marker", &PatchParams::default(), &Patch::Merge(patch))
+        .await
+        .expect("patch");
+    debounced.wait_for_more(&req("a", "marker"), 1).await;
+    eager.wait_for_more(&req("a", "marker"), 1).await;
+    assert_eq!(
+        debounced.count(&req("a", "burst")),
+        2,
+        "the burst was reconciled once after the first pass"
+    );
+    assert!(
+        eager.count(&req("a", "burst")) >= 3,
+        "the controller's own debounce(ZERO) gave way to the manager's: {} reconciles",
+        eager.count(&req("a", "burst"))
+    );
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}

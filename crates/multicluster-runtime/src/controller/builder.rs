@@ -11,6 +11,7 @@ use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::events::Reporter;
 
 use super::primary::Primary;
+use super::settings::Chosen;
 use super::source::{InformerSource, Source, in_same_cluster};
 use super::{
     Action, Backoff, ClusterSelector, Controller, Filter, Inner, MapContext, ReconcileError,
@@ -81,10 +82,8 @@ pub struct ControllerBuilder {
     sources: Vec<Arc<dyn Source>>,
     /// Owned-type sources wait for the primary's (apiVersion, kind).
     owned: Vec<OwnedSource>,
-    max_concurrent_reconciles: usize,
-    max_concurrent_reconciles_total: Option<usize>,
-    reconcile_timeout: Option<Duration>,
-    backoff: Backoff,
+    /// Settings set here; the rest come from the manager's defaults.
+    chosen: Chosen,
     metrics: Option<Metrics>,
     owed: Option<Owed>,
     owed_on_disengage: Option<Owed>,
@@ -107,10 +106,7 @@ impl ControllerBuilder {
             primary: None,
             sources: Vec::new(),
             owned: Vec::new(),
-            max_concurrent_reconciles: 1,
-            max_concurrent_reconciles_total: None,
-            reconcile_timeout: Some(super::DEFAULT_RECONCILE_TIMEOUT),
-            backoff: Backoff::default(),
+            chosen: Chosen::default(),
             metrics: None,
             owed: None,
             owed_on_disengage: None,
@@ -263,7 +259,7 @@ impl ControllerBuilder {
     /// rest of the fleet.
     #[must_use]
     pub fn max_concurrent_reconciles(mut self, limit: usize) -> Self {
-        self.max_concurrent_reconciles = limit.max(1);
+        self.chosen.max_concurrent_reconciles = Some(limit.max(1));
         self
     }
 
@@ -276,7 +272,7 @@ impl ControllerBuilder {
     /// cluster, an external API), not for isolation.
     #[must_use]
     pub fn max_concurrent_reconciles_total(mut self, limit: usize) -> Self {
-        self.max_concurrent_reconciles_total = Some(limit.max(1));
+        self.chosen.max_concurrent_reconciles_total = Some(Some(limit.max(1)));
         self
     }
 
@@ -292,14 +288,27 @@ impl ControllerBuilder {
     /// when run again.
     #[must_use]
     pub fn reconcile_timeout(mut self, timeout: Option<Duration>) -> Self {
-        self.reconcile_timeout = timeout;
+        self.chosen.reconcile_timeout = Some(timeout);
         self
     }
 
     /// Error backoff (default 5 ms doubling up to 1000 s).
     #[must_use]
     pub fn backoff(mut self, backoff: Backoff) -> Self {
-        self.backoff = backoff;
+        self.chosen.backoff = Some(backoff);
+        self
+    }
+
+    /// Waits until a request has been left alone for `debounce` before
+    /// running it (default zero: at once), as kube-runtime's debounce does:
+    /// every event for it restarts the wait, so a burst of changes to one
+    /// object is reconciled once. A request whose object changes without
+    /// pause for longer than that keeps waiting; keep it short (a second
+    /// or less). A request that changes while it runs runs again right
+    /// after.
+    #[must_use]
+    pub fn debounce(mut self, debounce: Duration) -> Self {
+        self.chosen.debounce = Some(debounce);
         self
     }
 
@@ -408,9 +417,7 @@ impl ControllerBuilder {
             }
             .boxed()
         });
-        let mut work = WorkQueue::builder(self.name.clone())
-            .backoff(self.backoff)
-            .timeout(self.reconcile_timeout);
+        let mut work = WorkQueue::builder(self.name.clone());
         if let Some(metrics) = self.metrics {
             work = work.metrics(metrics);
         }
@@ -422,10 +429,7 @@ impl ControllerBuilder {
                 name: self.name,
                 sources,
                 reconciler,
-                work: work.build_gated(
-                    self.max_concurrent_reconciles,
-                    self.max_concurrent_reconciles_total,
-                ),
+                work: work.build_gated(self.chosen),
                 clusters: Mutex::new(Engagements::default()),
                 running: Mutex::new(HashMap::new()),
                 finished: tokio::sync::Notify::new(),

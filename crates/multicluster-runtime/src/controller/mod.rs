@@ -55,6 +55,7 @@ pub mod map;
 mod primary;
 mod queue;
 mod request;
+mod settings;
 mod source;
 mod triggers;
 mod work;
@@ -74,6 +75,7 @@ use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 pub use queue::Backoff;
+pub use settings::ControllerDefaults;
 pub use source::{ClusterSelector, Filter, MapContext, filters};
 pub use work::{Terminal, WorkQueue, WorkQueueBuilder};
 
@@ -197,6 +199,13 @@ impl Controller {
     /// not engaged).
     pub fn enqueue(&self, request: Request) {
         self.inner.work.enqueue(request);
+    }
+
+    /// Takes `defaults` for the settings its builder left unset; false
+    /// when its settings were fixed already (it ran, or was added to
+    /// another manager).
+    pub(crate) fn take_defaults(&self, defaults: &ControllerDefaults) -> bool {
+        self.inner.work.queue().settings().take_defaults(defaults)
     }
 
     /// Queues a reconcile of `request` after `delay`.

@@ -21,6 +21,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::Request;
+use super::settings::Settled;
 use crate::ClusterName;
 
 /// Per-request exponential backoff after errors.
@@ -82,38 +83,35 @@ struct State {
 pub(crate) struct Queue {
     state: Mutex<State>,
     changed: Notify,
-    backoff: Backoff,
+    /// Backoff, requests of one cluster at once
+    /// (`max_concurrent_reconciles`), debounce; the runner's settings too.
+    settings: Settled,
     /// Whether only requests of engaged clusters are taken (a controller's
     /// queue) or any (a [`super::WorkQueue`] of its own).
     gated: bool,
-    /// How many requests of one cluster may run at once.
-    per_cluster: usize,
 }
 
 impl Queue {
     /// A queue that takes requests of engaged clusters only.
-    pub(crate) fn new(backoff: Backoff) -> Self {
+    pub(crate) fn new(settings: Settled) -> Self {
         Self {
             state: Mutex::new(State::default()),
             changed: Notify::new(),
-            backoff,
+            settings,
             gated: true,
-            per_cluster: usize::MAX,
         }
-    }
-
-    /// Runs at most `limit` (at least 1) requests of one cluster at once.
-    pub(crate) fn per_cluster(mut self, limit: usize) -> Self {
-        self.per_cluster = limit.max(1);
-        self
     }
 
     /// A queue that takes requests of any cluster.
-    pub(crate) fn open(backoff: Backoff) -> Self {
+    pub(crate) fn open(settings: Settled) -> Self {
         Self {
             gated: false,
-            ..Self::new(backoff)
+            ..Self::new(settings)
         }
+    }
+
+    pub(crate) fn settings(&self) -> &Settled {
+        &self.settings
     }
 
     fn takes(&self, state: &State, cluster: &ClusterName) -> bool {
@@ -155,16 +153,27 @@ impl Queue {
             .collect();
     }
 
-    /// Adds a request to run as soon as possible.
+    /// Adds a request to run as soon as possible: at once, or, with a
+    /// debounce, once that long has passed without it being added again
+    /// (each addition restarts the wait, as kube-runtime's debounce does;
+    /// one added while it runs runs again right after).
     pub(crate) fn add(&self, request: Request) {
+        let debounce = self.settings.get().debounce;
         let mut state = self.lock();
         if !self.takes(&state, &request.cluster) {
             return;
         }
-        if Self::enqueue(&mut state, request) {
-            drop(state);
-            self.changed.notify_one();
+        if debounce.is_zero() || state.running.contains(&request) {
+            if !Self::enqueue(&mut state, request) {
+                return;
+            }
+        } else if state.queued.contains(&request) {
+            return;
+        } else {
+            Self::delay_until(&mut state, request, Instant::now() + debounce);
         }
+        drop(state);
+        self.changed.notify_one();
     }
 
     fn enqueue(state: &mut State, request: Request) -> bool {
@@ -204,6 +213,11 @@ impl Queue {
         {
             return;
         }
+        Self::delay_until(state, request, due);
+    }
+
+    /// Delays `request` until `due`, whenever it was due before.
+    fn delay_until(state: &mut State, request: Request, due: Instant) {
         state.due.insert(request.clone(), due);
         state.sequence += 1;
         let entry = (due, state.sequence, request);
@@ -214,6 +228,7 @@ impl Queue {
     /// running. Returns the time the next delayed request is due when none is
     /// ready.
     pub(crate) fn next(&self) -> Result<Request, Option<Instant>> {
+        let per_cluster = self.settings.get().max_concurrent_reconciles;
         let mut state = self.lock();
         let now = Instant::now();
         while state
@@ -235,7 +250,7 @@ impl Queue {
                 break;
             };
             let running = state.running_per_cluster.get(&cluster).copied();
-            if running.unwrap_or(0) >= self.per_cluster {
+            if running.unwrap_or(0) >= per_cluster {
                 state.turn.push_back(cluster);
                 continue;
             }
@@ -283,7 +298,7 @@ impl Queue {
             Outcome::BackOff if engaged => {
                 let failures = state.failures.entry(request.clone()).or_default();
                 *failures = failures.saturating_add(1);
-                Some(self.backoff.delay(*failures))
+                Some(self.settings.get().backoff.delay(*failures))
             }
             Outcome::BackOff => None,
         };
@@ -314,6 +329,7 @@ impl Queue {
 
 #[cfg(test)]
 mod tests {
+    use super::super::settings::ControllerDefaults;
     use super::*;
 
     fn req(cluster: &str, name: &str) -> Request {
@@ -321,7 +337,14 @@ mod tests {
     }
 
     fn queue(clusters: &[&str]) -> Queue {
-        let queue = Queue::new(Backoff::default());
+        queue_with(
+            clusters,
+            ControllerDefaults::default().max_concurrent_reconciles(usize::MAX),
+        )
+    }
+
+    fn queue_with(clusters: &[&str], settings: ControllerDefaults) -> Queue {
+        let queue = Queue::new(Settled::fixed(settings));
         for cluster in clusters {
             queue.engage((*cluster).into());
         }
@@ -377,7 +400,10 @@ mod tests {
 
     #[test]
     fn a_cluster_runs_at_most_its_own_slots_and_others_have_theirs() {
-        let q = queue(&["busy", "quiet", "other"]).per_cluster(2);
+        let q = queue_with(
+            &["busy", "quiet", "other"],
+            ControllerDefaults::default().max_concurrent_reconciles(2),
+        );
         for i in 0..5 {
             q.add(req("busy", &format!("obj-{i}")));
         }
@@ -397,7 +423,7 @@ mod tests {
         assert_eq!(q.next().ok(), Some(req("busy", "obj-2")));
 
         // Alone, a cluster has its own slots and no more.
-        let alone = queue(&["only"]).per_cluster(1);
+        let alone = queue_with(&["only"], ControllerDefaults::default());
         alone.add(req("only", "x"));
         alone.add(req("only", "y"));
         assert!(alone.next().is_ok() && alone.next().is_err());
@@ -429,5 +455,29 @@ mod tests {
         assert_eq!(q.lock().failures.get(&r), Some(&2));
         q.done(&r, Outcome::Settled(None));
         assert_eq!(q.lock().failures.get(&r), None);
+    }
+
+    /// A debounced request runs once the debounce has passed since it was
+    /// last added, once however often it was added.
+    #[tokio::test(start_paused = true)]
+    async fn a_debounced_request_waits_until_it_is_left_alone() {
+        let debounce = Duration::from_secs(1);
+        let q = queue_with(&["a"], ControllerDefaults::default().debounce(debounce));
+        let start = Instant::now();
+        q.add(req("a", "x"));
+        assert_eq!(q.next().err(), Some(Some(start + debounce)), "not at once");
+        tokio::time::advance(Duration::from_millis(600)).await;
+        q.add(req("a", "x"));
+        tokio::time::advance(Duration::from_millis(600)).await;
+        let due = start + Duration::from_millis(1600);
+        assert_eq!(q.next().err(), Some(Some(due)), "the wait started over");
+        tokio::time::advance(Duration::from_millis(400)).await;
+        assert_eq!(q.next().ok(), Some(req("a", "x")));
+        assert!(q.next().is_err(), "once");
+
+        // Added while it runs: runs again right after, without waiting.
+        q.add(req("a", "x"));
+        q.done(&req("a", "x"), Outcome::Settled(None));
+        assert_eq!(q.next().ok(), Some(req("a", "x")));
     }
 }

@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::queue::{Outcome, Queue};
+use super::settings::{Chosen, ControllerDefaults, Settled};
 use super::{Action, Backoff, ReconcileError, Request};
 use crate::metrics::Metrics;
 
@@ -39,11 +40,10 @@ pub struct WorkQueue {
 
 struct Inner {
     name: String,
+    /// The queue, and the settings: items running at once across every key
+    /// (`max_concurrent_reconciles_total`; `None`: no limit but the queue's
+    /// per-cluster one) and the timeout.
     queue: Arc<Queue>,
-    /// Items running at once across every key; `None`: no limit but the
-    /// queue's per-cluster one.
-    max_concurrent: Option<usize>,
-    timeout: Option<Duration>,
     error_policy: Option<ErrorPolicy>,
     /// Set by the builder, else by a manager, else a private registry on
     /// first use.
@@ -152,26 +152,28 @@ impl WorkQueueBuilder {
 
     /// A queue that takes keys of any `cluster`.
     pub fn build(self) -> WorkQueue {
-        let queue = Queue::open(self.backoff);
-        let total = Some(self.max_concurrent);
-        self.build_with(queue, total)
+        let settings = ControllerDefaults::default()
+            .max_concurrent_reconciles(usize::MAX)
+            .max_concurrent_reconciles_total(Some(self.max_concurrent))
+            .reconcile_timeout(self.timeout)
+            .backoff(self.backoff);
+        let queue = Queue::open(Settled::fixed(settings));
+        self.build_with(queue)
     }
 
-    /// A queue that takes keys only of the clusters engaged on it, running
-    /// at most `per_cluster` of one cluster at once, and at most
-    /// `max_concurrent` in all only if it was set.
-    pub(crate) fn build_gated(self, per_cluster: usize, total: Option<usize>) -> WorkQueue {
-        let queue = Queue::new(self.backoff).per_cluster(per_cluster);
-        self.build_with(queue, total)
+    /// A queue that takes keys only of the clusters engaged on it, with the
+    /// settings `chosen` and defaults for the rest (see [`Settled`]); the
+    /// builder's own backoff and timeout are not used.
+    pub(crate) fn build_gated(self, chosen: Chosen) -> WorkQueue {
+        let queue = Queue::new(Settled::chosen(chosen));
+        self.build_with(queue)
     }
 
-    fn build_with(self, queue: Queue, max_concurrent: Option<usize>) -> WorkQueue {
+    fn build_with(self, queue: Queue) -> WorkQueue {
         WorkQueue {
             inner: Arc::new(Inner {
                 name: self.name,
                 queue: Arc::new(queue),
-                max_concurrent,
-                timeout: self.timeout,
                 error_policy: self.error_policy,
                 metrics: self.metrics.map(OnceLock::from).unwrap_or_default(),
             }),
@@ -255,9 +257,10 @@ impl WorkQueue {
         mut start: impl FnMut(&Request) -> Option<BoxFuture<'static, Result<Action, ReconcileError>>>,
     ) {
         let queue = self.inner.queue.clone();
-        let slots = self
-            .inner
-            .max_concurrent
+        let slots = queue
+            .settings()
+            .get()
+            .max_concurrent_reconciles_total
             .map(|limit| Arc::new(Semaphore::new(limit)));
         let mut running = JoinSet::new();
         loop {
@@ -286,7 +289,7 @@ impl WorkQueue {
                 name = %key.name,
             );
             let this = self.clone();
-            let timeout = self.inner.timeout;
+            let timeout = queue.settings().get().reconcile_timeout;
             let policy = self.inner.error_policy.clone();
             running.spawn(
                 async move {
@@ -389,7 +392,7 @@ impl std::fmt::Debug for WorkQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WorkQueue")
             .field("name", &self.inner.name)
-            .field("max_concurrent", &self.inner.max_concurrent)
+            .field("settings", self.inner.queue.settings())
             .field("depth", &self.depth())
             .finish()
     }

@@ -249,6 +249,12 @@ impl Manager {
     /// [`Manager::run`] — at once when the manager runs already.
     pub fn add_controller(&self, controller: Controller) -> Result<(), Error> {
         controller.use_metrics(&self.inner.metrics);
+        if !controller.take_defaults(&self.inner.options.controller_defaults) {
+            tracing::debug!(
+                controller = controller.name(),
+                "controller settings were fixed before it was added; the manager's controller defaults do not apply"
+            );
+        }
         {
             let mut controllers = lock(&self.inner.controllers);
             controllers.added.push(controller.clone());

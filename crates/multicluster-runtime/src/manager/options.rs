@@ -3,6 +3,8 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::controller::ControllerDefaults;
+
 /// Manager settings: [`Default`], then the setters.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
@@ -34,6 +36,10 @@ pub struct ManagerOptions {
     /// [`crate::provider::process::raise_open_files_limit`]). A cluster that cannot
     /// connect for want of file descriptors says so in its reason.
     pub raise_open_files_limit: bool,
+    /// Settings every controller added to the manager takes unless its
+    /// builder sets its own: concurrency, reconcile timeout, backoff,
+    /// debounce (default: the crate's defaults).
+    pub controller_defaults: ControllerDefaults,
 }
 
 crate::option_setters!(ManagerOptions {
@@ -44,6 +50,7 @@ crate::option_setters!(ManagerOptions {
     shutdown_grace: Duration,
     health_address: Option<SocketAddr>,
     raise_open_files_limit: bool,
+    controller_defaults: ControllerDefaults,
 });
 
 impl Default for ManagerOptions {
@@ -56,6 +63,7 @@ impl Default for ManagerOptions {
             shutdown_grace: Duration::from_secs(30),
             health_address: None,
             raise_open_files_limit: true,
+            controller_defaults: ControllerDefaults::default(),
         }
     }
 }
