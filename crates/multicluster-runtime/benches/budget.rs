@@ -16,6 +16,7 @@ use multicluster_envtest::ControlPlane;
 use multicluster_runtime::provider::budget::RequestBudget;
 use multicluster_runtime::provider::kubeconfig::ClientOptions;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
+use multicluster_runtime::provider::member::MemberOptions;
 
 const WRITES: usize = 100;
 
@@ -92,8 +93,9 @@ async fn main() {
             text: text.clone(),
             source: "bench".into(),
             stable_id: None,
+            member: MemberOptions::from(ClientOptions::default().request_budget(budget)),
         }
-        .build(&ClientOptions::default().request_budget(budget))
+        .build()
         .await
         .expect("cluster");
         let api = Api::<ConfigMap>::namespaced(cluster.client(), "default");

@@ -14,8 +14,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use kube::api::{Api, DeleteParams, PostParams};
 use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_runtime::Cluster;
-use multicluster_runtime::provider::kubeconfig::ClientOptions;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
+use multicluster_runtime::provider::member::MemberOptions;
 use multicluster_runtime::testing::eventually;
 
 /// A cluster of `cp` built as providers build it, authenticated by the
@@ -27,8 +27,9 @@ async fn plugged_cluster(cp: &ControlPlane, state: &std::path::Path) -> Cluster 
         text: multicluster_envtest::to_yaml(&identity).expect("yaml"),
         source: "test kubeconfig".into(),
         stable_id: None,
+        member: MemberOptions::default(),
     }
-    .build(&ClientOptions::default())
+    .build()
     .await
     .expect("cluster")
 }

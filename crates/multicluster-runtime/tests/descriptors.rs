@@ -11,8 +11,8 @@ use std::time::Duration;
 use common::*;
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::manager::ClusterState;
-use multicluster_runtime::provider::kubeconfig::ClientOptions;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
+use multicluster_runtime::provider::member::MemberOptions;
 use multicluster_runtime::{ClusterName, Manager, ManagerOptions};
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 
@@ -37,8 +37,9 @@ async fn descriptors_are_raised_and_running_out_is_reported_as_such() {
         text,
         source: "test kubeconfig".into(),
         stable_id: None,
+        member: MemberOptions::default(),
     }
-    .build(&ClientOptions::default())
+    .build()
     .await
     .expect("cluster");
     provider.clusters.add("member", cluster).expect("add");

@@ -17,8 +17,8 @@ use multicluster_envtest::ControlPlane;
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::metrics::Metrics;
-use multicluster_runtime::provider::kubeconfig::ClientOptions;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
+use multicluster_runtime::provider::member::MemberOptions;
 use multicluster_runtime::testing::{eventually_within, recording_controller};
 use multicluster_runtime::{Cluster, Manager, ManagerOptions};
 
@@ -48,8 +48,9 @@ async fn member_cluster(name: &str, cp: &ControlPlane) -> Cluster {
         text: multicluster_envtest::to_yaml(&identity).expect("yaml"),
         source: format!("test kubeconfig of {name}"),
         stable_id: None,
+        member: MemberOptions::default(),
     }
-    .build(&ClientOptions::default())
+    .build()
     .await
     .expect("cluster")
 }
@@ -61,8 +62,9 @@ async fn admin_cluster(name: &str, cp: &ControlPlane) -> Cluster {
         text: multicluster_envtest::to_yaml(cp.kubeconfig()).expect("yaml"),
         source: format!("test kubeconfig of {name}"),
         stable_id: None,
+        member: MemberOptions::default(),
     }
-    .build(&ClientOptions::default())
+    .build()
     .await
     .expect("cluster")
 }

@@ -18,6 +18,7 @@ use multicluster_runtime::controller::{Action, Controller, Request, Watch};
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::provider::kubeconfig::ClientOptions;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
+use multicluster_runtime::provider::member::MemberOptions;
 use multicluster_runtime::testing::eventually_within;
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
 
@@ -106,8 +107,9 @@ async fn kubeconfig_cluster(name: &str, cp: &ControlPlane, options: &ClientOptio
         text: multicluster_envtest::to_yaml(cp.kubeconfig()).expect("yaml"),
         source: format!("test kubeconfig of {name}"),
         stable_id: None,
+        member: MemberOptions::from(options.clone()),
     }
-    .build(options)
+    .build()
     .await
     .expect("cluster")
 }

@@ -18,8 +18,8 @@ use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_runtime::Manager;
 use multicluster_runtime::controller::{Action, Controller, Watch};
 use multicluster_runtime::manager::ClusterState;
-use multicluster_runtime::provider::kubeconfig::ClientOptions;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
+use multicluster_runtime::provider::member::MemberOptions;
 
 const SECRET_ENV: &str = "api-key-that-must-not-leak";
 const SECRET_ARG: &str = "password-that-must-not-leak";
@@ -95,8 +95,9 @@ async fn a_failing_credential_plugin_leaks_nothing_anywhere() {
         text,
         source: "test kubeconfig".into(),
         stable_id: None,
+        member: MemberOptions::default(),
     }
-    .build(&ClientOptions::default())
+    .build()
     .await
     .expect("cluster");
     let client = cluster.client();

@@ -14,6 +14,7 @@ use multicluster_runtime::Cluster;
 use multicluster_runtime::provider::budget::RequestBudget;
 use multicluster_runtime::provider::kubeconfig::ClientOptions;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
+use multicluster_runtime::provider::member::MemberOptions;
 
 /// A control plane that writes an audit record of every request into the
 /// returned log, with `args` for its API server.
@@ -46,8 +47,9 @@ async fn member(cp: &ControlPlane, options: &ClientOptions) -> Cluster {
         text: multicluster_envtest::to_yaml(&cp.token_kubeconfig("member", token)).expect("yaml"),
         source: "test kubeconfig".into(),
         stable_id: None,
+        member: MemberOptions::from(options.clone()),
     }
-    .build(options)
+    .build()
     .await
     .expect("cluster")
 }

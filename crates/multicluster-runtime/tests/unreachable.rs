@@ -3,6 +3,7 @@
 
 mod common;
 
+use multicluster_runtime::provider::member::MemberOptions;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -157,8 +158,9 @@ async fn an_unreachable_member_is_named_with_its_address_and_the_cause() {
         text: multicluster_envtest::to_yaml(&kubeconfig).expect("yaml"),
         source: "test kubeconfig".into(),
         stable_id: None,
+        member: MemberOptions::default(),
     }
-    .build(&multicluster_runtime::provider::kubeconfig::ClientOptions::default())
+    .build()
     .await
     .expect("cluster");
     let provider = TestProvider::default();

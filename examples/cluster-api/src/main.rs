@@ -55,7 +55,7 @@ async fn run(args: Args) -> Result<(), MainError> {
                 Version::V1beta2 => ClusterApiVersion::V1Beta2,
                 Version::V1beta1 => ClusterApiVersion::V1Beta1,
             })
-            .client(args.client.options()),
+            .members(args.client.options()),
     ));
     // The manager: the local cluster, the fleet's provider, and (with
     // --leader-elect) the Lease that decides which replica works.

@@ -56,7 +56,7 @@ async fn run(args: Args) -> Result<(), MainError> {
     };
     options.namespace = args.namespace;
     options.watch_filter = args.watch_filter;
-    options.client = args.client.options();
+    options.members = args.client.options().into();
     // The hub comes from $KUBECONFIG / ~/.kube/config / in-cluster.
     let hub = kube::Client::try_default().await?;
     let provider = Arc::new(ClusterProfileProvider::new(hub.clone(), options));

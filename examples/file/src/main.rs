@@ -45,7 +45,7 @@ async fn run(args: Args) -> Result<(), MainError> {
             .files(args.files)
             .directories(args.directories)
             .separator(args.separator)
-            .client(args.client.options()),
+            .members(args.client.options()),
     ));
     // The local cluster is the current context of $KUBECONFIG / ~/.kube/config.
     let local = Cluster::local(kube::Client::try_default().await?);

@@ -239,7 +239,7 @@ async fn main() -> Result<(), MainError> {
         hub.client(),
         KubeconfigOptions::default()
             .namespace(args.namespace)
-            .client(args.client.options()),
+            .members(args.client.options()),
     ));
     let mut manager = Manager::builder(hub.clone())
         .provider(provider)

@@ -47,7 +47,7 @@ async fn run(args: Args) -> Result<(), MainError> {
             .prefix(args.prefix)
             .poll_interval(Duration::from_secs(args.poll_seconds))
             .kind_command(args.kind)
-            .client(args.client.options()),
+            .members(args.client.options()),
     ));
     let local = Cluster::local(kube::Client::try_default().await?);
     // The manager: the local cluster, the fleet's provider, and (with

@@ -53,7 +53,7 @@ async fn run(args: Args) -> Result<(), MainError> {
             .label(args.label)
             .data_key(args.key)
             .watch_filter(args.watch_filter)
-            .client(args.client.options()),
+            .members(args.client.options()),
     ));
     // The manager: the local cluster, the fleet's provider, and (with
     // --leader-elect) the Lease that decides which replica works.

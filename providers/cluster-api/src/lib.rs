@@ -43,8 +43,8 @@ use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::discovery::{
     self, DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, MANAGEMENT, PROVIDER_BACKOFF,
 };
-use multicluster_runtime::provider::kubeconfig::ClientOptions;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
+use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::provider::watch_filter;
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
@@ -125,8 +125,11 @@ pub struct ClusterApiOptions {
     /// How many Clusters' clients are built at once (default
     /// [`DEFAULT_MAX_CONCURRENT_BUILDS`]).
     pub max_concurrent_builds: usize,
-    /// How the clients reach their clusters (credential plugin timeout).
-    pub client: ClientOptions,
+    /// How each workload cluster's clients and cache are built: the same
+    /// for every member, or adjusted per member from its `Cluster` object
+    /// ([`Members::per_member`]). A `ClientOptions`, `CacheOptions` or
+    /// `MemberOptions` converts into it.
+    pub members: Members<DynamicObject>,
 }
 
 multicluster_runtime::option_setters!(ClusterApiOptions {
@@ -137,7 +140,7 @@ multicluster_runtime::option_setters!(ClusterApiOptions {
     retry: Backoff,
     metrics: impl Into<Option<Metrics>>,
     max_concurrent_builds: usize,
-    client: ClientOptions,
+    members: impl Into<Members<DynamicObject>>,
 });
 
 impl ClusterApiOptions {
@@ -164,7 +167,7 @@ impl Default for ClusterApiOptions {
             retry: PROVIDER_BACKOFF,
             metrics: None,
             max_concurrent_builds: DEFAULT_MAX_CONCURRENT_BUILDS,
-            client: ClientOptions::default(),
+            members: Members::default(),
         }
     }
 }
@@ -180,7 +183,7 @@ impl std::fmt::Debug for ClusterApiOptions {
             .field("retry", &self.retry)
             .field("metrics", &self.metrics.is_some())
             .field("max_concurrent_builds", &self.max_concurrent_builds)
-            .field("client", &self.client)
+            .field("members", &self.members)
             .finish()
     }
 }
@@ -221,11 +224,7 @@ impl ClusterApiProvider {
             shared: Arc::new(Shared {
                 resource,
                 management: Cluster::with_cache(MANAGEMENT, management, cache),
-                fleet: Fleet::new(
-                    options.name.as_str(),
-                    options.metrics.clone(),
-                    options.client.clone(),
-                ),
+                fleet: Fleet::new(options.name.as_str(), options.metrics.clone()),
                 options,
             }),
         }
@@ -247,7 +246,7 @@ enum Wanted {
     /// Ready, but its kubeconfig is missing: recorded, waiting for it.
     Missing(String, &'static str),
     /// Ready with a kubeconfig: engage it.
-    Engage(KubeconfigCluster),
+    Engage(Box<KubeconfigCluster>),
 }
 
 impl Shared {
@@ -300,12 +299,13 @@ impl Shared {
                 "missing-key",
             );
         };
-        Wanted::Engage(KubeconfigCluster {
+        Wanted::Engage(Box::new(KubeconfigCluster {
             name: ClusterName::from(format!("{namespace}/{name}")),
             text,
             source,
             stable_id: None,
-        })
+            member: self.options.members.for_member(&object),
+        }))
     }
 
     /// Brings the fleet in line with the Cluster of `request`.
@@ -320,10 +320,10 @@ impl Shared {
             }
             Wanted::Engage(wanted) => {
                 let now = || match self.wanted(namespace, &request.name) {
-                    Wanted::Engage(now) => Some(now),
+                    Wanted::Engage(now) => Some(*now),
                     _ => None,
                 };
-                return self.fleet.engage(wanted, now).await;
+                return self.fleet.engage(*wanted, now).await;
             }
         }
         Ok(Action::await_change())

@@ -18,6 +18,7 @@ use multicluster_provider_cluster_api::{
     PAUSED_ANNOTATION, WATCH_FILTER_LABEL,
 };
 use multicluster_runtime::controller::{Backoff, Request};
+use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::testing::{
     Recorder, eventually, recording_manager, run_manager, wait_until_left, wait_until_unreachable,
 };
@@ -179,6 +180,31 @@ fn manager_for(management: &Management, provider: Arc<ClusterApiProvider>) -> (M
     )
 }
 
+/// Member options that hold the member built from the object named `name`
+/// to the namespace `default` (where the tests' ConfigMaps are) and leave
+/// the others watching every namespace.
+fn held_to_default_if_named(name: &'static str) -> Members<DynamicObject> {
+    Members::default().per_member(move |object: &DynamicObject, options| {
+        if object.metadata.name.as_deref() == Some(name) {
+            let cache = options.cache.clone().namespace("default".to_string());
+            options.cache(cache)
+        } else {
+            options
+        }
+    })
+}
+
+/// The namespace the cache of `cluster` is held to.
+async fn cache_namespace(manager: &Manager, cluster: &str) -> Option<String> {
+    let cluster = manager.get_cluster(&cluster.into()).await.expect("cluster");
+    cluster
+        .cache()
+        .options()
+        .expect("own cache")
+        .namespace
+        .clone()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_clusters_are_engaged_and_follow_their_kubeconfig_secrets() {
     let (management, first, second) = tokio::join!(
@@ -198,7 +224,7 @@ async fn ready_clusters_are_engaged_and_follow_their_kubeconfig_secrets() {
 
     let provider = Arc::new(ClusterApiProvider::new(
         management.client.clone(),
-        ClusterApiOptions::default(),
+        ClusterApiOptions::default().members(held_to_default_if_named("one")),
     ));
     let (manager, recorder) = manager_for(&management, provider.clone());
     let (shutdown, task) = run_manager(&manager);
@@ -206,6 +232,11 @@ async fn ready_clusters_are_engaged_and_follow_their_kubeconfig_secrets() {
     recorder
         .wait_for_more(&req("team-a/one", "in-first"), 0)
         .await;
+    assert_eq!(
+        cache_namespace(&manager, "team-a/one").await,
+        Some("default".to_string()),
+        "the member options chosen from its Cluster"
+    );
     assert_eq!(
         provider.names(),
         [ClusterName::from("team-a/one")],
@@ -217,6 +248,7 @@ async fn ready_clusters_are_engaged_and_follow_their_kubeconfig_secrets() {
     recorder
         .wait_for_more(&req("team-b/two", "in-second"), 0)
         .await;
+    assert_eq!(cache_namespace(&manager, "team-b/two").await, None);
     management.put_kubeconfig("team-a", "three", &second).await;
     recorder
         .wait_for_more(&req("team-a/three", "in-second"), 0)

@@ -94,7 +94,7 @@ enum Wanted {
     /// Ready, but without usable credentials: recorded, waiting for a change.
     NoCredentials(String),
     /// Ready with credentials: engage it.
-    Engage(KubeconfigCluster),
+    Engage(Box<KubeconfigCluster>),
 }
 
 impl ClusterProfileProvider {
@@ -127,11 +127,7 @@ impl ClusterProfileProvider {
                 resource,
                 hub: Cluster::with_cache(MANAGEMENT, hub, cache),
                 providers,
-                fleet: Fleet::new(
-                    options.name.as_str(),
-                    options.metrics.clone(),
-                    options.client.clone(),
-                ),
+                fleet: Fleet::new(options.name.as_str(), options.metrics.clone()),
                 options,
             }),
         }
@@ -189,12 +185,13 @@ impl Shared {
             return Wanted::NotReady;
         }
         match self.credentials(&profile) {
-            Ok((text, source)) => Wanted::Engage(KubeconfigCluster {
+            Ok((text, source)) => Wanted::Engage(Box::new(KubeconfigCluster {
                 name: ClusterName::from(format!("{namespace}/{name}")),
                 text,
                 source,
                 stable_id: stable_id(&profile),
-            }),
+                member: self.options.members.for_member(&profile),
+            })),
             Err(reason) => Wanted::NoCredentials(reason),
         }
     }
@@ -220,10 +217,10 @@ impl Shared {
             }
             Wanted::Engage(wanted) => {
                 let now = || match self.wanted(namespace, &request.name) {
-                    Wanted::Engage(now) => Some(now),
+                    Wanted::Engage(now) => Some(*now),
                     _ => None,
                 };
-                return self.fleet.engage(wanted, now).await;
+                return self.fleet.engage(*wanted, now).await;
             }
         }
         Ok(Action::await_change())

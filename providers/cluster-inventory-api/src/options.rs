@@ -7,7 +7,7 @@ use kube::api::DynamicObject;
 use multicluster_runtime::controller::Backoff;
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::provider::discovery::{DEFAULT_MAX_CONCURRENT_BUILDS, PROVIDER_BACKOFF};
-use multicluster_runtime::provider::kubeconfig::ClientOptions;
+use multicluster_runtime::provider::member::Members;
 
 use crate::access::ProviderFile;
 
@@ -57,8 +57,11 @@ pub struct ClusterProfileOptions {
     /// plugin, which can take a second or more; the rest of the profiles are
     /// looked at meanwhile.
     pub max_concurrent_builds: usize,
-    /// How the clients reach their clusters (credential plugin timeout).
-    pub client: ClientOptions,
+    /// How each member's clients and cache are built: the same for every
+    /// member, or adjusted per member from its ClusterProfile
+    /// ([`Members::per_member`]). A `ClientOptions`, `CacheOptions` or
+    /// `MemberOptions` converts into it.
+    pub members: Members<DynamicObject>,
 }
 
 multicluster_runtime::option_setters!(ClusterProfileOptions {
@@ -69,7 +72,7 @@ multicluster_runtime::option_setters!(ClusterProfileOptions {
     retry: Backoff,
     metrics: impl Into<Option<Metrics>>,
     max_concurrent_builds: usize,
-    client: ClientOptions,
+    members: impl Into<Members<DynamicObject>>,
 });
 
 impl ClusterProfileOptions {
@@ -107,7 +110,7 @@ impl ClusterProfileOptions {
             retry: PROVIDER_BACKOFF,
             metrics: None,
             max_concurrent_builds: DEFAULT_MAX_CONCURRENT_BUILDS,
-            client: ClientOptions::default(),
+            members: Members::default(),
         }
     }
 }
@@ -123,7 +126,7 @@ impl std::fmt::Debug for ClusterProfileOptions {
             .field("retry", &self.retry)
             .field("metrics", &self.metrics.is_some())
             .field("max_concurrent_builds", &self.max_concurrent_builds)
-            .field("client", &self.client)
+            .field("members", &self.members)
             .finish()
     }
 }

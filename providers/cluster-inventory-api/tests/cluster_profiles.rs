@@ -11,12 +11,13 @@ use common::{NS, create_profile, profiles, req, set_health, workload};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::PolicyRule;
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_cluster_inventory_api::{
     CONSUMER_LABEL, ClusterProfileOptions, ClusterProfileProvider, PROFILE_LABEL, SECRET_KEY,
     WATCH_FILTER_LABEL,
 };
+use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::testing::{
     eventually, run_manager, wait_until_left, wait_until_unreachable,
 };
@@ -93,9 +94,19 @@ async fn ready_profiles_are_engaged_with_their_consumers_secret() {
     create_credentials(&secrets, "delta-1", "delta", "me", &first).await;
     create_credentials(&secrets, "delta-2", "delta", "me", &second).await;
 
+    // Member options chosen per profile: alpha's cache is held to the
+    // namespace its ConfigMaps are in, the others watch every namespace.
+    let members = Members::default().per_member(|profile: &DynamicObject, options| {
+        if profile.metadata.name.as_deref() == Some("alpha") {
+            let cache = options.cache.clone().namespace("default".to_string());
+            options.cache(cache)
+        } else {
+            options
+        }
+    });
     let provider = Arc::new(ClusterProfileProvider::new(
         hub.clone(),
-        ClusterProfileOptions::with_secrets("me"),
+        ClusterProfileOptions::with_secrets("me").members(members),
     ));
     let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
     let (shutdown, task) = run_manager(&manager);
@@ -108,6 +119,10 @@ async fn ready_profiles_are_engaged_with_their_consumers_secret() {
         .await
         .expect("alpha");
     assert_eq!(alpha.stable_id(), Some("id-alpha"));
+    let held_to = |cluster: &multicluster_runtime::Cluster| {
+        cluster.cache().options().and_then(|o| o.namespace.clone())
+    };
+    assert_eq!(held_to(&alpha), Some("default".to_string()));
 
     // Becoming healthy engages. Events are handled in order, so by now the
     // whole initial list has been looked at.
@@ -115,6 +130,11 @@ async fn ready_profiles_are_engaged_with_their_consumers_secret() {
     recorder
         .wait_for_more(&req("inventory/beta", "in-second"), 0)
         .await;
+    let beta = manager
+        .get_cluster(&ClusterName::from("inventory/beta"))
+        .await
+        .expect("beta");
+    assert_eq!(held_to(&beta), None);
     assert_eq!(
         provider.names(),
         [

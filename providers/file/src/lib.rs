@@ -46,8 +46,8 @@ use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::discovery::{
     DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, PROVIDER_BACKOFF,
 };
-use multicluster_runtime::provider::kubeconfig::ClientOptions;
 use multicluster_runtime::provider::lock;
+use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
 use notify::Watcher;
 use tokio_util::sync::CancellationToken;
@@ -97,8 +97,22 @@ pub struct FileOptions {
     /// (default [`DEFAULT_DEBOUNCE`]); a steady stream of changes is read at
     /// least every ten times this.
     pub debounce: Duration,
-    /// How the clients reach their clusters (credential plugin timeout).
-    pub client: ClientOptions,
+    /// How each member's clients and cache are built: the same for every
+    /// member, or adjusted per member from the file and context it comes
+    /// from ([`Members::per_member`] sees a [`FileContext`]). A
+    /// `ClientOptions`, `CacheOptions` or `MemberOptions` converts into it.
+    pub members: Members<FileContext>,
+}
+
+/// Where a member of the file provider comes from: what
+/// [`Members::per_member`] is shown for it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FileContext {
+    /// The kubeconfig file.
+    pub file: PathBuf,
+    /// The context in it.
+    pub context: String,
 }
 
 multicluster_runtime::option_setters!(FileOptions {
@@ -110,7 +124,7 @@ multicluster_runtime::option_setters!(FileOptions {
     retry: Backoff,
     max_concurrent_builds: usize,
     debounce: Duration,
-    client: ClientOptions,
+    members: impl Into<Members<FileContext>>,
 });
 
 impl Default for FileOptions {
@@ -124,7 +138,7 @@ impl Default for FileOptions {
             retry: PROVIDER_BACKOFF,
             max_concurrent_builds: DEFAULT_MAX_CONCURRENT_BUILDS,
             debounce: DEFAULT_DEBOUNCE,
-            client: ClientOptions::default(),
+            members: Members::default(),
         }
     }
 }
@@ -160,7 +174,7 @@ impl FileProvider {
             .build();
         Self {
             shared: Arc::new(Shared {
-                fleet: Fleet::new(options.name.as_str(), None, options.client.clone()),
+                fleet: Fleet::new(options.name.as_str(), None),
                 options,
                 desired: std::sync::Mutex::default(),
                 builds,
@@ -231,10 +245,10 @@ impl Shared {
             Some(Desired::Broken) => Ok(Action::await_change()),
             Some(Desired::Context(wanted)) => {
                 let now = || match self.desired(&name) {
-                    Some(Desired::Context(now)) => Some(now),
+                    Some(Desired::Context(now)) => Some(*now),
                     _ => None,
                 };
-                self.fleet.engage(wanted, now).await
+                self.fleet.engage(*wanted, now).await
             }
         }
     }

@@ -10,16 +10,28 @@ use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 
 use multicluster_runtime::provider::lock;
 
-use crate::Shared;
+use crate::{FileContext, Shared};
 
 /// What the files ask of one cluster.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub(crate) enum Desired {
     /// Its context, resolved: engage it.
-    Context(KubeconfigCluster),
+    Context(Box<KubeconfigCluster>),
     /// Its file or context cannot be used right now (unreadable, not
     /// parsable, naming a user or cluster it lacks): keep what is engaged.
     Broken,
+}
+
+impl PartialEq for Desired {
+    fn eq(&self, other: &Self) -> bool {
+        match (self, other) {
+            (Self::Context(one), Self::Context(other)) => {
+                one.name == other.name && one.fingerprint() == other.fingerprint()
+            }
+            (Self::Broken, Self::Broken) => true,
+            _ => false,
+        }
+    }
 }
 
 /// Reads every source file and works out what each cluster should be.
@@ -99,12 +111,16 @@ pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
                 Ok(text) => {
                     found.insert(
                         name.clone(),
-                        Desired::Context(KubeconfigCluster {
+                        Desired::Context(Box::new(KubeconfigCluster {
                             name,
                             text,
                             source,
                             stable_id: None,
-                        }),
+                            member: shared.options.members.for_member(&FileContext {
+                                file: file.clone(),
+                                context: context.clone(),
+                            }),
+                        })),
                     );
                 }
                 Err(err) => {

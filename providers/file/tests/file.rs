@@ -8,9 +8,10 @@ use std::time::Duration;
 
 use kube::config::Kubeconfig;
 use multicluster_envtest::{ControlPlane, plugins};
-use multicluster_provider_file::{FileOptions, FileProvider};
+use multicluster_provider_file::{FileContext, FileOptions, FileProvider};
 use multicluster_runtime::controller::{Backoff, Request};
 use multicluster_runtime::manager::ClusterState;
+use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::testing::{
     eventually, recording_manager, recording_manager_from, run_manager, wait_until_left,
     wait_until_unreachable,
@@ -672,6 +673,58 @@ async fn relative_paths_see_every_change() {
     std::fs::rename(&added, watched.join("team.disabled")).expect("rename");
     wait_until_left(&manager, name(&added, "two").as_str()).await;
     assert_eq!(provider.names(), [name(&explicit, "three")]);
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// Each context's member is built with the options the provider is given,
+/// chosen per member from its file and context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn member_options_are_chosen_per_file_and_context() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let base = cp.kubeconfig().clone();
+    let dir = tempfile::tempdir().expect("dir");
+    let file = dir.path().join("fleet.kubeconfig");
+    write(&file, &with_contexts(&base, &["team-a", "team-b"]));
+
+    let members = Members::default().per_member(|source: &FileContext, options| {
+        // Named after the file and the context, so that a member built
+        // from another source than its own would show it.
+        let file = source
+            .file
+            .file_name()
+            .and_then(|n| n.to_str())
+            .unwrap_or_default();
+        let namespace = format!("{}-{}", source.context, file.len());
+        let cache = options.cache.clone().namespace(namespace);
+        options.cache(cache)
+    });
+    let provider = Arc::new(FileProvider::new(
+        FileOptions::default()
+            .files(vec![file.clone()])
+            .members(members),
+    ));
+    let (manager, _recorder) = recording_manager(
+        Cluster::new("local", cp.client().await.expect("client")),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    let (shutdown, task) = run_manager(&manager);
+    let namespace_of = |context: &str| {
+        let provider = provider.clone();
+        let cluster = name(&file, context);
+        async move {
+            let cluster = provider.get(&cluster).await.ok()?;
+            cluster.cache().options()?.namespace.clone()
+        }
+    };
+    let suffix = "fleet.kubeconfig".len();
+    eventually("both members built with their own options", || async {
+        namespace_of("team-a").await == Some(format!("team-a-{suffix}"))
+            && namespace_of("team-b").await == Some(format!("team-b-{suffix}"))
+    })
+    .await;
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");

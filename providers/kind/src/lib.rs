@@ -29,8 +29,8 @@ use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::discovery::{
     DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, PROVIDER_BACKOFF,
 };
-use multicluster_runtime::provider::kubeconfig::ClientOptions;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
+use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::provider::process::{self, ProcessError};
 use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
@@ -53,8 +53,11 @@ pub struct KindOptions {
     /// How long one `kind` call may take before it is stopped and counts as
     /// failed (default 30 s).
     pub command_timeout: Duration,
-    /// How the clients reach their clusters.
-    pub client: ClientOptions,
+    /// How each member's clients and cache are built: the same for every
+    /// member, or adjusted per member from its kind cluster name
+    /// ([`Members::per_member`]). A `ClientOptions`, `CacheOptions` or
+    /// `MemberOptions` converts into it.
+    pub members: Members<ClusterName>,
 }
 
 multicluster_runtime::option_setters!(KindOptions {
@@ -63,7 +66,7 @@ multicluster_runtime::option_setters!(KindOptions {
     poll_interval: Duration,
     kind_command: impl Into<PathBuf>,
     command_timeout: Duration,
-    client: ClientOptions,
+    members: impl Into<Members<ClusterName>>,
 });
 
 impl Default for KindOptions {
@@ -74,7 +77,7 @@ impl Default for KindOptions {
             poll_interval: Duration::from_secs(2),
             kind_command: PathBuf::from("kind"),
             command_timeout: Duration::from_secs(30),
-            client: ClientOptions::default(),
+            members: Members::default(),
         }
     }
 }
@@ -104,7 +107,7 @@ impl KindProvider {
             .build();
         Self {
             shared: Arc::new(Shared {
-                fleet: Fleet::new(options.name.as_str(), None, options.client.clone()),
+                fleet: Fleet::new(options.name.as_str(), None),
                 options,
                 listed: Mutex::default(),
                 refreshes,
@@ -187,6 +190,7 @@ impl Shared {
             .await?;
         let wanted = KubeconfigCluster {
             source: format!("`kind get kubeconfig --name {name}`"),
+            member: self.options.members.for_member(&name),
             name,
             text,
             stable_id: None,

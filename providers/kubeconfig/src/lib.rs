@@ -16,7 +16,7 @@
 //!   [`KubeconfigProvider::failures`], and skipped; the rest of the fleet is
 //!   unaffected. A kubeconfig whose credentials cannot be obtained (a
 //!   credential plugin that fails or hangs past
-//!   [`ClientOptions::plugin_timeout`]) is tried again with backoff. An
+//!   [`ClientOptions::plugin_timeout`](multicluster_runtime::provider::kubeconfig::ClientOptions::plugin_timeout)) is tried again with backoff. An
 //!   unreachable server is the manager's business: reported `unreachable`
 //!   and retried, never blocking other clusters.
 //!
@@ -40,8 +40,8 @@ use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::discovery::{
     self, DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, MANAGEMENT,
 };
-use multicluster_runtime::provider::kubeconfig::ClientOptions;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
+use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::provider::watch_filter;
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
@@ -84,8 +84,11 @@ pub struct KubeconfigOptions {
     /// How many Secrets' clients are built at once (default
     /// [`DEFAULT_MAX_CONCURRENT_BUILDS`]).
     pub max_concurrent_builds: usize,
-    /// How the clients reach their clusters (credential plugin timeout).
-    pub client: ClientOptions,
+    /// How each member's clients and cache are built: the same for every
+    /// member, or adjusted per member from its Secret
+    /// ([`Members::per_member`]). A `ClientOptions`, `CacheOptions` or
+    /// `MemberOptions` converts into it.
+    pub members: Members<Secret>,
 }
 
 multicluster_runtime::option_setters!(KubeconfigOptions {
@@ -97,7 +100,7 @@ multicluster_runtime::option_setters!(KubeconfigOptions {
     metrics: impl Into<Option<Metrics>>,
     retry: Backoff,
     max_concurrent_builds: usize,
-    client: ClientOptions,
+    members: impl Into<Members<Secret>>,
 });
 
 impl Default for KubeconfigOptions {
@@ -111,7 +114,7 @@ impl Default for KubeconfigOptions {
             metrics: None,
             retry: PROVIDER_BACKOFF,
             max_concurrent_builds: DEFAULT_MAX_CONCURRENT_BUILDS,
-            client: ClientOptions::default(),
+            members: Members::default(),
         }
     }
 }
@@ -148,11 +151,7 @@ impl KubeconfigProvider {
         );
         Self {
             shared: Arc::new(Shared {
-                fleet: Fleet::new(
-                    options.name.as_str(),
-                    options.metrics.clone(),
-                    options.client.clone(),
-                ),
+                fleet: Fleet::new(options.name.as_str(), options.metrics.clone()),
                 management: Cluster::with_cache(MANAGEMENT, management, secrets),
                 options,
             }),
@@ -212,6 +211,7 @@ impl Shared {
             text,
             source,
             stable_id: None,
+            member: self.options.members.for_member(&secret),
         }))
     }
 

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
-use multicluster_runtime::cache::{Cache, CacheEvent};
+use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions};
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::watch_filter;
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
@@ -40,10 +40,17 @@ pub struct NamespaceOptions {
     /// Only namespaces whose `cluster.x-k8s.io/watch-filter` label has this
     /// value become clusters; `None` takes every namespace.
     pub watch_filter: Option<String>,
+    /// How the host cache watches (selectors, page size, streaming lists,
+    /// per type too; `managedFields` stripping; watch backoff). One host
+    /// watch per type serves every virtual cluster, so these are the member
+    /// options of all of them at once. Its namespace restriction is not
+    /// used: the provider must see every namespace.
+    pub cache: CacheOptions,
 }
 
 multicluster_runtime::option_setters!(NamespaceOptions {
     watch_filter: impl Into<Option<String>>,
+    cache: CacheOptions,
 });
 
 /// Namespaces of a host cluster as virtual clusters.
@@ -57,11 +64,16 @@ pub struct NamespaceProvider {
 impl NamespaceProvider {
     /// A provider over the namespaces of the cluster `host` reaches. It
     /// keeps its own cache of the host, one watch per type for every
-    /// virtual cluster, with no namespace restriction (it must see every
-    /// namespace).
+    /// virtual cluster, with [`NamespaceOptions::cache`] but no namespace
+    /// restriction (it must see every namespace).
     pub fn new(host: kube::Client, options: NamespaceOptions) -> Self {
+        let cache = Cache::with_options(
+            "host",
+            host.clone(),
+            options.cache.clone().namespace(None::<String>),
+        );
         Self {
-            host: Cluster::new("host", host),
+            host: Cluster::with_cache("host", host, cache),
             options,
             clusters: Clusters::new(),
             discovery: Arc::default(),

@@ -11,9 +11,11 @@ use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider, WATCH_FILTER_LABEL};
-use multicluster_runtime::cache::FieldIndex;
+use multicluster_runtime::cache::{CacheOptions, FieldIndex};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
-use multicluster_runtime::testing::{Recorder, eventually, run_manager, wait_until_left};
+use multicluster_runtime::testing::{
+    Recorder, eventually, recording_manager_from, run_manager, wait_until_left,
+};
 use multicluster_runtime::{Cluster, ClusterName, Manager, Provider};
 
 #[derive(Debug, thiserror::Error)]
@@ -397,6 +399,54 @@ async fn a_watch_filter_splits_namespaces_between_instances() {
     .await;
     everything_shutdown.cancel();
     everything_task.await.expect("task").expect("clean stop");
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// The host cache's options are every virtual cluster's: a label selector on
+/// ConfigMaps keeps the unlabelled ones from every virtual cluster. A
+/// namespace restriction in them is dropped (the host must see them all).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_host_cache_options_apply_to_every_virtual_cluster() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let admin = cp.client().await.expect("client");
+    for ns in ["team-a", "team-b"] {
+        create_namespace(&admin, ns, &[]).await;
+        create_config_map(&admin, ns, "ignored", "grey").await;
+    }
+    let provider = Arc::new(NamespaceProvider::new(
+        admin.clone(),
+        NamespaceOptions::default().cache(
+            CacheOptions::default()
+                .namespace("team-a".to_string())
+                .watcher_for::<ConfigMap>(watcher::Config::default().labels("fleet=yes")),
+        ),
+    ));
+    let host = provider.host().clone();
+    assert_eq!(host.cache().options().expect("own cache").namespace, None);
+    let (manager, recorder) =
+        recording_manager_from(Manager::builder(host).provider(provider.clone()));
+    let (shutdown, task) = run_manager(&manager);
+
+    for ns in ["team-a", "team-b"] {
+        let mut labelled = ConfigMap::default();
+        labelled.metadata.name = Some("wanted".into());
+        labelled.metadata.labels = Some([("fleet".to_string(), "yes".to_string())].into());
+        Api::<ConfigMap>::namespaced(admin.clone(), ns)
+            .create(&PostParams::default(), &labelled)
+            .await
+            .expect("config map");
+        recorder.wait_for_more(&req(ns, "wanted"), 0).await;
+    }
+    // Had the selector not applied, "ignored" (created first) would be in
+    // the host cache by the time "wanted" is.
+    let config_maps = provider.host().cache().informer::<ConfigMap>();
+    for ns in ["team-a", "team-b"] {
+        assert!(config_maps.get(Some(ns), "wanted").is_some(), "{ns}");
+        assert!(config_maps.get(Some(ns), "ignored").is_none(), "{ns}");
+        assert_eq!(recorder.count(&req(ns, "ignored")), 0, "{ns}");
+    }
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");

@@ -222,6 +222,15 @@ impl Cache {
         )
     }
 
+    /// The options this cache watches with; `None` for a view of another
+    /// cache ([`Cache::scoped`]), which watches with its host's.
+    pub fn options(&self) -> Option<&CacheOptions> {
+        match &self.inner.backend {
+            Backend::Api { options, .. } => Some(options),
+            Backend::Scoped { .. } => None,
+        }
+    }
+
     fn with_backend(cluster: ClusterName, backend: Backend) -> Self {
         Self {
             inner: Arc::new(Inner {

@@ -26,7 +26,6 @@ use crate::controller::{Action, Backoff, ControllerBuilder, Request};
 use crate::metrics::Metrics;
 use crate::provider::clusters::Clusters;
 use crate::provider::failures::Failures;
-use crate::provider::kubeconfig::ClientOptions;
 use crate::provider::kubeconfig::KubeconfigCluster;
 use crate::{Aware, Cluster, ClusterName, Error};
 
@@ -82,21 +81,15 @@ where
 pub struct Fleet {
     clusters: Clusters,
     failures: Failures,
-    client: ClientOptions,
 }
 
 impl Fleet {
     /// An empty fleet of `provider` (its label in
     /// `mcr_cluster_engagement_failures`), counting failures in `metrics`.
-    pub fn new(
-        provider: impl Into<std::sync::Arc<str>>,
-        metrics: Option<Metrics>,
-        client: ClientOptions,
-    ) -> Self {
+    pub fn new(provider: impl Into<std::sync::Arc<str>>, metrics: Option<Metrics>) -> Self {
         Self {
             clusters: Clusters::new(),
             failures: Failures::new(provider, metrics),
-            client,
         }
     }
 
@@ -141,7 +134,7 @@ impl Fleet {
             self.failures.clear(&wanted.name);
             return Ok(Action::await_change());
         }
-        let built = match wanted.build(&self.client).await {
+        let built = match wanted.build().await {
             Ok(built) => built,
             Err(err) if self.failures.record_build_error(&wanted.name, &err) => return Err(err),
             Err(_) => return Ok(Action::await_change()),

@@ -9,9 +9,11 @@ use std::time::Duration;
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use secrecy::ExposeSecret;
 
+use crate::cache::Cache;
 use crate::health::{BoundedLayer, Requests};
 use crate::provider::budget::{Budget, BudgetLayer, RequestBudget};
 use crate::provider::credentials::{self, DEFAULT_PLUGIN_TIMEOUT, Plugin};
+use crate::provider::member::MemberOptions;
 use crate::{Cluster, ClusterName, Error};
 
 /// Parses kubeconfig YAML. `source` says where it came from (e.g. `Secret
@@ -396,7 +398,7 @@ fn invalid(source: &str, reason: &str) -> Error {
 /// the (possibly slow) client is built. Building runs exec credential
 /// plugins; providers can build several at once and hand the results to
 /// [`Clusters::add_or_replace`](crate::provider::clusters::Clusters::add_or_replace) with [`KubeconfigCluster::fingerprint`].
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct KubeconfigCluster {
     /// The cluster's name in the fleet.
     pub name: ClusterName,
@@ -406,6 +408,8 @@ pub struct KubeconfigCluster {
     pub source: String,
     /// The cluster's stable ID, if known ([`Cluster::stable_id`]).
     pub stable_id: Option<String>,
+    /// What its clients and cache are built with.
+    pub member: MemberOptions,
 }
 
 impl std::fmt::Debug for KubeconfigCluster {
@@ -414,28 +418,34 @@ impl std::fmt::Debug for KubeconfigCluster {
             .field("name", &self.name)
             .field("source", &self.source)
             .field("stable_id", &self.stable_id)
+            .field("member", &self.member)
             .finish_non_exhaustive()
     }
 }
 
 impl KubeconfigCluster {
-    /// A digest of the text and stable ID: equal exactly when building
-    /// again would give the same cluster.
+    /// A digest of the text, stable ID and member options: equal exactly
+    /// when building again would give the same cluster.
     pub fn fingerprint(&self) -> String {
         fingerprint(&format!(
-            "{}\n{}",
+            "{}\n{}\n{}",
             self.stable_id.as_deref().unwrap_or_default(),
+            self.member.digest(),
             self.text
         ))
     }
 
-    /// Parses the text and builds the cluster's client with `options`
-    /// (running its credential plugin once, if it has one: see
-    /// [`client`]).
-    pub async fn build(&self, options: &ClientOptions) -> Result<Cluster, Error> {
+    /// Parses the text and builds the cluster's client and cache with its
+    /// member options (running its credential plugin once, if it has one:
+    /// see [`client`]).
+    pub async fn build(&self) -> Result<Cluster, Error> {
         let parsed = parse(&self.text, &self.source)?;
-        let (client, requests) = client_with_requests(&parsed, None, &self.source, options).await?;
-        let cluster = Cluster::new(self.name.clone(), client).watching_requests(requests);
+        let (client, requests) =
+            client_with_requests(&parsed, None, &self.source, &self.member.client).await?;
+        let cache =
+            Cache::with_options(self.name.clone(), client.clone(), self.member.cache.clone());
+        let cluster =
+            Cluster::with_cache(self.name.clone(), client, cache).watching_requests(requests);
         Ok(match &self.stable_id {
             Some(id) => cluster.with_stable_id(id),
             None => cluster,

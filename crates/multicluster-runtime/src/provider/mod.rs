@@ -9,6 +9,8 @@
 //!   cluster, building several clients at once;
 //! - [`kubeconfig`] and [`credentials`]: clients from kubeconfig text with
 //!   deadlines, HTTP/2 and exec plugins run under a timeout;
+//! - [`member`]: the client and cache options a provider builds each
+//!   member with, the same for all or chosen per inventory object;
 //! - [`failures`]: per-object failure records and their metrics;
 //! - [`process`]: commands with a deadline whose whole process group is
 //!   killed when they overrun or are dropped;
@@ -22,6 +24,7 @@ pub mod credentials;
 pub mod discovery;
 pub mod failures;
 pub mod kubeconfig;
+pub mod member;
 pub mod process;
 pub mod watch_filter;
 
