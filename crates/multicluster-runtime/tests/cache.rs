@@ -11,7 +11,7 @@ use common::*;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::rbac::v1::PolicyRule;
-use kube::api::{Api, ApiResource, GroupVersionKind, PostParams};
+use kube::api::{Api, ApiResource, GroupVersionKind, PartialObjectMeta, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::Error;
 use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions};
@@ -51,6 +51,10 @@ async fn informers_are_shared_and_late_subscribers_see_current_contents_first() 
         "ConfigMap",
     )));
     let metadata = cache.metadata::<ConfigMap>();
+    assert!(
+        Arc::ptr_eq(&metadata, &cache.informer::<PartialObjectMeta<ConfigMap>>()),
+        "one metadata-only watch, however it is asked for"
+    );
     assert_eq!(cache.informer_count(), 3);
     cache.wait_for_sync(DEADLINE).await.expect("sync");
     assert!(informer.is_ready() && dynamic.is_ready() && metadata.is_ready());
@@ -77,6 +81,11 @@ async fn informers_are_shared_and_late_subscribers_see_current_contents_first() 
         .get(Some("default"), "first")
         .expect("cached metadata");
     assert_eq!(meta.metadata.name.as_deref(), Some("first"));
+    // The server sent metadata only (a full object would say ConfigMap).
+    assert_eq!(
+        meta.types.as_ref().map(|types| types.kind.as_str()),
+        Some("PartialObjectMetadata")
+    );
     let dynamic_first = dynamic
         .get(Some("default"), "first")
         .expect("cached dynamic");
@@ -163,4 +172,50 @@ async fn a_namespace_restricted_cache_needs_rbac_for_that_namespace_only() {
         err.to_string().to_lowercase().contains("forbidden"),
         "{err}"
     );
+}
+
+/// A controller can reconcile a type it watches metadata-only: its source
+/// shares the cache's metadata informer, and owned objects are found by
+/// their owner references, which are metadata.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_reconciles_a_type_watched_metadata_only() {
+    use multicluster_runtime::controller::{ClusterSelector, Request, Watch};
+    use multicluster_runtime::testing::{Recorder, recording_controller, run_manager};
+    use multicluster_runtime::{Cluster, Manager};
+
+    let cp = ControlPlane::start().await.expect("control plane");
+    create_config_map(&cp, "seen", &[("big", "value")]).await;
+    let local = Cluster::new("local", cp.client().await.expect("client"));
+    let manager = Manager::builder(local.clone()).build();
+    let recorder = Recorder::default();
+    manager
+        .add_controller(
+            recording_controller(
+                "metadata",
+                Watch::<PartialObjectMeta<ConfigMap>>::new().clusters(ClusterSelector::Local),
+                &recorder,
+            )
+            .expect("controller"),
+        )
+        .expect("add");
+    let (stop, task) = run_manager(&manager);
+    let seen = Request::new(
+        multicluster_runtime::ClusterName::local(),
+        Some("default"),
+        "seen",
+    );
+    recorder.wait_for_more(&seen, 0).await;
+    let cached = local
+        .cache()
+        .metadata::<ConfigMap>()
+        .get(Some("default"), "seen")
+        .expect("cached");
+    assert_eq!(
+        cached.types.as_ref().map(|types| types.kind.as_str()),
+        Some("PartialObjectMetadata")
+    );
+    // Only the metadata watch runs: no full ConfigMap watch was started.
+    assert_eq!(local.cache().informer_count(), 1);
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
 }

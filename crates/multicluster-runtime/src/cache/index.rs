@@ -41,7 +41,7 @@ impl FieldIndex {
     {
         let extractor: Extractor<K> = Arc::new(extract);
         Self {
-            resource: ResourceKey::typed::<K>(&(), false),
+            resource: ResourceKey::typed::<K>(&()),
             field: field.into(),
             extractor: Arc::new(extractor),
         }
@@ -55,7 +55,7 @@ impl FieldIndex {
     ) -> Self {
         let extractor: Extractor<kube::api::DynamicObject> = Arc::new(extract);
         Self {
-            resource: ResourceKey::typed::<kube::api::DynamicObject>(resource, false),
+            resource: ResourceKey::typed::<kube::api::DynamicObject>(resource),
             field: field.into(),
             extractor: Arc::new(extractor),
         }

@@ -98,20 +98,15 @@ pub(crate) struct ResourceKey {
     group: String,
     version: String,
     plural: String,
-    metadata_only: bool,
 }
 
 impl ResourceKey {
-    pub(crate) fn typed<K: Resource + 'static>(
-        dyntype: &K::DynamicType,
-        metadata_only: bool,
-    ) -> Self {
+    pub(crate) fn typed<K: Resource + 'static>(dyntype: &K::DynamicType) -> Self {
         Self {
             rust_type: TypeId::of::<K>(),
             group: K::group(dyntype).into_owned(),
             version: K::version(dyntype).into_owned(),
             plural: K::plural(dyntype).into_owned(),
-            metadata_only,
         }
     }
 }
@@ -248,7 +243,7 @@ impl Cache {
     where
         K: CachedResource,
     {
-        let key = ResourceKey::typed::<K>(&(), false);
+        let key = ResourceKey::typed::<K>(&());
         match &self.inner.backend {
             Backend::Api { client, options } => self.ensure(key, (), || {
                 let api = restricted_api::<K>(client, options, &());
@@ -267,7 +262,7 @@ impl Cache {
     /// With a namespace restriction the resource is watched in that namespace;
     /// use an unrestricted cache for cluster-scoped dynamic resources.
     pub fn dynamic(&self, resource: &ApiResource) -> Arc<Informer<DynamicObject>> {
-        let key = ResourceKey::typed::<DynamicObject>(resource, false);
+        let key = ResourceKey::typed::<DynamicObject>(resource);
         match &self.inner.backend {
             Backend::Api { client, options } => self.ensure(key, resource.clone(), || {
                 let api = restricted_api::<DynamicObject>(client, options, resource);
@@ -283,24 +278,16 @@ impl Cache {
         }
     }
 
-    /// A metadata-only informer for `K`: objects carry only their metadata,
-    /// which keeps memory low when a controller needs no spec or status.
+    /// A metadata-only informer for `K`: objects carry only their metadata
+    /// (lists and watches ask the server for `PartialObjectMetadata`), which
+    /// keeps memory and traffic low when a controller needs no spec or
+    /// status. It is the informer of `PartialObjectMeta<K>`, so a controller
+    /// whose sources watch `Watch::<PartialObjectMeta<K>>` shares it.
     pub fn metadata<K>(&self) -> Arc<Informer<PartialObjectMeta<K>>>
     where
         K: CachedResource,
     {
-        let key = ResourceKey::typed::<K>(&(), true);
-        match &self.inner.backend {
-            Backend::Api { client, options } => self.ensure(key, (), || {
-                let api = restricted_api::<PartialObjectMeta<K>>(client, options, &());
-                let (events, retries) = watch_events(api, &(), options);
-                (events, Some(retries))
-            }),
-            Backend::Scoped { host, namespace } => {
-                let host = host.metadata::<K>();
-                self.ensure(key, (), || (scoped::events(host, namespace.clone()), None))
-            }
-        }
+        self.informer::<PartialObjectMeta<K>>()
     }
 
     fn ensure<K, S>(
