@@ -12,7 +12,11 @@
 //!
 //! HTTP/2 connections are checked with pings (every 30 s when idle, 15 s to
 //! answer, as client-go does), so a member that stops answering breaks its
-//! connection and its watches report it, rather than going quiet.
+//! connection and its watches report it, rather than going quiet. An idle
+//! fleet's only traffic is these pings, one per connection every 30 s, so
+//! their timers are rounded up to a whole second of one grid for the
+//! process ([`CoalescingTimer`]): the connections of a fleet engaged within
+//! a second or two ping in one wake of the runtime, not one wake each.
 //!
 //! Proxies, plain-HTTP servers and kubeconfigs that name a TLS server name
 //! keep kube-rs's stack (HTTP/1.1): its proxy tunnels and server-name
@@ -33,10 +37,13 @@
 //!   `gzip` feature (off in this workspace), and kube's own handling of
 //!   exec-plugin certificates, which [`crate::provider::credentials`] does.
 
-use std::time::Duration;
+use std::pin::Pin;
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 use http::{Request, Response};
 use http_body_util::BodyExt;
+use hyper::rt::{Sleep, Timer};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::retry::RetryPolicy;
@@ -53,6 +60,47 @@ const PING_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a ping may go unanswered before the connection is closed
 /// (client-go's `PingTimeout`).
 const PING_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How finely keep-alive deadlines are rounded: at most this much later
+/// than asked, and every connection's timer on the same ticks.
+const KEEP_ALIVE_GRID: Duration = Duration::from_secs(1);
+
+/// hyper's timer for the HTTP/2 keep-alive (the only timer it is given
+/// here): tokio's, with each deadline rounded up to the next tick of a grid
+/// shared by the process ([`KEEP_ALIVE_GRID`]), so that connections pinging
+/// at about the same time are woken together.
+#[derive(Clone, Copy, Debug)]
+struct CoalescingTimer;
+
+impl CoalescingTimer {
+    fn round_up(deadline: Instant) -> Instant {
+        static ORIGIN: OnceLock<Instant> = OnceLock::new();
+        let origin = *ORIGIN.get_or_init(Instant::now);
+        let since = deadline.saturating_duration_since(origin).as_nanos();
+        let tick = KEEP_ALIVE_GRID.as_nanos();
+        let ticks = since.div_ceil(tick);
+        let rounded = u64::try_from(ticks * tick).unwrap_or(u64::MAX);
+        origin + Duration::from_nanos(rounded)
+    }
+}
+
+impl Timer for CoalescingTimer {
+    fn sleep(&self, duration: Duration) -> Pin<Box<dyn Sleep>> {
+        self.sleep_until(self.now() + duration)
+    }
+
+    fn sleep_until(&self, deadline: Instant) -> Pin<Box<dyn Sleep>> {
+        TokioTimer::new().sleep_until(Self::round_up(deadline))
+    }
+
+    fn reset(&self, sleep: &mut Pin<Box<dyn Sleep>>, new_deadline: Instant) {
+        TokioTimer::new().reset(sleep, Self::round_up(new_deadline));
+    }
+
+    fn now(&self) -> Instant {
+        TokioTimer::new().now()
+    }
+}
 
 /// A client builder for `config`: HTTP/2 when `http2` is set and the
 /// server offers it (ALPN), HTTP/1.1 otherwise.
@@ -77,7 +125,7 @@ pub(crate) fn builder(
         .wrap_connector(http);
     let client: hyper_util::client::legacy::Client<_, Body> =
         hyper_util::client::legacy::Client::builder(TokioExecutor::new())
-            .timer(TokioTimer::new())
+            .timer(CoalescingTimer)
             .http2_keep_alive_interval(PING_INTERVAL)
             .http2_keep_alive_timeout(PING_TIMEOUT)
             .http2_keep_alive_while_idle(true)
@@ -100,4 +148,33 @@ pub(crate) fn builder(
         BoxService::new(service),
         config.default_namespace,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keep_alive_deadlines_are_rounded_up_onto_one_grid() {
+        let now = Instant::now();
+        for offset_ms in [0, 1, 250, 999, 1000, 1001, 30_500] {
+            let deadline = now + Duration::from_millis(offset_ms);
+            let rounded = CoalescingTimer::round_up(deadline);
+            assert!(rounded >= deadline, "never earlier than asked");
+            assert!(
+                rounded - deadline < KEEP_ALIVE_GRID,
+                "at most one tick later"
+            );
+            // Deadlines a little apart land on the same tick or the next.
+            let near = CoalescingTimer::round_up(deadline + Duration::from_millis(1));
+            let ticks = (near - rounded).as_nanos() % KEEP_ALIVE_GRID.as_nanos();
+            assert_eq!(ticks, 0, "{offset_ms} ms: both on the grid");
+        }
+        // Two connections whose pings are due within one tick wake together.
+        let base = CoalescingTimer::round_up(now) + Duration::from_millis(10);
+        assert_eq!(
+            CoalescingTimer::round_up(base),
+            CoalescingTimer::round_up(base + Duration::from_millis(500))
+        );
+    }
 }
