@@ -35,6 +35,7 @@ struct Inner {
     engagement_failures: Family<Labels, Counter>,
     clusters_by_state: Family<Labels, Gauge>,
     cluster_state: Family<Labels, Gauge>,
+    state_changes: Family<Labels, Counter>,
     reconciles: Family<Labels, Counter>,
     reconcile_errors: Family<Labels, Counter>,
     reconcile_time: Family<Labels, Histogram>,
@@ -59,6 +60,7 @@ impl Metrics {
         let engagement_failures = Family::<Labels, Counter>::default();
         let clusters_by_state = Family::<Labels, Gauge>::default();
         let cluster_state = Family::<Labels, Gauge>::default();
+        let state_changes = Family::<Labels, Counter>::default();
         let reconciles = Family::<Labels, Counter>::default();
         let reconcile_errors = Family::<Labels, Counter>::default();
         let reconcile_time = Family::<Labels, Histogram>::new_with_constructor(
@@ -90,6 +92,11 @@ impl Metrics {
             "mcr_clusters",
             "Engaged clusters by state: syncing, ready, degraded, unreachable",
             clusters_by_state.clone(),
+        );
+        registry.register(
+            "mcr_cluster_state_changes",
+            "Times an engaged cluster entered each state (ready, degraded, unreachable); a cluster found unreachable while it is brought up counts once however often it is retried",
+            state_changes.clone(),
         );
         if per_cluster_labels {
             registry.register(
@@ -133,6 +140,7 @@ impl Metrics {
                 engagement_failures,
                 clusters_by_state,
                 cluster_state,
+                state_changes,
                 reconciles,
                 reconcile_errors,
                 reconcile_time,
@@ -194,6 +202,14 @@ impl Metrics {
                 .get_or_create(&vec![("state", state.to_string())])
                 .set(count);
         }
+    }
+
+    /// Counts a cluster entering `state` in `mcr_cluster_state_changes`.
+    pub(crate) fn state_changed(&self, state: &str) {
+        self.inner
+            .state_changes
+            .get_or_create(&vec![("state", state.to_string())])
+            .inc();
     }
 
     /// Records `cluster`'s state in `mcr_cluster_state` (with per-cluster

@@ -86,6 +86,12 @@ async fn an_unreachable_cluster_is_reported_retried_and_engaged_once_it_answers(
     down.start_api_server().await.expect("restart");
     recorder.wait_for_more(&req("down", "waiting"), 0).await;
     assert_eq!(state_of(&manager, "down"), Some(ClusterState::Ready));
+    // Found unreachable once, however often it was retried meanwhile.
+    let metrics = manager.metrics().encode();
+    assert!(
+        metrics.contains(r#"mcr_cluster_state_changes_total{state="unreachable"} 1"#),
+        "{metrics}"
+    );
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");

@@ -6,14 +6,15 @@
 //!
 //! Reports, per N: time from `Manager::run` to the first and to every
 //! cluster's first reconcile; RSS and RSS per cluster; CPU seconds to
-//! engage and per idle minute; file descriptors, sockets and connections to
+//! engage and per idle 30 s; 429 answers from the API server and clusters
+//! found unreachable while engaging; file descriptors, sockets and connections to
 //! the API server; watches the API server counts; and change → reconcile
 //! latency (p50, p99, max over the clusters) when one patched ConfigMap
 //! reaches every cluster.
 //!
 //! Run with `make bench` or `cargo bench -p multicluster-provider-kubeconfig
 //! --bench fleet`; `KUBECONFIG_FLEET_SIZES=1000,10000` chooses N (default
-//! 1000).
+//! 1000), `KUBECONFIG_FLEET_HTTP1=1` reaches the members over HTTP/1.1.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -28,6 +29,8 @@ use multicluster_provider_kubeconfig::{
     DEFAULT_DATA_KEY, DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider,
 };
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
+use multicluster_runtime::metrics::Metrics;
+use multicluster_runtime::provider::kubeconfig::ClientOptions;
 use multicluster_runtime::testing::{connections_to, resident_memory_mib};
 use multicluster_runtime::{Cluster, ClusterName, Manager};
 use tokio_util::sync::CancellationToken;
@@ -50,6 +53,12 @@ struct Seen {
     target: HashMap<ClusterName, Instant>,
 }
 
+/// Whether members are reached over HTTP/2 (the default) or, with
+/// `KUBECONFIG_FLEET_HTTP1=1`, over HTTP/1.1.
+fn http2() -> bool {
+    std::env::var("KUBECONFIG_FLEET_HTTP1").map_or(true, |value| value != "1")
+}
+
 /// CPU time of this process (all threads).
 fn cpu_seconds() -> f64 {
     multicluster_runtime::testing::cpu_seconds_of("self")
@@ -69,21 +78,38 @@ fn descriptors() -> (usize, usize) {
     (targets.len(), sockets)
 }
 
-/// Watches open on the API server, from its metrics.
-async fn server_watches(admin: &kube::Client) -> u64 {
+/// The sum of the samples in Prometheus text `metrics` whose line starts
+/// with `prefix` and contains `with`.
+fn metric_sum(metrics: &str, prefix: &str, with: &str) -> u64 {
+    metrics
+        .lines()
+        .filter(|l| l.starts_with(prefix) && l.contains(with))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum::<f64>() as u64
+}
+
+/// The API server's own metrics.
+async fn server_metrics(admin: &kube::Client) -> String {
     let request = http::Request::get("/metrics")
         .body(Vec::new())
         .expect("request");
-    let Ok(metrics) = admin.request_text(request).await else {
-        return 0;
-    };
-    metrics
-        .lines()
-        .filter(|l| {
-            l.starts_with("apiserver_longrunning_requests{") && l.contains("verb=\"WATCH\"")
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum::<f64>() as u64
+    admin.request_text(request).await.unwrap_or_default()
+}
+
+/// Watches open on the API server, from its metrics.
+async fn server_watches(admin: &kube::Client) -> u64 {
+    let metrics = server_metrics(admin).await;
+    metric_sum(
+        &metrics,
+        "apiserver_longrunning_requests{",
+        "verb=\"WATCH\"",
+    )
+}
+
+/// Requests the API server has answered with 429 (Too Many Requests) so far.
+async fn server_throttled(admin: &kube::Client) -> u64 {
+    let metrics = server_metrics(admin).await;
+    metric_sum(&metrics, "apiserver_request_total{", "code=\"429\"")
 }
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
@@ -173,13 +199,19 @@ async fn run(
     };
     let provider = Arc::new(KubeconfigProvider::new(
         admin.clone(),
-        KubeconfigOptions::default().namespace(NAMESPACE.to_string()),
+        KubeconfigOptions::default()
+            .namespace(NAMESPACE.to_string())
+            .members(ClientOptions::default().http2(http2())),
     ));
+    let metrics = Metrics::default();
     let manager = Manager::builder(Cluster::new("local", admin.clone()))
         .provider(provider)
+        .metrics(metrics.clone())
         .build();
     manager.add_controller(controller)?;
+    let throttled_before = server_throttled(admin).await;
     let shutdown = CancellationToken::new();
+    eprintln!("engaging {clusters} clusters from now");
     let cpu_before = cpu_seconds();
     let started = Instant::now();
     let task = {
@@ -204,16 +236,22 @@ async fn run(
         .map_or(Duration::ZERO, |at| *at - started);
     let cpu_engage = cpu_seconds() - cpu_before;
     let rss = resident_memory_mib();
+    let throttled = server_throttled(admin).await - throttled_before;
+    let unreachable = metric_sum(
+        &metrics.encode(),
+        "mcr_cluster_state_changes_total{",
+        "state=\"unreachable\"",
+    );
 
     // Idle: nothing changes. The first 10 s after the last cluster was
     // engaged still carry its wake (connections settling, the first
-    // keep-alive pings), so the idle minute is measured over the 30 s after
+    // keep-alive pings), so idle CPU is measured over the 30 s after
     // them (said on stderr, for a profiler to attach: `perf record -p`).
     tokio::time::sleep(Duration::from_secs(10)).await;
     eprintln!("{clusters} clusters engaged; idle for 30 s from now");
     let idle_cpu_before = cpu_seconds();
     tokio::time::sleep(Duration::from_secs(30)).await;
-    let idle_per_minute = (cpu_seconds() - idle_cpu_before) * 2.0;
+    let idle_per_30s = cpu_seconds() - idle_cpu_before;
     let (fds, sockets) = descriptors();
     let connections = connections_to(port);
     let watches = server_watches(admin).await;
@@ -239,7 +277,7 @@ async fn run(
 
     println!(
         "clusters={clusters:>5} first={:>6.2}s all={:>6.2}s rss={:>7.1}MiB (+{:.1}MiB, {:.0}KiB/cluster) \
-         cpu-engage={:>6.1}s cpu-idle={:>5.2}s/min fds={fds} sockets={sockets} connections-to-apiserver={connections} \
+         cpu-engage={:>6.1}s 429s={throttled} found-unreachable={unreachable} cpu-idle={:>5.2}s/30s fds={fds} sockets={sockets} connections-to-apiserver={connections} \
          apiserver-watches={watches} fan-out p50={:>7.1}ms p99={:>7.1}ms max={:>7.1}ms",
         first.as_secs_f64(),
         all.as_secs_f64(),
@@ -247,7 +285,7 @@ async fn run(
         rss - rss_before,
         (rss - rss_before) * 1024.0 / clusters as f64,
         cpu_engage,
-        idle_per_minute,
+        idle_per_30s,
         percentile(&latencies, 0.50).as_secs_f64() * 1000.0,
         percentile(&latencies, 0.99).as_secs_f64() * 1000.0,
         latencies.last().copied().unwrap_or_default().as_secs_f64() * 1000.0,
@@ -287,9 +325,10 @@ async fn main() -> Outcome {
     target.metadata.name = Some("target".into());
     configmaps.create(&PostParams::default(), &target).await?;
     println!(
-        "machine: {} cores; {} ConfigMaps per cluster; HTTP/2 to the API server",
+        "machine: {} cores; {} ConfigMaps per cluster; {} to the API server",
         std::thread::available_parallelism().map_or(0, usize::from),
-        OBJECTS + 1
+        OBJECTS + 1,
+        if http2() { "HTTP/2" } else { "HTTP/1.1" }
     );
     let mut created = 0;
     for clusters in sizes {

@@ -41,14 +41,18 @@ impl Tracked {
         self.counts[state.index()] += by;
     }
 
-    /// Moves `name`'s engagement of `generation` to `state`; false when
-    /// that engagement is gone.
-    fn set_state(&mut self, name: &ClusterName, generation: u64, state: ClusterState) -> bool {
-        let Some(held) = self.clusters.current_mut(name, generation) else {
-            return false;
-        };
+    /// Moves `name`'s engagement of `generation` to `state`: `None` when
+    /// that engagement is gone, else whether its state (by label) changed.
+    fn set_state(
+        &mut self,
+        name: &ClusterName,
+        generation: u64,
+        state: ClusterState,
+    ) -> Option<bool> {
+        let held = self.clusters.current_mut(name, generation)?;
+        let changed = held.data.state.label() != state.label();
         held.data.move_to(state, &mut self.counts);
-        true
+        Some(changed)
     }
 }
 
@@ -134,8 +138,11 @@ impl Manager {
     fn set_state(&self, name: &ClusterName, generation: u64, state: ClusterState) -> bool {
         let mut tracked = lock(&self.inner.clusters);
         let label = state.label();
-        if !tracked.set_state(name, generation, state) {
+        let Some(changed) = tracked.set_state(name, generation, state) else {
             return false;
+        };
+        if changed {
+            self.inner.metrics.state_changed(label);
         }
         self.inner.metrics.cluster_state(name, label);
         self.publish_states(&tracked);
@@ -215,6 +222,7 @@ impl Manager {
                 }
                 ClusterState::Syncing | ClusterState::Unusable(_) => {}
             }
+            self.inner.metrics.state_changed(state.label());
             self.inner.metrics.cluster_state(name, state.label());
             progress.move_to(state, counts);
             changed = true;

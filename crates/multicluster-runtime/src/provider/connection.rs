@@ -61,6 +61,10 @@ const PING_INTERVAL: Duration = Duration::from_secs(30);
 /// (client-go's `PingTimeout`).
 const PING_TIMEOUT: Duration = Duration::from_secs(15);
 
+/// The servers whose TLS sessions a client remembers, to resume them when
+/// it connects again: its cluster's.
+const SESSION_SERVERS: usize = 1;
+
 /// How finely keep-alive deadlines are rounded: at most this much later
 /// than asked, and every connection's timer on the same ticks.
 const KEEP_ALIVE_GRID: Duration = Duration::from_secs(1);
@@ -116,7 +120,10 @@ pub(crate) fn builder(
     http.enforce_http(false);
     http.set_nodelay(true);
     http.set_connect_timeout(config.connect_timeout);
-    let tls = config.rustls_client_config()?;
+    let mut tls = config.rustls_client_config()?;
+    // rustls remembers sessions of up to 256 servers by default, about
+    // 14 KiB a client once allocated; a member's client talks to one.
+    tls.resumption = rustls::client::Resumption::in_memory_sessions(SESSION_SERVERS);
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_only()
