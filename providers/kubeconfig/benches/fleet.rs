@@ -29,6 +29,7 @@ use multicluster_provider_kubeconfig::{
     DEFAULT_DATA_KEY, DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider,
 };
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
+use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::provider::kubeconfig::ClientOptions;
 use multicluster_runtime::testing::{connections_to, resident_memory_mib};
@@ -218,6 +219,25 @@ async fn run(
         let (manager, shutdown) = (manager.clone(), shutdown.clone());
         tokio::spawn(async move { manager.run(shutdown).await })
     };
+    // Why clusters were found unreachable while engaging, if any were:
+    // sampled, for the record on stderr.
+    let reasons = Arc::new(Mutex::new(BTreeMap::<String, String>::new()));
+    let sampler = {
+        let (manager, reasons, stop) = (manager.clone(), reasons.clone(), shutdown.clone());
+        tokio::spawn(async move {
+            while !stop.is_cancelled() {
+                for (name, state) in manager.cluster_states() {
+                    if let ClusterState::Unreachable(reason) = state {
+                        reasons
+                            .lock()
+                            .unwrap_or_else(std::sync::PoisonError::into_inner)
+                            .insert(name.to_string(), reason.to_string());
+                    }
+                }
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+        })
+    };
     let lock = || {
         seen.lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -235,6 +255,15 @@ async fn run(
         .min()
         .map_or(Duration::ZERO, |at| *at - started);
     let cpu_engage = cpu_seconds() - cpu_before;
+    sampler.abort();
+    for (cluster, reason) in reasons
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .take(5)
+    {
+        eprintln!("found unreachable while engaging: {cluster}: {reason}");
+    }
     let rss = resident_memory_mib();
     let throttled = server_throttled(admin).await - throttled_before;
     let unreachable = metric_sum(

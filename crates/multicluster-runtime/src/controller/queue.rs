@@ -65,8 +65,13 @@ struct State {
     /// Clusters whose requests are accepted.
     engaged: HashSet<ClusterName>,
     waiting: HashMap<ClusterName, VecDeque<Request>>,
-    /// Clusters with waiting requests, in serving order.
+    /// Clusters with waiting requests and a free slot, in serving order.
     turn: VecDeque<ClusterName>,
+    /// Clusters with waiting requests whose slots are all taken: out of
+    /// the turn until one of their reconciles ends, so that finding work
+    /// never walks past them (with most of a large fleet busy, it would
+    /// walk the fleet for every request).
+    full: HashSet<ClusterName>,
     queued: HashSet<Request>,
     running: HashSet<Request>,
     /// How many requests run now, per cluster.
@@ -142,6 +147,7 @@ impl Queue {
         state.engaged.remove(cluster);
         state.waiting.remove(cluster);
         state.turn.retain(|name| name != cluster);
+        state.full.remove(cluster);
         state.queued.retain(|req| &req.cluster != cluster);
         state.dirty.retain(|req| &req.cluster != cluster);
         state.failures.retain(|req, _| &req.cluster != cluster);
@@ -243,15 +249,19 @@ impl Queue {
                 Self::enqueue(&mut state, request);
             }
         }
-        // Each cluster in turn at most once: one using all its slots waits
-        // its next turn.
+        // Each cluster in turn at most once; one using all its slots leaves
+        // the turn until a slot frees.
         for _ in 0..state.turn.len() {
             let Some(cluster) = state.turn.pop_front() else {
                 break;
             };
-            let running = state.running_per_cluster.get(&cluster).copied();
-            if running.unwrap_or(0) >= per_cluster {
-                state.turn.push_back(cluster);
+            let running = state
+                .running_per_cluster
+                .get(&cluster)
+                .copied()
+                .unwrap_or(0);
+            if running >= per_cluster {
+                state.full.insert(cluster);
                 continue;
             }
             let Some(waiting) = state.waiting.get_mut(&cluster) else {
@@ -262,6 +272,8 @@ impl Queue {
             };
             if waiting.is_empty() {
                 state.waiting.remove(&cluster);
+            } else if running + 1 >= per_cluster {
+                state.full.insert(cluster.clone());
             } else {
                 state.turn.push_back(cluster.clone());
             }
@@ -287,6 +299,10 @@ impl Queue {
             *count -= 1;
             if *count == 0 {
                 state.running_per_cluster.remove(&request.cluster);
+            }
+            // A slot is free: a cluster waiting for one takes its turn again.
+            if state.full.remove(&request.cluster) {
+                state.turn.push_back(request.cluster.clone());
             }
         }
         let engaged = self.takes(&state, &request.cluster);
@@ -395,6 +411,31 @@ mod tests {
         q.add(req("a", "late"));
         assert_eq!(q.depth_of(&"a".into()), 0);
         assert_eq!(q.next().ok(), Some(req("b", "z")));
+        assert!(q.next().is_err());
+    }
+
+    #[test]
+    fn a_cluster_whose_slots_are_taken_waits_out_of_turn_and_comes_back() {
+        let q = queue_with(
+            &["a", "b"],
+            ControllerDefaults::default().max_concurrent_reconciles(1),
+        );
+        q.add(req("a", "1"));
+        q.add(req("a", "2"));
+        let first = q.next().expect("a's first");
+        assert_eq!(first, req("a", "1"));
+        assert!(q.next().is_err(), "a's slot is taken");
+        // A cluster that gets work while a is parked is served at once.
+        q.add(req("b", "1"));
+        assert_eq!(q.next().ok(), Some(req("b", "1")));
+        assert!(q.next().is_err());
+        // a's slot frees: a is back in turn with its waiting request.
+        q.done(&first, Outcome::Settled(None));
+        assert_eq!(q.next().ok(), Some(req("a", "2")));
+        // Disengaging a parked cluster forgets it.
+        q.add(req("a", "3"));
+        q.disengage(&"a".into());
+        q.done(&req("a", "2"), Outcome::Settled(None));
         assert!(q.next().is_err());
     }
 
