@@ -28,7 +28,9 @@
 //! - kept: the base URI; the retry of 429, 503 and 504 answers with
 //!   kube's own policy (`RetryPolicy::server_retry`: `Retry-After` honoured,
 //!   5 ms doubling, 15 tries), when the config's `default_retry` asks for it
-//!   (the default); authentication; extra headers; a debug span per request
+//!   (the default); authentication;
+//! - added: reads whose connection broke under them are sent again
+//!   ([`super::resend`]), as client-go does; extra headers; a debug span per request
 //!   (tower-http's `TraceLayer`, without headers);
 //! - replaced: kube's connector read and write timeouts (none by default)
 //!   by the request deadline of [`crate::health`] and, for a connection as a
@@ -46,10 +48,11 @@ use http_body_util::BodyExt;
 use hyper::rt::{Sleep, Timer};
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
-use kube::client::retry::RetryPolicy;
 use kube::client::{Body, ClientBuilder, ConfigExt, DynBody};
 use tower::util::BoxService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
+
+use super::resend::Resend;
 
 /// The service a client is built on (kube-rs's `GenericService`).
 pub(crate) type Service = BoxService<Request<Body>, Response<Box<DynBody>>, BoxError>;
@@ -83,8 +86,10 @@ impl CoalescingTimer {
         let since = deadline.saturating_duration_since(origin).as_nanos();
         let tick = KEEP_ALIVE_GRID.as_nanos();
         let ticks = since.div_ceil(tick);
-        let rounded = u64::try_from(ticks * tick).unwrap_or(u64::MAX);
-        origin + Duration::from_nanos(rounded)
+        u64::try_from(ticks * tick)
+            .ok()
+            .and_then(|nanos| origin.checked_add(Duration::from_nanos(nanos)))
+            .unwrap_or(deadline)
     }
 }
 
@@ -137,12 +142,10 @@ pub(crate) fn builder(
             .http2_keep_alive_timeout(PING_TIMEOUT)
             .http2_keep_alive_while_idle(true)
             .build(connector);
-    let retry = config
-        .default_retry
-        .then(|| tower::retry::RetryLayer::new(RetryPolicy::server_retry()));
+    let retry = tower::retry::RetryLayer::new(Resend::new(config.default_retry));
     let service = ServiceBuilder::new()
         .layer(config.base_uri_layer())
-        .option_layer(retry)
+        .layer(retry)
         .option_layer(config.auth_layer()?)
         .layer(config.extra_headers_layer()?)
         .layer(tower_http::trace::TraceLayer::new_for_http())

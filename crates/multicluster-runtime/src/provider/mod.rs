@@ -26,6 +26,7 @@ pub mod failures;
 pub mod kubeconfig;
 pub mod member;
 pub mod process;
+mod resend;
 pub mod watch_filter;
 
 /// Locks a `std::sync::Mutex`, carrying on with the data as it was left if
