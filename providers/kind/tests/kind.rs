@@ -9,6 +9,7 @@ use std::time::Duration;
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_kind::{KindOptions, KindProvider};
 use multicluster_runtime::controller::Request;
+use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::testing::{eventually, recording_manager, run_manager, wait_until_left};
 use multicluster_runtime::{
     Aware, Cluster, ClusterName, Manager, ManagerOptions, RunnableProvider,
@@ -105,20 +106,38 @@ async fn kind_clusters_are_engaged_added_filtered_and_removed() {
         ("dev-broken", "not: [a kubeconfig"),
     ]);
 
-    let provider = Arc::new(KindProvider::new(options(&kind.command(), Some("dev-"))));
+    // Member options chosen by kind cluster name: dev-a's cache is held to
+    // the namespace its ConfigMaps are in, the others watch all of them.
+    let members = Members::default().per_member(|name: &ClusterName, options| {
+        if name.as_str() == "dev-a" {
+            let cache = options.cache.clone().namespace("default".to_string());
+            options.cache(cache)
+        } else {
+            options
+        }
+    });
+    let provider = Arc::new(KindProvider::new(
+        options(&kind.command(), Some("dev-")).members(members),
+    ));
     let (manager, recorder) = recording_manager(
         Cluster::new("local", cp.client().await.expect("client")),
         provider.clone(),
         ManagerOptions::default(),
     );
     let (shutdown, task) = run_manager(&manager);
+    let held_to = |name: &str| {
+        let cluster = provider.cluster_set().get(&name.into()).expect("engaged");
+        cluster.cache().options().and_then(|o| o.namespace.clone())
+    };
 
     recorder.wait_for_more(&req("dev-a", "hello"), 0).await;
     // The prefix filters (and is kept); a broken kubeconfig skips only its cluster.
     assert_eq!(provider.names(), [ClusterName::from("dev-a")]);
+    assert_eq!(held_to("dev-a"), Some("default".to_string()));
 
     kind.set_clusters(&[("dev-a", &kubeconfig), ("dev-b", &kubeconfig)]);
     recorder.wait_for_more(&req("dev-b", "hello"), 0).await;
+    assert_eq!(held_to("dev-b"), None);
 
     // A failing CLI later on is logged; the fleet stays as it was.
     kind.failing(true);
