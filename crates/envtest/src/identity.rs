@@ -302,3 +302,15 @@ where
         Err(err) => Err(err),
     }
 }
+
+/// RBAC rules allowing `verbs` on ConfigMaps (the core group), for
+/// [`ControlPlane::grant_in_namespace`] and its service-account forms:
+/// `config_map_rules(&["get", "list", "watch"])` is what a cache needs.
+pub fn config_map_rules(verbs: &[&str]) -> Vec<PolicyRule> {
+    vec![PolicyRule {
+        api_groups: Some(vec![String::new()]),
+        resources: Some(vec!["configmaps".into()]),
+        verbs: verbs.iter().map(|verb| (*verb).to_string()).collect(),
+        ..PolicyRule::default()
+    }]
+}

@@ -43,6 +43,7 @@ use std::time::Duration;
 
 pub use binaries::Binaries;
 pub use control_plane::{ControlPlane, ControlPlaneBuilder};
+pub use identity::config_map_rules;
 pub use kubeconfig::{client_for, to_yaml};
 
 /// Why a control plane could not be started or used.

@@ -10,9 +10,8 @@ use std::time::Duration;
 use common::*;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{Api, ApiResource, GroupVersionKind, PartialObjectMeta, PostParams};
-use multicluster_envtest::ControlPlane;
+use multicluster_envtest::{ControlPlane, config_map_rules};
 use multicluster_runtime::Error;
 use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions};
 
@@ -132,12 +131,7 @@ async fn a_namespace_restricted_cache_needs_rbac_for_that_namespace_only() {
     cp.grant_in_namespace(
         "tenant-a",
         "tenant",
-        vec![PolicyRule {
-            api_groups: Some(vec![String::new()]),
-            resources: Some(vec!["configmaps".into()]),
-            verbs: vec!["get".into(), "list".into(), "watch".into()],
-            ..PolicyRule::default()
-        }],
+        config_map_rules(&["get", "list", "watch"]),
     )
     .await
     .expect("role");

@@ -11,9 +11,9 @@ use std::time::Duration;
 
 use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::api::rbac::v1::{PolicyRule, RoleBinding};
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use multicluster_envtest::ControlPlane;
+use multicluster_envtest::{ControlPlane, config_map_rules};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::metrics::Metrics;
@@ -24,16 +24,6 @@ use multicluster_runtime::{Cluster, Manager, ManagerOptions};
 
 /// Reading ConfigMaps, as a cache does.
 const READ: [&str; 3] = ["get", "list", "watch"];
-
-/// What a member's service account may do with ConfigMaps.
-fn config_map_rules(verbs: &[&str]) -> Vec<PolicyRule> {
-    vec![PolicyRule {
-        api_groups: Some(vec![String::new()]),
-        resources: Some(vec!["configmaps".into()]),
-        verbs: verbs.iter().map(|verb| (*verb).to_string()).collect(),
-        ..PolicyRule::default()
-    }]
-}
 
 /// A cluster of `cp` as providers build it, from a kubeconfig holding the
 /// token of the service account `robots/member` (which has no rights until

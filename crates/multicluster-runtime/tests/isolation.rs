@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
-use k8s_openapi::api::rbac::v1::{PolicyRule, RoleBinding};
+use k8s_openapi::api::rbac::v1::RoleBinding;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::watcher;
-use multicluster_envtest::ControlPlane;
+use multicluster_envtest::{ControlPlane, config_map_rules};
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
 use multicluster_runtime::manager::ClusterState;
@@ -264,14 +264,7 @@ async fn a_hung_member_does_not_stall_the_others_and_is_reported() {
 async fn a_member_that_loses_rbac_is_degraded_until_it_is_back() {
     let member = ControlPlane::start().await.expect("member");
     create_config_map(&member, "seen", &[]).await;
-    let rules = vec![PolicyRule {
-        api_groups: Some(vec![String::new()]),
-        resources: Some(vec!["configmaps".into()]),
-        verbs: ["get", "list", "watch", "patch", "create"]
-            .map(String::from)
-            .to_vec(),
-        ..PolicyRule::default()
-    }];
+    let rules = config_map_rules(&["get", "list", "watch", "patch", "create"]);
     member
         .grant_in_namespace("default", "reader", rules.clone())
         .await

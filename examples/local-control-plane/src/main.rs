@@ -30,14 +30,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         &args.kubeconfig,
         multicluster_envtest::to_yaml(control_plane.kubeconfig())?,
     )?;
+    // Listening before saying so: a SIGTERM sent as soon as "ready" is read
+    // would otherwise kill the process before it could clean up.
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate())?;
+    let mut interrupt = signal(SignalKind::interrupt())?;
     println!(
         "control plane ready at {}; kubeconfig written to {}",
         control_plane.server(),
         args.kubeconfig.display()
     );
-    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
-        _ = tokio::signal::ctrl_c() => {}
+        _ = interrupt.recv() => {}
         _ = terminate.recv() => {}
     }
     // Dropping the control plane stops its processes and removes its data.

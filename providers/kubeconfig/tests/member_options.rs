@@ -10,9 +10,8 @@ use std::time::Duration;
 
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use multicluster_envtest::ControlPlane;
+use multicluster_envtest::{ControlPlane, config_map_rules};
 use multicluster_provider_kubeconfig::{DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider};
 use multicluster_runtime::controller::{Request, Watch};
 use multicluster_runtime::manager::ClusterState;
@@ -95,12 +94,7 @@ async fn a_member_with_rbac_for_one_namespace_works_when_held_to_it() {
             "team-a",
             "robots",
             "team-a",
-            vec![PolicyRule {
-                api_groups: Some(vec![String::new()]),
-                resources: Some(vec!["configmaps".into()]),
-                verbs: vec!["get".into(), "list".into(), "watch".into()],
-                ..PolicyRule::default()
-            }],
+            config_map_rules(&["get", "list", "watch"]),
         )
         .await
         .expect("grant");

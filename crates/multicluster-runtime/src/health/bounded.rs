@@ -1,5 +1,10 @@
 //! The layer under clients built from kubeconfigs that gives each request
 //! that is not long-running a deadline and records how requests end.
+//!
+//! The deadline is for the response's head; its body then has as long
+//! between two pieces (`tower_http`'s `TimeoutBody`), so an answer cut off
+//! by a server that stops mid-body (a paused or hung API server) fails too
+//! instead of waiting for the connection's keep-alive to give up.
 
 use std::error::Error as StdError;
 use std::sync::Arc;
@@ -8,7 +13,10 @@ use std::time::Duration;
 
 use futures::future::BoxFuture;
 use http::{Request, Response};
+use http_body_util::Either;
 use kube::client::Body;
+use tower::Layer as _;
+use tower_http::timeout::TimeoutBody;
 
 use super::is_unreachable;
 use super::requests::{RequestKind, Requests};
@@ -74,9 +82,9 @@ where
     S::Error: Into<BoxError>,
     S::Future: Send + 'static,
 {
-    type Response = Response<B>;
+    type Response = Response<Either<TimeoutBody<B>, B>>;
     type Error = BoxError;
-    type Future = BoxFuture<'static, Result<Response<B>, BoxError>>;
+    type Future = BoxFuture<'static, Result<Self::Response, BoxError>>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -102,7 +110,12 @@ where
                 }
                 Err(_) => {}
             }
-            result
+            result.map(|response| {
+                response.map(|body| match deadline {
+                    Some(after) => Either::Left(TimeoutBody::new(after, body)),
+                    None => Either::Right(body),
+                })
+            })
         })
     }
 }
@@ -110,6 +123,66 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use http_body_util::BodyExt;
+    use tower::{Service, ServiceExt};
+
+    type Stalled = http_body_util::StreamBody<
+        futures::stream::Pending<Result<hyper::body::Frame<hyper::body::Bytes>, std::io::Error>>,
+    >;
+
+    /// A server that sends the head of its answer and then nothing: what a
+    /// client sees of an API server paused in the middle of a response.
+    fn stalls_after_the_head() -> impl Service<
+        Request<Body>,
+        Response = Response<Stalled>,
+        Error = std::io::Error,
+        Future = std::future::Ready<Result<Response<Stalled>, std::io::Error>>,
+    > {
+        tower::service_fn(|_request: Request<Body>| {
+            std::future::ready(Ok(Response::new(http_body_util::StreamBody::new(
+                futures::stream::pending(),
+            ))))
+        })
+    }
+
+    fn bounded<S>(inner: S, timeout: Duration) -> Bounded<S> {
+        BoundedLayer {
+            timeout: Some(timeout),
+            requests: Requests::default(),
+            server: Arc::from("https://member"),
+        }
+        .layer(inner)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_cut_off_after_its_head_fails_at_the_deadline() {
+        let deadline = Duration::from_secs(3);
+        let mut client = bounded(stalls_after_the_head(), deadline);
+        let request = Request::get("/api/v1/namespaces/a/configmaps")
+            .body(Body::empty())
+            .expect("request");
+        let response = client.ready().await.expect("ready").call(request).await;
+        let body = response.expect("the head arrives").into_body();
+        let started = tokio::time::Instant::now();
+        let read = tokio::time::timeout(deadline * 10, body.collect()).await;
+        assert!(
+            matches!(read, Ok(Err(_))),
+            "the body must fail at the deadline, not wait for more"
+        );
+        assert_eq!(started.elapsed(), deadline);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_body_may_stay_quiet() {
+        let mut client = bounded(stalls_after_the_head(), Duration::from_secs(3));
+        let request = Request::get("/api/v1/configmaps?watch=true")
+            .body(Body::empty())
+            .expect("request");
+        let response = client.ready().await.expect("ready").call(request).await;
+        let mut body = std::pin::pin!(response.expect("the head arrives").into_body());
+        let quiet = tokio::time::timeout(Duration::from_secs(600), body.frame()).await;
+        assert!(quiet.is_err(), "a watch has no deadline");
+    }
 
     fn request(uri: &str) -> Request<()> {
         Request::get(uri).body(()).expect("request")

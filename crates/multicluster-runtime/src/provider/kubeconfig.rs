@@ -92,8 +92,8 @@ pub struct ClientOptions {
     /// operating system does.
     pub connect_timeout: Option<Duration>,
     /// How long a request that is not long-running may wait for the
-    /// response's head (default [`DEFAULT_REQUEST_TIMEOUT`], 30 s); `None`
-    /// waits forever. A request that times out fails with
+    /// response's head, and then for each piece of its body (default
+    /// [`DEFAULT_REQUEST_TIMEOUT`], 30 s); `None` waits forever. A request that times out fails with
     /// [`crate::health::RequestTimedOut`] and marks the cluster unreachable
     /// until one is answered again.
     pub request_timeout: Option<Duration>,
