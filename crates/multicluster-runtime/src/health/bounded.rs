@@ -15,7 +15,6 @@ use futures::future::BoxFuture;
 use http::{Request, Response};
 use http_body_util::Either;
 use kube::client::Body;
-use tower::Layer as _;
 use tower_http::timeout::TimeoutBody;
 
 use super::is_unreachable;
@@ -124,7 +123,7 @@ where
 mod tests {
     use super::*;
     use http_body_util::BodyExt;
-    use tower::{Service, ServiceExt};
+    use tower::{Layer as _, Service, ServiceExt};
 
     type Stalled = http_body_util::StreamBody<
         futures::stream::Pending<Result<hyper::body::Frame<hyper::body::Bytes>, std::io::Error>>,
