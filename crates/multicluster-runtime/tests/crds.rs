@@ -5,7 +5,6 @@
 
 mod common;
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -68,18 +67,7 @@ async fn a_member_without_the_watched_crd_is_degraded_until_it_has_it() {
     let (with, without) = (with.expect("with"), without.expect("without"));
     with.install_crds(WIDGETS).await.expect("CRD");
     create_widget(&with, "here").await;
-    let provider = TestProvider::default();
-    provider
-        .clusters
-        .add("with", cluster_for("with", &with).await)
-        .expect("add");
-    provider
-        .clusters
-        .add("without", cluster_for("without", &without).await)
-        .expect("add");
-    let manager = Manager::builder(cluster_for("local", &with).await)
-        .provider(Arc::new(provider))
-        .build();
+    let manager = fleet_manager("local", &with, &[("with", &with), ("without", &without)]).await;
     let recorder = Recorder::default();
     let controller = {
         let recorder = recorder.clone();

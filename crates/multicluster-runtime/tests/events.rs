@@ -6,8 +6,6 @@
 
 mod common;
 
-use std::sync::Arc;
-
 use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::api::events::v1::Event as K8sEvent;
@@ -15,8 +13,8 @@ use kube::Resource;
 use kube::api::{Api, ListParams};
 use kube::runtime::events::{Event, EventType};
 use multicluster_envtest::ControlPlane;
+use multicluster_runtime::Cluster;
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
-use multicluster_runtime::{Cluster, Manager};
 
 /// The Events about ConfigMap `name` in `default` of `cp`.
 async fn events_about(cp: &ControlPlane, name: &str) -> Vec<K8sEvent> {
@@ -38,14 +36,7 @@ async fn events_are_recorded_in_the_objects_own_cluster_and_counted() {
     let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
     let (hub, member) = (hub.expect("hub"), member.expect("member"));
     create_config_map(&member, "noticed", &[]).await;
-    let provider = TestProvider::default();
-    provider
-        .clusters
-        .add("member", cluster_for("member", &member).await)
-        .expect("add");
-    let manager = Manager::builder(cluster_for("local", &hub).await)
-        .provider(Arc::new(provider))
-        .build();
+    let manager = fleet_manager("local", &hub, &[("member", &member)]).await;
     let recorder = Recorder::default();
     let controller = {
         let recorder = recorder.clone();
@@ -122,14 +113,7 @@ async fn a_failed_reconcile_leaves_a_warning_in_the_objects_cluster() {
     let (hub, member) = (hub.expect("hub"), member.expect("member"));
     create_config_map(&member, "failing", &[]).await;
     create_config_map(&member, "fine", &[]).await;
-    let provider = TestProvider::default();
-    provider
-        .clusters
-        .add("member", cluster_for("member", &member).await)
-        .expect("add");
-    let manager = Manager::builder(cluster_for("local", &hub).await)
-        .provider(Arc::new(provider))
-        .build();
+    let manager = fleet_manager("local", &hub, &[("member", &member)]).await;
     let recorder = Recorder::default();
     let controller = {
         let recorder = recorder.clone();

@@ -18,7 +18,7 @@ use multicluster_runtime::controller::finalizer::{self, Event, delete_from_membe
 use multicluster_runtime::controller::{
     Action, ClusterSelector, Controller, Request, Watch, filters, map,
 };
-use multicluster_runtime::{Cluster, ClusterName, Manager};
+use multicluster_runtime::{Cluster, ClusterName};
 use serde_json::json;
 
 const LABEL: &str = "example.com/finalized";
@@ -120,14 +120,7 @@ async fn a_finalizer_is_added_before_work_and_removed_only_after_clean_up() {
             })
             .expect("controller")
     };
-    let provider = TestProvider::default();
-    provider
-        .clusters
-        .add("member", cluster_for("member", &member_cp).await)
-        .expect("add");
-    let manager = Manager::builder(cluster_for("hub", &hub_cp).await)
-        .provider(Arc::new(provider))
-        .build();
+    let manager = fleet_manager("hub", &hub_cp, &[("member", &member_cp)]).await;
     manager.add_controller(controller).expect("add controller");
     let (stop, task) = run_manager(&manager);
     let in_member =
@@ -268,16 +261,7 @@ async fn a_hub_object_is_held_until_its_copies_in_every_member_are_gone() {
             .expect("controller")
     };
     let _ = this.set(controller.clone());
-    let provider = TestProvider::default();
-    for (name, cp) in [("m1", &m1), ("m2", &m2)] {
-        provider
-            .clusters
-            .add(name, cluster_for(name, cp).await)
-            .expect("add");
-    }
-    let manager = Manager::builder(cluster_for("hub", &hub_cp).await)
-        .provider(Arc::new(provider))
-        .build();
+    let manager = fleet_manager("hub", &hub_cp, &[("m1", &m1), ("m2", &m2)]).await;
     manager.add_controller(controller).expect("add controller");
     let (stop, task) = run_manager(&manager);
 

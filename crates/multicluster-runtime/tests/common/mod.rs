@@ -19,6 +19,25 @@ pub const DEADLINE: Duration = multicluster_runtime::testing::DEFAULT_DEADLINE;
 
 pub use multicluster_runtime::testing::TestProvider;
 
+/// A manager whose local cluster is `local` (named `local_name`) and whose
+/// fleet is `members`, each a control plane under its name, added up front.
+pub async fn fleet_manager(
+    local_name: &str,
+    local: &ControlPlane,
+    members: &[(&str, &ControlPlane)],
+) -> multicluster_runtime::Manager {
+    let provider = TestProvider::default();
+    for (name, cp) in members {
+        provider
+            .clusters
+            .add(*name, cluster_for(name, cp).await)
+            .expect("add");
+    }
+    multicluster_runtime::Manager::builder(cluster_for(local_name, local).await)
+        .provider(Arc::new(provider))
+        .build()
+}
+
 /// A cluster built from a control plane's admin kubeconfig.
 pub async fn cluster_for(name: &str, cp: &ControlPlane) -> Cluster {
     Cluster::new(name, cp.client().await.expect("client"))
