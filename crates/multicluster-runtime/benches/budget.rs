@@ -89,6 +89,7 @@ async fn main() {
         ),
     ] {
         let cluster = KubeconfigCluster {
+            inventory: Default::default(),
             name: "member".into(),
             text: text.clone(),
             source: "bench".into(),

@@ -1,7 +1,10 @@
 //! One cluster of the fleet: its name, a client and a cache.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
+
+use tokio::sync::watch;
 
 use crate::ClusterName;
 use crate::cache::Cache;
@@ -31,6 +34,37 @@ struct Inner {
     /// Events recorders by reporter, so that repeated Events are counted
     /// as series (kube-runtime keeps that count per recorder).
     recorders: std::sync::Mutex<std::collections::HashMap<Reporter, Recorder>>,
+    /// Shared by the handles derived from one another (`with_stable_id`),
+    /// so the provider's updates reach every one.
+    inventory: Arc<watch::Sender<Arc<Inventory>>>,
+}
+
+/// What the inventory says of a cluster besides how to reach it: the
+/// labels of the object it came from (a kubeconfig Secret, a Cluster API
+/// `Cluster`, a `ClusterProfile`, a `Namespace`) and properties the
+/// provider documents (a ClusterProfile's `status.properties`, a Cluster
+/// API cluster's topology class). Sources select clusters by these labels
+/// ([`Watch::cluster_labels`](crate::controller::Watch::cluster_labels)).
+///
+/// A change of labels or properties alone updates them in place
+/// ([`Cluster::set_inventory`]): the cluster keeps its client, cache and
+/// engagement.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Inventory {
+    /// The inventory object's labels.
+    pub labels: BTreeMap<String, String>,
+    /// Further facts the provider knows, by name.
+    pub properties: BTreeMap<String, String>,
+}
+
+impl Inventory {
+    /// An inventory with these labels and no properties.
+    pub fn labelled(labels: BTreeMap<String, String>) -> Self {
+        Self {
+            labels,
+            properties: BTreeMap::new(),
+        }
+    }
 }
 
 impl Cluster {
@@ -58,6 +92,7 @@ impl Cluster {
                 stable_id: None,
                 requests: None,
                 recorders: std::sync::Mutex::default(),
+                inventory: Arc::new(watch::Sender::new(Arc::default())),
             }),
         }
     }
@@ -75,6 +110,7 @@ impl Cluster {
                 stable_id: Some(id.into()),
                 requests: inner.requests.clone(),
                 recorders: std::sync::Mutex::default(),
+                inventory: inner.inventory.clone(),
             }),
         }
     }
@@ -90,6 +126,7 @@ impl Cluster {
                 stable_id: inner.stable_id.clone(),
                 requests: Some(requests),
                 recorders: std::sync::Mutex::default(),
+                inventory: inner.inventory.clone(),
             }),
         }
     }
@@ -164,6 +201,36 @@ impl Cluster {
         &self.inner.cache
     }
 
+    /// The labels and properties the inventory gives the cluster now
+    /// (empty for providers without an inventory object).
+    pub fn inventory(&self) -> Arc<Inventory> {
+        self.inner.inventory.borrow().clone()
+    }
+
+    /// The cluster's labels now: [`Inventory::labels`].
+    pub fn labels(&self) -> BTreeMap<String, String> {
+        self.inner.inventory.borrow().labels.clone()
+    }
+
+    /// Replaces the cluster's labels and properties (what providers call
+    /// when their inventory object changed in nothing else); returns
+    /// whether they changed. Sources selecting by label follow at once.
+    pub fn set_inventory(&self, inventory: Inventory) -> bool {
+        self.inner.inventory.send_if_modified(|now| {
+            if **now == inventory {
+                return false;
+            }
+            *now = Arc::new(inventory);
+            true
+        })
+    }
+
+    /// Follows the cluster's labels and properties: the receiver holds
+    /// the current ones and wakes at each change.
+    pub fn inventory_changes(&self) -> watch::Receiver<Arc<Inventory>> {
+        self.inner.inventory.subscribe()
+    }
+
     /// The stable cluster ID, when the provider knows one.
     pub fn stable_id(&self) -> Option<&str> {
         self.inner.stable_id.as_deref()
@@ -182,6 +249,7 @@ impl fmt::Debug for Cluster {
         f.debug_struct("Cluster")
             .field("name", &self.inner.name)
             .field("stable_id", &self.inner.stable_id)
+            .field("labels", &self.inner.inventory.borrow().labels)
             .finish_non_exhaustive()
     }
 }

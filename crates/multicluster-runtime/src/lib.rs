@@ -38,7 +38,7 @@ mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
 
-pub use cluster::Cluster;
+pub use cluster::{Cluster, Inventory};
 pub use error::Error;
 pub use manager::{Manager, ManagerBuilder, ManagerOptions};
 pub use name::ClusterName;

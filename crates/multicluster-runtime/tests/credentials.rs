@@ -23,6 +23,7 @@ use multicluster_runtime::testing::eventually;
 async fn plugged_cluster(cp: &ControlPlane, state: &std::path::Path) -> Cluster {
     let identity = cp.exec_kubeconfig("plugged", plugins::TOKEN, state);
     KubeconfigCluster {
+        inventory: Default::default(),
         name: "member".into(),
         text: multicluster_envtest::to_yaml(&identity).expect("yaml"),
         source: "test kubeconfig".into(),

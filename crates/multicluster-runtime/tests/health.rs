@@ -34,6 +34,7 @@ async fn member_cluster(name: &str, cp: &ControlPlane) -> Cluster {
         .await
         .expect("service account");
     KubeconfigCluster {
+        inventory: Default::default(),
         name: name.into(),
         text: multicluster_envtest::to_yaml(&identity).expect("yaml"),
         source: format!("test kubeconfig of {name}"),
@@ -48,6 +49,7 @@ async fn member_cluster(name: &str, cp: &ControlPlane) -> Cluster {
 /// A cluster of `cp` with its admin credentials, built the same way.
 async fn admin_cluster(name: &str, cp: &ControlPlane) -> Cluster {
     KubeconfigCluster {
+        inventory: Default::default(),
         name: name.into(),
         text: multicluster_envtest::to_yaml(cp.kubeconfig()).expect("yaml"),
         source: format!("test kubeconfig of {name}"),

@@ -91,6 +91,7 @@ async fn a_failing_credential_plugin_leaks_nothing_anywhere() {
     let text = multicluster_envtest::to_yaml(&identity).expect("yaml");
     // Built as providers build clusters, with the default options.
     let cluster = KubeconfigCluster {
+        inventory: Default::default(),
         name: "member".into(),
         text,
         source: "test kubeconfig".into(),

@@ -43,6 +43,7 @@ async fn member(cp: &ControlPlane, options: &ClientOptions) -> Cluster {
         .await
         .expect("token");
     KubeconfigCluster {
+        inventory: Default::default(),
         name: "member".into(),
         text: multicluster_envtest::to_yaml(&cp.token_kubeconfig("member", token)).expect("yaml"),
         source: "test kubeconfig".into(),

@@ -46,7 +46,7 @@ use multicluster_runtime::provider::discovery::{
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::provider::watch_filter;
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Inventory, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 /// The label key of the watch-filter convention.
@@ -305,6 +305,7 @@ impl Shared {
             source,
             stable_id: None,
             member: self.options.members.for_member(&object),
+            inventory: inventory(&object),
         }))
     }
 
@@ -327,6 +328,27 @@ impl Shared {
             }
         }
         Ok(Action::await_change())
+    }
+}
+
+/// The property naming a Cluster's topology class, the `ClusterClass` it
+/// is built from (`spec.topology.classRef.name` in v1beta2,
+/// `spec.topology.class` in v1beta1); absent for Clusters without a
+/// managed topology.
+pub const TOPOLOGY_CLASS_PROPERTY: &str = "topology.class";
+
+/// A Cluster's labels, and its topology class as a property.
+fn inventory(object: &DynamicObject) -> Inventory {
+    let topology = &object.data["spec"]["topology"];
+    let class = topology["classRef"]["name"]
+        .as_str()
+        .or_else(|| topology["class"].as_str());
+    Inventory {
+        labels: object.metadata.labels.clone().unwrap_or_default(),
+        properties: class
+            .map(|class| (TOPOLOGY_CLASS_PROPERTY.to_string(), class.to_string()))
+            .into_iter()
+            .collect(),
     }
 }
 

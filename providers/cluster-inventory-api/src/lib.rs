@@ -53,7 +53,7 @@ use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::discovery::{self, Fleet, MANAGEMENT};
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::watch_filter;
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Inventory, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 /// The label naming the consumer a credentials Secret is for.
@@ -64,6 +64,12 @@ pub const PROFILE_LABEL: &str = "x-k8s.io/cluster-profile";
 pub const SECRET_KEY: &str = "Config";
 /// The property carrying the cluster's stable ID (KEP-2149).
 pub const CLUSTER_ID_PROPERTY: &str = "cluster.clusterset.k8s.io";
+
+/// The label naming a profile's cluster manager (`LabelClusterManagerKey`
+/// upstream). Cluster managers are asked to set it; where one did not, the
+/// cluster's labels ([`multicluster_runtime::Cluster::inventory`]) carry
+/// it from `spec.clusterManager.name`, so sources can select by it.
+pub const CLUSTER_MANAGER_LABEL: &str = "x-k8s.io/cluster-manager";
 /// The label key of the watch-filter convention.
 pub use multicluster_runtime::provider::watch_filter::LABEL as WATCH_FILTER_LABEL;
 
@@ -191,6 +197,7 @@ impl Shared {
                 source,
                 stable_id: stable_id(&profile),
                 member: self.options.members.for_member(&profile),
+                inventory: inventory(&profile),
             })),
             Err(reason) => Wanted::NoCredentials(reason),
         }
@@ -235,6 +242,30 @@ fn stable_id(profile: &DynamicObject) -> Option<String> {
         .find(|property| property["name"] == CLUSTER_ID_PROPERTY)
         .and_then(|property| property["value"].as_str())
         .map(str::to_string)
+}
+
+/// A profile's labels, with [`CLUSTER_MANAGER_LABEL`] taken from
+/// `spec.clusterManager.name` when the cluster manager did not set it, and
+/// its `status.properties` as properties.
+fn inventory(profile: &DynamicObject) -> Inventory {
+    let mut labels = profile.metadata.labels.clone().unwrap_or_default();
+    if let Some(manager) = profile.data["spec"]["clusterManager"]["name"].as_str() {
+        labels
+            .entry(CLUSTER_MANAGER_LABEL.to_string())
+            .or_insert_with(|| manager.to_string());
+    }
+    let properties = profile.data["status"]["properties"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|property| {
+            Some((
+                property["name"].as_str()?.to_string(),
+                property["value"].as_str()?.to_string(),
+            ))
+        })
+        .collect();
+    Inventory { labels, properties }
 }
 
 impl ClusterSetProvider for ClusterProfileProvider {

@@ -112,6 +112,7 @@ pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
                     found.insert(
                         name.clone(),
                         Desired::Context(Box::new(KubeconfigCluster {
+                            inventory: Default::default(),
                             name,
                             text,
                             source,

@@ -189,6 +189,7 @@ impl Shared {
             .kind(&["get", "kubeconfig", "--name", name.as_str()])
             .await?;
         let wanted = KubeconfigCluster {
+            inventory: Default::default(),
             source: format!("`kind get kubeconfig --name {name}`"),
             member: self.options.members.for_member(&name),
             name,

@@ -43,7 +43,7 @@ use multicluster_runtime::provider::discovery::{
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::provider::watch_filter;
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Inventory, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 /// The default label marking kubeconfig Secrets (value `true`).
@@ -212,6 +212,7 @@ impl Shared {
             source,
             stable_id: None,
             member: self.options.members.for_member(&secret),
+            inventory: Inventory::labelled(secret.metadata.labels.clone().unwrap_or_default()),
         }))
     }
 

@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use futures::FutureExt;
 use kube::api::{ApiResource, DynamicObject};
+use kube::core::Selector;
 use kube::runtime::events::Reporter;
 
 use super::primary::Primary;
@@ -26,6 +27,7 @@ use crate::{Cluster, ClusterName, Error};
 /// `for_resource`, `owns` and `watches`.
 pub struct Watch<K> {
     clusters: ClusterSelector,
+    labels: Option<Selector>,
     filters: Vec<Filter<K>>,
 }
 
@@ -33,6 +35,7 @@ impl<K> Default for Watch<K> {
     fn default() -> Self {
         Self {
             clusters: ClusterSelector::Fleet,
+            labels: None,
             filters: Vec::new(),
         }
     }
@@ -51,8 +54,41 @@ impl<K> Watch<K> {
         self
     }
 
-    pub(super) fn into_parts(self) -> (ClusterSelector, Vec<Filter<K>>) {
-        (self.clusters, self.filters)
+    /// Watch only the clusters, of those [`Watch::clusters`] selects,
+    /// whose labels ([`Cluster::inventory`]) `selector` matches, with
+    /// Kubernetes' label selector semantics (a `LabelSelector`'s
+    /// `matchLabels` and `matchExpressions`, converted with `try_into`).
+    /// The selection follows the labels: a cluster relabelled into it is
+    /// watched from then on (its objects arrive as new, so each is
+    /// reconciled), one relabelled out of it is no longer watched. For the
+    /// primary watch ([`ControllerBuilder::for_resource`]) a cluster
+    /// entering the selection is also owed what
+    /// [`ControllerBuilder::owed_on_engage`] gives, and one leaving it what
+    /// [`ControllerBuilder::owed_on_disengage`] gives (while it stays
+    /// engaged, so requests for the cluster itself are reconciled too: the
+    /// place to remove what the controller made there).
+    ///
+    /// ```
+    /// use k8s_openapi::api::core::v1::ConfigMap;
+    /// use kube::core::{Expression, Selector};
+    /// use multicluster_runtime::controller::Watch;
+    ///
+    /// let production: Selector = [
+    ///     Expression::Equal("env".into(), "production".into()),
+    ///     Expression::DoesNotExist("decommissioning".into()),
+    /// ]
+    /// .into_iter()
+    /// .collect();
+    /// let watch = Watch::<ConfigMap>::new().cluster_labels(production);
+    /// ```
+    #[must_use]
+    pub fn cluster_labels(mut self, selector: Selector) -> Self {
+        self.labels = Some(selector);
+        self
+    }
+
+    pub(super) fn into_parts(self) -> (ClusterSelector, Option<Selector>, Vec<Filter<K>>) {
+        (self.clusters, self.labels, self.filters)
     }
 
     /// Only events passing `filter` (all filters must pass).
@@ -88,6 +124,8 @@ pub struct ControllerBuilder {
     owed: Option<Owed>,
     owed_on_disengage: Option<Owed>,
     primary_ops: Option<Primary>,
+    /// The primary watch's cluster label selector.
+    primary_labels: Option<Selector>,
     warning_events: Option<Reporter>,
     triggers: super::triggers::Triggers,
     error_policy: Option<ErrorPolicyFn>,
@@ -111,6 +149,7 @@ impl ControllerBuilder {
             owed: None,
             owed_on_disengage: None,
             primary_ops: None,
+            primary_labels: None,
             warning_events: None,
             triggers: super::triggers::Triggers::default(),
             error_policy: None,
@@ -122,6 +161,7 @@ impl ControllerBuilder {
     #[must_use]
     pub fn for_resource<K: CachedResource>(mut self, watch: Watch<K>) -> Self {
         self.primary = Some((K::api_version(&()).into_owned(), K::kind(&()).into_owned()));
+        self.primary_labels = watch.labels.clone();
         self.primary_ops = Some(Primary::of::<K>());
         self.sources.push(Arc::new(InformerSource::typed(
             watch,
@@ -436,6 +476,7 @@ impl ControllerBuilder {
                 owed: self.owed,
                 owed_on_disengage: self.owed_on_disengage,
                 primary: self.primary_ops,
+                primary_labels: self.primary_labels,
                 triggers: Mutex::new(self.triggers),
             }),
         })

@@ -20,6 +20,7 @@
 use std::collections::BTreeMap;
 
 use kube::Resource;
+use kube::core::{Selector, SelectorExt};
 
 use super::{Controller, MapContext, Request};
 use crate::ClusterName;
@@ -77,6 +78,41 @@ pub fn to_every_member<K: Resource>() -> impl Fn(&MapContext<'_>, &K) -> Vec<Req
             .engaged_clusters()
             .into_iter()
             .filter(|cluster| !cluster.is_local() && cluster != context.cluster())
+            .map(|cluster| Request::new(cluster, meta.namespace.as_deref(), name))
+            .collect()
+    }
+}
+
+/// [`to_every_member`] for the members whose labels
+/// ([`Cluster::inventory`](crate::Cluster::inventory)) `selector` matches
+/// now: a hub object propagated to some of the fleet.
+///
+/// To follow members relabelled in and out, give the member-side watch the
+/// same selector ([`Watch::cluster_labels`](super::Watch::cluster_labels))
+/// and use [`local_objects`] for both
+/// [`owed_on_engage`](super::ControllerBuilder::owed_on_engage) and
+/// [`owed_on_disengage`](super::ControllerBuilder::owed_on_disengage): a
+/// member entering the selection gets a request per hub object, and so
+/// does one leaving it, whose reconcile finds the member no longer
+/// selected (`selector.matches(&cluster.inventory().labels)`) and removes
+/// the copies.
+pub fn to_members_matching<K: Resource>(
+    selector: Selector,
+) -> impl Fn(&MapContext<'_>, &K) -> Vec<Request> + Send + Sync {
+    move |context, object| {
+        let meta = object.meta();
+        let Some(name) = meta.name.as_deref() else {
+            return Vec::new();
+        };
+        context
+            .engaged_clusters()
+            .into_iter()
+            .filter(|cluster| !cluster.is_local() && cluster != context.cluster())
+            .filter(|cluster| {
+                context
+                    .engaged(cluster)
+                    .is_some_and(|cluster| selector.matches(&cluster.inventory().labels))
+            })
             .map(|cluster| Request::new(cluster, meta.namespace.as_deref(), name))
             .collect()
     }

@@ -55,6 +55,7 @@ pub mod map;
 mod primary;
 mod queue;
 mod request;
+mod selection;
 mod settings;
 mod source;
 mod triggers;
@@ -115,6 +116,9 @@ struct Inner {
     owed_on_disengage: Option<Owed>,
     /// The primary type's operations (for `reconcile_all_on`).
     primary: Option<primary::Primary>,
+    /// The primary watch's selector over cluster labels: clusters entering
+    /// or leaving it are owed requests as if engaged or disengaged.
+    primary_labels: Option<kube::core::Selector>,
     /// Streams asking for reconciles, taken by the first `run`.
     triggers: Mutex<triggers::Triggers>,
 }
@@ -290,21 +294,16 @@ impl Aware for Controller {
             self.inner.work.queue().engage(name.clone());
             held
         };
-        for source in self
+        let sources = self
             .inner
             .sources
             .iter()
             .filter(|source| source.clusters().includes(&name))
-        {
-            source.start(
-                name.clone(),
-                &cluster,
-                self.inner.work.queue().clone(),
-                stop.clone(),
-            );
-        }
+            .cloned()
+            .collect();
+        let selected = selection::Selection::begin(self, &name, &cluster, sources, &stop);
         tracing::info!(controller = %self.inner.name, cluster = %name, "controller watches the cluster");
-        if let Some(owed) = &self.inner.owed {
+        if let Some(owed) = self.inner.owed.as_ref().filter(|_| selected) {
             for request in owed(&name, self) {
                 self.inner.work.enqueue(request);
             }
@@ -321,7 +320,7 @@ impl Aware for Controller {
             .inner
             .sources
             .iter()
-            .filter(|source| source.clusters().includes(name))
+            .filter(|source| selection::Selection::watches(source.as_ref(), name, cluster))
         {
             source.warm(cluster);
         }

@@ -9,10 +9,10 @@ use kube::Resource;
 use kube::api::DynamicObject;
 use tokio_util::sync::CancellationToken;
 
-use super::Request;
-use super::queue::Queue;
+use super::{Controller, Request};
 use crate::cache::{CacheEvent, CachedResource};
 use crate::{Cluster, ClusterName};
+use kube::core::Selector;
 
 /// Which clusters a source watches.
 #[derive(Clone, Default)]
@@ -68,7 +68,7 @@ pub(crate) type RequestMapper<K> = Arc<dyn Fn(&MapContext<'_>, &K) -> Vec<Reques
 /// the controller works on.
 pub struct MapContext<'a> {
     cluster: &'a ClusterName,
-    queue: &'a Queue,
+    controller: &'a Controller,
 }
 
 impl MapContext<'_> {
@@ -87,7 +87,13 @@ impl MapContext<'_> {
     /// among them when it is), sorted. Requests for other clusters are
     /// dropped.
     pub fn engaged_clusters(&self) -> Vec<ClusterName> {
-        self.queue.engaged()
+        self.controller.inner.work.queue().engaged()
+    }
+
+    /// The engaged cluster of that name, to read its labels
+    /// ([`Cluster::inventory`]) or its cache.
+    pub fn engaged(&self, name: &ClusterName) -> Option<Cluster> {
+        self.controller.cluster(name)
     }
 }
 
@@ -152,12 +158,15 @@ pub mod filters {
 /// A source without its type, as the controller keeps it.
 pub(crate) trait Source: Send + Sync {
     fn clusters(&self) -> &ClusterSelector;
-    /// Starts feeding `queue` from `cluster` until `stop` fires.
+    /// The selector over cluster labels, if the source has one.
+    fn cluster_labels(&self) -> Option<&Selector>;
+    /// Starts feeding `controller`'s queue from `cluster` until `stop`
+    /// fires.
     fn start(
         &self,
         name: ClusterName,
         cluster: &Cluster,
-        queue: Arc<Queue>,
+        controller: Controller,
         stop: CancellationToken,
     );
     /// Starts the informer this source reads in `cluster`'s cache, without
@@ -176,6 +185,7 @@ type Ensure = Arc<dyn Fn(&crate::cache::Cache) + Send + Sync>;
 /// Events of one informer per cluster, filtered and mapped to requests.
 pub(crate) struct InformerSource<K> {
     clusters: ClusterSelector,
+    labels: Option<Selector>,
     filters: Vec<Filter<K>>,
     mapper: RequestMapper<K>,
     subscribe: Subscribe<K>,
@@ -222,9 +232,10 @@ impl<K> InformerSource<K> {
         subscribe: Subscribe<K>,
         ensure: Ensure,
     ) -> Self {
-        let (clusters, filters) = watch.into_parts();
+        let (clusters, labels, filters) = watch.into_parts();
         Self {
             clusters,
+            labels,
             filters,
             mapper,
             subscribe,
@@ -238,11 +249,15 @@ impl<K: Send + Sync + 'static> Source for InformerSource<K> {
         &self.clusters
     }
 
+    fn cluster_labels(&self) -> Option<&Selector> {
+        self.labels.as_ref()
+    }
+
     fn start(
         &self,
         name: ClusterName,
         cluster: &Cluster,
-        queue: Arc<Queue>,
+        controller: Controller,
         stop: CancellationToken,
     ) {
         let subscription = (self.subscribe)(cluster.cache());
@@ -251,7 +266,7 @@ impl<K: Send + Sync + 'static> Source for InformerSource<K> {
             name,
             self.filters.clone(),
             self.mapper.clone(),
-            queue,
+            controller,
             stop,
         );
     }
@@ -266,7 +281,7 @@ fn forward<K: Send + Sync + 'static>(
     cluster: ClusterName,
     filters: Vec<Filter<K>>,
     mapper: RequestMapper<K>,
-    queue: Arc<Queue>,
+    controller: Controller,
     stop: CancellationToken,
 ) {
     tokio::spawn(async move {
@@ -281,10 +296,10 @@ fn forward<K: Send + Sync + 'static>(
             }
             let context = MapContext {
                 cluster: &cluster,
-                queue: &queue,
+                controller: &controller,
             };
             for request in mapper(&context, event.object()) {
-                queue.add(request);
+                controller.inner.work.queue().add(request);
             }
         }
     });

@@ -132,6 +132,13 @@ impl Fleet {
     ) -> Result<Action, Error> {
         if self.clusters.is_current(&wanted) {
             self.failures.clear(&wanted.name);
+            // Labels and properties alone changed (or nothing did): the
+            // cluster keeps its client, cache and engagement.
+            if let Ok(cluster) = self.clusters.get(&wanted.name)
+                && cluster.set_inventory(wanted.inventory)
+            {
+                tracing::debug!(cluster = %wanted.name, "labels or properties of the cluster updated from {}", wanted.source);
+            }
             return Ok(Action::await_change());
         }
         let built = match wanted.build().await {
@@ -139,10 +146,13 @@ impl Fleet {
             Err(err) if self.failures.record_build_error(&wanted.name, &err) => return Err(err),
             Err(_) => return Ok(Action::await_change()),
         };
-        if still_wanted().is_none_or(|now| now.fingerprint() != wanted.fingerprint()) {
+        let Some(now) = still_wanted().filter(|now| now.fingerprint() == wanted.fingerprint())
+        else {
             tracing::debug!(cluster = %wanted.name, "changed while its client was built; building again");
             return Ok(Action::await_change());
-        }
+        };
+        // Labels may have changed meanwhile; they need no new client.
+        built.set_inventory(now.inventory);
         let replaced = self.clusters.get(&wanted.name).is_ok();
         // Cleared first: whoever sees the new cluster must not find the
         // failure it replaces still reported.

@@ -14,7 +14,7 @@ use crate::health::{BoundedLayer, Requests};
 use crate::provider::budget::{Budget, BudgetLayer, RequestBudget};
 use crate::provider::credentials::{self, DEFAULT_PLUGIN_TIMEOUT, Plugin};
 use crate::provider::member::MemberOptions;
-use crate::{Cluster, ClusterName, Error};
+use crate::{Cluster, ClusterName, Error, Inventory};
 
 /// Parses kubeconfig YAML. `source` says where it came from (e.g. `Secret
 /// fleet/prod key kubeconfig`) and is used in errors.
@@ -410,6 +410,9 @@ pub struct KubeconfigCluster {
     pub stable_id: Option<String>,
     /// What its clients and cache are built with.
     pub member: MemberOptions,
+    /// Its labels and properties ([`Cluster::inventory`]); not part of
+    /// the fingerprint, since a change of them alone needs no new client.
+    pub inventory: Inventory,
 }
 
 impl std::fmt::Debug for KubeconfigCluster {
@@ -419,6 +422,7 @@ impl std::fmt::Debug for KubeconfigCluster {
             .field("source", &self.source)
             .field("stable_id", &self.stable_id)
             .field("member", &self.member)
+            .field("inventory", &self.inventory)
             .finish_non_exhaustive()
     }
 }
@@ -446,6 +450,7 @@ impl KubeconfigCluster {
             Cache::with_options(self.name.clone(), client.clone(), self.member.cache.clone());
         let cluster =
             Cluster::with_cache(self.name.clone(), client, cache).watching_requests(requests);
+        cluster.set_inventory(self.inventory.clone());
         Ok(match &self.stable_id {
             Some(id) => cluster.with_stable_id(id),
             None => cluster,
