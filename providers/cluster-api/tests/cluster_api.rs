@@ -15,7 +15,7 @@ use kube::api::{
 use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_provider_cluster_api::{
     CLUSTER_NAME_LABEL, ClusterApiOptions, ClusterApiProvider, ClusterApiVersion,
-    PAUSED_ANNOTATION, WATCH_FILTER_LABEL,
+    PAUSED_ANNOTATION, TOPOLOGY_CLASS_PROPERTY, WATCH_FILTER_LABEL,
 };
 use multicluster_runtime::controller::{Backoff, Request};
 use multicluster_runtime::provider::member::Members;
@@ -249,6 +249,42 @@ async fn ready_clusters_are_engaged_and_follow_their_kubeconfig_secrets() {
         .wait_for_more(&req("team-b/two", "in-second"), 0)
         .await;
     assert_eq!(cache_namespace(&manager, "team-b/two").await, None);
+
+    // A label and a managed topology given to "two" reach its cluster's
+    // labels and properties, without building it again.
+    let two = manager
+        .get_cluster(&ClusterName::from("team-b/two"))
+        .await
+        .expect("two");
+    management
+        .clusters("team-b", "v1beta2")
+        .patch(
+            "two",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({
+                "metadata": {"labels": {"env": "production"}},
+                "spec": {"topology": {"classRef": {"name": "quick-start"}, "version": "v1.35.0"}},
+            })),
+        )
+        .await
+        .expect("label and topology");
+    eventually("two's label and topology class", || async {
+        let inventory = two.inventory();
+        inventory.labels.get("env").map(String::as_str) == Some("production")
+            && inventory
+                .properties
+                .get(TOPOLOGY_CLASS_PROPERTY)
+                .map(String::as_str)
+                == Some("quick-start")
+    })
+    .await;
+    assert!(
+        manager
+            .get_cluster(&ClusterName::from("team-b/two"))
+            .await
+            .expect("two")
+            .same_instance(&two)
+    );
     management.put_kubeconfig("team-a", "three", &second).await;
     recorder
         .wait_for_more(&req("team-a/three", "in-second"), 0)

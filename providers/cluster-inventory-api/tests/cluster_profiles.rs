@@ -14,8 +14,8 @@ use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{Api, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_cluster_inventory_api::{
-    CONSUMER_LABEL, ClusterProfileOptions, ClusterProfileProvider, PROFILE_LABEL, SECRET_KEY,
-    WATCH_FILTER_LABEL,
+    CLUSTER_ID_PROPERTY, CLUSTER_MANAGER_LABEL, CONSUMER_LABEL, ClusterProfileOptions,
+    ClusterProfileProvider, PROFILE_LABEL, SECRET_KEY, WATCH_FILTER_LABEL,
 };
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::testing::{
@@ -123,6 +123,23 @@ async fn ready_profiles_are_engaged_with_their_consumers_secret() {
         cluster.cache().options().and_then(|o| o.namespace.clone())
     };
     assert_eq!(held_to(&alpha), Some("default".to_string()));
+    // Its labels and properties are the profile's; the cluster manager's
+    // label comes from the spec, the cluster manager having set none.
+    let inventory = alpha.inventory();
+    assert_eq!(
+        inventory
+            .labels
+            .get(CLUSTER_MANAGER_LABEL)
+            .map(String::as_str),
+        Some("test")
+    );
+    assert_eq!(
+        inventory
+            .properties
+            .get(CLUSTER_ID_PROPERTY)
+            .map(String::as_str),
+        Some("id-alpha")
+    );
 
     // Becoming healthy engages. Events are handled in order, so by now the
     // whole initial list has been looked at.
@@ -166,6 +183,19 @@ async fn ready_profiles_are_engaged_with_their_consumers_secret() {
         )
         .await
         .expect("annotate");
+    // Relabelling a profile updates its cluster's labels, nothing else.
+    profiles(&hub)
+        .patch(
+            "alpha",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"env": "production"}}})),
+        )
+        .await
+        .expect("relabel");
+    eventually("alpha's new label", || async {
+        alpha.labels().get("env").map(String::as_str) == Some("production")
+    })
+    .await;
     // A ready profile turning unhealthy stays engaged.
     set_health(&hub, "alpha", false, Some("id-alpha")).await;
     // Rotation of beta's Secret is the synchronisation point.

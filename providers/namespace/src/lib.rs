@@ -25,7 +25,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions};
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::watch_filter;
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Inventory, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 pub use multicluster_runtime::cache::VIRTUAL_NAMESPACE;
@@ -137,12 +137,21 @@ impl RunnableProvider for NamespaceProvider {
             let cluster_name = ClusterName::from(name.as_str());
             match &event {
                 CacheEvent::Applied { new, .. } if self.wanted(new) => {
-                    if self.clusters.get(&cluster_name).is_err() {
-                        tracing::info!(namespace = %name, "namespace joins the fleet");
-                        if let Err(err) =
-                            self.clusters.add(cluster_name, self.virtual_cluster(&name))
-                        {
-                            tracing::warn!(namespace = %name, error = %err, "could not add the namespace");
+                    // The namespace's labels are the virtual cluster's,
+                    // updated in place when they change.
+                    let inventory =
+                        Inventory::labelled(new.metadata.labels.clone().unwrap_or_default());
+                    match self.clusters.get(&cluster_name) {
+                        Ok(cluster) => {
+                            cluster.set_inventory(inventory);
+                        }
+                        Err(_) => {
+                            tracing::info!(namespace = %name, "namespace joins the fleet");
+                            let cluster = self.virtual_cluster(&name);
+                            cluster.set_inventory(inventory);
+                            if let Err(err) = self.clusters.add(cluster_name, cluster) {
+                                tracing::warn!(namespace = %name, error = %err, "could not add the namespace");
+                            }
                         }
                     }
                 }

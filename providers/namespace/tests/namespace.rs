@@ -643,3 +643,71 @@ async fn events_of_a_virtual_cluster_land_in_its_namespace() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// A namespace's labels are its virtual cluster's: a source selecting by
+/// label watches the labelled namespace only, and one labelled later from
+/// then on, the same virtual cluster as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sources_select_virtual_clusters_by_their_namespaces_labels() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let admin = cp.client().await.expect("client");
+    create_namespace(&admin, "gold", &[("tier", "gold")]).await;
+    create_namespace(&admin, "plain", &[]).await;
+    for ns in ["gold", "plain"] {
+        create_config_map(&admin, ns, "existing", "blue").await;
+    }
+    let provider = Arc::new(NamespaceProvider::new(
+        admin.clone(),
+        NamespaceOptions::default(),
+    ));
+    let manager = Manager::builder(provider.host().clone())
+        .provider(provider.clone())
+        .build();
+    let gold: kube::core::Selector =
+        kube::core::Expression::Equal("tier".into(), "gold".into()).into();
+    let recorder = Recorder::default();
+    manager
+        .add_controller(
+            multicluster_runtime::testing::recording_controller(
+                "gold-only",
+                Watch::<ConfigMap>::new().cluster_labels(gold),
+                &recorder,
+            )
+            .expect("controller"),
+        )
+        .expect("add");
+    let (shutdown, task) = run_manager(&manager);
+
+    recorder.wait_for_more(&req("gold", "existing"), 0).await;
+    let plain = manager
+        .get_cluster(&ClusterName::from("plain"))
+        .await
+        .expect("plain is engaged");
+    // The gold namespace's later object is the synchronisation point: the
+    // plain namespace's, created first, must not have been reconciled.
+    create_config_map(&admin, "plain", "later", "red").await;
+    create_config_map(&admin, "gold", "later", "red").await;
+    recorder.wait_for_more(&req("gold", "later"), 0).await;
+    assert_eq!(recorder.for_cluster("plain"), 0, "plain is not gold");
+
+    Api::<Namespace>::all(admin.clone())
+        .patch(
+            "plain",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {"tier": "gold"}}})),
+        )
+        .await
+        .expect("label");
+    recorder.wait_for_more(&req("plain", "existing"), 0).await;
+    recorder.wait_for_more(&req("plain", "later"), 0).await;
+    assert!(
+        manager
+            .get_cluster(&ClusterName::from("plain"))
+            .await
+            .expect("plain")
+            .same_instance(&plain)
+    );
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
