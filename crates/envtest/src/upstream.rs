@@ -100,6 +100,14 @@ pub async fn cluster_profile_crd() -> Result<String, Error> {
         .await
 }
 
+/// The `PlacementDecision` CRD (`multicluster.x-k8s.io/v1alpha1`) as the
+/// Cluster Inventory API publishes it.
+pub async fn placement_decision_crd() -> Result<String, Error> {
+    CLUSTER_INVENTORY_API
+        .file("config/crd/bases/multicluster.x-k8s.io_placementdecisions.yaml")
+        .await
+}
+
 /// The Cluster API `Cluster` CRD (v1beta1 and v1beta2, v1beta2 stored) as
 /// Cluster API publishes it: without the conversion webhook that a real
 /// installation adds, so v1beta1 objects keep only the fields v1beta2 has.

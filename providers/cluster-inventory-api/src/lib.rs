@@ -37,6 +37,7 @@
 
 pub mod access;
 mod options;
+pub mod placement;
 mod secrets;
 
 pub use options::{ClusterProfileOptions, Credentials, Readiness, control_plane_healthy};
