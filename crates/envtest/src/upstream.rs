@@ -36,11 +36,12 @@ pub const CLUSTER_API: Module = Module {
 };
 
 /// The Cluster Inventory API (KEP-4322, KEP-5339): the `ClusterProfile`
-/// and `PlacementDecision` CRDs and the credential plugins. v0.1.0 is the
-/// newest release the module proxy serves.
+/// and `PlacementDecision` CRDs and the credential plugins. v0.1.2 is the
+/// newest release the module proxy serves (v0.2.0, with
+/// `multicluster.x-k8s.io/v1alpha2`, is refused: 403).
 pub const CLUSTER_INVENTORY_API: Module = Module {
     path: "sigs.k8s.io/cluster-inventory-api",
-    version: "v0.1.0",
+    version: "v0.1.2",
 };
 
 impl Module {

@@ -19,6 +19,11 @@
 //! - the `cluster.clusterset.k8s.io` property, when present, becomes the
 //!   cluster's stable ID ([`multicluster_runtime::Cluster::stable_id`]).
 //!
+//! Labels and properties: each cluster's [`multicluster_runtime::Cluster::inventory`]
+//! has its profile's labels (with [`CLUSTER_MANAGER_LABEL`] from the spec
+//! when missing) and `status.properties`. [`placement`] reads
+//! PlacementDecisions, to act on the clusters a scheduler chose.
+//!
 //! The access-provider strategy (KEP-5339) reads the consumer's
 //! [`access::ProviderFile`] and runs an exec credential plugin per profile;
 //! see [`access`].
