@@ -114,6 +114,12 @@ impl Management {
             serde_json::json!({
                 "initialization": {"infrastructureProvisioned": true, "controlPlaneInitialized": true},
                 "phase": "Provisioned",
+                "conditions": [
+                    condition("InfrastructureReady", "Ready"),
+                    condition("ControlPlaneInitialized", "Initialized"),
+                    condition("ControlPlaneAvailable", "Available"),
+                    condition("Available", "Available"),
+                ],
             }),
         )
         .await;
@@ -159,6 +165,18 @@ impl Management {
             .await
             .expect("kubeconfig Secret");
     }
+}
+
+/// A v1beta2 (metav1) condition that holds, as Cluster API writes them.
+fn condition(type_: &str, reason: &str) -> serde_json::Value {
+    serde_json::json!({
+        "type": type_,
+        "status": "True",
+        "reason": reason,
+        "message": "",
+        "observedGeneration": 1,
+        "lastTransitionTime": "2026-01-01T00:00:00Z",
+    })
 }
 
 async fn workload(object: &str) -> ControlPlane {
