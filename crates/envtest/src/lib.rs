@@ -45,6 +45,7 @@ pub use binaries::Binaries;
 pub use control_plane::{ControlPlane, ControlPlaneBuilder};
 pub use identity::config_map_rules;
 pub use kubeconfig::{client_for, to_yaml};
+pub use pki::ServingFiles;
 
 /// Why a control plane could not be started or used.
 #[derive(Debug, thiserror::Error)]

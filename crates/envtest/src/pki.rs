@@ -139,3 +139,45 @@ fn name(common_name: &str, organisation: Option<&str>) -> DistinguishedName {
 fn pki_error(source: rcgen::Error) -> Error {
     Error::Certificates(source.to_string())
 }
+
+/// A fresh certificate authority and a serving certificate it signed for
+/// loopback (`127.0.0.1`, `::1`, `localhost`), written as PEM files: what a
+/// server the API server calls (an admission webhook) needs in a test.
+#[derive(Clone, Debug)]
+pub struct ServingFiles {
+    /// The CA certificate (the `caBundle` of a webhook configuration).
+    pub ca: std::path::PathBuf,
+    /// The serving certificate.
+    pub cert: std::path::PathBuf,
+    /// Its private key.
+    pub key: std::path::PathBuf,
+}
+
+impl ServingFiles {
+    /// Generates a new CA and serving pair into `dir`, replacing the files
+    /// if present (each file written whole, then renamed into place, as a
+    /// Secret volume's update appears to a reader).
+    pub fn generate(dir: &std::path::Path) -> Result<Self, Error> {
+        let authority = CertificateAuthority::generate()?;
+        let pair = authority.serving_pair()?;
+        let files = Self {
+            ca: dir.join("ca.crt"),
+            cert: dir.join("tls.crt"),
+            key: dir.join("tls.key"),
+        };
+        for (path, text) in [
+            (&files.key, &pair.key),
+            (&files.cert, &pair.cert),
+            (&files.ca, &authority.cert_pem().to_string()),
+        ] {
+            let staged = path.with_extension("new");
+            std::fs::write(&staged, text)
+                .and_then(|()| std::fs::rename(&staged, path))
+                .map_err(|source| Error::Io {
+                    what: format!("writing {}", path.display()),
+                    source,
+                })?;
+        }
+        Ok(files)
+    }
+}

@@ -98,6 +98,15 @@ pub enum Error {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
+    /// An admission webhook's files or registration could not be used
+    /// (feature `webhook`); `what` names the file or the member.
+    #[error("webhook {what}: {reason}")]
+    Webhook {
+        /// The file, or the member and configuration.
+        what: String,
+        /// What went wrong (redacted).
+        reason: String,
+    },
     /// A listening socket could not be bound.
     #[error("binding {address}: {source}")]
     Bind {

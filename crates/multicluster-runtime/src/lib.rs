@@ -37,6 +37,8 @@ mod setters;
 mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
+#[cfg(feature = "webhook")]
+pub mod webhook;
 
 pub use cluster::{Cluster, Inventory};
 pub use error::Error;

@@ -164,6 +164,12 @@ impl Metrics {
         out
     }
 
+    /// Whether metrics carry a `cluster` label.
+    #[cfg_attr(not(feature = "webhook"), allow(dead_code))]
+    pub(crate) fn per_cluster_labels(&self) -> bool {
+        self.inner.per_cluster_labels
+    }
+
     pub(crate) fn cluster_engaged(&self) {
         self.inner.engaged_clusters.inc();
         self.inner.engagements.inc();

@@ -1,0 +1,414 @@
+//! Keeps the webhooks registered in every engaged member: one
+//! `ValidatingWebhookConfiguration` and one `MutatingWebhookConfiguration`
+//! per member (for the server's validating and mutating webhooks), each
+//! webhook pointing at that member's path with the CA bundle, written
+//! again when the CA file changes, deleted when the member leaves.
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::admissionregistration::v1::{
+    MutatingWebhook, MutatingWebhookConfiguration, RuleWithOperations, ServiceReference,
+    ValidatingWebhook, ValidatingWebhookConfiguration, WebhookClientConfig,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, LabelSelectorRequirement};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::{WebhookKind, WebhookServer, path};
+use crate::engagements::{Arrival, Engagements, when_ended};
+use crate::sync::lock;
+use crate::{Aware, Cluster, ClusterName, Error, Manager};
+
+/// How the webhooks are registered in each member.
+#[derive(Clone, Debug)]
+pub struct RegistrationOptions {
+    /// The server as the members' API servers reach it, e.g.
+    /// `https://webhooks.example.com:9443` (no path): each webhook's URL is
+    /// this followed by its path ([`super::path`]).
+    pub url: String,
+    /// The PEM CA bundle that signed the serving certificate (cert-manager's
+    /// `ca.crt`), looked at again every [`RegistrationOptions::ca_check`]
+    /// and written to every member when it changed.
+    pub ca_file: PathBuf,
+    /// How often the CA file is looked at (default 10 s).
+    pub ca_check: Duration,
+    /// The configurations' name in each member (default
+    /// `multicluster-runtime-webhooks`); two instances with disjoint watch
+    /// filters sharing members register under different names.
+    pub configuration_name: String,
+    /// The suffix of each webhook's name in the configuration
+    /// (`<webhook>.<domain>`; the API server wants three segments at
+    /// least). Default `webhooks.multicluster-runtime.io`.
+    pub domain: String,
+    /// `Fail` (default) or `Ignore`: what the API server does when the
+    /// server does not answer (or answers an error: see [`super`]).
+    pub failure_policy: String,
+    /// The API server's deadline for an answer, 1 to 30 s (default 10).
+    pub timeout_seconds: i32,
+    /// The operations sent (default `CREATE` and `UPDATE`).
+    pub operations: Vec<String>,
+    /// Only objects whose labels match (default: all).
+    pub object_selector: Option<LabelSelector>,
+    /// Delete the configurations from every member when the process stops
+    /// (default false: a restarting or upgrading server keeps its
+    /// registrations, and its members' writes keep being checked).
+    pub remove_on_shutdown: bool,
+}
+
+impl RegistrationOptions {
+    /// Options for a server reached at `url` whose certificate `ca_file`
+    /// signed.
+    pub fn new(url: impl Into<String>, ca_file: impl Into<PathBuf>) -> Self {
+        Self {
+            url: url.into(),
+            ca_file: ca_file.into(),
+            ca_check: Duration::from_secs(10),
+            configuration_name: "multicluster-runtime-webhooks".to_string(),
+            domain: "webhooks.multicluster-runtime.io".to_string(),
+            failure_policy: "Fail".to_string(),
+            timeout_seconds: 10,
+            operations: vec!["CREATE".to_string(), "UPDATE".to_string()],
+            object_selector: None,
+            remove_on_shutdown: false,
+        }
+    }
+}
+
+/// The registration component; add it to the manager with
+/// [`Manager::add`](crate::Manager::add). Registers in members only: the
+/// local cluster's configuration is the deployment's (`config/`).
+#[derive(Clone)]
+pub struct Registration {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    server: WebhookServer,
+    options: RegistrationOptions,
+    manager: Manager,
+    clusters: Mutex<Engagements<()>>,
+    /// The CA bundle, followed by one task for every member.
+    ca: Mutex<Option<watch::Receiver<Vec<u8>>>>,
+}
+
+impl std::fmt::Debug for Registration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Registration")
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How long one write or deletion in a member may take.
+const WRITE_DEADLINE: Duration = Duration::from_secs(10);
+
+impl Registration {
+    /// Registers `server`'s webhooks in the members `manager` engages.
+    /// The CA file is read now: an error names it.
+    pub fn new(
+        manager: &Manager,
+        server: &WebhookServer,
+        options: RegistrationOptions,
+    ) -> Result<Self, Error> {
+        read_ca(&options.ca_file)?;
+        Ok(Self {
+            inner: Arc::new(Inner {
+                server: server.clone(),
+                options,
+                manager: manager.clone(),
+                clusters: Mutex::default(),
+                ca: Mutex::default(),
+            }),
+        })
+    }
+
+    /// The CA bundle as it is now, following the file from the first call
+    /// on (one task for the whole fleet).
+    fn ca(&self) -> watch::Receiver<Vec<u8>> {
+        let mut ca = lock(&self.inner.ca);
+        if let Some(receiver) = ca.as_ref() {
+            return receiver.clone();
+        }
+        let file = self.inner.options.ca_file.clone();
+        let every = self.inner.options.ca_check;
+        let (sender, receiver) = watch::channel(read_ca(&file).unwrap_or_default());
+        tokio::spawn(async move {
+            loop {
+                tokio::select! {
+                    () = sender.closed() => return,
+                    () = tokio::time::sleep(every) => {}
+                }
+                match read_ca(&file) {
+                    Ok(bundle) => {
+                        sender.send_if_modified(|now| {
+                            let changed = *now != bundle;
+                            if changed {
+                                tracing::info!(file = %file.display(), "webhook CA bundle changed; registering it in every member");
+                                *now = bundle;
+                            }
+                            changed
+                        });
+                    }
+                    Err(err) => {
+                        tracing::warn!(error = %err, "webhook CA bundle unreadable; the members keep the previous one")
+                    }
+                }
+            }
+        });
+        *ca = Some(receiver.clone());
+        receiver
+    }
+
+    /// Follows one member: registers, registers again when the CA bundle
+    /// changes, and removes the registration when the member leaves.
+    async fn follow(
+        self,
+        name: ClusterName,
+        cluster: Cluster,
+        lifetime: CancellationToken,
+        generation: u64,
+    ) {
+        let mut ca = self.ca();
+        let mut backoff = Duration::from_millis(500);
+        loop {
+            let bundle = ca.borrow_and_update().clone();
+            match self.register(&name, &cluster, &bundle).await {
+                Ok(()) => {
+                    backoff = Duration::from_millis(500);
+                    tokio::select! {
+                        () = lifetime.cancelled() => break,
+                        changed = ca.changed() => if changed.is_err() { break },
+                    }
+                }
+                Err(err) => {
+                    tracing::warn!(cluster = %name, error = %err, "webhooks could not be registered in the member; trying again in {backoff:?}");
+                    tokio::select! {
+                        () = lifetime.cancelled() => break,
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                    backoff = (backoff * 2).min(Duration::from_secs(60));
+                }
+            }
+        }
+        // The member left, was replaced by a new instance of itself (which
+        // registers on its own: nothing to remove), or the process stops.
+        let replaced = lock(&self.inner.clusters)
+            .live(&name)
+            .is_some_and(|held| held.generation != generation);
+        let keep = self.inner.manager.is_stopping() && !self.inner.options.remove_on_shutdown;
+        if replaced || keep {
+            return;
+        }
+        if let Err(err) = self.unregister(&name, &cluster).await {
+            tracing::warn!(cluster = %name, error = %err, "webhook registration could not be removed from the member");
+        } else {
+            tracing::info!(cluster = %name, "webhook registration removed from the member");
+        }
+    }
+
+    async fn register(
+        &self,
+        name: &ClusterName,
+        cluster: &Cluster,
+        ca: &[u8],
+    ) -> Result<(), Error> {
+        let options = &self.inner.options;
+        let meta = ObjectMeta {
+            name: Some(options.configuration_name.clone()),
+            ..ObjectMeta::default()
+        };
+        let namespace_selector = cluster
+            .cache()
+            .options()
+            .and_then(|cache| cache.namespace.clone())
+            .map(|namespace| LabelSelector {
+                match_expressions: Some(vec![LabelSelectorRequirement {
+                    key: "kubernetes.io/metadata.name".to_string(),
+                    operator: "In".to_string(),
+                    values: Some(vec![namespace]),
+                }]),
+                ..LabelSelector::default()
+            });
+        let mut validating = Vec::new();
+        let mut mutating = Vec::new();
+        for webhook in self.inner.server.webhooks() {
+            let resource = webhook.resource();
+            let rule = RuleWithOperations {
+                api_groups: Some(vec![resource.group.clone()]),
+                api_versions: Some(vec![resource.version.clone()]),
+                resources: Some(vec![resource.plural.clone()]),
+                operations: Some(options.operations.clone()),
+                scope: Some("*".to_string()),
+            };
+            let client_config = WebhookClientConfig {
+                url: Some(format!(
+                    "{}{}",
+                    options.url.trim_end_matches('/'),
+                    path(webhook.name(), name)
+                )),
+                ca_bundle: Some(ByteString(ca.to_vec())),
+                service: None::<ServiceReference>,
+            };
+            let webhook_name = format!("{}.{}", webhook.name(), options.domain);
+            match webhook.kind() {
+                WebhookKind::Validating => validating.push(ValidatingWebhook {
+                    name: webhook_name,
+                    client_config,
+                    rules: Some(vec![rule]),
+                    failure_policy: Some(options.failure_policy.clone()),
+                    side_effects: "None".to_string(),
+                    admission_review_versions: vec!["v1".to_string()],
+                    timeout_seconds: Some(options.timeout_seconds),
+                    namespace_selector: namespace_selector.clone(),
+                    object_selector: options.object_selector.clone(),
+                    match_policy: Some("Equivalent".to_string()),
+                    ..ValidatingWebhook::default()
+                }),
+                WebhookKind::Mutating => mutating.push(MutatingWebhook {
+                    name: webhook_name,
+                    client_config,
+                    rules: Some(vec![rule]),
+                    failure_policy: Some(options.failure_policy.clone()),
+                    side_effects: "None".to_string(),
+                    admission_review_versions: vec!["v1".to_string()],
+                    timeout_seconds: Some(options.timeout_seconds),
+                    namespace_selector: namespace_selector.clone(),
+                    object_selector: options.object_selector.clone(),
+                    match_policy: Some("Equivalent".to_string()),
+                    reinvocation_policy: Some("IfNeeded".to_string()),
+                    ..MutatingWebhook::default()
+                }),
+            }
+        }
+        let apply = PatchParams::apply("multicluster-runtime-webhooks").force();
+        let client = cluster.client();
+        let what = |kind: &str| format!("{kind} {}", options.configuration_name);
+        let write = async {
+            if !validating.is_empty() {
+                let configuration = ValidatingWebhookConfiguration {
+                    metadata: meta.clone(),
+                    webhooks: Some(validating),
+                };
+                Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                    .patch(
+                        &options.configuration_name,
+                        &apply,
+                        &Patch::Apply(&configuration),
+                    )
+                    .await
+                    .map_err(|err| (what("ValidatingWebhookConfiguration"), err))?;
+            }
+            if !mutating.is_empty() {
+                let configuration = MutatingWebhookConfiguration {
+                    metadata: meta.clone(),
+                    webhooks: Some(mutating),
+                };
+                Api::<MutatingWebhookConfiguration>::all(client.clone())
+                    .patch(
+                        &options.configuration_name,
+                        &apply,
+                        &Patch::Apply(&configuration),
+                    )
+                    .await
+                    .map_err(|err| (what("MutatingWebhookConfiguration"), err))?;
+            }
+            Ok::<_, (String, kube::Error)>(())
+        };
+        match tokio::time::timeout(WRITE_DEADLINE, write).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err((what, err))) => Err(Error::Webhook {
+                what: format!("{what} in {name}"),
+                reason: crate::redact::kube_error(&err),
+            }),
+            Err(_) => Err(Error::Webhook {
+                what: format!("configurations {} in {name}", options.configuration_name),
+                reason: format!("not written within {WRITE_DEADLINE:?}"),
+            }),
+        }
+    }
+
+    async fn unregister(&self, cluster_name: &ClusterName, cluster: &Cluster) -> Result<(), Error> {
+        let name = &self.inner.options.configuration_name;
+        let client = cluster.client();
+        let remove = async {
+            fn gone<T>(result: Result<T, kube::Error>) -> Result<(), kube::Error> {
+                match result {
+                    Ok(_) => Ok(()),
+                    Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+                    Err(err) => Err(err),
+                }
+            }
+            gone(
+                Api::<ValidatingWebhookConfiguration>::all(client.clone())
+                    .delete(name, &DeleteParams::default())
+                    .await,
+            )?;
+            gone(
+                Api::<MutatingWebhookConfiguration>::all(client.clone())
+                    .delete(name, &DeleteParams::default())
+                    .await,
+            )
+        };
+        let what = || format!("configurations {name} in {cluster_name}");
+        match tokio::time::timeout(WRITE_DEADLINE, remove).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(err)) => Err(Error::Webhook {
+                what: what(),
+                reason: format!("not deleted: {}", crate::redact::kube_error(&err)),
+            }),
+            Err(_) => Err(Error::Webhook {
+                what: what(),
+                reason: format!("not deleted within {WRITE_DEADLINE:?}"),
+            }),
+        }
+    }
+}
+
+fn read_ca(file: &std::path::Path) -> Result<Vec<u8>, Error> {
+    let what = || format!("CA bundle {}", file.display());
+    let bundle = std::fs::read(file).map_err(|err| Error::Webhook {
+        what: what(),
+        reason: format!("cannot be read: {err}"),
+    })?;
+    if !String::from_utf8_lossy(&bundle).contains("-----BEGIN CERTIFICATE-----") {
+        return Err(Error::Webhook {
+            what: what(),
+            reason: "holds no PEM certificate".to_string(),
+        });
+    }
+    Ok(bundle)
+}
+
+impl Aware for Registration {
+    fn engage(
+        &self,
+        lifetime: CancellationToken,
+        name: ClusterName,
+        cluster: Cluster,
+    ) -> Result<(), Error> {
+        if name.is_local() {
+            return Ok(());
+        }
+        let (stop, generation) = {
+            let mut clusters = lock(&self.inner.clusters);
+            if clusters.arrival(&name, &cluster, &lifetime) != Arrival::New {
+                return Ok(());
+            }
+            let (engaged, _) = clusters.insert(name.clone(), cluster.clone(), &lifetime, ());
+            (engaged.lifetime.clone(), engaged.generation)
+        };
+        tokio::spawn(
+            self.clone()
+                .follow(name.clone(), cluster, stop.clone(), generation),
+        );
+        let this = self.clone();
+        when_ended(&stop, move || {
+            lock(&this.inner.clusters).end(&name, generation);
+        });
+        Ok(())
+    }
+}

@@ -1,0 +1,302 @@
+//! Admission webhooks across a fleet, called by real kube-apiservers over
+//! HTTPS on loopback: one server answers every member with that member's
+//! cluster, registers itself in members as they join and leave, follows a
+//! replaced certificate, and answers a hung handler within its deadline.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{TestProvider, cluster_for, eventually};
+use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::ResourceExt;
+use kube::api::{Api, ObjectMeta, PostParams};
+use kube::core::admission::{AdmissionRequest, AdmissionResponse};
+use multicluster_envtest::{ControlPlane, ServingFiles};
+use multicluster_runtime::testing::run_manager;
+use multicluster_runtime::webhook::{
+    Registration, RegistrationOptions, Webhook, WebhookServer, WebhookServerOptions,
+};
+use multicluster_runtime::{Cluster, ClusterName, Manager};
+
+const OWNER: &str = "owner";
+/// A member holding a ConfigMap of this name in a namespace accepts
+/// unowned ConfigMaps there.
+const EXEMPTION: &str = "unowned-allowed";
+const CONFIGURATION: &str = "multicluster-runtime-webhooks";
+
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Failed(String);
+
+fn owner_label() -> Webhook {
+    Webhook::validating(
+        "owner-label",
+        |cluster: Cluster, request: AdmissionRequest<ConfigMap>| async move {
+            let response = AdmissionResponse::from(&request);
+            let Some(object) = &request.object else {
+                return Ok::<_, Failed>(response);
+            };
+            let name = object.name_any();
+            if name.starts_with("hang-") {
+                std::future::pending::<()>().await;
+            }
+            if object.labels().contains_key(OWNER) {
+                return Ok(response);
+            }
+            let exempt = cluster
+                .cache()
+                .informer::<ConfigMap>()
+                .get(request.namespace.as_deref(), EXEMPTION)
+                .is_some();
+            if exempt {
+                return Ok(response);
+            }
+            Ok(response.deny(format!(
+                "ConfigMap {name} in cluster {} has no {OWNER} label",
+                cluster.name()
+            )))
+        },
+    )
+}
+
+fn stamp() -> Webhook {
+    Webhook::mutating(
+        "stamp",
+        |cluster: Cluster, request: AdmissionRequest<ConfigMap>| async move {
+            let response = AdmissionResponse::from(&request);
+            let has_labels = request
+                .object
+                .as_ref()
+                .is_some_and(|object| object.metadata.labels.is_some());
+            let value = serde_json::Value::String(cluster.name().to_string());
+            let operation = if has_labels {
+                json_patch::PatchOperation::Add(json_patch::AddOperation {
+                    path: json_patch::jsonptr::PointerBuf::from_tokens([
+                        "metadata",
+                        "labels",
+                        "stamped-by",
+                    ]),
+                    value,
+                })
+            } else {
+                json_patch::PatchOperation::Add(json_patch::AddOperation {
+                    path: json_patch::jsonptr::PointerBuf::from_tokens(["metadata", "labels"]),
+                    value: serde_json::json!({"stamped-by": value}),
+                })
+            };
+            response
+                .with_patch(json_patch::Patch(vec![operation]))
+                .map_err(|err| Failed(err.to_string()))
+        },
+    )
+}
+
+fn config_map(name: &str, owner: Option<&str>) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: owner.map(|owner| BTreeMap::from([(OWNER.to_string(), owner.to_string())])),
+            ..ObjectMeta::default()
+        },
+        ..ConfigMap::default()
+    }
+}
+
+/// Creates `object` in `default` without keeping it (a dry run, which
+/// admission webhooks without side effects see as any create).
+async fn try_create(client: &kube::Client, object: &ConfigMap) -> Result<ConfigMap, String> {
+    let dry_run = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    Api::<ConfigMap>::namespaced(client.clone(), "default")
+        .create(&dry_run, object)
+        .await
+        .map_err(|err| err.to_string())
+}
+
+async fn registered(client: &kube::Client) -> bool {
+    Api::<ValidatingWebhookConfiguration>::all(client.clone())
+        .get_opt(CONFIGURATION)
+        .await
+        .expect("get")
+        .is_some()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_server_answers_every_member_with_its_own_cluster() {
+    let (hub, a, b, c) = tokio::join!(
+        ControlPlane::start(),
+        ControlPlane::start(),
+        ControlPlane::start(),
+        ControlPlane::start()
+    );
+    let (hub, a, b, c) = (
+        hub.expect("hub"),
+        a.expect("a"),
+        b.expect("b"),
+        c.expect("c"),
+    );
+    let (a_client, b_client, c_client) = (
+        a.client().await.expect("a"),
+        b.client().await.expect("b"),
+        c.client().await.expect("c"),
+    );
+    let certificates = tempfile::tempdir().expect("dir");
+    let files = ServingFiles::generate(certificates.path()).expect("certificates");
+
+    let provider = Arc::new(TestProvider::default());
+    for (name, cp) in [("a", &a), ("b", &b)] {
+        provider
+            .clusters
+            .add(name, cluster_for(name, cp).await)
+            .expect("add");
+    }
+    let manager = Manager::builder(cluster_for("hub", &hub).await)
+        .provider(provider.clone())
+        .build();
+    let server = WebhookServer::new(
+        WebhookServerOptions::default()
+            .certificate(&files.cert, &files.key)
+            .request_deadline(Duration::from_secs(2)),
+    )
+    .expect("server");
+    server.add(owner_label()).expect("webhook");
+    server.add(stamp()).expect("webhook");
+    server.use_metrics(manager.metrics());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let mut options = RegistrationOptions::new(format!("https://127.0.0.1:{port}"), &files.ca);
+    options.ca_check = Duration::from_millis(500);
+    let registration = Registration::new(&manager, &server, options).expect("registration");
+    manager.add(Arc::new(server.clone())).expect("add server");
+    manager
+        .add(Arc::new(registration))
+        .expect("add registration");
+    let (shutdown, task) = run_manager(&manager);
+    let serving = tokio::spawn({
+        let (server, shutdown) = (server.clone(), shutdown.clone());
+        async move { server.serve(listener, shutdown).await }
+    });
+
+    // Registered in both members; a refused in a with the handler's
+    // message; an owned one admitted and stamped with its cluster.
+    eventually("registration in a and b", || async {
+        registered(&a_client).await && registered(&b_client).await
+    })
+    .await;
+    let refused = try_create(&a_client, &config_map("plain", None))
+        .await
+        .expect_err("an unowned ConfigMap in a");
+    assert!(
+        refused.contains("ConfigMap plain in cluster a has no owner label"),
+        "{refused}"
+    );
+    let admitted = try_create(&a_client, &config_map("owned", Some("team")))
+        .await
+        .expect("an owned ConfigMap in a");
+    assert_eq!(
+        admitted.labels().get("stamped-by").map(String::as_str),
+        Some("a")
+    );
+
+    // b holds the exemption (the handler reads b's cache): the same
+    // ConfigMap is admitted there, stamped with b.
+    Api::<ConfigMap>::namespaced(b_client.clone(), "default")
+        .create(&PostParams::default(), &config_map(EXEMPTION, Some("team")))
+        .await
+        .expect("exemption");
+    eventually("an unowned ConfigMap admitted in b", || async {
+        try_create(&b_client, &config_map("plain", None))
+            .await
+            .is_ok_and(|cm| cm.labels().get("stamped-by").map(String::as_str) == Some("b"))
+    })
+    .await;
+
+    // A hung handler is answered at the deadline (503): the failure
+    // policy (Fail) refuses the request, long before the API server's 10 s.
+    let hung = try_create(&a_client, &config_map("hang-1", None))
+        .await
+        .expect_err("a request whose handler hangs");
+    assert!(
+        hung.contains("owner-label") && hung.contains("unable to handle the request"),
+        "{hung}"
+    );
+    assert!(
+        !hung.contains("context deadline exceeded"),
+        "the API server's own deadline passed: {hung}"
+    );
+
+    // c joins: registered; leaves: unregistered.
+    provider
+        .clusters
+        .add("c", cluster_for("c", &c).await)
+        .expect("add c");
+    eventually("registration in c", || registered(&c_client)).await;
+    let refused = try_create(&c_client, &config_map("plain", None))
+        .await
+        .expect_err("an unowned ConfigMap in c");
+    assert!(
+        refused.contains("in cluster c has no owner label"),
+        "{refused}"
+    );
+    provider.clusters.remove(&ClusterName::from("c"));
+    eventually("no registration in c", || async {
+        !registered(&c_client).await
+    })
+    .await;
+    try_create(&c_client, &config_map("plain", None))
+        .await
+        .expect("c no longer checked");
+
+    // A new CA and serving pair: served at the next handshake and
+    // registered with the new CA; only both together let the handler
+    // answer again.
+    let old_ca = std::fs::read(&files.ca).expect("CA");
+    ServingFiles::generate(certificates.path()).expect("new certificates");
+    let new_ca = std::fs::read(&files.ca).expect("CA");
+    assert_ne!(old_ca, new_ca);
+    eventually("the new CA registered in a", || async {
+        Api::<ValidatingWebhookConfiguration>::all(a_client.clone())
+            .get(CONFIGURATION)
+            .await
+            .expect("configuration")
+            .webhooks
+            .into_iter()
+            .flatten()
+            .all(|webhook| {
+                webhook
+                    .client_config
+                    .ca_bundle
+                    .is_some_and(|ca| ca.0 == new_ca)
+            })
+    })
+    .await;
+    eventually("the handler answering with the new certificate", || async {
+        try_create(&a_client, &config_map("plain", None))
+            .await
+            .is_err_and(|err| err.contains("in cluster a has no owner label"))
+    })
+    .await;
+
+    let metrics = manager.metrics().encode();
+    for line in [
+        r#"mcr_webhook_requests_total{webhook="owner-label",result="denied"}"#,
+        r#"mcr_webhook_requests_total{webhook="owner-label",result="timeout"}"#,
+        r#"mcr_webhook_requests_total{webhook="stamp",result="allowed"}"#,
+    ] {
+        assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
+    }
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+    serving.await.expect("server stopped");
+    // Stopping keeps the members' registrations (the default).
+    assert!(registered(&a_client).await);
+}
