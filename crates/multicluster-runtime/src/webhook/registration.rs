@@ -25,6 +25,7 @@ use crate::{Aware, Cluster, ClusterName, Error, Manager};
 
 /// How the webhooks are registered in each member.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct RegistrationOptions {
     /// The server as the members' API servers reach it, e.g.
     /// `https://webhooks.example.com:9443` (no path): each webhook's URL is

@@ -37,6 +37,7 @@ const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);
 /// `/tmp/k8s-webhook-server/serving-certs`), so manifests written for it
 /// fit.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct WebhookServerOptions {
     /// The address to listen on (default `0.0.0.0:9443`).
     pub address: SocketAddr,
