@@ -157,7 +157,7 @@ impl WebhookServer {
                 clusters: Mutex::default(),
                 requests: Family::default(),
                 durations: Family::new_with_constructor(
-                    (|| Histogram::new(exponential_buckets(0.0005, 2.0, 16))) as fn() -> Histogram,
+                    (|| Histogram::new(exponential_buckets(0.0001, 2.0, 18))) as fn() -> Histogram,
                 ),
                 per_cluster: OnceLock::new(),
             }),
