@@ -300,3 +300,157 @@ async fn one_server_answers_every_member_with_its_own_cluster() {
     // Stopping keeps the members' registrations (the default).
     assert!(registered(&a_client).await);
 }
+
+/// An HTTPS client trusting the CA in `ca`.
+fn https_client(
+    ca: &std::path::Path,
+) -> hyper_util::client::legacy::Client<
+    hyper_rustls::HttpsConnector<hyper_util::client::legacy::connect::HttpConnector>,
+    http_body_util::Full<hyper::body::Bytes>,
+> {
+    use rustls::pki_types::CertificateDer;
+    use rustls::pki_types::pem::PemObject;
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(ca).expect("CA") {
+        roots.add(cert.expect("CA certificate")).expect("root");
+    }
+    let tls = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+        .with_tls_config(tls)
+        .https_only()
+        .enable_http1()
+        .build();
+    hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build(connector)
+}
+
+/// Requests the API server never sends are answered with the codes the
+/// module documents, so a misdirected or malformed call leaves the
+/// decision to the failure policy; a well-formed review is answered with
+/// its uid.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn requests_outside_admission_get_the_documented_answers() {
+    use http_body_util::{BodyExt, Full};
+    use hyper::body::Bytes;
+    use multicluster_runtime::Aware;
+
+    let member = ControlPlane::start().await.expect("member");
+    let certificates = tempfile::tempdir().expect("dir");
+    let files = ServingFiles::generate(certificates.path()).expect("certificates");
+    let mut options = WebhookServerOptions::default().certificate(&files.cert, &files.key);
+    // Small enough that a body over it fits the socket buffers: the client
+    // finishes writing and reads the answer, sent before the body is read.
+    options.max_request_bytes = 64 * 1024;
+    let server = WebhookServer::new(options).expect("server");
+    server.add(owner_label()).expect("webhook");
+    let lifetime = tokio_util::sync::CancellationToken::new();
+    server
+        .engage(
+            lifetime.clone(),
+            ClusterName::from("team/a"),
+            cluster_for("team/a", &member).await,
+        )
+        .expect("engage");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let base = format!(
+        "https://localhost:{}",
+        listener.local_addr().expect("address").port()
+    );
+    let stop = tokio_util::sync::CancellationToken::new();
+    let serving = tokio::spawn({
+        let (server, stop) = (server.clone(), stop.clone());
+        async move { server.serve(listener, stop).await }
+    });
+    let client = https_client(&files.ca);
+    let call = |method: &str, path: &str, body: Vec<u8>| {
+        let request = http::Request::builder()
+            .method(method)
+            .uri(format!("{base}{path}"))
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .expect("request");
+        let (client, what) = (client.clone(), format!("{method} {path}"));
+        async move {
+            let response = client
+                .request(request)
+                .await
+                .unwrap_or_else(|err| panic!("{what}: {err:?}"));
+            let status = response.status().as_u16();
+            let body = response
+                .into_body()
+                .collect()
+                .await
+                .expect("body")
+                .to_bytes();
+            (status, String::from_utf8_lossy(&body).into_owned())
+        }
+    };
+    let review = serde_json::json!({
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": "3f1c6a44-0000-4000-8000-000000000001",
+            "kind": {"group": "", "version": "v1", "kind": "ConfigMap"},
+            "resource": {"group": "", "version": "v1", "resource": "configmaps"},
+            "namespace": "default",
+            "operation": "CREATE",
+            "userInfo": {"username": "someone"},
+            "object": {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "plain", "namespace": "default"}},
+            "dryRun": false,
+        }
+    })
+    .to_string()
+    .into_bytes();
+
+    assert_eq!(call("GET", "/healthz", Vec::new()).await.0, 200);
+    let path = multicluster_runtime::webhook::path("owner-label", &ClusterName::from("team/a"));
+    assert_eq!(path, "/webhooks/owner-label/clusters/team/a");
+    let (status, body) = call("POST", &path, review.clone()).await;
+    assert_eq!(status, 200, "{body}");
+    let answer: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+    assert_eq!(
+        answer["response"]["uid"],
+        "3f1c6a44-0000-4000-8000-000000000001"
+    );
+    assert_eq!(answer["response"]["allowed"], false);
+    assert!(
+        answer["response"]["status"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains("in cluster team/a has no owner label")),
+        "{body}"
+    );
+    assert_eq!(call("GET", &path, Vec::new()).await.0, 405);
+    let (status, body) = call(
+        "POST",
+        "/webhooks/owner-label/clusters/ghost",
+        review.clone(),
+    )
+    .await;
+    assert_eq!(
+        (status, body.trim()),
+        (404, "cluster ghost is not served here")
+    );
+    assert_eq!(
+        call("POST", "/webhooks/nope/clusters/team/a", review.clone())
+            .await
+            .0,
+        404
+    );
+    assert_eq!(call("POST", &path, b"{}".to_vec()).await.0, 400);
+    let huge = vec![b' '; 100 * 1024];
+    assert_eq!(call("POST", &path, huge).await.0, 413);
+
+    // A cluster whose lifetime ended is no longer answered.
+    lifetime.cancel();
+    eventually("team/a no longer served", || async {
+        call("POST", &path, review.clone()).await.0 == 404
+    })
+    .await;
+
+    stop.cancel();
+    serving.await.expect("server stopped");
+}

@@ -32,6 +32,8 @@ pub(crate) enum Unanswered {
     BadRequest(String),
     /// The handler failed (its error, redacted).
     Failed(String),
+    /// The body is longer than the server takes (the limit).
+    TooLarge(usize),
 }
 
 /// The handler without its types: an AdmissionReview's JSON in, the

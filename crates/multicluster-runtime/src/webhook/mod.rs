@@ -15,14 +15,15 @@
 //!   fleet name, `/` kept), `/webhooks/<webhook>/local` for the local
 //!   cluster. A request for a cluster that is not engaged here (unknown,
 //!   gone, or left to another replica) is answered `404`, a handler that
-//!   fails `500`, one that runs past the deadline `503`, a body that is not
-//!   an AdmissionReview `400`: the API server then applies the webhook's
+//!   fails `500`, one that runs past the deadline `503`, a body over the
+//!   limit `413`, one that is not an AdmissionReview `400`: the API server
+//!   then applies the webhook's
 //!   `failurePolicy` (`Fail` refuses the request, `Ignore` admits it).
 //! - [`Registration`] keeps the `Validating`/`MutatingWebhookConfiguration`
 //!   of the webhooks in every engaged member, pointing at its path.
 //!
 //! Metrics: `mcr_webhook_requests_total{webhook,result}` (`allowed`,
-//! `denied`, `error`, `timeout`, `bad-request`, `unknown-cluster`,
+//! `denied`, `error`, `timeout`, `bad-request`, `too-large`, `unknown-cluster`,
 //! `unknown-webhook`) and `mcr_webhook_request_duration_seconds{webhook}`,
 //! with a `cluster` label too when the manager's metrics have per-cluster
 //! labels.

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use http::{Response, StatusCode};
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
@@ -330,13 +330,7 @@ impl WebhookServer {
         let deadline = self.inner.options.request_deadline;
         let limit = self.inner.options.max_request_bytes;
         let answer = tokio::time::timeout(deadline, async {
-            let body = Limited::new(request.into_body(), limit)
-                .collect()
-                .await
-                .map_err(|err| {
-                    Unanswered::BadRequest(format!("the request body could not be read: {err}"))
-                })?
-                .to_bytes();
+            let body = read_body(request.into_body(), limit).await?;
             (webhook.handle)(cluster, body).await
         })
         .await;
@@ -352,6 +346,16 @@ impl WebhookServer {
                 (
                     StatusCode::BAD_REQUEST,
                     "bad-request",
+                    why.into_bytes(),
+                    "text/plain",
+                )
+            }
+            Ok(Err(Unanswered::TooLarge(limit))) => {
+                let why = format!("the request body is over {limit} bytes");
+                tracing::warn!(webhook = name, cluster = %cluster_name, "webhook request refused: {why}");
+                (
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "too-large",
                     why.into_bytes(),
                     "text/plain",
                 )
@@ -406,6 +410,33 @@ impl WebhookServer {
             tracing::debug!(cluster = %name, "webhook server no longer answers the cluster");
         }
     }
+}
+
+/// The body, or `TooLarge` once it passes `limit`. The rest of a body
+/// over the limit is read and dropped (up to the limit again), so the
+/// client, still writing, gets the answer rather than a reset connection.
+async fn read_body(mut body: Incoming, limit: usize) -> Result<Bytes, Unanswered> {
+    let unreadable = |err: hyper::Error| {
+        Unanswered::BadRequest(format!("the request body could not be read: {err}"))
+    };
+    let mut read = Vec::new();
+    let mut seen = 0usize;
+    while let Some(frame) = body.frame().await {
+        let Ok(data) = frame.map_err(unreadable)?.into_data() else {
+            continue;
+        };
+        seen += data.len();
+        if seen > limit.saturating_mul(2) {
+            break;
+        }
+        if seen <= limit {
+            read.extend_from_slice(&data);
+        }
+    }
+    if seen > limit {
+        return Err(Unanswered::TooLarge(limit));
+    }
+    Ok(Bytes::from(read))
 }
 
 fn plain(status: StatusCode, text: String) -> Response<Full<Bytes>> {
