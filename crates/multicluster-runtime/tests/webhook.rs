@@ -454,3 +454,114 @@ async fn requests_outside_admission_get_the_documented_answers() {
     stop.cancel();
     serving.await.expect("server stopped");
 }
+
+/// A member whose cache is held to one namespace is registered for that
+/// namespace only (the server has no cluster-wide view to answer with); a
+/// dynamic webhook answers as a typed one; and with `remove_on_shutdown`
+/// the registration leaves with the process.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_held_to_a_namespace_is_registered_for_it_and_cleaned_up_on_request() {
+    use kube::api::{ApiResource, DynamicObject};
+    use multicluster_runtime::cache::{Cache, CacheOptions};
+    use multicluster_runtime::webhook::WebhookKind;
+
+    let member = ControlPlane::start().await.expect("member");
+    let admin = member.client().await.expect("client");
+    for namespace in ["team-a", "team-b"] {
+        member.create_namespace(namespace).await.expect("namespace");
+    }
+    let certificates = tempfile::tempdir().expect("dir");
+    let files = ServingFiles::generate(certificates.path()).expect("certificates");
+    let provider = Arc::new(TestProvider::default());
+    let cache = Cache::with_options(
+        "held",
+        admin.clone(),
+        CacheOptions::default().namespace("team-a".to_string()),
+    );
+    provider
+        .clusters
+        .add("held", Cluster::with_cache("held", admin.clone(), cache))
+        .expect("add");
+    let manager = Manager::builder(Cluster::local(admin.clone()))
+        .provider(provider)
+        .build();
+    let server =
+        WebhookServer::new(WebhookServerOptions::default().certificate(&files.cert, &files.key))
+            .expect("server");
+    server
+        .add(Webhook::dynamic(
+            "owner-label",
+            WebhookKind::Validating,
+            ApiResource::erase::<ConfigMap>(&()),
+            |cluster: Cluster, request: AdmissionRequest<DynamicObject>| async move {
+                let response = AdmissionResponse::from(&request);
+                Ok::<_, Failed>(match &request.object {
+                    Some(object) if !object.labels().contains_key(OWNER) => response.deny(format!(
+                        "{} in cluster {} has no {OWNER} label (dynamic)",
+                        object.name_any(),
+                        cluster.name()
+                    )),
+                    _ => response,
+                })
+            },
+        ))
+        .expect("webhook");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let mut options = RegistrationOptions::new(format!("https://127.0.0.1:{port}"), &files.ca);
+    options.remove_on_shutdown = true;
+    let registration = Registration::new(&manager, &server, options).expect("registration");
+    manager.add(Arc::new(server.clone())).expect("add");
+    manager.add(Arc::new(registration.clone())).expect("add");
+    let (shutdown, task) = run_manager(&manager);
+    let serving = tokio::spawn({
+        let (server, shutdown) = (server.clone(), shutdown.clone());
+        async move { server.serve(listener, shutdown).await }
+    });
+
+    eventually("registration in the member", || registered(&admin)).await;
+    let configuration = Api::<ValidatingWebhookConfiguration>::all(admin.clone())
+        .get(CONFIGURATION)
+        .await
+        .expect("configuration");
+    let selector = configuration.webhooks.expect("webhooks")[0]
+        .namespace_selector
+        .clone()
+        .expect("a namespace selector");
+    assert_eq!(
+        selector.match_expressions.expect("expressions")[0]
+            .values
+            .as_deref(),
+        Some(&["team-a".to_string()][..])
+    );
+    let create = |namespace: &'static str| {
+        let admin = admin.clone();
+        async move {
+            let dry_run = PostParams {
+                dry_run: true,
+                ..PostParams::default()
+            };
+            Api::<ConfigMap>::namespaced(admin, namespace)
+                .create(&dry_run, &config_map("plain", None))
+                .await
+                .map_err(|err| err.to_string())
+        }
+    };
+    let refused = create("team-a").await.expect_err("unowned in team-a");
+    assert!(
+        refused.contains("plain in cluster held has no owner label (dynamic)"),
+        "{refused}"
+    );
+    create("team-b").await.expect("team-b is not the member's");
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+    serving.await.expect("server stopped");
+    registration.stopped().await;
+    assert!(
+        !registered(&admin).await,
+        "registration removed at shutdown"
+    );
+}

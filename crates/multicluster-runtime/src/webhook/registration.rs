@@ -56,7 +56,8 @@ pub struct RegistrationOptions {
     pub object_selector: Option<LabelSelector>,
     /// Delete the configurations from every member when the process stops
     /// (default false: a restarting or upgrading server keeps its
-    /// registrations, and its members' writes keep being checked).
+    /// registrations, and its members' writes keep being checked). Await
+    /// [`Registration::stopped`] before exiting.
     pub remove_on_shutdown: bool,
 }
 
@@ -94,6 +95,8 @@ struct Inner {
     clusters: Mutex<Engagements<()>>,
     /// The CA bundle, followed by one task for every member.
     ca: Mutex<Option<watch::Receiver<Vec<u8>>>>,
+    /// The members' tasks, for [`Registration::stopped`].
+    tasks: tokio_util::task::TaskTracker,
 }
 
 impl std::fmt::Debug for Registration {
@@ -123,8 +126,18 @@ impl Registration {
                 manager: manager.clone(),
                 clusters: Mutex::default(),
                 ca: Mutex::default(),
+                tasks: tokio_util::task::TaskTracker::new(),
             }),
         })
+    }
+
+    /// Completes once the work for every member whose lifetime has ended
+    /// is done: after [`Manager::run`](crate::Manager::run) returns, await
+    /// it so that `remove_on_shutdown` deletions (each bounded by a 10 s
+    /// deadline) finish before the process exits.
+    pub async fn stopped(&self) {
+        self.inner.tasks.close();
+        self.inner.tasks.wait().await;
     }
 
     /// The CA bundle as it is now, following the file from the first call
@@ -402,10 +415,12 @@ impl Aware for Registration {
             let (engaged, _) = clusters.insert(name.clone(), cluster.clone(), &lifetime, ());
             (engaged.lifetime.clone(), engaged.generation)
         };
-        tokio::spawn(
-            self.clone()
-                .follow(name.clone(), cluster, stop.clone(), generation),
-        );
+        self.inner.tasks.spawn(self.clone().follow(
+            name.clone(),
+            cluster,
+            stop.clone(),
+            generation,
+        ));
         let this = self.clone();
         when_ended(&stop, move || {
             lock(&this.inner.clusters).end(&name, generation);
