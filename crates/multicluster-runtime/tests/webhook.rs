@@ -174,6 +174,7 @@ async fn one_server_answers_every_member_with_its_own_cluster() {
     let port = listener.local_addr().expect("address").port();
     let mut options = RegistrationOptions::new(format!("https://127.0.0.1:{port}"), &files.ca);
     options.ca_check = Duration::from_millis(500);
+    options.include_local = true;
     let registration = Registration::new(&manager, &server, options).expect("registration");
     manager.add(Arc::new(server.clone())).expect("add server");
     manager
@@ -187,10 +188,18 @@ async fn one_server_answers_every_member_with_its_own_cluster() {
 
     // Registered in both members; a refused in a with the handler's
     // message; an owned one admitted and stamped with its cluster.
-    eventually("registration in a and b", || async {
-        registered(&a_client).await && registered(&b_client).await
+    let hub_client = hub.client().await.expect("hub");
+    eventually("registration in a, b and the hub", || async {
+        registered(&a_client).await && registered(&b_client).await && registered(&hub_client).await
     })
     .await;
+    let refused = try_create(&hub_client, &config_map("plain", None))
+        .await
+        .expect_err("an unowned ConfigMap on the hub");
+    assert!(
+        refused.contains("ConfigMap plain in cluster hub has no owner label"),
+        "{refused}"
+    );
     let refused = try_create(&a_client, &config_map("plain", None))
         .await
         .expect_err("an unowned ConfigMap in a");

@@ -59,6 +59,9 @@ pub struct RegistrationOptions {
     /// registrations, and its members' writes keep being checked). Await
     /// [`Registration::stopped`] before exiting.
     pub remove_on_shutdown: bool,
+    /// Register in the local cluster too, at its path (default false: the
+    /// local cluster's configuration usually ships with the deployment).
+    pub include_local: bool,
 }
 
 impl RegistrationOptions {
@@ -76,13 +79,14 @@ impl RegistrationOptions {
             operations: vec!["CREATE".to_string(), "UPDATE".to_string()],
             object_selector: None,
             remove_on_shutdown: false,
+            include_local: false,
         }
     }
 }
 
 /// The registration component; add it to the manager with
-/// [`Manager::add`](crate::Manager::add). Registers in members only: the
-/// local cluster's configuration is the deployment's (`config/`).
+/// [`Manager::add`](crate::Manager::add). Registers in members, and in the
+/// local cluster with [`RegistrationOptions::include_local`].
 #[derive(Clone)]
 pub struct Registration {
     inner: Arc<Inner>,
@@ -404,7 +408,7 @@ impl Aware for Registration {
         name: ClusterName,
         cluster: Cluster,
     ) -> Result<(), Error> {
-        if name.is_local() {
+        if name.is_local() && !self.inner.options.include_local {
             return Ok(());
         }
         let (stop, generation) = {

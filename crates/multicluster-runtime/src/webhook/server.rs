@@ -245,8 +245,11 @@ impl WebhookServer {
             };
             let (acceptor, server, shutdown) = (acceptor.clone(), self.clone(), shutdown.clone());
             connections.spawn(async move {
-                let stream =
-                    match tokio::time::timeout(HANDSHAKE_DEADLINE, acceptor.accept(stream)).await {
+                let handshake = tokio::time::timeout(HANDSHAKE_DEADLINE, acceptor.accept(stream));
+                let stream = tokio::select! {
+                    // Stopping: a handshake under way holds nothing up.
+                    () = shutdown.cancelled() => return,
+                    handshake = handshake => match handshake {
                         Ok(Ok(stream)) => stream,
                         Ok(Err(err)) => {
                             tracing::debug!(%peer, error = %err, "webhook server: TLS handshake failed");
@@ -256,7 +259,8 @@ impl WebhookServer {
                             tracing::debug!(%peer, "webhook server: TLS handshake timed out");
                             return;
                         }
-                    };
+                    },
+                };
                 server.connection(stream, shutdown).await;
             });
         }
