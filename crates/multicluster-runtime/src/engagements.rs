@@ -133,6 +133,24 @@ impl<T> Engagements<T> {
         (held, replaced)
     }
 
+    /// Holds `cluster` under `name` as [`Engagements::insert`] does, unless
+    /// the call is stale or engages the same instance again
+    /// ([`Engagements::arrival`]); returns the new engagement's lifetime and
+    /// generation, for the clean-up when it ends.
+    pub(crate) fn insert_new(
+        &mut self,
+        name: &ClusterName,
+        cluster: &Cluster,
+        lifetime: &CancellationToken,
+        data: T,
+    ) -> Option<(CancellationToken, u64)> {
+        if self.arrival(name, cluster, lifetime) != Arrival::New {
+            return None;
+        }
+        let (held, _) = self.insert(name.clone(), cluster.clone(), lifetime, data);
+        Some((held.lifetime.clone(), held.generation))
+    }
+
     /// Like [`Engagements::insert`], but the replaced engagement is
     /// returned with its lifetime still running: the caller ends it once
     /// the new one has been handed on, so that nobody downstream sees the

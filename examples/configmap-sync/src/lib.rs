@@ -297,3 +297,58 @@ pub async fn reconcile(
     );
     Ok(Action::await_change())
 }
+
+/// For the examples that propagate a hub object to members: writes (server-
+/// side apply, as `manager`) the copy of a hub ConfigMap in `member`, named
+/// and namespaced like `owner` (the hub object, named in the copy's owner
+/// annotations, `map::owner_annotations`), holding `data`.
+pub async fn put_member_copy(
+    member: &Cluster,
+    owner: &Request,
+    data: Option<&std::collections::BTreeMap<String, String>>,
+    manager: &str,
+) -> Result<(), kube::Error> {
+    let copy = serde_json::json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": owner.name,
+            "annotations": multicluster_runtime::controller::map::owner_annotations(owner),
+        },
+        "data": data,
+    });
+    let namespace = owner.namespace.as_deref().unwrap_or_default();
+    Api::<ConfigMap>::namespaced(member.client(), namespace)
+        .patch(
+            &owner.name,
+            &PatchParams::apply(manager).force(),
+            &Patch::Apply(copy),
+        )
+        .await
+        .map(|_| ())
+}
+
+/// Deletes `member`'s copy of `owner` (see [`put_member_copy`]) if the copy
+/// there names `owner`: nothing else is ever removed. Gone already is fine.
+pub async fn remove_member_copy(
+    member: &Cluster,
+    owner: &Request,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let namespace = owner.namespace.as_deref();
+    let ours = member
+        .cache()
+        .get::<ConfigMap>(namespace, &owner.name)
+        .await?
+        .is_some_and(|copy| {
+            multicluster_runtime::controller::map::owner_of(copy.as_ref()).as_ref() == Some(owner)
+        });
+    if !ours {
+        return Ok(());
+    }
+    let copies = Api::<ConfigMap>::namespaced(member.client(), namespace.unwrap_or_default());
+    match copies.delete(&owner.name, &DeleteParams::default()).await {
+        Ok(_) => Ok(()),
+        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
+        Err(err) => Err(err.into()),
+    }
+}

@@ -17,9 +17,11 @@ use std::time::Duration;
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Resource;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
-use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs};
+use multicluster_example_configmap_sync::{
+    ClientArgs, MainError, ManagerArgs, put_member_copy, remove_member_copy,
+};
 use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
 use multicluster_runtime::controller::{
     Action, ClusterSelector, Controller, Request, Watch, filters, finalizer, map,
@@ -84,40 +86,16 @@ async fn reconcile(
             None => Ok(Action::await_change()),
         };
     }
-    let copies = Api::<ConfigMap>::namespaced(cluster.client(), &namespace);
+    let owner = Request::new(
+        ClusterName::local(),
+        Some(&namespace),
+        request.name.as_str(),
+    );
     let wanted = source.filter(|s| propagated(s) && s.metadata.deletion_timestamp.is_none());
     match wanted {
-        Some(source) => {
-            let owner = Request::new(
-                ClusterName::local(),
-                Some(&namespace),
-                request.name.as_str(),
-            );
-            let copy = json!({
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": { "name": request.name, "annotations": map::owner_annotations(&owner) },
-                "data": source.data,
-            });
-            copies
-                .patch(
-                    &request.name,
-                    &PatchParams::apply(MANAGER).force(),
-                    &Patch::Apply(copy),
-                )
-                .await?;
-        }
-        None => {
-            // Only copies we made (they name their owner) are removed.
-            let ours = cluster
-                .cache()
-                .get::<ConfigMap>(Some(&namespace), &request.name)
-                .await?
-                .is_some_and(|copy| map::owner_of(copy.as_ref()).is_some());
-            if ours {
-                delete_if_present(&copies, &request.name).await?;
-            }
-        }
+        Some(source) => put_member_copy(&cluster, &owner, source.data.as_ref(), MANAGER).await?,
+        // Only the copy this hub object made is removed.
+        None => remove_member_copy(&cluster, &owner).await?,
     }
     Ok(Action::await_change())
 }
@@ -217,14 +195,6 @@ async fn count_in_sync(
     // Recounted on events: a copy's change in a member, a member joining
     // (its copies are made) or leaving (`owed_on_disengage`).
     Ok(Action::await_change())
-}
-
-async fn delete_if_present(copies: &Api<ConfigMap>, name: &str) -> Result<(), kube::Error> {
-    match copies.delete(name, &DeleteParams::default()).await {
-        Ok(_) => Ok(()),
-        Err(kube::Error::Api(status)) if status.code == 404 => Ok(()),
-        Err(err) => Err(err),
-    }
 }
 
 #[tokio::main]

@@ -16,8 +16,10 @@ use std::time::Duration;
 
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams};
-use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use multicluster_example_configmap_sync::{
+    ClientArgs, MainError, ManagerArgs, put_member_copy, remove_member_copy,
+};
 use multicluster_provider_cluster_inventory_api::placement::{DecisionKey, Placements};
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
 use multicluster_runtime::controller::{
@@ -86,42 +88,13 @@ async fn reconcile(
             None => Ok(Action::await_change()),
         };
     }
-    let copies = Api::<ConfigMap>::namespaced(cluster.client(), namespace.unwrap_or_default());
     let owner = Request::new(ClusterName::local(), namespace, request.name.as_str());
     let wanted = source.filter(|source| {
         key_of(source).is_some_and(|key| context.placements.chosen(namespace, &key, cluster.name()))
     });
     match wanted {
-        Some(source) => {
-            let copy = json!({
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": { "name": request.name, "annotations": map::owner_annotations(&owner) },
-                "data": source.data,
-            });
-            copies
-                .patch(
-                    &request.name,
-                    &PatchParams::apply(MANAGER).force(),
-                    &Patch::Apply(copy),
-                )
-                .await?;
-        }
-        None => {
-            // Only the copy this hub object made is removed.
-            let ours = cluster
-                .cache()
-                .get::<ConfigMap>(namespace, &request.name)
-                .await?
-                .is_some_and(|copy| map::owner_of(copy.as_ref()).as_ref() == Some(&owner));
-            if ours {
-                match copies.delete(&request.name, &DeleteParams::default()).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(status)) if status.code == 404 => {}
-                    Err(err) => return Err(err.into()),
-                }
-            }
-        }
+        Some(source) => put_member_copy(&cluster, &owner, source.data.as_ref(), MANAGER).await?,
+        None => remove_member_copy(&cluster, &owner).await?,
     }
     Ok(Action::await_change())
 }

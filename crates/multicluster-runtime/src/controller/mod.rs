@@ -64,7 +64,7 @@ mod work;
 pub use builder::{ControllerBuilder, Watch};
 pub use request::{Action, Request};
 
-use crate::engagements::{Arrival, Engagements, when_ended};
+use crate::engagements::{Engagements, when_ended};
 use crate::sync::lock;
 use std::collections::HashMap;
 use std::fmt;
@@ -283,14 +283,12 @@ impl Aware for Controller {
     ) -> Result<(), Error> {
         let (stop, generation) = {
             let mut clusters = lock(&self.inner.clusters);
-            if clusters.arrival(&name, &cluster, &lifetime) != Arrival::New {
-                return Ok(());
-            }
             // A new instance under a known name (e.g. rotated credentials)
             // ends the old one's sources; queued requests stay and run
             // against the new instance.
-            let (engaged, _) = clusters.insert(name.clone(), cluster.clone(), &lifetime, ());
-            let held = (engaged.lifetime.clone(), engaged.generation);
+            let Some(held) = clusters.insert_new(&name, &cluster, &lifetime, ()) else {
+                return Ok(());
+            };
             self.inner.work.queue().engage(name.clone());
             held
         };

@@ -19,7 +19,7 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{WebhookKind, WebhookServer, path};
-use crate::engagements::{Arrival, Engagements, when_ended};
+use crate::engagements::{Engagements, when_ended};
 use crate::sync::lock;
 use crate::{Aware, Cluster, ClusterName, Error, Manager};
 
@@ -302,37 +302,21 @@ impl Registration {
                 }),
             }
         }
-        let apply = PatchParams::apply("multicluster-runtime-webhooks").force();
         let client = cluster.client();
-        let what = |kind: &str| format!("{kind} {}", options.configuration_name);
         let write = async {
             if !validating.is_empty() {
                 let configuration = ValidatingWebhookConfiguration {
                     metadata: meta.clone(),
                     webhooks: Some(validating),
                 };
-                Api::<ValidatingWebhookConfiguration>::all(client.clone())
-                    .patch(
-                        &options.configuration_name,
-                        &apply,
-                        &Patch::Apply(&configuration),
-                    )
-                    .await
-                    .map_err(|err| (what("ValidatingWebhookConfiguration"), err))?;
+                apply(&client, &configuration).await?;
             }
             if !mutating.is_empty() {
                 let configuration = MutatingWebhookConfiguration {
                     metadata: meta.clone(),
                     webhooks: Some(mutating),
                 };
-                Api::<MutatingWebhookConfiguration>::all(client.clone())
-                    .patch(
-                        &options.configuration_name,
-                        &apply,
-                        &Patch::Apply(&configuration),
-                    )
-                    .await
-                    .map_err(|err| (what("MutatingWebhookConfiguration"), err))?;
+                apply(&client, &configuration).await?;
             }
             Ok::<_, (String, kube::Error)>(())
         };
@@ -386,6 +370,28 @@ impl Registration {
     }
 }
 
+/// Server-side applies a cluster-scoped `configuration`; an error names
+/// its kind and name.
+async fn apply<K>(client: &kube::Client, configuration: &K) -> Result<(), (String, kube::Error)>
+where
+    K: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::Serialize
+        + serde::de::DeserializeOwned,
+{
+    let name = configuration.meta().name.clone().unwrap_or_default();
+    Api::<K>::all(client.clone())
+        .patch(
+            &name,
+            &PatchParams::apply("multicluster-runtime-webhooks").force(),
+            &Patch::Apply(configuration),
+        )
+        .await
+        .map(|_| ())
+        .map_err(|err| (format!("{} {name}", K::kind(&())), err))
+}
+
 fn read_ca(file: &std::path::Path) -> Result<Vec<u8>, Error> {
     let what = || format!("CA bundle {}", file.display());
     let bundle = std::fs::read(file).map_err(|err| Error::Webhook {
@@ -411,13 +417,9 @@ impl Aware for Registration {
         if name.is_local() && !self.inner.options.include_local {
             return Ok(());
         }
-        let (stop, generation) = {
-            let mut clusters = lock(&self.inner.clusters);
-            if clusters.arrival(&name, &cluster, &lifetime) != Arrival::New {
-                return Ok(());
-            }
-            let (engaged, _) = clusters.insert(name.clone(), cluster.clone(), &lifetime, ());
-            (engaged.lifetime.clone(), engaged.generation)
+        let engaged = lock(&self.inner.clusters).insert_new(&name, &cluster, &lifetime, ());
+        let Some((stop, generation)) = engaged else {
+            return Ok(());
         };
         self.inner.tasks.spawn(self.clone().follow(
             name.clone(),

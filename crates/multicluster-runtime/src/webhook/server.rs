@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use super::handler::{Unanswered, Webhook};
 use super::parse_path;
 use super::tls::CertificateFiles;
-use crate::engagements::{Arrival, Engagements, when_ended};
+use crate::engagements::{Engagements, when_ended};
 use crate::metrics::Metrics;
 use crate::sync::lock;
 use crate::{Aware, Cluster, ClusterName, Error};
@@ -460,13 +460,9 @@ impl Aware for WebhookServer {
         name: ClusterName,
         cluster: Cluster,
     ) -> Result<(), Error> {
-        let (stop, generation) = {
-            let mut clusters = lock(&self.inner.clusters);
-            if clusters.arrival(&name, &cluster, &lifetime) != Arrival::New {
-                return Ok(());
-            }
-            let (engaged, _) = clusters.insert(name.clone(), cluster, &lifetime, ());
-            (engaged.lifetime.clone(), engaged.generation)
+        let engaged = lock(&self.inner.clusters).insert_new(&name, &cluster, &lifetime, ());
+        let Some((stop, generation)) = engaged else {
+            return Ok(());
         };
         let this = self.clone();
         when_ended(&stop, move || this.disengage(&name, generation));
