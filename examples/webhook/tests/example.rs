@@ -95,7 +95,6 @@ async fn members_refuse_unowned_config_maps_once_registered() {
         .args(["--namespace", "default", "--health-address", "127.0.0.1:0"])
         .args(["--webhook-address", &format!("127.0.0.1:{port}")])
         .args(["--webhook-url", &format!("https://127.0.0.1:{port}")])
-        .args(["--failure-policy", "Fail"])
         .arg("--cert-dir")
         .arg(certificates.path())
         .env("KUBECONFIG", hub.kubeconfig_path())

@@ -90,7 +90,6 @@ async fn the_manifests_deploy_with_the_least_privilege_on_hub_and_member() {
             _ => {}
         }
     }
-    deployed.args.push("--failure-policy=Fail".to_string());
     let (mut example, _) = run_as_deployed(BINARY, &hub, &deployed, dir.path()).await;
 
     // It works with that RBAC: registered in the member, refusing there.

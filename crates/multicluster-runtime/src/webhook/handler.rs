@@ -50,7 +50,6 @@ pub struct Webhook {
     pub(crate) name: String,
     pub(crate) kind: WebhookKind,
     pub(crate) resource: ApiResource,
-    pub(crate) plural: String,
     pub(crate) handle: Handle,
 }
 
@@ -59,7 +58,7 @@ impl std::fmt::Debug for Webhook {
         f.debug_struct("Webhook")
             .field("name", &self.name)
             .field("kind", &self.kind)
-            .field("resource", &self.plural)
+            .field("resource", &self.resource.plural)
             .finish_non_exhaustive()
     }
 }
@@ -136,7 +135,6 @@ impl Webhook {
         Self {
             name: name.into(),
             kind,
-            plural: resource.plural.clone(),
             resource,
             handle,
         }
