@@ -6,7 +6,8 @@
 //!
 //! Reports, per N: time from `Manager::run` to the first and to every
 //! cluster's first reconcile; RSS and RSS per cluster; CPU seconds to
-//! engage and per idle 30 s; 429 answers from the API server and clusters
+//! engage and per idle 30 s, this process's and the API server's; the
+//! requests the API server answered while engaging, by verb; 429 answers from the API server and clusters
 //! found unreachable while engaging; file descriptors, sockets and connections to
 //! the API server; watches the API server counts; and change → reconcile
 //! latency (p50, p99, max over the clusters) when one patched ConfigMap
@@ -14,7 +15,9 @@
 //!
 //! Run with `make bench` or `cargo bench -p multicluster-provider-kubeconfig
 //! --bench fleet`; `KUBECONFIG_FLEET_SIZES=1000,10000` chooses N (default
-//! 1000), `KUBECONFIG_FLEET_HTTP1=1` reaches the members over HTTP/1.1.
+//! 1000), `KUBECONFIG_FLEET_HTTP1=1` reaches the members over HTTP/1.1,
+//! `KUBECONFIG_FLEET_LIST=1` fills their caches from a LIST and a watch
+//! instead of a streaming list.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -28,10 +31,12 @@ use multicluster_envtest::ControlPlane;
 use multicluster_provider_kubeconfig::{
     DEFAULT_DATA_KEY, DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider,
 };
+use multicluster_runtime::cache::CacheOptions;
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::provider::kubeconfig::ClientOptions;
+use multicluster_runtime::provider::member::MemberOptions;
 use multicluster_runtime::testing::{connections_to, resident_memory_mib};
 use multicluster_runtime::{Cluster, ClusterName, Manager};
 use tokio_util::sync::CancellationToken;
@@ -58,6 +63,12 @@ struct Seen {
 /// `KUBECONFIG_FLEET_HTTP1=1`, over HTTP/1.1.
 fn http2() -> bool {
     std::env::var("KUBECONFIG_FLEET_HTTP1").map_or(true, |value| value != "1")
+}
+
+/// Whether caches fill from streaming lists (the default) or, with
+/// `KUBECONFIG_FLEET_LIST=1`, from a LIST and a watch.
+fn streaming_lists() -> bool {
+    std::env::var("KUBECONFIG_FLEET_LIST").map_or(true, |value| value != "1")
 }
 
 /// CPU time of this process (all threads).
@@ -105,6 +116,39 @@ async fn server_watches(admin: &kube::Client) -> u64 {
         "apiserver_longrunning_requests{",
         "verb=\"WATCH\"",
     )
+}
+
+/// CPU seconds the API server has used so far, from its metrics.
+async fn server_cpu_seconds(admin: &kube::Client) -> f64 {
+    let metrics = server_metrics(admin).await;
+    metrics
+        .lines()
+        .find(|l| l.starts_with("process_cpu_seconds_total "))
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+/// Requests the API server has answered so far, by verb.
+async fn server_requests(admin: &kube::Client) -> BTreeMap<String, u64> {
+    let metrics = server_metrics(admin).await;
+    let mut by_verb = BTreeMap::new();
+    for line in metrics
+        .lines()
+        .filter(|l| l.starts_with("apiserver_request_total{"))
+    {
+        let verb = line
+            .split("verb=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or("?");
+        let count = line
+            .rsplit(' ')
+            .next()
+            .and_then(|n| n.parse::<f64>().ok())
+            .unwrap_or(0.0);
+        *by_verb.entry(verb.to_string()).or_insert(0) += count as u64;
+    }
+    by_verb
 }
 
 /// Requests the API server has answered with 429 (Too Many Requests) so far.
@@ -202,7 +246,11 @@ async fn run(
         admin.clone(),
         KubeconfigOptions::default()
             .namespace(NAMESPACE.to_string())
-            .members(ClientOptions::default().http2(http2())),
+            .members(
+                MemberOptions::default()
+                    .client(ClientOptions::default().http2(http2()))
+                    .cache(CacheOptions::default().streaming_lists(streaming_lists())),
+            ),
     ));
     let metrics = Metrics::default();
     let manager = Manager::builder(Cluster::new("local", admin.clone()))
@@ -211,6 +259,8 @@ async fn run(
         .build();
     manager.add_controller(controller)?;
     let throttled_before = server_throttled(admin).await;
+    let server_cpu_before = server_cpu_seconds(admin).await;
+    let requests_before = server_requests(admin).await;
     let shutdown = CancellationToken::new();
     eprintln!("engaging {clusters} clusters from now");
     let cpu_before = cpu_seconds();
@@ -266,6 +316,19 @@ async fn run(
     }
     let rss = resident_memory_mib();
     let throttled = server_throttled(admin).await - throttled_before;
+    let server_cpu_engage = server_cpu_seconds(admin).await - server_cpu_before;
+    let requests: Vec<String> = server_requests(admin)
+        .await
+        .into_iter()
+        .map(|(verb, count)| {
+            (
+                count - requests_before.get(&verb).copied().unwrap_or(0),
+                verb,
+            )
+        })
+        .filter(|(count, _)| *count > 0)
+        .map(|(count, verb)| format!("{verb}:{count}"))
+        .collect();
     let unreachable = metric_sum(
         &metrics.encode(),
         "mcr_cluster_state_changes_total{",
@@ -279,8 +342,10 @@ async fn run(
     tokio::time::sleep(Duration::from_secs(10)).await;
     eprintln!("{clusters} clusters engaged; idle for 30 s from now");
     let idle_cpu_before = cpu_seconds();
+    let server_idle_before = server_cpu_seconds(admin).await;
     tokio::time::sleep(Duration::from_secs(30)).await;
     let idle_per_30s = cpu_seconds() - idle_cpu_before;
+    let server_idle = server_cpu_seconds(admin).await - server_idle_before;
     let (fds, sockets) = descriptors();
     let connections = connections_to(port);
     let watches = server_watches(admin).await;
@@ -306,7 +371,7 @@ async fn run(
 
     println!(
         "clusters={clusters:>5} first={:>6.2}s all={:>6.2}s rss={:>7.1}MiB (+{:.1}MiB, {:.0}KiB/cluster) \
-         cpu-engage={:>6.1}s 429s={throttled} found-unreachable={unreachable} cpu-idle={:>5.2}s/30s fds={fds} sockets={sockets} connections-to-apiserver={connections} \
+         cpu-engage={:>6.1}s apiserver-cpu-engage={server_cpu_engage:.1}s requests-while-engaging={} 429s={throttled} found-unreachable={unreachable} cpu-idle={:>5.2}s/30s apiserver-cpu-idle={server_idle:.2}s/30s fds={fds} sockets={sockets} connections-to-apiserver={connections} \
          apiserver-watches={watches} fan-out p50={:>7.1}ms p99={:>7.1}ms max={:>7.1}ms",
         first.as_secs_f64(),
         all.as_secs_f64(),
@@ -314,6 +379,7 @@ async fn run(
         rss - rss_before,
         (rss - rss_before) * 1024.0 / clusters as f64,
         cpu_engage,
+        requests.join(","),
         idle_per_30s,
         percentile(&latencies, 0.50).as_secs_f64() * 1000.0,
         percentile(&latencies, 0.99).as_secs_f64() * 1000.0,
@@ -354,10 +420,15 @@ async fn main() -> Outcome {
     target.metadata.name = Some("target".into());
     configmaps.create(&PostParams::default(), &target).await?;
     println!(
-        "machine: {} cores; {} ConfigMaps per cluster; {} to the API server",
+        "machine: {} cores; {} ConfigMaps per cluster; {} to the API server; caches filled from {}",
         std::thread::available_parallelism().map_or(0, usize::from),
         OBJECTS + 1,
-        if http2() { "HTTP/2" } else { "HTTP/1.1" }
+        if http2() { "HTTP/2" } else { "HTTP/1.1" },
+        if streaming_lists() {
+            "streaming lists"
+        } else {
+            "a LIST and a watch"
+        }
     );
     let mut created = 0;
     for clusters in sizes {

@@ -10,6 +10,7 @@
 
 mod index;
 mod informer;
+mod initial_list;
 mod options;
 mod retry;
 mod scoped;
@@ -31,6 +32,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use index::{Extractor, FieldIndex};
 pub use informer::{CacheEvent, Informer, Subscription};
+use initial_list::InitialList;
 use options::resource_id;
 pub use options::{CacheOptions, WatchBackoff};
 pub use scoped::VIRTUAL_NAMESPACE;
@@ -523,14 +525,23 @@ where
     K::DynamicType: Clone + Eq + Hash,
 {
     let strip = options.strip_managed_fields;
-    let config = options.watcher_of(&resource_id::<K>(dyntype)).clone();
+    let resource = resource_id::<K>(dyntype);
+    let base = options.watcher_of(&resource).clone();
+    let initial_list = InitialList::new(options.streaming_lists, resource);
     let retries = retry::RetryState::default();
     let observed = retries.clone();
     let events = retry::Restarting::new(move || {
-        watcher(api.clone(), config.clone())
+        let (config, streaming) = initial_list.config(&base);
+        let initial_list = initial_list.clone();
+        watcher(api.clone(), config)
             // The watcher has already gone back to listing: waiting first
             // would only delay it.
             .filter(|event| std::future::ready(!is_gone(event)))
+            // A refused streaming list ends this start; the next one,
+            // at once, lists.
+            .take_while(move |event| {
+                std::future::ready(!(streaming && initial_list.refused(event)))
+            })
             .boxed()
     })
     .inspect(move |event| observed.observe(event))

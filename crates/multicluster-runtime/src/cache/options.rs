@@ -18,6 +18,18 @@ pub struct CacheOptions {
     /// it is often the largest part of an object and controllers rarely
     /// read it.
     pub strip_managed_fields: bool,
+    /// Fill each watch from a streaming list (default true): one watch
+    /// that starts with the current objects and a bookmark marking their
+    /// end (`sendInitialEvents`, served by Kubernetes 1.32 and later and
+    /// used by client-go's informers since 1.35), instead of a LIST
+    /// followed by a watch. One request less per watch, also when a watch
+    /// starts over, and no whole list held in memory at once. A watch
+    /// whose server refuses it (the `WatchList` feature off, as in 1.27 to
+    /// 1.31, or older servers; an aggregated API that does not serve it)
+    /// lists and watches instead from then on, without waiting. `false`
+    /// leaves the choice to [`CacheOptions::watcher`]'s
+    /// `initial_list_strategy`, as kube-runtime's watcher has it.
+    pub streaming_lists: bool,
     /// Watcher settings (label/field selectors, page size, ...), applied to
     /// every watch of the cache without its own in `per_resource`.
     pub watcher: watcher::Config,
@@ -33,6 +45,7 @@ pub struct CacheOptions {
 crate::option_setters!(CacheOptions {
     namespace: impl Into<Option<String>>,
     strip_managed_fields: bool,
+    streaming_lists: bool,
     watcher: watcher::Config,
     backoff: WatchBackoff,
 });
@@ -42,6 +55,7 @@ impl Default for CacheOptions {
         Self {
             namespace: None,
             strip_managed_fields: true,
+            streaming_lists: true,
             watcher: watcher::Config::default(),
             per_resource: Vec::new(),
             backoff: WatchBackoff::default(),
