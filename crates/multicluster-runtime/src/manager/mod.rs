@@ -219,6 +219,19 @@ impl Manager {
         self.inner.stopping.is_cancelled()
     }
 
+    /// How many handles to this manager exist.
+    #[cfg(test)]
+    pub(crate) fn handles(&self) -> usize {
+        Arc::strong_count(&self.inner)
+    }
+
+    /// What [`Manager::is_stopping`] reads, for components the manager
+    /// holds (a handle to the manager itself would keep it alive).
+    #[cfg_attr(not(feature = "webhook"), allow(dead_code))]
+    pub(crate) fn stopping_signal(&self) -> CancellationToken {
+        self.inner.stopping.clone()
+    }
+
     /// Adds a cluster-aware component; clusters already ready are engaged
     /// with it at once. A [`Controller`] given here is added as
     /// [`Manager::add_controller`] adds it, and run.

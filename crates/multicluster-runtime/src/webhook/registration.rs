@@ -95,7 +95,10 @@ pub struct Registration {
 struct Inner {
     server: WebhookServer,
     options: RegistrationOptions,
-    manager: Manager,
+    /// The manager's "stopping" signal, not the manager itself: the
+    /// manager holds this component, so holding it back would be a cycle
+    /// that keeps both alive.
+    stopping: CancellationToken,
     clusters: Mutex<Engagements<()>>,
     /// The CA bundle, followed by one task for every member.
     ca: Mutex<Option<watch::Receiver<Vec<u8>>>>,
@@ -127,7 +130,7 @@ impl Registration {
             inner: Arc::new(Inner {
                 server: server.clone(),
                 options,
-                manager: manager.clone(),
+                stopping: manager.stopping_signal(),
                 clusters: Mutex::default(),
                 ca: Mutex::default(),
                 tasks: tokio_util::task::TaskTracker::new(),
@@ -217,7 +220,7 @@ impl Registration {
         let replaced = lock(&self.inner.clusters)
             .live(&name)
             .is_some_and(|held| held.generation != generation);
-        let keep = self.inner.manager.is_stopping() && !self.inner.options.remove_on_shutdown;
+        let keep = self.inner.stopping.is_cancelled() && !self.inner.options.remove_on_shutdown;
         if replaced || keep {
             return;
         }
@@ -432,5 +435,43 @@ impl Aware for Registration {
             lock(&this.inner.clusters).end(&name, generation);
         });
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::webhook::WebhookServerOptions;
+
+    /// The manager holds its components; a registration holding the
+    /// manager back kept both alive once the caller let go of them.
+    #[tokio::test]
+    async fn a_registration_does_not_keep_its_manager_alive() {
+        let dir = tempfile::tempdir().expect("dir");
+        let files = multicluster_envtest::ServingFiles::generate(dir.path()).expect("files");
+        let server = WebhookServer::new(
+            WebhookServerOptions::default().certificate(&files.cert, &files.key),
+        )
+        .expect("server");
+        let manager = Manager::builder(crate::Cluster::new(
+            "local",
+            kube::Client::try_from(kube::Config::new(http::Uri::from_static(
+                "https://127.0.0.1:1",
+            )))
+            .expect("client"),
+        ))
+        .build();
+        let registration = Registration::new(
+            &manager,
+            &server,
+            RegistrationOptions::new("https://127.0.0.1:9443", &files.ca),
+        )
+        .expect("registration");
+        manager.add(Arc::new(registration)).expect("added");
+        assert_eq!(
+            manager.handles(),
+            1,
+            "only the caller holds the manager; dropping it frees it"
+        );
     }
 }
