@@ -26,8 +26,9 @@ pub struct CacheOptions {
     /// starts over, and no whole list held in memory at once. A watch
     /// whose server refuses it (the `WatchList` feature off, as in 1.27 to
     /// 1.31, or older servers; an aggregated API that does not serve it)
-    /// lists and watches instead from then on, without waiting. `false`
-    /// leaves the choice to [`CacheOptions::watcher`]'s
+    /// lists and watches instead from then on, without waiting. The
+    /// watcher settings' `page_size` and `list_semantic` apply to LISTs
+    /// only. `false` leaves the choice to [`CacheOptions::watcher`]'s
     /// `initial_list_strategy`, as kube-runtime's watcher has it.
     pub streaming_lists: bool,
     /// Watcher settings (label/field selectors, page size, ...), applied to
