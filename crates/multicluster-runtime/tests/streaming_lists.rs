@@ -63,18 +63,14 @@ async fn template_lists(cp: &ControlPlane) -> u64 {
         .sum::<f64>() as u64
 }
 
-/// Fills a cache of PodTemplates in `default` with `options`, checks it
+/// Fills a cache of PodTemplates with `options`, checks it
 /// holds what exists, then that a later object reaches it through the
 /// watch; returns how many LISTs the API server answered meanwhile.
 async fn fill_and_follow(cp: &ControlPlane, options: CacheOptions, suffix: &str) -> u64 {
     let existing = format!("existing-{suffix}");
     create_template(cp, &existing).await;
     let lists_before = template_lists(cp).await;
-    let cache = Cache::with_options(
-        "test",
-        cp.client().await.expect("client"),
-        options.namespace("default".to_string()),
-    );
+    let cache = Cache::with_options("test", cp.client().await.expect("client"), options);
     let informer = cache.informer::<PodTemplate>();
     cache
         .wait_for_sync(DEADLINE)

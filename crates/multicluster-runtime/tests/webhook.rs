@@ -166,22 +166,10 @@ async fn one_server_answers_every_member_with_its_own_cluster() {
     server.add(owner_label()).expect("webhook");
     server.add(stamp()).expect("webhook");
     server.use_metrics(manager.metrics());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let port = listener.local_addr().expect("address").port();
-    let mut options = RegistrationOptions::new(format!("https://127.0.0.1:{port}"), &files.ca);
-    options.include_local = true;
-    let registration = Registration::new(&manager, &server, options).expect("registration");
-    manager.add(Arc::new(server.clone())).expect("add server");
-    manager
-        .add(Arc::new(registration))
-        .expect("add registration");
-    let (shutdown, task) = run_manager(&manager);
-    let serving = tokio::spawn({
-        let (server, shutdown) = (server.clone(), shutdown.clone());
-        async move { server.serve(listener, shutdown).await }
-    });
+    let running = serve_and_register(&manager, &server, &files, |options| {
+        options.include_local = true;
+    })
+    .await;
 
     // Registered in both members; a refused in a with the handler's
     // message; an owned one admitted and stamped with its cluster.
@@ -301,14 +289,64 @@ async fn one_server_answers_every_member_with_its_own_cluster() {
         assert!(metrics.contains(line), "{line} missing from:\n{metrics}");
     }
 
-    shutdown.cancel();
-    task.await.expect("task").expect("clean stop");
-    serving.await.expect("server stopped");
+    running.stop().await;
     // Stopping keeps the members' registrations (the default).
     assert!(registered(&a_client).await);
 }
 
 /// An HTTPS client trusting the CA in `ca`.
+/// A manager running with `server` serving on a loopback port and
+/// registered in its members.
+struct Running {
+    registration: Registration,
+    shutdown: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), multicluster_runtime::Error>>,
+    serving: tokio::task::JoinHandle<()>,
+}
+
+/// Binds a loopback port, registers `server` there (the options from
+/// `files`'s CA, then `adjust`), adds both to `manager` and runs it.
+async fn serve_and_register(
+    manager: &Manager,
+    server: &WebhookServer,
+    files: &ServingFiles,
+    adjust: impl FnOnce(&mut RegistrationOptions),
+) -> Running {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let mut options = RegistrationOptions::new(format!("https://127.0.0.1:{port}"), &files.ca);
+    adjust(&mut options);
+    let registration = Registration::new(manager, server, options).expect("registration");
+    manager.add(Arc::new(server.clone())).expect("add server");
+    manager
+        .add(Arc::new(registration.clone()))
+        .expect("add registration");
+    let (shutdown, task) = run_manager(manager);
+    let serving = tokio::spawn({
+        let (server, shutdown) = (server.clone(), shutdown.clone());
+        async move { server.serve(listener, shutdown).await }
+    });
+    Running {
+        registration,
+        shutdown,
+        task,
+        serving,
+    }
+}
+
+impl Running {
+    /// Stops the manager and the server, and waits for the registration's
+    /// work in the members (`remove_on_shutdown` deletions).
+    async fn stop(self) {
+        self.shutdown.cancel();
+        self.task.await.expect("task").expect("clean stop");
+        self.serving.await.expect("server stopped");
+        self.registration.stopped().await;
+    }
+}
+
 fn https_client(
     ca: &std::path::Path,
 ) -> hyper_util::client::legacy::Client<
@@ -513,20 +551,10 @@ async fn a_member_held_to_a_namespace_is_registered_for_it_and_cleaned_up_on_req
             },
         ))
         .expect("webhook");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let port = listener.local_addr().expect("address").port();
-    let mut options = RegistrationOptions::new(format!("https://127.0.0.1:{port}"), &files.ca);
-    options.remove_on_shutdown = true;
-    let registration = Registration::new(&manager, &server, options).expect("registration");
-    manager.add(Arc::new(server.clone())).expect("add");
-    manager.add(Arc::new(registration.clone())).expect("add");
-    let (shutdown, task) = run_manager(&manager);
-    let serving = tokio::spawn({
-        let (server, shutdown) = (server.clone(), shutdown.clone());
-        async move { server.serve(listener, shutdown).await }
-    });
+    let running = serve_and_register(&manager, &server, &files, |options| {
+        options.remove_on_shutdown = true;
+    })
+    .await;
 
     eventually("registration in the member", || registered(&admin)).await;
     let configuration = Api::<ValidatingWebhookConfiguration>::all(admin.clone())
@@ -563,10 +591,7 @@ async fn a_member_held_to_a_namespace_is_registered_for_it_and_cleaned_up_on_req
     );
     create("team-b").await.expect("team-b is not the member's");
 
-    shutdown.cancel();
-    task.await.expect("task").expect("clean stop");
-    serving.await.expect("server stopped");
-    registration.stopped().await;
+    running.stop().await;
     assert!(
         !registered(&admin).await,
         "registration removed at shutdown"
