@@ -149,6 +149,9 @@ pub(crate) fn kube_error(err: &kube::Error) -> String {
             causes(err.to_string(), inner.as_ref())
         }
         kube::Error::HyperError(inner) => causes(err.to_string(), inner),
+        // A watch whose connection broke: why it broke (a keep-alive ping
+        // unanswered, a reset) is in the causes.
+        kube::Error::ReadEvents(inner) => causes(err.to_string(), inner),
         // kube-rs prints the whole proxy URL, user and password included.
         kube::Error::ProxyProtocolDisabled {
             proxy_url,
@@ -413,6 +416,37 @@ mod tests {
         let text = kube_error(&err);
         assert!(
             text.ends_with("Connection refused (os error 111)"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn a_broken_watch_keeps_the_cause_of_the_break() {
+        // hyper's body error, whose message leaves its cause out.
+        #[derive(Debug)]
+        struct BodyError(std::io::Error);
+        impl std::fmt::Display for BodyError {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("error reading a body from connection")
+            }
+        }
+        impl StdError for BodyError {
+            fn source(&self) -> Option<&(dyn StdError + 'static)> {
+                Some(&self.0)
+            }
+        }
+        // kube-rs wraps a failed watch body as an I/O error around its
+        // service error, whose causes say why the stream ended.
+        let broken = std::io::Error::new(
+            std::io::ErrorKind::BrokenPipe,
+            "stream closed because of a broken pipe",
+        );
+        let body = kube::Error::Service(Box::new(BodyError(broken)));
+        let err = kube::Error::ReadEvents(std::io::Error::other(body));
+        let text = kube_error(&err);
+        assert!(
+            text.starts_with("Error reading events stream")
+                && text.ends_with("stream closed because of a broken pipe"),
             "{text}"
         );
     }

@@ -494,3 +494,78 @@ async fn with_default_options_three_paused_members_of_five_hold_up_no_healthy_on
     stop.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// The longest a member whose API server stops answering while nothing
+/// talks to it may go unreported with the default options: its connection
+/// is pinged after 30 s without a frame and closed 15 s later if the ping
+/// is not answered (client-go's timings), the keep-alive grid may add a
+/// second, the manager's `unhealthy_after` three and its health walk one;
+/// the rest is slack for a loaded machine.
+const IDLE_HANG_REPORTED_WITHIN: Duration = Duration::from_secs(60);
+
+/// With the default options, a member that stops answering (SIGSTOP) while
+/// idle — no reconcile running, its watch quiet — is found out by its
+/// connection's keep-alive pings and reported unreachable, while the other
+/// member stays ready; once it answers again it is ready by itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_member_that_stops_answering_is_found_by_its_keep_alive_pings() {
+    let (idle, other) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (idle, other) = (idle.expect("idle"), other.expect("other"));
+    let provider = TestProvider::default();
+    for (name, cp) in [("idle", &idle), ("other", &other)] {
+        provider
+            .clusters
+            .add(
+                name,
+                kubeconfig_cluster(name, cp, &ClientOptions::default()).await,
+            )
+            .expect("add");
+    }
+    let manager = Manager::builder(cluster_for("local", &other).await)
+        .provider(Arc::new(provider))
+        .build();
+    let recorder = Recorder::default();
+    manager
+        .add_controller(copying_controller(&recorder, &Gate::new()))
+        .expect("add");
+    let (stop, task) = run_manager(&manager);
+    eventually("both members to be ready", || async {
+        ["idle", "other"]
+            .iter()
+            .all(|name| state_of(&manager, name) == Some(ClusterState::Ready))
+    })
+    .await;
+
+    idle.pause_api_server().expect("SIGSTOP");
+    let paused = std::time::Instant::now();
+    let mut seen = Vec::new();
+    let reason = loop {
+        let state = state_of(&manager, "idle");
+        if let Some(ClusterState::Unreachable(reason)) = &state {
+            break reason.to_string();
+        }
+        assert!(
+            paused.elapsed() < IDLE_HANG_REPORTED_WITHIN,
+            "the paused member was not reported unreachable within {IDLE_HANG_REPORTED_WITHIN:?}; its states: {seen:?}"
+        );
+        if seen.last() != Some(&state) {
+            seen.push(state);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    // The ping went unanswered, so hyper closed the connection under the
+    // watch: that is what the watch reports.
+    assert!(
+        reason.contains("watching configmaps") && reason.contains("broken pipe"),
+        "reported for its closed connection: {reason}"
+    );
+    assert_eq!(state_of(&manager, "other"), Some(ClusterState::Ready));
+
+    idle.resume_api_server().expect("SIGCONT");
+    eventually("the member to be ready again", || async {
+        state_of(&manager, "idle") == Some(ClusterState::Ready)
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
