@@ -67,3 +67,41 @@ async fn http2_shares_one_connection_per_cluster_http1_holds_one_per_watch() {
     .await;
     separate.cache().stop();
 }
+
+/// How long hyper-util's pool keeps a connection it has not handed out
+/// (its default `pool_idle_timeout`), and a little more.
+const LONGER_THAN_THE_POOL_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(95);
+
+/// A cluster's HTTP/2 connection outlives quiet spells: its open watches
+/// keep it busy, so a request after a minute and a half without one goes
+/// over it, not over a new connection with a TLS handshake of its own (a
+/// quiet fleet would otherwise reconnect every cluster at each re-watch).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_after_a_quiet_spell_goes_over_the_watching_connection() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let port: u16 = cp
+        .server()
+        .rsplit(':')
+        .next()
+        .and_then(|port| port.trim_end_matches('/').parse().ok())
+        .expect("port");
+    eventually("start-up connections to close", || async {
+        connections_to(port) == 0
+    })
+    .await;
+    let cluster = watching_three_types(&cp, &ClientOptions::default()).await;
+    eventually("one connection for lists and three watches", || async {
+        connections_to(port) == 1
+    })
+    .await;
+
+    // The quiet spell is what is tested: nothing is sent meanwhile.
+    tokio::time::sleep(LONGER_THAN_THE_POOL_IDLE_TIMEOUT).await;
+    cluster
+        .client()
+        .apiserver_version()
+        .await
+        .expect("version after the quiet spell");
+    assert_eq!(connections_to(port), 1, "a second connection was opened");
+    cluster.cache().stop();
+}

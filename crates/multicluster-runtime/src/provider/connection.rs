@@ -5,6 +5,11 @@
 //! connection per open watch: three watched types on 10,000 clusters would
 //! be 30,000 sockets.
 //!
+//! That connection is kept as long as it is open, however long nothing is
+//! sent over it but pings: hyper-util's pool forgets by default a
+//! connection it has not handed out for 90 s, watches open or not, and the
+//! next request (a re-watch every few minutes) paid for a new connection.
+//!
 //! Until the first connection's TLS handshake has said it is HTTP/2,
 //! requests that race it may open connections of their own (hyper pools by
 //! protocol once it is known); the manager's first request to a cluster is
@@ -67,6 +72,12 @@ const PING_TIMEOUT: Duration = Duration::from_secs(15);
 /// The servers whose TLS sessions a client remembers, to resume them when
 /// it connects again: its cluster's.
 const SESSION_SERVERS: usize = 1;
+
+/// How many idle connections a client keeps to a server that speaks only
+/// HTTP/1.1 (one that speaks HTTP/2 needs one connection in all): enough
+/// for a cluster's requests in turn, while its watches hold connections of
+/// their own. More are closed as their requests end.
+const IDLE_HTTP1_CONNECTIONS: usize = 2;
 
 /// How finely keep-alive deadlines are rounded: at most this much later
 /// than asked, and every connection's timer on the same ticks.
@@ -141,6 +152,14 @@ pub(crate) fn builder(
             .http2_keep_alive_interval(PING_INTERVAL)
             .http2_keep_alive_timeout(PING_TIMEOUT)
             .http2_keep_alive_while_idle(true)
+            // hyper-util forgets a connection it has not handed out for 90 s,
+            // even one whose watches are open: the next request then opens
+            // another connection, with a TLS handshake on both sides, and a
+            // quiet fleet did so for every cluster at each re-watch. An
+            // HTTP/2 connection is kept while it is open (pings check it);
+            // over HTTP/1.1, a server without HTTP/2, a few idle ones are.
+            .pool_idle_timeout(None)
+            .pool_max_idle_per_host(IDLE_HTTP1_CONNECTIONS)
             .build(connector);
     let retry = tower::retry::RetryLayer::new(Resend::new(config.default_retry));
     let service = ServiceBuilder::new()
