@@ -69,10 +69,6 @@ const PING_INTERVAL: Duration = Duration::from_secs(30);
 /// (client-go's `PingTimeout`).
 const PING_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// The servers whose TLS sessions a client remembers, to resume them when
-/// it connects again: its cluster's.
-const SESSION_SERVERS: usize = 1;
-
 /// How many idle connections a client keeps to a server that speaks only
 /// HTTP/1.1 (one that speaks HTTP/2 needs one connection in all): enough
 /// for a cluster's requests in turn, while its watches hold connections of
@@ -137,9 +133,12 @@ pub(crate) fn builder(
     http.set_nodelay(true);
     http.set_connect_timeout(config.connect_timeout);
     let mut tls = config.rustls_client_config()?;
-    // rustls remembers sessions of up to 256 servers by default, about
-    // 14 KiB a client once allocated; a member's client talks to one.
-    tls.resumption = rustls::client::Resumption::in_memory_sessions(SESSION_SERVERS);
+    // No TLS session is kept for resumption, as client-go keeps none: the
+    // connection lasts as long as it works, and the reconnects that follow
+    // a break mostly reach a server that cannot resume it (restarted, or
+    // another replica behind the address), while the tickets cost a client
+    // 2-3 KiB for its whole life (14 KiB with rustls's default cache).
+    tls.resumption = rustls::client::Resumption::disabled();
     let connector = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
         .https_only()
@@ -152,6 +151,13 @@ pub(crate) fn builder(
             .http2_keep_alive_interval(PING_INTERVAL)
             .http2_keep_alive_timeout(PING_TIMEOUT)
             .http2_keep_alive_while_idle(true)
+            // The server indexes no response header for this client
+            // (SETTINGS_HEADER_TABLE_SIZE 0). An API server's answers repeat
+            // little worth indexing (each has its own audit ID and date),
+            // while the table kept up to 4 KiB of them, and the read buffers
+            // they were decoded from, for the connection's life: 8 KiB a
+            // cluster once its client has sent a hundred requests.
+            .http2_header_table_size(0)
             // hyper-util forgets a connection it has not handed out for 90 s,
             // even one whose watches are open: the next request then opens
             // another connection, with a TLS handshake on both sides, and a
