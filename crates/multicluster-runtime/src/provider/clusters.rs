@@ -155,7 +155,13 @@ impl Clusters {
     /// kubeconfig text and stable ID): building it again would change
     /// nothing.
     pub fn is_current(&self, wanted: &KubeconfigCluster) -> bool {
-        self.fingerprint(&wanted.name).as_deref() == Some(wanted.fingerprint().as_str())
+        self.holds(&wanted.name, &wanted.fingerprint())
+    }
+
+    /// Whether the set holds `name` built from what `fingerprint` digests
+    /// ([`KubeconfigCluster::fingerprint`]).
+    pub(crate) fn holds(&self, name: &ClusterName, fingerprint: &str) -> bool {
+        self.fingerprint(name).as_deref() == Some(fingerprint)
     }
 
     fn insert(

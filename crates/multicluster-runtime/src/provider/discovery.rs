@@ -130,7 +130,9 @@ impl Fleet {
         wanted: KubeconfigCluster,
         still_wanted: impl FnOnce() -> Option<KubeconfigCluster>,
     ) -> Result<Action, Error> {
-        if self.clusters.is_current(&wanted) {
+        // Computed once: it digests the whole kubeconfig and the options.
+        let fingerprint = wanted.fingerprint();
+        if self.clusters.holds(&wanted.name, &fingerprint) {
             self.failures.clear(&wanted.name);
             // Labels and properties alone changed (or nothing did): the
             // cluster keeps its client, cache and engagement.
@@ -146,8 +148,7 @@ impl Fleet {
             Err(err) if self.failures.record_build_error(&wanted.name, &err) => return Err(err),
             Err(_) => return Ok(Action::await_change()),
         };
-        let Some(now) = still_wanted().filter(|now| now.fingerprint() == wanted.fingerprint())
-        else {
+        let Some(now) = still_wanted().filter(|now| now.fingerprint() == fingerprint) else {
             tracing::debug!(cluster = %wanted.name, "changed while its client was built; building again");
             return Ok(Action::await_change());
         };
@@ -159,7 +160,7 @@ impl Fleet {
         self.failures.clear(&wanted.name);
         if self
             .clusters
-            .add_or_replace(wanted.name.clone(), built, wanted.fingerprint())
+            .add_or_replace(wanted.name.clone(), built, fingerprint)
         {
             if replaced {
                 tracing::info!(cluster = %wanted.name, "cluster replaced in the fleet from {}", wanted.source);
