@@ -251,6 +251,15 @@ pub fn resident_memory_mib_of(process: impl std::fmt::Display) -> f64 {
         .map_or(f64::NAN, |kb| kb / 1024.0)
 }
 
+/// The CPU time this process has used so far, all threads, in seconds, to
+/// the nanosecond (`CLOCK_PROCESS_CPUTIME_ID`): fine enough for the idle
+/// figures of a fleet, a few hundredths of a second, which
+/// [`cpu_seconds_of`]'s clock ticks only round.
+pub fn process_cpu_seconds() -> f64 {
+    let now = rustix::time::clock_gettime(rustix::time::ClockId::ProcessCPUTime);
+    now.tv_sec as f64 + now.tv_nsec as f64 / 1e9
+}
+
 /// The CPU time `process` (a PID, or `self`) has used so far, all threads,
 /// in seconds (Linux: `utime` + `stime` from `/proc/<process>/stat`, in the
 /// kernel's USER_HZ of 100 ticks a second; 0 elsewhere).

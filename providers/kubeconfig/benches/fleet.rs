@@ -11,13 +11,18 @@
 //! found unreachable while engaging; file descriptors, sockets and connections to
 //! the API server; watches the API server counts; and change → reconcile
 //! latency (p50, p99, max over the clusters) when one patched ConfigMap
-//! reaches every cluster.
+//! reaches every cluster; then RSS again once every cluster's client has
+//! sent 100 requests (`/version`), what a cluster costs a controller at
+//! work: channels and header tables grow with use, and keep what they grew.
 //!
 //! Run with `make bench` or `cargo bench -p multicluster-provider-kubeconfig
 //! --bench fleet`; `KUBECONFIG_FLEET_SIZES=1000,10000` chooses N (default
 //! 1000), `KUBECONFIG_FLEET_HTTP1=1` reaches the members over HTTP/1.1,
 //! `KUBECONFIG_FLEET_LIST=1` fills their caches from a LIST and a watch
-//! instead of a streaming list.
+//! instead of a streaming list, `KUBECONFIG_FLEET_IDLE_SECS` sets the idle
+//! window (default 30; 330 holds every watch's renewal) and
+//! `KUBECONFIG_FLEET_REQUESTS` the requests per cluster before the last
+//! reading of memory (default 100, 0 for none).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -71,9 +76,9 @@ fn streaming_lists() -> bool {
     std::env::var("KUBECONFIG_FLEET_LIST").map_or(true, |value| value != "1")
 }
 
-/// CPU time of this process (all threads).
+/// CPU time of this process (all threads), to the nanosecond.
 fn cpu_seconds() -> f64 {
-    multicluster_runtime::testing::cpu_seconds_of("self")
+    multicluster_runtime::testing::process_cpu_seconds()
 }
 
 /// Open file descriptors, and how many of them are sockets.
@@ -149,6 +154,30 @@ async fn server_requests(admin: &kube::Client) -> BTreeMap<String, u64> {
         *by_verb.entry(verb.to_string()).or_insert(0) += count as u64;
     }
     by_verb
+}
+
+/// The requests the API server has answered since it answered `before`,
+/// by verb (`GET:2,WATCH:1000`); a watch is counted when it ends.
+async fn requests_since(admin: &kube::Client, before: &BTreeMap<String, u64>) -> String {
+    server_requests(admin)
+        .await
+        .into_iter()
+        .map(|(verb, count)| (count - before.get(&verb).copied().unwrap_or(0), verb))
+        .filter(|(count, _)| *count > 0)
+        .map(|(count, verb)| format!("{verb}:{count}"))
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// How long idle CPU is measured (`KUBECONFIG_FLEET_IDLE_SECS`, default
+/// 30); it is reported per 30 s whatever the window.
+fn idle_window() -> Duration {
+    Duration::from_secs(
+        std::env::var("KUBECONFIG_FLEET_IDLE_SECS")
+            .ok()
+            .and_then(|value| value.parse().ok())
+            .unwrap_or(30),
+    )
 }
 
 /// Requests the API server has answered with 429 (Too Many Requests) so far.
@@ -317,18 +346,7 @@ async fn run(
     let rss = resident_memory_mib();
     let throttled = server_throttled(admin).await - throttled_before;
     let server_cpu_engage = server_cpu_seconds(admin).await - server_cpu_before;
-    let requests: Vec<String> = server_requests(admin)
-        .await
-        .into_iter()
-        .map(|(verb, count)| {
-            (
-                count - requests_before.get(&verb).copied().unwrap_or(0),
-                verb,
-            )
-        })
-        .filter(|(count, _)| *count > 0)
-        .map(|(count, verb)| format!("{verb}:{count}"))
-        .collect();
+    let requests = requests_since(admin, &requests_before).await;
     let unreachable = metric_sum(
         &metrics.encode(),
         "mcr_cluster_state_changes_total{",
@@ -336,16 +354,26 @@ async fn run(
     );
 
     // Idle: nothing changes. The first 10 s after the last cluster was
-    // engaged still carry its wake (connections settling, the first
-    // keep-alive pings), so idle CPU is measured over the 30 s after
-    // them (said on stderr, for a profiler to attach: `perf record -p`).
+    // engaged still carry its wake (connections settling), so idle CPU is
+    // measured from then (said on stderr, for a profiler to attach: `perf
+    // record -p`), over 30 s by default: each connection's first
+    // keep-alive ping. A window of five minutes or more also holds the
+    // watches' bookmarks (one a minute each) and their renewal (every
+    // 290 s), what a quiet fleet does for good.
     tokio::time::sleep(Duration::from_secs(10)).await;
-    eprintln!("{clusters} clusters engaged; idle for 30 s from now");
+    let idle = idle_window();
+    eprintln!(
+        "{clusters} clusters engaged; idle for {} s from now",
+        idle.as_secs()
+    );
     let idle_cpu_before = cpu_seconds();
     let server_idle_before = server_cpu_seconds(admin).await;
-    tokio::time::sleep(Duration::from_secs(30)).await;
-    let idle_per_30s = cpu_seconds() - idle_cpu_before;
-    let server_idle = server_cpu_seconds(admin).await - server_idle_before;
+    let idle_requests_before = server_requests(admin).await;
+    tokio::time::sleep(idle).await;
+    let per_30s = 30.0 / idle.as_secs_f64();
+    let idle_per_30s = (cpu_seconds() - idle_cpu_before) * per_30s;
+    let server_idle = (server_cpu_seconds(admin).await - server_idle_before) * per_30s;
+    let idle_requests = requests_since(admin, &idle_requests_before).await;
     let (fds, sockets) = descriptors();
     let connections = connections_to(port);
     let watches = server_watches(admin).await;
@@ -371,7 +399,7 @@ async fn run(
 
     println!(
         "clusters={clusters:>5} first={:>6.2}s all={:>6.2}s rss={:>7.1}MiB (+{:.1}MiB, {:.0}KiB/cluster) \
-         cpu-engage={:>6.1}s apiserver-cpu-engage={server_cpu_engage:.1}s requests-while-engaging={} 429s={throttled} found-unreachable={unreachable} cpu-idle={:>5.2}s/30s apiserver-cpu-idle={server_idle:.2}s/30s fds={fds} sockets={sockets} connections-to-apiserver={connections} \
+         cpu-engage={:>6.1}s apiserver-cpu-engage={server_cpu_engage:.1}s requests-while-engaging={requests} 429s={throttled} found-unreachable={unreachable} cpu-idle={:>6.3}s/30s apiserver-cpu-idle={server_idle:.2}s/30s requests-while-idle={idle_requests} fds={fds} sockets={sockets} connections-to-apiserver={connections} \
          apiserver-watches={watches} fan-out p50={:>7.1}ms p99={:>7.1}ms max={:>7.1}ms",
         first.as_secs_f64(),
         all.as_secs_f64(),
@@ -379,15 +407,65 @@ async fn run(
         rss - rss_before,
         (rss - rss_before) * 1024.0 / clusters as f64,
         cpu_engage,
-        requests.join(","),
         idle_per_30s,
         percentile(&latencies, 0.50).as_secs_f64() * 1000.0,
         percentile(&latencies, 0.99).as_secs_f64() * 1000.0,
         latencies.last().copied().unwrap_or_default().as_secs_f64() * 1000.0,
     );
+    let uses = requests_per_cluster();
+    if uses > 0 {
+        // A controller at work sends its cluster requests all the time; what
+        // a cluster costs once its client has carried some is what a long
+        // run holds (channels keep the blocks they grew into, for one).
+        let names: Vec<ClusterName> = manager
+            .cluster_states()
+            .into_iter()
+            .map(|(name, _)| name)
+            .collect();
+        let sent = Instant::now();
+        let failures: usize = futures::stream::iter(names)
+            .map(|name| {
+                let manager = manager.clone();
+                async move {
+                    let Ok(cluster) = manager.get_cluster(&name).await else {
+                        return uses;
+                    };
+                    let mut failed = 0;
+                    for _ in 0..uses {
+                        let request = http::Request::get("/version")
+                            .body(Vec::new())
+                            .expect("request");
+                        if cluster.client().request_text(request).await.is_err() {
+                            failed += 1;
+                        }
+                    }
+                    failed
+                }
+            })
+            .buffer_unordered(64)
+            .fold(0, |total, failed| async move { total + failed })
+            .await;
+        let rss_used = resident_memory_mib();
+        println!(
+            "clusters={clusters:>5} after {uses} requests each ({:.1}s, {failures} failed): rss={rss_used:>7.1}MiB (+{:.1}MiB, {:.0}KiB/cluster)",
+            sent.elapsed().as_secs_f64(),
+            rss_used - rss_before,
+            (rss_used - rss_before) * 1024.0 / clusters as f64,
+        );
+    }
     shutdown.cancel();
     task.await??;
     Ok(())
+}
+
+/// How many requests each cluster's client sends after the fan-out before
+/// memory is read again (`KUBECONFIG_FLEET_REQUESTS`, default 100; 0 skips
+/// it).
+fn requests_per_cluster() -> usize {
+    std::env::var("KUBECONFIG_FLEET_REQUESTS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(100)
 }
 
 #[tokio::main]
