@@ -158,12 +158,8 @@ pub(crate) fn builder(
             // they were decoded from, for the connection's life: 8 KiB a
             // cluster once its client has sent a hundred requests.
             .http2_header_table_size(0)
-            // hyper-util forgets a connection it has not handed out for 90 s,
-            // even one whose watches are open: the next request then opens
-            // another connection, with a TLS handshake on both sides, and a
-            // quiet fleet did so for every cluster at each re-watch. An
-            // HTTP/2 connection is kept while it is open (pings check it);
-            // over HTTP/1.1, a server without HTTP/2, a few idle ones are.
+            // Kept while open, however quiet (see above; pings check it). To
+            // a server without HTTP/2, a few idle HTTP/1.1 connections are.
             .pool_idle_timeout(None)
             .pool_max_idle_per_host(IDLE_HTTP1_CONNECTIONS)
             .build(connector);
