@@ -105,3 +105,41 @@ async fn a_request_after_a_quiet_spell_goes_over_the_watching_connection() {
     assert_eq!(connections_to(port), 1, "a second connection was opened");
     cluster.cache().stop();
 }
+
+/// A member whose API server does not serve HTTP/2 is reached over
+/// HTTP/1.1 all the same (the TLS handshake settles it), and a burst of
+/// requests leaves at most two idle connections behind besides those of the
+/// open watches: the pool keeps its connections however quiet, so it must
+/// not keep every one a burst opened.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_without_http2_is_reached_over_http1_and_a_burst_leaves_two_idle_connections() {
+    let cp = ControlPlane::builder()
+        .api_server_arg("--disable-http2-serving")
+        .start()
+        .await
+        .expect("control plane");
+    let port: u16 = cp
+        .server()
+        .rsplit(':')
+        .next()
+        .and_then(|port| port.trim_end_matches('/').parse().ok())
+        .expect("port");
+    eventually("start-up connections to close", || async {
+        connections_to(port) == 0
+    })
+    .await;
+    let cluster = watching_three_types(&cp, &ClientOptions::default()).await;
+    eventually("a connection per watch", || async {
+        connections_to(port) == 3
+    })
+    .await;
+
+    let client = cluster.client();
+    let burst = futures::future::join_all((0..10).map(|_| client.apiserver_version())).await;
+    assert!(burst.iter().all(Result::is_ok), "{burst:?}");
+    eventually("the burst's extra connections to close", || async {
+        connections_to(port) <= 3 + 2
+    })
+    .await;
+    cluster.cache().stop();
+}
