@@ -31,21 +31,27 @@ async fn watching_three_types(cp: &ControlPlane, options: &ClientOptions) -> Clu
     cluster
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http2_shares_one_connection_per_cluster_http1_holds_one_per_watch() {
-    let cp = ControlPlane::start().await.expect("control plane");
+/// `cp`'s API server port, once this process holds no connection to it.
+/// The start-up readiness client's connections close on their own time;
+/// counting from a baseline they leave later made the counts flaky.
+async fn port_once_quiet(cp: &ControlPlane) -> u16 {
     let port: u16 = cp
         .server()
         .rsplit(':')
         .next()
         .and_then(|port| port.trim_end_matches('/').parse().ok())
         .expect("port");
-    // The start-up readiness client's connections close on their own time;
-    // counting from a baseline they leave later made this flaky.
     eventually("start-up connections to close", || async {
         connections_to(port) == 0
     })
     .await;
+    port
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_shares_one_connection_per_cluster_http1_holds_one_per_watch() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let port = port_once_quiet(&cp).await;
     let before = 0;
 
     let shared = watching_three_types(&cp, &ClientOptions::default()).await;
@@ -79,16 +85,7 @@ const LONGER_THAN_THE_POOL_IDLE_TIMEOUT: std::time::Duration = std::time::Durati
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_after_a_quiet_spell_goes_over_the_watching_connection() {
     let cp = ControlPlane::start().await.expect("control plane");
-    let port: u16 = cp
-        .server()
-        .rsplit(':')
-        .next()
-        .and_then(|port| port.trim_end_matches('/').parse().ok())
-        .expect("port");
-    eventually("start-up connections to close", || async {
-        connections_to(port) == 0
-    })
-    .await;
+    let port = port_once_quiet(&cp).await;
     let cluster = watching_three_types(&cp, &ClientOptions::default()).await;
     eventually("one connection for lists and three watches", || async {
         connections_to(port) == 1
@@ -118,16 +115,7 @@ async fn a_server_without_http2_is_reached_over_http1_and_a_burst_leaves_two_idl
         .start()
         .await
         .expect("control plane");
-    let port: u16 = cp
-        .server()
-        .rsplit(':')
-        .next()
-        .and_then(|port| port.trim_end_matches('/').parse().ok())
-        .expect("port");
-    eventually("start-up connections to close", || async {
-        connections_to(port) == 0
-    })
-    .await;
+    let port = port_once_quiet(&cp).await;
     let cluster = watching_three_types(&cp, &ClientOptions::default()).await;
     eventually("a connection per watch", || async {
         connections_to(port) == 3

@@ -414,37 +414,8 @@ async fn run(
     );
     let uses = requests_per_cluster();
     if uses > 0 {
-        // A controller at work sends its cluster requests all the time; what
-        // a cluster costs once its client has carried some is what a long
-        // run holds (channels keep the blocks they grew into, for one).
-        let names: Vec<ClusterName> = manager
-            .cluster_states()
-            .into_iter()
-            .map(|(name, _)| name)
-            .collect();
         let sent = Instant::now();
-        let failures: usize = futures::stream::iter(names)
-            .map(|name| {
-                let manager = manager.clone();
-                async move {
-                    let Ok(cluster) = manager.get_cluster(&name).await else {
-                        return uses;
-                    };
-                    let mut failed = 0;
-                    for _ in 0..uses {
-                        let request = http::Request::get("/version")
-                            .body(Vec::new())
-                            .expect("request");
-                        if cluster.client().request_text(request).await.is_err() {
-                            failed += 1;
-                        }
-                    }
-                    failed
-                }
-            })
-            .buffer_unordered(64)
-            .fold(0, |total, failed| async move { total + failed })
-            .await;
+        let failures = use_every_client(&manager, uses).await;
         let rss_used = resident_memory_mib();
         println!(
             "clusters={clusters:>5} after {uses} requests each ({:.1}s, {failures} failed): rss={rss_used:>7.1}MiB (+{:.1}MiB, {:.0}KiB/cluster)",
@@ -456,6 +427,38 @@ async fn run(
     shutdown.cancel();
     task.await??;
     Ok(())
+}
+
+/// Sends `uses` requests (`/version`) through every engaged cluster's
+/// client, one after another per cluster, 64 clusters at once; returns how
+/// many failed. A controller at work sends its clusters requests all the
+/// time, and what a cluster costs once its client has carried some is what
+/// a long run holds (channels keep the blocks they grew into, for one).
+async fn use_every_client(manager: &Manager, uses: usize) -> usize {
+    let names: Vec<ClusterName> = manager
+        .cluster_states()
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect();
+    futures::stream::iter(names)
+        .map(|name| async move {
+            let Ok(cluster) = manager.get_cluster(&name).await else {
+                return uses;
+            };
+            let mut failed = 0;
+            for _ in 0..uses {
+                let request = http::Request::get("/version")
+                    .body(Vec::new())
+                    .expect("request");
+                if cluster.client().request_text(request).await.is_err() {
+                    failed += 1;
+                }
+            }
+            failed
+        })
+        .buffer_unordered(64)
+        .fold(0, |total, failed| async move { total + failed })
+        .await
 }
 
 /// How many requests each cluster's client sends after the fan-out before
