@@ -11,7 +11,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::FieldIndex;
 use crate::engagements::Engagements;
-use crate::provider::kubeconfig::KubeconfigCluster;
 use crate::{Aware, Cluster, ClusterName, Error, Provider};
 
 /// Called with errors that have no caller to return to (an engagement that
@@ -149,19 +148,6 @@ impl Clusters {
             }
         }
         self.insert(name, cluster, Some(fingerprint), true).is_ok()
-    }
-
-    /// Whether `wanted` is what the set already holds under its name (same
-    /// kubeconfig text and stable ID): building it again would change
-    /// nothing.
-    pub fn is_current(&self, wanted: &KubeconfigCluster) -> bool {
-        self.holds(&wanted.name, &wanted.fingerprint())
-    }
-
-    /// Whether the set holds `name` built from what `fingerprint` digests
-    /// ([`KubeconfigCluster::fingerprint`]).
-    pub(crate) fn holds(&self, name: &ClusterName, fingerprint: &str) -> bool {
-        self.fingerprint(name).as_deref() == Some(fingerprint)
     }
 
     fn insert(

@@ -131,8 +131,9 @@ impl Fleet {
         still_wanted: impl FnOnce() -> Option<KubeconfigCluster>,
     ) -> Result<Action, Error> {
         // Computed once: it digests the whole kubeconfig and the options.
+        // Equal to the held one: building again would change nothing.
         let fingerprint = wanted.fingerprint();
-        if self.clusters.holds(&wanted.name, &fingerprint) {
+        if self.clusters.fingerprint(&wanted.name).as_deref() == Some(fingerprint.as_str()) {
             self.failures.clear(&wanted.name);
             // Labels and properties alone changed (or nothing did): the
             // cluster keeps its client, cache and engagement.
