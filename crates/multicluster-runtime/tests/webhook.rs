@@ -294,7 +294,6 @@ async fn one_server_answers_every_member_with_its_own_cluster() {
     assert!(registered(&a_client).await);
 }
 
-/// An HTTPS client trusting the CA in `ca`.
 /// A manager running with `server` serving on a loopback port and
 /// registered in its members.
 struct Running {
@@ -347,6 +346,7 @@ impl Running {
     }
 }
 
+/// An HTTPS client trusting the CA in `ca`.
 fn https_client(
     ca: &std::path::Path,
 ) -> hyper_util::client::legacy::Client<
