@@ -119,6 +119,32 @@ fn state_of(manager: &Manager, name: &str) -> Option<ClusterState> {
     manager.cluster_state(&ClusterName::from(name))
 }
 
+/// Waits at most `within` for `name`'s state to be one `wanted` accepts
+/// and returns it; fails naming every state it went through meanwhile.
+async fn state_within(
+    manager: &Manager,
+    name: &str,
+    within: Duration,
+    wanted: impl Fn(&ClusterState) -> bool,
+) -> ClusterState {
+    let deadline = std::time::Instant::now() + within;
+    let mut seen = Vec::new();
+    loop {
+        let state = state_of(manager, name);
+        if let Some(state) = state.as_ref().filter(|state| wanted(state)) {
+            return state.clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{name} did not reach the state waited for within {within:?}; its states: {seen:?}"
+        );
+        if seen.last() != Some(&state) {
+            seen.push(state);
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
 async fn copy_exists(cp: &ControlPlane, name: &str) -> bool {
     let client = cp.client().await.expect("client");
     Api::<ConfigMap>::namespaced(client, "default")
@@ -198,27 +224,13 @@ async fn a_hung_member_does_not_stall_the_others_and_is_reported() {
         )
         .await;
     }
-    let seen = std::sync::Mutex::new(Vec::new());
-    let reported = tokio::time::timeout(Duration::from_secs(30), async {
-        loop {
-            let state = state_of(&manager, "m1");
-            // A request on an open connection gets no answer; a new
-            // connection gets no TLS handshake (the connect timeout).
-            if matches!(&state, Some(ClusterState::Unreachable(reason))
-                if reason.contains("no answer within 10s") || reason.contains("deadline has elapsed"))
-            {
-                return;
-            }
-            seen.lock().expect("lock").push(state);
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
+    // A request on an open connection gets no answer; a new connection
+    // gets no TLS handshake (the connect timeout).
+    state_within(&manager, "m1", Duration::from_secs(30), |state| {
+        matches!(state, ClusterState::Unreachable(reason)
+            if reason.contains("no answer within 10s") || reason.contains("deadline has elapsed"))
     })
     .await;
-    if reported.is_err() {
-        let mut seen = seen.into_inner().expect("lock");
-        seen.dedup();
-        panic!("m1 was not reported unreachable within 30 s; its states: {seen:?}");
-    }
     let (_, clusters) = multicluster_runtime::testing::http_get(address, "/clusters")
         .await
         .expect("/clusters");
@@ -537,21 +549,12 @@ async fn an_idle_member_that_stops_answering_is_found_by_its_keep_alive_pings() 
     .await;
 
     idle.pause_api_server().expect("SIGSTOP");
-    let paused = std::time::Instant::now();
-    let mut seen = Vec::new();
-    let reason = loop {
-        let state = state_of(&manager, "idle");
-        if let Some(ClusterState::Unreachable(reason)) = &state {
-            break reason.to_string();
-        }
-        assert!(
-            paused.elapsed() < IDLE_HANG_REPORTED_WITHIN,
-            "the paused member was not reported unreachable within {IDLE_HANG_REPORTED_WITHIN:?}; its states: {seen:?}"
-        );
-        if seen.last() != Some(&state) {
-            seen.push(state);
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
+    let state = state_within(&manager, "idle", IDLE_HANG_REPORTED_WITHIN, |state| {
+        matches!(state, ClusterState::Unreachable(_))
+    })
+    .await;
+    let ClusterState::Unreachable(reason) = state else {
+        panic!("waited for unreachable, got {state:?}");
     };
     // The ping went unanswered, so hyper closed the connection under the
     // watch: that is what the watch reports.
