@@ -13,8 +13,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use kube::api::{Api, ObjectMeta, PostParams};
 use multicluster_envtest::ControlPlane;
-use multicluster_runtime::provider::budget::RequestBudget;
-use multicluster_runtime::provider::kubeconfig::ClientOptions;
+use multicluster_runtime::client::ClientOptions;
+use multicluster_runtime::client::budget::RequestBudget;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::MemberOptions;
 

@@ -24,8 +24,8 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::cache::{Cache, CacheOptions};
+use multicluster_runtime::client::{self, ClientOptions};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
-use multicluster_runtime::provider::kubeconfig::{self, ClientOptions};
 use multicluster_runtime::testing::TestProvider;
 use multicluster_runtime::{Cluster, Manager};
 use tokio_util::sync::CancellationToken;
@@ -79,8 +79,8 @@ async fn create_sources(api: &Api<ConfigMap>, names: impl Iterator<Item = String
 /// `namespace`.
 async fn member(name: &str, cp: &ControlPlane, namespace: &str) -> Cluster {
     let text = multicluster_envtest::to_yaml(cp.kubeconfig()).expect("yaml");
-    let parsed = kubeconfig::parse(&text, name).expect("kubeconfig");
-    let client = kubeconfig::client(&parsed, None, name, &ClientOptions::default())
+    let parsed = client::kubeconfig::parse(&text, name).expect("kubeconfig");
+    let client = client::build(&parsed, None, name, &ClientOptions::default())
         .await
         .expect("client");
     let cache = Cache::with_options(

@@ -66,7 +66,7 @@ pub enum Error {
         user: String,
         /// What failed.
         #[source]
-        source: crate::provider::credentials::CredentialError,
+        source: crate::client::credentials::CredentialError,
     },
     /// Settings that cannot work: the message names the component, the
     /// field and what is wrong with it.

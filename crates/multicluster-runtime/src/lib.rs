@@ -21,6 +21,7 @@
 #![doc = include_str!("../README.md")]
 
 pub mod cache;
+pub mod client;
 mod cluster;
 pub mod controller;
 pub mod coordinator;
@@ -31,6 +32,7 @@ pub mod health;
 pub mod manager;
 pub mod metrics;
 mod name;
+pub mod process;
 pub mod provider;
 pub mod redact;
 mod setters;

@@ -7,13 +7,13 @@ mod common;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::Cluster;
-use multicluster_runtime::provider::kubeconfig::{self, ClientOptions};
+use multicluster_runtime::client::{self, ClientOptions};
 use multicluster_runtime::testing::{connections_to, eventually};
 
 /// A cluster over a client built from `cp`'s kubeconfig, with three
 /// informers listed and watching.
 async fn watching_three_types(cp: &ControlPlane, options: &ClientOptions) -> Cluster {
-    let client = kubeconfig::client(cp.kubeconfig(), None, "the test kubeconfig", options)
+    let client = client::build(cp.kubeconfig(), None, "the test kubeconfig", options)
         .await
         .expect("client");
     // One request first, as the manager's probe does: requests that race

@@ -11,8 +11,8 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::Cluster;
-use multicluster_runtime::provider::budget::RequestBudget;
-use multicluster_runtime::provider::kubeconfig::ClientOptions;
+use multicluster_runtime::client::ClientOptions;
+use multicluster_runtime::client::budget::RequestBudget;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::MemberOptions;
 

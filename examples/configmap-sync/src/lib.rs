@@ -135,8 +135,8 @@ pub struct ClientArgs {
 
 impl ClientArgs {
     /// The client options with these flags.
-    pub fn options(&self) -> multicluster_runtime::provider::kubeconfig::ClientOptions {
-        multicluster_runtime::provider::kubeconfig::ClientOptions::default()
+    pub fn options(&self) -> multicluster_runtime::client::ClientOptions {
+        multicluster_runtime::client::ClientOptions::default()
             .request_timeout(Some(self.request_timeout).filter(|timeout| !timeout.is_zero()))
             .plugin_timeout(self.plugin_timeout)
     }

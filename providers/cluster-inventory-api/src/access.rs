@@ -305,9 +305,9 @@ impl std::fmt::Debug for ProfileAccess {
 impl ProfileAccess {
     /// The kubeconfig as canonical text (JSON, keys sorted), so equal
     /// settings always give equal text: see
-    /// [`multicluster_runtime::provider::kubeconfig::canonical_text`].
+    /// [`multicluster_runtime::client::kubeconfig::canonical_text`].
     pub fn text(&self) -> String {
-        multicluster_runtime::provider::kubeconfig::canonical_text(&self.kubeconfig)
+        multicluster_runtime::client::kubeconfig::canonical_text(&self.kubeconfig)
     }
 }
 

@@ -17,7 +17,7 @@
 //!
 //! Each context is fingerprinted by what it resolves to — the context, its
 //! cluster and its user with their data, extensions and exec settings
-//! ([`multicluster_runtime::provider::kubeconfig::context_text`]) — so an edit
+//! ([`multicluster_runtime::client::kubeconfig::context_text`]) — so an edit
 //! elsewhere in the file leaves it alone: its client is not rebuilt and its
 //! credential plugin does not run. Changed contexts are built concurrently
 //! (up to [`FileOptions::max_concurrent_builds`]), each engaged as soon as

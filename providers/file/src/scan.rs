@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use multicluster_runtime::ClusterName;
-use multicluster_runtime::provider::kubeconfig;
+use multicluster_runtime::client::kubeconfig;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 
 use multicluster_runtime::provider::lock;

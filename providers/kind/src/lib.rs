@@ -25,13 +25,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use multicluster_runtime::controller::{Action, Request, WorkQueue};
+use multicluster_runtime::process::{self, ProcessError};
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::discovery::{
     DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, PROVIDER_BACKOFF,
 };
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::Members;
-use multicluster_runtime::provider::process::{self, ProcessError};
 use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 

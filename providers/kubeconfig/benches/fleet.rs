@@ -37,10 +37,10 @@ use multicluster_provider_kubeconfig::{
     DEFAULT_DATA_KEY, DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider,
 };
 use multicluster_runtime::cache::CacheOptions;
+use multicluster_runtime::client::ClientOptions;
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::metrics::Metrics;
-use multicluster_runtime::provider::kubeconfig::ClientOptions;
 use multicluster_runtime::provider::member::MemberOptions;
 use multicluster_runtime::testing::{connections_to, resident_memory_mib};
 use multicluster_runtime::{Cluster, ClusterName, Manager};
@@ -480,7 +480,7 @@ async fn main() -> Outcome {
         .collect();
     // The manager raises the soft limit too; the control plane's clients
     // in this process need it before.
-    multicluster_runtime::provider::process::raise_open_files_limit()?;
+    multicluster_runtime::process::raise_open_files_limit()?;
     let cp = ControlPlane::start().await?;
     let admin = cp.client().await?;
     let port: u16 = cp

@@ -16,7 +16,7 @@
 //!   [`KubeconfigProvider::failures`], and skipped; the rest of the fleet is
 //!   unaffected. A kubeconfig whose credentials cannot be obtained (a
 //!   credential plugin that fails or hangs past
-//!   [`ClientOptions::plugin_timeout`](multicluster_runtime::provider::kubeconfig::ClientOptions::plugin_timeout)) is tried again with backoff. An
+//!   [`ClientOptions::plugin_timeout`](multicluster_runtime::client::ClientOptions::plugin_timeout)) is tried again with backoff. An
 //!   unreachable server is the manager's business: reported `unreachable`
 //!   and retried, never blocking other clusters.
 //!

@@ -19,7 +19,7 @@
 //! be logged and served.
 //!
 //! Requests are watched by a layer that clients built from kubeconfigs
-//! carry ([`crate::provider::kubeconfig::ClientOptions`]); it also gives every request
+//! carry ([`crate::client::ClientOptions`]); it also gives every request
 //! that is not long-running (watches, log follows, exec sessions are) a
 //! deadline. Clusters with clients of their own are judged by their watches.
 

@@ -333,7 +333,7 @@ impl Manager {
     /// lets running reconciles finish for up to the shutdown grace period.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
         if self.inner.options.raise_open_files_limit {
-            match crate::provider::process::raise_open_files_limit() {
+            match crate::process::raise_open_files_limit() {
                 Ok((before, after)) if before != after => {
                     tracing::info!(?before, ?after, "raised the open-files limit");
                 }

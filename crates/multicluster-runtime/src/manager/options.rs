@@ -33,7 +33,7 @@ pub struct ManagerOptions {
     pub health_address: Option<SocketAddr>,
     /// Raise the process's soft limit on open files to its hard limit when
     /// [`Manager::run`](crate::Manager::run) starts (default true; see
-    /// [`crate::provider::process::raise_open_files_limit`]). A cluster that cannot
+    /// [`crate::process::raise_open_files_limit`]). A cluster that cannot
     /// connect for want of file descriptors says so in its reason.
     pub raise_open_files_limit: bool,
     /// Settings every controller added to the manager takes unless its

@@ -132,7 +132,7 @@ mod tests {
         let plugin = Error::Credentials {
             origin: "Secret s".into(),
             user: "context \"c\", user \"u\"".into(),
-            source: crate::provider::credentials::PluginError::Unusable {
+            source: crate::client::credentials::PluginError::Unusable {
                 command: "plugin".into(),
                 reason: "no status".into(),
             }

@@ -15,7 +15,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use crate::cache::CacheOptions;
-use crate::provider::kubeconfig::ClientOptions;
+use crate::client::ClientOptions;
 
 /// The options a member is built with.
 #[derive(Clone, Debug, Default)]

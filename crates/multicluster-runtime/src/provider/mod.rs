@@ -7,26 +7,19 @@
 //! - [`clusters`]: the set a provider keeps its clusters in;
 //! - [`discovery`]: a provider as a controller over its management
 //!   cluster, building several clients at once;
-//! - [`kubeconfig`] and [`credentials`]: clients from kubeconfig text with
-//!   deadlines, HTTP/2 and exec plugins run under a timeout;
+//! - [`kubeconfig`]: a cluster to build from kubeconfig text, as a
+//!   provider found it (the client itself comes from [`crate::client`]);
 //! - [`member`]: the client and cache options a provider builds each
 //!   member with, the same for all or chosen per inventory object;
 //! - [`failures`]: per-object failure records and their metrics;
-//! - [`process`]: commands with a deadline whose whole process group is
-//!   killed when they overrun or are dropped;
 //! - [`watch_filter`]: the `cluster.x-k8s.io/watch-filter` label
 //!   convention.
 
-pub mod budget;
 pub mod clusters;
-mod connection;
-pub mod credentials;
 pub mod discovery;
 pub mod failures;
 pub mod kubeconfig;
 pub mod member;
-pub mod process;
-mod resend;
 pub mod watch_filter;
 
 /// Locks a `std::sync::Mutex`, carrying on with the data as it was left if

@@ -4,7 +4,7 @@
 //! build, with no deadline and no way to stop it; a plugin that hangs (a
 //! cloud CLI waiting for a login or the network) then holds a thread, a
 //! provider and the process's shutdown. Here the plugin runs on tokio's
-//! process driver through [`crate::provider::process`]: once per client build, again
+//! process driver through [`crate::process`]: once per client build, again
 //! only when its credential is about to expire or the server answered 401,
 //! never past its deadline, and killed (with whatever it started) when the
 //! caller stops waiting.
@@ -25,7 +25,7 @@
 //! stderr is withheld too (a plugin may print its environment when it
 //! fails) unless [`ClientOptions::plugin_stderr`] asks for its last line.
 //!
-//! [`ClientOptions::plugin_stderr`]: crate::provider::kubeconfig::ClientOptions::plugin_stderr
+//! [`ClientOptions::plugin_stderr`]: crate::client::ClientOptions::plugin_stderr
 
 mod plugin;
 

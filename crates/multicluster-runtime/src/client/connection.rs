@@ -42,7 +42,7 @@
 //!   whole, HTTP/2 pings;
 //! - not used: gzip decompression, which kube-rs enables only with its
 //!   `gzip` feature (off in this workspace), and kube's own handling of
-//!   exec-plugin certificates, which [`crate::provider::credentials`] does.
+//!   exec-plugin certificates, which [`crate::client::credentials`] does.
 
 use std::pin::Pin;
 use std::sync::OnceLock;

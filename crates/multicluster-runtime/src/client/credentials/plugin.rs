@@ -9,7 +9,7 @@ use kube::config::{ExecConfig, ExecInteractiveMode};
 use secrecy::SecretString;
 use serde::{Deserialize, Serialize};
 
-use crate::provider::process::{self, ProcessError};
+use crate::process::{self, ProcessError};
 
 /// How long a credential plugin may take by default before it is stopped
 /// and the attempt counts as failed.
@@ -134,7 +134,7 @@ impl Plugin {
     /// This plugin, showing the last line of its stderr when it fails
     /// (see [`ClientOptions::plugin_stderr`] for the risk).
     ///
-    /// [`ClientOptions::plugin_stderr`]: crate::provider::kubeconfig::ClientOptions::plugin_stderr
+    /// [`ClientOptions::plugin_stderr`]: crate::client::ClientOptions::plugin_stderr
     pub(crate) fn showing_stderr(mut self, show: bool) -> Self {
         self.show_stderr = show;
         self

@@ -2,7 +2,7 @@
 //! burst, shared by every client and controller of that member (client-go's
 //! `QPS` and `Burst`).
 //!
-//! Off by default ([`crate::provider::kubeconfig::ClientOptions::request_budget`]):
+//! Off by default ([`crate::client::ClientOptions::request_budget`]):
 //! API servers protect themselves with API Priority and Fairness (on by
 //! default since Kubernetes 1.20, GA in 1.29) and answer 429 with a
 //! `Retry-After`, which these clients honour; and each cluster runs one

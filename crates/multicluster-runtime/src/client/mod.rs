@@ -1,0 +1,455 @@
+//! The member-client stack: a kubeconfig and a [`KubeconfigPolicy`] in,
+//! a bounded, retrying, budgeted `kube::Client` out.
+
+use std::io::IsTerminal;
+use std::time::Duration;
+
+use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
+use secrecy::ExposeSecret;
+
+use crate::Error;
+use crate::health::{BoundedLayer, Requests};
+use budget::{Budget, BudgetLayer, RequestBudget};
+use credentials::{DEFAULT_PLUGIN_TIMEOUT, Plugin};
+use kubeconfig::{context_only, invalid};
+
+pub mod budget;
+mod connection;
+pub mod credentials;
+pub mod kubeconfig;
+mod resend;
+
+/// How long connecting to an API server (TCP and TLS) may take by default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a request that is not long-running may wait for its answer by
+/// default.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How clients built from kubeconfigs reach their clusters. Every provider
+/// that builds clients from kubeconfigs takes these in its options.
+///
+/// kube-rs sets no read timeout by default, so a request to a server that
+/// accepts connections but never answers (a hung or paused process) waits
+/// forever; these clients give every request that is not long-running a
+/// deadline. Watches, followed logs and exec, attach, port-forward and
+/// proxy sessions have none here (a watch ends on the server after its
+/// `timeoutSeconds`).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ClientOptions {
+    /// How long an exec credential plugin may run before it is stopped and
+    /// the attempt fails (default [`DEFAULT_PLUGIN_TIMEOUT`], 60 s). A
+    /// failed attempt is that cluster's alone and is retried with backoff.
+    pub plugin_timeout: Duration,
+    /// How long connecting (TCP and TLS) may take (default
+    /// [`DEFAULT_CONNECT_TIMEOUT`], 10 s); `None` waits as long as the
+    /// operating system does.
+    pub connect_timeout: Option<Duration>,
+    /// How long a request that is not long-running may wait for the
+    /// response's head, and then for each piece of its body (default
+    /// [`DEFAULT_REQUEST_TIMEOUT`], 30 s); `None` waits forever. A request that times out fails with
+    /// [`crate::health::RequestTimedOut`] and marks the cluster unreachable
+    /// until one is answered again.
+    pub request_timeout: Option<Duration>,
+    /// Whether to offer HTTP/2 (default `true`): every request and watch
+    /// to the cluster then shares one connection, checked with pings
+    /// (every 30 s when idle, 15 s to answer, as client-go). With `false`,
+    /// or through a proxy, or with a `tls-server-name`, HTTP/1.1 holds a
+    /// connection per open watch.
+    pub http2: bool,
+    /// Whether a credential plugin that fails is described with the last
+    /// line of its stderr (default `false`: only its command and exit
+    /// status). That line is often the plugin's own explanation, but it is
+    /// whatever the plugin printed: some print their environment or the
+    /// request they made when they fail, and the kubeconfig's `env:`
+    /// entries (often API keys) then reach errors, logs and `/clusters`.
+    /// Turn it on only for plugins you know.
+    pub plugin_stderr: bool,
+    /// How many requests the cluster's clients may send (default `None`:
+    /// no budget, as the module [`budget`] explains why);
+    /// shared by every client built for the cluster and everything that
+    /// uses them. [`RequestBudget::CLIENT_GO`] is client-go's 5 a second,
+    /// bursts of 10.
+    pub request_budget: Option<RequestBudget>,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            plugin_timeout: DEFAULT_PLUGIN_TIMEOUT,
+            connect_timeout: Some(DEFAULT_CONNECT_TIMEOUT),
+            request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
+            http2: true,
+            plugin_stderr: false,
+            request_budget: None,
+        }
+    }
+}
+
+crate::option_setters!(ClientOptions {
+    plugin_timeout: Duration,
+    connect_timeout: Option<Duration>,
+    request_timeout: Option<Duration>,
+    http2: bool,
+    plugin_stderr: bool,
+    request_budget: Option<RequestBudget>,
+});
+
+/// Builds a client for `context` (the current context when `None`),
+/// checking first that the context, its cluster and its user exist so the
+/// error can name the missing piece.
+///
+/// An exec credential plugin runs once, here, under
+/// [`ClientOptions::plugin_timeout`]; the client runs it again only when its
+/// token is about to expire or the server refuses it (see
+/// [`credentials`]). Dropping the returned future stops the plugin.
+/// Requests get the deadlines of `options`.
+pub async fn build(
+    kubeconfig: &Kubeconfig,
+    context: Option<&str>,
+    source: &str,
+    options: &ClientOptions,
+) -> Result<kube::Client, Error> {
+    Ok(client_with_requests(kubeconfig, context, source, options)
+        .await?
+        .0)
+}
+
+/// [`build`], and the record of how its requests end (for the cluster's
+/// health).
+pub(crate) async fn client_with_requests(
+    kubeconfig: &Kubeconfig,
+    context: Option<&str>,
+    source: &str,
+    options: &ClientOptions,
+) -> Result<(kube::Client, Requests), Error> {
+    let context_name = match context {
+        Some(name) => name.to_string(),
+        None => kubeconfig
+            .current_context
+            .clone()
+            .filter(|name| !name.is_empty())
+            .ok_or_else(|| invalid(source, "it has no current-context"))?,
+    };
+    // Checked first so that the error names the missing piece.
+    let only = context_only(kubeconfig, &context_name, source)?;
+    let user = only
+        .auth_infos
+        .first()
+        .map(|named| named.name.clone())
+        .unwrap_or_default();
+    let kube_options = KubeConfigOptions {
+        context: Some(context_name.clone()),
+        ..KubeConfigOptions::default()
+    };
+    let mut config = kube::Config::from_custom_kubeconfig(only, &kube_options)
+        .await
+        .map_err(|err| invalid(source, &format!("context {context_name:?}: {err}")))?;
+    if runs_command_unattended(&config.auth_info) {
+        return Err(invalid(
+            source,
+            &format!(
+                "context {context_name:?} (user {user:?}): the gcp auth provider's cmd-path runs a command that cannot be given a deadline or stopped; use an exec credential plugin (gke-gcloud-auth-plugin) instead, as client-go has required since Kubernetes 1.26"
+            ),
+        ));
+    }
+    config.connect_timeout = options.connect_timeout;
+    let plugin = plugin_of(&mut config.auth_info, options.plugin_timeout)
+        .map(|plugin| plugin.showing_stderr(options.plugin_stderr));
+    let budget = match options.request_budget {
+        Some(budget) if !budget.is_valid() => {
+            return Err(Error::InvalidOptions {
+                component: "client options".to_string(),
+                reason: format!(
+                    "a request budget needs a positive qps and a burst of at least 1, not {budget:?}"
+                ),
+            });
+        }
+        budget => budget.map(|budget| BudgetLayer(Budget::new(budget))),
+    };
+    let requests = Requests::default();
+    let server: std::sync::Arc<str> = crate::redact::without_userinfo(&config.cluster_url).into();
+    let (source_text, context_text) = (source.to_string(), context_name.clone());
+    let (timeout, http2, recorded) = (options.request_timeout, options.http2, requests.clone());
+    // Builds the client, with a client certificate from the plugin when it
+    // hands out one (again at each renewal).
+    let connect: credentials::Connect = std::sync::Arc::new(move |certificate| {
+        let mut config = config.clone();
+        if let Some((certificate, key)) = certificate {
+            use base64::Engine;
+            let encode = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+            config.auth_info.client_certificate_data = Some(encode(certificate));
+            config.auth_info.client_key_data = Some(encode(key.expose_secret()).into());
+        }
+        let layer = BoundedLayer {
+            timeout,
+            requests: recorded.clone(),
+            server: server.clone(),
+        };
+        // Outside the deadline: waiting for the budget is not the server's
+        // slowness.
+        connection::builder(config, http2)
+            .map(|builder| {
+                builder
+                    .with_layer(&layer)
+                    .with_layer(&tower::util::option_layer(budget.clone()))
+                    .build()
+            })
+            .map_err(|err| {
+                invalid(
+                    &source_text,
+                    &format!(
+                        "context {context_text:?}: {}",
+                        crate::redact::kube_error(&err)
+                    ),
+                )
+            })
+    });
+    let Some(plugin) = plugin else {
+        return Ok((connect(None)?, requests));
+    };
+    match plugin.run().await {
+        Ok(first) => Ok((
+            credentials::authenticated(connect, plugin, first, requests.clone())?,
+            requests,
+        )),
+        Err(err) => Err(Error::Credentials {
+            origin: source.to_string(),
+            user: format!("context {context_name:?}, user {user:?}"),
+            source: err.into(),
+        }),
+    }
+}
+
+/// Whether kube-rs would run a command of `auth`'s synchronously while
+/// building the client: the legacy gcp auth provider's `cmd-path`, with no
+/// deadline and no way to stop it. Exec plugins are run by us instead.
+fn runs_command_unattended(auth: &AuthInfo) -> bool {
+    auth.auth_provider.as_ref().is_some_and(|provider| {
+        provider.name == "gcp"
+            && provider.config.contains_key("cmd-path")
+            && !provider.config.contains_key("id-token")
+    })
+}
+
+/// Takes the exec plugin out of `auth`, so kube-rs builds the client without
+/// running it, when the plugin is what authenticates: kube-rs (like
+/// client-go) prefers an auth provider, basic auth, a token or a token file.
+fn plugin_of(auth: &mut AuthInfo, timeout: Duration) -> Option<Plugin> {
+    let other_credentials = auth.auth_provider.is_some()
+        || (auth.username.is_some() && auth.password.is_some())
+        || auth.token.is_some()
+        || auth.token_file.is_some();
+    if other_credentials {
+        return None;
+    }
+    Plugin::new(auth.exec.take()?, std::io::stdin().is_terminal(), timeout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kubeconfig::{context_names, parse};
+
+    const SECRET_TOKEN: &str = "very-secret-token-value";
+
+    fn kubeconfig(current: &str, cluster: &str, user: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: {current}\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\ncontexts:\n- name: ctx\n  context:\n    cluster: {cluster}\n    user: {user}\nusers:\n- name: u\n  user:\n    token: {SECRET_TOKEN}\n"
+        )
+    }
+
+    #[tokio::test]
+    async fn broken_kubeconfigs_are_named_and_never_quoted() {
+        let cases: Vec<(String, &str)> = vec![
+            (String::new(), "empty"),
+            (
+                format!("token: [{SECRET_TOKEN}"),
+                "not valid kubeconfig YAML",
+            ),
+            ("just: a map\n".into(), "not a kubeconfig"),
+            (
+                format!("clusters: {SECRET_TOKEN}\n"),
+                "not valid kubeconfig YAML",
+            ),
+            (kubeconfig("", "c", "u"), "no current-context"),
+            (
+                kubeconfig("other", "c", "u"),
+                "context \"other\" does not exist",
+            ),
+            (kubeconfig("ctx", "missing", "u"), "cluster \"missing\""),
+            (kubeconfig("ctx", "c", "nobody"), "user \"nobody\""),
+            (
+                kubeconfig("ctx", "c", "u").replace(
+                    &format!("    token: {SECRET_TOKEN}\n"),
+                    "    auth-provider:\n      name: gcp\n      config:\n        cmd-path: /usr/bin/gcloud\n",
+                ),
+                "gcp auth provider's cmd-path",
+            ),
+        ];
+        for (text, expected) in cases {
+            let result = match parse(&text, "Secret fleet/prod key kubeconfig") {
+                Ok(parsed) => build(
+                    &parsed,
+                    None,
+                    "Secret fleet/prod key kubeconfig",
+                    &ClientOptions::default(),
+                )
+                .await
+                .map(|_| ()),
+                Err(err) => Err(err),
+            };
+            let err = result.expect_err(expected);
+            assert!(!err.is_retryable(), "{err} needs a change, not a retry");
+            let message = err.to_string();
+            assert!(
+                message.contains("Secret fleet/prod key kubeconfig"),
+                "{message}"
+            );
+            assert!(
+                message.contains(expected),
+                "{message} should say {expected}"
+            );
+            assert!(
+                !message.contains(SECRET_TOKEN),
+                "credentials leaked: {message}"
+            );
+        }
+    }
+
+    /// A kubeconfig whose user runs `command` with `args`, a secret in its
+    /// env, and `state` as the envtest plugins' state directory.
+    fn exec_kubeconfig(command: &str, args: &[&str], state: &std::path::Path) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\ncurrent-context: ctx\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\ncontexts:\n- name: ctx\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: {command}\n      args: {args:?}\n      interactiveMode: Never\n      env:\n      - name: API_KEY\n        value: {SECRET_TOKEN}\n      - name: STATE_DIR\n        value: {}\n",
+            state.display()
+        )
+    }
+
+    #[tokio::test]
+    async fn a_failing_credential_plugin_is_named_and_its_secrets_are_not_quoted() {
+        let command = multicluster_envtest::plugins::REFUSE.to_string();
+        let state = tempfile::tempdir().expect("state dir");
+        let text = exec_kubeconfig(&command, &["--password=very-secret-argument"], state.path());
+        let parsed = parse(&text, "Secret fleet/prod key kubeconfig").expect("parses");
+        let err = build(
+            &parsed,
+            None,
+            "Secret fleet/prod key kubeconfig",
+            &ClientOptions::default(),
+        )
+        .await
+        .map(|_| ())
+        .expect_err("the plugin fails");
+        assert!(err.is_retryable(), "a plugin may work next time: {err}");
+        let message = err.to_string();
+        for expected in [
+            "Secret fleet/prod key kubeconfig",
+            "user \"u\"",
+            command.as_str(),
+            "exit status: 1",
+            "stderr is withheld",
+        ] {
+            assert!(
+                message.contains(expected),
+                "{message} should say {expected}"
+            );
+        }
+        for withheld in [
+            SECRET_TOKEN,
+            "very-secret-argument",
+            "identity service: no grant for this cluster",
+        ] {
+            assert!(!message.contains(withheld), "leaked {withheld}: {message}");
+        }
+
+        // Asked for, the plugin's last stderr line explains the failure.
+        let shown = build(
+            &parsed,
+            None,
+            "Secret fleet/prod key kubeconfig",
+            &ClientOptions::default().plugin_stderr(true),
+        )
+        .await
+        .map(|_| ())
+        .expect_err("the plugin fails")
+        .to_string();
+        assert!(
+            shown.contains("identity service: no grant for this cluster"),
+            "{shown}"
+        );
+        assert!(!shown.contains(SECRET_TOKEN), "{shown}");
+    }
+
+    /// On a single-threaded runtime a held plugin can only be released if
+    /// waiting for it leaves the runtime free.
+    #[tokio::test(flavor = "current_thread")]
+    async fn a_held_plugin_does_not_hold_the_runtime() {
+        use multicluster_envtest::plugins;
+        let state = tempfile::tempdir().expect("state dir");
+        plugins::set_token(state.path(), "from-plugin").expect("token");
+        plugins::hold(state.path()).expect("hold");
+        let text = exec_kubeconfig(plugins::TOKEN, &[], state.path());
+        let parsed = parse(&text, "test").expect("parses");
+        let options = ClientOptions::default();
+        let (built, ()) = tokio::join!(build(&parsed, None, "test", &options), async {
+            plugins::release(state.path()).expect("release");
+        });
+        built.expect("the plugin was released and gave a token");
+    }
+
+    #[tokio::test]
+    async fn a_client_build_runs_the_plugin_once() {
+        use multicluster_envtest::plugins;
+        let state = tempfile::tempdir().expect("state dir");
+        plugins::set_token(state.path(), "from-plugin").expect("token");
+        let text = exec_kubeconfig(plugins::TOKEN, &["--region", "eu-1"], state.path());
+        let parsed = parse(&text, "test").expect("parses");
+        build(&parsed, None, "test", &ClientOptions::default())
+            .await
+            .expect("client");
+        let calls = plugins::calls(state.path());
+        assert_eq!(calls.len(), 1, "{calls:?}");
+        assert!(calls[0].contains("args=--region eu-1"), "{calls:?}");
+        assert!(
+            calls[0].contains(r#""kind":"ExecCredential""#)
+                && calls[0].contains(r#""interactive":false"#),
+            "KUBERNETES_EXEC_INFO as client-go sets it: {calls:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_plugin_that_hangs_fails_the_build_at_its_deadline() {
+        use multicluster_envtest::plugins;
+        let state = tempfile::tempdir().expect("state dir");
+        plugins::set_token(state.path(), "from-plugin").expect("token");
+        plugins::hold(state.path()).expect("hold");
+        let text = exec_kubeconfig(plugins::TOKEN, &[], state.path());
+        let parsed = parse(&text, "Secret fleet/prod key kubeconfig").expect("parses");
+        let options = ClientOptions::default().plugin_timeout(Duration::from_millis(500));
+        let err = build(&parsed, None, "Secret fleet/prod key kubeconfig", &options)
+            .await
+            .map(|_| ())
+            .expect_err("held");
+        assert!(err.is_retryable(), "{err}");
+        let message = err.to_string();
+        assert!(message.contains("did not finish within 500ms"), "{message}");
+        assert!(!message.contains(SECRET_TOKEN), "{message}");
+    }
+
+    /// Ten thousand contexts are about 250,000 YAML nodes, the default cap of
+    #[tokio::test]
+    async fn a_valid_kubeconfig_gives_a_client() {
+        let text = kubeconfig("ctx", "c", "u");
+        let parsed = parse(&text, "test").expect("parses");
+        assert_eq!(context_names(&parsed), ["ctx"]);
+        let options = ClientOptions::default();
+        build(&parsed, None, "test", &options)
+            .await
+            .expect("client");
+        build(&parsed, Some("ctx"), "test", &options)
+            .await
+            .expect("named context");
+    }
+}
