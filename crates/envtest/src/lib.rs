@@ -27,7 +27,9 @@
 //! [`plugins`]), stop and restart its API
 //! server for fault tests ([`ControlPlane::restart_api_server`]) and run a
 //! `kube-controller-manager` ([`ControlPlaneBuilder::controller_manager`]).
-//! Upstream CRDs come from the Go module proxy ([`upstream`]).
+//! Upstream CRDs come from the Go module proxy ([`upstream`]). Kubeconfigs
+//! that try to run a command, read a file or reach a server, with the
+//! traps that tell whether they did, are in [`traps`].
 
 pub mod binaries;
 mod control_plane;
@@ -37,6 +39,7 @@ mod kubeconfig;
 mod pki;
 pub mod plugins;
 mod process;
+pub mod traps;
 pub mod upstream;
 
 use std::time::Duration;

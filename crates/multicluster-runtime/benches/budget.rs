@@ -90,6 +90,7 @@ async fn main() {
     ] {
         let cluster = KubeconfigCluster {
             inventory: Default::default(),
+            policy: multicluster_runtime::client::KubeconfigPolicy::default(),
             name: "member".into(),
             text: text.clone(),
             source: "bench".into(),

@@ -80,9 +80,15 @@ async fn create_sources(api: &Api<ConfigMap>, names: impl Iterator<Item = String
 async fn member(name: &str, cp: &ControlPlane, namespace: &str) -> Cluster {
     let text = multicluster_envtest::to_yaml(cp.kubeconfig()).expect("yaml");
     let parsed = client::kubeconfig::parse(&text, name).expect("kubeconfig");
-    let client = client::build(&parsed, None, name, &ClientOptions::default())
-        .await
-        .expect("client");
+    let client = client::build(
+        &parsed,
+        None,
+        name,
+        &Default::default(),
+        &ClientOptions::default(),
+    )
+    .await
+    .expect("client");
     let cache = Cache::with_options(
         name,
         client.clone(),

@@ -52,6 +52,25 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// A kubeconfig that uses what its source may not: a command, a local
+    /// file, an auth provider, a proxy or no TLS verification, refused by
+    /// the [`KubeconfigPolicy`](crate::client::KubeconfigPolicy) of the
+    /// provider that read it before anything in it was run, read or
+    /// dialled. The message names each refused field and the policy field
+    /// that would allow it, never the field's value. It needs a change of
+    /// the kubeconfig (or of the policy), not a retry.
+    #[error(
+        "kubeconfig from {origin} refused (context {context:?}): {}",
+        crate::client::policy::describe(refused)
+    )]
+    KubeconfigRefused {
+        /// Where the kubeconfig came from (Secret, file, command).
+        origin: String,
+        /// The context it would have been used through.
+        context: String,
+        /// Each field the policy refused.
+        refused: Vec<crate::client::Refusal>,
+    },
     /// A kubeconfig whose credentials could not be obtained this time: its
     /// exec credential plugin failed, timed out or gave nothing usable.
     /// Worth another try later (providers retry with backoff). The message

@@ -13,9 +13,15 @@ use multicluster_runtime::testing::{connections_to, eventually};
 /// A cluster over a client built from `cp`'s kubeconfig, with three
 /// informers listed and watching.
 async fn watching_three_types(cp: &ControlPlane, options: &ClientOptions) -> Cluster {
-    let client = client::build(cp.kubeconfig(), None, "the test kubeconfig", options)
-        .await
-        .expect("client");
+    let client = client::build(
+        cp.kubeconfig(),
+        None,
+        "the test kubeconfig",
+        &Default::default(),
+        options,
+    )
+    .await
+    .expect("client");
     // One request first, as the manager's probe does: requests that race
     // the first connection's TLS handshake cannot know yet that it will be
     // HTTP/2, and may open connections of their own.

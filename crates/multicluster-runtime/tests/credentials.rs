@@ -24,6 +24,7 @@ async fn plugged_cluster(cp: &ControlPlane, state: &std::path::Path) -> Cluster 
     let identity = cp.exec_kubeconfig("plugged", plugins::TOKEN, state);
     KubeconfigCluster {
         inventory: Default::default(),
+        policy: multicluster_runtime::client::KubeconfigPolicy::trusted(),
         name: "member".into(),
         text: multicluster_envtest::to_yaml(&identity).expect("yaml"),
         source: "test kubeconfig".into(),

@@ -34,6 +34,7 @@ async fn descriptors_are_raised_and_running_out_is_reported_as_such() {
     let text = multicluster_envtest::to_yaml(member.kubeconfig()).expect("yaml");
     let cluster = KubeconfigCluster {
         inventory: Default::default(),
+        policy: multicluster_runtime::client::KubeconfigPolicy::default(),
         name: "member".into(),
         text,
         source: "test kubeconfig".into(),

@@ -35,6 +35,7 @@ async fn member_cluster(name: &str, cp: &ControlPlane) -> Cluster {
         .expect("service account");
     KubeconfigCluster {
         inventory: Default::default(),
+        policy: multicluster_runtime::client::KubeconfigPolicy::default(),
         name: name.into(),
         text: multicluster_envtest::to_yaml(&identity).expect("yaml"),
         source: format!("test kubeconfig of {name}"),
@@ -50,6 +51,7 @@ async fn member_cluster(name: &str, cp: &ControlPlane) -> Cluster {
 async fn admin_cluster(name: &str, cp: &ControlPlane) -> Cluster {
     KubeconfigCluster {
         inventory: Default::default(),
+        policy: multicluster_runtime::client::KubeconfigPolicy::default(),
         name: name.into(),
         text: multicluster_envtest::to_yaml(cp.kubeconfig()).expect("yaml"),
         source: format!("test kubeconfig of {name}"),

@@ -104,6 +104,7 @@ fn copying_controller(recorder: &Recorder, gate: &Gate) -> Controller {
 async fn kubeconfig_cluster(name: &str, cp: &ControlPlane, options: &ClientOptions) -> Cluster {
     KubeconfigCluster {
         inventory: Default::default(),
+        policy: multicluster_runtime::client::KubeconfigPolicy::default(),
         name: name.into(),
         text: multicluster_envtest::to_yaml(cp.kubeconfig()).expect("yaml"),
         source: format!("test kubeconfig of {name}"),

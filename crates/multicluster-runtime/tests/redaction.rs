@@ -92,6 +92,7 @@ async fn a_failing_credential_plugin_leaks_nothing_anywhere() {
     // Built as providers build clusters, with the default options.
     let cluster = KubeconfigCluster {
         inventory: Default::default(),
+        policy: multicluster_runtime::client::KubeconfigPolicy::trusted(),
         name: "member".into(),
         text,
         source: "test kubeconfig".into(),

@@ -44,6 +44,7 @@ async fn member(cp: &ControlPlane, options: &ClientOptions) -> Cluster {
         .expect("token");
     KubeconfigCluster {
         inventory: Default::default(),
+        policy: multicluster_runtime::client::KubeconfigPolicy::default(),
         name: "member".into(),
         text: multicluster_envtest::to_yaml(&cp.token_kubeconfig("member", token)).expect("yaml"),
         source: "test kubeconfig".into(),

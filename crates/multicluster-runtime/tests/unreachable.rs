@@ -161,6 +161,7 @@ async fn an_unreachable_member_is_named_with_its_address_and_the_cause() {
     }
     let down = multicluster_runtime::provider::kubeconfig::KubeconfigCluster {
         inventory: Default::default(),
+        policy: multicluster_runtime::client::KubeconfigPolicy::default(),
         name: "down".into(),
         text: multicluster_envtest::to_yaml(&kubeconfig).expect("yaml"),
         source: "test kubeconfig".into(),

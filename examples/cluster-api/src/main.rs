@@ -5,7 +5,7 @@ use std::sync::Arc;
 use clap::{Parser, ValueEnum};
 use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_example_configmap_sync::{
-    ClientArgs, CopyContext, MainError, ManagerArgs, reconcile, sync_filter,
+    ClientArgs, CopyContext, MainError, ManagerArgs, PolicyArgs, reconcile, sync_filter,
 };
 use multicluster_provider_cluster_api::{ClusterApiOptions, ClusterApiProvider, ClusterApiVersion};
 use multicluster_runtime::Cluster;
@@ -34,6 +34,8 @@ struct Args {
     manager: ManagerArgs,
     #[command(flatten)]
     client: ClientArgs,
+    #[command(flatten)]
+    policy: PolicyArgs,
 }
 
 #[tokio::main]
@@ -55,7 +57,8 @@ async fn run(args: Args) -> Result<(), MainError> {
                 Version::V1beta2 => ClusterApiVersion::V1Beta2,
                 Version::V1beta1 => ClusterApiVersion::V1Beta1,
             })
-            .members(args.client.options()),
+            .members(args.client.options())
+            .kubeconfig_policy(args.policy.policy()?),
     ));
     // The manager: the local cluster, the fleet's provider, and (with
     // --leader-elect) the Lease that decides which replica works.

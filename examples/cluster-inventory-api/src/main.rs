@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::{ArgGroup, Parser};
 use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_example_configmap_sync::{
-    ClientArgs, CopyContext, MainError, ManagerArgs, reconcile, sync_filter,
+    ClientArgs, CopyContext, MainError, ManagerArgs, PolicyArgs, reconcile, sync_filter,
 };
 use multicluster_provider_cluster_inventory_api::access::ProviderFile;
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
@@ -35,6 +35,8 @@ struct Args {
     manager: ManagerArgs,
     #[command(flatten)]
     client: ClientArgs,
+    #[command(flatten)]
+    policy: PolicyArgs,
 }
 
 #[tokio::main]
@@ -57,6 +59,7 @@ async fn run(args: Args) -> Result<(), MainError> {
     options.namespace = args.namespace;
     options.watch_filter = args.watch_filter;
     options.members = args.client.options().into();
+    options.kubeconfig_policy = args.policy.policy()?;
     // The hub comes from $KUBECONFIG / ~/.kube/config / in-cluster.
     let hub = kube::Client::try_default().await?;
     let provider = Arc::new(ClusterProfileProvider::new(hub.clone(), options));

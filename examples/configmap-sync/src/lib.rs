@@ -5,6 +5,7 @@
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use multicluster_runtime::client::{ExecPolicy, KubeconfigPolicy};
 use multicluster_runtime::controller::{Action, Controller, Filter, Request, Watch, filters};
 use multicluster_runtime::coordinator::leader_election::{LeaderElection, LeaderElectionOptions};
 use multicluster_runtime::{Cluster, Error};
@@ -139,6 +140,65 @@ impl ClientArgs {
         multicluster_runtime::client::ClientOptions::default()
             .request_timeout(Some(self.request_timeout).filter(|timeout| !timeout.is_zero()))
             .plugin_timeout(self.plugin_timeout)
+    }
+}
+
+/// What kubeconfigs read from the management cluster (Secrets,
+/// ClusterProfiles) may use, for the examples that read them
+/// (`#[command(flatten)]`). Without these flags: nothing beyond a server,
+/// inline CA data and inline credentials; a kubeconfig that names more is
+/// refused and listed on `/clusters` with the field and the flag that
+/// would allow it (the flag of `KubeconfigPolicy::<field>` below).
+#[derive(clap::Args, Debug, Default)]
+pub struct PolicyArgs {
+    /// Let kubeconfigs run this exec credential plugin (KubeconfigPolicy::exec):
+    /// an absolute path, repeated for several; a kubeconfig naming the bare
+    /// command runs it from the PATH entry that is listed. Kubeconfigs pick
+    /// its arguments and environment: list plugins that only hand out
+    /// credentials (aws-iam-authenticator, gke-gcloud-auth-plugin, kubelogin),
+    /// never a shell or a general CLI.
+    #[arg(long, value_name = "PATH")]
+    pub allow_exec_plugin: Vec<std::path::PathBuf>,
+    /// Let kubeconfigs run any command as this controller
+    /// (KubeconfigPolicy::exec): only where everyone who may write them may.
+    #[arg(long, conflicts_with = "allow_exec_plugin")]
+    pub allow_any_exec_plugin: bool,
+    /// Let kubeconfigs name files of this controller (tokenFile,
+    /// certificate-authority, client-certificate, client-key), which it then
+    /// reads and, for a token, sends to the server they name
+    /// (KubeconfigPolicy::local_files).
+    #[arg(long)]
+    pub allow_kubeconfig_files: bool,
+    /// Let kubeconfigs use an auth provider (KubeconfigPolicy::auth_providers).
+    #[arg(long)]
+    pub allow_auth_provider: bool,
+    /// Let kubeconfigs turn off verifying their server's certificate
+    /// (KubeconfigPolicy::insecure_skip_tls_verify).
+    #[arg(long)]
+    pub allow_insecure_skip_tls_verify: bool,
+    /// Let kubeconfigs pick the proxy their server is reached through
+    /// (KubeconfigPolicy::proxy_url); HTTPS_PROXY and NO_PROXY apply either
+    /// way.
+    #[arg(long)]
+    pub allow_proxy_url: bool,
+}
+
+impl PolicyArgs {
+    /// The policy these flags ask for.
+    pub fn policy(&self) -> Result<KubeconfigPolicy, Error> {
+        let exec = if self.allow_any_exec_plugin {
+            ExecPolicy::AllowAll
+        } else if self.allow_exec_plugin.is_empty() {
+            ExecPolicy::DenyAll
+        } else {
+            ExecPolicy::allowlist(self.allow_exec_plugin.iter().cloned())?
+        };
+        Ok(KubeconfigPolicy::untrusted()
+            .exec(exec)
+            .local_files(self.allow_kubeconfig_files)
+            .auth_providers(self.allow_auth_provider)
+            .insecure_skip_tls_verify(self.allow_insecure_skip_tls_verify)
+            .proxy_url(self.allow_proxy_url))
     }
 }
 

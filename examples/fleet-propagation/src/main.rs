@@ -20,7 +20,7 @@ use kube::Resource;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use multicluster_example_configmap_sync::{
-    ClientArgs, MainError, ManagerArgs, put_member_copy, remove_member_copy,
+    ClientArgs, MainError, ManagerArgs, PolicyArgs, put_member_copy, remove_member_copy,
 };
 use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
 use multicluster_runtime::controller::{
@@ -49,6 +49,8 @@ struct Args {
     manager: ManagerArgs,
     #[command(flatten)]
     client: ClientArgs,
+    #[command(flatten)]
+    policy: PolicyArgs,
 }
 
 /// What every reconcile shares.
@@ -209,7 +211,8 @@ async fn main() -> Result<(), MainError> {
         hub.client(),
         KubeconfigOptions::default()
             .namespace(args.namespace)
-            .members(args.client.options()),
+            .members(args.client.options())
+            .kubeconfig_policy(args.policy.policy()?),
     ));
     let mut manager = Manager::builder(hub.clone())
         .provider(provider)

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_example_configmap_sync::{
-    ClientArgs, CopyContext, MainError, ManagerArgs, reconcile, sync_filter,
+    ClientArgs, CopyContext, MainError, ManagerArgs, PolicyArgs, reconcile, sync_filter,
 };
 use multicluster_provider_kubeconfig::{
     DEFAULT_DATA_KEY, DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider,
@@ -34,6 +34,8 @@ struct Args {
     manager: ManagerArgs,
     #[command(flatten)]
     client: ClientArgs,
+    #[command(flatten)]
+    policy: PolicyArgs,
 }
 
 #[tokio::main]
@@ -53,7 +55,8 @@ async fn run(args: Args) -> Result<(), MainError> {
             .label(args.label)
             .data_key(args.key)
             .watch_filter(args.watch_filter)
-            .members(args.client.options()),
+            .members(args.client.options())
+            .kubeconfig_policy(args.policy.policy()?),
     ));
     // The manager: the local cluster, the fleet's provider, and (with
     // --leader-elect) the Lease that decides which replica works.

@@ -18,7 +18,7 @@ use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use multicluster_example_configmap_sync::{
-    ClientArgs, MainError, ManagerArgs, put_member_copy, remove_member_copy,
+    ClientArgs, MainError, ManagerArgs, PolicyArgs, put_member_copy, remove_member_copy,
 };
 use multicluster_provider_cluster_inventory_api::placement::{DecisionKey, Placements};
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
@@ -49,6 +49,8 @@ struct Args {
     manager: ManagerArgs,
     #[command(flatten)]
     client: ClientArgs,
+    #[command(flatten)]
+    policy: PolicyArgs,
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -186,6 +188,7 @@ async fn main() -> Result<(), MainError> {
     let mut options = ClusterProfileOptions::with_secrets(args.consumer);
     options.namespace = args.namespace;
     options.members = args.client.options().into();
+    options.kubeconfig_policy = args.policy.policy()?;
     let provider = Arc::new(ClusterProfileProvider::new(hub.client(), options));
     let (manager, _replica) = args.manager.builder(hub.clone())?;
     let manager: Manager = manager.provider(provider).build();

@@ -18,7 +18,7 @@ use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
-use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs};
+use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs, PolicyArgs};
 use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
 use multicluster_runtime::webhook::{
     Registration, RegistrationOptions, Webhook, WebhookServer, WebhookServerOptions,
@@ -56,6 +56,8 @@ struct Args {
     manager: ManagerArgs,
     #[command(flatten)]
     client: ClientArgs,
+    #[command(flatten)]
+    policy: PolicyArgs,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,7 +96,8 @@ async fn main() -> Result<(), MainError> {
         hub.client(),
         KubeconfigOptions::default()
             .namespace(args.namespace)
-            .members(args.client.options()),
+            .members(args.client.options())
+            .kubeconfig_policy(args.policy.policy()?),
     ));
     let (manager, _replica) = args.manager.builder(hub)?;
     let manager: Manager = manager.provider(provider).build();

@@ -25,6 +25,13 @@
 //!   Clusters labelled `cluster.x-k8s.io/watch-filter=<value>` (Cluster API's
 //!   multi-instance contract), so instances never touch each other's clusters.
 //!
+//! The kubeconfig Secrets are cluster objects, written by Cluster API's
+//! controllers and by whoever else may write Secrets in their namespace, so
+//! by default their kubeconfigs may not run a command, name a local file,
+//! use an auth provider, skip TLS verification or pick a proxy
+//! ([`ClusterApiOptions::kubeconfig_policy`]); one that does is listed with
+//! its reason, not engaged. Cluster API writes none of these.
+//!
 //! Discovery is a controller over the Clusters and their Secrets
 //! ([`multicluster_runtime::provider::discovery`]): each Cluster is reconciled on its
 //! own, up to [`ClusterApiOptions::max_concurrent_builds`] at once, and one
@@ -37,6 +44,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheOptions};
+use multicluster_runtime::client::KubeconfigPolicy;
 use multicluster_runtime::controller::{Action, Backoff, Controller, Request, Watch};
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
@@ -130,6 +138,9 @@ pub struct ClusterApiOptions {
     /// ([`Members::per_member`]). A `ClientOptions`, `CacheOptions` or
     /// `MemberOptions` converts into it.
     pub members: Members<DynamicObject>,
+    /// What the kubeconfig Secrets may use beyond a server, inline CA data
+    /// and inline credentials (default [`KubeconfigPolicy::untrusted`]).
+    pub kubeconfig_policy: KubeconfigPolicy,
 }
 
 multicluster_runtime::option_setters!(ClusterApiOptions {
@@ -141,6 +152,7 @@ multicluster_runtime::option_setters!(ClusterApiOptions {
     metrics: impl Into<Option<Metrics>>,
     max_concurrent_builds: usize,
     members: impl Into<Members<DynamicObject>>,
+    kubeconfig_policy: KubeconfigPolicy,
 });
 
 impl ClusterApiOptions {
@@ -168,6 +180,7 @@ impl Default for ClusterApiOptions {
             metrics: None,
             max_concurrent_builds: DEFAULT_MAX_CONCURRENT_BUILDS,
             members: Members::default(),
+            kubeconfig_policy: KubeconfigPolicy::untrusted(),
         }
     }
 }
@@ -184,6 +197,7 @@ impl std::fmt::Debug for ClusterApiOptions {
             .field("metrics", &self.metrics.is_some())
             .field("max_concurrent_builds", &self.max_concurrent_builds)
             .field("members", &self.members)
+            .field("kubeconfig_policy", &self.kubeconfig_policy)
             .finish()
     }
 }
@@ -303,6 +317,7 @@ impl Shared {
             name: ClusterName::from(format!("{namespace}/{name}")),
             text,
             source,
+            policy: self.options.kubeconfig_policy.clone(),
             stable_id: None,
             member: self.options.members.for_member(&object),
             inventory: inventory(&object),

@@ -17,6 +17,7 @@ use multicluster_provider_cluster_api::{
     CLUSTER_NAME_LABEL, ClusterApiOptions, ClusterApiProvider, ClusterApiVersion,
     PAUSED_ANNOTATION, TOPOLOGY_CLASS_PROPERTY, WATCH_FILTER_LABEL,
 };
+use multicluster_runtime::client::{ExecPolicy, KubeconfigPolicy};
 use multicluster_runtime::controller::{Backoff, Request};
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::testing::{
@@ -183,6 +184,15 @@ async fn workload(object: &str) -> ControlPlane {
     let cp = ControlPlane::start().await.expect("workload");
     cp.create_config_map(object, &[]).await.expect("object");
     cp
+}
+
+/// The provider's options with the test plugin allowed, as an operator
+/// allows their cloud's credential plugin (`--allow-exec-plugin`).
+fn with_test_plugin_allowed() -> ClusterApiOptions {
+    ClusterApiOptions::default().kubeconfig_policy(
+        KubeconfigPolicy::untrusted()
+            .exec(ExecPolicy::allowlist([plugins::TOKEN]).expect("an absolute path")),
+    )
 }
 
 fn req(cluster: &str, name: &str) -> Request {
@@ -584,7 +594,7 @@ async fn a_cluster_whose_credential_plugin_fails_at_first_is_engaged_once_it_wor
 
     let provider = Arc::new(ClusterApiProvider::new(
         management.client.clone(),
-        ClusterApiOptions::default().retry(Backoff {
+        with_test_plugin_allowed().retry(Backoff {
             base: Duration::from_millis(100),
             max: Duration::from_secs(1),
         }),
@@ -673,7 +683,7 @@ async fn a_cluster_whose_plugin_hangs_holds_up_only_itself() {
 
     let provider = Arc::new(ClusterApiProvider::new(
         management.client.clone(),
-        ClusterApiOptions::default(),
+        with_test_plugin_allowed(),
     ));
     let (manager, recorder) = manager_for(&management, provider.clone());
     let (shutdown, task) = run_manager(&manager);

@@ -354,6 +354,16 @@ fn plugin_call(provider: &AccessProvider, cluster: &Cluster) -> Result<ExecConfi
                     serde_json::from_value(extension.extension.clone()).map_err(|_| {
                         format!("extension {ADDITIONAL_ENVS_EXTENSION} is not a map of strings")
                     })?;
+                // A profile's variables are data for the plugin, never a
+                // way to change what code it runs.
+                if let Some(name) = extra
+                    .keys()
+                    .find(|name| multicluster_runtime::client::variable_changes_code(name))
+                {
+                    return Err(format!(
+                        "extension {ADDITIONAL_ENVS_EXTENSION} sets {name:?}, which changes what code the plugin runs; refused whatever profileSourcedEnvVarsPolicy says"
+                    ));
+                }
                 let env = exec.env.get_or_insert_default();
                 for (name, value) in extra {
                     let existing = env.iter_mut().find(|var| var.get("name") == Some(&name));

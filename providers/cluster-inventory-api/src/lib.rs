@@ -54,6 +54,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheOptions};
+use multicluster_runtime::client::{ExecPolicy, KubeconfigPolicy};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::discovery::{self, Fleet, MANAGEMENT};
@@ -161,13 +162,18 @@ impl Shared {
         }
     }
 
-    /// The kubeconfig text for a profile and a description of where it came
-    /// from, for errors.
-    fn credentials(&self, profile: &DynamicObject) -> Result<(String, String), String> {
+    /// The kubeconfig text for a profile, a description of where it came
+    /// from (for errors), and what it may use.
+    fn credentials(
+        &self,
+        profile: &DynamicObject,
+    ) -> Result<(String, String, KubeconfigPolicy), String> {
         let namespace = profile.metadata.namespace.as_deref().unwrap_or_default();
         let name = profile.metadata.name.as_deref().unwrap_or_default();
+        let policy = self.options.kubeconfig_policy.clone();
         let Some(providers) = &self.providers else {
-            return secrets::credentials(self.hub.cache(), namespace, name);
+            let (text, source) = secrets::credentials(self.hub.cache(), namespace, name)?;
+            return Ok((text, source, policy));
         };
         let access = providers
             .access_for(profile)
@@ -181,7 +187,8 @@ impl Shared {
                 ""
             }
         );
-        Ok((access.text(), source))
+        // The plugin is the provider file's: the operator's own.
+        Ok((access.text(), source, policy.exec(ExecPolicy::AllowAll)))
     }
 
     fn wanted(&self, namespace: &str, name: &str) -> Wanted {
@@ -197,10 +204,11 @@ impl Shared {
             return Wanted::NotReady;
         }
         match self.credentials(&profile) {
-            Ok((text, source)) => Wanted::Engage(Box::new(KubeconfigCluster {
+            Ok((text, source, policy)) => Wanted::Engage(Box::new(KubeconfigCluster {
                 name: ClusterName::from(format!("{namespace}/{name}")),
                 text,
                 source,
+                policy,
                 stable_id: stable_id(&profile),
                 member: self.options.members.for_member(&profile),
                 inventory: inventory(&profile),

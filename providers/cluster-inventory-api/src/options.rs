@@ -4,6 +4,7 @@
 use std::sync::Arc;
 
 use kube::api::DynamicObject;
+use multicluster_runtime::client::KubeconfigPolicy;
 use multicluster_runtime::controller::Backoff;
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::provider::discovery::{DEFAULT_MAX_CONCURRENT_BUILDS, PROVIDER_BACKOFF};
@@ -62,6 +63,13 @@ pub struct ClusterProfileOptions {
     /// ([`Members::per_member`]). A `ClientOptions`, `CacheOptions` or
     /// `MemberOptions` converts into it.
     pub members: Members<DynamicObject>,
+    /// What may be used of the kubeconfigs read from the hub (default
+    /// [`KubeconfigPolicy::untrusted`]): the Secret strategy's Secrets, and
+    /// with access providers the profile's `cluster` entry (a CA file path,
+    /// `insecure-skip-tls-verify`, `proxy-url`). An access provider's
+    /// plugin comes from your provider file, not from the hub, and runs
+    /// whatever `exec` says.
+    pub kubeconfig_policy: KubeconfigPolicy,
 }
 
 multicluster_runtime::option_setters!(ClusterProfileOptions {
@@ -73,6 +81,7 @@ multicluster_runtime::option_setters!(ClusterProfileOptions {
     metrics: impl Into<Option<Metrics>>,
     max_concurrent_builds: usize,
     members: impl Into<Members<DynamicObject>>,
+    kubeconfig_policy: KubeconfigPolicy,
 });
 
 impl ClusterProfileOptions {
@@ -111,6 +120,7 @@ impl ClusterProfileOptions {
             metrics: None,
             max_concurrent_builds: DEFAULT_MAX_CONCURRENT_BUILDS,
             members: Members::default(),
+            kubeconfig_policy: KubeconfigPolicy::untrusted(),
         }
     }
 }
@@ -127,6 +137,7 @@ impl std::fmt::Debug for ClusterProfileOptions {
             .field("metrics", &self.metrics.is_some())
             .field("max_concurrent_builds", &self.max_concurrent_builds)
             .field("members", &self.members)
+            .field("kubeconfig_policy", &self.kubeconfig_policy)
             .finish()
     }
 }

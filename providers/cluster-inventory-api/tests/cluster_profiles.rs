@@ -254,7 +254,7 @@ async fn bad_credentials_affect_only_their_own_profile() {
             .map(|text| BTreeMap::from([(SECRET_KEY.to_string(), ByteString(text.into_bytes()))]));
         secret
     };
-    let failing_plugin = format!(
+    let exec_plugin = format!(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: c\n  cluster:\n    server: {}\ncontexts:\n- name: c\n  context: {{cluster: c, user: u}}\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: {}\n      args: [--token={TOKEN}]\n      interactiveMode: Never\n",
         healthy.server(),
         multicluster_envtest::plugins::REFUSE,
@@ -277,9 +277,9 @@ async fn bad_credentials_affect_only_their_own_profile() {
             "not a kubeconfig",
         ),
         (
-            "failing-plugin",
-            Some(failing_plugin),
-            "failed (exit status: 1); its stderr is withheld",
+            "exec-plugin",
+            Some(exec_plugin),
+            "users[\"u\"].user.exec runs a command, which kubeconfigs from this source may not",
         ),
         (
             "untrusted",

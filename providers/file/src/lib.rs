@@ -25,6 +25,12 @@
 //! credentials cannot be obtained (a plugin that fails or hangs past its
 //! timeout); none holds up another or the file watch.
 //!
+//! The files are the operator's, so their kubeconfigs may use what kubectl
+//! would (exec plugins, files, auth providers, proxies): the default
+//! [`FileOptions::kubeconfig_policy`] is
+//! [`KubeconfigPolicy::trusted`]. Tighten it for files written by others
+//! (a directory another tool fills).
+//!
 //! Missing paths are skipped. A file that cannot be read or parsed, and a
 //! context that names a cluster or user the file does not have (a file
 //! written in two steps looks like this in between), keep the clusters they
@@ -41,6 +47,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use multicluster_runtime::client::KubeconfigPolicy;
 use multicluster_runtime::controller::{Action, Backoff, Request, WorkQueue};
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::discovery::{
@@ -102,6 +109,9 @@ pub struct FileOptions {
     /// from ([`Members::per_member`] sees a [`FileContext`]). A
     /// `ClientOptions`, `CacheOptions` or `MemberOptions` converts into it.
     pub members: Members<FileContext>,
+    /// What the files' kubeconfigs may use (default
+    /// [`KubeconfigPolicy::trusted`]: everything, as kubectl).
+    pub kubeconfig_policy: KubeconfigPolicy,
 }
 
 /// Where a member of the file provider comes from: what
@@ -125,6 +135,7 @@ multicluster_runtime::option_setters!(FileOptions {
     max_concurrent_builds: usize,
     debounce: Duration,
     members: impl Into<Members<FileContext>>,
+    kubeconfig_policy: KubeconfigPolicy,
 });
 
 impl Default for FileOptions {
@@ -139,6 +150,7 @@ impl Default for FileOptions {
             max_concurrent_builds: DEFAULT_MAX_CONCURRENT_BUILDS,
             debounce: DEFAULT_DEBOUNCE,
             members: Members::default(),
+            kubeconfig_policy: KubeconfigPolicy::trusted(),
         }
     }
 }

@@ -116,6 +116,7 @@ pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
                             name,
                             text,
                             source,
+                            policy: shared.options.kubeconfig_policy.clone(),
                             stable_id: None,
                             member: shared.options.members.for_member(&FileContext {
                                 file: file.clone(),

@@ -24,6 +24,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use multicluster_runtime::client::KubeconfigPolicy;
 use multicluster_runtime::controller::{Action, Request, WorkQueue};
 use multicluster_runtime::process::{self, ProcessError};
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
@@ -58,6 +59,9 @@ pub struct KindOptions {
     /// ([`Members::per_member`]). A `ClientOptions`, `CacheOptions` or
     /// `MemberOptions` converts into it.
     pub members: Members<ClusterName>,
+    /// What the kubeconfigs `kind get kubeconfig` prints may use (default
+    /// [`KubeconfigPolicy::trusted`]: the kind CLI is the operator's).
+    pub kubeconfig_policy: KubeconfigPolicy,
 }
 
 multicluster_runtime::option_setters!(KindOptions {
@@ -67,6 +71,7 @@ multicluster_runtime::option_setters!(KindOptions {
     kind_command: impl Into<PathBuf>,
     command_timeout: Duration,
     members: impl Into<Members<ClusterName>>,
+    kubeconfig_policy: KubeconfigPolicy,
 });
 
 impl Default for KindOptions {
@@ -78,6 +83,7 @@ impl Default for KindOptions {
             kind_command: PathBuf::from("kind"),
             command_timeout: Duration::from_secs(30),
             members: Members::default(),
+            kubeconfig_policy: KubeconfigPolicy::trusted(),
         }
     }
 }
@@ -191,6 +197,7 @@ impl Shared {
         let wanted = KubeconfigCluster {
             inventory: Default::default(),
             source: format!("`kind get kubeconfig --name {name}`"),
+            policy: self.options.kubeconfig_policy.clone(),
             member: self.options.members.for_member(&name),
             name,
             text,

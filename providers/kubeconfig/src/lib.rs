@@ -28,12 +28,25 @@
 //! With a watch filter only Secrets also labelled
 //! `cluster.x-k8s.io/watch-filter=<value>` count, so several instances can
 //! share a namespace.
+//!
+//! A kubeconfig Secret is written by whoever may write Secrets in the
+//! watched namespace, so by default its kubeconfig may not run a command
+//! (an exec plugin), name a local file, use an auth provider, skip TLS
+//! verification or pick a proxy
+//! ([`KubeconfigPolicy::untrusted`](multicluster_runtime::client::KubeconfigPolicy::untrusted)).
+//! A Secret that does is not engaged: it is listed with its reason (the
+//! Secret, the refused field, the policy field that would allow it) in
+//! [`KubeconfigProvider::failures`], on the manager's `/clusters` and in
+//! `mcr_cluster_engagement_failures{reason="refused-kubeconfig"}`.
+//! [`KubeconfigOptions::kubeconfig_policy`] allows what you trust, for
+//! example one credential plugin by path.
 
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::runtime::watcher;
 use multicluster_runtime::cache::{Cache, CacheOptions};
+use multicluster_runtime::client::KubeconfigPolicy;
 use multicluster_runtime::controller::{Action, Backoff, Controller, Request, Watch};
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
@@ -89,6 +102,11 @@ pub struct KubeconfigOptions {
     /// ([`Members::per_member`]). A `ClientOptions`, `CacheOptions` or
     /// `MemberOptions` converts into it.
     pub members: Members<Secret>,
+    /// What the Secrets' kubeconfigs may use beyond a server, inline CA
+    /// data and inline credentials (default
+    /// [`KubeconfigPolicy::untrusted`]: no exec plugin, local file, auth
+    /// provider, skipped TLS verification or proxy URL).
+    pub kubeconfig_policy: KubeconfigPolicy,
 }
 
 multicluster_runtime::option_setters!(KubeconfigOptions {
@@ -101,6 +119,7 @@ multicluster_runtime::option_setters!(KubeconfigOptions {
     retry: Backoff,
     max_concurrent_builds: usize,
     members: impl Into<Members<Secret>>,
+    kubeconfig_policy: KubeconfigPolicy,
 });
 
 impl Default for KubeconfigOptions {
@@ -115,6 +134,7 @@ impl Default for KubeconfigOptions {
             retry: PROVIDER_BACKOFF,
             max_concurrent_builds: DEFAULT_MAX_CONCURRENT_BUILDS,
             members: Members::default(),
+            kubeconfig_policy: KubeconfigPolicy::untrusted(),
         }
     }
 }
@@ -210,6 +230,7 @@ impl Shared {
             name: self.cluster_name(request.namespace.as_deref(), &request.name),
             text,
             source,
+            policy: self.options.kubeconfig_policy.clone(),
             stable_id: None,
             member: self.options.members.for_member(&secret),
             inventory: Inventory::labelled(secret.metadata.labels.clone().unwrap_or_default()),

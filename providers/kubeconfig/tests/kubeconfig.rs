@@ -14,6 +14,7 @@ use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_provider_kubeconfig::{
     DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider, WATCH_FILTER_LABEL,
 };
+use multicluster_runtime::client::{ExecPolicy, KubeconfigPolicy};
 use multicluster_runtime::controller::{Backoff, Request, Watch};
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::metrics::Metrics;
@@ -24,6 +25,15 @@ use multicluster_runtime::testing::{
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions, Provider};
 
 const NAMESPACE: &str = "fleet";
+
+/// The provider's options with the test plugin allowed, as an operator
+/// allows their cloud's credential plugin (`--allow-exec-plugin`).
+fn with_test_plugin_allowed() -> KubeconfigOptions {
+    KubeconfigOptions::default().kubeconfig_policy(
+        KubeconfigPolicy::untrusted()
+            .exec(ExecPolicy::allowlist([plugins::TOKEN]).expect("an absolute path")),
+    )
+}
 
 fn secret(name: &str, data: Option<&str>, labels: &[(&str, &str)]) -> Secret {
     Secret {
@@ -602,7 +612,7 @@ async fn a_secret_whose_credential_plugin_fails_at_first_is_engaged_once_it_work
 
     let provider = Arc::new(KubeconfigProvider::new(
         admin.clone(),
-        KubeconfigOptions::default()
+        with_test_plugin_allowed()
             .namespace(NAMESPACE.to_string())
             .retry(Backoff {
                 base: Duration::from_millis(100),
@@ -694,7 +704,7 @@ async fn a_secret_whose_plugin_hangs_holds_up_only_itself() {
     }
 
     let (provider, manager, recorder, shutdown, task) =
-        start_provider(&admin, KubeconfigOptions::default());
+        start_provider(&admin, with_test_plugin_allowed());
     recorder.wait_for_more(&req("before", "hello"), 0).await;
     let plugin = plugins::first_call_running(state.path()).await;
 
@@ -754,7 +764,7 @@ async fn the_credential_plugin_runs_once_per_client_build() {
         .expect("secret");
 
     let (_provider, _manager, recorder, shutdown, task) =
-        start_provider(&admin, KubeconfigOptions::default());
+        start_provider(&admin, with_test_plugin_allowed());
     recorder.wait_for_more(&req("plugged", "hello"), 0).await;
     assert_eq!(plugins::calls(state.path()).len(), 1);
 

@@ -23,9 +23,18 @@
 //! process ([`CoalescingTimer`]): the connections of a fleet engaged within
 //! a second or two ping in one wake of the runtime, not one wake each.
 //!
-//! Proxies, plain-HTTP servers and kubeconfigs that name a TLS server name
-//! keep kube-rs's stack (HTTP/1.1): its proxy tunnels and server-name
-//! resolution are not public.
+//! A member behind an HTTP proxy ([`super::proxy`] picks it) is reached
+//! through a `CONNECT` tunnel of the same stack, and a kubeconfig's
+//! `tls-server-name` is the name the server's certificate is checked for:
+//! such members get the same HTTP/2 connection, pings, retries and
+//! deadlines as the others. Connecting as a whole (TCP, the proxy's
+//! `CONNECT` and TLS) has one deadline, [`ClientOptions::connect_timeout`]:
+//! a server or proxy that accepts the TCP connection and then says nothing
+//! fails the attempt instead of holding it. Plain-HTTP servers, proxies
+//! reached over HTTPS or SOCKS, and `http2: false` keep kube-rs's stack
+//! (HTTP/1.1).
+//!
+//! [`ClientOptions::connect_timeout`]: super::ClientOptions::connect_timeout
 //!
 //! Compared with kube-rs's stack (`ClientBuilder::try_from`, kube 5), layer
 //! by layer from the outside in:
@@ -48,12 +57,15 @@ use std::pin::Pin;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use http::{Request, Response};
+use http::{Request, Response, Uri};
 use http_body_util::BodyExt;
 use hyper::rt::{Sleep, Timer};
 use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::proxy::Tunnel;
+use hyper_util::client::proxy::matcher::Matcher;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::{Body, ClientBuilder, ConfigExt, DynBody};
+use rustls::pki_types::ServerName;
 use tower::util::BoxService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
@@ -119,19 +131,29 @@ impl Timer for CoalescingTimer {
 }
 
 /// A client builder for `config`: HTTP/2 when `http2` is set and the
-/// server offers it (ALPN), HTTP/1.1 otherwise.
+/// server offers it (ALPN), HTTP/1.1 otherwise. `config.proxy_url` is the
+/// proxy [`super::proxy`] picked, if any.
 pub(crate) fn builder(
     config: kube::Config,
     http2: bool,
 ) -> Result<ClientBuilder<Service>, kube::Error> {
     let https = config.cluster_url.scheme_str() == Some("https");
-    if !http2 || !https || config.proxy_url.is_some() || config.tls_server_name.is_some() {
+    let tunnelled = config
+        .proxy_url
+        .as_ref()
+        .map(|proxy| proxy.scheme_str() == Some("http"));
+    let server_name = match config.tls_server_name.clone().map(ServerName::try_from) {
+        None => None,
+        Some(Ok(name)) => Some(name),
+        // kube-rs's stack says what is wrong with it.
+        Some(Err(_)) => return ClientBuilder::try_from(config),
+    };
+    if !http2 || !https || tunnelled == Some(false) {
         return ClientBuilder::try_from(config);
     }
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
-    http.set_connect_timeout(config.connect_timeout);
     let mut tls = config.rustls_client_config()?;
     // No TLS session is kept for resumption, as client-go keeps none: the
     // connection lasts as long as it works, and the reconnects that follow
@@ -139,12 +161,38 @@ pub(crate) fn builder(
     // another replica behind the address), while the tickets cost a client
     // 2-3 KiB for its whole life (14 KiB with rustls's default cache).
     tls.resumption = rustls::client::Resumption::disabled();
-    let connector = hyper_rustls::HttpsConnectorBuilder::new()
+    let mut tls = hyper_rustls::HttpsConnectorBuilder::new()
         .with_tls_config(tls)
-        .https_only()
-        .enable_http1()
-        .enable_http2()
-        .wrap_connector(http);
+        .https_only();
+    if let Some(name) = server_name {
+        tls = tls.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
+    }
+    let tls = tls.enable_http1().enable_http2();
+    let deadline = config.connect_timeout;
+    match config.proxy_url.clone() {
+        Some(proxy) => {
+            let mut tunnel = Tunnel::new(proxy_address(&proxy), http);
+            if let Some(auth) = proxy_authorization(&proxy, &config.cluster_url) {
+                tunnel = tunnel.with_auth(auth);
+            }
+            stack(
+                config,
+                ConnectDeadline::new(tls.wrap_connector(tunnel), deadline),
+            )
+        }
+        None => stack(
+            config,
+            ConnectDeadline::new(tls.wrap_connector(http), deadline),
+        ),
+    }
+}
+
+/// The client over `connector`, with kube-rs's layers (see the module
+/// notes).
+fn stack<C>(config: kube::Config, connector: C) -> Result<ClientBuilder<Service>, kube::Error>
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
     let client: hyper_util::client::legacy::Client<_, Body> =
         hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .timer(CoalescingTimer)
@@ -179,6 +227,86 @@ pub(crate) fn builder(
         BoxService::new(service),
         config.default_namespace,
     ))
+}
+
+/// The proxy's address, without the credentials a URL may carry.
+fn proxy_address(proxy: &Uri) -> Uri {
+    let authority = proxy.authority().map(|authority| {
+        authority
+            .as_str()
+            .rsplit_once('@')
+            .map_or(authority.as_str(), |(_, host)| host)
+    });
+    Uri::builder()
+        .scheme("http")
+        .authority(authority.unwrap_or_default())
+        .path_and_query("/")
+        .build()
+        .unwrap_or_else(|_| proxy.clone())
+}
+
+/// `Proxy-Authorization` for the user and password a proxy URL carries
+/// (percent-decoded, as kube-rs and curl do), read by hyper-util's proxy
+/// matcher.
+fn proxy_authorization(proxy: &Uri, server: &Uri) -> Option<http::HeaderValue> {
+    Matcher::builder()
+        .http(proxy.to_string())
+        .https(proxy.to_string())
+        .build()
+        .intercept(server)?
+        .basic_auth()
+        .cloned()
+}
+
+/// Connecting took longer than its deadline.
+#[derive(Debug, thiserror::Error)]
+#[error("connecting (TCP, a proxy's CONNECT, TLS) took longer than {0:?}")]
+pub(crate) struct ConnectTimedOut(Duration);
+
+/// A connector whose whole connection attempt has a deadline: hyper-util's
+/// own covers the TCP connection only.
+#[derive(Clone, Debug)]
+struct ConnectDeadline<C> {
+    inner: C,
+    deadline: Option<Duration>,
+}
+
+impl<C> ConnectDeadline<C> {
+    fn new(inner: C, deadline: Option<Duration>) -> Self {
+        Self { inner, deadline }
+    }
+}
+
+impl<C> tower::Service<Uri> for ConnectDeadline<C>
+where
+    C: tower::Service<Uri>,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    type Response = C::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<C::Response, BoxError>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, uri: Uri) -> Self::Future {
+        let connecting = self.inner.call(uri);
+        let deadline = self.deadline;
+        Box::pin(async move {
+            match deadline {
+                Some(deadline) => match tokio::time::timeout(deadline, connecting).await {
+                    Ok(connected) => connected.map_err(Into::into),
+                    Err(_) => Err(ConnectTimedOut(deadline).into()),
+                },
+                None => connecting.await.map_err(Into::into),
+            }
+        })
+    }
 }
 
 #[cfg(test)]

@@ -1,5 +1,23 @@
 //! The member-client stack: a kubeconfig and a [`KubeconfigPolicy`] in,
 //! a bounded, retrying, budgeted `kube::Client` out.
+//!
+//! [`build`] takes a kubeconfig in this order, and nothing in it is run,
+//! read or dialled before the step that allows it:
+//!
+//! 1. the context is cut out (its cluster and its user), naming a missing
+//!    piece;
+//! 2. the [`KubeconfigPolicy`] the provider chose for the kubeconfig's
+//!    source checks it: exec plugins, local files, auth providers,
+//!    skipping TLS verification and proxy URLs are refused unless allowed
+//!    ([`Error::KubeconfigRefused`]);
+//! 3. kube-rs reads the rest (and the files the policy allowed), and the
+//!    proxy is picked per member, as client-go picks it;
+//! 4. an exec plugin (run by us, [`credentials`]) runs once under its
+//!    deadline;
+//! 5. the client is stacked: the HTTP/2 connection with pings and a
+//!    connect deadline, retries of throttled requests and of reads whose
+//!    connection broke, the request deadline and health record
+//!    ([`crate::health`]), and the request budget ([`budget`]).
 
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -17,7 +35,14 @@ pub mod budget;
 mod connection;
 pub mod credentials;
 pub mod kubeconfig;
+pub(crate) mod policy;
+mod proxy;
 mod resend;
+
+pub use policy::{
+    Allowlist, ExecPolicy, KubeconfigPolicy, Refusal, Refused,
+    changes_code as variable_changes_code,
+};
 
 /// How long connecting to an API server (TCP and TLS) may take by default.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -98,7 +123,8 @@ crate::option_setters!(ClientOptions {
 
 /// Builds a client for `context` (the current context when `None`),
 /// checking first that the context, its cluster and its user exist so the
-/// error can name the missing piece.
+/// error can name the missing piece, then that `policy` allows everything
+/// they use ([`Error::KubeconfigRefused`] otherwise).
 ///
 /// An exec credential plugin runs once, here, under
 /// [`ClientOptions::plugin_timeout`]; the client runs it again only when its
@@ -109,11 +135,14 @@ pub async fn build(
     kubeconfig: &Kubeconfig,
     context: Option<&str>,
     source: &str,
+    policy: &KubeconfigPolicy,
     options: &ClientOptions,
 ) -> Result<kube::Client, Error> {
-    Ok(client_with_requests(kubeconfig, context, source, options)
-        .await?
-        .0)
+    Ok(
+        client_with_requests(kubeconfig, context, source, policy, options)
+            .await?
+            .0,
+    )
 }
 
 /// [`build`], and the record of how its requests end (for the cluster's
@@ -122,6 +151,7 @@ pub(crate) async fn client_with_requests(
     kubeconfig: &Kubeconfig,
     context: Option<&str>,
     source: &str,
+    policy: &KubeconfigPolicy,
     options: &ClientOptions,
 ) -> Result<(kube::Client, Requests), Error> {
     let context_name = match context {
@@ -134,6 +164,18 @@ pub(crate) async fn client_with_requests(
     };
     // Checked first so that the error names the missing piece.
     let only = context_only(kubeconfig, &context_name, source)?;
+    let only = policy
+        .admit(only)
+        .map_err(|refused| Error::KubeconfigRefused {
+            origin: source.to_string(),
+            context: context_name.clone(),
+            refused,
+        })?;
+    let proxy_url = only
+        .clusters
+        .first()
+        .and_then(|named| named.cluster.as_ref())
+        .and_then(|cluster| cluster.proxy_url.clone());
     let user = only
         .auth_infos
         .first()
@@ -154,6 +196,9 @@ pub(crate) async fn client_with_requests(
             ),
         ));
     }
+    // kube-rs matches NO_PROXY against the proxy, not the member.
+    config.proxy_url = proxy::for_server(&config.cluster_url, proxy_url.as_deref())
+        .map_err(|reason| invalid(source, &format!("context {context_name:?}: {reason}")))?;
     config.connect_timeout = options.connect_timeout;
     let plugin = plugin_of(&mut config.auth_info, options.plugin_timeout)
         .map(|plugin| plugin.showing_stderr(options.plugin_stderr));
@@ -294,6 +339,7 @@ mod tests {
                     &parsed,
                     None,
                     "Secret fleet/prod key kubeconfig",
+                    &KubeconfigPolicy::trusted(),
                     &ClientOptions::default(),
                 )
                 .await
@@ -337,6 +383,7 @@ mod tests {
             &parsed,
             None,
             "Secret fleet/prod key kubeconfig",
+            &KubeconfigPolicy::trusted(),
             &ClientOptions::default(),
         )
         .await
@@ -369,6 +416,7 @@ mod tests {
             &parsed,
             None,
             "Secret fleet/prod key kubeconfig",
+            &KubeconfigPolicy::trusted(),
             &ClientOptions::default().plugin_stderr(true),
         )
         .await
@@ -393,7 +441,8 @@ mod tests {
         let text = exec_kubeconfig(plugins::TOKEN, &[], state.path());
         let parsed = parse(&text, "test").expect("parses");
         let options = ClientOptions::default();
-        let (built, ()) = tokio::join!(build(&parsed, None, "test", &options), async {
+        let policy = KubeconfigPolicy::trusted();
+        let (built, ()) = tokio::join!(build(&parsed, None, "test", &policy, &options), async {
             plugins::release(state.path()).expect("release");
         });
         built.expect("the plugin was released and gave a token");
@@ -406,9 +455,15 @@ mod tests {
         plugins::set_token(state.path(), "from-plugin").expect("token");
         let text = exec_kubeconfig(plugins::TOKEN, &["--region", "eu-1"], state.path());
         let parsed = parse(&text, "test").expect("parses");
-        build(&parsed, None, "test", &ClientOptions::default())
-            .await
-            .expect("client");
+        build(
+            &parsed,
+            None,
+            "test",
+            &KubeconfigPolicy::trusted(),
+            &ClientOptions::default(),
+        )
+        .await
+        .expect("client");
         let calls = plugins::calls(state.path());
         assert_eq!(calls.len(), 1, "{calls:?}");
         assert!(calls[0].contains("args=--region eu-1"), "{calls:?}");
@@ -428,10 +483,16 @@ mod tests {
         let text = exec_kubeconfig(plugins::TOKEN, &[], state.path());
         let parsed = parse(&text, "Secret fleet/prod key kubeconfig").expect("parses");
         let options = ClientOptions::default().plugin_timeout(Duration::from_millis(500));
-        let err = build(&parsed, None, "Secret fleet/prod key kubeconfig", &options)
-            .await
-            .map(|_| ())
-            .expect_err("held");
+        let err = build(
+            &parsed,
+            None,
+            "Secret fleet/prod key kubeconfig",
+            &KubeconfigPolicy::trusted(),
+            &options,
+        )
+        .await
+        .map(|_| ())
+        .expect_err("held");
         assert!(err.is_retryable(), "{err}");
         let message = err.to_string();
         assert!(message.contains("did not finish within 500ms"), "{message}");
@@ -445,11 +506,23 @@ mod tests {
         let parsed = parse(&text, "test").expect("parses");
         assert_eq!(context_names(&parsed), ["ctx"]);
         let options = ClientOptions::default();
-        build(&parsed, None, "test", &options)
-            .await
-            .expect("client");
-        build(&parsed, Some("ctx"), "test", &options)
-            .await
-            .expect("named context");
+        build(
+            &parsed,
+            None,
+            "test",
+            &KubeconfigPolicy::trusted(),
+            &options,
+        )
+        .await
+        .expect("client");
+        build(
+            &parsed,
+            Some("ctx"),
+            "test",
+            &KubeconfigPolicy::trusted(),
+            &options,
+        )
+        .await
+        .expect("named context");
     }
 }

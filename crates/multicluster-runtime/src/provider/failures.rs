@@ -67,14 +67,16 @@ impl Failures {
 
     /// Records that building `name`'s cluster from its kubeconfig failed
     /// with `err`: counted under `credentials` when another attempt may
-    /// work ([`Error::is_retryable`]: a credential plugin failed), else
-    /// under `invalid-kubeconfig`. Returns whether to try again later.
+    /// work ([`Error::is_retryable`]: a credential plugin failed), under
+    /// `refused-kubeconfig` when its policy refused it
+    /// ([`Error::KubeconfigRefused`]), else under `invalid-kubeconfig`.
+    /// Returns whether to try again later.
     pub fn record_build_error(&self, name: &ClusterName, err: &Error) -> bool {
         let retry = err.is_retryable();
-        let kind = if retry {
-            "credentials"
-        } else {
-            "invalid-kubeconfig"
+        let kind = match err {
+            _ if retry => "credentials",
+            Error::KubeconfigRefused { .. } => "refused-kubeconfig",
+            _ => "invalid-kubeconfig",
         };
         self.record(name, err.to_string(), kind);
         retry

@@ -3,8 +3,8 @@
 use std::hash::{Hash, Hasher};
 
 use crate::cache::Cache;
-use crate::client::client_with_requests;
 use crate::client::kubeconfig::parse;
+use crate::client::{KubeconfigPolicy, client_with_requests};
 use crate::provider::member::MemberOptions;
 use crate::{Cluster, ClusterName, Error, Inventory};
 
@@ -28,6 +28,11 @@ pub struct KubeconfigCluster {
     pub text: String,
     /// Where the text came from, for errors (which never quote it).
     pub source: String,
+    /// What the kubeconfig may use, by who wrote it:
+    /// [`KubeconfigPolicy::untrusted`] for text read from a cluster object,
+    /// [`KubeconfigPolicy::trusted`] for the operator's own (see
+    /// [`crate::client`]).
+    pub policy: KubeconfigPolicy,
     /// The cluster's stable ID, if known ([`Cluster::stable_id`]).
     pub stable_id: Option<String>,
     /// What its clients and cache are built with.
@@ -42,6 +47,7 @@ impl std::fmt::Debug for KubeconfigCluster {
         f.debug_struct("KubeconfigCluster")
             .field("name", &self.name)
             .field("source", &self.source)
+            .field("policy", &self.policy)
             .field("stable_id", &self.stable_id)
             .field("member", &self.member)
             .field("inventory", &self.inventory)
@@ -50,24 +56,31 @@ impl std::fmt::Debug for KubeconfigCluster {
 }
 
 impl KubeconfigCluster {
-    /// A digest of the text, stable ID and member options: equal exactly
-    /// when building again would give the same cluster.
+    /// A digest of the text, stable ID, policy and member options: equal
+    /// exactly when building again would give the same cluster.
     pub fn fingerprint(&self) -> String {
         fingerprint(&format!(
-            "{}\n{}\n{}",
+            "{}\n{:?}\n{}\n{}",
             self.stable_id.as_deref().unwrap_or_default(),
+            self.policy,
             self.member.digest(),
             self.text
         ))
     }
 
     /// Parses the text and builds the cluster's client and cache with its
-    /// member options (running its credential plugin once, if it has one:
-    /// see [`client`]).
+    /// policy and member options (running its credential plugin once, if
+    /// it has one and the policy allows it: see [`crate::client::build`]).
     pub async fn build(&self) -> Result<Cluster, Error> {
         let parsed = parse(&self.text, &self.source)?;
-        let (client, requests) =
-            client_with_requests(&parsed, None, &self.source, &self.member.client).await?;
+        let (client, requests) = client_with_requests(
+            &parsed,
+            None,
+            &self.source,
+            &self.policy,
+            &self.member.client,
+        )
+        .await?;
         let cache =
             Cache::with_options(self.name.clone(), client.clone(), self.member.cache.clone());
         let cluster =

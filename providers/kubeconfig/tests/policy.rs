@@ -1,0 +1,221 @@
+//! What a kubeconfig Secret may make the controller do, with the
+//! provider's default options: anyone who may write a Secret in the watched
+//! namespace writes these kubeconfigs, so none may run a command, read a
+//! file of the controller's, use an auth provider, skip TLS verification or
+//! pick a proxy until the operator allows it.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ObjectMeta, PostParams};
+use multicluster_envtest::traps::Traps;
+use multicluster_envtest::{ControlPlane, plugins};
+use multicluster_provider_kubeconfig::{DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider};
+use multicluster_runtime::client::{ExecPolicy, KubeconfigPolicy};
+use multicluster_runtime::controller::Request;
+use multicluster_runtime::manager::ClusterState;
+use multicluster_runtime::provider::clusters::ClusterSetProvider;
+use multicluster_runtime::testing::{eventually, http_get, recording_manager, run_manager};
+use multicluster_runtime::{Cluster, ClusterName, ManagerOptions};
+
+const NAMESPACE: &str = "fleet";
+
+async fn put_secret(admin: &kube::Client, name: &str, kubeconfig: &kube::config::Kubeconfig) {
+    let text = multicluster_envtest::to_yaml(kubeconfig).expect("yaml");
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([(DEFAULT_LABEL.to_string(), "true".to_string())].into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            "kubeconfig".to_string(),
+            ByteString(text.into_bytes()),
+        )])),
+        ..Secret::default()
+    };
+    Api::<Secret>::namespaced(admin.clone(), NAMESPACE)
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("secret");
+}
+
+fn req(cluster: &str, name: &str) -> Request {
+    Request::new(cluster, Some("default"), name)
+}
+
+/// One Secret per thing a kubeconfig can make its reader do (an exec
+/// plugin that leaves a mark, a token file, a client certificate and key,
+/// a CA file, an auth provider, skipping TLS verification, a proxy), each
+/// naming a listener as its server, beside a Secret of a real member. With
+/// `KubeconfigOptions::default()`: the plugin never runs, no file is
+/// opened, the listener is never reached, every trap is listed refused
+/// (naming the Secret, the field and the policy field that would allow
+/// it) in the provider's failures, on `/clusters` and in the metrics, and
+/// the member works.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_that_would_run_read_or_dial_are_refused_with_the_default_options() {
+    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (management, member) = (management.expect("management"), member.expect("member"));
+    member
+        .create_config_map("hello", &[])
+        .await
+        .expect("create");
+    management
+        .create_namespace(NAMESPACE)
+        .await
+        .expect("namespace");
+    let admin = management.client().await.expect("client");
+    let traps = Traps::set().await.expect("traps");
+    let kubeconfigs = traps.kubeconfigs(member.ca_pem());
+    for trap in &kubeconfigs {
+        put_secret(&admin, trap.name, &trap.kubeconfig).await;
+    }
+    put_secret(&admin, "member", member.kubeconfig()).await;
+
+    let provider = Arc::new(KubeconfigProvider::new(
+        admin.clone(),
+        KubeconfigOptions::default(),
+    ));
+    let (manager, recorder) = recording_manager(
+        Cluster::local(admin.clone()),
+        provider.clone(),
+        ManagerOptions::default(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let (shutdown, task) = run_manager(&manager);
+    manager.serve_health(listener, shutdown.clone());
+    recorder
+        .wait_for_more(&req("fleet/member", "hello"), 0)
+        .await;
+    eventually("every trap Secret to be refused", || async {
+        let failures = provider.failures();
+        kubeconfigs.iter().all(|trap| {
+            failures.contains_key(&ClusterName::from(format!("{NAMESPACE}/{}", trap.name)))
+        })
+    })
+    .await;
+
+    let failures = provider.failures();
+    let (_, clusters) = http_get(address, "/clusters").await.expect("/clusters");
+    for trap in &kubeconfigs {
+        let name = ClusterName::from(format!("{NAMESPACE}/{}", trap.name));
+        let reason = &failures[&name];
+        assert!(
+            reason.starts_with(&format!(
+                "kubeconfig from Secret {NAMESPACE}/{} key \"kubeconfig\" refused",
+                trap.name
+            )),
+            "{reason}"
+        );
+        for field in &trap.fields {
+            assert!(
+                reason.contains(field),
+                "{} names {field}: {reason}",
+                trap.name
+            );
+        }
+        assert!(reason.contains("KubeconfigPolicy::"), "{reason}");
+        assert!(
+            !reason.contains(&traps.dir().display().to_string()),
+            "quotes a path: {reason}"
+        );
+        assert!(
+            matches!(manager.cluster_state(&name), Some(ClusterState::Unusable(shown)) if shown.as_str() == reason),
+            "{name}: {:?}",
+            manager.cluster_state(&name)
+        );
+        assert!(
+            clusters
+                .lines()
+                .any(|line| line == format!("{name}\tunusable: {reason}")),
+            "{name} on /clusters:\n{clusters}"
+        );
+    }
+    assert_eq!(provider.names(), [ClusterName::from("fleet/member")]);
+    let metrics = manager.metrics().encode();
+    assert!(
+        metrics.lines().any(|line| line
+            == format!(
+                "mcr_cluster_engagement_failures_total{{provider=\"kubeconfig\",reason=\"refused-kubeconfig\"}} {}",
+                kubeconfigs.len()
+            )),
+        "{metrics}"
+    );
+    traps.assert_untouched().await;
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// The plugin the trap ran nothing with: refused with the defaults (it
+/// never runs), then allowlisted by the operator, it runs and its cluster
+/// is engaged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_allowlisted_plugin_runs_and_its_cluster_is_engaged() {
+    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (management, member) = (management.expect("management"), member.expect("member"));
+    member
+        .create_config_map("hello", &[])
+        .await
+        .expect("create");
+    management
+        .create_namespace(NAMESPACE)
+        .await
+        .expect("namespace");
+    let admin = management.client().await.expect("client");
+    let state = tempfile::tempdir().expect("state");
+    let token = member
+        .cluster_admin_token("robots", "plugged")
+        .await
+        .expect("token");
+    plugins::set_token(state.path(), &token).expect("token");
+    put_secret(
+        &admin,
+        "plugged",
+        &member.exec_kubeconfig("plugged", plugins::TOKEN, state.path()),
+    )
+    .await;
+
+    let run = |options: KubeconfigOptions| {
+        let provider = Arc::new(KubeconfigProvider::new(admin.clone(), options));
+        let (manager, recorder) = recording_manager(
+            Cluster::local(admin.clone()),
+            provider.clone(),
+            ManagerOptions::default(),
+        );
+        let (shutdown, task) = run_manager(&manager);
+        (provider, recorder, shutdown, task)
+    };
+
+    let (provider, _, shutdown, task) = run(KubeconfigOptions::default());
+    eventually("the Secret to be refused", || async {
+        !provider.failures().is_empty()
+    })
+    .await;
+    let reason = &provider.failures()[&ClusterName::from("fleet/plugged")];
+    assert!(
+        reason.contains(r#"users["plugged"].user.exec runs a command"#),
+        "{reason}"
+    );
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+    assert!(plugins::calls(state.path()).is_empty(), "it ran");
+
+    let allowed = KubeconfigPolicy::untrusted()
+        .exec(ExecPolicy::allowlist([plugins::TOKEN]).expect("an absolute path"));
+    let (provider, recorder, shutdown, task) =
+        run(KubeconfigOptions::default().kubeconfig_policy(allowed));
+    recorder
+        .wait_for_more(&req("fleet/plugged", "hello"), 0)
+        .await;
+    assert!(provider.failures().is_empty(), "{:?}", provider.failures());
+    assert_eq!(plugins::calls(state.path()).len(), 1);
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
