@@ -207,6 +207,44 @@ pub async fn wait_until_unreachable(manager: &crate::Manager, cluster: &str) {
     .await;
 }
 
+/// Waits until `manager` shows every cluster of `names` unusable (found by
+/// its provider, but not made a cluster), and returns their reasons,
+/// having checked that `/clusters` at `address` (the manager's health
+/// endpoint) shows the same.
+pub async fn wait_until_unusable(
+    manager: &crate::Manager,
+    address: std::net::SocketAddr,
+    names: &[ClusterName],
+) -> std::collections::BTreeMap<ClusterName, String> {
+    use crate::manager::ClusterState;
+    let reasons = || {
+        names
+            .iter()
+            .filter_map(|name| match manager.cluster_state(name) {
+                Some(ClusterState::Unusable(reason)) => {
+                    Some((name.clone(), reason.as_str().to_string()))
+                }
+                _ => None,
+            })
+            .collect::<std::collections::BTreeMap<_, _>>()
+    };
+    eventually("every cluster named to be shown unusable", || async {
+        reasons().len() == names.len()
+    })
+    .await;
+    let reasons = reasons();
+    let (_, clusters) = http_get(address, "/clusters").await.expect("/clusters");
+    for (name, reason) in &reasons {
+        assert!(
+            clusters
+                .lines()
+                .any(|line| line == format!("{name}\tunusable: {reason}")),
+            "{name} on /clusters:\n{clusters}"
+        );
+    }
+    reasons
+}
+
 /// Waits until `manager` no longer has `cluster` (it left the fleet).
 pub async fn wait_until_left(manager: &crate::Manager, cluster: &str) {
     let name = ClusterName::from(cluster);

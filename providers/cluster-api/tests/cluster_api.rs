@@ -12,6 +12,7 @@ use kube::api::{
     Api, ApiResource, DeleteParams, DynamicObject, GroupVersionKind, ObjectMeta, Patch,
     PatchParams, PostParams,
 };
+use multicluster_envtest::traps::Traps;
 use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_provider_cluster_api::{
     CLUSTER_NAME_LABEL, ClusterApiOptions, ClusterApiProvider, ClusterApiVersion,
@@ -22,6 +23,7 @@ use multicluster_runtime::controller::{Backoff, Request};
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::testing::{
     Recorder, eventually, recording_manager, run_manager, wait_until_left, wait_until_unreachable,
+    wait_until_unusable,
 };
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
 
@@ -711,4 +713,77 @@ async fn a_cluster_whose_plugin_hangs_holds_up_only_itself() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
     plugins::wait_until_stopped(plugin, "the plugin").await;
+}
+
+/// Cluster API's kubeconfig Secrets are objects anyone with write access to
+/// Secrets in the namespace can write. With `ClusterApiOptions::default()`,
+/// ready Clusters whose Secrets' kubeconfigs would run a plugin (one that
+/// leaves a mark), read a token file, a client certificate and key or a CA
+/// file, use an auth provider, skip TLS verification or pick a proxy are
+/// refused before any of it happens: no mark, no file opened, their server
+/// (a listener) never reached; each is shown unusable with the Secret, the
+/// field and the policy field that would allow it; a healthy Cluster is
+/// engaged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubeconfig_secrets_that_would_run_read_or_dial_are_refused_with_the_default_options() {
+    let (management, healthy) = tokio::join!(Management::start(&["fleet"]), workload("hello"));
+    let traps = Traps::set().await.expect("traps");
+    let kubeconfigs = traps.kubeconfigs(healthy.ca_pem());
+    for trap in &kubeconfigs {
+        management
+            .create_cluster("fleet", trap.name, &[], &[])
+            .await;
+        management.set_ready("fleet", trap.name).await;
+        management
+            .put_kubeconfig_of("fleet", trap.name, &trap.kubeconfig)
+            .await;
+    }
+    management
+        .create_cluster("fleet", "healthy", &[], &[])
+        .await;
+    management.set_ready("fleet", "healthy").await;
+    management
+        .put_kubeconfig("fleet", "healthy", &healthy)
+        .await;
+
+    let provider = Arc::new(ClusterApiProvider::new(
+        management.client.clone(),
+        ClusterApiOptions::default(),
+    ));
+    let (manager, recorder) = manager_for(&management, provider.clone());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let (shutdown, task) = run_manager(&manager);
+    manager.serve_health(listener, shutdown.clone());
+    recorder
+        .wait_for_more(&req("fleet/healthy", "hello"), 0)
+        .await;
+    let names: Vec<_> = kubeconfigs
+        .iter()
+        .map(|trap| ClusterName::from(format!("fleet/{}", trap.name)))
+        .collect();
+    let reasons = wait_until_unusable(&manager, address, &names).await;
+    for (trap, name) in kubeconfigs.iter().zip(&names) {
+        let reason = &reasons[name];
+        let source = format!(
+            "kubeconfig from Secret fleet/{}-kubeconfig key \"value\" refused",
+            trap.name
+        );
+        assert!(reason.starts_with(&source), "{reason}");
+        for field in &trap.fields {
+            assert!(
+                reason.contains(field),
+                "{} names {field}: {reason}",
+                trap.name
+            );
+        }
+        assert!(reason.contains("KubeconfigPolicy::"), "{reason}");
+    }
+    assert_eq!(provider.names(), [ClusterName::from("fleet/healthy")]);
+    traps.assert_untouched().await;
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
 }

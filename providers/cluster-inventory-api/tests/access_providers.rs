@@ -14,11 +14,12 @@ use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_envtest::plugins::{self, calls};
+use multicluster_envtest::traps::Traps;
 use multicluster_provider_cluster_inventory_api::access::{
     ADDITIONAL_ARGS_EXTENSION, ADDITIONAL_ENVS_EXTENSION, ProviderFile,
 };
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
-use multicluster_runtime::testing::{eventually, run_manager};
+use multicluster_runtime::testing::{eventually, run_manager, wait_until_unusable};
 use multicluster_runtime::{ClusterName, ManagerOptions};
 use serde_json::json;
 
@@ -470,4 +471,109 @@ async fn a_hung_plugin_holds_up_only_its_own_profile_and_stops_with_the_provider
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
     plugins::wait_until_stopped(plugin, "the plugin").await;
+}
+
+/// A profile's status is written by its cluster manager, and by anyone who
+/// may update ClusterProfiles' status: with the default options a profile
+/// whose access-provider entry names a CA file (the field ClusterProfile
+/// v1alpha2 removed), a proxy or no TLS verification, or whose
+/// additional-envs extension sets a variable that changes what code the
+/// plugin runs, is refused before the plugin runs or the file is opened,
+/// and shown unusable naming the field; a healthy profile is engaged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_fields_that_would_read_files_or_dial_are_refused_with_the_default_options() {
+    let (hub_cp, member) = tokio::join!(ControlPlane::start(), workload("in-member"));
+    let hub_cp = hub_cp.expect("hub");
+    let hub = common::hub(&hub_cp).await;
+    let traps = Traps::set().await.expect("traps");
+    let ca_file = traps.dir().join("ca.crt").display().to_string();
+    let with_cluster = |extra: serde_json::Value| {
+        let mut entry = access("token", &member, traps.dir(), vec![]);
+        for (key, value) in extra.as_object().expect("object") {
+            entry["cluster"][key] = value.clone();
+        }
+        let mut status = json!({"accessProviders": [entry]});
+        status["conditions"] = health(true)["conditions"].clone();
+        status
+    };
+    let refused = [
+        (
+            "ca-file",
+            with_cluster(json!({"certificate-authority": ca_file})),
+            r#"clusters["inventory/ca-file"].cluster.certificate-authority names a local file"#,
+        ),
+        (
+            "proxy",
+            with_cluster(
+                json!({"proxy-url": format!("http://127.0.0.1:{}", traps.server().rsplit(':').next().expect("port"))}),
+            ),
+            r#"clusters["inventory/proxy"].cluster.proxy-url picks a proxy"#,
+        ),
+        (
+            "insecure",
+            with_cluster(json!({"insecure-skip-tls-verify": true})),
+            r#"clusters["inventory/insecure"].cluster.insecure-skip-tls-verify turns off verifying"#,
+        ),
+    ];
+    for (name, status, _) in &refused {
+        create_profile(&hub, name).await;
+        set_status(&hub, name, status.clone()).await;
+    }
+    let mut loader = json!({"accessProviders": [access("token", &member, traps.dir(), vec![
+        json!({"name": ADDITIONAL_ENVS_EXTENSION, "extension": {"LD_PRELOAD": ca_file}}),
+    ])]});
+    loader["conditions"] = health(true)["conditions"].clone();
+    create_profile(&hub, "loader").await;
+    set_status(&hub, "loader", loader).await;
+    let healthy_state = state_with_token(&member, "healthy").await;
+    let mut healthy =
+        json!({"accessProviders": [access("token", &member, healthy_state.path(), vec![])]});
+    healthy["conditions"] = health(true)["conditions"].clone();
+    create_profile(&hub, "healthy").await;
+    set_status(&hub, "healthy", healthy).await;
+
+    let provider = Arc::new(ClusterProfileProvider::new(
+        hub.clone(),
+        ClusterProfileOptions::with_access_providers(provider_file()),
+    ));
+    let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let (shutdown, task) = run_manager(&manager);
+    manager.serve_health(listener, shutdown.clone());
+    recorder
+        .wait_for_more(&req("inventory/healthy", "in-member"), 0)
+        .await;
+    let names: Vec<_> = refused
+        .iter()
+        .map(|(name, _, _)| *name)
+        .chain(["loader"])
+        .map(|name| ClusterName::from(format!("inventory/{name}")))
+        .collect();
+    let reasons = wait_until_unusable(&manager, address, &names).await;
+    for (name, _, expected) in &refused {
+        let reason = &reasons[&ClusterName::from(format!("inventory/{name}"))];
+        assert!(
+            reason.starts_with(&format!(
+                "kubeconfig from ClusterProfile inventory/{name} access provider \"token\" refused"
+            )),
+            "{reason}"
+        );
+        assert!(reason.contains(expected), "{reason}");
+        assert!(!reason.contains(&ca_file), "{reason}");
+    }
+    let loader = &reasons[&ClusterName::from("inventory/loader")];
+    assert!(
+        loader.contains(&format!(
+            "extension {ADDITIONAL_ENVS_EXTENSION} sets \"LD_PRELOAD\", which changes what code the plugin runs"
+        )),
+        "{loader}"
+    );
+    assert!(!loader.contains(&ca_file), "{loader}");
+    traps.assert_untouched().await;
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
 }

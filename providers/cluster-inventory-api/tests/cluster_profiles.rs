@@ -13,13 +13,14 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::PolicyRule;
 use kube::api::{Api, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
+use multicluster_envtest::traps::Traps;
 use multicluster_provider_cluster_inventory_api::{
     CLUSTER_ID_PROPERTY, CLUSTER_MANAGER_LABEL, CONSUMER_LABEL, ClusterProfileOptions,
     ClusterProfileProvider, PROFILE_LABEL, SECRET_KEY, WATCH_FILTER_LABEL,
 };
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::testing::{
-    eventually, run_manager, wait_until_left, wait_until_unreachable,
+    eventually, run_manager, wait_until_left, wait_until_unreachable, wait_until_unusable,
 };
 use multicluster_runtime::{ClusterName, ManagerOptions};
 
@@ -489,6 +490,86 @@ async fn a_custom_readiness_replaces_control_plane_healthy() {
         .wait_for_more(&req("inventory/joined", "hello"), 0)
         .await;
     assert_eq!(provider.names(), [ClusterName::from("inventory/joined")]);
+
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// A consumer's credentials Secrets are objects of the hub, written by
+/// whoever may write Secrets in the profiles' namespace. With the Secret
+/// strategy's default options, ready profiles whose Secrets' kubeconfigs
+/// would run a plugin (one that leaves a mark), read a token file, a client
+/// certificate and key or a CA file, use an auth provider, skip TLS
+/// verification or pick a proxy are refused before any of it happens: no
+/// mark, no file opened, their server (a listener) never reached; each is
+/// shown unusable naming the Secret, the field and the policy field that
+/// would allow it; a healthy profile is engaged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn credentials_that_would_run_read_or_dial_are_refused_with_the_default_options() {
+    let (hub_cp, healthy) = tokio::join!(ControlPlane::start(), workload("hello"));
+    let hub_cp = hub_cp.expect("hub");
+    let hub = common::hub(&hub_cp).await;
+    let secrets = Api::<Secret>::namespaced(hub.clone(), NS);
+    let traps = Traps::set().await.expect("traps");
+    let kubeconfigs = traps.kubeconfigs(healthy.ca_pem());
+    for trap in &kubeconfigs {
+        create_profile(&hub, trap.name).await;
+        set_health(&hub, trap.name, true, None).await;
+        let mut secret = credentials(&format!("{}-creds", trap.name), trap.name, "me", &healthy);
+        secret.data = Some(BTreeMap::from([(
+            SECRET_KEY.to_string(),
+            ByteString(
+                multicluster_envtest::to_yaml(&trap.kubeconfig)
+                    .expect("yaml")
+                    .into_bytes(),
+            ),
+        )]));
+        secrets
+            .create(&PostParams::default(), &secret)
+            .await
+            .expect("secret");
+    }
+    create_profile(&hub, "healthy").await;
+    set_health(&hub, "healthy", true, None).await;
+    create_credentials(&secrets, "healthy-creds", "healthy", "me", &healthy).await;
+
+    let provider = Arc::new(ClusterProfileProvider::new(
+        hub.clone(),
+        ClusterProfileOptions::with_secrets("me"),
+    ));
+    let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let (shutdown, task) = run_manager(&manager);
+    manager.serve_health(listener, shutdown.clone());
+    recorder
+        .wait_for_more(&req("inventory/healthy", "hello"), 0)
+        .await;
+    let names: Vec<_> = kubeconfigs
+        .iter()
+        .map(|trap| ClusterName::from(format!("{NS}/{}", trap.name)))
+        .collect();
+    let reasons = wait_until_unusable(&manager, address, &names).await;
+    for (trap, name) in kubeconfigs.iter().zip(&names) {
+        let reason = &reasons[name];
+        let source = format!(
+            "kubeconfig from Secret {NS}/{}-creds key \"Config\" refused",
+            trap.name
+        );
+        assert!(reason.starts_with(&source), "{reason}");
+        for field in &trap.fields {
+            assert!(
+                reason.contains(field),
+                "{} names {field}: {reason}",
+                trap.name
+            );
+        }
+        assert!(reason.contains("KubeconfigPolicy::"), "{reason}");
+    }
+    assert_eq!(provider.names(), [ClusterName::from("inventory/healthy")]);
+    traps.assert_untouched().await;
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");

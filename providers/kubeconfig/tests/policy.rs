@@ -15,9 +15,10 @@ use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_provider_kubeconfig::{DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider};
 use multicluster_runtime::client::{ExecPolicy, KubeconfigPolicy};
 use multicluster_runtime::controller::Request;
-use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::provider::clusters::ClusterSetProvider;
-use multicluster_runtime::testing::{eventually, http_get, recording_manager, run_manager};
+use multicluster_runtime::testing::{
+    eventually, recording_manager, run_manager, wait_until_unusable,
+};
 use multicluster_runtime::{Cluster, ClusterName, ManagerOptions};
 
 const NAMESPACE: &str = "fleet";
@@ -93,19 +94,13 @@ async fn secrets_that_would_run_read_or_dial_are_refused_with_the_default_option
     recorder
         .wait_for_more(&req("fleet/member", "hello"), 0)
         .await;
-    eventually("every trap Secret to be refused", || async {
-        let failures = provider.failures();
-        kubeconfigs.iter().all(|trap| {
-            failures.contains_key(&ClusterName::from(format!("{NAMESPACE}/{}", trap.name)))
-        })
-    })
-    .await;
-
-    let failures = provider.failures();
-    let (_, clusters) = http_get(address, "/clusters").await.expect("/clusters");
-    for trap in &kubeconfigs {
-        let name = ClusterName::from(format!("{NAMESPACE}/{}", trap.name));
-        let reason = &failures[&name];
+    let names: Vec<_> = kubeconfigs
+        .iter()
+        .map(|trap| ClusterName::from(format!("{NAMESPACE}/{}", trap.name)))
+        .collect();
+    let reasons = wait_until_unusable(&manager, address, &names).await;
+    for (trap, name) in kubeconfigs.iter().zip(&names) {
+        let reason = &reasons[name];
         assert!(
             reason.starts_with(&format!(
                 "kubeconfig from Secret {NAMESPACE}/{} key \"kubeconfig\" refused",
@@ -125,17 +120,7 @@ async fn secrets_that_would_run_read_or_dial_are_refused_with_the_default_option
             !reason.contains(&traps.dir().display().to_string()),
             "quotes a path: {reason}"
         );
-        assert!(
-            matches!(manager.cluster_state(&name), Some(ClusterState::Unusable(shown)) if shown.as_str() == reason),
-            "{name}: {:?}",
-            manager.cluster_state(&name)
-        );
-        assert!(
-            clusters
-                .lines()
-                .any(|line| line == format!("{name}\tunusable: {reason}")),
-            "{name} on /clusters:\n{clusters}"
-        );
+        assert_eq!(&provider.failures()[name], reason);
     }
     assert_eq!(provider.names(), [ClusterName::from("fleet/member")]);
     let metrics = manager.metrics().encode();
