@@ -1,0 +1,211 @@
+//! The example binary with `HTTPS_PROXY` and `NO_PROXY` in its
+//! environment, as a Deployment behind a corporate proxy runs it: each
+//! member's own server is matched against `NO_PROXY`, and a member reached
+//! through the proxy gets the same client as one reached directly.
+
+use std::collections::BTreeMap;
+use std::process::Stdio;
+use std::sync::{Arc, Mutex};
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, ObjectMeta, PostParams};
+use multicluster_envtest::ControlPlane;
+use multicluster_example_testing::{GRACE, terminate_showing_log, wait_for_copy};
+use multicluster_provider_kubeconfig::DEFAULT_LABEL;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::Command;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-kubeconfig");
+
+/// An HTTP proxy that answers `CONNECT host:port` by tunnelling to
+/// `127.0.0.1:port`, whatever the host (it is this test's name service:
+/// a real proxy resolves names its clients cannot), and records each
+/// target.
+struct ConnectProxy {
+    port: u16,
+    targets: Arc<Mutex<Vec<String>>>,
+    accepting: tokio::task::JoinHandle<()>,
+}
+
+impl ConnectProxy {
+    async fn start() -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let port = listener.local_addr().expect("address").port();
+        let targets = Arc::new(Mutex::new(Vec::new()));
+        let accepting = tokio::spawn({
+            let targets = targets.clone();
+            async move {
+                while let Ok((client, _)) = listener.accept().await {
+                    tokio::spawn(tunnel(client, targets.clone()));
+                }
+            }
+        });
+        Self {
+            port,
+            targets,
+            accepting,
+        }
+    }
+
+    fn targets(&self) -> Vec<String> {
+        self.targets.lock().expect("lock").clone()
+    }
+}
+
+impl Drop for ConnectProxy {
+    fn drop(&mut self) {
+        self.accepting.abort();
+    }
+}
+
+async fn tunnel(mut client: tokio::net::TcpStream, targets: Arc<Mutex<Vec<String>>>) {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        match client.read(&mut byte).await {
+            Ok(1) => head.push(byte[0]),
+            _ => return,
+        }
+    }
+    let head = String::from_utf8_lossy(&head).to_string();
+    let Some(target) = head
+        .strip_prefix("CONNECT ")
+        .and_then(|rest| rest.split(' ').next())
+    else {
+        let _ = client
+            .write_all(b"HTTP/1.1 405 Method Not Allowed\r\n\r\n")
+            .await;
+        return;
+    };
+    targets.lock().expect("lock").push(target.to_string());
+    let port = target.rsplit(':').next().unwrap_or_default();
+    let Ok(mut upstream) = tokio::net::TcpStream::connect(format!("127.0.0.1:{port}")).await else {
+        let _ = client.write_all(b"HTTP/1.1 502 Bad Gateway\r\n\r\n").await;
+        return;
+    };
+    if client
+        .write_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        .await
+        .is_ok()
+    {
+        let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+    }
+}
+
+/// `cp`'s kubeconfig naming `host` as its server (same port), the
+/// certificate checked for `localhost`, which it is issued for.
+fn named(cp: &ControlPlane, host: &str) -> kube::config::Kubeconfig {
+    let mut kubeconfig = cp.kubeconfig().clone();
+    let cluster = kubeconfig.clusters[0].cluster.as_mut().expect("cluster");
+    let port = cp.server().rsplit(':').next().expect("port").to_string();
+    cluster.server = Some(format!("https://{host}:{port}"));
+    cluster.tls_server_name = Some("localhost".into());
+    kubeconfig
+}
+
+async fn put_secret(management: &ControlPlane, name: &str, kubeconfig: &kube::config::Kubeconfig) {
+    let text = multicluster_envtest::to_yaml(kubeconfig).expect("yaml");
+    let secret = Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([(DEFAULT_LABEL.to_string(), "true".to_string())].into()),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            "kubeconfig".to_string(),
+            ByteString(text.into_bytes()),
+        )])),
+        ..Secret::default()
+    };
+    Api::<Secret>::namespaced(management.client().await.expect("client"), "fleet")
+        .create(&PostParams::default(), &secret)
+        .await
+        .expect("secret");
+}
+
+/// Two members, one behind `member-a.proxied.test` (a name only the proxy
+/// resolves), one at `0.0.0.0` (which Linux connects to this host) named
+/// in `NO_PROXY`. The first is reached through the proxy, over one
+/// tunnelled HTTP/2 connection for its watch and its requests; the second
+/// directly, never through the proxy. (kube-rs matched `NO_PROXY` against
+/// the proxy: the second went through it too. Loopback servers are never
+/// proxied, as with client-go, hence `0.0.0.0`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_proxy_names_a_member_reached_directly_and_the_other_goes_through_the_proxy() {
+    let (management, proxied, direct) = tokio::join!(
+        ControlPlane::start(),
+        ControlPlane::start(),
+        ControlPlane::start()
+    );
+    let (management, proxied, direct) = (
+        management.expect("management"),
+        proxied.expect("proxied"),
+        direct.expect("direct"),
+    );
+    management
+        .create_namespace("fleet")
+        .await
+        .expect("namespace");
+    let proxy = ConnectProxy::start().await;
+    let proxied_port = proxied
+        .server()
+        .rsplit(':')
+        .next()
+        .expect("port")
+        .to_string();
+    let direct_port = direct
+        .server()
+        .rsplit(':')
+        .next()
+        .expect("port")
+        .to_string();
+    put_secret(
+        &management,
+        "proxied",
+        &named(&proxied, "member-a.proxied.test"),
+    )
+    .await;
+    put_secret(&management, "direct", &named(&direct, "0.0.0.0")).await;
+
+    let log = tempfile::NamedTempFile::new().expect("log");
+    let mut example = Command::new(BINARY)
+        .args(["--namespace", "fleet", "--health-address", "127.0.0.1:0"])
+        .env("KUBECONFIG", management.kubeconfig_path())
+        .env("HTTPS_PROXY", format!("http://127.0.0.1:{}", proxy.port))
+        .env("NO_PROXY", "0.0.0.0")
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(log.reopen().expect("log"))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("example");
+    tokio::join!(
+        wait_for_copy(proxied.client().await.expect("client"), "settings"),
+        wait_for_copy(direct.client().await.expect("client"), "settings"),
+    );
+
+    let targets = proxy.targets();
+    let through_proxy = |port: &str| {
+        targets
+            .iter()
+            .filter(|target| target.ends_with(&format!(":{port}")))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        through_proxy(&proxied_port),
+        [format!("member-a.proxied.test:{proxied_port}")],
+        "one tunnel carries the proxied member's watch and requests: {targets:?}"
+    );
+    assert_eq!(
+        through_proxy(&direct_port),
+        Vec::<String>::new(),
+        "NO_PROXY names the direct member: {targets:?}"
+    );
+
+    let status = terminate_showing_log(&mut example, GRACE, log.path()).await;
+    assert!(status.success(), "{status}");
+}
