@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::{Mutex, OnceLock};
 
 use crate::metrics::Metrics;
+use crate::redact::Redacted;
 use crate::sync::lock;
 use crate::{ClusterName, Error};
 
@@ -45,9 +46,12 @@ impl Failures {
 
     /// Records that `name` cannot be engaged because of `reason` (counted
     /// under `kind`). Logged as a warning and counted only when the reason
-    /// is new for that cluster.
+    /// is new for that cluster. The reason is redacted first, as every
+    /// reason shown is ([`crate::redact`]): a credential in it is withheld
+    /// from the log, [`Failures::current`], `/clusters` and the metrics.
     pub fn record(&self, name: &ClusterName, reason: impl Into<String>, kind: &'static str) {
-        let reason = reason.into();
+        let redacted = Redacted::ours(reason.into());
+        let reason = redacted.as_str().to_string();
         let mut reasons = lock(&self.reasons);
         if reasons.get(name) == Some(&reason) {
             tracing::debug!(cluster = %name, %reason, "still cannot add the cluster to the fleet");
@@ -56,11 +60,7 @@ impl Failures {
         tracing::warn!(cluster = %name, %reason, "cannot add the cluster to the fleet");
         if let Some(metrics) = self.metrics.get() {
             metrics.engagement_failed(&self.provider, kind);
-            // The crate's errors and the providers' own words: no
-            // credential text.
-            metrics
-                .fleet()
-                .unusable(&self.provider, name, crate::redact::Redacted::ours(&reason));
+            metrics.fleet().unusable(&self.provider, name, redacted);
         }
         reasons.insert(name.clone(), reason);
     }
@@ -125,6 +125,25 @@ mod tests {
         assert!(failures.current().is_empty());
         failures.record(&name, "bad kubeconfig", "invalid");
         assert_eq!(count(&metrics), 3);
+    }
+
+    #[test]
+    fn a_reason_is_redacted_before_it_is_logged_kept_or_shown() {
+        let metrics = Metrics::default();
+        let failures = Failures::new("test", Some(metrics.clone()));
+        let name = ClusterName::from("a");
+        failures.record(
+            &name,
+            "Secret fleet/a: server said Authorization: Bearer sha256~AbC123dEf456 was refused",
+            "invalid",
+        );
+        let kept = &failures.current()[&name];
+        assert_eq!(
+            kept,
+            "Secret fleet/a: server said Authorization: Bearer [withheld] was refused"
+        );
+        let shown = metrics.fleet().unusable_inventory();
+        assert_eq!(shown[0].2.as_str(), kept);
     }
 
     #[test]

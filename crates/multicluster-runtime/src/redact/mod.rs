@@ -14,6 +14,17 @@
 //! kube-rs's own text for an API error appends the `Debug` dump of the
 //! whole status; here it is one line. Every text is one line of at most
 //! [`MAX_LEN`] bytes.
+//!
+//! Whatever a text was built from, it passes one last scrub before it
+//! becomes [`Redacted`]: PEM blocks, `Authorization` values, passwords in
+//! URLs, `key=value` pairs whose key names a secret, JSON Web Tokens and
+//! long random-looking strings are replaced by `[withheld]`. So an error
+//! of a type this module does not know, or a provider's own words about
+//! an object ([`crate::provider::failures::Failures::record`]), cannot
+//! carry a credential to a log or to `/clusters` either: there is no public
+//! way to mark text as safe without it.
+
+mod scrub;
 
 use std::error::Error as StdError;
 
@@ -68,8 +79,14 @@ impl Redacted {
         Self::bounded(format!("{context}: {}", self.0))
     }
 
-    /// `text` on one line, cut to [`MAX_LEN`].
+    /// `text` scrubbed of anything shaped like a credential (see
+    /// `scrub`), on one line, cut to [`MAX_LEN`]: every `Redacted` is made
+    /// here, so no text reaches a log, `/clusters` or a metric without it.
     fn bounded(text: String) -> Self {
+        let text = match scrub::scrub(&text) {
+            std::borrow::Cow::Borrowed(_) => text,
+            std::borrow::Cow::Owned(scrubbed) => scrubbed,
+        };
         let text = if text.contains(['\n', '\r']) {
             text.split(['\n', '\r'])
                 .map(str::trim)
