@@ -10,9 +10,9 @@
 //! call in the directory. [`Traps::assert_untouched`] checks all three.
 //!
 //! ```no_run
-//! # async fn demo() {
+//! # async fn demo(member: &multicluster_envtest::ControlPlane) {
 //! let traps = multicluster_envtest::traps::Traps::set().await.expect("traps");
-//! for trap in traps.kubeconfigs() {
+//! for trap in traps.kubeconfigs(member.ca_pem()) {
 //!     // ... store `trap.kubeconfig` where the code under test reads it ...
 //! #   let _ = trap;
 //! }
@@ -46,6 +46,32 @@ pub struct Trap {
     pub fields: Vec<&'static str>,
     /// The kubeconfig.
     pub kubeconfig: Kubeconfig,
+}
+
+impl Trap {
+    /// Panics unless `reason` is a refusal of this trap's kubeconfig, read
+    /// from `origin` (`Secret fleet/x key "kubeconfig"`): it names each
+    /// refused field and the policy field that would allow it, and quotes
+    /// no value (the trap files' paths).
+    pub fn assert_refused(&self, reason: &str, origin: &str, traps: &Traps) {
+        assert!(
+            reason.starts_with(&format!("kubeconfig from {origin} refused")),
+            "{}: {reason}",
+            self.name
+        );
+        for field in &self.fields {
+            assert!(
+                reason.contains(field),
+                "{} names {field}: {reason}",
+                self.name
+            );
+        }
+        assert!(reason.contains("KubeconfigPolicy::"), "{reason}");
+        assert!(
+            !reason.contains(&traps.dir().display().to_string()),
+            "quotes a path: {reason}"
+        );
+    }
 }
 
 /// A directory of files nobody may open, a plugin nobody may run and a

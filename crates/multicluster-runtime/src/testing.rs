@@ -207,6 +207,21 @@ pub async fn wait_until_unreachable(manager: &crate::Manager, cluster: &str) {
     .await;
 }
 
+/// Serves `manager`'s health endpoints (`/clusters` among them) on a free
+/// loopback port until `stop`, and returns the address.
+#[cfg(feature = "health")]
+pub async fn serve_health(
+    manager: &crate::Manager,
+    stop: tokio_util::sync::CancellationToken,
+) -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a loopback port");
+    let address = listener.local_addr().expect("its address");
+    manager.serve_health(listener, stop);
+    address
+}
+
 /// Waits until `manager` shows every cluster of `names` unusable (found by
 /// its provider, but not made a cluster), and returns their reasons,
 /// having checked that `/clusters` at `address` (the manager's health

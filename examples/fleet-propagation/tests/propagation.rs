@@ -10,13 +10,11 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use k8s_openapi::api::events::v1::Event as K8sEvent;
-use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
-use multicluster_example_testing::{GRACE, terminate};
-use multicluster_provider_kubeconfig::{DEFAULT_DATA_KEY, DEFAULT_LABEL};
+use multicluster_example_testing::{GRACE, kubeconfig_secret, terminate};
 use multicluster_runtime::testing::eventually;
 use tokio::process::Command;
 
@@ -25,21 +23,11 @@ const LABEL: &str = "fleet.example/propagate";
 const IN_SYNC: &str = "fleet.example/members-in-sync";
 
 async fn join(hub: &kube::Client, name: &str, member: &ControlPlane) {
-    let text = multicluster_envtest::to_yaml(member.kubeconfig()).expect("yaml");
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some([(DEFAULT_LABEL.to_string(), "true".to_string())].into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([(
-            DEFAULT_DATA_KEY.to_string(),
-            ByteString(text.into_bytes()),
-        )])),
-        ..Secret::default()
-    };
     Api::<Secret>::namespaced(hub.clone(), "fleet")
-        .create(&PostParams::default(), &secret)
+        .create(
+            &PostParams::default(),
+            &kubeconfig_secret(name, member.kubeconfig()),
+        )
         .await
         .expect("member Secret");
 }

@@ -2,37 +2,21 @@
 //! it copies in the member while another Secret's credential plugin hangs,
 //! and SIGTERM stops it within its grace period, plugin included.
 
-use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, PostParams};
+use multicluster_envtest::traps::Traps;
 use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_example_configmap_sync::SYNC_LABEL;
-use multicluster_example_testing::{GRACE, terminate, terminate_showing_log, wait_for_copy};
-use multicluster_provider_kubeconfig::DEFAULT_LABEL;
+use multicluster_example_testing::{
+    GRACE, kubeconfig_secret, terminate, terminate_showing_log, wait_for_copy,
+};
 use multicluster_runtime::testing::eventually;
 use tokio::process::Command;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-kubeconfig");
-
-fn secret(name: &str, kubeconfig: &kube::config::Kubeconfig) -> Secret {
-    let text = multicluster_envtest::to_yaml(kubeconfig).expect("yaml");
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some([(DEFAULT_LABEL.to_string(), "true".to_string())].into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([(
-            "kubeconfig".to_string(),
-            ByteString(text.into_bytes()),
-        )])),
-        ..Secret::default()
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_the_example_while_a_credential_plugin_hangs() {
@@ -54,7 +38,10 @@ async fn sigterm_stops_the_example_while_a_credential_plugin_hangs() {
         ("member", member.kubeconfig().clone()),
     ] {
         secrets
-            .create(&PostParams::default(), &secret(name, &kubeconfig))
+            .create(
+                &PostParams::default(),
+                &kubeconfig_secret(name, &kubeconfig),
+            )
             .await
             .expect("secret");
     }
@@ -90,7 +77,7 @@ async fn sigterm_with_reconciles_hung_on_a_stopped_member_exits_within_the_grace
     Api::<Secret>::namespaced(management.client().await.expect("client"), "fleet")
         .create(
             &PostParams::default(),
-            &secret("member", member.kubeconfig()),
+            &kubeconfig_secret("member", member.kubeconfig()),
         )
         .await
         .expect("secret");
@@ -247,5 +234,73 @@ async fn the_secret_script_grants_what_the_example_needs_and_no_more() {
         );
     }
     let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
+    assert!(status.success(), "{status}");
+}
+
+/// Run as a user deploys it, without any `--allow-*` flag: a Secret whose
+/// kubeconfig names an exec plugin is refused (the plugin never runs, its
+/// server is never reached) and shown on `/clusters` with the field and the
+/// policy field that would allow it, while the other member is copied into.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_its_defaults_the_example_refuses_a_secret_whose_kubeconfig_runs_a_plugin() {
+    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (management, member) = (management.expect("management"), member.expect("member"));
+    management
+        .create_namespace("fleet")
+        .await
+        .expect("namespace");
+    let traps = Traps::set().await.expect("traps");
+    let exec = traps
+        .kubeconfigs(member.ca_pem())
+        .into_iter()
+        .find(|trap| trap.name == "exec")
+        .expect("the exec trap");
+    let secrets = Api::<Secret>::namespaced(management.client().await.expect("client"), "fleet");
+    for (name, kubeconfig) in [
+        ("plugged", &exec.kubeconfig),
+        ("member", member.kubeconfig()),
+    ] {
+        secrets
+            .create(&PostParams::default(), &kubeconfig_secret(name, kubeconfig))
+            .await
+            .expect("secret");
+    }
+    let address = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+        listener.local_addr().expect("address")
+    };
+    let mut example = Command::new(BINARY)
+        .args(["--namespace", "fleet", "--health-address"])
+        .arg(address.to_string())
+        .env("KUBECONFIG", management.kubeconfig_path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("example");
+    wait_for_copy(member.client().await.expect("client"), "settings").await;
+    let refused =
+        "plugged\tunusable: kubeconfig from Secret fleet/plugged key \"kubeconfig\" refused";
+    eventually("the plugged Secret to be shown refused", || async {
+        multicluster_runtime::testing::http_get(address, "/clusters")
+            .await
+            .is_ok_and(|(_, body)| body.lines().any(|line| line.starts_with(refused)))
+    })
+    .await;
+    let (_, clusters) = multicluster_runtime::testing::http_get(address, "/clusters")
+        .await
+        .expect("/clusters");
+    let line = clusters
+        .lines()
+        .find(|line| line.starts_with(refused))
+        .expect("listed");
+    exec.assert_refused(
+        line.trim_start_matches("plugged\tunusable: "),
+        "Secret fleet/plugged key \"kubeconfig\"",
+        &traps,
+    );
+    traps.assert_untouched().await;
+
+    let status = terminate(&mut example, GRACE).await;
     assert!(status.success(), "{status}");
 }

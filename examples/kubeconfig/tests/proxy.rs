@@ -3,16 +3,15 @@
 //! member's own server is matched against `NO_PROXY`, and a member reached
 //! through the proxy gets the same client as one reached directly.
 
-use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, PostParams};
 use multicluster_envtest::ControlPlane;
-use multicluster_example_testing::{GRACE, terminate_showing_log, wait_for_copy};
-use multicluster_provider_kubeconfig::DEFAULT_LABEL;
+use multicluster_example_testing::{
+    GRACE, kubeconfig_secret, terminate_showing_log, wait_for_copy,
+};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::process::Command;
 
@@ -107,21 +106,8 @@ fn named(cp: &ControlPlane, host: &str) -> kube::config::Kubeconfig {
 }
 
 async fn put_secret(management: &ControlPlane, name: &str, kubeconfig: &kube::config::Kubeconfig) {
-    let text = multicluster_envtest::to_yaml(kubeconfig).expect("yaml");
-    let secret = Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some([(DEFAULT_LABEL.to_string(), "true".to_string())].into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([(
-            "kubeconfig".to_string(),
-            ByteString(text.into_bytes()),
-        )])),
-        ..Secret::default()
-    };
     Api::<Secret>::namespaced(management.client().await.expect("client"), "fleet")
-        .create(&PostParams::default(), &secret)
+        .create(&PostParams::default(), &kubeconfig_secret(name, kubeconfig))
         .await
         .expect("secret");
 }

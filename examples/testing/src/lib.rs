@@ -7,10 +7,28 @@ pub mod replica;
 
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, PostParams};
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use kube::api::{Api, ObjectMeta, PostParams};
 
 use multicluster_example_configmap_sync::{SYNC_LABEL, copy_name};
+
+/// A Secret `name` holding `kubeconfig` as the kubeconfig provider's
+/// defaults read it (labelled `sigs.k8s.io/multicluster-runtime-kubeconfig=true`,
+/// data key `kubeconfig`), as `hack/create-kubeconfig-secret.sh` makes one.
+pub fn kubeconfig_secret(name: &str, kubeconfig: &kube::config::Kubeconfig) -> Secret {
+    use multicluster_provider_kubeconfig::{DEFAULT_DATA_KEY, DEFAULT_LABEL};
+    let text = multicluster_envtest::to_yaml(kubeconfig).expect("yaml");
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            labels: Some([(DEFAULT_LABEL.to_string(), "true".to_string())].into()),
+            ..ObjectMeta::default()
+        },
+        data: Some([(DEFAULT_DATA_KEY.to_string(), ByteString(text.into_bytes()))].into()),
+        ..Secret::default()
+    }
+}
 
 /// The shutdown grace period of the examples' managers (the manager's
 /// default).

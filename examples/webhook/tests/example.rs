@@ -7,33 +7,15 @@ use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
 
-use k8s_openapi::ByteString;
 use k8s_openapi::api::admissionregistration::v1::ValidatingWebhookConfiguration;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, ObjectMeta, PostParams};
 use multicluster_envtest::{ControlPlane, ServingFiles};
-use multicluster_example_testing::{GRACE, terminate};
-use multicluster_provider_kubeconfig::DEFAULT_LABEL;
+use multicluster_example_testing::{GRACE, kubeconfig_secret, terminate};
 use multicluster_runtime::testing::eventually;
 use tokio::process::Command;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-webhook");
-
-fn secret(name: &str, kubeconfig: &kube::config::Kubeconfig) -> Secret {
-    let text = multicluster_envtest::to_yaml(kubeconfig).expect("yaml");
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            labels: Some([(DEFAULT_LABEL.to_string(), "true".to_string())].into()),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([(
-            "kubeconfig".to_string(),
-            ByteString(text.into_bytes()),
-        )])),
-        ..Secret::default()
-    }
-}
 
 async fn create(client: &kube::Client, name: &str, owner: Option<&str>) -> Result<(), String> {
     let object = ConfigMap {
@@ -81,7 +63,10 @@ async fn members_refuse_unowned_config_maps_once_registered() {
     );
     let secrets = Api::<Secret>::namespaced(hub_client.clone(), "default");
     secrets
-        .create(&PostParams::default(), &secret("first", first.kubeconfig()))
+        .create(
+            &PostParams::default(),
+            &kubeconfig_secret("first", first.kubeconfig()),
+        )
         .await
         .expect("secret");
     let certificates = tempfile::tempdir().expect("dir");
@@ -122,7 +107,7 @@ async fn members_refuse_unowned_config_maps_once_registered() {
     secrets
         .create(
             &PostParams::default(),
-            &secret("second", second.kubeconfig()),
+            &kubeconfig_secret("second", second.kubeconfig()),
         )
         .await
         .expect("secret");

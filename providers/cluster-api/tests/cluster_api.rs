@@ -22,8 +22,8 @@ use multicluster_runtime::client::{ExecPolicy, KubeconfigPolicy};
 use multicluster_runtime::controller::{Backoff, Request};
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::testing::{
-    Recorder, eventually, recording_manager, run_manager, wait_until_left, wait_until_unreachable,
-    wait_until_unusable,
+    Recorder, eventually, recording_manager, run_manager, serve_health, wait_until_left,
+    wait_until_unreachable, wait_until_unusable,
 };
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
 
@@ -751,12 +751,8 @@ async fn kubeconfig_secrets_that_would_run_read_or_dial_are_refused_with_the_def
         ClusterApiOptions::default(),
     ));
     let (manager, recorder) = manager_for(&management, provider.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("address");
     let (shutdown, task) = run_manager(&manager);
-    manager.serve_health(listener, shutdown.clone());
+    let address = serve_health(&manager, shutdown.clone()).await;
     recorder
         .wait_for_more(&req("fleet/healthy", "hello"), 0)
         .await;
@@ -766,20 +762,8 @@ async fn kubeconfig_secrets_that_would_run_read_or_dial_are_refused_with_the_def
         .collect();
     let reasons = wait_until_unusable(&manager, address, &names).await;
     for (trap, name) in kubeconfigs.iter().zip(&names) {
-        let reason = &reasons[name];
-        let source = format!(
-            "kubeconfig from Secret fleet/{}-kubeconfig key \"value\" refused",
-            trap.name
-        );
-        assert!(reason.starts_with(&source), "{reason}");
-        for field in &trap.fields {
-            assert!(
-                reason.contains(field),
-                "{} names {field}: {reason}",
-                trap.name
-            );
-        }
-        assert!(reason.contains("KubeconfigPolicy::"), "{reason}");
+        let origin = format!("Secret fleet/{}-kubeconfig key \"value\"", trap.name);
+        trap.assert_refused(&reasons[name], &origin, &traps);
     }
     assert_eq!(provider.names(), [ClusterName::from("fleet/healthy")]);
     traps.assert_untouched().await;

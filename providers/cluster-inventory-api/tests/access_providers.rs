@@ -19,7 +19,7 @@ use multicluster_provider_cluster_inventory_api::access::{
     ADDITIONAL_ARGS_EXTENSION, ADDITIONAL_ENVS_EXTENSION, ProviderFile,
 };
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
-use multicluster_runtime::testing::{eventually, run_manager, wait_until_unusable};
+use multicluster_runtime::testing::{eventually, run_manager, serve_health, wait_until_unusable};
 use multicluster_runtime::{ClusterName, ManagerOptions};
 use serde_json::json;
 
@@ -537,12 +537,8 @@ async fn status_fields_that_would_read_files_or_dial_are_refused_with_the_defaul
         ClusterProfileOptions::with_access_providers(provider_file()),
     ));
     let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("address");
     let (shutdown, task) = run_manager(&manager);
-    manager.serve_health(listener, shutdown.clone());
+    let address = serve_health(&manager, shutdown.clone()).await;
     recorder
         .wait_for_more(&req("inventory/healthy", "in-member"), 0)
         .await;
