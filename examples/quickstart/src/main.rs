@@ -28,7 +28,9 @@ async fn main() -> Result<(), Error> {
     // The cluster this process runs against ($KUBECONFIG, in-cluster).
     let client = kube::Client::try_default().await?;
     // Members: Secrets labelled sigs.k8s.io/multicluster-runtime-kubeconfig=true
-    // in namespace fleet, each holding a kubeconfig (key "kubeconfig").
+    // in namespace fleet, each holding a kubeconfig (key "kubeconfig"). Those
+    // kubeconfigs may not run exec plugins or name files of this process
+    // unless allowed: `.kubeconfig_policy(...)` (the core README's Security).
     let provider = Arc::new(KubeconfigProvider::new(
         client.clone(),
         KubeconfigOptions::default().namespace("fleet".to_string()),
