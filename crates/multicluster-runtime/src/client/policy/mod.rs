@@ -31,12 +31,15 @@
 //! (Kubernetes 1.35) allows them: by absolute path, a bare command name
 //! being looked up on `PATH` and run from the path it was found at.
 
-use std::collections::HashMap;
-use std::path::{Path, PathBuf};
+mod exec;
+mod refusal;
 
 use kube::config::{AuthInfo, Kubeconfig};
 
-use crate::Error;
+pub use exec::{Allowlist, ExecPolicy, changes_code};
+use exec::{environment_names, resolve};
+pub(crate) use refusal::describe;
+pub use refusal::{Refusal, Refused};
 
 /// What a kubeconfig may use beyond a server, inline CA data and inline
 /// credentials (a token, basic auth, client certificate and key data).
@@ -171,7 +174,7 @@ impl KubeconfigPolicy {
                 let command = exec.command.as_deref().unwrap_or_default();
                 match resolve(command) {
                     None => refused.push(Refusal::new(at("exec.command"), Refused::ExecUnresolved)),
-                    Some(path) if !allowlist.commands.contains(&path) => {
+                    Some(path) if !allowlist.commands().contains(&path) => {
                         refused.push(Refusal::new(at("exec.command"), Refused::ExecNotAllowed));
                     }
                     Some(path) => exec.command = Some(path.to_string_lossy().into_owned()),
@@ -189,259 +192,8 @@ impl KubeconfigPolicy {
     }
 }
 
-/// Which exec credential plugins a kubeconfig may run (client-go's
-/// `PluginPolicy`).
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
-#[non_exhaustive]
-pub enum ExecPolicy {
-    /// None (the default).
-    #[default]
-    DenyAll,
-    /// Any command, with any arguments and environment.
-    AllowAll,
-    /// Only these commands. A kubeconfig still chooses the arguments and
-    /// environment it runs them with, so list commands that only obtain
-    /// credentials (`aws-iam-authenticator`, `gke-gcloud-auth-plugin`,
-    /// `kubelogin`), not a general CLI or a shell. A plugin of an
-    /// allowlisted command may not set variables that change what code it
-    /// runs (`LD_*`, `DYLD_*`, `PATH`, `BASH_ENV`, interpreters' startup
-    /// and module paths).
-    Allowlist(Allowlist),
-}
-
-impl ExecPolicy {
-    /// Only the commands at these absolute paths: see [`Allowlist::new`].
-    pub fn allowlist(
-        commands: impl IntoIterator<Item = impl Into<PathBuf>>,
-    ) -> Result<Self, Error> {
-        Allowlist::new(commands).map(Self::Allowlist)
-    }
-}
-
-/// Commands exec credential plugins may run, by absolute path.
-///
-/// A kubeconfig's `command` is allowed when it is one of these paths, or a
-/// bare name (no `/`) that `PATH` finds at one of them; it then runs from
-/// that path. A relative path with a `/` depends on the working directory
-/// and is never allowed. Paths are compared as written, symbolic links
-/// unresolved.
-#[derive(Clone, Debug, PartialEq, Eq, Hash)]
-pub struct Allowlist {
-    commands: Vec<PathBuf>,
-}
-
-impl Allowlist {
-    /// An allowlist of `commands`; each must be an absolute path in its
-    /// normal form (no `.` or `..` parts, no `//`), and there must be at
-    /// least one (to allow none, use [`ExecPolicy::DenyAll`]).
-    pub fn new(commands: impl IntoIterator<Item = impl Into<PathBuf>>) -> Result<Self, Error> {
-        let invalid = |reason: String| Error::InvalidOptions {
-            component: "kubeconfig policy".to_string(),
-            reason,
-        };
-        let commands: Vec<PathBuf> = commands.into_iter().map(Into::into).collect();
-        if commands.is_empty() {
-            return Err(invalid(
-                "an exec plugin allowlist needs at least one command; ExecPolicy::DenyAll allows none"
-                    .to_string(),
-            ));
-        }
-        for command in &commands {
-            if !command.is_absolute() || !is_normal(command) {
-                return Err(invalid(format!(
-                    "exec plugin allowlist entry {} is not an absolute path in normal form",
-                    command.display()
-                )));
-            }
-        }
-        Ok(Self { commands })
-    }
-
-    /// The commands allowed.
-    pub fn commands(&self) -> &[PathBuf] {
-        &self.commands
-    }
-}
-
-/// One field a kubeconfig uses that its policy does not allow.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Refusal {
-    /// Where in the kubeconfig, as its YAML spells it
-    /// (`users["admin"].user.tokenFile`).
-    pub field: String,
-    /// What it would have done.
-    pub refused: Refused,
-}
-
-impl Refusal {
-    fn new(field: String, refused: Refused) -> Self {
-        Self { field, refused }
-    }
-}
-
-impl std::fmt::Display for Refusal {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} {}", self.field, self.refused)
-    }
-}
-
-/// What a refused field would have done, and what would allow it.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum Refused {
-    /// Run a command, with exec plugins denied.
-    Exec,
-    /// Run a command that is not on the allowlist.
-    ExecNotAllowed,
-    /// Run a command that cannot be checked against the allowlist: a
-    /// relative path, or a name `PATH` does not find.
-    ExecUnresolved,
-    /// Run an allowlisted command with this variable set, which changes
-    /// what code it runs.
-    ExecEnvironment(String),
-    /// Read a local file.
-    LocalFile,
-    /// Use an auth provider.
-    AuthProvider,
-    /// Skip verifying the server's certificate.
-    InsecureSkipTlsVerify,
-    /// Pick the proxy.
-    ProxyUrl,
-}
-
-impl std::fmt::Display for Refused {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Refused::Exec => f.write_str(
-                "runs a command, which kubeconfigs from this source may not (KubeconfigPolicy::exec allows it)",
-            ),
-            Refused::ExecNotAllowed => f.write_str(
-                "is not on the exec plugin allowlist (KubeconfigPolicy::exec)",
-            ),
-            Refused::ExecUnresolved => f.write_str(
-                "is neither an absolute path nor a name found on PATH, so it cannot be checked against the exec plugin allowlist (KubeconfigPolicy::exec)",
-            ),
-            Refused::ExecEnvironment(variable) => write!(
-                f,
-                "sets {variable:?}, which changes what code an allowlisted plugin runs (only ExecPolicy::AllowAll allows it)"
-            ),
-            Refused::LocalFile => f.write_str(
-                "names a local file, which kubeconfigs from this source may not read (KubeconfigPolicy::local_files allows it)",
-            ),
-            Refused::AuthProvider => f.write_str(
-                "uses an auth provider, which kubeconfigs from this source may not (KubeconfigPolicy::auth_providers allows it)",
-            ),
-            Refused::InsecureSkipTlsVerify => f.write_str(
-                "turns off verifying the server's certificate, which kubeconfigs from this source may not (KubeconfigPolicy::insecure_skip_tls_verify allows it)",
-            ),
-            Refused::ProxyUrl => f.write_str(
-                "picks a proxy, which kubeconfigs from this source may not (KubeconfigPolicy::proxy_url allows it)",
-            ),
-        }
-    }
-}
-
-/// Several refusals as one line.
-pub(crate) fn describe(refused: &[Refusal]) -> String {
-    refused
-        .iter()
-        .map(ToString::to_string)
-        .collect::<Vec<_>>()
-        .join("; ")
-}
-
 fn is_set(value: &Option<String>) -> bool {
     value.as_deref().is_some_and(|value| !value.is_empty())
-}
-
-/// Whether `path` is written in normal form: a root, then plain names
-/// (no `.`, `..` or empty parts; `Path::components` would hide some).
-fn is_normal(path: &Path) -> bool {
-    let text = path.to_string_lossy();
-    text.strip_prefix('/').is_some_and(|rest| {
-        rest.split('/')
-            .all(|part| !part.is_empty() && part != "." && part != "..")
-    })
-}
-
-/// Where `command` runs from: itself when absolute, the first executable
-/// file of that name in `PATH`'s absolute directories when it is a bare
-/// name, `None` otherwise (a relative path depends on the working
-/// directory, which a kubeconfig's author does not know either).
-fn resolve(command: &str) -> Option<PathBuf> {
-    let path = Path::new(command);
-    if path.is_absolute() {
-        return Some(path.to_path_buf());
-    }
-    if command.is_empty() || command.contains('/') {
-        return None;
-    }
-    let directories = std::env::var_os("PATH")?;
-    std::env::split_paths(&directories)
-        .filter(|directory| directory.is_absolute())
-        .map(|directory| directory.join(command))
-        .find(|candidate| is_executable_file(candidate))
-}
-
-fn is_executable_file(path: &Path) -> bool {
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::metadata(path)
-        .is_ok_and(|meta| meta.is_file() && meta.permissions().mode() & 0o111 != 0)
-}
-
-fn environment_names(env: Option<&[HashMap<String, String>]>) -> impl Iterator<Item = &str> {
-    env.into_iter()
-        .flatten()
-        .filter_map(|variable| variable.get("name").map(String::as_str))
-}
-
-/// Whether setting `variable` for a plugin changes which code it runs: the
-/// dynamic loader's variables, the command search path, shells' and
-/// interpreters' startup files, options and module paths. Also refused in
-/// a ClusterProfile's additional-envs extension.
-pub fn changes_code(variable: &str) -> bool {
-    const NAMES: &[&str] = &[
-        "PATH",
-        "IFS",
-        "ENV",
-        "BASH_ENV",
-        "SHELLOPTS",
-        "BASHOPTS",
-        "PS4",
-        "PROMPT_COMMAND",
-        "GCONV_PATH",
-        "HOSTALIASES",
-        "NODE_OPTIONS",
-        "NODE_PATH",
-        "PERL5OPT",
-        "PERL5LIB",
-        "PERLLIB",
-        "RUBYOPT",
-        "RUBYLIB",
-        "JAVA_TOOL_OPTIONS",
-        "_JAVA_OPTIONS",
-        "JDK_JAVA_OPTIONS",
-        "CLASSPATH",
-        "GIT_EXEC_PATH",
-        "GIT_SSH_COMMAND",
-        "GIT_ASKPASS",
-        "SSH_ASKPASS",
-        "EDITOR",
-        "VISUAL",
-        "PAGER",
-        "BROWSER",
-        "TMPDIR",
-        "HOME",
-        "XDG_CONFIG_HOME",
-        "KUBECONFIG",
-    ];
-    let upper = variable.to_ascii_uppercase();
-    upper.starts_with("LD_")
-        || upper.starts_with("DYLD_")
-        || upper.starts_with("PYTHON")
-        || upper.starts_with("BASH_FUNC_")
-        || NAMES.contains(&upper.as_str())
 }
 
 #[cfg(test)]
@@ -553,7 +305,7 @@ mod tests {
             .exec(ExecPolicy::allowlist([resolve("sh").expect("sh on PATH")]).expect("valid"));
         let admitted = system.admit(with("sh", "[]")).expect("found on PATH");
         assert_eq!(
-            command_of(admitted).map(PathBuf::from),
+            command_of(admitted).map(std::path::PathBuf::from),
             resolve("sh"),
             "runs the path that was checked"
         );
@@ -580,45 +332,5 @@ mod tests {
             )]
         );
         assert!(!describe(&refused).contains("/tmp/x.so"));
-    }
-
-    #[test]
-    fn allowlists_take_absolute_paths_in_normal_form_only() {
-        for bad in [
-            "sh",
-            "bin/sh",
-            "/usr/bin/../bin/sh",
-            "/usr//bin/sh",
-            "/usr/./bin",
-        ] {
-            let err = ExecPolicy::allowlist([bad]).expect_err(bad);
-            assert!(err.to_string().contains("not an absolute path"), "{err}");
-        }
-        assert!(ExecPolicy::allowlist(Vec::<PathBuf>::new()).is_err());
-        assert!(ExecPolicy::allowlist(["/usr/local/bin/aws-iam-authenticator"]).is_ok());
-    }
-
-    #[test]
-    fn variables_that_change_code_are_told_apart() {
-        for name in [
-            "LD_PRELOAD",
-            "ld_library_path",
-            "DYLD_INSERT_LIBRARIES",
-            "PATH",
-            "PYTHONPATH",
-            "NODE_OPTIONS",
-            "BASH_ENV",
-        ] {
-            assert!(changes_code(name), "{name}");
-        }
-        for name in [
-            "AWS_REGION",
-            "AWS_PROFILE",
-            "REGION",
-            "CLUSTER_NAME",
-            "AZURE_TENANT_ID",
-        ] {
-            assert!(!changes_code(name), "{name}");
-        }
     }
 }

@@ -1,0 +1,85 @@
+//! How clients built from kubeconfigs reach their clusters: deadlines,
+//! HTTP/2, credential plugins' timeout and stderr, the request budget.
+
+use std::time::Duration;
+
+use super::budget::RequestBudget;
+use super::credentials::DEFAULT_PLUGIN_TIMEOUT;
+
+/// How long connecting to an API server (TCP and TLS) may take by default.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a request that is not long-running may wait for its answer by
+/// default.
+pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How clients built from kubeconfigs reach their clusters. Every provider
+/// that builds clients from kubeconfigs takes these in its options.
+///
+/// kube-rs sets no read timeout by default, so a request to a server that
+/// accepts connections but never answers (a hung or paused process) waits
+/// forever; these clients give every request that is not long-running a
+/// deadline. Watches, followed logs and exec, attach, port-forward and
+/// proxy sessions have none here (a watch ends on the server after its
+/// `timeoutSeconds`).
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ClientOptions {
+    /// How long an exec credential plugin may run before it is stopped and
+    /// the attempt fails (default [`DEFAULT_PLUGIN_TIMEOUT`], 60 s). A
+    /// failed attempt is that cluster's alone and is retried with backoff.
+    pub plugin_timeout: Duration,
+    /// How long connecting (TCP and TLS) may take (default
+    /// [`DEFAULT_CONNECT_TIMEOUT`], 10 s); `None` waits as long as the
+    /// operating system does.
+    pub connect_timeout: Option<Duration>,
+    /// How long a request that is not long-running may wait for the
+    /// response's head, and then for each piece of its body (default
+    /// [`DEFAULT_REQUEST_TIMEOUT`], 30 s); `None` waits forever. A request that times out fails with
+    /// [`crate::health::RequestTimedOut`] and marks the cluster unreachable
+    /// until one is answered again.
+    pub request_timeout: Option<Duration>,
+    /// Whether to offer HTTP/2 (default `true`): every request and watch
+    /// to the cluster then shares one connection, checked with pings
+    /// (every 30 s when idle, 15 s to answer, as client-go), also through
+    /// an HTTP proxy's tunnel. With `false`, to a plain-HTTP server, or
+    /// through an HTTPS or SOCKS proxy, kube-rs's HTTP/1.1 stack holds a
+    /// connection per open watch.
+    pub http2: bool,
+    /// Whether a credential plugin that fails is described with the last
+    /// line of its stderr (default `false`: only its command and exit
+    /// status). That line is often the plugin's own explanation, but it is
+    /// whatever the plugin printed: some print their environment or the
+    /// request they made when they fail, and the kubeconfig's `env:`
+    /// entries (often API keys) then reach errors, logs and `/clusters`.
+    /// Turn it on only for plugins you know.
+    pub plugin_stderr: bool,
+    /// How many requests the cluster's clients may send (default `None`:
+    /// no budget, as the module [`super::budget`] explains why);
+    /// shared by every client built for the cluster and everything that
+    /// uses them. [`RequestBudget::CLIENT_GO`] is client-go's 5 a second,
+    /// bursts of 10.
+    pub request_budget: Option<RequestBudget>,
+}
+
+impl Default for ClientOptions {
+    fn default() -> Self {
+        Self {
+            plugin_timeout: DEFAULT_PLUGIN_TIMEOUT,
+            connect_timeout: Some(DEFAULT_CONNECT_TIMEOUT),
+            request_timeout: Some(DEFAULT_REQUEST_TIMEOUT),
+            http2: true,
+            plugin_stderr: false,
+            request_budget: None,
+        }
+    }
+}
+
+crate::option_setters!(ClientOptions {
+    plugin_timeout: Duration,
+    connect_timeout: Option<Duration>,
+    request_timeout: Option<Duration>,
+    http2: bool,
+    plugin_stderr: bool,
+    request_budget: Option<RequestBudget>,
+});
