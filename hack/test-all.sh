@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
-# Runs every test in the workspace, then fails if any etcd or kube-apiserver
-# process was left behind.
+# Runs every test in the workspace, then fails if any etcd, kube-apiserver
+# or kube-controller-manager that this run started is still running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# Every process the tests start inherits this variable, whatever becomes of
+# its parent, so the processes this run left behind are told apart from
+# control planes other programs run on the machine meanwhile.
+export MCR_TEST_RUN="test-all-$$-$(date +%s%N)"
 # kube-controller-manager shows as "kube-controller": process names are cut to 15 characters.
-leftovers() { pgrep -x etcd || true; pgrep -x kube-apiserver || true; pgrep -x kube-controller || true; }
-before=$(leftovers | sort)
+leftovers() {
+  for pid in $(pgrep -x etcd; pgrep -x kube-apiserver; pgrep -x kube-controller); do
+    if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "MCR_TEST_RUN=$MCR_TEST_RUN"; then
+      echo "$pid"
+    fi
+  done
+}
 status=0
 # Benches are left to `make bench`: --all-targets would run them here too.
 cargo test --workspace --no-fail-fast --lib --bins --tests --examples || status=$?
 # Doc tests are not part of --all-targets.
 cargo test --workspace --no-fail-fast --doc || status=$?
-after=$(leftovers | sort)
-left=$(comm -13 <(echo "$before") <(echo "$after") | sed '/^$/d')
+left=$(leftovers)
 if [ -n "$left" ]; then
   echo "control plane processes left behind by the tests:" >&2
   ps -o pid,args -p $(echo "$left" | tr '\n' ' ') >&2 || true
