@@ -304,3 +304,72 @@ async fn with_its_defaults_the_example_refuses_a_secret_whose_kubeconfig_runs_a_
     let status = terminate(&mut example, GRACE).await;
     assert!(status.success(), "{status}");
 }
+
+/// How long the log is watched while a member stays down.
+const DOWN_FOR: Duration = Duration::from_secs(60);
+
+/// Run as deployed (default log level), a member whose API server is gone
+/// is reported once; while it stays down its retries add no more than a
+/// handful of lines (seen: about 80 a minute before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_that_stays_down_adds_only_a_few_log_lines() {
+    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (management, member) = (management.expect("management"), member.expect("member"));
+    management
+        .create_namespace("fleet")
+        .await
+        .expect("namespace");
+    Api::<Secret>::namespaced(management.client().await.expect("client"), "fleet")
+        .create(
+            &PostParams::default(),
+            &kubeconfig_secret("member", member.kubeconfig()),
+        )
+        .await
+        .expect("secret");
+    let address = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
+        listener.local_addr().expect("address")
+    };
+    let log = tempfile::NamedTempFile::new().expect("log");
+    let mut example = Command::new(BINARY)
+        .args(["--namespace", "fleet", "--health-address"])
+        .arg(address.to_string())
+        .env("KUBECONFIG", management.kubeconfig_path())
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(log.reopen().expect("log"))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("example");
+    wait_for_copy(member.client().await.expect("client"), "settings").await;
+
+    member.stop_api_server();
+    eventually("the member to be reported unreachable", || async {
+        multicluster_runtime::testing::http_get(address, "/clusters")
+            .await
+            .is_ok_and(|(_, body)| {
+                body.lines()
+                    .any(|line| line.starts_with("member\tunreachable"))
+            })
+    })
+    .await;
+    let lines = || std::fs::read_to_string(log.path()).unwrap_or_default();
+    let before = lines().lines().count();
+    tokio::time::sleep(DOWN_FOR).await;
+    let text = lines();
+    let added: Vec<&str> = text.lines().skip(before).collect();
+    eprintln!(
+        "{} lines in {DOWN_FOR:?} down:\n{}",
+        added.len(),
+        added.join("\n")
+    );
+    assert!(
+        added.len() <= 6,
+        "{} lines in {DOWN_FOR:?} while the member was down:\n{}",
+        added.len(),
+        added.join("\n")
+    );
+
+    let status = terminate_showing_log(&mut example, GRACE, log.path()).await;
+    assert!(status.success(), "{status}");
+}

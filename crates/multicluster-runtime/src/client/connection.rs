@@ -45,7 +45,8 @@
 //!   (the default); authentication;
 //! - added: reads whose connection broke under them are sent again
 //!   ([`super::resend`]), as client-go does; extra headers; a debug span per request
-//!   (tower-http's `TraceLayer`, without headers);
+//!   (tower-http's `TraceLayer`, without headers, its failures at debug
+//!   level: the cluster's health reports them);
 //! - replaced: kube's connector read and write timeouts (none by default)
 //!   by the request deadline of [`crate::health`] and, for a connection as a
 //!   whole, HTTP/2 pings;
@@ -212,17 +213,24 @@ where
             .pool_max_idle_per_host(IDLE_HTTP1_CONNECTIONS)
             .build(connector);
     let retry = tower::retry::RetryLayer::new(Resend::new(config.default_retry));
-    let service = ServiceBuilder::new()
-        .layer(config.base_uri_layer())
-        .layer(retry)
-        .option_layer(config.auth_layer()?)
-        .layer(config.extra_headers_layer()?)
-        .layer(tower_http::trace::TraceLayer::new_for_http())
-        .map_err(BoxError::from)
-        .service(client)
-        .map_response(|response| {
-            response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
-        });
+    let service =
+        ServiceBuilder::new()
+            .layer(config.base_uri_layer())
+            .layer(retry)
+            .option_layer(config.auth_layer()?)
+            .layer(config.extra_headers_layer()?)
+            // Failures at debug level: the cluster's health and the caller
+            // report them, once and redacted; tower-http's default is an
+            // ERROR line per failed request, every retry of a member that is
+            // down.
+            .layer(tower_http::trace::TraceLayer::new_for_http().on_failure(
+                tower_http::trace::DefaultOnFailure::new().level(tracing::Level::DEBUG),
+            ))
+            .map_err(BoxError::from)
+            .service(client)
+            .map_response(|response| {
+                response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
+            });
     Ok(ClientBuilder::new(
         BoxService::new(service),
         config.default_namespace,
