@@ -306,11 +306,12 @@ impl WorkQueue {
                             ("success", Outcome::Settled(action.requeue_after()))
                         }
                         Some(Ok(Err(err))) if is_terminal(err.as_ref()) => {
-                            tracing::error!(error = %err, "reconcile failed; not retried until queued again");
+                            let error = told(err.as_ref());
+                            tracing::error!(%error, "reconcile failed; not retried until queued again");
                             ("terminal", Outcome::Settled(None))
                         }
                         Some(Ok(Err(err))) => {
-                            tracing::warn!(error = %err, "reconcile failed");
+                            tracing::warn!(error = %told(err.as_ref()), "reconcile failed");
                             match policy.and_then(|policy| (policy.0)(&key, &err)) {
                                 Some(action) => ("error", Outcome::Settled(action.requeue_after())),
                                 None => ("error", Outcome::BackOff),
@@ -396,6 +397,13 @@ impl std::fmt::Debug for WorkQueue {
             .field("depth", &self.depth())
             .finish()
     }
+}
+
+/// A reconciler's error as the log shows it: with every cause (a wrapper
+/// such as the finalizer helper's says little by itself), described as
+/// [`crate::redact`] describes errors, so no credential is quoted.
+fn told(err: &(dyn std::error::Error + Send + Sync + 'static)) -> crate::redact::Redacted {
+    crate::redact::Redacted::error(err)
 }
 
 #[cfg(test)]
