@@ -2,57 +2,37 @@
 //! it copies in the member while another Secret's credential plugin hangs,
 //! and SIGTERM stops it within its grace period, plugin included.
 
-use std::process::Stdio;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Secret};
+use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use multicluster_envtest::traps::Traps;
 use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_example_configmap_sync::SYNC_LABEL;
-use multicluster_example_testing::{
-    GRACE, kubeconfig_secret, terminate, terminate_showing_log, wait_for_copy,
-};
+use multicluster_example_testing::{GRACE, terminate, terminate_showing_log, wait_for_copy};
 use multicluster_runtime::testing::eventually;
 use tokio::process::Command;
 
-const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-kubeconfig");
+mod common;
+
+use common::{clusters_line, example, free_address, management_and_member, put_secrets};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_the_example_while_a_credential_plugin_hangs() {
-    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
-    let (management, member) = (management.expect("management"), member.expect("member"));
-    management
-        .create_namespace("fleet")
-        .await
-        .expect("namespace");
+    let (management, member) = management_and_member().await;
     let state = tempfile::tempdir().expect("state");
     plugins::set_token(state.path(), "never-handed-out").expect("token");
     plugins::hold(state.path()).expect("hold");
-    let secrets = Api::<Secret>::namespaced(management.client().await.expect("client"), "fleet");
-    for (name, kubeconfig) in [
-        (
-            "stuck",
-            member.exec_kubeconfig("stuck", plugins::TOKEN, state.path()),
-        ),
-        ("member", member.kubeconfig().clone()),
-    ] {
-        secrets
-            .create(
-                &PostParams::default(),
-                &kubeconfig_secret(name, &kubeconfig),
-            )
-            .await
-            .expect("secret");
-    }
+    let stuck = member.exec_kubeconfig("stuck", plugins::TOKEN, state.path());
+    put_secrets(
+        &management,
+        &[("stuck", &stuck), ("member", member.kubeconfig())],
+    )
+    .await;
 
-    let mut example = Command::new(BINARY)
-        .args(["--namespace", "fleet", "--health-address", "127.0.0.1:0"])
+    let mut example = example(&management)
+        .args(["--health-address", "127.0.0.1:0"])
         .args(["--allow-exec-plugin", plugins::TOKEN])
-        .env("KUBECONFIG", management.kubeconfig_path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .expect("example");
     wait_for_copy(member.client().await.expect("client"), "settings").await;
@@ -68,34 +48,17 @@ async fn sigterm_stops_the_example_while_a_credential_plugin_hangs() {
 /// and the example exits 0 without abandoning anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_with_reconciles_hung_on_a_stopped_member_exits_within_the_grace_period() {
-    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
-    let (management, member) = (management.expect("management"), member.expect("member"));
-    management
-        .create_namespace("fleet")
-        .await
-        .expect("namespace");
-    Api::<Secret>::namespaced(management.client().await.expect("client"), "fleet")
-        .create(
-            &PostParams::default(),
-            &kubeconfig_secret("member", member.kubeconfig()),
-        )
-        .await
-        .expect("secret");
-    let address = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
-        listener.local_addr().expect("address")
-    };
+    let (management, member) = management_and_member().await;
+    put_secrets(&management, &[("member", member.kubeconfig())]).await;
+    let address = free_address();
     let logs = tempfile::tempdir().expect("logs");
     let log = logs.path().join("example.log");
     let grace = Duration::from_secs(10);
-    let mut example = Command::new(BINARY)
-        .args(["--namespace", "fleet", "--request-timeout", "3s"])
+    let mut example = example(&management)
+        .args(["--request-timeout", "3s"])
         .args(["--shutdown-grace", "10s", "--health-address"])
         .arg(address.to_string())
-        .env("KUBECONFIG", management.kubeconfig_path())
-        .stdout(Stdio::null())
         .stderr(std::fs::File::create(&log).expect("log"))
-        .kill_on_drop(true)
         .spawn()
         .expect("example");
     let member_client = member.client().await.expect("client");
@@ -114,15 +77,7 @@ async fn sigterm_with_reconciles_hung_on_a_stopped_member_exits_within_the_grace
             .expect("source");
     }
     member.pause_api_server().expect("SIGSTOP");
-    eventually("the member to be reported unreachable", || async {
-        multicluster_runtime::testing::http_get(address, "/clusters")
-            .await
-            .is_ok_and(|(_, body)| {
-                body.lines()
-                    .any(|line| line.starts_with("member\tunreachable"))
-            })
-    })
-    .await;
+    clusters_line(address, "member\tunreachable").await;
 
     let status = terminate_showing_log(&mut example, grace, &log).await;
     member.resume_api_server().expect("SIGCONT");
@@ -188,12 +143,8 @@ async fn the_secret_script_grants_what_the_example_needs_and_no_more() {
         "{said}"
     );
 
-    let mut example = Command::new(BINARY)
-        .args(["--namespace", "fleet", "--health-address", "127.0.0.1:0"])
-        .env("KUBECONFIG", management.kubeconfig_path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
+    let mut example = example(&management)
+        .args(["--health-address", "127.0.0.1:0"])
         .spawn()
         .expect("example");
     let admin = member.client().await.expect("client");
@@ -243,57 +194,29 @@ async fn the_secret_script_grants_what_the_example_needs_and_no_more() {
 /// policy field that would allow it, while the other member is copied into.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_its_defaults_the_example_refuses_a_secret_whose_kubeconfig_runs_a_plugin() {
-    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
-    let (management, member) = (management.expect("management"), member.expect("member"));
-    management
-        .create_namespace("fleet")
-        .await
-        .expect("namespace");
+    let (management, member) = management_and_member().await;
     let traps = Traps::set().await.expect("traps");
     let exec = traps
         .kubeconfigs(member.ca_pem())
         .into_iter()
         .find(|trap| trap.name == "exec")
         .expect("the exec trap");
-    let secrets = Api::<Secret>::namespaced(management.client().await.expect("client"), "fleet");
-    for (name, kubeconfig) in [
-        ("plugged", &exec.kubeconfig),
-        ("member", member.kubeconfig()),
-    ] {
-        secrets
-            .create(&PostParams::default(), &kubeconfig_secret(name, kubeconfig))
-            .await
-            .expect("secret");
-    }
-    let address = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
-        listener.local_addr().expect("address")
-    };
-    let mut example = Command::new(BINARY)
-        .args(["--namespace", "fleet", "--health-address"])
+    put_secrets(
+        &management,
+        &[
+            ("plugged", &exec.kubeconfig),
+            ("member", member.kubeconfig()),
+        ],
+    )
+    .await;
+    let address = free_address();
+    let mut example = example(&management)
+        .arg("--health-address")
         .arg(address.to_string())
-        .env("KUBECONFIG", management.kubeconfig_path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .expect("example");
     wait_for_copy(member.client().await.expect("client"), "settings").await;
-    let refused =
-        "plugged\tunusable: kubeconfig from Secret fleet/plugged key \"kubeconfig\" refused";
-    eventually("the plugged Secret to be shown refused", || async {
-        multicluster_runtime::testing::http_get(address, "/clusters")
-            .await
-            .is_ok_and(|(_, body)| body.lines().any(|line| line.starts_with(refused)))
-    })
-    .await;
-    let (_, clusters) = multicluster_runtime::testing::http_get(address, "/clusters")
-        .await
-        .expect("/clusters");
-    let line = clusters
-        .lines()
-        .find(|line| line.starts_with(refused))
-        .expect("listed");
+    let line = clusters_line(address, "plugged\tunusable: ").await;
     exec.assert_refused(
         line.trim_start_matches("plugged\tunusable: "),
         "Secret fleet/plugged key \"kubeconfig\"",
@@ -313,46 +236,20 @@ const DOWN_FOR: Duration = Duration::from_secs(60);
 /// handful of lines (seen: about 80 a minute before).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_stays_down_adds_only_a_few_log_lines() {
-    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
-    let (management, member) = (management.expect("management"), member.expect("member"));
-    management
-        .create_namespace("fleet")
-        .await
-        .expect("namespace");
-    Api::<Secret>::namespaced(management.client().await.expect("client"), "fleet")
-        .create(
-            &PostParams::default(),
-            &kubeconfig_secret("member", member.kubeconfig()),
-        )
-        .await
-        .expect("secret");
-    let address = {
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("free port");
-        listener.local_addr().expect("address")
-    };
+    let (management, member) = management_and_member().await;
+    put_secrets(&management, &[("member", member.kubeconfig())]).await;
+    let address = free_address();
     let log = tempfile::NamedTempFile::new().expect("log");
-    let mut example = Command::new(BINARY)
-        .args(["--namespace", "fleet", "--health-address"])
+    let mut example = example(&management)
+        .arg("--health-address")
         .arg(address.to_string())
-        .env("KUBECONFIG", management.kubeconfig_path())
-        .env_remove("RUST_LOG")
-        .stdout(Stdio::null())
         .stderr(log.reopen().expect("log"))
-        .kill_on_drop(true)
         .spawn()
         .expect("example");
     wait_for_copy(member.client().await.expect("client"), "settings").await;
 
     member.stop_api_server();
-    eventually("the member to be reported unreachable", || async {
-        multicluster_runtime::testing::http_get(address, "/clusters")
-            .await
-            .is_ok_and(|(_, body)| {
-                body.lines()
-                    .any(|line| line.starts_with("member\tunreachable"))
-            })
-    })
-    .await;
+    clusters_line(address, "member\tunreachable").await;
     let lines = || std::fs::read_to_string(log.path()).unwrap_or_default();
     let before = lines().lines().count();
     tokio::time::sleep(DOWN_FOR).await;

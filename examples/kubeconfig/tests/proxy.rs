@@ -3,19 +3,15 @@
 //! member's own server is matched against `NO_PROXY`, and a member reached
 //! through the proxy gets the same client as one reached directly.
 
-use std::process::Stdio;
 use std::sync::{Arc, Mutex};
 
-use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, PostParams};
 use multicluster_envtest::ControlPlane;
-use multicluster_example_testing::{
-    GRACE, kubeconfig_secret, terminate_showing_log, wait_for_copy,
-};
+use multicluster_example_testing::{GRACE, terminate_showing_log, wait_for_copy};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::process::Command;
 
-const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-kubeconfig");
+mod common;
+
+use common::{example, management_and_member, put_secrets};
 
 /// An HTTP proxy that answers `CONNECT host:port` by tunnelling to
 /// `127.0.0.1:port`, whatever the host (it is this test's name service:
@@ -99,17 +95,10 @@ async fn tunnel(mut client: tokio::net::TcpStream, targets: Arc<Mutex<Vec<String
 fn named(cp: &ControlPlane, host: &str) -> kube::config::Kubeconfig {
     let mut kubeconfig = cp.kubeconfig().clone();
     let cluster = kubeconfig.clusters[0].cluster.as_mut().expect("cluster");
-    let port = cp.server().rsplit(':').next().expect("port").to_string();
+    let port = cp.server().rsplit(':').next().expect("port");
     cluster.server = Some(format!("https://{host}:{port}"));
     cluster.tls_server_name = Some("localhost".into());
     kubeconfig
-}
-
-async fn put_secret(management: &ControlPlane, name: &str, kubeconfig: &kube::config::Kubeconfig) {
-    Api::<Secret>::namespaced(management.client().await.expect("client"), "fleet")
-        .create(&PostParams::default(), &kubeconfig_secret(name, kubeconfig))
-        .await
-        .expect("secret");
 }
 
 /// Two members, one behind `member-a.proxied.test` (a name only the proxy
@@ -121,51 +110,27 @@ async fn put_secret(management: &ControlPlane, name: &str, kubeconfig: &kube::co
 /// proxied, as with client-go, hence `0.0.0.0`.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_proxy_names_a_member_reached_directly_and_the_other_goes_through_the_proxy() {
-    let (management, proxied, direct) = tokio::join!(
-        ControlPlane::start(),
-        ControlPlane::start(),
-        ControlPlane::start()
-    );
-    let (management, proxied, direct) = (
-        management.expect("management"),
-        proxied.expect("proxied"),
-        direct.expect("direct"),
-    );
-    management
-        .create_namespace("fleet")
-        .await
-        .expect("namespace");
+    let ((management, proxied), direct) =
+        tokio::join!(management_and_member(), ControlPlane::start());
+    let direct = direct.expect("direct");
     let proxy = ConnectProxy::start().await;
-    let proxied_port = proxied
-        .server()
-        .rsplit(':')
-        .next()
-        .expect("port")
-        .to_string();
-    let direct_port = direct
-        .server()
-        .rsplit(':')
-        .next()
-        .expect("port")
-        .to_string();
-    put_secret(
+    let port = |cp: &ControlPlane| cp.server().rsplit(':').next().expect("port").to_string();
+    let (proxied_port, direct_port) = (port(&proxied), port(&direct));
+    put_secrets(
         &management,
-        "proxied",
-        &named(&proxied, "member-a.proxied.test"),
+        &[
+            ("proxied", &named(&proxied, "member-a.proxied.test")),
+            ("direct", &named(&direct, "0.0.0.0")),
+        ],
     )
     .await;
-    put_secret(&management, "direct", &named(&direct, "0.0.0.0")).await;
 
     let log = tempfile::NamedTempFile::new().expect("log");
-    let mut example = Command::new(BINARY)
-        .args(["--namespace", "fleet", "--health-address", "127.0.0.1:0"])
-        .env("KUBECONFIG", management.kubeconfig_path())
+    let mut example = example(&management)
+        .args(["--health-address", "127.0.0.1:0"])
         .env("HTTPS_PROXY", format!("http://127.0.0.1:{}", proxy.port))
         .env("NO_PROXY", "0.0.0.0")
-        .env("RUST_LOG", "info")
-        .stdout(Stdio::null())
         .stderr(log.reopen().expect("log"))
-        .kill_on_drop(true)
         .spawn()
         .expect("example");
     tokio::join!(
