@@ -172,10 +172,7 @@ pub(crate) fn builder(
     let deadline = config.connect_timeout;
     match config.proxy_url.clone() {
         Some(proxy) => {
-            let mut tunnel = Tunnel::new(proxy_address(&proxy), http);
-            if let Some(auth) = proxy_authorization(&proxy, &config.cluster_url) {
-                tunnel = tunnel.with_auth(auth);
-            }
+            let tunnel = tunnel(&proxy, &config.cluster_url, http);
             stack(
                 config,
                 ConnectDeadline::new(tls.wrap_connector(tunnel), deadline),
@@ -237,33 +234,28 @@ where
     ))
 }
 
-/// The proxy's address, without the credentials a URL may carry.
-fn proxy_address(proxy: &Uri) -> Uri {
-    let authority = proxy.authority().map(|authority| {
-        authority
-            .as_str()
-            .rsplit_once('@')
-            .map_or(authority.as_str(), |(_, host)| host)
-    });
-    Uri::builder()
-        .scheme("http")
-        .authority(authority.unwrap_or_default())
-        .path_and_query("/")
+/// A `CONNECT` tunnel through `proxy` (an `http://` URL) to `server`.
+/// hyper-util's proxy matcher reads the proxy's address and the user and
+/// password its URL may carry (percent-decoded, as kube-rs and curl do),
+/// sent as `Proxy-Authorization`.
+fn tunnel(proxy: &Uri, server: &Uri, http: HttpConnector) -> Tunnel<HttpConnector> {
+    let url = proxy.to_string();
+    match Matcher::builder()
+        .http(url.clone())
+        .https(url)
         .build()
-        .unwrap_or_else(|_| proxy.clone())
-}
-
-/// `Proxy-Authorization` for the user and password a proxy URL carries
-/// (percent-decoded, as kube-rs and curl do), read by hyper-util's proxy
-/// matcher.
-fn proxy_authorization(proxy: &Uri, server: &Uri) -> Option<http::HeaderValue> {
-    Matcher::builder()
-        .http(proxy.to_string())
-        .https(proxy.to_string())
-        .build()
-        .intercept(server)?
-        .basic_auth()
-        .cloned()
+        .intercept(server)
+    {
+        Some(intercept) => {
+            let tunnel = Tunnel::new(intercept.uri().clone(), http);
+            match intercept.basic_auth() {
+                Some(auth) => tunnel.with_auth(auth.clone()),
+                None => tunnel,
+            }
+        }
+        // Only a server without a host, which no client gets this far with.
+        None => Tunnel::new(proxy.clone(), http),
+    }
 }
 
 /// Connecting took longer than its deadline.

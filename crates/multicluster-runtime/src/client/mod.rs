@@ -42,8 +42,7 @@ mod resend;
 
 pub use options::{ClientOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
 pub use policy::{
-    Allowlist, ExecPolicy, KubeconfigPolicy, Refusal, Refused,
-    changes_code as variable_changes_code,
+    Allowlist, ExecPolicy, KubeconfigPolicy, Refusal, Refused, variable_changes_code,
 };
 
 /// Builds a client for `context` (the current context when `None`),

@@ -306,12 +306,15 @@ impl WorkQueue {
                             ("success", Outcome::Settled(action.requeue_after()))
                         }
                         Some(Ok(Err(err))) if is_terminal(err.as_ref()) => {
-                            let error = told(err.as_ref());
+                            // With every cause: a wrapper (the finalizer
+                            // helper's, say) says little by itself.
+                            let error = crate::redact::Redacted::error(err.as_ref());
                             tracing::error!(%error, "reconcile failed; not retried until queued again");
                             ("terminal", Outcome::Settled(None))
                         }
                         Some(Ok(Err(err))) => {
-                            tracing::warn!(error = %told(err.as_ref()), "reconcile failed");
+                            let error = crate::redact::Redacted::error(err.as_ref());
+                            tracing::warn!(%error, "reconcile failed");
                             match policy.and_then(|policy| (policy.0)(&key, &err)) {
                                 Some(action) => ("error", Outcome::Settled(action.requeue_after())),
                                 None => ("error", Outcome::BackOff),
@@ -397,13 +400,6 @@ impl std::fmt::Debug for WorkQueue {
             .field("depth", &self.depth())
             .finish()
     }
-}
-
-/// A reconciler's error as the log shows it: with every cause (a wrapper
-/// such as the finalizer helper's says little by itself), described as
-/// [`crate::redact`] describes errors, so no credential is quoted.
-fn told(err: &(dyn std::error::Error + Send + Sync + 'static)) -> crate::redact::Redacted {
-    crate::redact::Redacted::error(err)
 }
 
 #[cfg(test)]

@@ -278,25 +278,7 @@ impl tower::Service<Request<Body>> for ExecAuth {
 
 #[cfg(test)]
 mod tests {
-    use kube::config::{ExecConfig, ExecInteractiveMode};
-
     use super::*;
-
-    fn plugin(script: &str) -> Plugin {
-        let exec = ExecConfig {
-            api_version: Some("client.authentication.k8s.io/v1".into()),
-            command: Some("sh".into()),
-            args: Some(vec!["-c".into(), script.into()]),
-            env: None,
-            drop_env: None,
-            install_hint: None,
-            interactive_mode: Some(ExecInteractiveMode::Never),
-            provide_cluster_info: false,
-            cluster: None,
-            other: Default::default(),
-        };
-        Plugin::new(exec, false, Duration::from_secs(10)).expect("command")
-    }
 
     /// A client that is never asked anything here.
     fn offline() -> kube::Client {
@@ -318,7 +300,7 @@ mod tests {
     /// token still works.
     #[tokio::test]
     async fn requests_go_on_with_a_working_token_while_it_is_renewed() {
-        let mut hanging = plugin("exec sleep 1000");
+        let mut hanging = plugin::shell_plugin("exec sleep 1000");
         hanging.timeout = Duration::from_secs(600);
         let now = Instant::now();
         let credentials = std::sync::Arc::new(Credentials {
@@ -369,7 +351,7 @@ mod tests {
             })
         };
         let credentials = Credentials {
-            plugin: plugin(
+            plugin: plugin::shell_plugin(
                 r#"echo '{"apiVersion":"client.authentication.k8s.io/v1","status":{"clientCertificateData":"CERT","clientKeyData":"KEY"}}'"#,
             ),
             connect,

@@ -281,31 +281,34 @@ impl Plugin {
     }
 }
 
+/// A plugin running `script` with `sh -c`, for the tests of this module
+/// and its parent.
+#[cfg(test)]
+pub(crate) fn shell_plugin(script: &str) -> Plugin {
+    let exec = ExecConfig {
+        api_version: Some("client.authentication.k8s.io/v1".into()),
+        command: Some("sh".into()),
+        args: Some(vec!["-c".into(), script.into()]),
+        env: None,
+        drop_env: None,
+        install_hint: None,
+        interactive_mode: Some(ExecInteractiveMode::Never),
+        provide_cluster_info: false,
+        cluster: None,
+        other: Default::default(),
+    };
+    Plugin::new(exec, false, Duration::from_secs(10)).expect("command")
+}
+
 #[cfg(test)]
 mod tests {
     use secrecy::ExposeSecret;
 
     use super::*;
 
-    fn plugin(script: &str) -> Plugin {
-        let exec = ExecConfig {
-            api_version: Some("client.authentication.k8s.io/v1".into()),
-            command: Some("sh".into()),
-            args: Some(vec!["-c".into(), script.into()]),
-            env: None,
-            drop_env: None,
-            install_hint: None,
-            interactive_mode: Some(ExecInteractiveMode::Never),
-            provide_cluster_info: false,
-            cluster: None,
-            other: Default::default(),
-        };
-        Plugin::new(exec, false, Duration::from_secs(10)).expect("command")
-    }
-
     #[tokio::test]
     async fn tokens_and_expiry_are_read_from_json_or_yaml() {
-        let json = plugin(
+        let json = shell_plugin(
             r#"echo '{"apiVersion":"client.authentication.k8s.io/v1","kind":"ExecCredential","status":{"token":"t1","expirationTimestamp":"2099-01-01T00:00:00Z"}}'"#,
         );
         match json.run().await.expect("token") {
@@ -318,7 +321,7 @@ mod tests {
             }
             Credential::Certificate { .. } => panic!("a token was handed out"),
         }
-        let yaml = plugin("printf 'kind: ExecCredential\\nstatus:\\n  token: t2\\n'");
+        let yaml = shell_plugin("printf 'kind: ExecCredential\\nstatus:\\n  token: t2\\n'");
         assert!(matches!(
             yaml.run().await.expect("token"),
             Credential::Token { expires: None, .. }
@@ -340,7 +343,7 @@ mod tests {
             ),
             (r#"echo '{"status":{}}'"#, "neither a token"),
         ] {
-            let err = plugin(script)
+            let err = shell_plugin(script)
                 .run()
                 .await
                 .err()
@@ -354,13 +357,18 @@ mod tests {
     #[tokio::test]
     async fn a_failure_is_described_by_status_and_its_stderr_only_when_asked() {
         let script = "echo secret-token; echo API_KEY=secret-env >&2; echo 'no grant' >&2; exit 4";
-        let withheld = plugin(script).run().await.err().expect("fails").to_string();
+        let withheld = shell_plugin(script)
+            .run()
+            .await
+            .err()
+            .expect("fails")
+            .to_string();
         assert!(withheld.contains("exit status: 4"), "{withheld}");
         assert!(withheld.contains("stderr is withheld"), "{withheld}");
         for secret in ["secret-token", "secret-env", "no grant"] {
             assert!(!withheld.contains(secret), "{withheld}");
         }
-        let shown = plugin(script)
+        let shown = shell_plugin(script)
             .showing_stderr(true)
             .run()
             .await
@@ -373,7 +381,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_hanging_plugin_is_stopped_at_its_deadline() {
-        let mut hanging = plugin("exec sleep 1000");
+        let mut hanging = shell_plugin("exec sleep 1000");
         hanging.timeout = Duration::from_millis(300);
         let err = hanging.run().await.err().expect("times out");
         assert!(err.to_string().contains("did not finish within"), "{err}");
@@ -381,7 +389,7 @@ mod tests {
 
     #[tokio::test]
     async fn exec_info_carries_the_version_interactivity_and_cluster_when_asked() {
-        let mut with_cluster = plugin("true");
+        let mut with_cluster = shell_plugin("true");
         with_cluster.exec.provide_cluster_info = true;
         with_cluster.exec.cluster = Some(kube::config::ExecAuthCluster {
             server: Some("https://example:6443".into()),
@@ -394,7 +402,7 @@ mod tests {
         assert_eq!(info["spec"]["interactive"], false);
         assert_eq!(info["spec"]["cluster"]["server"], "https://example:6443");
         let without: serde_json::Value =
-            serde_json::from_str(&plugin("true").exec_info()).expect("json");
+            serde_json::from_str(&shell_plugin("true").exec_info()).expect("json");
         assert!(without["spec"].get("cluster").is_none());
     }
 
@@ -409,7 +417,7 @@ mod tests {
             (Some(Never), true, false),
             (Some(Always), false, true),
         ] {
-            let mut exec = plugin("true").exec;
+            let mut exec = shell_plugin("true").exec;
             exec.interactive_mode = configured.clone();
             let plugin = Plugin::new(exec, terminal, Duration::from_secs(1)).expect("command");
             assert_eq!(

@@ -128,7 +128,7 @@ pub(super) fn environment_names(
 /// dynamic loader's variables, the command search path, shells' and
 /// interpreters' startup files, options and module paths. Also refused in
 /// a ClusterProfile's additional-envs extension.
-pub fn changes_code(variable: &str) -> bool {
+pub fn variable_changes_code(variable: &str) -> bool {
     const NAMES: &[&str] = &[
         "PATH",
         "IFS",
@@ -203,7 +203,7 @@ mod tests {
             "NODE_OPTIONS",
             "BASH_ENV",
         ] {
-            assert!(changes_code(name), "{name}");
+            assert!(variable_changes_code(name), "{name}");
         }
         for name in [
             "AWS_REGION",
@@ -212,7 +212,7 @@ mod tests {
             "CLUSTER_NAME",
             "AZURE_TENANT_ID",
         ] {
-            assert!(!changes_code(name), "{name}");
+            assert!(!variable_changes_code(name), "{name}");
         }
     }
 }

@@ -50,33 +50,34 @@ pub enum Refused {
 
 impl std::fmt::Display for Refused {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Refused::Exec => f.write_str(
-                "runs a command, which kubeconfigs from this source may not (KubeconfigPolicy::exec allows it)",
+        let (does, option) = match self {
+            Refused::ExecNotAllowed => {
+                return f.write_str("is not on the exec plugin allowlist (KubeconfigPolicy::exec)");
+            }
+            Refused::ExecUnresolved => {
+                return f.write_str(
+                    "is neither an absolute path nor a name found on PATH, so it cannot be checked against the exec plugin allowlist (KubeconfigPolicy::exec)",
+                );
+            }
+            Refused::ExecEnvironment(variable) => {
+                return write!(
+                    f,
+                    "sets {variable:?}, which changes what code an allowlisted plugin runs (only ExecPolicy::AllowAll allows it)"
+                );
+            }
+            Refused::Exec => ("runs a command", "exec"),
+            Refused::LocalFile => ("names a local file", "local_files"),
+            Refused::AuthProvider => ("uses an auth provider", "auth_providers"),
+            Refused::InsecureSkipTlsVerify => (
+                "turns off verifying the server's certificate",
+                "insecure_skip_tls_verify",
             ),
-            Refused::ExecNotAllowed => f.write_str(
-                "is not on the exec plugin allowlist (KubeconfigPolicy::exec)",
-            ),
-            Refused::ExecUnresolved => f.write_str(
-                "is neither an absolute path nor a name found on PATH, so it cannot be checked against the exec plugin allowlist (KubeconfigPolicy::exec)",
-            ),
-            Refused::ExecEnvironment(variable) => write!(
-                f,
-                "sets {variable:?}, which changes what code an allowlisted plugin runs (only ExecPolicy::AllowAll allows it)"
-            ),
-            Refused::LocalFile => f.write_str(
-                "names a local file, which kubeconfigs from this source may not read (KubeconfigPolicy::local_files allows it)",
-            ),
-            Refused::AuthProvider => f.write_str(
-                "uses an auth provider, which kubeconfigs from this source may not (KubeconfigPolicy::auth_providers allows it)",
-            ),
-            Refused::InsecureSkipTlsVerify => f.write_str(
-                "turns off verifying the server's certificate, which kubeconfigs from this source may not (KubeconfigPolicy::insecure_skip_tls_verify allows it)",
-            ),
-            Refused::ProxyUrl => f.write_str(
-                "picks a proxy, which kubeconfigs from this source may not (KubeconfigPolicy::proxy_url allows it)",
-            ),
-        }
+            Refused::ProxyUrl => ("picks a proxy", "proxy_url"),
+        };
+        write!(
+            f,
+            "{does}, which kubeconfigs from this source may not (KubeconfigPolicy::{option} allows it)"
+        )
     }
 }
 
