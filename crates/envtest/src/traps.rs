@@ -158,14 +158,8 @@ impl Traps {
         self.dir.path()
     }
 
-    /// The exec credential plugin the `exec` trap runs, and the state
-    /// directory it records its calls in ([`crate::plugins::calls`]).
-    pub fn plugin(&self) -> (&'static str, &Path) {
-        (crate::plugins::TOKEN, self.dir.path())
-    }
-
     /// How many connections the listener was offered.
-    pub fn connections(&self) -> usize {
+    fn connections(&self) -> usize {
         self.connections.load(Ordering::SeqCst)
     }
 

@@ -134,6 +134,13 @@ impl Management {
             .await;
     }
 
+    /// A ready Cluster `namespace/name` whose Secret holds `kubeconfig`.
+    async fn add_ready(&self, namespace: &str, name: &str, kubeconfig: &kube::config::Kubeconfig) {
+        self.create_cluster(namespace, name, &[], &[]).await;
+        self.set_ready(namespace, name).await;
+        self.put_kubeconfig_of(namespace, name, kubeconfig).await;
+    }
+
     /// Creates or replaces `<cluster>-kubeconfig` holding `kubeconfig`.
     async fn put_kubeconfig_of(
         &self,
@@ -539,11 +546,7 @@ async fn broken_kubeconfig_secrets_affect_only_their_own_cluster() {
     wait_until_unreachable(&manager, "fleet/untrusted").await;
 
     management
-        .create_cluster("fleet", "healthy", &[], &[])
-        .await;
-    management.set_ready("fleet", "healthy").await;
-    management
-        .put_kubeconfig("fleet", "healthy", &healthy)
+        .add_ready("fleet", "healthy", healthy.kubeconfig())
         .await;
     recorder
         .wait_for_more(&req("fleet/healthy", "hello"), 0)
@@ -731,19 +734,11 @@ async fn kubeconfig_secrets_that_would_run_read_or_dial_are_refused_with_the_def
     let kubeconfigs = traps.kubeconfigs(healthy.ca_pem());
     for trap in &kubeconfigs {
         management
-            .create_cluster("fleet", trap.name, &[], &[])
-            .await;
-        management.set_ready("fleet", trap.name).await;
-        management
-            .put_kubeconfig_of("fleet", trap.name, &trap.kubeconfig)
+            .add_ready("fleet", trap.name, &trap.kubeconfig)
             .await;
     }
     management
-        .create_cluster("fleet", "healthy", &[], &[])
-        .await;
-    management.set_ready("fleet", "healthy").await;
-    management
-        .put_kubeconfig("fleet", "healthy", &healthy)
+        .add_ready("fleet", "healthy", healthy.kubeconfig())
         .await;
 
     let provider = Arc::new(ClusterApiProvider::new(

@@ -504,9 +504,7 @@ async fn status_fields_that_would_read_files_or_dial_are_refused_with_the_defaul
         ),
         (
             "proxy",
-            with_cluster(
-                json!({"proxy-url": format!("http://127.0.0.1:{}", traps.server().rsplit(':').next().expect("port"))}),
-            ),
+            with_cluster(json!({"proxy-url": traps.server().replace("https://", "http://")})),
             r#"clusters["inventory/proxy"].cluster.proxy-url picks a proxy"#,
         ),
         (

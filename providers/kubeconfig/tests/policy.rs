@@ -43,6 +43,23 @@ async fn put_secret(admin: &kube::Client, name: &str, kubeconfig: &kube::config:
         .expect("secret");
 }
 
+/// A management plane with namespace `fleet` (and a client for it), and
+/// a member holding ConfigMap `hello`.
+async fn management_and_member() -> (ControlPlane, ControlPlane, kube::Client) {
+    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (management, member) = (management.expect("management"), member.expect("member"));
+    member
+        .create_config_map("hello", &[])
+        .await
+        .expect("create");
+    management
+        .create_namespace(NAMESPACE)
+        .await
+        .expect("namespace");
+    let admin = management.client().await.expect("client");
+    (management, member, admin)
+}
+
 fn req(cluster: &str, name: &str) -> Request {
     Request::new(cluster, Some("default"), name)
 }
@@ -58,17 +75,7 @@ fn req(cluster: &str, name: &str) -> Request {
 /// the member works.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn secrets_that_would_run_read_or_dial_are_refused_with_the_default_options() {
-    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
-    let (management, member) = (management.expect("management"), member.expect("member"));
-    member
-        .create_config_map("hello", &[])
-        .await
-        .expect("create");
-    management
-        .create_namespace(NAMESPACE)
-        .await
-        .expect("namespace");
-    let admin = management.client().await.expect("client");
+    let (_management, member, admin) = management_and_member().await;
     let traps = Traps::set().await.expect("traps");
     let kubeconfigs = traps.kubeconfigs(member.ca_pem());
     for trap in &kubeconfigs {
@@ -121,17 +128,7 @@ async fn secrets_that_would_run_read_or_dial_are_refused_with_the_default_option
 /// is engaged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_allowlisted_plugin_runs_and_its_cluster_is_engaged() {
-    let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
-    let (management, member) = (management.expect("management"), member.expect("member"));
-    member
-        .create_config_map("hello", &[])
-        .await
-        .expect("create");
-    management
-        .create_namespace(NAMESPACE)
-        .await
-        .expect("namespace");
-    let admin = management.client().await.expect("client");
+    let (_management, member, admin) = management_and_member().await;
     let state = tempfile::tempdir().expect("state");
     let token = member
         .cluster_admin_token("robots", "plugged")
