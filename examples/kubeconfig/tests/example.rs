@@ -233,11 +233,23 @@ const DOWN_FOR: Duration = Duration::from_secs(60);
 
 /// Run as deployed (default log level), a member whose API server is gone
 /// is reported once; while it stays down its retries add no more than a
-/// handful of lines (seen: about 80 a minute before).
+/// handful of lines (seen: about 80 a minute before). A member whose server
+/// never answered is reported once too, not at every retry of its
+/// bring-up (seen: a warning each, 1 s doubling to 60 s).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_stays_down_adds_only_a_few_log_lines() {
     let (management, member) = management_and_member().await;
-    put_secrets(&management, &[("member", member.kubeconfig())]).await;
+    let mut unanswered = member.kubeconfig().clone();
+    unanswered.clusters[0]
+        .cluster
+        .as_mut()
+        .expect("cluster")
+        .server = Some(format!("https://{}", free_address()));
+    put_secrets(
+        &management,
+        &[("member", member.kubeconfig()), ("unanswered", &unanswered)],
+    )
+    .await;
     let address = free_address();
     let log = tempfile::NamedTempFile::new().expect("log");
     let mut example = example(&management)
@@ -250,6 +262,7 @@ async fn a_member_that_stays_down_adds_only_a_few_log_lines() {
 
     member.stop_api_server();
     clusters_line(address, "member\tunreachable").await;
+    clusters_line(address, "unanswered\tunreachable").await;
     let lines = || std::fs::read_to_string(log.path()).unwrap_or_default();
     let before = lines().lines().count();
     tokio::time::sleep(DOWN_FOR).await;
@@ -266,6 +279,11 @@ async fn a_member_that_stays_down_adds_only_a_few_log_lines() {
         added.len(),
         added.join("\n")
     );
+    let unanswered: Vec<&&str> = added
+        .iter()
+        .filter(|line| line.contains("unanswered"))
+        .collect();
+    assert!(unanswered.len() <= 1, "{unanswered:#?}");
 
     let status = terminate_showing_log(&mut example, GRACE, log.path()).await;
     assert!(status.success(), "{status}");

@@ -21,6 +21,7 @@ use tokio_util::sync::CancellationToken;
 use crate::ClusterName;
 use crate::cache::index::Indexes;
 use crate::cache::retry::RetryState;
+use crate::health::repeats::{Repeats, Telling};
 use crate::health::{FailingFlag, Failure};
 
 /// A change seen by an informer.
@@ -119,32 +120,12 @@ where
     failure: Option<Failure>,
 }
 
-/// How long a watch may go on failing for the same reason before that is
-/// said again at the default level.
-const REMIND_EVERY: std::time::Duration = std::time::Duration::from_secs(300);
-
-/// What a watch has said about its failures, so that a member that stays
-/// down is not one warning per retry (every second or two): a failure is
-/// a warning when it is new (the first since the watch last delivered, or
-/// another reason), a reminder every [`REMIND_EVERY`] while it goes on,
-/// and a debug line otherwise. The manager says the cluster's change of
-/// state once besides.
+/// Tells a watch's failures as [`crate::health::repeats`] says: a member
+/// that stays down is one warning, then a reminder every five minutes, not
+/// one warning per retry. The manager says the cluster's change of state
+/// once besides.
 #[derive(Default)]
-struct FailureLog {
-    /// The reason last warned about, when, and the failures since.
-    current: Option<(crate::redact::Redacted, std::time::Instant, u64)>,
-}
-
-/// How a failure is to be told.
-#[derive(Debug, PartialEq, Eq)]
-enum Telling {
-    /// A warning: the first failure since a delivery, or another reason.
-    New,
-    /// A warning that the same failure goes on, `attempts` times now.
-    Reminder(u64),
-    /// A debug line.
-    Repeat(u64),
-}
+struct FailureLog(Repeats);
 
 impl FailureLog {
     fn failed(
@@ -154,7 +135,7 @@ impl FailureLog {
         reason: &crate::redact::Redacted,
         retry_in: Option<std::time::Duration>,
     ) {
-        match self.tell(reason, std::time::Instant::now()) {
+        match self.0.tell(reason, std::time::Instant::now()) {
             Telling::New => {
                 tracing::warn!(%cluster, kind, error = %reason, ?retry_in, "watch failed");
             }
@@ -167,27 +148,9 @@ impl FailureLog {
         }
     }
 
-    fn tell(&mut self, reason: &crate::redact::Redacted, now: std::time::Instant) -> Telling {
-        match &mut self.current {
-            Some((told, at, attempts)) if told == reason => {
-                *attempts += 1;
-                if now.duration_since(*at) >= REMIND_EVERY {
-                    *at = now;
-                    Telling::Reminder(*attempts)
-                } else {
-                    Telling::Repeat(*attempts)
-                }
-            }
-            _ => {
-                self.current = Some((reason.clone(), now, 1));
-                Telling::New
-            }
-        }
-    }
-
     fn delivered(&mut self, cluster: &ClusterName, kind: &str) {
-        if let Some((_, _, attempts)) = self.current.take() {
-            tracing::info!(%cluster, kind, failures = attempts, "watch delivers again");
+        if let Some(failures) = self.0.succeeded() {
+            tracing::info!(%cluster, kind, failures, "watch delivers again");
         }
     }
 }
@@ -451,36 +414,6 @@ mod tests {
     use k8s_openapi::api::core::v1::ConfigMap;
 
     use super::*;
-
-    /// A member that stays down is warned about once, reminded of every
-    /// five minutes, and warned about again only for another reason or
-    /// after the watch delivered.
-    #[test]
-    fn a_failure_that_goes_on_is_told_once_then_reminded_of() {
-        let start = std::time::Instant::now();
-        let down = crate::redact::Redacted::error(&std::io::Error::other("connection refused"));
-        let other = crate::redact::Redacted::error(&std::io::Error::other("403 Forbidden"));
-        let mut log = FailureLog::default();
-        assert_eq!(log.tell(&down, start), Telling::New);
-        for attempt in 2..=100 {
-            let at = start + std::time::Duration::from_secs(2 * attempt);
-            assert_eq!(log.tell(&down, at), Telling::Repeat(attempt));
-        }
-        assert_eq!(
-            log.tell(&down, start + REMIND_EVERY),
-            Telling::Reminder(101)
-        );
-        assert_eq!(
-            log.tell(
-                &down,
-                start + REMIND_EVERY + std::time::Duration::from_secs(1)
-            ),
-            Telling::Repeat(102)
-        );
-        assert_eq!(log.tell(&other, start + REMIND_EVERY), Telling::New);
-        log.delivered(&ClusterName::from("member"), "ConfigMap");
-        assert_eq!(log.tell(&other, start + REMIND_EVERY), Telling::New);
-    }
 
     fn config_map(name: &str) -> ConfigMap {
         let mut cm = ConfigMap::default();

@@ -24,6 +24,7 @@
 //! deadline. Clusters with clients of their own are judged by their watches.
 
 mod bounded;
+pub(crate) mod repeats;
 mod requests;
 
 use std::error::Error as StdError;

@@ -8,6 +8,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::{ClusterState, Manager};
 use crate::engagements::{Arrival, Engagements, when_ended};
+use crate::health::repeats::{Repeats, Telling};
 use crate::redact::Redacted;
 use crate::sync::lock;
 use crate::{Aware, Cluster, ClusterName, Error};
@@ -71,6 +72,7 @@ impl Manager {
     async fn bring_up(self, name: ClusterName, generation: u64) {
         let options = self.inner.options.clone();
         let mut delay = options.retry_delay;
+        let mut told = Repeats::default();
         loop {
             let Some((cluster, lifetime)) = self.tracked(&name, generation) else {
                 return;
@@ -114,7 +116,17 @@ impl Manager {
                     return;
                 }
                 Some(reason) => {
-                    tracing::warn!(cluster = %name, %reason, retry_in = ?delay, "cluster unreachable");
+                    match told.tell(&reason, std::time::Instant::now()) {
+                        Telling::New => {
+                            tracing::warn!(cluster = %name, %reason, retry_in = ?delay, "cluster unreachable");
+                        }
+                        Telling::Reminder(attempts) => {
+                            tracing::warn!(cluster = %name, %reason, attempts, retry_in = ?delay, "cluster still unreachable");
+                        }
+                        Telling::Repeat(attempts) => {
+                            tracing::debug!(cluster = %name, %reason, attempts, retry_in = ?delay, "cluster unreachable");
+                        }
+                    }
                     if !self.set_state(&name, generation, ClusterState::Unreachable(reason)) {
                         return;
                     }
