@@ -203,7 +203,7 @@ async fn case(
         .cluster_states()
         .iter()
         .filter(|(name, _)| !name.is_local())
-        .all(|(_, state)| *state == multicluster_runtime::manager::ClusterState::Ready)
+        .all(|(_, status)| status.state == multicluster_runtime::manager::ClusterState::Ready)
         || manager.cluster_states().len() < HEALTHY + STOPPABLE + 1
     {
         assert!(Instant::now() < deadline, "members did not become ready");

@@ -43,6 +43,31 @@ pub struct FleetSummary {
     pub changes: u64,
 }
 
+/// An inventory object that could not become a cluster.
+#[derive(Clone, Debug)]
+pub(crate) struct Unusable {
+    /// The provider that found it.
+    pub(crate) provider: Arc<str>,
+    /// Why it cannot become a cluster (the latest reason).
+    pub(crate) reason: Redacted,
+    /// Since when it is unusable.
+    pub(crate) since: std::time::SystemTime,
+    /// How often in a row the provider has failed to make a cluster of it.
+    pub(crate) attempts: u32,
+}
+
+impl Unusable {
+    /// Its status as the manager reports it.
+    pub(crate) fn status(&self) -> crate::manager::ClusterStatus {
+        crate::manager::ClusterStatus {
+            state: crate::manager::ClusterState::Unusable(self.reason.clone()),
+            since: self.since,
+            failed_attempts: self.attempts,
+            next_attempt: None,
+        }
+    }
+}
+
 /// The fleet's summary and unusable inventory, shared by the manager and
 /// its provider. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -51,8 +76,8 @@ pub(crate) struct FleetView(Arc<Shared>);
 #[derive(Debug)]
 struct Shared {
     summary: watch::Sender<FleetSummary>,
-    /// What could not become a cluster, by name: the provider and why.
-    unusable: Mutex<BTreeMap<ClusterName, (Arc<str>, Redacted)>>,
+    /// What could not become a cluster, by name.
+    unusable: Mutex<BTreeMap<ClusterName, Unusable>>,
     /// `mcr_inventory_failures{provider}`.
     gauge: Family<Vec<(&'static str, String)>, Gauge>,
 }
@@ -82,15 +107,34 @@ impl FleetView {
         });
     }
 
-    /// `provider` found `name` but cannot make a cluster of it.
+    /// `provider` found `name` but cannot make a cluster of it (again).
+    /// Subscribers are told when the object becomes unusable or its reason
+    /// changes, not of every attempt.
     pub(crate) fn unusable(&self, provider: &str, name: &ClusterName, reason: Redacted) {
         let mut unusable = lock(&self.0.unusable);
-        let before = unusable.insert(name.clone(), (provider.into(), reason));
-        if before.as_ref().is_none_or(|(was, _)| &**was != provider) {
-            if let Some((was, _)) = before {
-                self.gauge(&was).dec();
+        match unusable.get_mut(name) {
+            Some(known) if &*known.provider == provider => {
+                known.attempts = known.attempts.saturating_add(1);
+                if known.reason == reason {
+                    return;
+                }
+                known.reason = reason;
             }
-            self.gauge(provider).inc();
+            _ => {
+                let before = unusable.insert(
+                    name.clone(),
+                    Unusable {
+                        provider: provider.into(),
+                        reason,
+                        since: std::time::SystemTime::now(),
+                        attempts: 1,
+                    },
+                );
+                if let Some(was) = before {
+                    self.gauge(&was.provider).dec();
+                }
+                self.gauge(provider).inc();
+            }
         }
         self.publish(unusable.len());
     }
@@ -100,7 +144,7 @@ impl FleetView {
         let mut unusable = lock(&self.0.unusable);
         if unusable
             .get(name)
-            .is_some_and(|(recorded, _)| &**recorded == provider)
+            .is_some_and(|recorded| &*recorded.provider == provider)
         {
             unusable.remove(name);
             self.gauge(provider).dec();
@@ -108,11 +152,11 @@ impl FleetView {
         }
     }
 
-    /// What could not become a cluster: name, provider, reason; sorted.
-    pub(crate) fn unusable_inventory(&self) -> Vec<(ClusterName, Arc<str>, Redacted)> {
+    /// What could not become a cluster, sorted by name.
+    pub(crate) fn unusable_inventory(&self) -> Vec<(ClusterName, Unusable)> {
         lock(&self.0.unusable)
             .iter()
-            .map(|(name, (provider, reason))| (name.clone(), provider.clone(), reason.clone()))
+            .map(|(name, unusable)| (name.clone(), unusable.clone()))
             .collect()
     }
 

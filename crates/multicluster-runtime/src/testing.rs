@@ -253,11 +253,22 @@ pub async fn wait_until_unusable(
         assert!(
             clusters
                 .lines()
-                .any(|line| line == format!("{name}\tunusable: {reason}")),
+                .any(|line| line.starts_with(&format!("{name}\tunusable: {reason}\t"))),
             "{name} on /clusters:\n{clusters}"
         );
     }
     reasons
+}
+
+/// Waits until `manager` reports `cluster` ready. A reconcile in a cluster
+/// is no sign that it is: its controllers' watches deliver as they list,
+/// and the cluster turns ready once all of them have.
+pub async fn wait_until_ready(manager: &crate::Manager, cluster: &str) {
+    let name = ClusterName::from(cluster);
+    eventually(&format!("{cluster} to be ready"), || async {
+        manager.cluster_state(&name) == Some(crate::manager::ClusterState::Ready)
+    })
+    .await;
 }
 
 /// Waits until `manager` no longer has `cluster` (it left the fleet).

@@ -99,6 +99,9 @@ async fn a_member_without_the_watched_crd_is_degraded_until_it_has_it() {
     })
     .await;
     assert_eq!(state_of(&manager, "with"), Some(ClusterState::Ready));
+    // Ready so far: the local cluster and `with`; the member without the
+    // CRD was never ready on the way to degraded.
+    assert_eq!(times_entered(&manager, "ready"), 2);
 
     // The CRD arrives: the next list (within the longest refused delay,
     // 30 s and its random part) works, with nothing engaged again.

@@ -238,7 +238,7 @@ async fn a_controller_reconciles_across_a_changing_fleet() {
         manager
             .cluster_states()
             .iter()
-            .any(|(name, state)| name.as_str() == "c" && *state == ClusterState::Ready)
+            .any(|(name, status)| name.as_str() == "c" && status.state == ClusterState::Ready)
     })
     .await;
     create_config_map(&c, "after-rotation", &[]).await;

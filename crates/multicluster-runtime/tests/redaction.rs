@@ -161,7 +161,13 @@ async fn a_failing_credential_plugin_leaks_nothing_anywhere() {
         },
     )
     .await;
-    for path in ["/clusters", "/metrics", "/healthz", "/readyz"] {
+    for path in [
+        "/clusters",
+        "/clusters?format=json",
+        "/metrics",
+        "/healthz",
+        "/readyz",
+    ] {
         let (_, body) = multicluster_runtime::testing::http_get(address, path)
             .await
             .expect(path);
@@ -171,6 +177,22 @@ async fn a_failing_credential_plugin_leaks_nothing_anywhere() {
                 body.lines()
                     .any(|line| line.starts_with("member\tdegraded: ")
                         && line.contains("stderr is withheld")),
+                "{body}"
+            );
+        }
+        if path == "/clusters?format=json" {
+            let report: serde_json::Value = serde_json::from_str(&body).expect("JSON");
+            let member = report["clusters"]
+                .as_array()
+                .expect("clusters")
+                .iter()
+                .find(|cluster| cluster["name"] == "member")
+                .expect("the member");
+            assert_eq!(member["state"], "degraded", "{body}");
+            assert!(
+                member["reason"]
+                    .as_str()
+                    .is_some_and(|reason| reason.contains("stderr is withheld")),
                 "{body}"
             );
         }

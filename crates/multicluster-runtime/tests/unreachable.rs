@@ -11,7 +11,8 @@ use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::controller::{Action, Controller, Watch};
-use multicluster_runtime::manager::ClusterState;
+use multicluster_runtime::manager::{ClusterState, ClusterStatus};
+use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::{Manager, ManagerOptions};
 
 #[derive(Debug, thiserror::Error)]
@@ -35,6 +36,24 @@ fn recording_controller(recorder: &Recorder) -> Controller {
 
 fn state_of(manager: &Manager, cluster: &str) -> Option<ClusterState> {
     manager.cluster_state(&cluster.into())
+}
+
+fn status_of(manager: &Manager, cluster: &str) -> ClusterStatus {
+    manager
+        .cluster_states()
+        .into_iter()
+        .find(|(name, _)| name.as_str() == cluster)
+        .map(|(_, status)| status)
+        .expect("the cluster is in the fleet")
+}
+
+/// The value of one series of the manager's metrics.
+fn series(manager: &Manager, series: &str) -> Option<f64> {
+    manager
+        .metrics()
+        .encode()
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -61,12 +80,18 @@ async fn an_unreachable_cluster_is_reported_retried_and_engaged_once_it_answers(
     let manager = Manager::builder(cluster_for("local", &up).await)
         .provider(Arc::new(provider))
         .options(options)
+        .metrics(Metrics::new(true))
         .build();
     let recorder = Recorder::default();
     manager
         .add_controller(recording_controller(&recorder))
         .expect("add");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
     let (shutdown, task) = run_manager(&manager);
+    manager.serve_health(listener, shutdown.clone());
 
     recorder.wait_for_more(&req("up", "ready"), 0).await;
     eventually("the down cluster to be reported unreachable", || async {
@@ -83,9 +108,74 @@ async fn an_unreachable_cluster_is_reported_retried_and_engaged_once_it_answers(
         "{metrics}"
     );
 
+    // Its history: since when, how many checks failed, when the next is.
+    let first = status_of(&manager, "down");
+    assert!(first.failed_attempts >= 1, "{first:?}");
+    assert!(
+        first.next_attempt.is_some_and(|next| next > first.since),
+        "{first:?}"
+    );
+    eventually(
+        "more failed attempts, the time in state growing",
+        || async {
+            let now = status_of(&manager, "down");
+            now.failed_attempts >= first.failed_attempts + 2
+                && series(
+                    &manager,
+                    r#"mcr_cluster_longest_in_state_seconds{state="unreachable"}"#,
+                ) >= Some(1.0)
+        },
+    )
+    .await;
+    let later = status_of(&manager, "down");
+    assert_eq!(later.since, first.since, "still in the state it entered");
+    assert!(
+        series(&manager, "mcr_cluster_most_failed_attempts")
+            >= Some(f64::from(first.failed_attempts + 2))
+    );
+    assert!(
+        series(&manager, r#"mcr_cluster_failed_attempts{cluster="down"}"#)
+            >= Some(f64::from(first.failed_attempts + 2))
+    );
+    assert!(
+        series(
+            &manager,
+            r#"mcr_cluster_in_state_seconds{cluster="down",state="unreachable"}"#
+        ) >= Some(1.0)
+    );
+    let (_, json) = multicluster_runtime::testing::http_get(address, "/clusters?format=json")
+        .await
+        .expect("/clusters");
+    let report: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    let shown = report["clusters"]
+        .as_array()
+        .and_then(|clusters| clusters.iter().find(|cluster| cluster["name"] == "down"))
+        .expect("down is shown");
+    assert_eq!(shown["state"], "unreachable", "{json}");
+    assert!(shown["failedAttempts"].as_u64() >= Some(u64::from(first.failed_attempts + 2)));
+    for field in ["since", "nextAttempt"] {
+        assert!(
+            shown[field]
+                .as_str()
+                .is_some_and(|time| time.ends_with('Z')),
+            "{field} in {json}"
+        );
+    }
+
     down.start_api_server().await.expect("restart");
     recorder.wait_for_more(&req("down", "waiting"), 0).await;
-    assert_eq!(state_of(&manager, "down"), Some(ClusterState::Ready));
+    wait_until_ready(&manager, "down").await;
+    let ready = status_of(&manager, "down");
+    assert_eq!(ready.failed_attempts, 0);
+    assert_eq!(ready.next_attempt, None);
+    assert!(ready.since > first.since, "{ready:?}");
+    assert_eq!(
+        series(
+            &manager,
+            r#"mcr_cluster_longest_in_state_seconds{state="unreachable"}"#
+        ),
+        Some(0.0)
+    );
     // Found unreachable once, however often it was retried meanwhile.
     let metrics = manager.metrics().encode();
     assert!(
@@ -203,7 +293,7 @@ async fn an_unreachable_member_is_named_with_its_address_and_the_cause() {
     assert!(
         clusters
             .lines()
-            .any(|line| line == format!("down\tunreachable: {reason}")),
+            .any(|line| line.starts_with(&format!("down\tunreachable: {reason}\tsince "))),
         "{clusters}"
     );
     shutdown.cancel();

@@ -102,7 +102,10 @@ impl Replica {
         let report = self.get("/clusters").await.unwrap_or_default();
         report
             .lines()
-            .filter_map(|l| l.split_once('\t'))
+            .filter_map(|line| {
+                let mut columns = line.split('\t');
+                Some((columns.next()?, columns.next()?))
+            })
             .filter(|(name, _)| *name != "<local>")
             .map(|(name, state)| (name.to_string(), state.to_string()))
             .collect()

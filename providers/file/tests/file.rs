@@ -221,7 +221,7 @@ async fn broken_files_and_contexts_affect_only_themselves() {
         manager
             .cluster_states()
             .iter()
-            .any(|(cluster, state)| *cluster == good && *state == ClusterState::Ready)
+            .any(|(cluster, status)| *cluster == good && status.state == ClusterState::Ready)
     })
     .await;
     assert_eq!(

@@ -305,8 +305,8 @@ async fn run(
         let (manager, reasons, stop) = (manager.clone(), reasons.clone(), shutdown.clone());
         tokio::spawn(async move {
             while !stop.is_cancelled() {
-                for (name, state) in manager.cluster_states() {
-                    if let ClusterState::Unreachable(reason) = state {
+                for (name, status) in manager.cluster_states() {
+                    if let ClusterState::Unreachable(reason) = status.state {
                         reasons
                             .lock()
                             .unwrap_or_else(std::sync::PoisonError::into_inner)

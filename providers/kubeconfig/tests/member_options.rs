@@ -158,7 +158,7 @@ async fn a_member_with_rbac_for_one_namespace_works_when_held_to_it() {
         0,
         "the restricted member reconciled outside its namespace"
     );
-    assert_eq!(state("team-a"), Some(ClusterState::Ready));
+    multicluster_runtime::testing::wait_until_ready(&manager, "team-a").await;
 
     // Without its restriction the same credentials cannot watch: the
     // member is built again (its options changed) and shows degraded.

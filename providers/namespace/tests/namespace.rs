@@ -556,9 +556,9 @@ async fn many_namespaces_share_a_handful_of_connections_to_the_host() {
         manager
             .cluster_states()
             .iter()
-            .filter(|(name, state)| {
+            .filter(|(name, status)| {
                 name.as_str().starts_with("many-")
-                    && *state == multicluster_runtime::manager::ClusterState::Ready
+                    && status.state == multicluster_runtime::manager::ClusterState::Ready
             })
             .count()
             == NAMESPACES

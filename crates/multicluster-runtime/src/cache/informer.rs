@@ -217,11 +217,10 @@ where
                         let retry_in = retries.as_ref().and_then(RetryState::delay);
                         told.failed(&cluster, &kind, &reason, retry_in);
                         let mut state = informer.lock();
-                        state.failure = Some(Failure::continuing(
-                            state.failure.as_ref(),
-                            reason,
-                            unreachable,
-                        ));
+                        state.failure = Some(
+                            Failure::continuing(state.failure.as_ref(), reason, unreachable)
+                                .retried_in(retry_in),
+                        );
                         informer.failing.set(true);
                     }
                 }

@@ -61,6 +61,11 @@ pub(crate) struct Failure {
     pub(crate) since: Instant,
     /// When the latest was.
     pub(crate) last: Instant,
+    /// How many errors in a row it has been.
+    pub(crate) attempts: u32,
+    /// When the failing watch is tried again, if it is a watch (requests
+    /// are tried again when their caller sends them).
+    pub(crate) retry_at: Option<Instant>,
 }
 
 impl Failure {
@@ -77,6 +82,16 @@ impl Failure {
             unreachable,
             since: before.map_or(now, |before| before.since),
             last: now,
+            attempts: before.map_or(1, |before| before.attempts.saturating_add(1)),
+            retry_at: None,
+        }
+    }
+
+    /// The same failure, its watch tried again after `delay`.
+    pub(crate) fn retried_in(self, delay: Option<std::time::Duration>) -> Self {
+        Self {
+            retry_at: delay.map(|delay| self.last + delay),
+            ..self
         }
     }
 

@@ -1,7 +1,7 @@
 //! The manager's HTTP endpoints: `/healthz` (the process is serving),
 //! `/readyz` (the manager has started its provider and controllers),
-//! `/metrics` (Prometheus text format) and `/clusters` (each engaged
-//! cluster's state, one per line, for people).
+//! `/metrics` (Prometheus text format) and `/clusters` (each cluster's
+//! state and history, one per line for people, or JSON for tools).
 
 use std::convert::Infallible;
 
@@ -64,6 +64,9 @@ fn respond(manager: &Manager, request: &http::Request<Incoming>) -> Response<Ful
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
             manager.metrics().encode(),
         ),
+        "/clusters" if wants_json(request) => {
+            (StatusCode::OK, "application/json", cluster_json(manager))
+        }
         "/clusters" => (StatusCode::OK, "text/plain", cluster_report(manager)),
         _ => (
             StatusCode::NOT_FOUND,
@@ -81,13 +84,16 @@ fn respond(manager: &Manager, request: &http::Request<Incoming>) -> Response<Ful
     response
 }
 
+/// `/clusters` as text: per cluster a line of tab-separated columns: the
+/// name, the state (with its reason), since when, and for a failing cluster
+/// how many attempts failed and when the next is.
 fn cluster_report(manager: &Manager) -> String {
     let working_on = manager.coordinator().working_on();
     manager
         .cluster_states()
         .into_iter()
-        .map(|(name, state)| {
-            let state = match state {
+        .map(|(name, status)| {
+            let state = match &status.state {
                 ClusterState::Syncing => "syncing".to_string(),
                 ClusterState::Ready => match &working_on {
                     Some(mine) if mine.contains(&name) => "ready, worked on here".to_string(),
@@ -98,7 +104,73 @@ fn cluster_report(manager: &Manager) -> String {
                 ClusterState::Unreachable(reason) => format!("unreachable: {reason}"),
                 ClusterState::Unusable(reason) => format!("unusable: {reason}"),
             };
-            format!("{name}\t{state}\n")
+            let mut line = format!("{name}\t{state}\tsince {}", timestamp(status.since));
+            if status.failed_attempts > 0 {
+                line.push_str(&format!("\t{} failed attempts", status.failed_attempts));
+            }
+            if let Some(next) = status.next_attempt {
+                line.push_str(&format!("\tnext attempt {}", timestamp(next)));
+            }
+            line.push('\n');
+            line
         })
         .collect()
+}
+
+/// `/clusters` as JSON: `{"clusters": [...]}`, one object per cluster with
+/// `name`, `state`, `reason` (redacted, as everywhere), `since`,
+/// `failedAttempts`, `nextAttempt` and, on a replica that works on part of
+/// the fleet, `workedOnHere`.
+fn cluster_json(manager: &Manager) -> String {
+    let working_on = manager.coordinator().working_on();
+    let clusters: Vec<_> = manager
+        .cluster_states()
+        .into_iter()
+        .map(|(name, status)| {
+            let reason = match &status.state {
+                ClusterState::Degraded(reason)
+                | ClusterState::Unreachable(reason)
+                | ClusterState::Unusable(reason) => Some(reason.as_str()),
+                ClusterState::Syncing | ClusterState::Ready => None,
+            };
+            let mut cluster = serde_json::json!({
+                "name": name.to_string(),
+                "state": status.state.label(),
+                "reason": reason,
+                "since": timestamp(status.since),
+                "failedAttempts": status.failed_attempts,
+                "nextAttempt": status.next_attempt.map(timestamp),
+            });
+            if let Some(mine) = &working_on {
+                cluster["workedOnHere"] = mine.contains(&name).into();
+            }
+            cluster
+        })
+        .collect();
+    let mut body = serde_json::json!({ "clusters": clusters }).to_string();
+    body.push('\n');
+    body
+}
+
+/// Whether the client asked for JSON (`?format=json`, or an `Accept`
+/// header naming `application/json`).
+fn wants_json(request: &http::Request<Incoming>) -> bool {
+    let by_query = request
+        .uri()
+        .query()
+        .is_some_and(|query| query.split('&').any(|pair| pair == "format=json"));
+    let by_header = request
+        .headers()
+        .get_all(http::header::ACCEPT)
+        .iter()
+        .filter_map(|value| value.to_str().ok())
+        .any(|value| value.contains("application/json"));
+    by_query || by_header
+}
+
+/// A time in RFC 3339, to the second, in UTC.
+fn timestamp(time: std::time::SystemTime) -> String {
+    jiff::Timestamp::try_from(time)
+        .and_then(|time| jiff::Timestamp::from_second(time.as_second()))
+        .map_or_else(|_| "unknown".to_string(), |time| time.to_string())
 }

@@ -2,11 +2,14 @@
 //! components (controllers) that every engaged cluster reaches.
 //!
 //! Each engagement runs as one ordered sequence for its cluster: check that
-//! the API server answers and the cluster's cache has synced, then hand the
-//! cluster to the coordinator, which engages the components. A cluster that
+//! the API server answers, hand the cluster to the coordinator, which
+//! engages the components (their watches start), and report it
+//! [`ClusterState::Ready`] once those watches have listed. A cluster that
 //! does not answer in time is not dropped (Go removes it and forgets it): it
 //! is reported [`ClusterState::Unreachable`], retried with backoff, and
-//! engaged once it answers, while the rest of the fleet carries on.
+//! engaged once it answers, while the rest of the fleet carries on. One
+//! whose watches are refused is reported degraded and never ready until
+//! they list.
 //!
 //! Once ready, a cluster's state follows what its client and cache see
 //! ([`crate::health`]): a failure that lasts `unhealthy_after` makes it
@@ -21,11 +24,12 @@
 #[cfg(feature = "health")]
 mod endpoints;
 mod options;
+mod progress;
 mod state;
 mod tracking;
 
 pub use options::ManagerOptions;
-pub use state::ClusterState;
+pub use state::{ClusterState, ClusterStatus};
 use tracking::Tracked;
 
 use crate::sync::lock;
@@ -128,7 +132,7 @@ impl ManagerBuilder {
 
     /// The manager.
     pub fn build(self) -> Manager {
-        Manager {
+        let manager = Manager {
             inner: Arc::new(Inner {
                 local: self.local,
                 provider: self.provider,
@@ -142,7 +146,15 @@ impl ManagerBuilder {
                 started: CancellationToken::new(),
                 stopping: CancellationToken::new(),
             }),
-        }
+        };
+        // Weak: the registry outlives a manager it was given to.
+        let weak = Arc::downgrade(&manager.inner);
+        manager.inner.metrics.report_ages(Box::new(move || {
+            weak.upgrade()
+                .map(|inner| Manager { inner }.cluster_ages())
+                .unwrap_or_default()
+        }));
+        manager
     }
 }
 
@@ -248,7 +260,7 @@ impl Manager {
         let ready: Vec<_> = lock(&self.inner.clusters)
             .clusters
             .iter()
-            .filter(|(_, held)| held.data.engaged)
+            .filter(|(_, held)| held.data.handed())
             .map(|(name, held)| (name.clone(), held.cluster.clone(), held.lifetime.clone()))
             .collect();
         for (name, cluster, lifetime) in ready {
@@ -279,18 +291,19 @@ impl Manager {
         self.add_component(Arc::new(controller))
     }
 
-    /// Each engaged cluster and its state, and each inventory object the
-    /// provider could not make a cluster of ([`ClusterState::Unusable`]),
-    /// sorted by name.
-    pub fn cluster_states(&self) -> Vec<(ClusterName, ClusterState)> {
-        let mut states: std::collections::BTreeMap<ClusterName, ClusterState> =
+    /// Each engaged cluster's status (state, since when, failed attempts,
+    /// next attempt), and each inventory object the provider could not make
+    /// a cluster of ([`ClusterState::Unusable`]), sorted by name.
+    pub fn cluster_states(&self) -> Vec<(ClusterName, ClusterStatus)> {
+        let now = progress::Moment::now();
+        let mut states: std::collections::BTreeMap<ClusterName, ClusterStatus> =
             lock(&self.inner.clusters)
                 .clusters
                 .iter()
-                .map(|(name, held)| (name.clone(), held.data.state.clone()))
+                .map(|(name, held)| (name.clone(), held.data.status(&held.cluster, now)))
                 .collect();
-        for (name, _, reason) in self.inner.metrics.fleet().unusable_inventory() {
-            states.entry(name).or_insert(ClusterState::Unusable(reason));
+        for (name, unusable) in self.inner.metrics.fleet().unusable_inventory() {
+            states.entry(name).or_insert_with(|| unusable.status());
         }
         states.into_iter().collect()
     }
@@ -309,8 +322,8 @@ impl Manager {
                 .fleet()
                 .unusable_inventory()
                 .into_iter()
-                .find(|(unusable, _, _)| unusable == name)
-                .map(|(_, _, reason)| ClusterState::Unusable(reason))
+                .find(|(unusable, _)| unusable == name)
+                .map(|(_, unusable)| ClusterState::Unusable(unusable.reason))
         })
     }
 

@@ -9,8 +9,9 @@ use crate::controller::ControllerDefaults;
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct ManagerOptions {
-    /// How long a newly engaged cluster may take to answer and sync before
-    /// it is reported unreachable (default 30 s).
+    /// How long a newly engaged cluster may take to answer, and then its
+    /// components' watches to list, before it is reported unreachable
+    /// (default 30 s).
     pub sync_timeout: Duration,
     /// First retry delay for unreachable clusters, doubling up to
     /// `max_retry_delay` (default 1 s).

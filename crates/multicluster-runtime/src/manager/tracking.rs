@@ -6,9 +6,11 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use super::progress::{Moment, Progress};
 use super::{ClusterState, Manager};
 use crate::engagements::{Arrival, Engagements, when_ended};
 use crate::health::repeats::{Repeats, Telling};
+use crate::metrics::ClusterAge;
 use crate::redact::Redacted;
 use crate::sync::lock;
 use crate::{Aware, Cluster, ClusterName, Error};
@@ -28,116 +30,152 @@ pub(super) struct Tracked {
     pub(super) quiet_at: Option<u64>,
 }
 
-pub(super) struct Progress {
-    pub(super) state: ClusterState,
-    /// Whether it was handed to the components (it became ready once).
-    pub(super) engaged: bool,
-    /// When an unhealthy engaged cluster is probed next, and the delay
-    /// after that.
-    pub(super) next_probe: Option<(tokio::time::Instant, Duration)>,
-}
-
 impl Tracked {
     pub(super) fn count(&mut self, state: &ClusterState, by: i64) {
         self.counts[state.index()] += by;
     }
 
-    /// Moves `name`'s engagement of `generation` to `state`: `None` when
-    /// that engagement is gone, else whether its state (by label) changed.
-    fn set_state(
+    /// Records that a check of `name`'s engagement of `generation` failed
+    /// while it is brought up, the next due at `next`: `None` when that
+    /// engagement is gone, else whether its state (by label) changed.
+    fn check_failed(
         &mut self,
         name: &ClusterName,
         generation: u64,
-        state: ClusterState,
+        reason: Redacted,
+        next: tokio::time::Instant,
     ) -> Option<bool> {
         let held = self.clusters.current_mut(name, generation)?;
-        let changed = held.data.state.label() != state.label();
-        held.data.move_to(state, &mut self.counts);
+        let changed = held.data.state.label() != "unreachable";
+        held.data.check_failed(next);
+        held.data
+            .move_to(ClusterState::Unreachable(reason), &mut self.counts);
         Some(changed)
     }
 }
 
-impl Progress {
-    /// The one place a state changes: the counts follow.
-    fn move_to(&mut self, state: ClusterState, counts: &mut [i64; 4]) {
-        counts[self.state.index()] -= 1;
-        counts[state.index()] += 1;
-        self.state = state;
-    }
-}
-
 impl Manager {
-    /// Brings an engaged cluster through syncing to ready (or unreachable
-    /// and retried), then hands it to the coordinator.
+    /// Brings an engaged cluster through syncing to ready: waits until its
+    /// API server answers (reported unreachable and retried with backoff
+    /// meanwhile), hands it to the coordinator, whose components start
+    /// their watches, and reports it ready once those have listed.
     async fn bring_up(self, name: ClusterName, generation: u64) {
         let options = self.inner.options.clone();
         let mut delay = options.retry_delay;
         let mut told = Repeats::default();
-        loop {
+        let (cluster, lifetime) = loop {
             let Some((cluster, lifetime)) = self.tracked(&name, generation) else {
                 return;
             };
-            let check = tokio::time::timeout(options.sync_timeout, probe(&cluster));
-            let failure = tokio::select! {
+            let check = tokio::time::timeout(options.sync_timeout, probe_server(&cluster));
+            let reason = tokio::select! {
                 () = lifetime.cancelled() => return,
                 result = check => match result {
-                    Ok(Ok(())) => None,
-                    Ok(Err(err)) => Some(err),
-                    // The cache did not sync in time: a watch's failure
-                    // says why, if one failed.
-                    Err(_) => Some(cluster.failure().map_or_else(
-                        || Redacted::ours(format!("no answer within {:?}", options.sync_timeout)),
-                        |failure| failure.reason,
-                    )),
+                    Ok(Ok(())) => break (cluster, lifetime),
+                    Ok(Err(reason)) => reason,
+                    Err(_) => Redacted::ours(format!("no answer within {:?}", options.sync_timeout)),
                 },
             };
-            match failure {
-                None => {
-                    if !self.set_state(&name, generation, ClusterState::Ready) {
-                        return;
-                    }
-                    {
-                        let mut tracked = lock(&self.inner.clusters);
-                        if let Some(held) = tracked.clusters.current_mut(&name, generation) {
-                            held.data.engaged = true;
-                        }
-                        // A failure recorded before the cluster was engaged
-                        // moved nothing since the last walk.
-                        tracked.quiet_at = None;
-                    }
-                    tracing::info!(cluster = %name, "cluster ready");
-                    let components = lock(&self.inner.components).clone();
-                    if let Err(err) =
-                        self.coordinator()
-                            .engage(lifetime, name.clone(), cluster, &components)
-                    {
-                        tracing::error!(cluster = %name, error = %err, "engaging components failed");
-                    }
-                    return;
+            match told.tell(&reason, std::time::Instant::now()) {
+                Telling::New => {
+                    tracing::warn!(cluster = %name, %reason, retry_in = ?delay, "cluster unreachable");
                 }
-                Some(reason) => {
-                    match told.tell(&reason, std::time::Instant::now()) {
-                        Telling::New => {
-                            tracing::warn!(cluster = %name, %reason, retry_in = ?delay, "cluster unreachable");
-                        }
-                        Telling::Reminder(attempts) => {
-                            tracing::warn!(cluster = %name, %reason, attempts, retry_in = ?delay, "cluster still unreachable");
-                        }
-                        Telling::Repeat(attempts) => {
-                            tracing::debug!(cluster = %name, %reason, attempts, retry_in = ?delay, "cluster unreachable");
-                        }
-                    }
-                    if !self.set_state(&name, generation, ClusterState::Unreachable(reason)) {
-                        return;
-                    }
-                    tokio::select! {
-                        () = lifetime.cancelled() => return,
-                        () = tokio::time::sleep(delay) => {}
-                    }
-                    delay = (delay * 2).min(options.max_retry_delay);
+                Telling::Reminder(attempts) => {
+                    tracing::warn!(cluster = %name, %reason, attempts, retry_in = ?delay, "cluster still unreachable");
+                }
+                Telling::Repeat(attempts) => {
+                    tracing::debug!(cluster = %name, %reason, attempts, retry_in = ?delay, "cluster unreachable");
                 }
             }
+            if !self.check_failed(
+                &name,
+                generation,
+                reason,
+                tokio::time::Instant::now() + delay,
+            ) {
+                return;
+            }
+            tokio::select! {
+                () = lifetime.cancelled() => return,
+                () = tokio::time::sleep(delay) => {}
+            }
+            delay = (delay * 2).min(options.max_retry_delay);
+        };
+        if !self.hand_over(&name, generation, &cluster, &lifetime) {
+            return;
         }
+        // The watches the components started now have `sync_timeout` to
+        // list; the health walk reports a refused one meanwhile, and the
+        // cluster ready once they all have (see `Progress::due`).
+        let synced = tokio::time::timeout(options.sync_timeout, cluster.cache().synced());
+        tokio::select! {
+            () = lifetime.cancelled() => return,
+            _ = synced => {}
+        }
+        let mut guard = lock(&self.inner.clusters);
+        let tracked = &mut *guard;
+        if let Some(held) = tracked.clusters.current_mut(&name, generation) {
+            let now = tokio::time::Instant::now();
+            if let Some(state) = held.data.due(&held.cluster, now, &options) {
+                self.tell_change(&name, &held.data.state, &state);
+                held.data.move_to(state, &mut tracked.counts);
+                self.publish_states(tracked);
+            }
+        }
+    }
+
+    /// Hands the cluster to the coordinator, which engages the components
+    /// (their informers are created before it returns); false when that
+    /// engagement is gone.
+    fn hand_over(
+        &self,
+        name: &ClusterName,
+        generation: u64,
+        cluster: &Cluster,
+        lifetime: &CancellationToken,
+    ) -> bool {
+        {
+            let mut guard = lock(&self.inner.clusters);
+            let tracked = &mut *guard;
+            let Some(held) = tracked.clusters.current_mut(name, generation) else {
+                return false;
+            };
+            held.data.hand_over();
+            self.tell_change(name, &held.data.state, &ClusterState::Syncing);
+            held.data
+                .move_to(ClusterState::Syncing, &mut tracked.counts);
+            // A failure recorded before the cluster was handed over moved
+            // nothing since the last walk.
+            tracked.quiet_at = None;
+            self.publish_states(tracked);
+        }
+        let components = lock(&self.inner.components).clone();
+        if let Err(err) =
+            self.coordinator()
+                .engage(lifetime.clone(), name.clone(), cluster.clone(), &components)
+        {
+            tracing::error!(cluster = %name, error = %err, "engaging components failed");
+        }
+        true
+    }
+
+    /// Logs and counts `name`'s move from `from` to `to` (a move the
+    /// health walk or the end of bring-up makes).
+    fn tell_change(&self, name: &ClusterName, from: &ClusterState, to: &ClusterState) {
+        match to {
+            ClusterState::Ready if *from == ClusterState::Syncing => {
+                tracing::info!(cluster = %name, "cluster ready");
+            }
+            ClusterState::Ready => tracing::info!(cluster = %name, "cluster works again"),
+            ClusterState::Degraded(reason) | ClusterState::Unreachable(reason) => {
+                tracing::warn!(cluster = %name, state = to.label(), %reason, "cluster is not healthy");
+            }
+            ClusterState::Syncing | ClusterState::Unusable(_) => {}
+        }
+        if from.label() != to.label() {
+            self.inner.metrics.state_changed(to.label());
+        }
+        self.inner.metrics.cluster_state(name, to.label());
     }
 
     fn tracked(&self, name: &ClusterName, generation: u64) -> Option<(Cluster, CancellationToken)> {
@@ -147,18 +185,39 @@ impl Manager {
             .map(|held| (held.cluster.clone(), held.lifetime.clone()))
     }
 
-    fn set_state(&self, name: &ClusterName, generation: u64, state: ClusterState) -> bool {
+    fn check_failed(
+        &self,
+        name: &ClusterName,
+        generation: u64,
+        reason: Redacted,
+        next: tokio::time::Instant,
+    ) -> bool {
         let mut tracked = lock(&self.inner.clusters);
-        let label = state.label();
-        let Some(changed) = tracked.set_state(name, generation, state) else {
+        let Some(changed) = tracked.check_failed(name, generation, reason, next) else {
             return false;
         };
         if changed {
-            self.inner.metrics.state_changed(label);
+            self.inner.metrics.state_changed("unreachable");
         }
-        self.inner.metrics.cluster_state(name, label);
+        self.inner.metrics.cluster_state(name, "unreachable");
         self.publish_states(&tracked);
         true
+    }
+
+    /// Each engaged cluster's state, time in it and failed attempts, for
+    /// the metrics read at each scrape.
+    pub(super) fn cluster_ages(&self) -> Vec<ClusterAge> {
+        let now = Moment::now();
+        lock(&self.inner.clusters)
+            .clusters
+            .iter()
+            .map(|(name, held)| ClusterAge {
+                name: name.clone(),
+                state: held.data.state.label(),
+                in_state: held.data.time_in_state(now.at),
+                failed_attempts: held.data.status(&held.cluster, now).failed_attempts,
+            })
+            .collect()
     }
 
     /// Updates the per-state cluster gauge.
@@ -194,21 +253,15 @@ impl Manager {
         let Tracked {
             clusters, counts, ..
         } = tracked;
-        for (name, held) in clusters.iter_mut().filter(|(_, held)| held.data.engaged) {
+        for (name, held) in clusters.iter_mut().filter(|(_, held)| held.data.handed()) {
             let progress = &mut held.data;
-            let failure = held.cluster.failure();
-            quiet &= failure.is_none() && progress.state == ClusterState::Ready;
-            let state = match failure {
-                Some(failure) if now.duration_since(failure.since) >= options.unhealthy_after => {
-                    ClusterState::from(failure.health())
-                }
-                // Too young to tell a lasting failure from a passing one.
-                Some(_) => continue,
-                None => ClusterState::Ready,
-            };
-            if state == ClusterState::Ready {
-                progress.next_probe = None;
-            } else {
+            let due = progress.due(&held.cluster, now, options);
+            let state = due.as_ref().unwrap_or(&progress.state);
+            quiet &= *state == ClusterState::Ready && held.cluster.failure().is_none();
+            if matches!(
+                state,
+                ClusterState::Degraded(_) | ClusterState::Unreachable(_)
+            ) {
                 let (due, delay) = *progress
                     .next_probe
                     .get_or_insert((now, options.retry_delay));
@@ -223,21 +276,14 @@ impl Manager {
                     progress.next_probe =
                         Some((now + delay, (delay * 2).min(options.max_retry_delay)));
                 }
+            } else {
+                progress.next_probe = None;
             }
-            if progress.state == state {
-                continue;
+            if let Some(state) = due {
+                self.tell_change(name, &progress.state, &state);
+                progress.move_to(state, counts);
+                changed = true;
             }
-            match &state {
-                ClusterState::Ready => tracing::info!(cluster = %name, "cluster works again"),
-                ClusterState::Degraded(reason) | ClusterState::Unreachable(reason) => {
-                    tracing::warn!(cluster = %name, state = state.label(), %reason, "cluster is not healthy");
-                }
-                ClusterState::Syncing | ClusterState::Unusable(_) => {}
-            }
-            self.inner.metrics.state_changed(state.label());
-            self.inner.metrics.cluster_state(name, state.label());
-            progress.move_to(state, counts);
-            changed = true;
         }
         if changed {
             self.publish_states(tracked);
@@ -258,11 +304,7 @@ impl Aware for Manager {
             if tracked.clusters.arrival(&name, &cluster, &lifetime) != Arrival::New {
                 return Ok(());
             }
-            let progress = Progress {
-                state: ClusterState::Syncing,
-                engaged: false,
-                next_probe: None,
-            };
+            let progress = Progress::syncing();
             // A replaced instance's lifetime ends here, so its components
             // let go even if the provider forgot to end it.
             let (held, replaced) =
@@ -297,14 +339,6 @@ impl Aware for Manager {
         });
         Ok(())
     }
-}
-
-/// Whether the cluster answers and its cache has synced.
-async fn probe(cluster: &Cluster) -> Result<(), Redacted> {
-    probe_server(cluster).await?;
-    // Bounded by the caller's sync timeout.
-    cluster.cache().synced().await;
-    Ok(())
 }
 
 /// Whether the cluster's API server answers `/version`; the reason is

@@ -55,6 +55,10 @@ impl Failures {
         let mut reasons = lock(&self.reasons);
         if reasons.get(name) == Some(&reason) {
             tracing::debug!(cluster = %name, %reason, "still cannot add the cluster to the fleet");
+            // Counted as one more attempt in the fleet view.
+            if let Some(metrics) = self.metrics.get() {
+                metrics.fleet().unusable(&self.provider, name, redacted);
+            }
             return;
         }
         tracing::warn!(cluster = %name, %reason, "cannot add the cluster to the fleet");
@@ -143,7 +147,7 @@ mod tests {
             "Secret fleet/a: server said Authorization: Bearer [withheld] was refused"
         );
         let shown = metrics.fleet().unusable_inventory();
-        assert_eq!(shown[0].2.as_str(), kept);
+        assert_eq!(shown[0].1.reason.as_str(), kept);
     }
 
     #[test]

@@ -64,8 +64,23 @@ pub async fn create_config_map(cp: &ControlPlane, name: &str, data: &[(&str, &st
         .expect("create config map");
 }
 
-pub use multicluster_runtime::testing::{Recorder, eventually, run_manager, wait_until_left};
+pub use multicluster_runtime::testing::{
+    Recorder, eventually, run_manager, wait_until_left, wait_until_ready,
+};
 
 pub fn req(cluster: &str, name: &str) -> Request {
     Request::new(cluster, Some("default"), name)
+}
+
+/// How many times a cluster of `manager`'s fleet entered `state`, as
+/// `mcr_cluster_state_changes_total` counts it (a cluster that was ready for
+/// a moment is counted, however briefly).
+pub fn times_entered(manager: &multicluster_runtime::Manager, state: &str) -> u64 {
+    let prefix = format!("mcr_cluster_state_changes_total{{state=\"{state}\"}} ");
+    manager
+        .metrics()
+        .encode()
+        .lines()
+        .find_map(|line| line.strip_prefix(&prefix).map(str::to_string))
+        .map_or(0, |count| count.parse().expect("a count"))
 }

@@ -6,6 +6,8 @@
 //! `cluster` label on reconcile metrics is off by default: fleets can be
 //! large and every label value is a time series.
 
+mod ages;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,6 +19,7 @@ use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
 use crate::ClusterName;
+pub(crate) use ages::{AgeSource, ClusterAge};
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -41,6 +44,8 @@ struct Inner {
     reconcile_time: Family<Labels, Histogram>,
     queue_depth: Family<Labels, Gauge>,
     fleet: crate::fleet::FleetView,
+    /// The manager's clusters, read at each scrape.
+    ages: Arc<Mutex<Option<AgeSource>>>,
 }
 
 impl Default for Metrics {
@@ -130,6 +135,13 @@ impl Metrics {
             "Inventory objects (Secrets, Clusters, ClusterProfiles, contexts) that cannot become clusters now, by provider",
             inventory_failures.clone(),
         );
+        let fleet = crate::fleet::FleetView::new(inventory_failures);
+        let ages = Arc::new(Mutex::new(None));
+        registry.register_collector(Box::new(ages::StateAges {
+            source: ages.clone(),
+            fleet: fleet.clone(),
+            per_cluster_labels,
+        }));
         Self {
             inner: Arc::new(Inner {
                 registry: Mutex::new(registry),
@@ -145,7 +157,8 @@ impl Metrics {
                 reconcile_errors,
                 reconcile_time,
                 queue_depth,
-                fleet: crate::fleet::FleetView::new(inventory_failures),
+                fleet,
+                ages,
             }),
         }
     }
@@ -267,6 +280,12 @@ impl Metrics {
         }
         labels.push(("result", result.to_string()));
         self.inner.reconciles.get_or_create(&labels).inc();
+    }
+
+    /// Reads the engaged clusters' time in state and failed attempts from
+    /// `source` at each scrape (the manager that uses this registry).
+    pub(crate) fn report_ages(&self, source: AgeSource) {
+        *crate::sync::lock(&self.inner.ages) = Some(source);
     }
 
     /// The fleet's summary and unusable inventory, shared with providers.
