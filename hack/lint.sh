@@ -18,3 +18,6 @@ for features in "" health sharding testing; do
     cargo clippy -p multicluster-runtime --lib \
         --no-default-features --features "$features" -- -D warnings
 done
+# The monitoring check's Go source is formatted.
+unformatted=$(gofmt -l hack/monitoring hack/controlplane)
+[ -z "$unformatted" ] || { echo "gofmt: $unformatted" >&2; exit 1; }

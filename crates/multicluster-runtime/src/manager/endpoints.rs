@@ -106,7 +106,7 @@ fn cluster_report(manager: &Manager) -> String {
             };
             let mut line = format!("{name}\t{state}\tsince {}", timestamp(status.since));
             if status.failed_attempts > 0 {
-                line.push_str(&format!("\t{} failed attempts", status.failed_attempts));
+                line.push_str(&format!("\tfailed attempts: {}", status.failed_attempts));
             }
             if let Some(next) = status.next_attempt {
                 line.push_str(&format!("\tnext attempt {}", timestamp(next)));

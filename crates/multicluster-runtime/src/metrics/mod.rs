@@ -306,3 +306,6 @@ impl std::fmt::Debug for Metrics {
         f.debug_struct("Metrics").finish_non_exhaustive()
     }
 }
+
+#[cfg(test)]
+mod monitoring;
