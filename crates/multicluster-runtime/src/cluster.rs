@@ -150,6 +150,16 @@ impl Cluster {
         self.inner.cache.failure().or(requests)
     }
 
+    /// Whether nothing checks the connections of its client: its requests
+    /// are recorded (a client built from a kubeconfig) and its latest
+    /// answer came over HTTP/1.1, whose connections have no pings.
+    pub(crate) fn lacks_pings(&self) -> bool {
+        self.inner
+            .requests
+            .as_ref()
+            .is_some_and(|requests| !requests.over_http2())
+    }
+
     /// The name the provider created the cluster with; used in logs.
     pub fn name(&self) -> &ClusterName {
         &self.inner.name

@@ -49,8 +49,11 @@ fn as_pod(container: &Container, pod: &str) -> Container {
 async fn working_on(address: std::net::SocketAddr) -> BTreeSet<String> {
     let (_, body) = http_get(address, "/clusters").await.unwrap_or_default();
     body.lines()
-        .filter(|line| line.ends_with("worked on here"))
-        .filter_map(|line| line.split('\t').next())
+        .filter_map(|line| {
+            let mut columns = line.split('\t');
+            let (name, state) = (columns.next()?, columns.next()?);
+            state.ends_with("worked on here").then_some(name)
+        })
         .filter(|name| name.starts_with("team-"))
         .map(str::to_string)
         .collect()

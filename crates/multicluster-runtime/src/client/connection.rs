@@ -30,9 +30,14 @@
 //! deadlines as the others. Connecting as a whole (TCP, the proxy's
 //! `CONNECT` and TLS) has one deadline, [`ClientOptions::connect_timeout`]:
 //! a server or proxy that accepts the TCP connection and then says nothing
-//! fails the attempt instead of holding it. Plain-HTTP servers, proxies
-//! reached over HTTPS or SOCKS, and `http2: false` keep kube-rs's stack
-//! (HTTP/1.1).
+//! fails the attempt instead of holding it. With `http2: false`, or a
+//! server that does not offer HTTP/2, the same stack speaks HTTP/1.1:
+//! deadlines and retries as above, but no pings, so the manager probes such
+//! clusters instead (every 30 s, 15 s to answer: a silent partition is
+//! found as soon as over HTTP/2). Every connection of this stack has TCP
+//! keep-alive besides (a minute to give up on a peer gone without a word).
+//! Plain-HTTP servers and proxies reached over HTTPS or SOCKS keep
+//! kube-rs's stack (HTTP/1.1), with the manager's probes.
 //!
 //! [`ClientOptions::connect_timeout`]: super::ClientOptions::connect_timeout
 //!
@@ -67,7 +72,7 @@ use hyper_util::client::proxy::matcher::Matcher;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use kube::client::{Body, ClientBuilder, ConfigExt, DynBody};
 use rustls::pki_types::ServerName;
-use tower::util::BoxService;
+use tower::util::{BoxService, Either};
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
 use super::resend::Resend;
@@ -81,6 +86,13 @@ const PING_INTERVAL: Duration = Duration::from_secs(30);
 /// How long a ping may go unanswered before the connection is closed
 /// (client-go's `PingTimeout`).
 const PING_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// TCP keep-alive: the first probe after this long without traffic, then
+/// one every [`TCP_KEEPALIVE_INTERVAL`], the connection given up after
+/// [`TCP_KEEPALIVE_PROBES`] unanswered (a minute in all).
+const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
+const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
+const TCP_KEEPALIVE_PROBES: u32 = 3;
 
 /// How many idle connections a client keeps to a server that speaks only
 /// HTTP/1.1 (one that speaks HTTP/2 needs one connection in all): enough
@@ -132,8 +144,9 @@ impl Timer for CoalescingTimer {
 }
 
 /// A client builder for `config`: HTTP/2 when `http2` is set and the
-/// server offers it (ALPN), HTTP/1.1 otherwise. `config.proxy_url` is the
-/// proxy [`super::proxy`] picked, if any.
+/// server offers it (ALPN), HTTP/1.1 otherwise (one stack either way, but
+/// for plain HTTP and proxies other than HTTP ones). `config.proxy_url` is
+/// the proxy [`super::proxy`] picked, if any.
 pub(crate) fn builder(
     config: kube::Config,
     http2: bool,
@@ -149,12 +162,19 @@ pub(crate) fn builder(
         // kube-rs's stack says what is wrong with it.
         Some(Err(_)) => return ClientBuilder::try_from(config),
     };
-    if !http2 || !https || tunnelled == Some(false) {
+    if !https || tunnelled == Some(false) {
         return ClientBuilder::try_from(config);
     }
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
+    // Found by the kernel: a peer gone without a word (a host that died, a
+    // link or a NAT entry that dropped the connection). A silent relay still
+    // answers these; the manager's liveness probes find that on HTTP/1.1,
+    // pings on HTTP/2.
+    http.set_keepalive(Some(TCP_KEEPALIVE_IDLE));
+    http.set_keepalive_interval(Some(TCP_KEEPALIVE_INTERVAL));
+    http.set_keepalive_retries(Some(TCP_KEEPALIVE_PROBES));
     let mut tls = config.rustls_client_config()?;
     // No TLS session is kept for resumption, as client-go keeps none: the
     // connection lasts as long as it works, and the reconnects that follow
@@ -168,20 +188,23 @@ pub(crate) fn builder(
     if let Some(name) = server_name {
         tls = tls.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
     }
-    let tls = tls.enable_http1().enable_http2();
     let deadline = config.connect_timeout;
-    match config.proxy_url.clone() {
+    // One error type for both, as `Either` asks.
+    let inner = match config.proxy_url.clone() {
         Some(proxy) => {
-            let tunnel = tunnel(&proxy, &config.cluster_url, http);
-            stack(
-                config,
-                ConnectDeadline::new(tls.wrap_connector(tunnel), deadline),
-            )
+            Either::Right(tunnel(&proxy, &config.cluster_url, http).map_err(BoxError::from))
         }
-        None => stack(
+        None => Either::Left(http.map_err(BoxError::from)),
+    };
+    let tls = tls.enable_http1();
+    if http2 {
+        let tls = tls.enable_http2().wrap_connector(inner);
+        stack(config, ConnectDeadline::new(tls, deadline))
+    } else {
+        stack(
             config,
-            ConnectDeadline::new(tls.wrap_connector(http), deadline),
-        ),
+            ConnectDeadline::new(tls.wrap_connector(inner), deadline),
+        )
     }
 }
 

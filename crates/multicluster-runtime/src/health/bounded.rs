@@ -64,6 +64,12 @@ impl<S> tower::Layer<S> for BoundedLayer {
     }
 }
 
+/// A deadline of its own for one request (an extension of the request),
+/// in place of the client's: the manager's liveness probes take 15 s, as
+/// an HTTP/2 ping may.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct RequestDeadline(pub(crate) Duration);
+
 /// Gives each request that is not long-running a deadline, and records
 /// how requests end: unanswered, refused, or answered.
 pub(crate) struct Bounded<S> {
@@ -90,7 +96,10 @@ where
     }
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
-        let deadline = self.timeout.filter(|_| !is_long_running(&request));
+        let deadline = match request.extensions().get::<RequestDeadline>() {
+            Some(RequestDeadline(own)) => Some(*own),
+            None => self.timeout.filter(|_| !is_long_running(&request)),
+        };
         let kind = RequestKind::of(&request);
         let call = self.inner.call(request);
         let (requests, server) = (self.requests.clone(), self.server.clone());
@@ -103,7 +112,10 @@ where
                 None => call.await.map_err(Into::into),
             };
             match &result {
-                Ok(response) => requests.answered(&kind, response.status()),
+                Ok(response) => {
+                    requests.answered_over(response.version());
+                    requests.answered(&kind, response.status());
+                }
                 Err(err) if is_unreachable(err.as_ref()) => {
                     requests.unreachable(Redacted::unreachable(&server, err.as_ref()));
                 }

@@ -33,8 +33,8 @@ use tokio::time::Instant;
 
 use crate::redact::Redacted;
 
-pub(crate) use bounded::BoundedLayer;
 pub use bounded::RequestTimedOut;
+pub(crate) use bounded::{BoundedLayer, RequestDeadline};
 pub use requests::REFUSAL_MEMORY;
 pub(crate) use requests::Requests;
 

@@ -28,6 +28,10 @@ struct RequestOutcomes {
     /// every second, and a healthy one (nearly all of them) answers without
     /// a lock.
     failing: FailingFlag,
+    /// Whether the latest answer came over HTTP/2, whose connection is
+    /// checked with pings; over HTTP/1.1 nothing notices a connection that
+    /// stopped carrying anything, so the manager probes such clusters.
+    over_http2: std::sync::atomic::AtomicBool,
 }
 
 /// What is failing in a client's requests, by cause.
@@ -105,6 +109,19 @@ impl Requests {
             failures.refused.remove(&what.key());
         }
         self.0.failing.set(!failures.is_empty());
+    }
+
+    /// An answer came over `version` of HTTP.
+    pub(super) fn answered_over(&self, version: http::Version) {
+        self.0.over_http2.store(
+            version == http::Version::HTTP_2,
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// Whether the latest answer came over HTTP/2 (false before any).
+    pub(crate) fn over_http2(&self) -> bool {
+        self.0.over_http2.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A request got no answer: `reason` says why.

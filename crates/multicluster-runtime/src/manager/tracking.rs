@@ -18,6 +18,13 @@ use crate::{Aware, Cluster, ClusterName, Error};
 /// How often engaged clusters' health is looked at.
 const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 
+/// How often a cluster whose connections have no pings is probed, and how
+/// long its answer may take: an HTTP/2 connection's ping interval and
+/// timeout (client-go's), so that a silent partition is found in the same
+/// time over HTTP/1.1.
+const LIVENESS_INTERVAL: Duration = Duration::from_secs(30);
+const LIVENESS_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// The engaged clusters, and how many are in each state (kept as states
 /// change, so publishing the counts never walks the fleet).
 #[derive(Default)]
@@ -226,15 +233,54 @@ impl Manager {
     }
 
     /// Brings each engaged cluster's state in line with its health every
-    /// [`HEALTH_CHECK_INTERVAL`] until `stop` fires.
+    /// [`HEALTH_CHECK_INTERVAL`], and probes the clusters whose connections
+    /// nothing checks every [`LIVENESS_INTERVAL`], until `stop` fires.
     pub(super) async fn watch_health(self, stop: CancellationToken) {
         let mut ticks = tokio::time::interval(HEALTH_CHECK_INTERVAL);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        let mut liveness = tokio::time::interval(LIVENESS_INTERVAL);
+        liveness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
                 _ = ticks.tick() => self.check_health(),
+                _ = liveness.tick() => self.probe_liveness(),
             }
+        }
+    }
+
+    /// Asks each handed-over cluster that is ready or degraded, and whose
+    /// client's connections have no pings (HTTP/1.1), whether its server
+    /// answers, within [`LIVENESS_TIMEOUT`]. Over HTTP/1.1 a connection
+    /// that silently stopped carrying anything (a partition, a middlebox
+    /// that dropped it) holds its watch forever; the probe's missing answer
+    /// is recorded as any request's, so the cluster turns unreachable as a
+    /// member on HTTP/2 does when its ping goes unanswered. Unreachable
+    /// clusters are probed by the health walk already.
+    fn probe_liveness(&self) {
+        let due: Vec<Cluster> = lock(&self.inner.clusters)
+            .clusters
+            .iter()
+            .filter(|(_, held)| {
+                held.data.handed()
+                    && matches!(
+                        held.data.state,
+                        ClusterState::Ready | ClusterState::Degraded(_)
+                    )
+                    && held.cluster.lacks_pings()
+            })
+            .map(|(_, held)| held.cluster.clone())
+            .collect();
+        for cluster in due {
+            tokio::spawn(async move {
+                // The request's own deadline ends it; this one only bounds
+                // what a misbehaving client could hold.
+                let _ = tokio::time::timeout(
+                    LIVENESS_TIMEOUT * 2,
+                    probe_server_within(&cluster, Some(LIVENESS_TIMEOUT)),
+                )
+                .await;
+            });
         }
     }
 
@@ -346,9 +392,23 @@ impl Aware for Manager {
 /// that cannot be reached is named, as the cluster's request record names
 /// it (clients built from kubeconfigs).
 async fn probe_server(cluster: &Cluster) -> Result<(), Redacted> {
-    let request = http::Request::get("/version")
+    probe_server_within(cluster, None).await
+}
+
+/// [`probe_server`], the request given `deadline` instead of the client's
+/// (for clients whose requests are recorded, the failure is recorded too).
+async fn probe_server_within(
+    cluster: &Cluster,
+    deadline: Option<Duration>,
+) -> Result<(), Redacted> {
+    let mut request = http::Request::get("/version")
         .body(Vec::new())
         .map_err(|err| Redacted::ours(format!("building the request: {err}")))?;
+    if let Some(deadline) = deadline {
+        request
+            .extensions_mut()
+            .insert(crate::health::RequestDeadline(deadline));
+    }
     cluster
         .client()
         .request_text(request)
