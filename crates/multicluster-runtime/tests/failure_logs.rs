@@ -19,9 +19,10 @@ use multicluster_runtime::controller::finalizer::{Event, finalizer};
 use multicluster_runtime::controller::{Action, Controller, Watch};
 use multicluster_runtime::{Cluster, Manager};
 
-/// The `error` field of every "reconcile failed" warning.
+/// The `error` field of every "reconcile failed" warning, and how many
+/// retries that failed again were told at debug level.
 #[derive(Clone, Default)]
-struct Failures(Arc<Mutex<Vec<String>>>);
+struct Failures(Arc<Mutex<Vec<String>>>, Arc<Mutex<usize>>);
 
 struct Fields {
     message: String,
@@ -49,16 +50,20 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Failures {
             error: String::new(),
         };
         event.record(&mut fields);
-        if *event.metadata().level() == tracing::Level::WARN && fields.message == "reconcile failed"
-        {
+        let level = *event.metadata().level();
+        if level == tracing::Level::WARN && fields.message == "reconcile failed" {
             self.0.lock().expect("lock").push(fields.error);
+        } else if level == tracing::Level::DEBUG && fields.message == "reconcile failed again" {
+            *self.1.lock().expect("lock") += 1;
         }
     }
 }
 
 /// A reconciler inside `controller::finalizer` whose member write is
 /// refused (403): the warning names the 403 and what was refused, not only
-/// the finalizer helper's "reconcile failed".
+/// the finalizer helper's "reconcile failed"; retried with backoff for the
+/// same reason, it is warned about once, its retries told at debug level
+/// (each was a warning before).
 #[tokio::test]
 async fn a_refused_write_inside_a_finalizer_is_logged_with_its_cause() {
     use tracing_subscriber::layer::SubscriberExt;
@@ -139,6 +144,27 @@ async fn a_refused_write_inside_a_finalizer_is_logged_with_its_cause() {
             && logged.contains("User \"robot\" cannot create resource \"secrets\""),
         "{logged}"
     );
+    // Retried after 5 ms doubling: eight failures within a couple of
+    // seconds, one warning among them.
+    eventually("the reconcile to fail eight times", || async {
+        reconcile_errors(&manager) >= 8
+    })
+    .await;
+    assert_eq!(failures.0.lock().expect("lock").len(), 1);
+    assert!(*failures.1.lock().expect("lock") >= 7);
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
+}
+
+/// Failed reconciles of the controller, as its metric counts them.
+fn reconcile_errors(manager: &Manager) -> u64 {
+    manager
+        .metrics()
+        .encode()
+        .lines()
+        .find_map(|line| {
+            line.strip_prefix(r#"controller_runtime_reconcile_errors_total{controller="guarded"} "#)
+        })
+        .and_then(|count| count.parse().ok())
+        .unwrap_or_default()
 }

@@ -244,7 +244,7 @@ impl Controller {
 
     fn disengage(&self, name: &ClusterName, generation: u64) {
         if lock(&self.inner.clusters).end(name, generation).is_some() {
-            self.inner.work.queue().disengage(name);
+            self.inner.work.disengage(name);
             tracing::info!(controller = %self.inner.name, cluster = %name, "controller stopped watching the cluster");
             if let Some(owed) = &self.inner.owed_on_disengage {
                 for request in owed(name, self) {

@@ -10,9 +10,10 @@
 //! keys are served in turn by their `cluster` field. A slow key holds only
 //! its own slot.
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -25,7 +26,10 @@ use tracing::Instrument;
 use super::queue::{Outcome, Queue};
 use super::settings::{Chosen, ControllerDefaults, Settled};
 use super::{Action, Backoff, ReconcileError, Request};
+use crate::health::repeats::{Repeats, Telling};
 use crate::metrics::Metrics;
+use crate::redact::Redacted;
+use crate::sync::lock;
 
 /// How long work that was cancelled at shutdown may take to let go (its
 /// futures are dropped, which stops what they started).
@@ -48,6 +52,11 @@ struct Inner {
     /// Set by the builder, else by a manager, else a private registry on
     /// first use.
     metrics: OnceLock<Metrics>,
+    /// What was logged of each failing key's failures since it last
+    /// succeeded: a key that keeps failing for one reason is a warning,
+    /// then a reminder every five minutes ([`crate::health::repeats`]), not
+    /// a warning per retry.
+    told: Mutex<HashMap<Request, Repeats>>,
 }
 
 /// Builds a [`WorkQueue`].
@@ -176,6 +185,7 @@ impl WorkQueueBuilder {
                 queue: Arc::new(queue),
                 error_policy: self.error_policy,
                 metrics: self.metrics.map(OnceLock::from).unwrap_or_default(),
+                told: Mutex::default(),
             }),
         }
     }
@@ -216,6 +226,29 @@ impl WorkQueue {
 
     pub(crate) fn queue(&self) -> &Arc<Queue> {
         &self.inner.queue
+    }
+
+    /// `cluster` left: its keys are dropped, and what was told of their
+    /// failures with them.
+    pub(crate) fn disengage(&self, cluster: &crate::ClusterName) {
+        self.inner.queue.disengage(cluster);
+        lock(&self.inner.told).retain(|key, _| key.cluster != *cluster);
+    }
+
+    /// How to tell `key`'s failure for `reason`.
+    fn tell_failure(&self, key: &Request, reason: &Redacted) -> Telling {
+        lock(&self.inner.told)
+            .entry(key.clone())
+            .or_default()
+            .tell(reason, std::time::Instant::now())
+    }
+
+    /// `key` ended without failing: its next failure is news.
+    fn settled(&self, key: &Request) {
+        let mut told = lock(&self.inner.told);
+        if !told.is_empty() {
+            told.remove(key);
+        }
     }
 
     /// Records metrics in `metrics` unless the queue already has a registry.
@@ -303,18 +336,28 @@ impl WorkQueue {
                     let (label, outcome) = match result {
                         Some(Ok(Ok(action))) => {
                             tracing::debug!(?elapsed, ?action, "reconciled");
+                            this.settled(&key);
                             ("success", Outcome::Settled(action.requeue_after()))
                         }
                         Some(Ok(Err(err))) if is_terminal(err.as_ref()) => {
                             // With every cause: a wrapper (the finalizer
                             // helper's, say) says little by itself.
-                            let error = crate::redact::Redacted::error(err.as_ref());
+                            let error = Redacted::error(err.as_ref());
                             tracing::error!(%error, "reconcile failed; not retried until queued again");
+                            this.settled(&key);
                             ("terminal", Outcome::Settled(None))
                         }
                         Some(Ok(Err(err))) => {
-                            let error = crate::redact::Redacted::error(err.as_ref());
-                            tracing::warn!(%error, "reconcile failed");
+                            let error = Redacted::error(err.as_ref());
+                            match this.tell_failure(&key, &error) {
+                                Telling::New => tracing::warn!(%error, "reconcile failed"),
+                                Telling::Reminder(attempts) => {
+                                    tracing::warn!(%error, attempts, "reconcile still failing");
+                                }
+                                Telling::Repeat(attempts) => {
+                                    tracing::debug!(%error, attempts, "reconcile failed again");
+                                }
+                            }
                             match policy.and_then(|policy| (policy.0)(&key, &err)) {
                                 Some(action) => ("error", Outcome::Settled(action.requeue_after())),
                                 None => ("error", Outcome::BackOff),
@@ -325,10 +368,18 @@ impl WorkQueue {
                             ("error", Outcome::BackOff)
                         }
                         None => {
-                            tracing::warn!(
-                                ?elapsed,
-                                "reconcile cancelled: it ran past its deadline"
-                            );
+                            let reason = Redacted::ours(format!(
+                                "it ran past its deadline ({:?})",
+                                timeout.unwrap_or_default()
+                            ));
+                            match this.tell_failure(&key, &reason) {
+                                Telling::New | Telling::Reminder(_) => {
+                                    tracing::warn!(?elapsed, "reconcile cancelled: it ran past its deadline");
+                                }
+                                Telling::Repeat(attempts) => {
+                                    tracing::debug!(?elapsed, attempts, "reconcile cancelled again: it ran past its deadline");
+                                }
+                            }
                             ("timeout", Outcome::BackOff)
                         }
                     };
