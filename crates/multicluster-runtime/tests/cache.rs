@@ -213,3 +213,43 @@ async fn a_controller_reconciles_a_type_watched_metadata_only() {
     stop.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// Clients built from kubeconfigs give up a watch that asked for bookmarks
+/// (the cache's do) after 150 s without a byte, so that one whose HTTP/1.1
+/// connection silently stopped carrying anything starts over. That is safe
+/// only if the API server speaks on a quiet watch well within it: it sends
+/// a bookmark about every minute (`defaultBookmarkFrequency` of its watch
+/// cache). Checked here on a watch where nothing changes.
+#[tokio::test]
+async fn a_quiet_watch_with_bookmarks_hears_from_the_server_within_the_idle_bound() {
+    use kube::api::{WatchEvent, WatchParams};
+    let cp = ControlPlane::start().await.expect("control plane");
+    let api: Api<ConfigMap> = Api::namespaced(cp.client().await.expect("client"), "default");
+    let version = api
+        .list_metadata(&Default::default())
+        .await
+        .expect("list")
+        .metadata
+        .resource_version
+        .expect("a resource version");
+    let started = tokio::time::Instant::now();
+    let events = api
+        .watch(&WatchParams::default().timeout(290), &version)
+        .await
+        .expect("watch");
+    let mut events = std::pin::pin!(events);
+    let bookmark = tokio::time::timeout(Duration::from_secs(100), async {
+        while let Some(event) = events.next().await {
+            if matches!(event, Ok(WatchEvent::Bookmark(_))) {
+                return;
+            }
+        }
+        panic!("the watch ended");
+    })
+    .await;
+    assert!(
+        bookmark.is_ok(),
+        "no bookmark within 100 s on a quiet watch (the idle bound is 150 s)"
+    );
+    eprintln!("first bookmark after {:?}", started.elapsed());
+}

@@ -4,7 +4,9 @@
 //! The deadline is for the response's head; its body then has as long
 //! between two pieces (`tower_http`'s `TimeoutBody`), so an answer cut off
 //! by a server that stops mid-body (a paused or hung API server) fails too
-//! instead of waiting for the connection's keep-alive to give up.
+//! instead of waiting for the connection's keep-alive to give up. A watch
+//! has no deadline, but one that asked for bookmarks (the cache's watches
+//! do) is given up after [`WATCH_IDLE_TIMEOUT`] without a byte.
 
 use std::error::Error as StdError;
 use std::sync::Arc;
@@ -40,6 +42,21 @@ fn is_long_running<B>(request: &Request<B>) -> bool {
         || ["/exec", "/attach", "/portforward", "/proxy"]
             .iter()
             .any(|end| path.ends_with(end) || path.contains(&format!("{end}/")))
+}
+
+/// How long a watch that asked for bookmarks may go without a byte before
+/// it is given up: the API server's watch cache sends each such watch a
+/// bookmark about every minute (`defaultBookmarkFrequency`), so a healthy
+/// watch never waits this long, while one whose connection silently
+/// stopped carrying anything (HTTP/1.1 has no pings) starts over instead of
+/// waiting forever.
+pub(crate) const WATCH_IDLE_TIMEOUT: Duration = Duration::from_secs(150);
+
+/// Whether `request` is a watch that asked for bookmarks.
+fn is_bookmarked_watch<B>(request: &Request<B>) -> bool {
+    let query = request.uri().query().unwrap_or_default();
+    let has = |wanted: &[&str]| query.split('&').any(|pair| wanted.contains(&pair));
+    has(&["watch=true", "watch=1"]) && has(&["allowWatchBookmarks=true"])
 }
 
 /// The layer of [`Bounded`].
@@ -100,6 +117,10 @@ where
             Some(RequestDeadline(own)) => Some(*own),
             None => self.timeout.filter(|_| !is_long_running(&request)),
         };
+        // Between two pieces of the body: the deadline, or for a watch
+        // with bookmarks the idle bound.
+        let quiet_at_most =
+            deadline.or_else(|| is_bookmarked_watch(&request).then_some(WATCH_IDLE_TIMEOUT));
         let kind = RequestKind::of(&request);
         let call = self.inner.call(request);
         let (requests, server) = (self.requests.clone(), self.server.clone());
@@ -122,7 +143,7 @@ where
                 Err(_) => {}
             }
             result.map(|response| {
-                response.map(|body| match deadline {
+                response.map(|body| match quiet_at_most {
                     Some(after) => Either::Left(TimeoutBody::new(after, body)),
                     None => Either::Right(body),
                 })
@@ -193,6 +214,22 @@ mod tests {
         let mut body = std::pin::pin!(response.expect("the head arrives").into_body());
         let quiet = tokio::time::timeout(Duration::from_secs(600), body.frame()).await;
         assert!(quiet.is_err(), "a watch has no deadline");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_watch_with_bookmarks_that_hears_nothing_for_its_idle_bound_fails() {
+        let mut client = bounded(stalls_after_the_head(), Duration::from_secs(3));
+        let request = Request::get(
+            "/api/v1/configmaps?allowWatchBookmarks=true&resourceVersion=1&timeoutSeconds=290&watch=true",
+        )
+        .body(Body::empty())
+        .expect("request");
+        let response = client.ready().await.expect("ready").call(request).await;
+        let body = response.expect("the head arrives").into_body();
+        let started = tokio::time::Instant::now();
+        let read = tokio::time::timeout(WATCH_IDLE_TIMEOUT * 2, body.collect()).await;
+        assert!(matches!(read, Ok(Err(_))), "given up at the idle bound");
+        assert_eq!(started.elapsed(), WATCH_IDLE_TIMEOUT);
     }
 
     fn request(uri: &str) -> Request<()> {
