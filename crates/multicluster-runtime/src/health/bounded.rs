@@ -5,8 +5,8 @@
 //! between two pieces (`tower_http`'s `TimeoutBody`), so an answer cut off
 //! by a server that stops mid-body (a paused or hung API server) fails too
 //! instead of waiting for the connection's keep-alive to give up. A watch
-//! has no deadline, but one that asked for bookmarks (the cache's watches
-//! do) is given up after [`WATCH_IDLE_TIMEOUT`] without a byte.
+//! has no deadline, but one that names its `timeoutSeconds` (the cache's
+//! do) is given up when silent for that and [`WATCH_IDLE_MARGIN`].
 
 use std::error::Error as StdError;
 use std::sync::Arc;
@@ -44,19 +44,26 @@ fn is_long_running<B>(request: &Request<B>) -> bool {
             .any(|end| path.ends_with(end) || path.contains(&format!("{end}/")))
 }
 
-/// How long a watch that asked for bookmarks may go without a byte before
-/// it is given up: the API server's watch cache sends each such watch a
-/// bookmark about every minute (`defaultBookmarkFrequency`), so a healthy
-/// watch never waits this long, while one whose connection silently
-/// stopped carrying anything (HTTP/1.1 has no pings) starts over instead of
-/// waiting forever.
-pub(crate) const WATCH_IDLE_TIMEOUT: Duration = Duration::from_secs(150);
+/// How long after its own `timeoutSeconds` a watch may go without a byte
+/// before it is given up. The API server ends every watch at its
+/// `timeoutSeconds` (kube-runtime's watcher asks for 290 s), whatever
+/// serves it (the watch cache, or etcd, whose progress notifications come
+/// only every 10 minutes), so on a working connection a watch is never
+/// silent longer; one left on a connection that silently stopped carrying
+/// anything (HTTP/1.1 has no pings) starts over instead of waiting forever.
+pub(crate) const WATCH_IDLE_MARGIN: Duration = Duration::from_secs(30);
 
-/// Whether `request` is a watch that asked for bookmarks.
-fn is_bookmarked_watch<B>(request: &Request<B>) -> bool {
+/// How long `request`'s body may stay silent, when it is a watch that
+/// names its `timeoutSeconds`: that and [`WATCH_IDLE_MARGIN`].
+fn watch_idle_bound<B>(request: &Request<B>) -> Option<Duration> {
     let query = request.uri().query().unwrap_or_default();
-    let has = |wanted: &[&str]| query.split('&').any(|pair| wanted.contains(&pair));
-    has(&["watch=true", "watch=1"]) && has(&["allowWatchBookmarks=true"])
+    let mut pairs = query.split('&');
+    let watch = query
+        .split('&')
+        .any(|pair| matches!(pair, "watch=true" | "watch=1"));
+    let seconds = pairs.find_map(|pair| pair.strip_prefix("timeoutSeconds="))?;
+    let seconds: u64 = seconds.parse().ok().filter(|_| watch)?;
+    Some(Duration::from_secs(seconds) + WATCH_IDLE_MARGIN)
 }
 
 /// The layer of [`Bounded`].
@@ -118,9 +125,8 @@ where
             None => self.timeout.filter(|_| !is_long_running(&request)),
         };
         // Between two pieces of the body: the deadline, or for a watch
-        // with bookmarks the idle bound.
-        let quiet_at_most =
-            deadline.or_else(|| is_bookmarked_watch(&request).then_some(WATCH_IDLE_TIMEOUT));
+        // its idle bound.
+        let quiet_at_most = deadline.or_else(|| watch_idle_bound(&request));
         let kind = RequestKind::of(&request);
         let call = self.inner.call(request);
         let (requests, server) = (self.requests.clone(), self.server.clone());
@@ -217,7 +223,7 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_watch_with_bookmarks_that_hears_nothing_for_its_idle_bound_fails() {
+    async fn a_watch_silent_past_its_own_timeout_and_the_margin_fails() {
         let mut client = bounded(stalls_after_the_head(), Duration::from_secs(3));
         let request = Request::get(
             "/api/v1/configmaps?allowWatchBookmarks=true&resourceVersion=1&timeoutSeconds=290&watch=true",
@@ -227,9 +233,10 @@ mod tests {
         let response = client.ready().await.expect("ready").call(request).await;
         let body = response.expect("the head arrives").into_body();
         let started = tokio::time::Instant::now();
-        let read = tokio::time::timeout(WATCH_IDLE_TIMEOUT * 2, body.collect()).await;
+        let bound = Duration::from_secs(290) + WATCH_IDLE_MARGIN;
+        let read = tokio::time::timeout(bound * 2, body.collect()).await;
         assert!(matches!(read, Ok(Err(_))), "given up at the idle bound");
-        assert_eq!(started.elapsed(), WATCH_IDLE_TIMEOUT);
+        assert_eq!(started.elapsed(), bound);
     }
 
     fn request(uri: &str) -> Request<()> {
