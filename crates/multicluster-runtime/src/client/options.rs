@@ -21,9 +21,8 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// forever; these clients give every request that is not long-running a
 /// deadline. Watches, followed logs and exec, attach, port-forward and
 /// proxy sessions have none here (a watch ends on the server after its
-/// `timeoutSeconds`); a watch silent for its `timeoutSeconds` and 30 s
-/// more is given up, as only a dead connection is that quiet, so one whose
-/// connection silently stopped carrying anything starts over.
+/// `timeoutSeconds`, and kube-runtime's watcher gives up one silent 5 s
+/// longer, as only a dead connection is).
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct ClientOptions {

@@ -4,9 +4,10 @@
 //! The deadline is for the response's head; its body then has as long
 //! between two pieces (`tower_http`'s `TimeoutBody`), so an answer cut off
 //! by a server that stops mid-body (a paused or hung API server) fails too
-//! instead of waiting for the connection's keep-alive to give up. A watch
-//! has no deadline, but one that names its `timeoutSeconds` (the cache's
-//! do) is given up when silent for that and [`WATCH_IDLE_MARGIN`].
+//! instead of waiting for the connection's keep-alive to give up. Watches
+//! have none: kube-runtime's watcher gives one up when it has been silent
+//! for its `timeoutSeconds` and 5 s more (295 s), which only a dead
+//! connection is, as the server ends every watch at its timeout.
 
 use std::error::Error as StdError;
 use std::sync::Arc;
@@ -42,28 +43,6 @@ fn is_long_running<B>(request: &Request<B>) -> bool {
         || ["/exec", "/attach", "/portforward", "/proxy"]
             .iter()
             .any(|end| path.ends_with(end) || path.contains(&format!("{end}/")))
-}
-
-/// How long after its own `timeoutSeconds` a watch may go without a byte
-/// before it is given up. The API server ends every watch at its
-/// `timeoutSeconds` (kube-runtime's watcher asks for 290 s), whatever
-/// serves it (the watch cache, or etcd, whose progress notifications come
-/// only every 10 minutes), so on a working connection a watch is never
-/// silent longer; one left on a connection that silently stopped carrying
-/// anything (HTTP/1.1 has no pings) starts over instead of waiting forever.
-pub(crate) const WATCH_IDLE_MARGIN: Duration = Duration::from_secs(30);
-
-/// How long `request`'s body may stay silent, when it is a watch that
-/// names its `timeoutSeconds`: that and [`WATCH_IDLE_MARGIN`].
-fn watch_idle_bound<B>(request: &Request<B>) -> Option<Duration> {
-    let query = request.uri().query().unwrap_or_default();
-    let mut pairs = query.split('&');
-    let watch = query
-        .split('&')
-        .any(|pair| matches!(pair, "watch=true" | "watch=1"));
-    let seconds = pairs.find_map(|pair| pair.strip_prefix("timeoutSeconds="))?;
-    let seconds: u64 = seconds.parse().ok().filter(|_| watch)?;
-    Some(Duration::from_secs(seconds) + WATCH_IDLE_MARGIN)
 }
 
 /// The layer of [`Bounded`].
@@ -124,9 +103,6 @@ where
             Some(RequestDeadline(own)) => Some(*own),
             None => self.timeout.filter(|_| !is_long_running(&request)),
         };
-        // Between two pieces of the body: the deadline, or for a watch
-        // its idle bound.
-        let quiet_at_most = deadline.or_else(|| watch_idle_bound(&request));
         let kind = RequestKind::of(&request);
         let call = self.inner.call(request);
         let (requests, server) = (self.requests.clone(), self.server.clone());
@@ -149,7 +125,7 @@ where
                 Err(_) => {}
             }
             result.map(|response| {
-                response.map(|body| match quiet_at_most {
+                response.map(|body| match deadline {
                     Some(after) => Either::Left(TimeoutBody::new(after, body)),
                     None => Either::Right(body),
                 })
@@ -220,23 +196,6 @@ mod tests {
         let mut body = std::pin::pin!(response.expect("the head arrives").into_body());
         let quiet = tokio::time::timeout(Duration::from_secs(600), body.frame()).await;
         assert!(quiet.is_err(), "a watch has no deadline");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_watch_silent_past_its_own_timeout_and_the_margin_fails() {
-        let mut client = bounded(stalls_after_the_head(), Duration::from_secs(3));
-        let request = Request::get(
-            "/api/v1/configmaps?allowWatchBookmarks=true&resourceVersion=1&timeoutSeconds=290&watch=true",
-        )
-        .body(Body::empty())
-        .expect("request");
-        let response = client.ready().await.expect("ready").call(request).await;
-        let body = response.expect("the head arrives").into_body();
-        let started = tokio::time::Instant::now();
-        let bound = Duration::from_secs(290) + WATCH_IDLE_MARGIN;
-        let read = tokio::time::timeout(bound * 2, body.collect()).await;
-        assert!(matches!(read, Ok(Err(_))), "given up at the idle bound");
-        assert_eq!(started.elapsed(), bound);
     }
 
     fn request(uri: &str) -> Request<()> {
