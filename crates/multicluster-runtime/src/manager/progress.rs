@@ -49,6 +49,9 @@ pub(super) struct Progress {
     /// When an unhealthy engaged cluster is probed next, and the delay
     /// after that.
     pub(super) next_probe: Option<(Instant, Duration)>,
+    /// When a healthy one whose connections have no pings is asked next
+    /// whether it answers.
+    pub(super) next_liveness_probe: Option<Instant>,
 }
 
 impl Progress {
@@ -61,6 +64,7 @@ impl Progress {
             checks_failed: 0,
             next_check: None,
             next_probe: None,
+            next_liveness_probe: None,
         }
     }
 

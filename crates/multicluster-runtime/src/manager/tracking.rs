@@ -234,17 +234,17 @@ impl Manager {
 
     /// Brings each engaged cluster's state in line with its health every
     /// [`HEALTH_CHECK_INTERVAL`], and probes the clusters whose connections
-    /// nothing checks every [`LIVENESS_INTERVAL`], until `stop` fires.
+    /// nothing checks every [`LIVENESS_INTERVAL`] each, until `stop` fires.
     pub(super) async fn watch_health(self, stop: CancellationToken) {
         let mut ticks = tokio::time::interval(HEALTH_CHECK_INTERVAL);
         ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
-        let mut liveness = tokio::time::interval(LIVENESS_INTERVAL);
-        liveness.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
-                _ = ticks.tick() => self.check_health(),
-                _ = liveness.tick() => self.probe_liveness(),
+                _ = ticks.tick() => {
+                    self.check_health();
+                    self.probe_liveness();
+                }
             }
         }
     }
@@ -257,20 +257,35 @@ impl Manager {
     /// is recorded as any request's, so the cluster turns unreachable as a
     /// member on HTTP/2 does when its ping goes unanswered. Unreachable
     /// clusters are probed by the health walk already.
+    ///
+    /// Each cluster is probed on its own schedule, [`LIVENESS_INTERVAL`]
+    /// after its last probe (or its hand-over), so a fleet's probes spread
+    /// over the interval rather than leaving together.
     fn probe_liveness(&self) {
-        let due: Vec<Cluster> = lock(&self.inner.clusters)
-            .clusters
-            .iter()
-            .filter(|(_, held)| {
-                held.data.handed()
-                    && matches!(
-                        held.data.state,
-                        ClusterState::Ready | ClusterState::Degraded(_)
-                    )
-                    && held.cluster.lacks_pings()
-            })
-            .map(|(_, held)| held.cluster.clone())
-            .collect();
+        let now = tokio::time::Instant::now();
+        let mut tracked = lock(&self.inner.clusters);
+        let mut due = Vec::new();
+        for (_, held) in tracked.clusters.iter_mut() {
+            let progress = &mut held.data;
+            let watched = progress.handed()
+                && matches!(
+                    progress.state,
+                    ClusterState::Ready | ClusterState::Degraded(_)
+                )
+                && held.cluster.lacks_pings();
+            if !watched {
+                progress.next_liveness_probe = None;
+                continue;
+            }
+            let next = progress
+                .next_liveness_probe
+                .get_or_insert(now + LIVENESS_INTERVAL);
+            if *next <= now {
+                *next = now + LIVENESS_INTERVAL;
+                due.push(held.cluster.clone());
+            }
+        }
+        drop(tracked);
         for cluster in due {
             tokio::spawn(async move {
                 // The request's own deadline ends it; this one only bounds
