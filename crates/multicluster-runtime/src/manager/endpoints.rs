@@ -88,7 +88,7 @@ fn respond(manager: &Manager, request: &http::Request<Incoming>) -> Response<Ful
 /// name, the state (with its reason), since when, and for a failing cluster
 /// how many attempts failed and when the next is.
 fn cluster_report(manager: &Manager) -> String {
-    let working_on = manager.coordinator().working_on();
+    let working_on = worked_on_here(manager);
     manager
         .cluster_states()
         .into_iter()
@@ -122,7 +122,7 @@ fn cluster_report(manager: &Manager) -> String {
 /// `failedAttempts`, `nextAttempt` and, on a replica that works on part of
 /// the fleet, `workedOnHere`.
 fn cluster_json(manager: &Manager) -> String {
-    let working_on = manager.coordinator().working_on();
+    let working_on = worked_on_here(manager);
     let clusters: Vec<_> = manager
         .cluster_states()
         .into_iter()
@@ -150,6 +150,15 @@ fn cluster_json(manager: &Manager) -> String {
     let mut body = serde_json::json!({ "clusters": clusters }).to_string();
     body.push('\n');
     body
+}
+
+/// The clusters this replica works on, when its coordinator does not work
+/// on all of them (a set: a fleet's report asks it once per cluster).
+fn worked_on_here(manager: &Manager) -> Option<std::collections::BTreeSet<crate::ClusterName>> {
+    manager
+        .coordinator()
+        .working_on()
+        .map(|names| names.into_iter().collect())
 }
 
 /// Whether the client asked for JSON (`?format=json`, or an `Accept`
