@@ -147,24 +147,14 @@ async fn a_refused_write_inside_a_finalizer_is_logged_with_its_cause() {
     // Retried after 5 ms doubling: eight failures within a couple of
     // seconds, one warning among them.
     eventually("the reconcile to fail eight times", || async {
-        reconcile_errors(&manager) >= 8
+        series(
+            &manager,
+            r#"controller_runtime_reconcile_errors_total{controller="guarded"}"#,
+        ) >= Some(8.0)
     })
     .await;
     assert_eq!(failures.0.lock().expect("lock").len(), 1);
     assert!(*failures.1.lock().expect("lock") >= 7);
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
-}
-
-/// Failed reconciles of the controller, as its metric counts them.
-fn reconcile_errors(manager: &Manager) -> u64 {
-    manager
-        .metrics()
-        .encode()
-        .lines()
-        .find_map(|line| {
-            line.strip_prefix(r#"controller_runtime_reconcile_errors_total{controller="guarded"} "#)
-        })
-        .and_then(|count| count.parse().ok())
-        .unwrap_or_default()
 }

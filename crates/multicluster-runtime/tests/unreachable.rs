@@ -47,15 +47,6 @@ fn status_of(manager: &Manager, cluster: &str) -> ClusterStatus {
         .expect("the cluster is in the fleet")
 }
 
-/// The value of one series of the manager's metrics.
-fn series(manager: &Manager, series: &str) -> Option<f64> {
-    manager
-        .metrics()
-        .encode()
-        .lines()
-        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unreachable_cluster_is_reported_retried_and_engaged_once_it_answers() {
     let (down, up) = tokio::join!(ControlPlane::start(), ControlPlane::start());

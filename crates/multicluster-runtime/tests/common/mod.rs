@@ -72,15 +72,20 @@ pub fn req(cluster: &str, name: &str) -> Request {
     Request::new(cluster, Some("default"), name)
 }
 
-/// How many times a cluster of `manager`'s fleet entered `state`, as
-/// `mcr_cluster_state_changes_total` counts it (a cluster that was ready for
-/// a moment is counted, however briefly).
-pub fn times_entered(manager: &multicluster_runtime::Manager, state: &str) -> u64 {
-    let prefix = format!("mcr_cluster_state_changes_total{{state=\"{state}\"}} ");
+/// The value of one series (name and labels as the text format writes
+/// them) of `manager`'s metrics, if it has one.
+pub fn series(manager: &multicluster_runtime::Manager, series: &str) -> Option<f64> {
     manager
         .metrics()
         .encode()
         .lines()
-        .find_map(|line| line.strip_prefix(&prefix).map(str::to_string))
-        .map_or(0, |count| count.parse().expect("a count"))
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+/// How many times a cluster of `manager`'s fleet entered `state`, as
+/// `mcr_cluster_state_changes_total` counts it (a cluster that was ready for
+/// a moment is counted, however briefly).
+pub fn times_entered(manager: &multicluster_runtime::Manager, state: &str) -> u64 {
+    let name = format!("mcr_cluster_state_changes_total{{state=\"{state}\"}}");
+    series(manager, &name).map_or(0, |count| count as u64)
 }
