@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test in the workspace, then fails if any etcd, kube-apiserver
-# or kube-controller-manager that this run started is still running.
+# Runs every test in the workspace, then fails if any etcd, kube-apiserver,
+# kube-controller-manager or kubectl that this run started is still running.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 # Every process the tests start inherits this variable, whatever becomes of
@@ -9,7 +9,7 @@ cd "$(dirname "$0")/.."
 export MCR_TEST_RUN="test-all-$$-$(date +%s%N)"
 # kube-controller-manager shows as "kube-controller": process names are cut to 15 characters.
 leftovers() {
-  for pid in $(pgrep -x etcd; pgrep -x kube-apiserver; pgrep -x kube-controller); do
+  for pid in $(pgrep -x etcd; pgrep -x kube-apiserver; pgrep -x kube-controller; pgrep -x kubectl); do
     if tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "MCR_TEST_RUN=$MCR_TEST_RUN"; then
       echo "$pid"
     fi

@@ -1,11 +1,11 @@
-//! Finding the `etcd`, `kube-apiserver` and `kube-controller-manager`
-//! executables.
+//! Finding the `etcd`, `kube-apiserver`, `kube-controller-manager` and
+//! `kubectl` executables.
 //!
 //! Lookup order, first match wins per binary:
 //!
 //! 1. `TEST_ASSET_ETCD`, `TEST_ASSET_KUBE_APISERVER`,
-//!    `TEST_ASSET_KUBE_CONTROLLER_MANAGER`: a path to that one binary (the
-//!    variables controller-runtime's envtest reads);
+//!    `TEST_ASSET_KUBE_CONTROLLER_MANAGER`, `TEST_ASSET_KUBECTL`: a path to
+//!    that one binary (the variables controller-runtime's envtest reads);
 //! 2. `KUBEBUILDER_ASSETS`: a directory holding the binaries (envtest's
 //!    standard variable, so assets installed by `setup-envtest` work as is);
 //! 3. the build cache that `hack/controlplane/build.sh` fills:
@@ -36,13 +36,15 @@ pub struct Binaries {
     /// The `kube-controller-manager` executable, needed only by control planes
     /// started with [`crate::ControlPlaneBuilder::controller_manager`].
     pub kube_controller_manager: PathBuf,
+    /// The `kubectl` executable, needed only by [`crate::KubectlProxy`].
+    pub kubectl: PathBuf,
 }
 
 impl Binaries {
     /// Finds the binaries from the environment and the build cache.
     ///
-    /// `kube-controller-manager` is looked up but not required here; starting
-    /// a control plane that needs it checks that it exists.
+    /// `kube-controller-manager` and `kubectl` are looked up but not
+    /// required here; starting what needs them checks that they exist.
     pub fn locate() -> Result<Self, Error> {
         let assets = std::env::var_os("KUBEBUILDER_ASSETS").map(PathBuf::from);
         let cache = cache_dir();
@@ -76,10 +78,13 @@ impl Binaries {
             "TEST_ASSET_KUBE_CONTROLLER_MANAGER",
         )
         .unwrap_or_else(|_| sibling(&kube_apiserver, "kube-controller-manager"));
+        let kubectl = find("kubectl", "TEST_ASSET_KUBECTL")
+            .unwrap_or_else(|_| sibling(&kube_apiserver, "kubectl"));
         Ok(Self {
             etcd,
             kube_apiserver,
             kube_controller_manager,
+            kubectl,
         })
     }
 }

@@ -26,7 +26,8 @@
 //! [`ControlPlane::service_account_kubeconfig`], exec credential plugins in
 //! [`plugins`]), stop and restart its API
 //! server for fault tests ([`ControlPlane::restart_api_server`]) and run a
-//! `kube-controller-manager` ([`ControlPlaneBuilder::controller_manager`]).
+//! `kube-controller-manager` ([`ControlPlaneBuilder::controller_manager`]);
+//! [`KubectlProxy`] serves its API over plain HTTP.
 //! Upstream CRDs come from the Go module proxy ([`upstream`]). Kubeconfigs
 //! that try to run a command, read a file or reach a server, with the
 //! traps that tell whether they did, are in [`traps`].
@@ -36,6 +37,7 @@ mod control_plane;
 mod crds;
 mod identity;
 mod kubeconfig;
+mod kubectl_proxy;
 mod pki;
 pub mod plugins;
 mod process;
@@ -48,6 +50,7 @@ pub use binaries::Binaries;
 pub use control_plane::{ControlPlane, ControlPlaneBuilder};
 pub use identity::config_map_rules;
 pub use kubeconfig::{client_for, to_yaml};
+pub use kubectl_proxy::KubectlProxy;
 pub use pki::ServingFiles;
 
 /// Why a control plane could not be started or used.

@@ -23,8 +23,9 @@
 //! process ([`CoalescingTimer`]): the connections of a fleet engaged within
 //! a second or two ping in one wake of the runtime, not one wake each.
 //!
-//! A member behind an HTTP proxy ([`super::proxy`] picks it) is reached
-//! through a `CONNECT` tunnel of the same stack, and a kubeconfig's
+//! A member behind a proxy ([`super::proxy`] picks it) is reached through
+//! a tunnel of the same stack (an HTTP or HTTPS proxy's `CONNECT`, or
+//! SOCKS 5, the proxies client-go supports), and a kubeconfig's
 //! `tls-server-name` is the name the server's certificate is checked for:
 //! such members get the same HTTP/2 connection, pings, retries and
 //! deadlines as the others. Connecting as a whole (TCP, the proxy's
@@ -36,8 +37,9 @@
 //! clusters instead (every 30 s, 15 s to answer: a silent partition is
 //! found as soon as over HTTP/2). Every connection of this stack has TCP
 //! keep-alive besides (a minute to give up on a peer gone without a word).
-//! Plain-HTTP servers and proxies reached over HTTPS or SOCKS keep
-//! kube-rs's stack (HTTP/1.1), with the manager's probes.
+//! A plain-HTTP server (`kubectl proxy`, for one) gets the same stack too,
+//! over HTTP/1.1 as client-go speaks to it. kube-rs's own stack, which logs
+//! an ERROR line per failed request, is used for no member.
 //!
 //! [`ClientOptions::connect_timeout`]: super::ClientOptions::connect_timeout
 //!
@@ -66,13 +68,15 @@ use std::time::{Duration, Instant};
 use http::{Request, Response, Uri};
 use http_body_util::BodyExt;
 use hyper::rt::{Sleep, Timer};
+use hyper_rustls::MaybeHttpsStream;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::connect::proxy::Tunnel;
-use hyper_util::client::proxy::matcher::Matcher;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::client::legacy::connect::proxy::{SocksV5, Tunnel};
+use hyper_util::client::proxy::matcher::{Intercept, Matcher};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use kube::client::{Body, ClientBuilder, ConfigExt, DynBody};
 use rustls::pki_types::ServerName;
-use tower::util::{BoxService, Either};
+use tokio::net::TcpStream;
+use tower::util::{BoxCloneSyncService, BoxService};
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
 use super::resend::Resend;
@@ -144,27 +148,21 @@ impl Timer for CoalescingTimer {
 }
 
 /// A client builder for `config`: HTTP/2 when `http2` is set and the
-/// server offers it (ALPN), HTTP/1.1 otherwise (one stack either way, but
-/// for plain HTTP and proxies other than HTTP ones). `config.proxy_url` is
-/// the proxy [`super::proxy`] picked, if any.
+/// server offers it (ALPN), HTTP/1.1 otherwise (a plain-HTTP server, one
+/// without HTTP/2). `config.proxy_url` is the proxy [`super::proxy`]
+/// picked, if any.
 pub(crate) fn builder(
     config: kube::Config,
     http2: bool,
 ) -> Result<ClientBuilder<Service>, kube::Error> {
-    let https = config.cluster_url.scheme_str() == Some("https");
-    let tunnelled = config
-        .proxy_url
-        .as_ref()
-        .map(|proxy| proxy.scheme_str() == Some("http"));
-    let server_name = match config.tls_server_name.clone().map(ServerName::try_from) {
-        None => None,
-        Some(Ok(name)) => Some(name),
-        // kube-rs's stack says what is wrong with it.
-        Some(Err(_)) => return ClientBuilder::try_from(config),
-    };
-    if !https || tunnelled == Some(false) {
-        return ClientBuilder::try_from(config);
-    }
+    let server_name = config
+        .tls_server_name
+        .clone()
+        .map(ServerName::try_from)
+        .transpose()
+        .map_err(|err| {
+            kube::Error::RustlsTls(kube::client::RustlsTlsError::InvalidServerName(err))
+        })?;
     let mut http = HttpConnector::new();
     http.enforce_http(false);
     http.set_nodelay(true);
@@ -175,6 +173,7 @@ pub(crate) fn builder(
     http.set_keepalive(Some(TCP_KEEPALIVE_IDLE));
     http.set_keepalive_interval(Some(TCP_KEEPALIVE_INTERVAL));
     http.set_keepalive_retries(Some(TCP_KEEPALIVE_PROBES));
+    let inner = to_server(&config, http)?;
     let mut tls = config.rustls_client_config()?;
     // No TLS session is kept for resumption, as client-go keeps none: the
     // connection lasts as long as it works, and the reconnects that follow
@@ -182,20 +181,17 @@ pub(crate) fn builder(
     // another replica behind the address), while the tickets cost a client
     // 2-3 KiB for its whole life (14 KiB with rustls's default cache).
     tls.resumption = rustls::client::Resumption::disabled();
-    let mut tls = hyper_rustls::HttpsConnectorBuilder::new()
-        .with_tls_config(tls)
-        .https_only();
+    let tls = hyper_rustls::HttpsConnectorBuilder::new().with_tls_config(tls);
+    // A plain-HTTP server is spoken to in the clear, as its kubeconfig says.
+    let mut tls = if config.cluster_url.scheme_str() == Some("https") {
+        tls.https_only()
+    } else {
+        tls.https_or_http()
+    };
     if let Some(name) = server_name {
         tls = tls.with_server_name_resolver(hyper_rustls::FixedServerNameResolver::new(name));
     }
     let deadline = config.connect_timeout;
-    // One error type for both, as `Either` asks.
-    let inner = match config.proxy_url.clone() {
-        Some(proxy) => {
-            Either::Right(tunnel(&proxy, &config.cluster_url, http).map_err(BoxError::from))
-        }
-        None => Either::Left(http.map_err(BoxError::from)),
-    };
     let tls = tls.enable_http1();
     if http2 {
         let tls = tls.enable_http2().wrap_connector(inner);
@@ -205,6 +201,87 @@ pub(crate) fn builder(
             config,
             ConnectDeadline::new(tls.wrap_connector(inner), deadline),
         )
+    }
+}
+
+/// A connection to a server, in the clear or (to an HTTPS proxy) in TLS.
+type Stream = MaybeHttpsStream<TokioIo<TcpStream>>;
+
+/// What the member's TLS runs over: a TCP connection to the server, or a
+/// tunnel to it through `config.proxy_url` (an HTTP proxy's `CONNECT`, the
+/// same in TLS to an HTTPS proxy, or SOCKS 5), as client-go supports.
+fn to_server(
+    config: &kube::Config,
+    http: HttpConnector,
+) -> Result<BoxCloneSyncService<Uri, Stream, BoxError>, kube::Error> {
+    fn boxed<C>(connector: C) -> BoxCloneSyncService<Uri, Stream, BoxError>
+    where
+        C: tower::Service<Uri> + Clone + Send + Sync + 'static,
+        C::Response: Into<Stream>,
+        C::Future: Send + 'static,
+        C::Error: Into<BoxError>,
+    {
+        BoxCloneSyncService::new(connector.map_response(Into::into).map_err(Into::into))
+    }
+    let Some(proxy) = config.proxy_url.as_ref() else {
+        return Ok(boxed(http));
+    };
+    let intercept = Matcher::builder()
+        .all(proxy.to_string())
+        .build()
+        .intercept(&config.cluster_url);
+    // The proxy's address without the user and password its URL may carry
+    // (percent-decoded by the matcher, as kube-rs and curl decode them).
+    let address = intercept
+        .as_ref()
+        .map_or_else(|| proxy.clone(), |intercept| intercept.uri().clone());
+    match proxy.scheme_str() {
+        Some("http") => Ok(boxed(with_basic_auth(
+            Tunnel::new(address, http),
+            intercept.as_ref(),
+        ))),
+        // TLS to the proxy is checked against the kubeconfig's CA, and the
+        // kubeconfig's client certificate offered, as Go's transport does
+        // with a client's TLS settings; the name checked is the proxy's.
+        Some("https") => {
+            let tls = hyper_rustls::HttpsConnectorBuilder::new()
+                .with_tls_config(config.rustls_client_config()?)
+                .https_only()
+                .enable_http1()
+                .wrap_connector(http);
+            Ok(boxed(with_basic_auth(
+                Tunnel::new(address, tls),
+                intercept.as_ref(),
+            )))
+        }
+        // Names are resolved by the proxy (Go's transport does the same
+        // for both schemes).
+        Some("socks5" | "socks5h") => {
+            let socks = SocksV5::new(address, http);
+            Ok(boxed(
+                match intercept
+                    .as_ref()
+                    .and_then(|intercept| intercept.raw_auth())
+                {
+                    Some((user, password)) => {
+                        socks.with_auth(user.to_string(), password.to_string())
+                    }
+                    None => socks,
+                },
+            ))
+        }
+        _ => Err(kube::Error::ProxyProtocolUnsupported {
+            proxy_url: Box::new(proxy.clone()),
+        }),
+    }
+}
+
+/// `tunnel` sending the proxy's user and password, if its URL has them,
+/// as `Proxy-Authorization`.
+fn with_basic_auth<C>(tunnel: Tunnel<C>, intercept: Option<&Intercept>) -> Tunnel<C> {
+    match intercept.and_then(Intercept::basic_auth) {
+        Some(auth) => tunnel.with_auth(auth.clone()),
+        None => tunnel,
     }
 }
 
@@ -255,30 +332,6 @@ where
         BoxService::new(service),
         config.default_namespace,
     ))
-}
-
-/// A `CONNECT` tunnel through `proxy` (an `http://` URL) to `server`.
-/// hyper-util's proxy matcher reads the proxy's address and the user and
-/// password its URL may carry (percent-decoded, as kube-rs and curl do),
-/// sent as `Proxy-Authorization`.
-fn tunnel(proxy: &Uri, server: &Uri, http: HttpConnector) -> Tunnel<HttpConnector> {
-    let url = proxy.to_string();
-    match Matcher::builder()
-        .http(url.clone())
-        .https(url)
-        .build()
-        .intercept(server)
-    {
-        Some(intercept) => {
-            let tunnel = Tunnel::new(intercept.uri().clone(), http);
-            match intercept.basic_auth() {
-                Some(auth) => tunnel.with_auth(auth.clone()),
-                None => tunnel,
-            }
-        }
-        // Only a server without a host, which no client gets this far with.
-        None => Tunnel::new(proxy.clone(), http),
-    }
 }
 
 /// Connecting took longer than its deadline.

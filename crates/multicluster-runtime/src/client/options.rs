@@ -43,12 +43,12 @@ pub struct ClientOptions {
     /// Whether to offer HTTP/2 (default `true`): every request and watch
     /// to the cluster then shares one connection, checked with pings
     /// (every 30 s when idle, 15 s to answer, as client-go), also through
-    /// an HTTP proxy's tunnel. With `false` (or a server without HTTP/2)
-    /// the client speaks HTTP/1.1, a connection per open watch, with the
-    /// same deadlines and TCP keep-alive; a plain-HTTP server or an HTTPS or
-    /// SOCKS proxy gets kube-rs's HTTP/1.1 stack. HTTP/1.1 has no pings: a
-    /// manager probes such clusters every 30 s (15 s to answer), so a
-    /// silent partition is reported as soon as over HTTP/2.
+    /// a proxy's tunnel (HTTP, HTTPS or SOCKS 5). With `false` (or a
+    /// server without HTTP/2, or one served over plain HTTP) the client
+    /// speaks HTTP/1.1, a connection per open watch, with the same
+    /// deadlines and TCP keep-alive. HTTP/1.1 has no pings: a manager
+    /// probes such clusters every 30 s (15 s to answer), so a silent
+    /// partition is reported as soon as over HTTP/2.
     pub http2: bool,
     /// Whether a credential plugin that fails is described with the last
     /// line of its stderr (default `false`: only its command and exit
