@@ -126,12 +126,22 @@ async fn a_plain_http_member_is_watched_and_its_outage_reported_without_error_li
         )
     })
     .await;
+    // Its retries go on failing while it is down: each is told at debug
+    // level only.
+    eventually("five failed attempts", || async {
+        manager
+            .cluster_states()
+            .iter()
+            .any(|(name, status)| name.as_str() == "plain" && status.failed_attempts >= 5)
+    })
+    .await;
     proxy.start_again().await.expect("kubectl proxy again");
     wait_until_ready(&manager, "plain").await;
 
     let errors = loud.errors();
     assert!(errors.is_empty(), "no ERROR line: {errors:?}");
-    // The state changes, told once each; not a line per failed request.
+    // The state changes, told once each; not a line per failed request or
+    // per retry.
     let told = loud.count() - before;
     assert!(told <= 4, "{told} lines at WARN: {:?}", loud.0.lock());
     stop.cancel();
