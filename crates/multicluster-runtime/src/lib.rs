@@ -33,6 +33,7 @@ pub mod manager;
 pub mod metrics;
 mod name;
 pub mod process;
+pub mod propagation;
 pub mod provider;
 pub mod redact;
 mod setters;

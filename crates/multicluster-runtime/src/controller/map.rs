@@ -52,7 +52,14 @@ pub fn owner_annotations(owner: &Request) -> BTreeMap<String, String> {
 
 /// The owner an object names with [`owner_annotations`], if any.
 pub fn owner_of<K: Resource>(object: &K) -> Option<Request> {
-    let annotations = object.meta().annotations.as_ref()?;
+    owner_in(object.meta())
+}
+
+/// The owner that `meta`'s annotations name, if any.
+pub(crate) fn owner_in(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+) -> Option<Request> {
+    let annotations = meta.annotations.as_ref()?;
     let key = annotations.get(OWNER_ANNOTATION)?;
     let cluster = annotations
         .get(OWNER_CLUSTER_ANNOTATION)
