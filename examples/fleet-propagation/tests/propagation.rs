@@ -1,18 +1,17 @@
 //! The example binary on a hub and three member control planes, members
 //! joining and leaving through kubeconfig Secrets: a labelled hub
 //! ConfigMap is copied into every member, follows updates, reaches a member
-//! that joins later, is counted on the hub as members come and go, and is
-//! removed from every member when deleted on the hub (whose finalizer then
-//! lets it go) or no longer labelled (the finalizer is let go at once); the
-//! count is told in an Event on the hub object.
+//! that joins later, is reported on the hub object member by member as
+//! members come and go, and is removed from every member when deleted on
+//! the hub (whose finalizer then lets it go) or no longer labelled (the
+//! finalizer is let go at once).
 
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
-use k8s_openapi::api::events::v1::Event as K8sEvent;
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_example_testing::{GRACE, kubeconfig_secret, terminate};
 use multicluster_runtime::testing::eventually;
@@ -20,7 +19,7 @@ use tokio::process::Command;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-fleet-propagation");
 const LABEL: &str = "fleet.example/propagate";
-const IN_SYNC: &str = "fleet.example/members-in-sync";
+const STATUS: &str = "fleet.example/propagation";
 
 async fn join(hub: &kube::Client, name: &str, member: &ControlPlane) {
     Api::<Secret>::namespaced(hub.clone(), "fleet")
@@ -57,13 +56,22 @@ async fn hub_object(hub: &kube::Client) -> Option<ConfigMap> {
         .flatten()
 }
 
-async fn counted(hub: &kube::Client) -> Option<String> {
-    hub_object(hub)
+/// The members the hub object's status annotation lists, and how many of
+/// them are in sync: `(in sync, listed)`.
+async fn counted(hub: &kube::Client) -> Option<(usize, usize)> {
+    let text = hub_object(hub)
         .await?
         .metadata
         .annotations?
-        .get(IN_SYNC)
-        .cloned()
+        .get(STATUS)
+        .cloned()?;
+    let status: serde_json::Value = serde_json::from_str(&text).ok()?;
+    let members = status["members"].as_array()?;
+    let in_sync = members
+        .iter()
+        .filter(|member| member["state"] == "InSync")
+        .count();
+    Some((in_sync, members.len()))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -109,12 +117,17 @@ async fn hub_objects_are_propagated_counted_and_cleaned_up_as_members_come_and_g
         copy_of(&m1).await == data("1") && copy_of(&m2).await == data("1")
     })
     .await;
-    eventually("the hub to count two members", || async {
-        counted(&hub).await.as_deref() == Some("2")
+    eventually("the hub object to show two members in sync", || async {
+        counted(&hub).await == Some((2, 2))
     })
     .await;
     let finalizers = hub_object(&hub).await.and_then(|o| o.metadata.finalizers);
-    assert_eq!(finalizers, Some(vec!["fleet.example/copies".to_string()]));
+    assert_eq!(
+        finalizers,
+        Some(vec![
+            "propagation.mcr.sigs.k8s.io/fleet-propagation".to_string()
+        ])
+    );
 
     configmaps
         .patch(
@@ -135,24 +148,9 @@ async fn hub_objects_are_propagated_counted_and_cleaned_up_as_members_come_and_g
         copy_of(&m3).await == data("2")
     })
     .await;
-    eventually("the hub to count three members", || async {
-        counted(&hub).await.as_deref() == Some("3")
+    eventually("the hub object to show three members in sync", || async {
+        counted(&hub).await == Some((3, 3))
     })
-    .await;
-    eventually(
-        "an Event on the hub object saying it is in sync",
-        || async {
-            Api::<K8sEvent>::namespaced(hub.clone(), "default")
-                .list(&ListParams::default())
-                .await
-                .is_ok_and(|events| {
-                    events.items.iter().any(|event| {
-                        event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some("shared")
-                            && event.reason.as_deref() == Some("InSync")
-                    })
-                })
-        },
-    )
     .await;
 
     // A member leaves (its Secret is deleted): it is no longer counted.
@@ -160,8 +158,8 @@ async fn hub_objects_are_propagated_counted_and_cleaned_up_as_members_come_and_g
         .delete("m2", &DeleteParams::default())
         .await
         .expect("delete Secret");
-    eventually("the hub to count two members again", || async {
-        counted(&hub).await.as_deref() == Some("2")
+    eventually("the hub object to show two members again", || async {
+        counted(&hub).await == Some((2, 2))
     })
     .await;
 

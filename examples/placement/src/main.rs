@@ -4,36 +4,31 @@
 //! PlacementDecision slices labelled `multicluster.x-k8s.io/placement-key=<key>`
 //! in its namespace list (ClusterProfiles, engaged by the ClusterProfile
 //! provider with their consumer Secrets). A cluster added to the decision
-//! gets its copy, one removed from it (or whose slice is deleted) loses
-//! it, and so does every cluster when the hub object is deleted or loses
-//! its annotation. The hub object's `fleet.example/placement-status`
-//! annotation says, per chosen cluster, whether its copy is `in-sync`,
-//! `pending` or the cluster `not-engaged`.
+//! gets its copy; one removed from it (or whose slice is deleted) loses it
+//! after a few seconds' grace, so a cluster that moves from one slice to
+//! another keeps its copy; every cluster loses it when the hub object is
+//! deleted or loses its annotation. The hub object's
+//! `fleet.example/placement-status` annotation says how each chosen
+//! cluster is doing (`InSync`, `Pending`, `NotEngaged`, ...).
+//!
+//! The library's `propagation::Propagation` does the work; this example is
+//! its policy and `placement::Placements` as the choice of members.
 
-use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
-use std::time::Duration;
+use std::sync::Arc;
 
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use multicluster_example_configmap_sync::{
-    ClientArgs, MainError, ManagerArgs, PolicyArgs, put_member_copy, remove_member_copy,
-};
+use kube::api::ObjectMeta;
+use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs, PolicyArgs};
 use multicluster_provider_cluster_inventory_api::placement::{DecisionKey, Placements};
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
-use multicluster_runtime::controller::{
-    Action, ClusterSelector, Controller, MapContext, Request, Watch, map,
-};
-use multicluster_runtime::{Cluster, ClusterName, Manager};
-use serde_json::json;
+use multicluster_runtime::propagation::{Desired, Members, Propagation};
+use multicluster_runtime::{Cluster, Manager};
 
 /// The annotation naming the placement a hub ConfigMap follows.
 const PLACEMENT_ANNOTATION: &str = "fleet.example/placement";
 /// The annotation reporting each chosen cluster's state.
 const STATUS_ANNOTATION: &str = "fleet.example/placement-status";
-/// The field manager of the copies and of our changes to the hub object.
-const MANAGER: &str = "placement-propagation";
 
 /// Propagate annotated hub ConfigMaps to the clusters their placement chose.
 #[derive(Parser)]
@@ -53,16 +48,6 @@ struct Args {
     policy: PolicyArgs,
 }
 
-type BoxError = Box<dyn std::error::Error + Send + Sync>;
-
-/// What every reconcile shares.
-struct Context {
-    hub: Cluster,
-    placements: Placements,
-    /// The controller itself, to read the members' caches.
-    controller: OnceLock<Controller>,
-}
-
 /// The decision a hub object follows, if it is annotated.
 fn key_of(object: &ConfigMap) -> Option<DecisionKey> {
     let placement = object
@@ -73,108 +58,18 @@ fn key_of(object: &ConfigMap) -> Option<DecisionKey> {
     Some(DecisionKey::Placement(placement.clone()))
 }
 
-async fn reconcile(
-    request: Request,
-    cluster: Cluster,
-    context: Arc<Context>,
-) -> Result<Action, BoxError> {
-    let namespace = request.namespace.as_deref();
-    let source = context
-        .hub
-        .cache()
-        .get::<ConfigMap>(namespace, &request.name)
-        .await?;
-    if request.cluster.is_local() {
-        return match source {
-            Some(source) => report(&source, &request, &context).await,
-            None => Ok(Action::await_change()),
-        };
+/// The copy a hub ConfigMap wants in each chosen cluster: same namespace,
+/// name and data.
+fn copy_of(hub: &ConfigMap) -> ConfigMap {
+    ConfigMap {
+        metadata: ObjectMeta {
+            name: hub.metadata.name.clone(),
+            namespace: hub.metadata.namespace.clone(),
+            ..ObjectMeta::default()
+        },
+        data: hub.data.clone(),
+        ..ConfigMap::default()
     }
-    let owner = Request::new(ClusterName::local(), namespace, request.name.as_str());
-    let wanted = source.filter(|source| {
-        key_of(source).is_some_and(|key| context.placements.chosen(namespace, &key, cluster.name()))
-    });
-    match wanted {
-        Some(source) => put_member_copy(&cluster, &owner, source.data.as_ref(), MANAGER).await?,
-        None => remove_member_copy(&cluster, &owner).await?,
-    }
-    Ok(Action::await_change())
-}
-
-/// Writes each chosen cluster's state on the hub object, when it changed.
-async fn report(
-    source: &ConfigMap,
-    request: &Request,
-    context: &Context,
-) -> Result<Action, BoxError> {
-    let Some(controller) = context.controller.get() else {
-        return Ok(Action::requeue(Duration::from_secs(1)));
-    };
-    let namespace = request.namespace.as_deref();
-    let hub_objects =
-        Api::<ConfigMap>::namespaced(context.hub.client(), namespace.unwrap_or_default());
-    let current = source
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|annotations| annotations.get(STATUS_ANNOTATION));
-    let Some(key) = key_of(source) else {
-        // Not placed (any more): no report.
-        if current.is_some() {
-            let patch = json!({"metadata": {"annotations": {STATUS_ANNOTATION: null}}});
-            hub_objects
-                .patch(&request.name, &PatchParams::default(), &Patch::Merge(patch))
-                .await?;
-        }
-        return Ok(Action::await_change());
-    };
-    let chosen = context.placements.clusters(namespace, &key);
-    let states: BTreeMap<String, &str> = chosen
-        .into_iter()
-        .map(|name| {
-            let state = match controller.cluster(&name) {
-                None => "not-engaged",
-                Some(member) => {
-                    let copy = member
-                        .cache()
-                        .informer::<ConfigMap>()
-                        .get(namespace, &request.name);
-                    if copy.is_some_and(|copy| copy.data == source.data) {
-                        "in-sync"
-                    } else {
-                        "pending"
-                    }
-                }
-            };
-            (name.to_string(), state)
-        })
-        .collect();
-    let report = serde_json::to_string(&states)?;
-    if current != Some(&report) {
-        let patch = json!({"metadata": {"annotations": {STATUS_ANNOTATION: report}}});
-        hub_objects
-            .patch(&request.name, &PatchParams::default(), &Patch::Merge(patch))
-            .await?;
-    }
-    // Reported again on events: a copy changing, a decision changing, a
-    // cluster joining or leaving.
-    Ok(Action::await_change())
-}
-
-/// Each request in a member, and the hub object it is for (to report on).
-fn with_hub_requests(mut requests: Vec<Request>) -> Vec<Request> {
-    let hub: Vec<Request> = requests
-        .iter()
-        .map(|request| {
-            Request::new(
-                ClusterName::local(),
-                request.namespace.as_deref(),
-                request.name.as_str(),
-            )
-        })
-        .collect();
-    requests.extend(hub);
-    requests
 }
 
 #[tokio::main]
@@ -193,62 +88,32 @@ async fn main() -> Result<(), MainError> {
     let (manager, _replica) = args.manager.builder(hub.clone())?;
     let manager: Manager = manager.provider(provider).build();
 
-    // The decisions, read from the hub's cache (the same watch the
-    // controller's source below starts).
+    // The decisions, read from the hub's cache (the watch `reselect_on`
+    // starts below).
     let placements = Placements::new(hub.cache().clone());
-    let context = Arc::new(Context {
-        hub,
-        placements: placements.clone(),
-        controller: OnceLock::new(),
-    });
-    let on_decision = placements.on_decision::<ConfigMap>(key_of);
-    let placed = placements.to_placed_clusters::<ConfigMap>(key_of);
-    let every_member = map::to_every_member::<ConfigMap>();
-    let owed = placements.owed::<ConfigMap>(key_of);
-    let controller = Controller::builder("placement-propagation")
-        // The hub object: its report.
-        .for_resource(Watch::<ConfigMap>::new().clusters(ClusterSelector::Local))
-        // Hub → the chosen clusters; an object that lost its annotation →
-        // every member, to remove its copies.
-        .watches(
-            Watch::<ConfigMap>::new().clusters(ClusterSelector::Local),
-            move |context: &MapContext<'_>, object: &ConfigMap| match key_of(object) {
-                Some(_) => placed(context, object),
-                None => every_member(context, object),
-            },
-        )
-        // A decision changed: its clusters, old and new, and a new report.
-        .watches_dynamic(
-            Placements::resource(),
-            Watch::new().clusters(ClusterSelector::Local),
-            move |context: &MapContext<'_>, slice: &DynamicObject| {
-                with_hub_requests(on_decision(context, slice))
-            },
-        )
-        // A copy changed or deleted in a member: put it right, report.
-        .watches(Watch::<ConfigMap>::new(), |context, copy: &ConfigMap| {
-            map::owner_of(copy)
-                .map(|owner| {
-                    with_hub_requests(vec![Request::new(
-                        context.cluster().clone(),
-                        owner.namespace.as_deref(),
-                        owner.name,
-                    )])
-                })
+    let chosen = {
+        let placements = placements.clone();
+        move |object: &ConfigMap| {
+            key_of(object)
+                .map(|key| placements.clusters(object.metadata.namespace.as_deref(), &key))
                 .unwrap_or_default()
-        })
-        // A cluster that joins gets the objects placed on it; one that
-        // leaves is reported as not engaged.
-        .owed_on_engage(move |cluster, controller| with_hub_requests(owed(cluster, controller)))
-        .owed_on_disengage(map::local_requests::<ConfigMap>(|object| {
-            key_of(object).is_some()
-        }))
-        .warning_events(MANAGER)
-        .max_concurrent_reconciles(8)
-        .build_with_context(context.clone(), reconcile)?;
-    let _ = context.controller.set(controller.clone());
+        }
+    };
+    let propagation = Propagation::<ConfigMap>::new("placement-propagation")
+        .select(|object| key_of(object).is_some())
+        .members(Members::Chosen(Arc::new(chosen)))
+        // A decision's change decides its hub objects' members again.
+        .reselect_on(
+            Placements::resource(),
+            placements.on_decision::<ConfigMap>(key_of),
+        )
+        .propagates::<ConfigMap>()
+        .desired(|hub, _member| Ok(vec![Desired::new(&copy_of(hub))?]))
+        .status_annotation(STATUS_ANNOTATION)
+        .configure(|controller| controller.max_concurrent_reconciles(8))
+        .build()?;
 
-    manager.add_controller(controller)?;
+    manager.add_controller(propagation)?;
     tracing::info!("propagating by placement; Ctrl-C stops");
     manager.run_until_signal().await?;
     Ok(())

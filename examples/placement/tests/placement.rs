@@ -1,6 +1,7 @@
 //! The example binary against a real hub (upstream's ClusterProfile and
 //! PlacementDecision CRDs) and two workload clusters: the copy follows the
-//! decision from one cluster to the other, and the hub object reports it.
+//! decision, a cluster moved from one slice to another keeps its copy (the
+//! same object), and the hub object reports each chosen cluster.
 
 use std::collections::BTreeMap;
 use std::process::Stdio;
@@ -78,14 +79,46 @@ async fn copy_of(workload: &kube::Client) -> Option<String> {
         .and_then(|copy| copy.data?.remove("colour"))
 }
 
-async fn report(hub: &kube::Client) -> Option<String> {
-    Api::<ConfigMap>::namespaced(hub.clone(), NS)
+/// Each chosen cluster's state, as the hub object's status annotation
+/// says.
+async fn report(hub: &kube::Client) -> BTreeMap<String, String> {
+    let text = Api::<ConfigMap>::namespaced(hub.clone(), NS)
         .get("settings")
         .await
         .expect("hub object")
         .metadata
-        .annotations?
-        .remove("fleet.example/placement-status")
+        .annotations
+        .and_then(|mut annotations| annotations.remove("fleet.example/placement-status"));
+    let Some(text) = text else {
+        return BTreeMap::new();
+    };
+    let status: serde_json::Value = serde_json::from_str(&text).expect("JSON");
+    status["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|member| {
+            (
+                member["cluster"].as_str().unwrap_or_default().to_string(),
+                member["state"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn states(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(cluster, state)| (cluster.to_string(), state.to_string()))
+        .collect()
+}
+
+async fn uid_of_copy(workload: &kube::Client) -> Option<String> {
+    Api::<ConfigMap>::namespaced(workload.clone(), NS)
+        .get_opt("settings")
+        .await
+        .expect("get")
+        .and_then(|copy| copy.metadata.uid)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -161,12 +194,14 @@ async fn the_copy_follows_the_placement_decision() {
 
     eventually("the copy in east, reported in sync", || async {
         copy_of(&east_client).await.as_deref() == Some("blue")
-            && report(&hub).await.as_deref() == Some(r#"{"inventory/east":"in-sync"}"#)
+            && report(&hub).await == states(&[("inventory/east", "InSync")])
     })
     .await;
     assert_eq!(copy_of(&west_client).await, None, "west was not chosen");
+    let east_copy = uid_of_copy(&east_client).await.expect("east's copy");
 
-    // The decision moves to west: the copy follows, and the report.
+    // The scheduler rebalances: east moves from slice 0 to a new slice 1,
+    // west takes its place in slice 0. For a moment east is in no slice.
     slices
         .patch(
             "settings-0",
@@ -174,13 +209,41 @@ async fn the_copy_follows_the_placement_decision() {
             &Patch::Merge(json!({"decisions": [{"clusterProfileRef": {"name": "west"}}]})),
         )
         .await
-        .expect("move");
-    eventually("the copy moved to west, reported in sync", || async {
+        .expect("west into slice 0");
+    let mut second = DynamicObject::new("settings-1", &Placements::resource()).within(NS);
+    second.metadata.labels = slice.metadata.labels.clone();
+    second.data = json!({"decisions": [{"clusterProfileRef": {"name": "east"}}]});
+    slices
+        .create(&PostParams::default(), &second)
+        .await
+        .expect("east into slice 1");
+    eventually("both copies, reported in sync", || async {
         copy_of(&west_client).await.as_deref() == Some("blue")
-            && copy_of(&east_client).await.is_none()
-            && report(&hub).await.as_deref() == Some(r#"{"inventory/west":"in-sync"}"#)
+            && report(&hub).await
+                == states(&[("inventory/east", "InSync"), ("inventory/west", "InSync")])
     })
     .await;
+
+    // West leaves the decision: its copy goes once the grace has passed,
+    // which had passed for east's moment out too.
+    slices
+        .patch(
+            "settings-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"decisions": []})),
+        )
+        .await
+        .expect("west out");
+    eventually("west's copy gone, east alone reported", || async {
+        copy_of(&west_client).await.is_none()
+            && report(&hub).await == states(&[("inventory/east", "InSync")])
+    })
+    .await;
+    assert_eq!(
+        uid_of_copy(&east_client).await,
+        Some(east_copy),
+        "east's copy is the one made first: the move deleted nothing"
+    );
 
     let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
     assert!(status.success(), "{status}");

@@ -70,7 +70,8 @@ use serde::de::DeserializeOwned;
 
 use crate::cache::{CacheEvent, CachedResource};
 use crate::controller::{
-    ClusterSelector, Controller, ControllerBuilder, ReconcileError, Request, Watch, filters, map,
+    ClusterSelector, Controller, ControllerBuilder, MapContext, ReconcileError, Request, Watch,
+    filters, map,
 };
 use crate::{Cluster, ClusterName, Error};
 use kinds::Kind;
@@ -166,9 +167,8 @@ pub enum Members<K> {
     /// The members this function names for the hub object (a placement
     /// decision: `Placements::clusters`). A named cluster that is not
     /// engaged is reported `NotEngaged`. When what it reads changes
-    /// without a hub event (a decision slice), add a source that maps the
-    /// change to requests in the affected members with
-    /// [`Propagation::configure`].
+    /// without a hub event (a decision slice), name it with
+    /// [`Propagation::reselect_on`].
     Chosen(Choose<K>),
     /// The engaged members this function accepts for the hub object.
     Matching(Accept<K>),
@@ -249,6 +249,7 @@ pub enum StatusTarget {
 
 type DesiredFn<K> = Arc<dyn Fn(&K, &Cluster) -> Result<Vec<Desired>, ReconcileError> + Send + Sync>;
 type Configure = Box<dyn FnOnce(ControllerBuilder) -> ControllerBuilder + Send>;
+type Concerns = Arc<dyn Fn(&MapContext<'_>, &DynamicObject) -> Vec<Request> + Send + Sync>;
 
 /// Keeps what hub objects of type `K` (in the local cluster) ask for
 /// applied in members, and reports back on them. Built like a controller;
@@ -264,6 +265,7 @@ pub struct Propagation<K> {
     removal_grace: Duration,
     status: StatusTarget,
     events: bool,
+    reselect: Vec<(ApiResource, Concerns)>,
     configure: Vec<Configure>,
 }
 
@@ -286,6 +288,7 @@ where
             removal_grace: DEFAULT_REMOVAL_GRACE,
             status: StatusTarget::None,
             events: true,
+            reselect: Vec::new(),
             configure: Vec::new(),
         }
     }
@@ -379,8 +382,25 @@ where
         self
     }
 
-    /// Changes the controller before it is built: more sources (the
-    /// decision slices of [`Members::Chosen`]), concurrency, timeouts.
+    /// Decides the members of some hub objects again whenever an object of
+    /// `resource` in the local cluster changes: what [`Members::Chosen`]
+    /// reads besides the hub object (a placement decision's slices).
+    /// `concerns` names the hub objects a change concerns, as requests in
+    /// any cluster (only their namespace and name count), so a mapper such
+    /// as `Placements::on_decision` serves as is. Every engaged member gets
+    /// a request for each, and the hub object's status is written again.
+    #[must_use]
+    pub fn reselect_on(
+        mut self,
+        resource: ApiResource,
+        concerns: impl Fn(&MapContext<'_>, &DynamicObject) -> Vec<Request> + Send + Sync + 'static,
+    ) -> Self {
+        self.reselect.push((resource, Arc::new(concerns)));
+        self
+    }
+
+    /// Changes the controller before it is built: more sources,
+    /// concurrency, timeouts.
     #[must_use]
     pub fn configure(
         mut self,
@@ -461,7 +481,9 @@ where
                     })),
                 {
                     let shared = shared.clone();
-                    move |context, hub: &K| shared.member_requests(context.engaged_clusters(), hub)
+                    move |context, hub: &K| {
+                        shared.member_requests(context.engaged_clusters(), &key_of(hub))
+                    }
                 },
             )
             // A member joining gets every hub object's request; one leaving
@@ -478,6 +500,34 @@ where
                         .map(|(namespace, name)| vec![context.here(namespace.as_deref(), name)])
                         .unwrap_or_default()
                 }),
+            );
+        }
+        for (resource, concerns) in self.reselect {
+            let shared = shared.clone();
+            builder = builder.watches_dynamic(
+                resource,
+                Watch::new().clusters(ClusterSelector::Local),
+                move |context, object| {
+                    let mut hubs: Vec<HubKey> = concerns(context, object)
+                        .into_iter()
+                        .map(|request| (request.namespace, request.name))
+                        .collect();
+                    hubs.sort();
+                    hubs.dedup();
+                    hubs.into_iter()
+                        .flat_map(|key| {
+                            let hub = Request::new(
+                                ClusterName::local(),
+                                key.0.as_deref(),
+                                key.1.as_str(),
+                            );
+                            shared
+                                .member_requests(context.engaged_clusters(), &key)
+                                .into_iter()
+                                .chain(std::iter::once(hub))
+                        })
+                        .collect()
+                },
             );
         }
         for configure in self.configure {
@@ -550,13 +600,12 @@ where
     /// The member requests for `hub`: every engaged member (selection is
     /// decided by each member's reconcile), and the members it has an
     /// outcome in.
-    fn member_requests(&self, engaged: Vec<ClusterName>, hub: &K) -> Vec<Request> {
-        let key = key_of(hub);
+    fn member_requests(&self, engaged: Vec<ClusterName>, key: &HubKey) -> Vec<Request> {
         let mut members: Vec<ClusterName> = engaged
             .into_iter()
             .filter(|name| !name.is_local())
             .collect();
-        if let Some(outcomes) = crate::sync::lock(&self.outcomes).get(&key) {
+        if let Some(outcomes) = crate::sync::lock(&self.outcomes).get(key) {
             members.extend(outcomes.keys().cloned());
         }
         members.sort();
