@@ -1,0 +1,169 @@
+//! A hub custom resource propagated into the members, with each member's
+//! state in its status: a `FleetQuota` on the hub (the cluster
+//! `$KUBECONFIG` points at; its CRD, `config/crd.yaml`, is installed by
+//! this example) becomes a ResourceQuota of the same name in every member
+//! (one per kubeconfig Secret), in the namespace it names. Its status lists
+//! every member (`InSync`, `Failed` with the member's reason, ...) and a
+//! `Propagated` condition sums up: `kubectl get fleetquotas` shows it.
+//!
+//! The library's `propagation::Propagation` does the work; this is its
+//! policy: a hub type of one's own, the object it wants in a member, and a
+//! status subresource to report in.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::CustomResource;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
+use kube::runtime::wait::{await_condition, conditions};
+use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs, PolicyArgs};
+use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
+use multicluster_runtime::propagation::{Desired, Propagation};
+use multicluster_runtime::{Cluster, Manager};
+use serde::{Deserialize, Serialize};
+
+/// The hub type's CRD, as applied at start.
+const CRD: &str = include_str!("../config/crd.yaml");
+/// How long the CRD may take to be established.
+const CRD_ESTABLISHED_WITHIN: Duration = Duration::from_secs(30);
+
+/// A ResourceQuota to keep in every member.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default)]
+#[kube(
+    group = "fleet.example",
+    version = "v1alpha1",
+    kind = "FleetQuota",
+    namespaced,
+    status = "FleetQuotaStatus",
+    schema = "disabled"
+)]
+pub struct FleetQuotaSpec {
+    /// The namespace of the quota in each member.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// The quota's hard limits.
+    pub hard: BTreeMap<String, Quantity>,
+}
+
+fn default_namespace() -> String {
+    "default".into()
+}
+
+/// What the propagation writes, as `config/crd.yaml` describes it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default)]
+pub struct FleetQuotaStatus {
+    /// One entry per member.
+    #[serde(default)]
+    pub members: Vec<MemberEntry>,
+    /// The `Propagated` condition.
+    #[serde(default)]
+    pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
+}
+
+/// How one member is doing.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
+#[serde(rename_all = "camelCase")]
+pub struct MemberEntry {
+    /// The member's name.
+    pub cluster: String,
+    /// `InSync`, `Failed`, `Pending`, ...
+    pub state: String,
+    /// Why it is not in sync, redacted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    /// The hub object's generation the member was last brought in line
+    /// with.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub applied_generation: Option<i64>,
+}
+
+/// Propagate FleetQuotas to every member cluster.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// Namespace of the members' kubeconfig Secrets on the hub; every namespace when unset.
+    #[arg(long, env = "NAMESPACE")]
+    namespace: Option<String>,
+    #[command(flatten)]
+    manager: ManagerArgs,
+    #[command(flatten)]
+    client: ClientArgs,
+    #[command(flatten)]
+    policy: PolicyArgs,
+}
+
+/// The quota a FleetQuota wants in each member.
+fn quota_for(hub: &FleetQuota) -> ResourceQuota {
+    ResourceQuota {
+        metadata: ObjectMeta {
+            name: hub.metadata.name.clone(),
+            namespace: Some(hub.spec.namespace.clone()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ResourceQuotaSpec {
+            hard: Some(hub.spec.hard.clone()),
+            ..ResourceQuotaSpec::default()
+        }),
+        ..ResourceQuota::default()
+    }
+}
+
+/// Applies the FleetQuota CRD to the hub and waits until it is served.
+async fn install_crd(hub: &kube::Client) -> Result<(), MainError> {
+    let crd: CustomResourceDefinition = serde_saphyr::from_str(CRD)?;
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    let crds = Api::<CustomResourceDefinition>::all(hub.clone());
+    crds.patch(
+        &name,
+        &PatchParams::apply("fleet-quota").force(),
+        &Patch::Apply(&crd),
+    )
+    .await?;
+    tokio::time::timeout(
+        CRD_ESTABLISHED_WITHIN,
+        await_condition(crds, &name, conditions::is_crd_established()),
+    )
+    .await
+    .map_err(|_| {
+        format!("the CRD {name} was not established within {CRD_ESTABLISHED_WITHIN:?}")
+    })??;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), MainError> {
+    let args = Args::parse();
+    multicluster_example_configmap_sync::init_logging();
+
+    let hub = Cluster::new("hub", kube::Client::try_default().await?);
+    install_crd(&hub.client()).await?;
+    let provider = Arc::new(KubeconfigProvider::new(
+        hub.client(),
+        KubeconfigOptions::default()
+            .namespace(args.namespace)
+            .members(args.client.options())
+            .kubeconfig_policy(args.policy.policy()?),
+    ));
+    let mut manager = Manager::builder(hub.clone())
+        .provider(provider)
+        .options(args.manager.options());
+    if let Some(election) = args.manager.leader_election(&hub)? {
+        manager = manager.coordinator(Arc::new(election));
+    }
+    let manager = manager.build();
+
+    let quotas = Propagation::<FleetQuota>::new("fleet-quota")
+        .propagates::<ResourceQuota>()
+        .desired(|hub, _member| Ok(vec![Desired::new(&quota_for(hub))?]))
+        .status_subresource()
+        .build()?;
+    manager.add_controller(quotas)?;
+    tracing::info!("propagating FleetQuotas; Ctrl-C stops");
+    manager.run_until_signal().await?;
+    Ok(())
+}
