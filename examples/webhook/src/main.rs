@@ -49,9 +49,15 @@ struct Args {
         default_value = "/tmp/k8s-webhook-server/serving-certs"
     )]
     cert_dir: PathBuf,
-    /// What a member's API server does when this server cannot answer: Fail or Ignore.
-    #[arg(long, default_value = "Ignore")]
+    /// What a member's API server does when this server cannot answer:
+    /// Fail (refuse the write: the policy holds during an outage) or Ignore.
+    #[arg(long, default_value = "Fail")]
     failure_policy: String,
+    /// Namespaces whose writes are never sent to this server, so an outage
+    /// cannot block them (repeat the flag for several). The namespace in
+    /// POD_NAMESPACE, this server's own when it runs in a member, is added.
+    #[arg(long = "exempt-namespace", default_value = "kube-system")]
+    exempt_namespaces: Vec<String>,
     #[command(flatten)]
     manager: ManagerArgs,
     #[command(flatten)]
@@ -114,6 +120,13 @@ async fn main() -> Result<(), MainError> {
     server.use_metrics(manager.metrics());
     let mut registration = RegistrationOptions::new(args.webhook_url, args.cert_dir.join("ca.crt"));
     registration.failure_policy = args.failure_policy;
+    registration.exempt_namespaces = args.exempt_namespaces;
+    if let Ok(own) = std::env::var("POD_NAMESPACE")
+        && !own.is_empty()
+        && !registration.exempt_namespaces.contains(&own)
+    {
+        registration.exempt_namespaces.push(own);
+    }
     let registration = Registration::new(&manager, &server, registration)?;
     manager.add(Arc::new(server.clone()))?;
     manager.add(Arc::new(registration))?;

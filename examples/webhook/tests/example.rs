@@ -1,7 +1,9 @@
 //! The example binary against a real hub and two members: the first member
 //! refuses an unowned ConfigMap with the webhook's message, the second is
 //! registered when its Secret appears and refuses too, and SIGTERM stops
-//! the example within its grace.
+//! the example within its grace. With the defaults (`Fail`, `kube-system`
+//! exempt), the policy holds while the server is down, and `kube-system`
+//! stays writable.
 
 use std::collections::BTreeMap;
 use std::process::Stdio;
@@ -18,6 +20,15 @@ use tokio::process::Command;
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-webhook");
 
 async fn create(client: &kube::Client, name: &str, owner: Option<&str>) -> Result<(), String> {
+    create_in(client, "default", name, owner).await
+}
+
+async fn create_in(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    owner: Option<&str>,
+) -> Result<(), String> {
     let object = ConfigMap {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -28,7 +39,7 @@ async fn create(client: &kube::Client, name: &str, owner: Option<&str>) -> Resul
         },
         ..ConfigMap::default()
     };
-    Api::<ConfigMap>::namespaced(client.clone(), "default")
+    Api::<ConfigMap>::namespaced(client.clone(), namespace)
         .create(&PostParams::default(), &object)
         .await
         .map(|_| ())
@@ -122,4 +133,14 @@ async fn members_refuse_unowned_config_maps_once_registered() {
 
     let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
     assert!(status.success(), "{status}");
+
+    // The server is gone, its registrations stay: writes it would check
+    // are refused, kube-system's are not.
+    let refused = create(&first_client, "while-down", Some("team-a"))
+        .await
+        .expect_err("refused while the server is down");
+    assert!(refused.contains("failed calling webhook"), "{refused}");
+    create_in(&first_client, "kube-system", "while-down", None)
+        .await
+        .expect("kube-system is exempt");
 }

@@ -54,6 +54,12 @@ pub struct RegistrationOptions {
     pub operations: Vec<String>,
     /// Only objects whose labels match (default: all).
     pub object_selector: Option<LabelSelector>,
+    /// Namespaces whose requests are never sent (default `kube-system`):
+    /// with `Fail`, an unreachable server would otherwise block every
+    /// write there too, the cluster's own components' included, in every
+    /// member at once. Add the webhook's own namespace when it runs in a
+    /// member. Matched by the `kubernetes.io/metadata.name` label.
+    pub exempt_namespaces: Vec<String>,
     /// Delete the configurations from every member when the process stops
     /// (default false: a restarting or upgrading server keeps its
     /// registrations, and its members' writes keep being checked). Await
@@ -78,6 +84,7 @@ impl RegistrationOptions {
             timeout_seconds: 10,
             operations: vec!["CREATE".to_string(), "UPDATE".to_string()],
             object_selector: None,
+            exempt_namespaces: vec!["kube-system".to_string()],
             remove_on_shutdown: false,
             include_local: false,
         }
@@ -242,18 +249,13 @@ impl Registration {
             name: Some(options.configuration_name.clone()),
             ..ObjectMeta::default()
         };
-        let namespace_selector = cluster
-            .cache()
-            .options()
-            .and_then(|cache| cache.namespace.clone())
-            .map(|namespace| LabelSelector {
-                match_expressions: Some(vec![LabelSelectorRequirement {
-                    key: "kubernetes.io/metadata.name".to_string(),
-                    operator: "In".to_string(),
-                    values: Some(vec![namespace]),
-                }]),
-                ..LabelSelector::default()
-            });
+        let namespace_selector = namespace_selector(
+            cluster
+                .cache()
+                .options()
+                .and_then(|cache| cache.namespace.clone()),
+            &options.exempt_namespaces,
+        );
         let mut validating = Vec::new();
         let mut mutating = Vec::new();
         for webhook in self.inner.server.webhooks() {
@@ -436,6 +438,27 @@ impl Aware for Registration {
         });
         Ok(())
     }
+}
+
+/// The namespaces a member's webhooks are sent requests from: the one
+/// its cache is restricted to, if any, and none of `exempt`.
+fn namespace_selector(only: Option<String>, exempt: &[String]) -> Option<LabelSelector> {
+    let requirement = |operator: &str, values: Vec<String>| LabelSelectorRequirement {
+        key: "kubernetes.io/metadata.name".to_string(),
+        operator: operator.to_string(),
+        values: Some(values),
+    };
+    let mut requirements = Vec::new();
+    if let Some(namespace) = only {
+        requirements.push(requirement("In", vec![namespace]));
+    }
+    if !exempt.is_empty() {
+        requirements.push(requirement("NotIn", exempt.to_vec()));
+    }
+    (!requirements.is_empty()).then(|| LabelSelector {
+        match_expressions: Some(requirements),
+        ..LabelSelector::default()
+    })
 }
 
 #[cfg(test)]
