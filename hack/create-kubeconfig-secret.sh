@@ -6,13 +6,22 @@
 #   hack/create-kubeconfig-secret.sh --name prod-eu \
 #       --member-context prod-eu --management-context mgmt \
 #       [--namespace fleet] [--service-account multicluster-runtime] \
-#       [--cluster-role NAME] [--duration 8760h]
+#       [--for configmaps|fleet-quota|webhook] [--cluster-role NAME]
+#       [--duration 8760h]
 #
-# By default the service account gets what examples/kubeconfig needs and no
-# more: a ClusterRole multicluster-runtime-configmap-sync (created here) with
-# get, list, watch, create, update, patch and delete on configmaps. With
-# --cluster-role it is bound to that existing ClusterRole instead (view,
-# edit, one of your own).
+# By default the service account gets what the examples need in a member and
+# no more, by --for (default configmaps): a ClusterRole
+# multicluster-runtime-<for> (created here) with
+#   configmaps   get, list, watch, create, update, patch, delete on configmaps
+#                (examples/kubeconfig, fleet-propagation, placement)
+#   fleet-quota  get, list, watch, create, patch, delete on resourcequotas
+#                (examples/fleet-quota)
+#   webhook      get, list, watch, create, update, patch, delete on
+#                validating and mutating webhook configurations
+#                (examples/webhook)
+# and create and patch on events (a controller's warning Events about
+# objects in the member). With --cluster-role it is bound to that existing
+# ClusterRole instead (view, edit, one of your own).
 #
 # The token is a bound token from the TokenRequest API (`kubectl create
 # token`); rotate it by running the script again, which replaces the Secret
@@ -20,7 +29,7 @@
 set -euo pipefail
 
 name="" member_context="" management_context="" namespace="fleet"
-service_account="multicluster-runtime" cluster_role="" duration="8760h"
+service_account="multicluster-runtime" cluster_role="" duration="8760h" for="configmaps"
 label="sigs.k8s.io/multicluster-runtime-kubeconfig"
 while [ $# -gt 0 ]; do
   case "$1" in
@@ -30,8 +39,9 @@ while [ $# -gt 0 ]; do
     --namespace) namespace=$2; shift 2 ;;
     --service-account) service_account=$2; shift 2 ;;
     --cluster-role) cluster_role=$2; shift 2 ;;
+    --for) for=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -43,10 +53,29 @@ management() { kubectl ${management_context:+--context "$management_context"} "$
 member create namespace multicluster-runtime --dry-run=client -o yaml | member apply -f - >/dev/null
 member -n multicluster-runtime create serviceaccount "$service_account" --dry-run=client -o yaml | member apply -f - >/dev/null
 if [ -z "$cluster_role" ]; then
-  cluster_role="multicluster-runtime-configmap-sync"
-  member create clusterrole "$cluster_role" --resource=configmaps \
-    --verb=get,list,watch,create,update,patch,delete --dry-run=client -o yaml | member apply -f - >/dev/null
-  echo "ClusterRole $cluster_role: get, list, watch, create, update, patch, delete on configmaps (what examples/kubeconfig needs)"
+  case "$for" in
+    configmaps) resources=configmaps verbs=get,list,watch,create,update,patch,delete ;;
+    fleet-quota) resources=resourcequotas verbs=get,list,watch,create,patch,delete ;;
+    webhook) resources=validatingwebhookconfigurations.admissionregistration.k8s.io,mutatingwebhookconfigurations.admissionregistration.k8s.io
+             verbs=get,list,watch,create,update,patch,delete ;;
+    *) echo "--for must be configmaps, fleet-quota or webhook, not $for" >&2; exit 2 ;;
+  esac
+  cluster_role="multicluster-runtime-$for"
+  # One rule for the resources, one for Events: `kubectl create clusterrole`
+  # gives every resource the same verbs, so the role is applied as YAML.
+  member apply -f - >/dev/null <<YAML
+apiVersion: rbac.authorization.k8s.io/v1
+kind: ClusterRole
+metadata:
+  name: $cluster_role
+rules:
+$(member create clusterrole "$cluster_role" --resource="$resources" --verb="$verbs" --dry-run=client -o yaml \
+    | sed -n '/^rules:/,$p' | tail -n +2)
+- apiGroups: ["", "events.k8s.io"]
+  resources: ["events"]
+  verbs: ["create", "patch"]
+YAML
+  echo "ClusterRole $cluster_role: ${verbs//,/, } on ${resources//,/ and }; create, patch on events"
 fi
 member create clusterrolebinding "multicluster-runtime-$service_account" --clusterrole "$cluster_role" \
   --serviceaccount "multicluster-runtime:$service_account" --dry-run=client -o yaml | member apply -f - >/dev/null

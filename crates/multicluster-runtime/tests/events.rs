@@ -156,3 +156,118 @@ async fn a_failed_reconcile_leaves_a_warning_in_the_objects_cluster() {
     stop.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// The hub-primary pattern with `warning_events`: a reconcile in a member
+/// whose primary type is watched only on the hub fails, and the member's
+/// identity may read only ResourceQuotas. Looking for the object to warn
+/// about must not start a watch of the primary type in the member: its
+/// refusal (403) made the member `degraded` for good. The member stays
+/// ready with its one watch, and no Event is published there (the object
+/// is not in that cluster).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warning_events_start_no_watch_in_a_cluster_the_primary_is_not_watched_in() {
+    use k8s_openapi::api::core::v1::ResourceQuota;
+    use k8s_openapi::api::rbac::v1::PolicyRule;
+    use multicluster_runtime::cache::{Cache, CacheOptions};
+    use multicluster_runtime::controller::ClusterSelector;
+    use multicluster_runtime::manager::ClusterState;
+    use multicluster_runtime::{ClusterName, Manager};
+    use std::sync::Arc;
+
+    let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, member) = (hub.expect("hub"), member.expect("member"));
+    member
+        .grant_in_namespace(
+            "default",
+            "robot",
+            vec![PolicyRule {
+                api_groups: Some(vec![String::new()]),
+                resources: Some(vec!["resourcequotas".into()]),
+                verbs: ["get", "list", "watch"].map(String::from).to_vec(),
+                ..PolicyRule::default()
+            }],
+        )
+        .await
+        .expect("grant");
+    let robot = multicluster_envtest::client_for(
+        &member.user_kubeconfig("robot", None).expect("kubeconfig"),
+    )
+    .await
+    .expect("client");
+    let cache = Cache::with_options(
+        "member",
+        robot.clone(),
+        CacheOptions::default().namespace(Some("default".to_string())),
+    );
+    let provider = TestProvider::default();
+    provider
+        .clusters
+        .add(
+            "member",
+            Cluster::with_cache("member", robot, cache.clone()),
+        )
+        .expect("add");
+    let manager = Manager::builder(cluster_for("local", &hub).await)
+        .provider(Arc::new(provider))
+        .build();
+    let recorder = Recorder::default();
+    let controller = {
+        let recorder = recorder.clone();
+        Controller::builder("hub-primary")
+            .for_resource(Watch::<ConfigMap>::new().clusters(ClusterSelector::Local))
+            // A quota in a member is a request for the same key there.
+            .watches(
+                Watch::<ResourceQuota>::new(),
+                |context, quota: &ResourceQuota| {
+                    vec![context.here(
+                        quota.metadata.namespace.as_deref(),
+                        quota.metadata.name.clone().unwrap_or_default(),
+                    )]
+                },
+            )
+            .warning_events("events-test")
+            .build(move |request: Request, _cluster: Cluster| {
+                let recorder = recorder.clone();
+                async move {
+                    recorder.record(&request);
+                    if request.cluster.is_local() {
+                        return Ok(Action::await_change());
+                    }
+                    Err(WidgetDown)
+                }
+            })
+            .expect("controller")
+    };
+    manager.add_controller(controller).expect("add");
+    let (stop, task) = run_manager(&manager);
+    let quota = serde_json::json!({
+        "apiVersion": "v1", "kind": "ResourceQuota",
+        "metadata": {"name": "failing", "namespace": "default"},
+        "spec": {"hard": {"pods": "1"}},
+    });
+    Api::<ResourceQuota>::namespaced(member.client().await.expect("client"), "default")
+        .patch(
+            "failing",
+            &kube::api::PatchParams::apply("test"),
+            &kube::api::Patch::Apply(&quota),
+        )
+        .await
+        .expect("quota");
+    eventually("the member's reconcile to fail three times", || async {
+        recorder.count(&req("member", "failing")) >= 3
+    })
+    .await;
+    // A health check a second: a refused watch would show within two.
+    multicluster_runtime::testing::wait_until_ready(&manager, "member").await;
+    assert_eq!(
+        cache.informer_count(),
+        1,
+        "only the ResourceQuota watch runs in the member"
+    );
+    assert_eq!(
+        manager.cluster_state(&ClusterName::from("member")),
+        Some(ClusterState::Ready)
+    );
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}

@@ -22,7 +22,12 @@ use multicluster_runtime::{Cluster, Manager};
 /// The `error` field of every "reconcile failed" warning, and how many
 /// retries that failed again were told at debug level.
 #[derive(Clone, Default)]
-struct Failures(Arc<Mutex<Vec<String>>>, Arc<Mutex<usize>>);
+struct Failures(
+    Arc<Mutex<Vec<String>>>,
+    Arc<Mutex<usize>>,
+    /// Warnings that a warning Event could not be published.
+    Arc<Mutex<usize>>,
+);
 
 struct Fields {
     message: String,
@@ -55,6 +60,12 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Failures {
             self.0.lock().expect("lock").push(fields.error);
         } else if level == tracing::Level::DEBUG && fields.message == "reconcile failed again" {
             *self.1.lock().expect("lock") += 1;
+        } else if level == tracing::Level::WARN
+            && fields
+                .message
+                .starts_with("cannot publish the warning Event")
+        {
+            *self.2.lock().expect("lock") += 1;
         }
     }
 }
@@ -63,7 +74,9 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Failures {
 /// refused (403): the warning names the 403 and what was refused, not only
 /// the finalizer helper's "reconcile failed"; retried with backoff for the
 /// same reason, it is warned about once, its retries told at debug level
-/// (each was a warning before).
+/// (each was a warning before). Its warning Events are refused too (the
+/// identity may not write Events): told once at warn level for the
+/// cluster, not per failure.
 #[tokio::test]
 async fn a_refused_write_inside_a_finalizer_is_logged_with_its_cause() {
     use tracing_subscriber::layer::SubscriberExt;
@@ -90,6 +103,7 @@ async fn a_refused_write_inside_a_finalizer_is_logged_with_its_cause() {
             .expect("client");
     let controller = Controller::builder("guarded")
         .for_resource(Watch::<ConfigMap>::new())
+        .warning_events("guarded")
         .build(|request, cluster: Cluster| async move {
             type Failure = Box<dyn std::error::Error + Send + Sync>;
             let object = cluster
@@ -155,6 +169,11 @@ async fn a_refused_write_inside_a_finalizer_is_logged_with_its_cause() {
     .await;
     assert_eq!(failures.0.lock().expect("lock").len(), 1);
     assert!(*failures.1.lock().expect("lock") >= 7);
+    assert_eq!(
+        *failures.2.lock().expect("lock"),
+        1,
+        "one warning about Events"
+    );
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }

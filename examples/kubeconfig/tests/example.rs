@@ -162,28 +162,53 @@ async fn the_secret_script_grants_what_the_example_needs_and_no_more() {
     })
     .await;
 
-    // And no more: not Secrets, not other kinds.
+    // Its warning Events, and no more: not Secrets, not other kinds.
+    let can = |account: &'static str, verb: &'static str, resource: &'static str| {
+        let kubeconfig = kubeconfig.clone();
+        async move {
+            let answer = Command::new("kubectl")
+                .args(["--context", "member", "auth", "can-i", verb, resource])
+                .args([
+                    "--as",
+                    &format!("system:serviceaccount:multicluster-runtime:{account}"),
+                ])
+                .env("KUBECONFIG", &kubeconfig)
+                .output()
+                .await
+                .expect("kubectl");
+            String::from_utf8_lossy(&answer.stdout).trim() == "yes"
+        }
+    };
+    let sync = "multicluster-runtime";
+    for resource in ["events", "events.events.k8s.io"] {
+        assert!(can(sync, "create", resource).await, "create {resource}");
+    }
     for (verb, resource) in [
         ("get", "secrets"),
         ("list", "secrets"),
         ("create", "deployments"),
+        ("create", "resourcequotas"),
     ] {
-        let answer = Command::new("kubectl")
-            .args(["--context", "member", "auth", "can-i", verb, resource])
-            .args([
-                "--as",
-                "system:serviceaccount:multicluster-runtime:multicluster-runtime",
-            ])
-            .env("KUBECONFIG", &kubeconfig)
-            .output()
-            .await
-            .expect("kubectl");
-        assert_eq!(
-            String::from_utf8_lossy(&answer.stdout).trim(),
-            "no",
-            "{verb} {resource}"
-        );
+        assert!(!can(sync, verb, resource).await, "{verb} {resource}");
     }
+
+    // For examples/fleet-quota: quotas, and not ConfigMaps.
+    let output = Command::new(script)
+        .args(["--name", "member-quota", "--member-context", "member"])
+        .args(["--management-context", "mgmt", "--namespace", "fleet"])
+        .args(["--for", "fleet-quota", "--service-account", "quota"])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .await
+        .expect("the script runs");
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(can("quota", "patch", "resourcequotas").await);
+    assert!(can("quota", "create", "events.events.k8s.io").await);
+    assert!(!can("quota", "create", "configmaps").await);
     let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
     assert!(status.success(), "{status}");
 }

@@ -259,6 +259,20 @@ impl Cache {
         }
     }
 
+    /// The informer for `K` if something started it in this cache: for a
+    /// look that must not start a watch (a cluster the type is not watched
+    /// in may well refuse one).
+    pub(crate) fn started_informer<K>(&self) -> Option<Arc<Informer<K>>>
+    where
+        K: CachedResource,
+    {
+        let key = ResourceKey::typed::<K>(&());
+        lock(&self.inner.informers)
+            .iter()
+            .find(|(existing, _)| *existing == key)
+            .and_then(|(_, informer)| informer.clone().into_any().downcast::<Informer<K>>().ok())
+    }
+
     /// The shared informer for a resource known only at run time.
     ///
     /// With a namespace restriction the resource is watched in that namespace;

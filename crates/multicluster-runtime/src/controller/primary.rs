@@ -3,15 +3,16 @@
 //! `reconcile_all_on`), and a reference to the object a request is about
 //! (for the warning Event of a failed reconcile).
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, Mutex};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Reporter};
 
 use super::{ReconcileError, Request};
-use crate::Cluster;
 use crate::cache::CachedResource;
 use crate::redact::Redacted;
+use crate::{Cluster, ClusterName};
 
 /// A cluster's cached primary objects, as (namespace, name).
 type ListFn = dyn Fn(&Cluster) -> Vec<(Option<String>, String)> + Send + Sync;
@@ -23,15 +24,23 @@ type ReferenceFn = dyn Fn(&Cluster, &Request) -> Option<ObjectReference> + Send 
 pub(super) struct Primary {
     list: Arc<ListFn>,
     reference: Arc<ReferenceFn>,
+    /// The clusters that refused a warning Event already (told once at
+    /// warn level each; the identity usually lacks the right to write
+    /// Events there).
+    refused: Arc<Mutex<HashSet<ClusterName>>>,
 }
 
 impl Primary {
     pub(super) fn of<K: CachedResource>() -> Self {
         Self {
+            // Only where the primary type is watched already: a look must
+            // not start a watch in a cluster it is not meant for (one that
+            // refuses it would turn degraded).
             list: Arc::new(|cluster| {
-                cluster
-                    .cache()
-                    .informer::<K>()
+                let Some(informer) = cluster.cache().started_informer::<K>() else {
+                    return Vec::new();
+                };
+                informer
                     .list(None)
                     .iter()
                     .filter_map(|object| {
@@ -43,10 +52,11 @@ impl Primary {
             reference: Arc::new(|cluster, request| {
                 let object = cluster
                     .cache()
-                    .informer::<K>()
+                    .started_informer::<K>()?
                     .get(request.namespace.as_deref(), &request.name)?;
                 Some(object.object_ref(&()))
             }),
+            refused: Arc::default(),
         }
     }
 
@@ -81,12 +91,23 @@ impl Primary {
             .publish(&event, &regarding)
             .await
         {
-            tracing::debug!(
-                cluster = %request.cluster,
-                object = %request,
-                error = %Redacted::kube(&err).as_str(),
-                "cannot publish the warning Event of a failed reconcile"
-            );
+            let first = crate::sync::lock(&self.refused).insert(request.cluster.clone());
+            let error = Redacted::kube(&err);
+            if first {
+                tracing::warn!(
+                    cluster = %request.cluster,
+                    object = %request,
+                    error = %error.as_str(),
+                    "cannot publish the warning Event of a failed reconcile; later failures in this cluster are logged at debug level"
+                );
+            } else {
+                tracing::debug!(
+                    cluster = %request.cluster,
+                    object = %request,
+                    error = %error.as_str(),
+                    "cannot publish the warning Event of a failed reconcile"
+                );
+            }
         }
     }
 }
