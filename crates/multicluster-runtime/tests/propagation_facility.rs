@@ -544,3 +544,63 @@ async fn chosen_members_join_move_without_deletion_and_leave() {
     stop.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// A cluster-scoped type (a Namespace per hub object) in members reached
+/// as admin, and `report`: each member's `status.phase`, set by its API
+/// server, is written back under the member on the hub object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reported_status_field_reaches_the_hub_object() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let (hub, a) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, a) = (hub.expect("hub"), a.expect("a"));
+    let provider = TestProvider::default();
+    provider
+        .clusters
+        .add("a", cluster_for("a", &a).await)
+        .expect("add");
+    let manager = Manager::builder(cluster_for("hub", &hub).await)
+        .provider(Arc::new(provider))
+        .build();
+    let namespaces = Propagation::<ConfigMap>::new("team-namespaces")
+        .select(|hub| labelled(hub, "namespace"))
+        .propagates::<Namespace>()
+        .desired(|hub, _member| {
+            let namespace = Namespace {
+                metadata: ObjectMeta {
+                    name: hub.metadata.name.clone(),
+                    ..ObjectMeta::default()
+                },
+                ..Namespace::default()
+            };
+            Ok(vec![Desired::new(&namespace)?])
+        })
+        .report(|applied| applied.data.pointer("/status/phase").cloned())
+        .status_annotation(STATUS);
+    manager
+        .add_controller(namespaces.build().expect("propagation"))
+        .expect("add");
+    let (stop, task) = run_manager(&manager);
+    hub_config_map(&hub, "team-x", "namespace", "1").await;
+    eventually("the member's namespace phase on the hub object", || async {
+        let Some(object) =
+            Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
+                .get_opt("team-x")
+                .await
+                .expect("get")
+        else {
+            return false;
+        };
+        let Some(text) = object
+            .metadata
+            .annotations
+            .and_then(|a| a.get(STATUS).cloned())
+        else {
+            return false;
+        };
+        let status: Value = serde_json::from_str(&text).expect("JSON");
+        status["members"][0]["reported"]["Namespace team-x"] == "Active"
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}

@@ -103,14 +103,7 @@ where
         }
         for name in chosen {
             if !engaged.iter().any(|(engaged, _)| *engaged == name) {
-                known.insert(
-                    name,
-                    Outcome {
-                        state: MemberState::NotEngaged,
-                        reason: None,
-                        applied_generation: None,
-                    },
-                );
+                known.insert(name, Outcome::failed(MemberState::NotEngaged, None));
             }
         }
         known.clone()

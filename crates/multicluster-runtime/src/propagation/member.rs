@@ -1,6 +1,7 @@
 //! A member request: apply what the hub object wants there, or remove
 //! what was made for it.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
@@ -164,10 +165,8 @@ where
     /// made before and no longer wants.
     async fn apply(&self, hub: &K, key: &HubKey, member: &Cluster) -> Outcome {
         let generation = hub.meta().generation;
-        let failed = |state: MemberState, reason: String| Outcome {
-            state,
-            reason: Some(Redacted::ours(reason).as_str().to_string()),
-            applied_generation: None,
+        let failed = |state: MemberState, reason: String| {
+            Outcome::failed(state, Some(Redacted::ours(reason).as_str().to_string()))
         };
         let desired = match (self.desired)(hub, member) {
             Ok(desired) => desired,
@@ -183,6 +182,7 @@ where
         };
         let owner = Request::new(ClusterName::local(), key.0.as_deref(), key.1.as_str());
         let mut keep = Vec::new();
+        let mut reported = BTreeMap::new();
         let mut worst: Option<(MemberState, String)> = None;
         for object in desired {
             let Some(name) = object.name().map(str::to_string) else {
@@ -225,7 +225,11 @@ where
                 params = params.force();
             }
             match api.patch(&name, &params, &Patch::Apply(&stamped)).await {
-                Ok(_) => {}
+                Ok(applied) => {
+                    if let Some(value) = self.report.as_ref().and_then(|report| report(&applied)) {
+                        reported.insert(described.clone(), value);
+                    }
+                }
                 Err(err) if matches!(&err, kube::Error::Api(status) if status.code == 409) => {
                     // Our own object changed under another manager is
                     // drift; someone else's object is a conflict.
@@ -250,15 +254,12 @@ where
             );
         }
         match worst {
-            Some((state, reason)) => Outcome {
-                state,
-                reason: Some(reason),
-                applied_generation: None,
-            },
+            Some((state, reason)) => Outcome::failed(state, Some(reason)),
             None => Outcome {
                 state: MemberState::InSync,
                 reason: None,
                 applied_generation: generation,
+                reported,
             },
         }
     }

@@ -210,8 +210,10 @@ pub enum Drift {
     /// Apply the object again, taking the field back (the default).
     #[default]
     Repair,
-    /// Leave it, and report the member `Drifted` with the fields that
-    /// differ, until the hub object changes or the drift is undone.
+    /// Leave it, and report the member `Drifted` with the server's words
+    /// (the fields and the manager that changed them), until the drift is
+    /// undone. The propagation's own changes (a new hub object) are not
+    /// applied meanwhile where they touch a drifted field.
     Report,
 }
 
@@ -249,6 +251,7 @@ pub enum StatusTarget {
 
 type DesiredFn<K> = Arc<dyn Fn(&K, &Cluster) -> Result<Vec<Desired>, ReconcileError> + Send + Sync>;
 type Configure = Box<dyn FnOnce(ControllerBuilder) -> ControllerBuilder + Send>;
+type Report = Arc<dyn Fn(&DynamicObject) -> Option<serde_json::Value> + Send + Sync>;
 type Concerns = Arc<dyn Fn(&MapContext<'_>, &DynamicObject) -> Vec<Request> + Send + Sync>;
 
 /// Keeps what hub objects of type `K` (in the local cluster) ask for
@@ -265,6 +268,7 @@ pub struct Propagation<K> {
     removal_grace: Duration,
     status: StatusTarget,
     events: bool,
+    report: Option<Report>,
     reselect: Vec<(ApiResource, Concerns)>,
     configure: Vec<Configure>,
 }
@@ -288,6 +292,7 @@ where
             removal_grace: DEFAULT_REMOVAL_GRACE,
             status: StatusTarget::None,
             events: true,
+            report: None,
             reselect: Vec::new(),
             configure: Vec::new(),
         }
@@ -373,6 +378,23 @@ where
         self
     }
 
+    /// Reports a part of each applied object back to the hub object (as
+    /// Karmada's `AggregateStatus`): `report` gets the object as the
+    /// member's API server returned it from the apply (its status
+    /// included), and what it returns is written under the member's
+    /// `reported`, by object (`<Kind> <namespace>/<name>`). The members'
+    /// watch sees their objects' status change, so it is kept current. A
+    /// status subresource's schema must allow `reported` (for example
+    /// `x-kubernetes-preserve-unknown-fields`).
+    #[must_use]
+    pub fn report(
+        mut self,
+        report: impl Fn(&DynamicObject) -> Option<serde_json::Value> + Send + Sync + 'static,
+    ) -> Self {
+        self.report = Some(Arc::new(report));
+        self
+    }
+
     /// Whether a member's failure, conflict or drift is told in a Warning
     /// Event on the hub object (default `true`; one series per member and
     /// reason).
@@ -452,6 +474,7 @@ where
             removal_grace: self.removal_grace,
             status: self.status,
             events: self.events,
+            report: self.report,
             outcomes: Mutex::new(HashMap::new()),
             leaving: Mutex::new(HashMap::new()),
             events_refused: AtomicBool::new(false),
@@ -566,6 +589,7 @@ struct Shared<K> {
     removal_grace: Duration,
     status: StatusTarget,
     events: bool,
+    report: Option<Report>,
     /// Each hub object's members and how they are doing.
     outcomes: Mutex<HashMap<HubKey, BTreeMap<ClusterName, Outcome>>>,
     /// Since when a member has been out of a hub object's selection.

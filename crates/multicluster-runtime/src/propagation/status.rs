@@ -67,6 +67,9 @@ pub(super) struct Outcome {
     /// The hub object's `metadata.generation` the member was last brought
     /// in line with.
     pub(super) applied_generation: Option<i64>,
+    /// What [`Propagation::report`](super::Propagation::report) took from
+    /// each applied object, by object (`<Kind> <namespace>/<name>`).
+    pub(super) reported: BTreeMap<String, Value>,
 }
 
 impl Outcome {
@@ -75,6 +78,17 @@ impl Outcome {
             state: MemberState::Pending,
             reason: None,
             applied_generation: None,
+            reported: BTreeMap::new(),
+        }
+    }
+
+    /// `state` with `reason`, nothing applied.
+    pub(super) fn failed(state: MemberState, reason: Option<String>) -> Self {
+        Self {
+            state,
+            reason,
+            applied_generation: None,
+            reported: BTreeMap::new(),
         }
     }
 }
@@ -101,6 +115,9 @@ pub(super) fn render(
             }
             if let Some(applied) = outcome.applied_generation {
                 entry["appliedGeneration"] = json!(applied);
+            }
+            if !outcome.reported.is_empty() {
+                entry["reported"] = json!(outcome.reported);
             }
             entry
         })
@@ -169,6 +186,7 @@ mod tests {
             state,
             reason: reason.map(str::to_string),
             applied_generation: Some(2),
+            reported: BTreeMap::new(),
         }
     }
 
