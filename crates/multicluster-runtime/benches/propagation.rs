@@ -294,8 +294,26 @@ async fn run(cp: &ControlPlane, members: usize) -> Result<(), Error> {
 
     let seen = Arc::new(Mutex::new(Seen::default()));
     watch(&admin, seen.clone(), shutdown.clone());
+    let reconciles = |manager: &Manager| {
+        manager
+            .metrics()
+            .encode()
+            .lines()
+            .filter(|line| {
+                line.starts_with("controller_runtime_reconcile_") && !line.contains("_bucket")
+            })
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+            .join("; ")
+    };
     round(&admin, &seen, members, "1", "create").await?;
+    if std::env::var_os("BENCH_DETAIL").is_some() {
+        println!("{}", reconciles(&manager));
+    }
     round(&admin, &seen, members, "2", "update").await?;
+    if std::env::var_os("BENCH_DETAIL").is_some() {
+        println!("{}", reconciles(&manager));
+    }
     let rss_after = multicluster_runtime::testing::resident_memory_mib();
     println!(
         "members={members:>5} rss={rss_after:.1}MiB (+{:.1}MiB for the fleet and its copies)",

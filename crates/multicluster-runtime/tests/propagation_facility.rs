@@ -246,13 +246,31 @@ async fn a_hub_object_is_applied_kept_reported_and_removed() {
     })
     .await;
 
-    // An update on the hub reaches both members.
+    // An update on the hub reaches both members; hub objects of the type
+    // that the propagation does not select cause no member reconcile.
+    let reconciles = || {
+        series(
+            &manager,
+            r#"controller_runtime_reconcile_total{controller="fleet-quota",result="success"}"#,
+        )
+        .unwrap_or_default()
+    };
+    let before = reconciles();
+    for i in 0..10 {
+        create_config_map(&hub, &format!("unselected-{i}"), &[]).await;
+    }
     hub_config_map(&hub, "team", "on", "6").await;
     eventually("both members to follow the update", || async {
         pods_in(&a, "team").await.as_deref() == Some("6")
             && pods_in(&b, "team").await.as_deref() == Some("6")
     })
     .await;
+    let spent = reconciles() - before;
+    eprintln!("{spent} reconciles for 10 unselected hub objects and one update");
+    assert!(
+        spent < 25.0,
+        "{spent} reconciles: the unselected objects made member requests"
+    );
 
     // Drift: someone edits the quota in a member; it is put back.
     Api::<ResourceQuota>::namespaced(a.client().await.expect("client"), "default")

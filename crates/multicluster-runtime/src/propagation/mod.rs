@@ -505,14 +505,23 @@ where
                 {
                     let shared = shared.clone();
                     move |context, hub: &K| {
+                        if !shared.concerns(hub) {
+                            return Vec::new();
+                        }
                         shared.member_requests(context.engaged_clusters(), &key_of(hub))
                     }
                 },
             )
             // A member joining gets every hub object's request; one leaving
             // makes every hub object's status drop it.
-            .owed_on_engage(map::local_objects::<K>(|_| true))
-            .owed_on_disengage(map::local_requests::<K>(|_| true));
+            .owed_on_engage(map::local_objects::<K>({
+                let shared = shared.clone();
+                move |hub| shared.concerns(hub)
+            }))
+            .owed_on_disengage(map::local_requests::<K>({
+                let shared = shared.clone();
+                move |hub| shared.concerns(hub)
+            }));
         for kind in shared.kinds.clone() {
             let shared = shared.clone();
             builder = kind.watched_by(
@@ -619,6 +628,20 @@ where
         map::owner_in(meta)
             .filter(|owner| owner.cluster.is_local())
             .map(|owner| (owner.namespace, owner.name))
+    }
+
+    /// Whether `hub` is anything to this propagation: selected, or holding
+    /// its finalizer (selected once, its members maybe not clean yet), or
+    /// with members on record. Other objects of the hub type (most, often)
+    /// cause no member request.
+    fn concerns(&self, hub: &K) -> bool {
+        (self.select)(hub)
+            || hub
+                .meta()
+                .finalizers
+                .as_ref()
+                .is_some_and(|finalizers| finalizers.contains(&self.finalizer))
+            || crate::sync::lock(&self.outcomes).contains_key(&key_of(hub))
     }
 
     /// The member requests for `hub`: every engaged member (selection is
