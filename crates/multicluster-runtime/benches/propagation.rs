@@ -54,7 +54,8 @@ type Error = Box<dyn std::error::Error>;
 #[derive(Default)]
 struct Seen {
     copies: HashMap<String, (String, Instant)>,
-    hub_writes: Vec<Instant>,
+    /// When the hub object was written, and its resourceVersion then.
+    hub_writes: Vec<(Instant, String)>,
     hub_in_sync: usize,
 }
 
@@ -129,8 +130,9 @@ fn watch(admin: &kube::Client, seen: Arc<Mutex<Seen>>, stop: CancellationToken) 
                     })
                 })
                 .unwrap_or(0);
+            let version = object.metadata.resource_version.clone().unwrap_or_default();
             let mut seen = lock(&hub_seen);
-            seen.hub_writes.push(Instant::now());
+            seen.hub_writes.push((Instant::now(), version));
             seen.hub_in_sync = in_sync;
         }
     });
@@ -164,13 +166,16 @@ async fn round(
         "data": {"v": value},
     });
     let started = Instant::now();
-    Api::<ConfigMap>::namespaced(admin.clone(), HUB_NAMESPACE)
+    let own = Api::<ConfigMap>::namespaced(admin.clone(), HUB_NAMESPACE)
         .patch(
             HUB_OBJECT,
             &PatchParams::apply("bench"),
             &Patch::Apply(&hub_object),
         )
-        .await?;
+        .await?
+        .metadata
+        .resource_version
+        .unwrap_or_default();
     let current = |seen: &Seen| {
         seen.copies
             .values()
@@ -192,7 +197,7 @@ async fn round(
         lock(seen)
             .hub_writes
             .last()
-            .is_some_and(|last| last.elapsed() >= SETTLED_AFTER)
+            .is_some_and(|(last, _)| last.elapsed() >= SETTLED_AFTER)
     })
     .await?;
     let seen = lock(seen);
@@ -202,8 +207,11 @@ async fn round(
         .map(|(_, at)| at.saturating_duration_since(started))
         .collect();
     latencies.sort();
-    // The bench's own write is one of them.
-    let hub_writes = seen.hub_writes.len() - writes_before - 1;
+    // Every write but the bench's own.
+    let hub_writes = seen.hub_writes[writes_before..]
+        .iter()
+        .filter(|(_, version)| *version != own)
+        .count();
     println!(
         "members={members:>5} {what:<7} every copy={:>7.2}s per member p50={:>7.1}ms p99={:>7.1}ms hub status complete={:>7.2}s hub writes={hub_writes}",
         applied.as_secs_f64(),

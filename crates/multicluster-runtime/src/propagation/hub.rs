@@ -2,7 +2,7 @@
 //! member holds anything made for it, and its status.
 
 use std::collections::BTreeMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use serde::Serialize;
@@ -10,7 +10,7 @@ use serde::de::DeserializeOwned;
 use serde_json::json;
 
 use super::status::{self, MemberState, Outcome};
-use super::{HubKey, Members, Shared, StatusTarget};
+use super::{HubKey, Members, STATUS_COALESCE, Shared, StatusTarget};
 use crate::cache::CachedResource;
 use crate::controller::{Action, ReconcileError, Request, finalizer};
 use crate::{Cluster, ClusterName};
@@ -35,6 +35,7 @@ where
             .await?
         else {
             crate::sync::lock(&self.outcomes).remove(&key);
+            crate::sync::lock(&self.status_written).remove(&key);
             return Ok(Action::await_change());
         };
         let wanted = (self.select)(&hub) && hub.meta().deletion_timestamp.is_none();
@@ -49,7 +50,18 @@ where
         let action = finalizer::finalizer(&hub_cluster, &self.finalizer, hub, |event| async {
             match event {
                 finalizer::Event::Apply(hub) => {
-                    self.write_status(&hub_cluster, &key, hub.as_ref()).await?;
+                    // At most one status write a second per hub object: its
+                    // own write is an event too, and would chain writes
+                    // while members come in.
+                    let since = crate::sync::lock(&self.status_written)
+                        .get(&key)
+                        .map(|at| at.elapsed());
+                    if let Some(since) = since.filter(|since| *since < STATUS_COALESCE) {
+                        return Ok(Action::requeue(STATUS_COALESCE - since));
+                    }
+                    if self.write_status(&hub_cluster, &key, hub.as_ref()).await? {
+                        crate::sync::lock(&self.status_written).insert(key.clone(), Instant::now());
+                    }
                     Ok::<_, ReconcileError>(Action::await_change())
                 }
                 // Not reached: a hub object being deleted is handled above.
@@ -110,15 +122,15 @@ where
     }
 
     /// Writes the members' status to the hub object, unless it says that
-    /// already.
+    /// already; whether it wrote.
     async fn write_status(
         &self,
         hub_cluster: &Cluster,
         key: &HubKey,
         hub: &K,
-    ) -> Result<(), ReconcileError> {
+    ) -> Result<bool, ReconcileError> {
         if self.status == StatusTarget::None {
-            return Ok(());
+            return Ok(false);
         }
         let outcomes = self.member_outcomes(key, hub);
         let (members, mut condition) = status::render(&outcomes, hub.meta().generation);
@@ -134,7 +146,7 @@ where
         });
         let params = PatchParams::apply(&self.status_manager).force();
         match &self.status {
-            StatusTarget::None => Ok(()),
+            StatusTarget::None => Ok(false),
             StatusTarget::Subresource => {
                 let current = serde_json::to_value(hub)?;
                 let live = current.get("status");
@@ -142,7 +154,7 @@ where
                 if live.and_then(|status| status.get("members")) == Some(&members)
                     && previous.is_some_and(|previous| status::same_condition(previous, &condition))
                 {
-                    return Ok(());
+                    return Ok(false);
                 }
                 // The transition time moves only when the status does.
                 let since = previous
@@ -158,7 +170,7 @@ where
                 patch["status"] = json!({ "members": members, "conditions": [condition] });
                 api.patch_status(&key.1, &params, &Patch::Apply(&patch))
                     .await?;
-                Ok(())
+                Ok(true)
             }
             StatusTarget::Annotation(annotation) => {
                 let text =
@@ -169,12 +181,12 @@ where
                     .as_ref()
                     .and_then(|annotations| annotations.get(annotation));
                 if current == Some(&text) {
-                    return Ok(());
+                    return Ok(false);
                 }
                 let mut patch = identity;
                 patch["metadata"]["annotations"] = json!({ annotation.as_str(): text });
                 api.patch(&key.1, &params, &Patch::Apply(&patch)).await?;
-                Ok(())
+                Ok(true)
             }
         }
     }

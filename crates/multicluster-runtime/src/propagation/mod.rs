@@ -476,6 +476,7 @@ where
             events: self.events,
             report: self.report,
             outcomes: Mutex::new(HashMap::new()),
+            status_written: Mutex::new(HashMap::new()),
             leaving: Mutex::new(HashMap::new()),
             events_refused: AtomicBool::new(false),
             controller: OnceLock::new(),
@@ -601,6 +602,8 @@ struct Shared<K> {
     report: Option<Report>,
     /// Each hub object's members and how they are doing.
     outcomes: Mutex<HashMap<HubKey, BTreeMap<ClusterName, Outcome>>>,
+    /// When each hub object's status was last written.
+    status_written: Mutex<HashMap<HubKey, Instant>>,
     /// Since when a member has been out of a hub object's selection.
     leaving: Mutex<HashMap<(HubKey, ClusterName), Instant>>,
     /// Whether the hub refused an Event already (warned once).
