@@ -357,3 +357,17 @@ pub async fn reconcile(
     );
     Ok(Action::await_change())
 }
+
+/// For the examples that propagate hub ConfigMaps: the copy a hub
+/// ConfigMap wants in a member (same namespace, name and data).
+pub fn hub_copy(hub: &ConfigMap) -> ConfigMap {
+    ConfigMap {
+        metadata: kube::api::ObjectMeta {
+            name: hub.metadata.name.clone(),
+            namespace: hub.metadata.namespace.clone(),
+            ..Default::default()
+        },
+        data: hub.data.clone(),
+        ..ConfigMap::default()
+    }
+}

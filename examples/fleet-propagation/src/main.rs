@@ -14,8 +14,9 @@ use std::sync::Arc;
 
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::ObjectMeta;
-use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs, PolicyArgs};
+use multicluster_example_configmap_sync::{
+    ClientArgs, MainError, ManagerArgs, PolicyArgs, hub_copy,
+};
 use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
 use multicluster_runtime::propagation::{Desired, Propagation};
 use multicluster_runtime::{Cluster, Manager};
@@ -49,20 +50,6 @@ fn propagated(object: &ConfigMap) -> bool {
         .is_some_and(|value| value == "true")
 }
 
-/// The copy a hub ConfigMap wants in each member: same namespace, name and
-/// data.
-fn copy_of(hub: &ConfigMap) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: hub.metadata.name.clone(),
-            namespace: hub.metadata.namespace.clone(),
-            ..ObjectMeta::default()
-        },
-        data: hub.data.clone(),
-        ..ConfigMap::default()
-    }
-}
-
 #[tokio::main]
 async fn main() -> Result<(), MainError> {
     let args = Args::parse();
@@ -89,7 +76,7 @@ async fn main() -> Result<(), MainError> {
     let propagation = Propagation::<ConfigMap>::new("fleet-propagation")
         .select(propagated)
         .propagates::<ConfigMap>()
-        .desired(|hub, _member| Ok(vec![Desired::new(&copy_of(hub))?]))
+        .desired(|hub, _member| Ok(vec![Desired::new(&hub_copy(hub))?]))
         .status_annotation(STATUS_ANNOTATION)
         .configure(|controller| controller.max_concurrent_reconciles(8))
         .build()?;

@@ -18,8 +18,9 @@ use std::sync::Arc;
 
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::ObjectMeta;
-use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs, PolicyArgs};
+use multicluster_example_configmap_sync::{
+    ClientArgs, MainError, ManagerArgs, PolicyArgs, hub_copy,
+};
 use multicluster_provider_cluster_inventory_api::placement::{DecisionKey, Placements};
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
 use multicluster_runtime::propagation::{Desired, Members, Propagation};
@@ -58,20 +59,6 @@ fn key_of(object: &ConfigMap) -> Option<DecisionKey> {
     Some(DecisionKey::Placement(placement.clone()))
 }
 
-/// The copy a hub ConfigMap wants in each chosen cluster: same namespace,
-/// name and data.
-fn copy_of(hub: &ConfigMap) -> ConfigMap {
-    ConfigMap {
-        metadata: ObjectMeta {
-            name: hub.metadata.name.clone(),
-            namespace: hub.metadata.namespace.clone(),
-            ..ObjectMeta::default()
-        },
-        data: hub.data.clone(),
-        ..ConfigMap::default()
-    }
-}
-
 #[tokio::main]
 async fn main() -> Result<(), MainError> {
     let args = Args::parse();
@@ -108,7 +95,7 @@ async fn main() -> Result<(), MainError> {
             placements.on_decision::<ConfigMap>(key_of),
         )
         .propagates::<ConfigMap>()
-        .desired(|hub, _member| Ok(vec![Desired::new(&copy_of(hub))?]))
+        .desired(|hub, _member| Ok(vec![Desired::new(&hub_copy(hub))?]))
         .status_annotation(STATUS_ANNOTATION)
         .configure(|controller| controller.max_concurrent_reconciles(8))
         .build()?;
