@@ -622,3 +622,49 @@ async fn a_reported_status_field_reaches_the_hub_object() {
     stop.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// `Members::labelled`: a member whose cluster labels stop matching loses
+/// its quota (after the grace) without any other event, and gets it back
+/// when they match again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labelled_members_follow_their_cluster_labels() {
+    use kube::core::{Expression, Selector};
+    use multicluster_runtime::Inventory;
+    let (hub, a) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, a) = (hub.expect("hub"), a.expect("a"));
+    let member = least_privileged("a", &a).await;
+    let labelled_as =
+        |env: &str| Inventory::labelled(BTreeMap::from([("env".to_string(), env.to_string())]));
+    member.set_inventory(labelled_as("prod"));
+    let provider = TestProvider::default();
+    provider.clusters.add("a", member.clone()).expect("add");
+    let manager = Manager::builder(cluster_for("hub", &hub).await)
+        .provider(Arc::new(provider))
+        .build();
+    let prod: Selector = Expression::Equal("env".into(), "prod".into()).into();
+    let propagation = quotas("prod-quota", "on").members(Members::labelled(prod));
+    manager
+        .add_controller(propagation.build().expect("propagation"))
+        .expect("add");
+    let (stop, task) = run_manager(&manager);
+    wait_until_ready(&manager, "a").await;
+    hub_config_map(&hub, "team", "on", "4").await;
+    eventually("the prod member to get the quota", || async {
+        pods_in(&a, "team").await.as_deref() == Some("4")
+    })
+    .await;
+
+    member.set_inventory(labelled_as("dev"));
+    eventually(
+        "the quota to go once the member is no longer prod",
+        || async { pods_in(&a, "team").await.is_none() },
+    )
+    .await;
+    member.set_inventory(labelled_as("prod"));
+    eventually("the quota back once it is prod again", || async {
+        pods_in(&a, "team").await.as_deref() == Some("4")
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}

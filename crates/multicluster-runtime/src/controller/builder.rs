@@ -123,6 +123,7 @@ pub struct ControllerBuilder {
     metrics: Option<Metrics>,
     owed: Option<Owed>,
     owed_on_disengage: Option<Owed>,
+    owed_on_relabel: Option<Owed>,
     primary_ops: Option<Primary>,
     /// The primary watch's cluster label selector.
     primary_labels: Option<Selector>,
@@ -148,6 +149,7 @@ impl ControllerBuilder {
             metrics: None,
             owed: None,
             owed_on_disengage: None,
+            owed_on_relabel: None,
             primary_ops: None,
             primary_labels: None,
             warning_events: None,
@@ -273,6 +275,21 @@ impl ControllerBuilder {
         owed: impl Fn(&ClusterName, &Controller) -> Vec<Request> + Send + Sync + 'static,
     ) -> Self {
         self.owed = Some(Arc::new(owed));
+        self
+    }
+
+    /// When an engaged cluster's labels change (its provider updated its
+    /// inventory in place: [`Cluster::set_inventory`](crate::Cluster::set_inventory)),
+    /// queue the requests `owed` returns for it: for reconcilers that choose
+    /// clusters by their labels themselves (`propagation::Members::labelled`)
+    /// rather than through [`Watch::cluster_labels`]. `owed` gets the
+    /// cluster's name and the controller; it must not block.
+    #[must_use]
+    pub fn owed_on_relabel(
+        mut self,
+        owed: impl Fn(&ClusterName, &Controller) -> Vec<Request> + Send + Sync + 'static,
+    ) -> Self {
+        self.owed_on_relabel = Some(Arc::new(owed));
         self
     }
 
@@ -475,6 +492,7 @@ impl ControllerBuilder {
                 finished: tokio::sync::Notify::new(),
                 owed: self.owed,
                 owed_on_disengage: self.owed_on_disengage,
+                owed_on_relabel: self.owed_on_relabel,
                 primary: self.primary_ops,
                 primary_labels: self.primary_labels,
                 triggers: Mutex::new(self.triggers),

@@ -114,6 +114,8 @@ struct Inner {
     finished: tokio::sync::Notify,
     owed: Option<Owed>,
     owed_on_disengage: Option<Owed>,
+    /// Requests owed to a cluster whose labels changed.
+    owed_on_relabel: Option<Owed>,
     /// The primary type's operations (for `reconcile_all_on`).
     primary: Option<primary::Primary>,
     /// The primary watch's selector over cluster labels: clusters entering

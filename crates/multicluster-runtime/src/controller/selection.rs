@@ -43,6 +43,7 @@ impl Selection {
         stop: &CancellationToken,
     ) -> bool {
         let follows = controller.inner.primary_labels.is_some()
+            || controller.inner.owed_on_relabel.is_some()
             || sources
                 .iter()
                 .any(|source| source.cluster_labels().is_some());
@@ -59,7 +60,7 @@ impl Selection {
         selection.apply(&inventory);
         let primary = selection.primary;
         if follows {
-            tokio::spawn(selection.follow(changes));
+            tokio::spawn(selection.follow(changes, inventory));
         }
         primary
     }
@@ -92,7 +93,11 @@ impl Selection {
         }
     }
 
-    async fn follow(mut self, mut changes: watch::Receiver<Arc<Inventory>>) {
+    async fn follow(
+        mut self,
+        mut changes: watch::Receiver<Arc<Inventory>>,
+        mut before: Arc<Inventory>,
+    ) {
         loop {
             tokio::select! {
                 () = self.stop.cancelled() => return,
@@ -101,6 +106,14 @@ impl Selection {
             let inventory = changes.borrow_and_update().clone();
             self.apply(&inventory);
             let inner = &self.controller.inner;
+            if let Some(owed) = &inner.owed_on_relabel
+                && inventory.labels != before.labels
+            {
+                for request in owed(&self.name, &self.controller) {
+                    inner.work.enqueue(request);
+                }
+            }
+            before = inventory.clone();
             let primary = selects(inner.primary_labels.as_ref(), &inventory);
             if primary == self.primary {
                 continue;

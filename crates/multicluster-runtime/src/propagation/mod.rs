@@ -170,7 +170,8 @@ pub enum Members<K> {
     /// without a hub event (a decision slice), name it with
     /// [`Propagation::reselect_on`].
     Chosen(Choose<K>),
-    /// The engaged members this function accepts for the hub object.
+    /// The engaged members this function accepts for the hub object,
+    /// asked again when a member's labels change.
     Matching(Accept<K>),
 }
 
@@ -185,8 +186,8 @@ impl<K> Clone for Members<K> {
 }
 
 impl<K> Members<K> {
-    /// The engaged members whose cluster labels `selector` matches, read
-    /// at each reconcile.
+    /// The engaged members whose cluster labels `selector` matches; a
+    /// member whose labels change is decided again.
     pub fn labelled(selector: Selector) -> Self {
         Members::Matching(Arc::new(move |_, cluster| {
             selector.matches(&cluster.labels())
@@ -523,6 +524,14 @@ where
                 let shared = shared.clone();
                 move |hub| shared.concerns(hub)
             }));
+        // Members chosen by a function of the cluster (its labels) are
+        // decided again when its labels change.
+        if matches!(shared.members, Members::Matching(_)) {
+            builder = builder.owed_on_relabel(map::local_objects::<K>({
+                let shared = shared.clone();
+                move |hub| shared.concerns(hub)
+            }));
+        }
         for kind in shared.kinds.clone() {
             let shared = shared.clone();
             builder = kind.watched_by(
