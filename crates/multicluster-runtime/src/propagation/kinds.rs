@@ -42,8 +42,10 @@ impl Kind {
     {
         Self {
             resource: ApiResource::erase::<T>(&()),
+            // Only the watch the member's source started: a look never
+            // starts one.
             find: Arc::new(|cluster, keep| {
-                let informer = cluster.cache().metadata::<T>();
+                let informer = cluster.cache().started_informer::<PartialObjectMeta<T>>()?;
                 informer.is_ready().then(|| {
                     informer
                         .list(None)
