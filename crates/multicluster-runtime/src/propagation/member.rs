@@ -43,7 +43,8 @@ where
             .get()
             .and_then(|controller| controller.cluster(&ClusterName::local()))
         else {
-            // The hub is engaged first; its engagement queues this again.
+            // Not engaged yet: once it is, its watch of the hub objects
+            // lists them and maps each to every member again.
             return Ok(Action::await_change());
         };
         let hub = hub_cluster
