@@ -26,7 +26,7 @@
 //! - **Applies** the desired objects with server-side apply under the
 //!   propagation's name as field manager, labelled
 //!   [`PROPAGATION_LABEL`]`=<name>` and pointing at the hub object with
-//!   [`map::owner_annotations`](crate::controller::map::owner_annotations).
+//!   [`map::owner_annotations`].
 //!   An object that is no longer desired is deleted.
 //! - **Drift**: the member watch of each propagated type (metadata only)
 //!   sees a change made in a member; by [`Drift`], the object is applied
