@@ -8,14 +8,18 @@ use serde_json::{Value, json};
 
 use crate::ClusterName;
 
-/// How one member is doing with the objects of one hub object.
+/// How one member is doing with the objects of one hub object, from best
+/// to worst: the order is the summary's, whose reason is the worst state
+/// of any member.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[non_exhaustive]
 pub enum MemberState {
-    /// Selected, not yet applied (its reconcile has not run yet).
-    Pending,
     /// Every object applied as desired.
     InSync,
+    /// Selected, not yet applied (its reconcile has not run yet).
+    Pending,
+    /// Chosen for the hub object, but no such member is engaged.
+    NotEngaged,
     /// A field the propagation manages was changed in the member, and the
     /// propagation reports drift rather than repairing it
     /// ([`Drift::Report`](super::Drift::Report)).
@@ -27,8 +31,6 @@ pub enum MemberState {
     /// Applying failed (refused, invalid, unreachable); retried with
     /// backoff.
     Failed,
-    /// Chosen for the hub object, but no such member is engaged.
-    NotEngaged,
 }
 
 impl MemberState {
@@ -41,19 +43,6 @@ impl MemberState {
             MemberState::Conflict => "Conflict",
             MemberState::Failed => "Failed",
             MemberState::NotEngaged => "NotEngaged",
-        }
-    }
-
-    /// How bad it is, for the summary: the worst state of any member is
-    /// the condition's reason.
-    fn severity(self) -> u8 {
-        match self {
-            MemberState::InSync => 0,
-            MemberState::Pending => 1,
-            MemberState::NotEngaged => 2,
-            MemberState::Drifted => 3,
-            MemberState::Conflict => 4,
-            MemberState::Failed => 5,
         }
     }
 }
@@ -125,7 +114,7 @@ pub(super) fn render(
     let worst = outcomes
         .values()
         .map(|outcome| outcome.state)
-        .max_by_key(|state| state.severity())
+        .max()
         .unwrap_or(MemberState::InSync);
     let in_sync = outcomes
         .values()
