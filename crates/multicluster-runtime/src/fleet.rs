@@ -39,6 +39,9 @@ pub struct FleetSummary {
     pub unreachable: usize,
     /// Inventory objects that could not become clusters.
     pub unusable: usize,
+    /// Inventory objects describing a cluster the fleet already holds under
+    /// another name ([`crate::manager::ClusterState::Duplicate`]).
+    pub duplicates: usize,
     /// How many changes the fleet has seen.
     pub changes: u64,
 }
@@ -68,8 +71,32 @@ impl Unusable {
     }
 }
 
-/// The fleet's summary and unusable inventory, shared by the manager and
-/// its provider. Cheap to clone.
+/// An inventory object describing a cluster the fleet holds under another
+/// name.
+#[derive(Clone, Debug)]
+pub(crate) struct Duplicate {
+    /// The provider that found it.
+    pub(crate) provider: Arc<str>,
+    /// The name the cluster is engaged (or wanted) under.
+    pub(crate) of: ClusterName,
+    /// Since when it is a duplicate of `of`.
+    pub(crate) since: std::time::SystemTime,
+}
+
+impl Duplicate {
+    /// Its status as the manager reports it.
+    pub(crate) fn status(&self) -> crate::manager::ClusterStatus {
+        crate::manager::ClusterStatus {
+            state: crate::manager::ClusterState::Duplicate(self.of.clone()),
+            since: self.since,
+            failed_attempts: 0,
+            next_attempt: None,
+        }
+    }
+}
+
+/// The fleet's summary, unusable inventory and duplicates, shared by the
+/// manager and its provider. Cheap to clone.
 #[derive(Clone, Debug)]
 pub(crate) struct FleetView(Arc<Shared>);
 
@@ -78,6 +105,8 @@ struct Shared {
     summary: watch::Sender<FleetSummary>,
     /// What could not become a cluster, by name.
     unusable: Mutex<BTreeMap<ClusterName, Unusable>>,
+    /// What describes a cluster held under another name, by name.
+    duplicates: Mutex<BTreeMap<ClusterName, Duplicate>>,
     /// `mcr_inventory_failures{provider}`.
     gauge: Family<Vec<(&'static str, String)>, Gauge>,
 }
@@ -87,6 +116,7 @@ impl FleetView {
         Self(Arc::new(Shared {
             summary: watch::Sender::new(FleetSummary::default()),
             unusable: Mutex::default(),
+            duplicates: Mutex::default(),
             gauge,
         }))
     }
@@ -157,6 +187,47 @@ impl FleetView {
         lock(&self.0.unusable)
             .iter()
             .map(|(name, unusable)| (name.clone(), unusable.clone()))
+            .collect()
+    }
+
+    /// `provider` found `name`, which describes the cluster it holds as
+    /// `of`; `None`: `name` is no longer a duplicate (of anything
+    /// `provider` holds). Subscribers are told of changes only.
+    pub(crate) fn duplicate(&self, provider: &str, name: &ClusterName, of: Option<&ClusterName>) {
+        let mut duplicates = lock(&self.0.duplicates);
+        let known = duplicates
+            .get(name)
+            .filter(|known| &*known.provider == provider);
+        match (known, of) {
+            (Some(known), Some(of)) if &known.of == of => return,
+            (None, None) => return,
+            (_, Some(of)) => {
+                duplicates.insert(
+                    name.clone(),
+                    Duplicate {
+                        provider: provider.into(),
+                        of: of.clone(),
+                        since: std::time::SystemTime::now(),
+                    },
+                );
+            }
+            (Some(_), None) => {
+                duplicates.remove(name);
+            }
+        }
+        let count = duplicates.len();
+        drop(duplicates);
+        self.0.summary.send_modify(|summary| {
+            summary.duplicates = count;
+            summary.changes += 1;
+        });
+    }
+
+    /// What describes a cluster held under another name, sorted by name.
+    pub(crate) fn duplicates(&self) -> Vec<(ClusterName, Duplicate)> {
+        lock(&self.0.duplicates)
+            .iter()
+            .map(|(name, duplicate)| (name.clone(), duplicate.clone()))
             .collect()
     }
 

@@ -103,6 +103,7 @@ fn cluster_report(manager: &Manager) -> String {
                 ClusterState::Degraded(reason) => format!("degraded: {reason}"),
                 ClusterState::Unreachable(reason) => format!("unreachable: {reason}"),
                 ClusterState::Unusable(reason) => format!("unusable: {reason}"),
+                ClusterState::Duplicate(of) => format!("duplicate of {of}"),
             };
             let mut line = format!("{name}\t{state}\tsince {}", timestamp(status.since));
             if status.failed_attempts > 0 {
@@ -119,8 +120,9 @@ fn cluster_report(manager: &Manager) -> String {
 
 /// `/clusters` as JSON: `{"clusters": [...]}`, one object per cluster with
 /// `name`, `state`, `reason` (redacted, as everywhere), `since`,
-/// `failedAttempts`, `nextAttempt` and, on a replica that works on part of
-/// the fleet, `workedOnHere`.
+/// `failedAttempts`, `nextAttempt`, for a duplicate `duplicateOf` (the
+/// name the cluster is held under) and, on a replica that works on part
+/// of the fleet, `workedOnHere`.
 fn cluster_json(manager: &Manager) -> String {
     let working_on = worked_on_here(manager);
     let clusters: Vec<_> = manager
@@ -131,7 +133,7 @@ fn cluster_json(manager: &Manager) -> String {
                 ClusterState::Degraded(reason)
                 | ClusterState::Unreachable(reason)
                 | ClusterState::Unusable(reason) => Some(reason.as_str()),
-                ClusterState::Syncing | ClusterState::Ready => None,
+                ClusterState::Syncing | ClusterState::Ready | ClusterState::Duplicate(_) => None,
             };
             let mut cluster = serde_json::json!({
                 "name": name.to_string(),
@@ -141,6 +143,9 @@ fn cluster_json(manager: &Manager) -> String {
                 "failedAttempts": status.failed_attempts,
                 "nextAttempt": status.next_attempt.map(timestamp),
             });
+            if let ClusterState::Duplicate(of) = &status.state {
+                cluster["duplicateOf"] = of.to_string().into();
+            }
             if let Some(mine) = &working_on {
                 cluster["workedOnHere"] = mine.contains(&name).into();
             }

@@ -292,8 +292,10 @@ impl Manager {
     }
 
     /// Each engaged cluster's status (state, since when, failed attempts,
-    /// next attempt), and each inventory object the provider could not make
-    /// a cluster of ([`ClusterState::Unusable`]), sorted by name.
+    /// next attempt), each inventory object the provider could not make a
+    /// cluster of ([`ClusterState::Unusable`]) and each describing a
+    /// cluster held under another name ([`ClusterState::Duplicate`]),
+    /// sorted by name.
     pub fn cluster_states(&self) -> Vec<(ClusterName, ClusterStatus)> {
         let now = progress::Moment::now();
         let mut states: std::collections::BTreeMap<ClusterName, ClusterStatus> =
@@ -305,26 +307,37 @@ impl Manager {
         for (name, unusable) in self.inner.metrics.fleet().unusable_inventory() {
             states.entry(name).or_insert_with(|| unusable.status());
         }
+        for (name, duplicate) in self.inner.metrics.fleet().duplicates() {
+            states.entry(name).or_insert_with(|| duplicate.status());
+        }
         states.into_iter().collect()
     }
 
-    /// The state of `name`: an engaged cluster's, or
+    /// The state of `name`: an engaged cluster's,
     /// [`ClusterState::Unusable`] for an inventory object that could not
-    /// become one; `None` when the fleet has no such name.
+    /// become one, or [`ClusterState::Duplicate`]; `None` when the fleet
+    /// has no such name.
     pub fn cluster_state(&self, name: &ClusterName) -> Option<ClusterState> {
         let engaged = lock(&self.inner.clusters)
             .clusters
             .get(name)
             .map(|held| held.data.state.clone());
-        engaged.or_else(|| {
-            self.inner
-                .metrics
-                .fleet()
-                .unusable_inventory()
-                .into_iter()
-                .find(|(unusable, _)| unusable == name)
-                .map(|(_, unusable)| ClusterState::Unusable(unusable.reason))
-        })
+        let fleet = self.inner.metrics.fleet();
+        engaged
+            .or_else(|| {
+                fleet
+                    .unusable_inventory()
+                    .into_iter()
+                    .find(|(unusable, _)| unusable == name)
+                    .map(|(_, unusable)| ClusterState::Unusable(unusable.reason))
+            })
+            .or_else(|| {
+                fleet
+                    .duplicates()
+                    .into_iter()
+                    .find(|(duplicate, _)| duplicate == name)
+                    .map(|(_, duplicate)| ClusterState::Duplicate(duplicate.of))
+            })
     }
 
     /// The fleet in numbers, told of every change: how many clusters are

@@ -150,7 +150,10 @@ impl Progress {
                 let retry = failure.and_then(|failure| failure.retry_at);
                 (attempts, retry.into_iter().chain(probe).min())
             }
-            ClusterState::Syncing | ClusterState::Ready | ClusterState::Unusable(_) => (0, None),
+            ClusterState::Syncing
+            | ClusterState::Ready
+            | ClusterState::Unusable(_)
+            | ClusterState::Duplicate(_) => (0, None),
         };
         ClusterStatus {
             state: self.state.clone(),

@@ -61,6 +61,12 @@ pub enum ClusterState {
     /// user it lacks, a credential plugin that fails); the reason says why.
     /// A cluster already engaged under the name keeps its own state.
     Unusable(Redacted),
+    /// Not a cluster of its own: the provider found an inventory object
+    /// describing a cluster it holds under the name given (two
+    /// ClusterProfiles with one `multicluster.x-k8s.io/inventory-member-id`,
+    /// say). Nothing is built for it; it takes over when the object the
+    /// cluster comes from goes, if it can.
+    Duplicate(crate::ClusterName),
 }
 
 impl ClusterState {
@@ -72,18 +78,21 @@ impl ClusterState {
             ClusterState::Degraded(_) => "degraded",
             ClusterState::Unreachable(_) => "unreachable",
             ClusterState::Unusable(_) => "unusable",
+            ClusterState::Duplicate(_) => "duplicate",
         }
     }
 
     /// The state's place in the engaged clusters' counts (the order of
     /// [`crate::metrics`]'s `cluster_states`); an engaged cluster is never
-    /// unusable.
+    /// unusable or a duplicate.
     pub(super) fn index(&self) -> usize {
         match self {
             ClusterState::Syncing => 0,
             ClusterState::Ready => 1,
             ClusterState::Degraded(_) => 2,
-            ClusterState::Unreachable(_) | ClusterState::Unusable(_) => 3,
+            ClusterState::Unreachable(_)
+            | ClusterState::Unusable(_)
+            | ClusterState::Duplicate(_) => 3,
         }
     }
 }

@@ -177,7 +177,7 @@ impl Manager {
             ClusterState::Degraded(reason) | ClusterState::Unreachable(reason) => {
                 tracing::warn!(cluster = %name, state = to.label(), %reason, "cluster is not healthy");
             }
-            ClusterState::Syncing | ClusterState::Unusable(_) => {}
+            ClusterState::Syncing | ClusterState::Unusable(_) | ClusterState::Duplicate(_) => {}
         }
         if from.label() != to.label() {
             self.inner.metrics.state_changed(to.label());

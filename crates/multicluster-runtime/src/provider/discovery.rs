@@ -173,9 +173,10 @@ impl Fleet {
     }
 
     /// Removes `name` (its inventory object is gone or being deleted) and
-    /// forgets its failure; `why` is logged.
+    /// forgets its failure and duplicates; `why` is logged.
     pub fn remove(&self, name: &ClusterName, why: &str) {
         self.failures.clear(name);
+        self.failures.set_duplicates(name, Default::default());
         if self.clusters.remove(name) {
             tracing::info!(cluster = %name, "cluster removed from the fleet: {why}");
         }

@@ -4,8 +4,12 @@
 //! update status often (heartbeats, conditions). A failure is therefore
 //! logged and counted once per new reason, not once per look; the current
 //! reason per cluster stays readable until the cluster is engaged or gone.
+//!
+//! Objects that are not engaged because they describe a cluster engaged
+//! from another object (duplicates) are kept here too: they are no failure,
+//! but shown beside the fleet all the same.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, OnceLock};
 
 use crate::metrics::Metrics;
@@ -19,6 +23,8 @@ pub struct Failures {
     provider: std::sync::Arc<str>,
     metrics: OnceLock<Metrics>,
     reasons: Mutex<BTreeMap<ClusterName, String>>,
+    /// The duplicates of each cluster, by the name it is held under.
+    duplicates: Mutex<BTreeMap<ClusterName, BTreeSet<ClusterName>>>,
 }
 
 impl Failures {
@@ -30,6 +36,7 @@ impl Failures {
             provider: provider.into(),
             metrics: metrics.map(OnceLock::from).unwrap_or_default(),
             reasons: Mutex::default(),
+            duplicates: Mutex::default(),
         }
     }
 
@@ -95,6 +102,40 @@ impl Failures {
         }
     }
 
+    /// Records `names` as the inventory objects describing the cluster held
+    /// (or wanted) as `of`, replacing those recorded before; an empty set
+    /// forgets them. Shown as [`crate::manager::ClusterState::Duplicate`].
+    pub fn set_duplicates(&self, of: &ClusterName, names: BTreeSet<ClusterName>) {
+        let mut duplicates = lock(&self.duplicates);
+        let before = if names.is_empty() {
+            duplicates.remove(of).unwrap_or_default()
+        } else {
+            duplicates
+                .insert(of.clone(), names.clone())
+                .unwrap_or_default()
+        };
+        if before == names {
+            return;
+        }
+        if let Some(metrics) = self.metrics.get() {
+            for gone in before.difference(&names) {
+                metrics.fleet().duplicate(&self.provider, gone, None);
+            }
+            for name in &names {
+                metrics.fleet().duplicate(&self.provider, name, Some(of));
+            }
+        }
+    }
+
+    /// The inventory objects recorded as duplicates, each with the name of
+    /// the cluster it describes.
+    pub fn duplicates(&self) -> BTreeMap<ClusterName, ClusterName> {
+        lock(&self.duplicates)
+            .iter()
+            .flat_map(|(of, names)| names.iter().map(|name| (name.clone(), of.clone())))
+            .collect()
+    }
+
     /// The clusters that cannot be engaged now, each with its reason.
     pub fn current(&self) -> BTreeMap<ClusterName, String> {
         lock(&self.reasons).clone()
@@ -148,6 +189,41 @@ mod tests {
         );
         let shown = metrics.fleet().unusable_inventory();
         assert_eq!(shown[0].1.reason.as_str(), kept);
+    }
+
+    #[test]
+    fn duplicates_are_shown_beside_the_fleet_and_replaced_per_cluster() {
+        let metrics = Metrics::default();
+        let failures = Failures::new("test", Some(metrics.clone()));
+        let (member, a, b) = (
+            ClusterName::from("member"),
+            ClusterName::from("ns/a"),
+            ClusterName::from("ns/b"),
+        );
+        failures.set_duplicates(&member, [a.clone(), b.clone()].into());
+        let shown: Vec<_> = metrics
+            .fleet()
+            .duplicates()
+            .into_iter()
+            .map(|(name, duplicate)| (name, duplicate.of))
+            .collect();
+        assert_eq!(
+            shown,
+            [(a.clone(), member.clone()), (b.clone(), member.clone())]
+        );
+        assert_eq!(metrics.fleet().subscribe().borrow().duplicates, 2);
+        // Replaced, not added to.
+        failures.set_duplicates(&member, [b.clone()].into());
+        assert_eq!(
+            failures.duplicates(),
+            BTreeMap::from([(b.clone(), member.clone())])
+        );
+        assert_eq!(metrics.fleet().subscribe().borrow().duplicates, 1);
+        failures.set_duplicates(&member, BTreeSet::new());
+        assert!(failures.duplicates().is_empty());
+        assert!(metrics.fleet().duplicates().is_empty());
+        // Not unusable: no failure counted.
+        assert_eq!(count(&metrics), 0);
     }
 
     #[test]
