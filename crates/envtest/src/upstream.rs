@@ -36,12 +36,13 @@ pub const CLUSTER_API: Module = Module {
 };
 
 /// The Cluster Inventory API (KEP-4322, KEP-5339): the `ClusterProfile`
-/// and `PlacementDecision` CRDs and the credential plugins. v0.1.2 is the
-/// newest release the module proxy serves (v0.2.0, with
-/// `multicluster.x-k8s.io/v1alpha2`, is refused: 403).
+/// and `PlacementDecision` CRDs (`multicluster.x-k8s.io/v1alpha1`) and the
+/// credential plugins. v0.1.3 is its newest release; upstream's main
+/// branch adds `v1alpha2`, which no release carries yet (see
+/// [`cluster_profile_crd`]).
 pub const CLUSTER_INVENTORY_API: Module = Module {
     path: "sigs.k8s.io/cluster-inventory-api",
-    version: "v0.1.2",
+    version: "v0.1.3",
 };
 
 impl Module {
@@ -93,20 +94,90 @@ impl Module {
     }
 }
 
-/// The `ClusterProfile` CRD (`multicluster.x-k8s.io/v1alpha1`) as the
-/// Cluster Inventory API publishes it.
+/// The `ClusterProfile` CRD as upstream's main branch serves it: v1alpha1
+/// exactly as the released module publishes it (still the storage version,
+/// now deprecated with a warning) and v1alpha2 beside it, written from
+/// upstream's type file (`upstream/clusterprofile-v1alpha2.yaml` names the
+/// commit), no conversion webhook between them.
 pub async fn cluster_profile_crd() -> Result<String, Error> {
+    with_v1alpha2(
+        released_cluster_profile_crd().await?,
+        include_str!("../upstream/clusterprofile-v1alpha2.yaml"),
+        Some("multicluster"),
+    )
+}
+
+/// The `ClusterProfile` CRD of the released module: v1alpha1 only, as an
+/// inventory installed from a release serves it.
+pub async fn released_cluster_profile_crd() -> Result<String, Error> {
     CLUSTER_INVENTORY_API
         .file("config/crd/bases/multicluster.x-k8s.io_clusterprofiles.yaml")
         .await
 }
 
-/// The `PlacementDecision` CRD (`multicluster.x-k8s.io/v1alpha1`) as the
-/// Cluster Inventory API publishes it.
+/// The `PlacementDecision` CRD as upstream's main branch serves it: the
+/// released v1alpha1 (storage, deprecated) and v1alpha2 beside it (see
+/// `upstream/placementdecision-v1alpha2.yaml` for what it follows).
 pub async fn placement_decision_crd() -> Result<String, Error> {
+    with_v1alpha2(
+        released_placement_decision_crd().await?,
+        include_str!("../upstream/placementdecision-v1alpha2.yaml"),
+        None,
+    )
+}
+
+/// The `PlacementDecision` CRD of the released module: v1alpha1 only.
+pub async fn released_placement_decision_crd() -> Result<String, Error> {
     CLUSTER_INVENTORY_API
         .file("config/crd/bases/multicluster.x-k8s.io_placementdecisions.yaml")
         .await
+}
+
+/// `released` (a one-version v1alpha1 CRD) with the v1alpha2 entry
+/// `v1alpha2` served beside it: v1alpha1 stays the storage version and is
+/// marked deprecated, as upstream's main marks it; `category`, if given,
+/// is added to the CRD's categories. Returned as JSON, which
+/// [`crate::ControlPlane::install_crds`] reads as YAML.
+fn with_v1alpha2(
+    released: String,
+    v1alpha2: &str,
+    category: Option<&str>,
+) -> Result<String, Error> {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::{
+        CustomResourceDefinition, CustomResourceDefinitionVersion,
+    };
+    let invalid = |what: &str, err: &dyn std::fmt::Display| {
+        Error::Upstream(format!(
+            "{what} of {}@{}: {err}",
+            CLUSTER_INVENTORY_API.path, CLUSTER_INVENTORY_API.version
+        ))
+    };
+    let mut crd: CustomResourceDefinition =
+        serde_saphyr::from_str(&released).map_err(|err| invalid("the released CRD", &err))?;
+    let v1alpha2: CustomResourceDefinitionVersion = serde_saphyr::from_str(v1alpha2)
+        .map_err(|err| invalid("the v1alpha2 version entry", &err))?;
+    let kind = crd.spec.names.kind.clone();
+    let Some(v1alpha1) = crd
+        .spec
+        .versions
+        .iter_mut()
+        .find(|version| version.name == "v1alpha1")
+    else {
+        return Err(invalid("the released CRD", &"it has no v1alpha1"));
+    };
+    v1alpha1.deprecated = Some(true);
+    v1alpha1.deprecation_warning = Some(format!(
+        "multicluster.x-k8s.io/v1alpha1 {kind} is deprecated; use multicluster.x-k8s.io/v1alpha2 {kind}"
+    ));
+    crd.spec.versions.push(v1alpha2);
+    if let Some(category) = category {
+        crd.spec
+            .names
+            .categories
+            .get_or_insert_default()
+            .push(category.to_string());
+    }
+    serde_json::to_string(&crd).map_err(|err| invalid("the merged CRD", &err))
 }
 
 /// The Cluster API `Cluster` CRD (v1beta1 and v1beta2, v1beta2 stored) as
