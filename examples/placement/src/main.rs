@@ -77,7 +77,7 @@ async fn main() -> Result<(), MainError> {
 
     // The decisions, read from the hub's cache (the watch `reselect_on`
     // starts below).
-    let placements = Placements::new(hub.cache().clone());
+    let placements = Placements::new(&hub).await?;
     let chosen = {
         let placements = placements.clone();
         move |object: &ConfigMap| {
@@ -91,7 +91,7 @@ async fn main() -> Result<(), MainError> {
         .members(Members::Chosen(Arc::new(chosen)))
         // A decision's change decides its hub objects' members again.
         .reselect_on(
-            Placements::resource(),
+            placements.resource(),
             placements.on_decision::<ConfigMap>(key_of),
         )
         .propagates::<ConfigMap>()

@@ -14,8 +14,10 @@ use kube::api::{
 };
 use multicluster_envtest::ControlPlane;
 use multicluster_example_testing::{GRACE, terminate};
-use multicluster_provider_cluster_inventory_api::placement::{PLACEMENT_KEY_LABEL, Placements};
-use multicluster_provider_cluster_inventory_api::{CONSUMER_LABEL, PROFILE_LABEL, SECRET_KEY};
+use multicluster_provider_cluster_inventory_api::placement::PLACEMENT_KEY_LABEL;
+use multicluster_provider_cluster_inventory_api::{
+    ApiVersion, CONSUMER_LABEL, PROFILE_LABEL, SECRET_KEY,
+};
 use multicluster_runtime::testing::eventually;
 use serde_json::json;
 use tokio::process::Command;
@@ -153,8 +155,10 @@ async fn the_copy_follows_the_placement_decision() {
         enrol(&hub, name, workload).await;
     }
     // The scheduler's decision for placement "settings": east.
-    let slices = Api::<DynamicObject>::namespaced_with(hub.clone(), NS, &Placements::resource());
-    let mut slice = DynamicObject::new("settings-0", &Placements::resource()).within(NS);
+    // Written through v1alpha2, as a current scheduler writes them.
+    let decisions = ApiVersion::V1Alpha2.resource("PlacementDecision");
+    let slices = Api::<DynamicObject>::namespaced_with(hub.clone(), NS, &decisions);
+    let mut slice = DynamicObject::new("settings-0", &decisions).within(NS);
     slice.metadata.labels = Some(BTreeMap::from([(
         PLACEMENT_KEY_LABEL.to_string(),
         "settings".to_string(),
@@ -210,7 +214,7 @@ async fn the_copy_follows_the_placement_decision() {
         )
         .await
         .expect("west into slice 0");
-    let mut second = DynamicObject::new("settings-1", &Placements::resource()).within(NS);
+    let mut second = DynamicObject::new("settings-1", &decisions).within(NS);
     second.metadata.labels = slice.metadata.labels.clone();
     second.data = json!({"decisions": [{"clusterProfileRef": {"name": "east"}}]});
     slices

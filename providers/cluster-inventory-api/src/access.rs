@@ -3,9 +3,12 @@
 //!
 //! The provider file lists exec credential plugins by access-provider name.
 //! For a profile, the first provider in file order that the profile offers
-//! (in `status.accessProviders`, or the deprecated
-//! `status.credentialProviders`) is used: the server and CA come from the
-//! profile's `cluster` entry, the credentials from the plugin. kube-rs runs
+//! (in `status.accessProviders`, or for a profile read through v1alpha1 the
+//! deprecated `status.credentialProviders`) is used: the server and CA come
+//! from the profile's `cluster` entry, the credentials from the plugin. A
+//! profile read through v1alpha2 follows its rules: `credentialProviders`
+//! is no field of it, nor is a CA file path (`certificate-authority`) in
+//! its `cluster` entries. kube-rs runs
 //! the plugin, passes the cluster entry (and its
 //! `client.authentication.k8s.io/exec` extension as `spec.cluster.config`)
 //! when `provideClusterInfo` is set, and runs it again before the token
@@ -20,6 +23,8 @@ use kube::config::{
     NamedCluster, NamedContext,
 };
 use serde::{Deserialize, Serialize};
+
+use crate::ApiVersion;
 
 /// Profile extension with extra plugin arguments. The ClusterProfile CRD
 /// declares every extension's value an object, so the form an API server
@@ -231,6 +236,14 @@ impl ProviderFile {
                 ))
             })?;
         let at = format!("status.{field}[{:?}]", provider.name);
+        if ApiVersion::of(profile) == Some(ApiVersion::V1Alpha2)
+            && entry["cluster"].get("certificate-authority").is_some()
+        {
+            return Err(problem(format!(
+                "{at}.cluster.certificate-authority is no field of {}",
+                ApiVersion::V1Alpha2
+            )));
+        }
         let cluster: Cluster = serde_json::from_value(entry["cluster"].clone())
             .map_err(|_| problem(format!("{at}.cluster is not a kubeconfig cluster entry")))?;
         if cluster.server.as_deref().is_none_or(str::is_empty) {
@@ -313,10 +326,14 @@ impl ProfileAccess {
 
 /// The profile's access providers by name, each with the status field it
 /// came from; on a name clash `accessProviders` wins over the deprecated
-/// `credentialProviders`.
+/// `credentialProviders`, which only v1alpha1 has.
 fn offered_providers(profile: &DynamicObject) -> BTreeMap<&str, (&'static str, serde_json::Value)> {
     let mut offered = BTreeMap::new();
-    for field in ["credentialProviders", "accessProviders"] {
+    let fields: &[&'static str] = match ApiVersion::of(profile) {
+        Some(ApiVersion::V1Alpha2) => &["accessProviders"],
+        _ => &["credentialProviders", "accessProviders"],
+    };
+    for &field in fields {
         for entry in profile.data["status"][field]
             .as_array()
             .into_iter()

@@ -1,10 +1,13 @@
 //! ClusterProfiles of the Cluster Inventory API (KEP-4322) as a fleet (Go:
 //! `providers/cluster-inventory-api`).
 //!
-//! The provider watches `ClusterProfile` objects
-//! (`multicluster.x-k8s.io/v1alpha1`). A profile that is ready — by default
-//! its `ControlPlaneHealthy` condition is `True`, overridable — is engaged as
-//! `<namespace>/<name>`:
+//! The provider watches `ClusterProfile` objects through
+//! `multicluster.x-k8s.io/v1alpha2` where the hub serves it, `v1alpha1`
+//! otherwise, decided when it starts ([`version`]). A profile that is
+//! ready — by default its `ControlPlaneHealthy` condition is `True`,
+//! overridable — is engaged as `<namespace>/<name>`, or as its inventory
+//! member id when it carries [`INVENTORY_MEMBER_ID_LABEL`] (profiles with
+//! one id engage one cluster; see the crate README):
 //!
 //! - credentials come from the configured [`Credentials`] strategy. The
 //!   Secret strategy reads the one Secret in the profile's namespace labelled
@@ -41,21 +44,24 @@
 //! profile or its Secret to change.
 
 pub mod access;
+mod inventory_member;
 mod options;
 pub mod placement;
 mod secrets;
+pub mod version;
 
 pub use options::{ClusterProfileOptions, Credentials, Readiness, control_plane_healthy};
+pub use version::ApiVersion;
 
-use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::api::{ApiResource, DynamicObject};
 use kube::runtime::watcher;
-use multicluster_runtime::cache::{Cache, CacheOptions};
+use multicluster_runtime::cache::{Cache, CacheOptions, FieldIndex, Informer};
 use multicluster_runtime::client::{ExecPolicy, KubeconfigPolicy};
-use multicluster_runtime::controller::{Action, Controller, Request, Watch};
+use multicluster_runtime::controller::{Action, Controller, MapContext, Request, Watch};
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::discovery::{self, Fleet, MANAGEMENT};
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
@@ -77,8 +83,17 @@ pub const CLUSTER_ID_PROPERTY: &str = "cluster.clusterset.k8s.io";
 /// cluster's labels ([`multicluster_runtime::Cluster::inventory`]) carry
 /// it from `spec.clusterManager.name`, so sources can select by it.
 pub const CLUSTER_MANAGER_LABEL: &str = "x-k8s.io/cluster-manager";
+/// The label correlating ClusterProfiles that describe one member cluster
+/// (`LabelInventoryMemberIDKey` upstream, KEP-4322): profiles carrying the
+/// same non-empty value are engaged as one cluster named by that value.
+pub const INVENTORY_MEMBER_ID_LABEL: &str = "multicluster.x-k8s.io/inventory-member-id";
 /// The label key of the watch-filter convention.
 pub use multicluster_runtime::provider::watch_filter::LABEL as WATCH_FILTER_LABEL;
+
+/// The kind the provider reads.
+const KIND: &str = "ClusterProfile";
+/// Its plural, as discovery lists it.
+const PLURAL: &str = "clusterprofiles";
 
 /// ClusterProfiles as clusters.
 #[derive(Debug)]
@@ -89,13 +104,17 @@ pub struct ClusterProfileProvider {
 #[derive(Debug)]
 struct Shared {
     options: ClusterProfileOptions,
-    resource: ApiResource,
+    /// The version read: decided by discovery when the provider starts.
+    version: OnceLock<ApiVersion>,
     /// The hub, whose cache holds the profiles (and, for the Secret
     /// strategy, this consumer's credentials Secrets).
     hub: Cluster,
     /// The consumer's provider file, for the access-provider strategy.
     providers: Option<access::ProviderFile>,
     fleet: Fleet,
+    /// The inventory member id each profile carried when last seen, so
+    /// that the member a profile leaves is looked at again.
+    member_ids: Mutex<HashMap<(String, String), String>>,
 }
 
 /// What a look at a profile calls for.
@@ -112,19 +131,17 @@ enum Wanted {
 
 impl ClusterProfileProvider {
     /// Watches profiles (and, for the Secret strategy, credential Secrets)
-    /// through `hub`, the cluster holding the inventory.
+    /// through `hub`, the cluster holding the inventory. Which version of
+    /// the API is read is decided when the provider starts
+    /// ([`version`]).
     pub fn new(hub: kube::Client, options: ClusterProfileOptions) -> Self {
-        let resource = ApiResource::from_gvk(&GroupVersionKind::gvk(
-            "multicluster.x-k8s.io",
-            "v1alpha1",
-            "ClusterProfile",
-        ));
-        let mut cache_options = CacheOptions::default()
-            .namespace(options.namespace.clone())
-            .watcher_for_resource(
-                &resource,
+        let mut cache_options = CacheOptions::default().namespace(options.namespace.clone());
+        for version in [ApiVersion::V1Alpha1, ApiVersion::V1Alpha2] {
+            cache_options = cache_options.watcher_for_resource(
+                &version.resource(KIND),
                 watch_filter::watcher_config(options.watch_filter.as_deref()),
             );
+        }
         let providers = match &options.credentials {
             Credentials::Secret { consumer } => {
                 cache_options = cache_options.watcher_for::<Secret>(
@@ -135,12 +152,25 @@ impl ClusterProfileProvider {
             Credentials::AccessProviders(providers) => Some(providers.clone()),
         };
         let cache = Cache::with_options("cluster-profiles", hub.clone(), cache_options);
+        for version in [ApiVersion::V1Alpha1, ApiVersion::V1Alpha2] {
+            cache.index_field(&FieldIndex::dynamic(
+                &version.resource(KIND),
+                inventory_member::INDEX,
+                |profile| {
+                    inventory_member::id(profile)
+                        .map(str::to_string)
+                        .into_iter()
+                        .collect()
+                },
+            ));
+        }
         Self {
             shared: Arc::new(Shared {
-                resource,
+                version: OnceLock::new(),
                 hub: Cluster::with_cache(MANAGEMENT, hub, cache),
                 providers,
                 fleet: Fleet::new(options.name.as_str(), options.metrics.clone()),
+                member_ids: Mutex::default(),
                 options,
             }),
         }
@@ -152,9 +182,32 @@ impl ClusterProfileProvider {
     pub fn failures(&self) -> BTreeMap<ClusterName, String> {
         self.shared.fleet.failures().current()
     }
+
+    /// Profiles not engaged because another profile with their inventory
+    /// member id is (`<namespace>/<name>` → the member's cluster name).
+    pub fn duplicates(&self) -> BTreeMap<ClusterName, ClusterName> {
+        self.shared.fleet.failures().duplicates()
+    }
+
+    /// The version of the API the provider reads, once it has started.
+    pub fn api_version(&self) -> Option<ApiVersion> {
+        self.shared.version.get().copied()
+    }
 }
 
 impl Shared {
+    fn resource(&self) -> ApiResource {
+        self.version
+            .get()
+            .copied()
+            .unwrap_or(ApiVersion::V1Alpha1)
+            .resource(KIND)
+    }
+
+    fn profiles(&self) -> Arc<Informer<DynamicObject>> {
+        self.hub.cache().dynamic(&self.resource())
+    }
+
     fn ready(&self, profile: &DynamicObject) -> bool {
         match &self.options.readiness {
             Some(readiness) => readiness(profile),
@@ -191,37 +244,80 @@ impl Shared {
         Ok((access.text(), source, policy.exec(ExecPolicy::AllowAll)))
     }
 
-    fn wanted(&self, namespace: &str, name: &str) -> Wanted {
-        let profile = self
-            .hub
-            .cache()
-            .dynamic(&self.resource)
-            .get(Some(namespace), name);
+    /// What `profile` calls for, engaged as `cluster`.
+    fn wanted(&self, profile: Option<&DynamicObject>, cluster: &ClusterName) -> Wanted {
         let Some(profile) = profile.filter(|p| p.metadata.deletion_timestamp.is_none()) else {
             return Wanted::Gone;
         };
-        if !self.ready(&profile) {
+        if !self.ready(profile) {
             return Wanted::NotReady;
         }
-        match self.credentials(&profile) {
+        match self.credentials(profile) {
             Ok((text, source, policy)) => Wanted::Engage(Box::new(KubeconfigCluster {
-                name: ClusterName::from(format!("{namespace}/{name}")),
+                name: cluster.clone(),
                 text,
                 source,
                 policy,
-                stable_id: stable_id(&profile),
-                member: self.options.members.for_member(&profile),
-                inventory: inventory(&profile),
+                stable_id: stable_id(profile),
+                member: self.options.members.for_member(profile),
+                inventory: inventory(profile),
             })),
             Err(reason) => Wanted::NoCredentials(reason),
         }
     }
 
-    /// Brings the fleet in line with the profile of `request`.
+    /// The requests a change of the profile `namespace/name` calls for:
+    /// the profile's own, and those of the inventory members it belongs
+    /// to and belonged to when last seen.
+    fn requests_for(
+        &self,
+        context: &MapContext<'_>,
+        namespace: &str,
+        name: &str,
+        member_id: Option<&str>,
+    ) -> Vec<Request> {
+        let key = (namespace.to_string(), name.to_string());
+        let before = {
+            let mut seen = self.member_ids.lock().unwrap_or_else(|e| e.into_inner());
+            match member_id {
+                Some(id) => seen.insert(key, id.to_string()),
+                None => seen.remove(&key),
+            }
+        };
+        let mut requests = vec![context.here(Some(namespace), name)];
+        requests.extend(member_id.map(|id| context.here(None, id)));
+        requests.extend(
+            before
+                .filter(|before| Some(before.as_str()) != member_id)
+                .map(|before| context.here(None, before)),
+        );
+        requests
+    }
+
+    /// Brings the fleet in line with the profile or inventory member of
+    /// `request`: a namespaced request names a profile, engaged as
+    /// `<namespace>/<name>` unless it carries an inventory member id; one
+    /// without a namespace names an inventory member.
     async fn reconcile(&self, request: Request) -> Result<Action, Error> {
-        let namespace = request.namespace.as_deref().unwrap_or_default();
+        let Some(namespace) = request.namespace.as_deref() else {
+            return self.reconcile_member(&request.name).await;
+        };
         let fleet_name = ClusterName::from(format!("{namespace}/{}", request.name));
-        match self.wanted(namespace, &request.name) {
+        let profile = self.profiles().get(Some(namespace), &request.name);
+        if profile.is_none() {
+            let mut seen = self.member_ids.lock().unwrap_or_else(|e| e.into_inner());
+            seen.remove(&(namespace.to_string(), request.name.clone()));
+        }
+        if let Some(id) = profile.as_deref().and_then(inventory_member::id) {
+            self.fleet.remove(
+                &fleet_name,
+                &format!(
+                    "its ClusterProfile describes inventory member {id:?}, engaged under that name"
+                ),
+            );
+            return Ok(Action::await_change());
+        }
+        match self.wanted(profile.as_deref(), &fleet_name) {
             Wanted::Gone => self
                 .fleet
                 .remove(&fleet_name, "its ClusterProfile is deleted"),
@@ -237,9 +333,12 @@ impl Shared {
                     .record(&fleet_name, reason, "no-credentials");
             }
             Wanted::Engage(wanted) => {
-                let now = || match self.wanted(namespace, &request.name) {
-                    Wanted::Engage(now) => Some(*now),
-                    _ => None,
+                let now = || {
+                    let profile = self.profiles().get(Some(namespace), &request.name);
+                    match self.wanted(profile.as_deref(), &fleet_name) {
+                        Wanted::Engage(now) => Some(*now),
+                        _ => None,
+                    }
                 };
                 return self.fleet.engage(*wanted, now).await;
             }
@@ -297,13 +396,25 @@ impl RunnableProvider for ClusterProfileProvider {
     async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
         let shared = &self.shared;
         shared.fleet.start(&shutdown, aware)?;
+        let Some(version) = ApiVersion::decide(&shared.hub.client(), PLURAL, &shutdown).await
+        else {
+            return Ok(());
+        };
+        let version = *shared.version.get_or_init(|| version);
+        let mapper = shared.clone();
         let mut builder = Controller::builder(format!("{}-provider", shared.options.name))
-            .watches_dynamic(shared.resource.clone(), Watch::new(), |context, profile| {
-                vec![context.here(
-                    profile.metadata.namespace.as_deref(),
-                    profile.metadata.name.clone().unwrap_or_default(),
-                )]
-            })
+            .watches_dynamic(
+                version.resource(KIND),
+                Watch::new(),
+                move |context, profile| {
+                    mapper.requests_for(
+                        context,
+                        profile.metadata.namespace.as_deref().unwrap_or_default(),
+                        profile.metadata.name.as_deref().unwrap_or_default(),
+                        inventory_member::id(profile),
+                    )
+                },
+            )
             .max_concurrent_reconciles(shared.options.max_concurrent_builds)
             .backoff(shared.options.retry);
         if shared.providers.is_none() {
@@ -315,11 +426,19 @@ impl RunnableProvider for ClusterProfileProvider {
                 () = shutdown.cancelled() => return Ok(()),
                 () = secrets.wait_ready() => {}
             }
-            builder = builder.watches(Watch::<Secret>::new(), |context, secret| {
-                secrets::profile_of(secret)
-                    .map(|(namespace, name)| context.here(namespace.as_deref(), name))
-                    .into_iter()
-                    .collect()
+            let mapper = shared.clone();
+            builder = builder.watches(Watch::<Secret>::new(), move |context, secret| {
+                let Some((namespace, name)) = secrets::profile_of(secret) else {
+                    return Vec::new();
+                };
+                let namespace = namespace.unwrap_or_default();
+                let profile = mapper.profiles().get(Some(&namespace), &name);
+                mapper.requests_for(
+                    context,
+                    &namespace,
+                    &name,
+                    profile.as_deref().and_then(inventory_member::id),
+                )
             });
         }
         let reconciler = shared.clone();

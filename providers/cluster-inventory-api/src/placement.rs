@@ -1,6 +1,7 @@
-//! PlacementDecisions (`multicluster.x-k8s.io/v1alpha1`): a scheduler's
-//! choice of ClusterProfiles, which consumers such as this library read to
-//! act on the chosen clusters only.
+//! PlacementDecisions (`multicluster.x-k8s.io/v1alpha2`, or `v1alpha1` on
+//! a hub serving only that: see [`crate::version`]): a scheduler's choice
+//! of ClusterProfiles, which consumers such as this library read to act on
+//! the chosen clusters only.
 //!
 //! A decision of more than 100 clusters is spread over several slices
 //! (PlacementDecision objects) carrying one `decision-key` label and
@@ -10,8 +11,9 @@
 //! [`Placements`] reads the slices from a hub cache, merges them and
 //! resolves each `clusterProfileRef` to the name the ClusterProfile
 //! provider engages it under (`<namespace>/<name>`, the namespace
-//! defaulting to the slice's); another provider's clusters are reached
-//! through a name mapping of the user's ([`Placements::naming`]).
+//! defaulting to the slice's, or the profile's inventory member id when it
+//! carries one); another provider's clusters are reached through a name
+//! mapping of the user's ([`Placements::naming`]).
 //!
 //! Three mappers make a propagating controller follow the decisions:
 //!
@@ -29,11 +31,15 @@
 use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
-use kube::api::{ApiResource, DynamicObject, GroupVersionKind};
+use std::time::Duration;
+
+use kube::api::{ApiResource, DynamicObject};
 use kube::core::Resource;
-use multicluster_runtime::ClusterName;
 use multicluster_runtime::cache::{Cache, CachedResource};
 use multicluster_runtime::controller::{Controller, MapContext, Request};
+use multicluster_runtime::{Cluster, ClusterName, Error};
+
+use crate::ApiVersion;
 
 /// The label all slices of one decision carry (`DecisionKeyLabel`).
 pub const DECISION_KEY_LABEL: &str = "multicluster.x-k8s.io/decision-key";
@@ -93,28 +99,71 @@ impl std::fmt::Debug for Placements {
     }
 }
 
+/// How long [`Placements::new`] waits for the hub's ClusterProfiles to be
+/// listed before it resolves references without them.
+const PROFILES_LISTED_WITHIN: Duration = Duration::from_secs(30);
+
 impl Placements {
-    /// The PlacementDecisions of `hub` (the cache of the cluster holding
-    /// them: usually the manager's local cluster, whose watch of them a
-    /// controller's `watches_dynamic(Placements::resource(), ..)` shares),
-    /// naming clusters as the ClusterProfile provider does.
-    pub fn new(hub: Cache) -> Self {
-        Self {
-            hub,
-            resource: Self::resource(),
-            naming: Arc::new(|namespace, name| {
-                Some(ClusterName::from(format!("{namespace}/{name}")))
-            }),
+    /// The PlacementDecisions of `hub` (the cluster holding them: usually
+    /// the manager's local cluster, whose watch of them a controller's
+    /// `watches_dynamic(placements.resource(), ..)` shares), naming
+    /// clusters as the ClusterProfile provider does.
+    ///
+    /// Asks the hub's discovery which versions it serves (the newest is
+    /// read, see [`crate::version`]) and waits (up to 30 s) until the hub's
+    /// ClusterProfiles are listed in its cache, so that a reference to a
+    /// profile carrying an inventory member id resolves to the member's
+    /// name from the first decision on.
+    pub async fn new(hub: &Cluster) -> Result<Self, Error> {
+        let client = hub.client();
+        let served = |plural: &'static str| {
+            let client = client.clone();
+            async move {
+                ApiVersion::served(&client, plural)
+                    .await
+                    .map_err(|source| Error::Kube {
+                        cluster: hub.name().clone(),
+                        source,
+                    })
+                    .map(|version| version.unwrap_or(ApiVersion::V1Alpha1))
+            }
+        };
+        let decisions = served("placementdecisions").await?;
+        let profiles = served("clusterprofiles").await?.resource("ClusterProfile");
+        let cache = hub.cache().clone();
+        let informer = cache.dynamic(&profiles);
+        if tokio::time::timeout(PROFILES_LISTED_WITHIN, informer.wait_ready())
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                "the hub's ClusterProfiles are not listed after {PROFILES_LISTED_WITHIN:?}; references resolve to <namespace>/<name> until they are"
+            );
         }
+        let naming_cache = cache.clone();
+        Ok(Self {
+            hub: cache,
+            resource: decisions.resource("PlacementDecision"),
+            naming: Arc::new(move |namespace, name| {
+                let member = naming_cache
+                    .dynamic(&profiles)
+                    .get(Some(namespace), name)
+                    .and_then(|profile| crate::inventory_member::id(&profile).map(str::to_string));
+                Some(ClusterName::from(
+                    member.unwrap_or_else(|| format!("{namespace}/{name}")),
+                ))
+            }),
+        })
     }
 
-    /// The PlacementDecision resource (`multicluster.x-k8s.io/v1alpha1`).
-    pub fn resource() -> ApiResource {
-        ApiResource::from_gvk(&GroupVersionKind::gvk(
-            "multicluster.x-k8s.io",
-            "v1alpha1",
-            "PlacementDecision",
-        ))
+    /// The PlacementDecision resource in the version read.
+    pub fn resource(&self) -> ApiResource {
+        self.resource.clone()
+    }
+
+    /// The version of the API the decisions are read through.
+    pub fn api_version(&self) -> Option<ApiVersion> {
+        ApiVersion::of(&DynamicObject::new("", &self.resource))
     }
 
     /// Resolves a `clusterProfileRef` (namespace, name) with `naming`
@@ -211,7 +260,7 @@ impl Placements {
         }
     }
 
-    /// For the slices' events (`watches_dynamic(Placements::resource(),
+    /// For the slices' events (`watches_dynamic(placements.resource(),
     /// ..)` on the local cluster): for every hub `K` following the slice's
     /// decision, a request in each cluster the slice lists now or listed
     /// when last seen. A cluster added is so owed its copy, and one

@@ -109,7 +109,9 @@ async fn profiles_are_engaged_through_the_first_access_provider_in_file_order() 
         workload("in-second")
     );
     let hub_cp = hub_cp.expect("hub");
-    let hub = common::hub(&hub_cp).await;
+    // v1alpha1: the deprecated status.credentialProviders is one of its
+    // fields (v1alpha2 has none).
+    let hub = common::released_hub(&hub_cp).await;
     let alpha_state = state_with_token(&first, "alpha").await;
     let beta_state = state_with_token(&second, "beta").await;
     let epsilon_state = state_with_token(&first, "epsilon").await;
@@ -484,7 +486,9 @@ async fn a_hung_plugin_holds_up_only_its_own_profile_and_stops_with_the_provider
 async fn status_fields_that_would_read_files_or_dial_are_refused_with_the_default_options() {
     let (hub_cp, member) = tokio::join!(ControlPlane::start(), workload("in-member"));
     let hub_cp = hub_cp.expect("hub");
-    let hub = common::hub(&hub_cp).await;
+    // v1alpha1: a cluster entry may name a CA file there (v1alpha2 has no
+    // such field: the API server drops it).
+    let hub = common::released_hub(&hub_cp).await;
     let traps = Traps::set().await.expect("traps");
     let ca_file = traps.dir().join("ca.crt").display().to_string();
     let with_cluster = |extra: serde_json::Value| {

@@ -11,12 +11,12 @@ use common::{NS, create_profile, profiles, req, set_health, workload};
 use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::api::rbac::v1::PolicyRule;
-use kube::api::{Api, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, DynamicObject, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_envtest::traps::Traps;
 use multicluster_provider_cluster_inventory_api::{
-    CLUSTER_ID_PROPERTY, CLUSTER_MANAGER_LABEL, CONSUMER_LABEL, ClusterProfileOptions,
-    ClusterProfileProvider, PROFILE_LABEL, SECRET_KEY, WATCH_FILTER_LABEL,
+    CLUSTER_ID_PROPERTY, CLUSTER_MANAGER_LABEL, ClusterProfileOptions, ClusterProfileProvider,
+    SECRET_KEY, WATCH_FILTER_LABEL,
 };
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::testing::{
@@ -44,29 +44,7 @@ async fn create_credentials(
 }
 
 fn credentials(name: &str, profile: &str, consumer: &str, workload: &ControlPlane) -> Secret {
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            namespace: Some(NS.into()),
-            labels: Some(
-                [
-                    (CONSUMER_LABEL.to_string(), consumer.to_string()),
-                    (PROFILE_LABEL.to_string(), profile.to_string()),
-                ]
-                .into(),
-            ),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([(
-            SECRET_KEY.to_string(),
-            ByteString(
-                multicluster_envtest::to_yaml(workload.kubeconfig())
-                    .expect("yaml")
-                    .into_bytes(),
-            ),
-        )])),
-        ..Secret::default()
-    }
+    common::credentials_secret(name, profile, consumer, workload.kubeconfig())
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,6 +1,8 @@
 //! A hub ConfigMap propagated to the clusters a PlacementDecision chose
-//! (upstream's CRD, a decision spread over two slices), following the
-//! decision as clusters are added to it and removed from it.
+//! (upstream's CRDs as its main branch serves them, the decision written
+//! and read through v1alpha2 and spread over two slices), following the
+//! decision as clusters are added to it and removed from it; a profile
+//! naming its inventory member is reached under the member's name.
 
 mod common;
 
@@ -8,7 +10,6 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use common::{NS, create_profile, set_health};
-use k8s_openapi::ByteString;
 use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DeleteParams, DynamicObject, ObjectMeta, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
@@ -16,7 +17,7 @@ use multicluster_provider_cluster_inventory_api::placement::{
     DECISION_INDEX_LABEL, DECISION_KEY_LABEL, DecisionKey, PLACEMENT_KEY_LABEL, Placements,
 };
 use multicluster_provider_cluster_inventory_api::{
-    CONSUMER_LABEL, ClusterProfileOptions, ClusterProfileProvider, PROFILE_LABEL, SECRET_KEY,
+    ApiVersion, ClusterProfileOptions, ClusterProfileProvider, INVENTORY_MEMBER_ID_LABEL,
 };
 use multicluster_runtime::controller::{Action, ClusterSelector, Controller, Watch};
 use multicluster_runtime::testing::{eventually, run_manager};
@@ -35,9 +36,14 @@ fn key_of(object: &ConfigMap) -> Option<DecisionKey> {
     Some(DecisionKey::Placement(placement.clone()))
 }
 
+fn decision_resource() -> kube::api::ApiResource {
+    ApiVersion::V1Alpha2.resource("PlacementDecision")
+}
+
 /// A slice of decision `d1` for placement `p1`.
 fn slice(name: &str, index: u32, profiles: &[&str]) -> DynamicObject {
-    let mut slice = DynamicObject::new(name, &Placements::resource()).within(NS);
+    // Written as a current scheduler writes them: through v1alpha2.
+    let mut slice = DynamicObject::new(name, &decision_resource()).within(NS);
     slice.metadata.labels = Some(BTreeMap::from([
         (DECISION_KEY_LABEL.to_string(), "d1".to_string()),
         (DECISION_INDEX_LABEL.to_string(), index.to_string()),
@@ -58,26 +64,12 @@ fn decisions(profiles: &[&str]) -> serde_json::Value {
 }
 
 fn credentials(profile: &str, workload: &ControlPlane) -> Secret {
-    Secret {
-        metadata: ObjectMeta {
-            name: Some(format!("{profile}-creds")),
-            namespace: Some(NS.into()),
-            labels: Some(BTreeMap::from([
-                (CONSUMER_LABEL.to_string(), "me".to_string()),
-                (PROFILE_LABEL.to_string(), profile.to_string()),
-            ])),
-            ..ObjectMeta::default()
-        },
-        data: Some(BTreeMap::from([(
-            SECRET_KEY.to_string(),
-            ByteString(
-                multicluster_envtest::to_yaml(workload.kubeconfig())
-                    .expect("yaml")
-                    .into_bytes(),
-            ),
-        )])),
-        ..Secret::default()
-    }
+    common::credentials_secret(
+        &format!("{profile}-creds"),
+        profile,
+        "me",
+        workload.kubeconfig(),
+    )
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -95,7 +87,7 @@ fn propagation(hub: kube::Client, placements: &Placements) -> Controller {
             placements.to_placed_clusters(key_of),
         )
         .watches_dynamic(
-            Placements::resource(),
+            placements.resource(),
             Watch::new().clusters(ClusterSelector::Local),
             placements.on_decision::<ConfigMap>(key_of),
         )
@@ -192,7 +184,17 @@ async fn a_decision_over_two_slices_places_copies_and_follows_its_changes() {
             .expect("secret");
         members.insert(*name, workload.client().await.expect("client"));
     }
-    let slices = Api::<DynamicObject>::namespaced_with(hub.clone(), NS, &Placements::resource());
+    // Gamma's profile names its inventory member: its cluster is engaged,
+    // and a decision naming the profile resolved, under the member's name.
+    common::profiles(&hub)
+        .patch(
+            "gamma",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"labels": {INVENTORY_MEMBER_ID_LABEL: "gamma-member"}}})),
+        )
+        .await
+        .expect("label gamma");
+    let slices = Api::<DynamicObject>::namespaced_with(hub.clone(), NS, &decision_resource());
     // Index 1 written first: the order comes from the label.
     slices
         .create(&PostParams::default(), &slice("p1-b", 1, &["beta"]))
@@ -225,7 +227,8 @@ async fn a_decision_over_two_slices_places_copies_and_follows_its_changes() {
         ClusterProfileOptions::with_secrets("me"),
     ));
     let local = Cluster::local(hub.clone());
-    let placements = Placements::new(local.cache().clone());
+    let placements = Placements::new(&local).await.expect("placements");
+    assert_eq!(placements.api_version(), Some(ApiVersion::V1Alpha2));
     let manager = Manager::builder(local).provider(provider.clone()).build();
     manager
         .add_controller(propagation(hub.clone(), &placements))
@@ -257,6 +260,15 @@ async fn a_decision_over_two_slices_places_copies_and_follows_its_changes() {
         .await
         .expect("add gamma");
     eventually("a copy in gamma", || has_copy(&members["gamma"])).await;
+    assert_eq!(
+        placements.clusters(Some(NS), &key),
+        [
+            ClusterName::from(format!("{NS}/alpha")),
+            ClusterName::from(format!("{NS}/beta")),
+            ClusterName::from("gamma-member"),
+        ]
+    );
+    assert_eq!(provider.api_version(), Some(ApiVersion::V1Alpha2));
 
     // Alpha removed from the first slice loses its copy; the others keep
     // theirs.

@@ -135,6 +135,47 @@ fn access_providers_win_over_deprecated_credential_providers_of_the_same_name() 
     assert_eq!(server.as_deref(), Some("https://old:6443"));
 }
 
+/// `profile` as read through v1alpha2.
+fn through_v1alpha2(mut profile: DynamicObject) -> DynamicObject {
+    profile.types = Some(kube::api::TypeMeta {
+        api_version: ApiVersion::V1Alpha2.to_string(),
+        kind: "ClusterProfile".into(),
+    });
+    profile
+}
+
+#[test]
+fn a_profile_read_through_v1alpha2_follows_its_rules() {
+    let providers = file(json!({"providers": [provider("p", "", "")]}));
+    // No credentialProviders field in v1alpha2.
+    let deprecated_only = through_v1alpha2(profile(json!({
+        "credentialProviders": [entry("p", "https://old:6443", json!([]))],
+    })));
+    let err = providers.access_for(&deprecated_only).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("none of its access providers (none)"),
+        "{err}"
+    );
+    // No CA file path in a v1alpha2 cluster entry.
+    let mut with_ca_file = entry("p", "https://new:6443", json!([]));
+    with_ca_file["cluster"]["certificate-authority"] = json!("/etc/ca.pem");
+    let status = json!({ "accessProviders": [with_ca_file] });
+    let err = providers
+        .access_for(&through_v1alpha2(profile(status.clone())))
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "ClusterProfile fleet/edge-1: status.accessProviders[\"p\"].cluster.certificate-authority is no field of multicluster.x-k8s.io/v1alpha2"
+    );
+    // Through v1alpha1 it is the kubeconfig policy's to refuse, later.
+    assert!(providers.access_for(&profile(status)).is_ok());
+    let plain = through_v1alpha2(profile(json!({
+        "accessProviders": [entry("p", "https://new:6443", json!([]))],
+    })));
+    assert!(providers.access_for(&plain).is_ok());
+}
+
 #[test]
 fn the_exec_extension_stays_in_the_cluster_entry_for_kube_to_pass_on() {
     let providers = file(json!({"providers": [provider("p", "", "")]}));

@@ -4,12 +4,19 @@
 // Each test binary uses its own part of this module.
 #![allow(dead_code)]
 
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
-};
-use multicluster_envtest::ControlPlane;
-use multicluster_provider_cluster_inventory_api::CLUSTER_ID_PROPERTY;
+use std::collections::BTreeMap;
 use std::sync::Arc;
+
+use k8s_openapi::ByteString;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ObjectMeta, Patch, PatchParams, PostParams,
+};
+use kube::config::Kubeconfig;
+use multicluster_envtest::ControlPlane;
+use multicluster_provider_cluster_inventory_api::{
+    CLUSTER_ID_PROPERTY, CONSUMER_LABEL, PROFILE_LABEL, SECRET_KEY,
+};
 
 use multicluster_provider_cluster_inventory_api::ClusterProfileProvider;
 use multicluster_runtime::controller::Request;
@@ -19,13 +26,28 @@ use multicluster_runtime::{Cluster, Manager, ManagerOptions};
 /// The hub namespace the profiles live in.
 pub(crate) const NS: &str = "inventory";
 
-/// A hub control plane with the ClusterProfile CRD (upstream's, from the
-/// Go module proxy) and namespace [`NS`].
+/// A hub control plane with the ClusterProfile CRD (upstream's, as its main
+/// branch serves it: v1alpha2 beside the released v1alpha1) and namespace
+/// [`NS`].
 pub(crate) async fn hub(cp: &ControlPlane) -> kube::Client {
     let crd = multicluster_envtest::upstream::cluster_profile_crd()
         .await
         .expect("upstream CRD");
-    cp.install_crds(&crd).await.expect("CRD");
+    hub_with(cp, &crd).await
+}
+
+/// A hub control plane with the released ClusterProfile CRD (v1alpha1
+/// only, as the module v0.1.3 publishes it) and namespace [`NS`]: where
+/// the fields v1alpha2 dropped still exist.
+pub(crate) async fn released_hub(cp: &ControlPlane) -> kube::Client {
+    let crd = multicluster_envtest::upstream::released_cluster_profile_crd()
+        .await
+        .expect("upstream CRD");
+    hub_with(cp, &crd).await
+}
+
+async fn hub_with(cp: &ControlPlane, crd: &str) -> kube::Client {
+    cp.install_crds(crd).await.expect("CRD");
     cp.create_namespace(NS).await.expect("namespace");
     cp.client().await.expect("client")
 }
@@ -109,4 +131,33 @@ pub(crate) fn manager(
     options: ManagerOptions,
 ) -> (Manager, Recorder) {
     recording_manager(Cluster::new("hub", hub.clone()), provider.clone(), options)
+}
+
+/// The Secret `name` holding `kubeconfig` for `consumer` of `profile`.
+pub(crate) fn credentials_secret(
+    name: &str,
+    profile: &str,
+    consumer: &str,
+    kubeconfig: &Kubeconfig,
+) -> Secret {
+    Secret {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(NS.into()),
+            labels: Some(BTreeMap::from([
+                (CONSUMER_LABEL.to_string(), consumer.to_string()),
+                (PROFILE_LABEL.to_string(), profile.to_string()),
+            ])),
+            ..ObjectMeta::default()
+        },
+        data: Some(BTreeMap::from([(
+            SECRET_KEY.to_string(),
+            ByteString(
+                multicluster_envtest::to_yaml(kubeconfig)
+                    .expect("yaml")
+                    .into_bytes(),
+            ),
+        )])),
+        ..Secret::default()
+    }
 }
