@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 
-use crate::ClusterName;
 use crate::cache::Cache;
+use crate::name::ClusterName;
 use kube::runtime::events::{Recorder, Reporter};
 
 use crate::health::{Failure, Health, Requests};

@@ -55,7 +55,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio_util::sync::CancellationToken;
 
-use crate::{Cluster, ClusterName};
+use crate::cluster::Cluster;
+use crate::name::ClusterName;
 
 /// One cluster as a component holds it.
 pub(crate) struct Engagement<T> {

@@ -1,6 +1,6 @@
 //! Errors of the core crate.
 
-use crate::ClusterName;
+use crate::name::ClusterName;
 
 /// What can go wrong in providers, clusters and the manager. New variants
 /// may come: match with a wildcard arm.

@@ -18,7 +18,7 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 
-use crate::ClusterName;
+use crate::name::ClusterName;
 use crate::redact::Redacted;
 use crate::sync::lock;
 

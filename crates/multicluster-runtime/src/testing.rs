@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::cache::CachedResource;
 use crate::controller::{Action, Controller, Request, Watch};
-use crate::{ClusterName, Error};
+use crate::error::Error;
+use crate::name::ClusterName;
 
 /// How long [`eventually`] waits by default.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
@@ -29,14 +30,11 @@ impl crate::provider::clusters::ClusterSetProvider for TestProvider {
 }
 
 #[async_trait::async_trait]
-impl crate::RunnableProvider for TestProvider {
-    async fn start(
-        &self,
-        shutdown: tokio_util::sync::CancellationToken,
-        aware: Arc<dyn crate::Aware>,
-    ) -> Result<(), Error> {
-        self.clusters.start(shutdown.clone(), aware)?;
-        shutdown.cancelled().await;
+impl crate::multicluster::RunnableProvider for TestProvider {
+    async fn start(&self, context: crate::multicluster::ProviderContext) -> Result<(), Error> {
+        self.clusters
+            .start(context.shutdown.clone(), context.aware)?;
+        context.shutdown.cancelled().await;
         Ok(())
     }
 }
@@ -128,13 +126,13 @@ pub fn recording_controller<K: CachedResource>(
 /// A manager over `provider`'s fleet (and `local`) with one controller,
 /// named `recorder`, that records every ConfigMap reconcile in the returned
 /// [`Recorder`].
-pub fn recording_manager<P: crate::RunnableProvider + 'static>(
-    local: crate::Cluster,
+pub fn recording_manager<P: crate::multicluster::RunnableProvider + 'static>(
+    local: crate::cluster::Cluster,
     provider: Arc<P>,
-    options: crate::ManagerOptions,
-) -> (crate::Manager, Recorder) {
+    options: crate::manager::ManagerOptions,
+) -> (crate::manager::Manager, Recorder) {
     recording_manager_from(
-        crate::Manager::builder(local)
+        crate::manager::Manager::builder(local)
             .provider(provider)
             .options(options),
     )
@@ -142,7 +140,9 @@ pub fn recording_manager<P: crate::RunnableProvider + 'static>(
 
 /// Like [`recording_manager`], for a manager built by `builder` (with a
 /// coordinator, metrics, ...).
-pub fn recording_manager_from(builder: crate::ManagerBuilder) -> (crate::Manager, Recorder) {
+pub fn recording_manager_from(
+    builder: crate::manager::ManagerBuilder,
+) -> (crate::manager::Manager, Recorder) {
     let manager = builder.build();
     let recorder = Recorder::default();
     let controller = recording_controller(
@@ -186,17 +186,17 @@ where
 
 /// A cluster whose client points at a loopback port where nothing listens:
 /// for tests that need a `Cluster` but no API server. Needs a tokio runtime.
-pub fn offline_cluster(name: &str) -> crate::Cluster {
+pub fn offline_cluster(name: &str) -> crate::cluster::Cluster {
     // Port 1 is privileged and unused on test machines.
     let config = kube::Config::new(http::Uri::from_static("https://127.0.0.1:1"));
     let client = kube::Client::try_from(config)
         .unwrap_or_else(|err| panic!("building an offline client: {err}"));
-    crate::Cluster::new(name, client)
+    crate::cluster::Cluster::new(name, client)
 }
 
 /// Waits until `manager` reports `cluster` unreachable (engaged, but its
 /// caches cannot sync).
-pub async fn wait_until_unreachable(manager: &crate::Manager, cluster: &str) {
+pub async fn wait_until_unreachable(manager: &crate::manager::Manager, cluster: &str) {
     let name = ClusterName::from(cluster);
     eventually(&format!("{cluster} to be reported unreachable"), || async {
         matches!(
@@ -211,7 +211,7 @@ pub async fn wait_until_unreachable(manager: &crate::Manager, cluster: &str) {
 /// loopback port until `stop`, and returns the address.
 #[cfg(feature = "health")]
 pub async fn serve_health(
-    manager: &crate::Manager,
+    manager: &crate::manager::Manager,
     stop: tokio_util::sync::CancellationToken,
 ) -> std::net::SocketAddr {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -227,7 +227,7 @@ pub async fn serve_health(
 /// having checked that `/clusters` at `address` (the manager's health
 /// endpoint) shows the same.
 pub async fn wait_until_unusable(
-    manager: &crate::Manager,
+    manager: &crate::manager::Manager,
     address: std::net::SocketAddr,
     names: &[ClusterName],
 ) -> std::collections::BTreeMap<ClusterName, String> {
@@ -263,7 +263,7 @@ pub async fn wait_until_unusable(
 /// Waits until `manager` reports `cluster` ready. A reconcile in a cluster
 /// is no sign that it is: its controllers' watches deliver as they list,
 /// and the cluster turns ready once all of them have.
-pub async fn wait_until_ready(manager: &crate::Manager, cluster: &str) {
+pub async fn wait_until_ready(manager: &crate::manager::Manager, cluster: &str) {
     let name = ClusterName::from(cluster);
     eventually(&format!("{cluster} to be ready"), || async {
         manager.cluster_state(&name) == Some(crate::manager::ClusterState::Ready)
@@ -272,7 +272,7 @@ pub async fn wait_until_ready(manager: &crate::Manager, cluster: &str) {
 }
 
 /// Waits until `manager` no longer has `cluster` (it left the fleet).
-pub async fn wait_until_left(manager: &crate::Manager, cluster: &str) {
+pub async fn wait_until_left(manager: &crate::manager::Manager, cluster: &str) {
     let name = ClusterName::from(cluster);
     eventually(&format!("{cluster} to leave the fleet"), || async {
         manager.cluster_state(&name).is_none()
@@ -282,7 +282,7 @@ pub async fn wait_until_left(manager: &crate::Manager, cluster: &str) {
 
 /// Runs `manager` in the background until the returned token is cancelled.
 pub fn run_manager(
-    manager: &crate::Manager,
+    manager: &crate::manager::Manager,
 ) -> (
     tokio_util::sync::CancellationToken,
     tokio::task::JoinHandle<Result<(), Error>>,

@@ -185,11 +185,7 @@ impl multicluster_runtime::provider::clusters::ClusterSetProvider for StuckProvi
 
 #[async_trait::async_trait]
 impl multicluster_runtime::RunnableProvider for StuckProvider {
-    async fn start(
-        &self,
-        _shutdown: tokio_util::sync::CancellationToken,
-        _aware: Arc<dyn multicluster_runtime::Aware>,
-    ) -> Result<(), Error> {
+    async fn start(&self, _context: multicluster_runtime::ProviderContext) -> Result<(), Error> {
         std::future::pending().await
     }
 }
@@ -466,4 +462,64 @@ async fn index_field_reaches_the_local_cluster_and_every_provider_cluster() {
         assert_eq!(blue(cluster).await, ["on-member"], "{name}");
     }
     assert!(manager.provider().is_some());
+}
+
+/// A provider as an out-of-tree author writes it, on the toolkit alone: a
+/// `Fleet`, started with the context the manager hands over, recording
+/// what it cannot use. It wires no metrics of its own.
+struct ToolkitProvider {
+    fleet: multicluster_runtime::provider::discovery::Fleet,
+}
+
+impl multicluster_runtime::provider::clusters::ClusterSetProvider for ToolkitProvider {
+    fn cluster_set(&self) -> &multicluster_runtime::provider::clusters::Clusters {
+        self.fleet.clusters()
+    }
+}
+
+#[async_trait::async_trait]
+impl multicluster_runtime::RunnableProvider for ToolkitProvider {
+    async fn start(&self, context: multicluster_runtime::ProviderContext) -> Result<(), Error> {
+        self.fleet.start(&context)?;
+        self.fleet.failures().record(
+            &ClusterName::from("inventory/broken"),
+            "Secret inventory/broken has no key \"kubeconfig\"",
+            "invalid-kubeconfig",
+        );
+        context.shutdown.cancelled().await;
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_provider_on_the_toolkit_alone_lists_its_unusable_inventory_on_clusters() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let provider = ToolkitProvider {
+        fleet: multicluster_runtime::provider::discovery::Fleet::new("toolkit", None),
+    };
+    let manager = Manager::builder(cluster_for("local", &cp).await)
+        .provider(Arc::new(provider))
+        .build();
+    let (shutdown, task) = multicluster_runtime::testing::run_manager(&manager);
+    let address =
+        multicluster_runtime::testing::serve_health(&manager, shutdown.child_token()).await;
+    let reasons = multicluster_runtime::testing::wait_until_unusable(
+        &manager,
+        address,
+        &[ClusterName::from("inventory/broken")],
+    )
+    .await;
+    assert_eq!(
+        reasons[&ClusterName::from("inventory/broken")],
+        "Secret inventory/broken has no key \"kubeconfig\""
+    );
+    let (_, metrics) = get(address, "/metrics").await;
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line == "mcr_inventory_failures{provider=\"toolkit\"} 1"),
+        "{metrics}"
+    );
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
 }

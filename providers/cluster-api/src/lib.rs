@@ -54,8 +54,9 @@ use multicluster_runtime::provider::discovery::{
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::provider::watch_filter;
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Inventory, RunnableProvider};
-use tokio_util::sync::CancellationToken;
+use multicluster_runtime::{
+    Cluster, ClusterName, Error, Inventory, ProviderContext, RunnableProvider,
+};
 
 /// The label key of the watch-filter convention.
 pub use multicluster_runtime::provider::watch_filter::LABEL as WATCH_FILTER_LABEL;
@@ -375,13 +376,10 @@ impl ClusterSetProvider for ClusterApiProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for ClusterApiProvider {
-    fn use_metrics(&self, metrics: &multicluster_runtime::metrics::Metrics) {
-        self.shared.fleet.use_metrics(metrics);
-    }
-
-    async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
+    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
         let shared = &self.shared;
-        shared.fleet.start(&shutdown, aware)?;
+        shared.fleet.start(&context)?;
+        let shutdown = context.shutdown;
         // Secrets first, so a ready Cluster finds its kubeconfig on the first
         // look instead of being reported without one.
         let secrets = shared.management.cache().informer::<Secret>();

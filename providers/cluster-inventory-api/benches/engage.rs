@@ -23,7 +23,8 @@ use multicluster_provider_cluster_inventory_api::access::{
     ADDITIONAL_ENVS_EXTENSION, ProviderFile,
 };
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
+use multicluster_runtime::metrics::Metrics;
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, ProviderContext, RunnableProvider};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -137,7 +138,10 @@ async fn main() {
         let started = Instant::now();
         let task = tokio::spawn({
             let (provider, shutdown) = (provider.clone(), shutdown.clone());
-            async move { provider.start(shutdown, Arc::new(Ignore)).await }
+            async move {
+                let context = ProviderContext::new(shutdown, Arc::new(Ignore), Metrics::default());
+                provider.start(context).await
+            }
         });
         while provider.names().len() < count {
             assert!(

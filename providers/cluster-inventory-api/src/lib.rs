@@ -66,8 +66,9 @@ use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::discovery::{self, Fleet, MANAGEMENT};
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::watch_filter;
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Inventory, RunnableProvider};
-use tokio_util::sync::CancellationToken;
+use multicluster_runtime::{
+    Cluster, ClusterName, Error, Inventory, ProviderContext, RunnableProvider,
+};
 
 /// The label naming the consumer a credentials Secret is for.
 pub const CONSUMER_LABEL: &str = "x-k8s.io/cluster-inventory-consumer";
@@ -389,13 +390,10 @@ impl ClusterSetProvider for ClusterProfileProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for ClusterProfileProvider {
-    fn use_metrics(&self, metrics: &multicluster_runtime::metrics::Metrics) {
-        self.shared.fleet.use_metrics(metrics);
-    }
-
-    async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
+    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
         let shared = &self.shared;
-        shared.fleet.start(&shutdown, aware)?;
+        shared.fleet.start(&context)?;
+        let shutdown = context.shutdown;
         let Some(version) = ApiVersion::decide(&shared.hub.client(), PLURAL, &shutdown).await
         else {
             return Ok(());

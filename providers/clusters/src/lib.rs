@@ -6,11 +6,8 @@
 //! which disengages it everywhere. [`Provider::get`](multicluster_runtime::Provider::get) returns the very
 //! instance that was added. Starting twice is an error.
 
-use std::sync::Arc;
-
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
-use tokio_util::sync::CancellationToken;
+use multicluster_runtime::{Cluster, ClusterName, Error, ProviderContext, RunnableProvider};
 
 /// Clusters managed by the caller.
 #[derive(Clone, Debug, Default)]
@@ -55,8 +52,9 @@ impl ClusterSetProvider for ClustersProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for ClustersProvider {
-    async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
-        self.clusters.start(shutdown.clone(), aware)?;
+    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
+        let shutdown = context.shutdown;
+        self.clusters.start(shutdown.clone(), context.aware)?;
         shutdown.cancelled().await;
         Ok(())
     }

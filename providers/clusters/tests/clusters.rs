@@ -8,7 +8,7 @@ use multicluster_provider_clusters::ClustersProvider;
 use multicluster_runtime::controller::Request;
 use multicluster_runtime::testing::{recording_manager, run_manager, wait_until_left};
 use multicluster_runtime::{
-    Aware, Cluster, ClusterName, Error, ManagerOptions, Provider, RunnableProvider,
+    Cluster, ClusterName, Error, ManagerOptions, Provider, ProviderContext, RunnableProvider,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -84,10 +84,11 @@ async fn clusters_come_and_go_before_and_after_start() {
     );
 
     let again = provider
-        .start(
+        .start(ProviderContext::new(
             CancellationToken::new(),
-            Arc::new(manager.clone()) as Arc<dyn Aware>,
-        )
+            Arc::new(manager.clone()),
+            manager.metrics().clone(),
+        ))
         .await;
     assert!(matches!(again, Err(Error::AlreadyStarted(_))), "{again:?}");
 

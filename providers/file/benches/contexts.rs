@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 use kube::config::Kubeconfig;
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_file::{FileOptions, FileProvider};
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, RunnableProvider};
+use multicluster_runtime::metrics::Metrics;
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, ProviderContext, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 /// Records when each cluster was engaged (the provider's side of
@@ -102,7 +103,10 @@ async fn main() {
         let task = tokio::spawn({
             let (provider, shutdown, aware) =
                 (provider.clone(), shutdown.clone(), engagements.clone());
-            async move { provider.start(shutdown, aware).await }
+            async move {
+                let context = ProviderContext::new(shutdown, aware, Metrics::default());
+                provider.start(context).await
+            }
         });
         wait_until(|| engagements.count() == count)
             .await

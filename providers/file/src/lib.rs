@@ -55,7 +55,7 @@ use multicluster_runtime::provider::discovery::{
 };
 use multicluster_runtime::provider::lock;
 use multicluster_runtime::provider::member::Members;
-use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
+use multicluster_runtime::{ClusterName, Error, ProviderContext, RunnableProvider};
 use notify::Watcher;
 use tokio_util::sync::CancellationToken;
 
@@ -437,12 +437,9 @@ impl ClusterSetProvider for FileProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for FileProvider {
-    fn use_metrics(&self, metrics: &multicluster_runtime::metrics::Metrics) {
-        self.shared.fleet.use_metrics(metrics);
-    }
-
-    async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
-        self.shared.fleet.start(&shutdown, aware)?;
+    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
+        self.shared.fleet.start(&context)?;
+        let shutdown = context.shutdown;
         let shared = self.shared.clone();
         let stop_builds = shutdown.child_token();
         // Builds still running at the end are dropped at once, which stops

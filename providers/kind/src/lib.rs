@@ -33,8 +33,7 @@ use multicluster_runtime::provider::discovery::{
 };
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::Members;
-use multicluster_runtime::{Aware, ClusterName, Error, RunnableProvider};
-use tokio_util::sync::CancellationToken;
+use multicluster_runtime::{ClusterName, Error, ProviderContext, RunnableProvider};
 
 /// Options of the kind provider.
 #[derive(Clone, Debug)]
@@ -217,13 +216,10 @@ impl ClusterSetProvider for KindProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for KindProvider {
-    fn use_metrics(&self, metrics: &multicluster_runtime::metrics::Metrics) {
-        self.shared.fleet.use_metrics(metrics);
-    }
-
-    async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
+    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
         let shared = &self.shared;
-        shared.fleet.start(&shutdown, aware)?;
+        shared.fleet.start(&context)?;
+        let shutdown = context.shutdown;
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             first = shared.poll() => first?,

@@ -9,10 +9,11 @@ use std::time::Duration;
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_kind::{KindOptions, KindProvider};
 use multicluster_runtime::controller::Request;
+use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::testing::{eventually, recording_manager, run_manager, wait_until_left};
 use multicluster_runtime::{
-    Aware, Cluster, ClusterName, Manager, ManagerOptions, RunnableProvider,
+    Aware, Cluster, ClusterName, Manager, ManagerOptions, ProviderContext, RunnableProvider,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -167,7 +168,11 @@ async fn a_failing_first_listing_fails_start_with_the_reason() {
     let aware: Arc<dyn Aware> =
         Arc::new(Manager::builder(multicluster_runtime::testing::offline_cluster("local")).build());
     let err = provider
-        .start(CancellationToken::new(), aware)
+        .start(ProviderContext::new(
+            CancellationToken::new(),
+            aware,
+            Metrics::default(),
+        ))
         .await
         .expect_err("start fails");
     assert!(err.to_string().contains("docker is not running"), "{err}");
@@ -179,7 +184,11 @@ async fn a_missing_kind_cli_is_a_clear_error() {
     let aware: Arc<dyn Aware> =
         Arc::new(Manager::builder(multicluster_runtime::testing::offline_cluster("local")).build());
     let err = provider
-        .start(CancellationToken::new(), aware)
+        .start(ProviderContext::new(
+            CancellationToken::new(),
+            aware,
+            Metrics::default(),
+        ))
         .await
         .expect_err("start fails");
     assert!(err.to_string().contains("kind CLI was not found"), "{err}");

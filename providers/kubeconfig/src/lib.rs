@@ -56,8 +56,9 @@ use multicluster_runtime::provider::discovery::{
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::provider::watch_filter;
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Inventory, RunnableProvider};
-use tokio_util::sync::CancellationToken;
+use multicluster_runtime::{
+    Cluster, ClusterName, Error, Inventory, ProviderContext, RunnableProvider,
+};
 
 /// The default label marking kubeconfig Secrets (value `true`).
 pub const DEFAULT_LABEL: &str = "sigs.k8s.io/multicluster-runtime-kubeconfig";
@@ -268,13 +269,10 @@ impl ClusterSetProvider for KubeconfigProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for KubeconfigProvider {
-    fn use_metrics(&self, metrics: &multicluster_runtime::metrics::Metrics) {
-        self.shared.fleet.use_metrics(metrics);
-    }
-
-    async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
+    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
         let shared = &self.shared;
-        shared.fleet.start(&shutdown, aware)?;
+        shared.fleet.start(&context)?;
+        let shutdown = context.shutdown;
         let builder = Controller::builder(format!("{}-provider", self.shared.options.name))
             .for_resource(Watch::<Secret>::new())
             .max_concurrent_reconciles(shared.options.max_concurrent_builds)

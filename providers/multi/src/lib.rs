@@ -14,7 +14,9 @@ use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 
 use multicluster_runtime::cache::FieldIndex;
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
+use multicluster_runtime::{
+    Aware, Cluster, ClusterName, Error, Provider, ProviderContext, RunnableProvider,
+};
 use tokio_util::sync::CancellationToken;
 
 /// The default separator between provider and cluster name.
@@ -30,10 +32,10 @@ pub struct MultiProvider {
 struct State {
     providers: BTreeMap<String, Member>,
     indexes: Vec<FieldIndex>,
-    started: Option<(CancellationToken, Arc<dyn Aware>)>,
-    /// The manager's registry, handed to every runnable provider (also
-    /// those added later), so their figures reach the manager's metrics.
-    metrics: Option<multicluster_runtime::metrics::Metrics>,
+    /// What the multi provider was started with: handed on to every
+    /// runnable provider (also those added later) with its own stop and a
+    /// prefixing engagement, so their figures reach the manager's metrics.
+    started: Option<ProviderContext>,
 }
 
 struct Member {
@@ -113,14 +115,11 @@ impl MultiProvider {
             return Err(Error::ProviderExists(name.to_string()));
         }
         let stop = match &state.started {
-            Some((shutdown, _)) => shutdown.child_token(),
+            Some(context) => context.shutdown.child_token(),
             None => CancellationToken::new(),
         };
-        if let (Some(metrics), Some(provider)) = (&state.metrics, &runnable) {
-            provider.use_metrics(metrics);
-        }
-        if let (Some((_, aware)), Some(provider)) = (&state.started, &runnable) {
-            self.spawn(name, provider.clone(), stop.clone(), aware.clone());
+        if let (Some(context), Some(provider)) = (&state.started, &runnable) {
+            self.spawn(name, provider.clone(), stop.clone(), context);
         }
         state.providers.insert(
             name.to_string(),
@@ -155,16 +154,17 @@ impl MultiProvider {
         name: &str,
         provider: Arc<dyn RunnableProvider>,
         stop: CancellationToken,
-        aware: Arc<dyn Aware>,
+        context: &ProviderContext,
     ) {
         let prefixed: Arc<dyn Aware> = Arc::new(Prefixed {
             prefix: format!("{name}{}", self.separator),
             stop: stop.clone(),
-            aware,
+            aware: context.aware.clone(),
         });
+        let context = context.with(stop, prefixed);
         let name = name.to_string();
         tokio::spawn(async move {
-            if let Err(err) = provider.start(stop, prefixed).await {
+            if let Err(err) = provider.start(context).await {
                 tracing::error!(provider = %name, error = %err, "provider stopped with an error");
             }
         });
@@ -219,23 +219,14 @@ impl Provider for MultiProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for MultiProvider {
-    fn use_metrics(&self, metrics: &multicluster_runtime::metrics::Metrics) {
-        let mut state = self.lock();
-        state.metrics = Some(metrics.clone());
-        for member in state.providers.values() {
-            if let Some(provider) = &member.runnable {
-                provider.use_metrics(metrics);
-            }
-        }
-    }
-
-    async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
+    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
+        let shutdown = context.shutdown.clone();
         {
             let mut state = self.lock();
             if state.started.is_some() {
                 return Err(Error::AlreadyStarted("multi provider"));
             }
-            state.started = Some((shutdown.clone(), aware.clone()));
+            state.started = Some(context.clone());
             let members: Vec<_> = state
                 .providers
                 .iter_mut()
@@ -247,7 +238,7 @@ impl RunnableProvider for MultiProvider {
                 .collect();
             for (name, runnable, stop) in members {
                 if let Some(provider) = runnable {
-                    self.spawn(&name, provider, stop, aware.clone());
+                    self.spawn(&name, provider, stop, &context);
                 }
             }
         }

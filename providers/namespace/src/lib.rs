@@ -25,8 +25,9 @@ use k8s_openapi::api::core::v1::Namespace;
 use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions};
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::watch_filter;
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Inventory, RunnableProvider};
-use tokio_util::sync::CancellationToken;
+use multicluster_runtime::{
+    Cluster, ClusterName, Error, Inventory, ProviderContext, RunnableProvider,
+};
 
 pub use multicluster_runtime::cache::VIRTUAL_NAMESPACE;
 
@@ -117,8 +118,9 @@ impl ClusterSetProvider for NamespaceProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for NamespaceProvider {
-    async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
-        self.clusters.start(shutdown.clone(), aware)?;
+    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
+        let shutdown = context.shutdown;
+        self.clusters.start(shutdown.clone(), context.aware)?;
         let mut namespaces = self.host.cache().informer::<Namespace>().subscribe();
         loop {
             let event = tokio::select! {

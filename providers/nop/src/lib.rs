@@ -4,11 +4,10 @@
 //! every lookup is [`Error::ClusterNotFound`], indexes are accepted and go
 //! nowhere, and [`RunnableProvider::start`] waits for shutdown.
 
-use std::sync::Arc;
-
 use multicluster_runtime::cache::FieldIndex;
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
-use tokio_util::sync::CancellationToken;
+use multicluster_runtime::{
+    Cluster, ClusterName, Error, Provider, ProviderContext, RunnableProvider,
+};
 
 /// The provider with no clusters.
 #[derive(Clone, Copy, Debug, Default)]
@@ -27,12 +26,8 @@ impl Provider for NopProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for NopProvider {
-    async fn start(
-        &self,
-        shutdown: CancellationToken,
-        _aware: Arc<dyn Aware>,
-    ) -> Result<(), Error> {
-        shutdown.cancelled().await;
+    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
+        context.shutdown.cancelled().await;
         Ok(())
     }
 }

@@ -5,11 +5,12 @@
 //! [`Error::ClusterNotFound`]. Indexes go to that cluster's cache.
 
 use multicluster_runtime::provider::lock;
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use multicluster_runtime::cache::FieldIndex;
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
-use tokio_util::sync::CancellationToken;
+use multicluster_runtime::{
+    Cluster, ClusterName, Error, Provider, ProviderContext, RunnableProvider,
+};
 
 /// One named cluster.
 #[derive(Debug)]
@@ -53,7 +54,8 @@ impl Provider for SingleProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for SingleProvider {
-    async fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
+    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
+        let (shutdown, aware) = (context.shutdown, context.aware);
         {
             let mut started = lock(&self.started);
             if *started {

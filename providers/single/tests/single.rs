@@ -10,7 +10,7 @@ use multicluster_runtime::cache::FieldIndex;
 use multicluster_runtime::controller::Request;
 use multicluster_runtime::testing::{recording_manager, run_manager};
 use multicluster_runtime::{
-    Aware, Cluster, ClusterName, Error, ManagerOptions, Provider, RunnableProvider,
+    Cluster, ClusterName, Error, ManagerOptions, Provider, ProviderContext, RunnableProvider,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -72,10 +72,11 @@ async fn the_one_cluster_is_engaged_indexed_and_found_by_name() {
 
     // A second start is refused.
     let again = provider
-        .start(
+        .start(ProviderContext::new(
             CancellationToken::new(),
-            Arc::new(manager.clone()) as Arc<dyn Aware>,
-        )
+            Arc::new(manager.clone()),
+            manager.metrics().clone(),
+        ))
         .await;
     assert!(matches!(again, Err(Error::AlreadyStarted(_))), "{again:?}");
 

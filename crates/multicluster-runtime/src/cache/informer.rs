@@ -18,11 +18,11 @@ use kube::runtime::watcher;
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
-use crate::ClusterName;
 use crate::cache::index::Indexes;
 use crate::cache::retry::RetryState;
 use crate::health::repeats::{Repeats, Telling};
 use crate::health::{FailingFlag, Failure};
+use crate::name::ClusterName;
 
 /// A change seen by an informer.
 #[derive(Debug)]

@@ -37,7 +37,8 @@ use options::resource_id;
 pub use options::{CacheOptions, WatchBackoff};
 pub use scoped::VIRTUAL_NAMESPACE;
 
-use crate::{ClusterName, Error};
+use crate::error::Error;
+use crate::name::ClusterName;
 use index::Indexes;
 
 /// Default time [`Cache::wait_for_sync`] callers use.

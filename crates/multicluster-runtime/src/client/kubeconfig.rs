@@ -4,7 +4,7 @@
 
 use kube::config::Kubeconfig;
 
-use crate::Error;
+use crate::error::Error;
 
 /// Parses kubeconfig YAML. `source` says where it came from (e.g. `Secret
 /// fleet/prod key kubeconfig`) and is used in errors.

@@ -25,7 +25,7 @@ use std::time::Duration;
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use secrecy::ExposeSecret;
 
-use crate::Error;
+use crate::error::Error;
 use crate::health::{BoundedLayer, Requests};
 use budget::{Budget, BudgetLayer};
 use credentials::Plugin;

@@ -19,9 +19,11 @@ use super::{
     Reconciler, Request, WorkQueue, work,
 };
 use crate::cache::CachedResource;
+use crate::cluster::Cluster;
 use crate::engagements::Engagements;
+use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::{Cluster, ClusterName, Error};
+use crate::name::ClusterName;
 
 /// Which clusters and events a watch covers; used with the builder's
 /// `for_resource`, `owns` and `watches`.

@@ -24,8 +24,9 @@ use serde_json::json;
 
 use super::{Action, Controller, ReconcileError};
 use crate::cache::{CachedResource, WatchScope};
+use crate::cluster::Cluster;
+use crate::name::ClusterName;
 use crate::redact::Redacted;
-use crate::{Cluster, ClusterName};
 
 /// What [`finalizer`] asks the reconciler to do.
 #[derive(Debug)]

@@ -23,8 +23,8 @@ use kube::Resource;
 use kube::core::{Selector, SelectorExt};
 
 use super::{Controller, MapContext, Request};
-use crate::ClusterName;
 use crate::cache::CachedResource;
+use crate::name::ClusterName;
 
 /// Annotation on an object made for another object in another cluster:
 /// the owner's `namespace/name` (or `name` when cluster-scoped).

@@ -80,8 +80,11 @@ pub use settings::ControllerDefaults;
 pub use source::{ClusterSelector, Filter, MapContext, filters};
 pub use work::{Terminal, WorkQueue, WorkQueueBuilder};
 
+use crate::cluster::Cluster;
+use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::{Aware, Cluster, ClusterName, Error};
+use crate::multicluster::Aware;
+use crate::name::ClusterName;
 use builder::Owed;
 use source::Source;
 

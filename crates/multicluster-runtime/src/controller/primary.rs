@@ -11,8 +11,9 @@ use kube::runtime::events::{Event, EventType, Reporter};
 
 use super::{ReconcileError, Request};
 use crate::cache::CachedResource;
+use crate::cluster::Cluster;
+use crate::name::ClusterName;
 use crate::redact::Redacted;
-use crate::{Cluster, ClusterName};
 
 /// A cluster's cached primary objects, as (namespace, name).
 type ListFn = dyn Fn(&Cluster) -> Vec<(Option<String>, String)> + Send + Sync;

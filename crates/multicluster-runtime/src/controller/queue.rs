@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use super::Request;
 use super::settings::Settled;
-use crate::ClusterName;
+use crate::name::ClusterName;
 
 /// Per-request exponential backoff after errors.
 #[derive(Clone, Copy, Debug)]

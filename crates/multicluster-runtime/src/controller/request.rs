@@ -3,7 +3,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use crate::ClusterName;
+use crate::name::ClusterName;
 
 /// What to reconcile: an object in a cluster.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -10,7 +10,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::Controller;
 use super::source::Source;
-use crate::{Cluster, ClusterName, Inventory};
+use crate::cluster::{Cluster, Inventory};
+use crate::name::ClusterName;
 
 /// What runs for one engaged cluster.
 pub(super) struct Selection {

@@ -11,7 +11,8 @@ use tokio_util::sync::CancellationToken;
 
 use super::{Controller, Request};
 use crate::cache::{CacheEvent, CachedResource};
-use crate::{Cluster, ClusterName};
+use crate::cluster::Cluster;
+use crate::name::ClusterName;
 use kube::core::Selector;
 
 /// Which clusters a source watches.

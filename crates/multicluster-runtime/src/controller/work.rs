@@ -230,7 +230,7 @@ impl WorkQueue {
 
     /// `cluster` left: its keys are dropped, and what was told of their
     /// failures with them.
-    pub(crate) fn disengage(&self, cluster: &crate::ClusterName) {
+    pub(crate) fn disengage(&self, cluster: &crate::name::ClusterName) {
         self.inner.queue.disengage(cluster);
         lock(&self.inner.told).retain(|key, _| key.cluster != *cluster);
     }

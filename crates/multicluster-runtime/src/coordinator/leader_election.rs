@@ -42,12 +42,15 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::Cluster;
 use crate::coordinator::fence::{Attempt, Fence, Timing};
 use crate::coordinator::lease::live_holder;
 use crate::coordinator::{Coordinator, add_components, engage_each};
 use crate::engagements::{Arrival, Engagements};
+use crate::error::Error;
+use crate::multicluster::Aware;
+use crate::name::ClusterName;
 use crate::sync::{child_until, lock};
-use crate::{Aware, Cluster, ClusterName, Error};
 
 /// Leader election settings: [`LeaderElectionOptions::new`], then the
 /// setters. The durations are client-go's defaults.

@@ -13,7 +13,10 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::{Aware, Cluster, ClusterName, Error};
+use crate::cluster::Cluster;
+use crate::error::Error;
+use crate::multicluster::Aware;
+use crate::name::ClusterName;
 
 pub(crate) mod fence;
 pub mod leader_election;

@@ -159,7 +159,9 @@ fn cluster_json(manager: &Manager) -> String {
 
 /// The clusters this replica works on, when its coordinator does not work
 /// on all of them (a set: a fleet's report asks it once per cluster).
-fn worked_on_here(manager: &Manager) -> Option<std::collections::BTreeSet<crate::ClusterName>> {
+fn worked_on_here(
+    manager: &Manager,
+) -> Option<std::collections::BTreeSet<crate::name::ClusterName>> {
     manager
         .coordinator()
         .working_on()

@@ -40,10 +40,13 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::FieldIndex;
+use crate::cluster::Cluster;
 use crate::controller::Controller;
 use crate::coordinator::{Coordinator, EngageAll};
+use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
+use crate::multicluster::{Aware, Provider, ProviderContext, RunnableProvider};
+use crate::name::ClusterName;
 
 /// How long the coordinator and the provider may take to stop after the
 /// shutdown grace period.
@@ -402,10 +405,12 @@ impl Manager {
             tasks.spawn(async move { controller.run(stop, grace).await });
         }
         let mut provider_task = self.inner.runnable.clone().map(|provider| {
-            provider.use_metrics(&self.inner.metrics);
-            let aware: Arc<dyn Aware> = Arc::new(self.clone());
-            let stop = components_stop.clone();
-            tokio::spawn(async move { provider.start(stop, aware).await })
+            let context = ProviderContext::new(
+                components_stop.clone(),
+                Arc::new(self.clone()),
+                self.inner.metrics.clone(),
+            );
+            tokio::spawn(async move { provider.start(context).await })
         });
         tokio::spawn(self.clone().watch_health(components_stop.clone()));
         self.inner.started.cancel();

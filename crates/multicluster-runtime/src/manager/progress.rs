@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use super::{ClusterState, ClusterStatus, ManagerOptions};
-use crate::Cluster;
+use crate::cluster::Cluster;
 use crate::redact::Redacted;
 
 /// A moment by the runtime's clock (to measure) and the wall clock (to show).

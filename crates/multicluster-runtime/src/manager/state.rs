@@ -66,7 +66,7 @@ pub enum ClusterState {
     /// ClusterProfiles with one `multicluster.x-k8s.io/inventory-member-id`,
     /// say). Nothing is built for it; it takes over when the object the
     /// cluster comes from goes, if it can.
-    Duplicate(crate::ClusterName),
+    Duplicate(crate::name::ClusterName),
 }
 
 impl ClusterState {

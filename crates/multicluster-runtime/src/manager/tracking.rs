@@ -8,12 +8,15 @@ use tokio_util::sync::CancellationToken;
 
 use super::progress::{Moment, Progress};
 use super::{ClusterState, Manager};
+use crate::cluster::Cluster;
 use crate::engagements::{Arrival, Engagements, when_ended};
+use crate::error::Error;
 use crate::health::repeats::{Repeats, Telling};
 use crate::metrics::ClusterAge;
+use crate::multicluster::Aware;
+use crate::name::ClusterName;
 use crate::redact::Redacted;
 use crate::sync::lock;
-use crate::{Aware, Cluster, ClusterName, Error};
 
 /// How often engaged clusters' health is looked at.
 const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);

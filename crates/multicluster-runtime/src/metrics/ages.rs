@@ -11,8 +11,8 @@ use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::gauge::ConstGauge;
 
-use crate::ClusterName;
 use crate::fleet::FleetView;
+use crate::name::ClusterName;
 use crate::sync::lock;
 
 /// One cluster as a scrape sees it.

@@ -18,7 +18,7 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::ClusterName;
+use crate::name::ClusterName;
 pub(crate) use ages::{AgeSource, ClusterAge};
 
 type Labels = Vec<(&'static str, String)>;

@@ -13,7 +13,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::{ClusterAge, Metrics};
-use crate::ClusterName;
+use crate::name::ClusterName;
 use crate::redact::Redacted;
 
 fn repository() -> PathBuf {

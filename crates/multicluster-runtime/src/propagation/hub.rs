@@ -12,8 +12,9 @@ use serde_json::json;
 use super::status::{self, MemberState, Outcome};
 use super::{HubKey, Members, STATUS_COALESCE, Shared, StatusTarget};
 use crate::cache::CachedResource;
+use crate::cluster::Cluster;
 use crate::controller::{Action, ReconcileError, Request, finalizer};
-use crate::{Cluster, ClusterName};
+use crate::name::ClusterName;
 
 /// How soon a hub object whose members still hold its objects is looked
 /// at again (their removal also queues it).

@@ -15,9 +15,10 @@ use serde::de::DeserializeOwned;
 use super::status::{MemberState, Outcome};
 use super::{Conflicts, Desired, Drift, HubKey, PROPAGATION_LABEL, Shared};
 use crate::cache::CachedResource;
+use crate::cluster::Cluster;
 use crate::controller::{Action, ReconcileError, Request, map};
+use crate::name::ClusterName;
 use crate::redact::Redacted;
-use crate::{Cluster, ClusterName};
 
 /// How soon a removal waiting on a member's watch to list looks again.
 const NOT_LISTED_YET: Duration = Duration::from_secs(1);

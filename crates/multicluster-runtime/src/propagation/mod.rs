@@ -69,11 +69,13 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::cache::{CacheEvent, CachedResource};
+use crate::cluster::Cluster;
 use crate::controller::{
     ClusterSelector, Controller, ControllerBuilder, MapContext, ReconcileError, Request, Watch,
     filters, map,
 };
-use crate::{Cluster, ClusterName, Error};
+use crate::error::Error;
+use crate::name::ClusterName;
 use kinds::Kind;
 use status::Outcome;
 pub use status::{CONDITION_TYPE, MemberState};

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
 
-use crate::ClusterName;
+use crate::name::ClusterName;
 
 /// How one member is doing with the objects of one hub object, from best
 /// to worst: the order is the summary's, whose reason is the worst state

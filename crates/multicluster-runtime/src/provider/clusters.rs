@@ -10,8 +10,11 @@ use std::sync::{Arc, Mutex};
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::FieldIndex;
+use crate::cluster::Cluster;
 use crate::engagements::Engagements;
-use crate::{Aware, Cluster, ClusterName, Error, Provider};
+use crate::error::Error;
+use crate::multicluster::{Aware, Provider};
+use crate::name::ClusterName;
 
 /// Called with errors that have no caller to return to (an engagement that
 /// failed while the provider was adding clusters in the background).

@@ -22,12 +22,15 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::Cluster;
 use crate::controller::{Action, Backoff, ControllerBuilder, Request};
+use crate::error::Error;
 use crate::metrics::Metrics;
+use crate::multicluster::{Aware, ProviderContext};
+use crate::name::ClusterName;
 use crate::provider::clusters::Clusters;
 use crate::provider::failures::Failures;
 use crate::provider::kubeconfig::KubeconfigCluster;
-use crate::{Aware, Cluster, ClusterName, Error};
 
 /// The providers' default backoff for clusters whose credentials could not
 /// be obtained (a credential plugin failed or timed out): 1 s, doubling per
@@ -103,12 +106,6 @@ impl Fleet {
         &self.failures
     }
 
-    /// Counts in `metrics` (the manager's) unless the provider was given a
-    /// registry of its own; see [`crate::RunnableProvider::use_metrics`].
-    pub fn use_metrics(&self, metrics: &Metrics) {
-        self.failures.use_metrics(metrics);
-    }
-
     /// The registry the provider records in, if any yet.
     pub fn metrics(&self) -> Option<&Metrics> {
         self.failures.metrics()
@@ -182,12 +179,14 @@ impl Fleet {
         }
     }
 
-    /// Starts the cluster set: see [`Clusters::start`].
-    pub fn start(
-        &self,
-        shutdown: &CancellationToken,
-        aware: std::sync::Arc<dyn Aware>,
-    ) -> Result<(), Error> {
-        self.clusters.start(shutdown.clone(), aware)
+    /// Starts the cluster set with what the provider was started with:
+    /// clusters are engaged with `context.aware` until `context.shutdown`
+    /// ([`Clusters::start`]), and failures and duplicates are recorded in
+    /// `context.metrics` unless the fleet was given a registry of its own,
+    /// so they show on the manager's `/clusters`.
+    pub fn start(&self, context: &ProviderContext) -> Result<(), Error> {
+        self.failures.use_metrics(&context.metrics);
+        self.clusters
+            .start(context.shutdown.clone(), context.aware.clone())
     }
 }

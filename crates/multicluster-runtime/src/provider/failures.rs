@@ -12,10 +12,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, OnceLock};
 
+use crate::error::Error;
 use crate::metrics::Metrics;
+use crate::name::ClusterName;
 use crate::redact::Redacted;
 use crate::sync::lock;
-use crate::{ClusterName, Error};
 
 /// The current failure reason per cluster of one provider.
 #[derive(Debug)]

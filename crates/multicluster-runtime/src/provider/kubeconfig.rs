@@ -5,8 +5,10 @@ use std::hash::{Hash, Hasher};
 use crate::cache::Cache;
 use crate::client::kubeconfig::parse;
 use crate::client::{KubeconfigPolicy, client_with_requests};
+use crate::cluster::{Cluster, Inventory};
+use crate::error::Error;
+use crate::name::ClusterName;
 use crate::provider::member::MemberOptions;
-use crate::{Cluster, ClusterName, Error, Inventory};
 
 /// A short, stable digest of kubeconfig text, for telling whether a
 /// cluster's connection config changed (not a security measure).

@@ -12,7 +12,7 @@ use kube::core::Resource;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse, AdmissionReview};
 use serde::de::DeserializeOwned;
 
-use crate::Cluster;
+use crate::cluster::Cluster;
 
 /// Validating (allow or deny) or mutating (also patch).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -37,7 +37,7 @@ pub use handler::{Webhook, WebhookKind};
 pub use registration::{Registration, RegistrationOptions};
 pub use server::{WebhookServer, WebhookServerOptions};
 
-use crate::ClusterName;
+use crate::name::ClusterName;
 
 /// The path at which `webhook` answers `cluster`.
 pub fn path(webhook: &str, cluster: &ClusterName) -> String {

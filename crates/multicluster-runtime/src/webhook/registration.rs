@@ -19,9 +19,13 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{WebhookKind, WebhookServer, path};
+use crate::cluster::Cluster;
 use crate::engagements::{Engagements, when_ended};
+use crate::error::Error;
+use crate::manager::Manager;
+use crate::multicluster::Aware;
+use crate::name::ClusterName;
 use crate::sync::lock;
-use crate::{Aware, Cluster, ClusterName, Error, Manager};
 
 /// How the webhooks are registered in each member.
 #[derive(Clone, Debug)]
@@ -476,7 +480,7 @@ mod tests {
             WebhookServerOptions::default().certificate(&files.cert, &files.key),
         )
         .expect("server");
-        let manager = Manager::builder(crate::Cluster::new(
+        let manager = Manager::builder(crate::cluster::Cluster::new(
             "local",
             kube::Client::try_from(kube::Config::new(http::Uri::from_static(
                 "https://127.0.0.1:1",

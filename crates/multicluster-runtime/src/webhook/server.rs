@@ -24,10 +24,13 @@ use tokio_util::sync::CancellationToken;
 use super::handler::{Unanswered, Webhook};
 use super::parse_path;
 use super::tls::CertificateFiles;
+use crate::cluster::Cluster;
 use crate::engagements::{Engagements, when_ended};
+use crate::error::Error;
 use crate::metrics::Metrics;
+use crate::multicluster::Aware;
+use crate::name::ClusterName;
 use crate::sync::lock;
-use crate::{Aware, Cluster, ClusterName, Error};
 
 /// How long a client may take over its TLS handshake.
 const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);

@@ -13,7 +13,7 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
-use crate::Error;
+use crate::error::Error;
 use crate::sync::lock;
 
 /// What identifies a file's contents without reading them: a replaced

@@ -39,7 +39,7 @@ use kube::client::Body;
 use secrecy::{ExposeSecret, SecretString};
 use tokio::time::Instant;
 
-use crate::Error;
+use crate::error::Error;
 use crate::health::Requests;
 use crate::redact::Redacted;
 

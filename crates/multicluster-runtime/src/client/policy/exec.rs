@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use crate::Error;
+use crate::error::Error;
 
 /// Which exec credential plugins a kubeconfig may run (client-go's
 /// `PluginPolicy`).

@@ -39,10 +39,13 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use crate::cluster::Cluster;
 use crate::coordinator::{Coordinator, add_components, dns1123, engage_each, fence, lease_name};
 use crate::engagements::{Arrival, Engagements, when_ended};
+use crate::error::Error;
+use crate::multicluster::Aware;
+use crate::name::ClusterName;
 use crate::sync::{child_until, lock};
-use crate::{Aware, Cluster, ClusterName, Error};
 
 pub use hrw::{Peer, owner, score};
 pub use options::{FenceHold, ShardingOptions};

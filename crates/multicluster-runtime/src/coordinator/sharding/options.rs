@@ -2,8 +2,8 @@
 
 use std::time::Duration;
 
-use crate::Error;
 use crate::coordinator::dns1123;
+use crate::error::Error;
 
 /// Sharding settings; the defaults are Go multicluster-runtime's.
 #[derive(Clone, Debug)]

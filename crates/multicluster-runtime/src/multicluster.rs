@@ -1,0 +1,134 @@
+//! The contract between providers and the components that work on their
+//! clusters (Go: `pkg/multicluster`): a [`Provider`] looks clusters up, a
+//! [`RunnableProvider`] discovers them and engages each with every
+//! [`Aware`] component, started with a [`ProviderContext`]. It depends on
+//! nothing above it: clusters, the cache's index type, names, errors and
+//! the metrics registry the context carries.
+
+use std::sync::Arc;
+
+use tokio_util::sync::CancellationToken;
+
+use crate::cache::FieldIndex;
+use crate::cluster::Cluster;
+use crate::error::Error;
+use crate::metrics::Metrics;
+use crate::name::ClusterName;
+
+/// Something that wants to know about every cluster of the fleet: the
+/// manager, controllers, other cluster-aware components.
+pub trait Aware: Send + Sync {
+    /// Start working on `cluster`, known in the fleet as `name`, until
+    /// `lifetime` is cancelled. (The fleet name can differ from
+    /// [`Cluster::name`]: the multi provider prefixes it.)
+    ///
+    /// Must not block (spawn what runs for the cluster's life) and must be
+    /// re-entrant. Engaging the same instance again is a no-op; engaging a
+    /// different instance under the same name replaces the old one (for
+    /// example after credential rotation), whose work stops. An engagement
+    /// whose `lifetime` has already ended is stale (it arrived after the
+    /// one that replaced it) and is ignored.
+    ///
+    /// The lifetime ends when the cluster leaves the fleet, when it is
+    /// replaced, and also when the process stops (the manager releases
+    /// every cluster at shutdown). A component that cleans up after a
+    /// cluster that left (deletes what it made for it on a hub, say) must
+    /// tell these apart: [`Manager::is_stopping`](crate::Manager::is_stopping)
+    /// is true from before any lifetime ends at shutdown.
+    fn engage(
+        &self,
+        lifetime: CancellationToken,
+        name: ClusterName,
+        cluster: Cluster,
+    ) -> Result<(), Error>;
+
+    /// Completes once nothing started for the cluster `name` is running any
+    /// more, after its lifetime has ended: a controller's running
+    /// reconciles have finished. The sharded coordinator waits for this
+    /// before handing a cluster to another replica. The default completes
+    /// at once, for components whose work stops with the lifetime.
+    fn settled(&self, name: &ClusterName) -> futures::future::BoxFuture<'static, ()> {
+        let _ = name;
+        Box::pin(std::future::ready(()))
+    }
+
+    /// Gets ready to work on `cluster` without doing any work: starts the
+    /// informers the component will read, so that a later
+    /// [`engage`](Aware::engage) finds synced caches. A standby replica
+    /// under [leader election](crate::coordinator::leader_election) warms every cluster
+    /// it would work on if it led. Must not block; the default does
+    /// nothing.
+    fn warm(&self, name: &ClusterName, cluster: &Cluster) {
+        let _ = (name, cluster);
+    }
+}
+
+/// Looks up clusters of the fleet by name.
+#[async_trait::async_trait]
+pub trait Provider: Send + Sync {
+    /// The engaged cluster of that name, or [`Error::ClusterNotFound`].
+    async fn get(&self, name: &ClusterName) -> Result<Cluster, Error>;
+
+    /// Registers a field index on every cluster this provider has, now and
+    /// later.
+    async fn index_field(&self, index: FieldIndex) -> Result<(), Error>;
+}
+
+/// A provider that discovers clusters by itself.
+#[async_trait::async_trait]
+pub trait RunnableProvider: Provider {
+    /// Runs discovery until `context.shutdown` fires, engaging every
+    /// cluster found through `context.aware` with a lifetime that is
+    /// cancelled when the cluster leaves the fleet, and recording in
+    /// `context.metrics`. A provider that keeps its clusters in a
+    /// [`Fleet`](crate::provider::discovery::Fleet) hands the context to
+    /// [`Fleet::start`](crate::provider::discovery::Fleet::start), which
+    /// does all three: its unusable inventory then shows on `/clusters`
+    /// without further wiring.
+    async fn start(&self, context: ProviderContext) -> Result<(), Error>;
+}
+
+/// What a provider is handed when it is started: when to stop, whom to
+/// engage clusters with, and where to record. Cheap to clone.
+#[derive(Clone)]
+#[non_exhaustive]
+pub struct ProviderContext {
+    /// Fires when the provider is to stop.
+    pub shutdown: CancellationToken,
+    /// Whom every cluster found is engaged with (the manager).
+    pub aware: Arc<dyn Aware>,
+    /// The registry the provider records in (its discovery controller,
+    /// engagement failures, unusable inventory and duplicates, which the
+    /// manager's `/clusters` shows), unless it was given one of its own.
+    pub metrics: Metrics,
+}
+
+impl ProviderContext {
+    /// A context stopping at `shutdown`, engaging with `aware`, recording
+    /// in `metrics`.
+    pub fn new(shutdown: CancellationToken, aware: Arc<dyn Aware>, metrics: Metrics) -> Self {
+        Self {
+            shutdown,
+            aware,
+            metrics,
+        }
+    }
+
+    /// The same context with `aware` instead (a provider of providers
+    /// engaging through a component of its own), stopping at `shutdown`.
+    pub fn with(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Self {
+        Self {
+            shutdown,
+            aware,
+            metrics: self.metrics.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for ProviderContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderContext")
+            .field("stopping", &self.shutdown.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}
