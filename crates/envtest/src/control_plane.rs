@@ -194,8 +194,10 @@ impl ControlPlane {
         let api_server = spawn_api_server(&api_server_command, root)?;
 
         let server = format!("https://127.0.0.1:{api_port}");
+        // Named after the port, so the kubeconfigs of several control
+        // planes merge (`KUBECONFIG=a:b`) without clashing contexts.
         let admin = kubeconfig::build(
-            "envtest-admin",
+            &format!("envtest-{api_port}"),
             &server,
             ca.cert_pem(),
             Credentials::Certificate {
@@ -256,7 +258,9 @@ impl ControlPlane {
         self.ca.cert_pem()
     }
 
-    /// The admin kubeconfig (`system:masters`), credentials inline.
+    /// The admin kubeconfig (`system:masters`), credentials inline; its
+    /// context, cluster and user are named `envtest-<port>`, so the
+    /// kubeconfigs of several control planes merge.
     pub fn kubeconfig(&self) -> &Kubeconfig {
         &self.admin
     }

@@ -162,7 +162,10 @@ impl ManagerBuilder {
 }
 
 impl Manager {
-    /// Starts building a manager for the local cluster `local`.
+    /// Starts building a manager for the local cluster `local`, the one it
+    /// runs against. The fleet knows it as [`ClusterName::local`] whatever
+    /// it is called; build it with [`Cluster::local`] so that its own name
+    /// (in its spans and its cache's logs) is the same.
     pub fn builder(local: Cluster) -> ManagerBuilder {
         ManagerBuilder {
             local,

@@ -5,8 +5,29 @@
 //! dashboards keep working; fleet metrics carry the `mcr_` prefix. A
 //! `cluster` label on reconcile metrics is off by default: fleets can be
 //! large and every label value is a time series.
+//!
+//! The application's own metrics go into the same registry
+//! ([`Metrics::register`]); build them with [`prometheus_client`] as
+//! re-exported here, which is the version the registry is made of (another
+//! version's metric types do not fit it):
+//!
+//! ```
+//! use multicluster_runtime::metrics::{Metrics, prometheus_client};
+//! use prometheus_client::metrics::counter::Counter;
+//!
+//! let metrics = Metrics::default();
+//! let copies = Counter::<u64>::default();
+//! metrics.register(|registry| {
+//!     registry.register("app_copies", "ConfigMaps copied", copies.clone())
+//! });
+//! copies.inc();
+//! assert!(metrics.encode().contains("app_copies_total 1"));
+//! ```
 
 mod ages;
+
+/// The `prometheus-client` crate the registry is built with.
+pub use prometheus_client;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
