@@ -130,7 +130,10 @@ async fn a_short_lived_plugin_certificate_is_renewed_before_it_expires() {
 
     // The cluster manager issues a fresh certificate every second; each
     // one the plugin hands out expires LIFE after it was issued.
+    // (The second between issues is the scenario's clock, not a wait for
+    // anything: certificates must expire under the client.)
     let started = tokio::time::Instant::now();
+    let mut requests = 0;
     while started.elapsed() < LIFE * 3 {
         issue(&member, state.path());
         assert_eq!(
@@ -139,11 +142,15 @@ async fn a_short_lived_plugin_certificate_is_renewed_before_it_expires() {
                 .expect("a request with a current certificate"),
             "short-lived"
         );
+        requests += 1;
         tokio::time::sleep(Duration::from_secs(1)).await;
     }
+    // Three lifetimes of requests that all worked took at least three
+    // certificates; the plugin is asked before expiry, not per request.
     let calls = plugins::calls(state.path()).len();
+    assert!(calls >= 3, "{calls} certificates over three lifetimes");
     assert!(
-        (3..=12).contains(&calls),
-        "renewed at half its life, so about every 3 s: {calls} calls"
+        calls < requests,
+        "the plugin ran for {calls} of {requests} requests"
     );
 }
