@@ -168,6 +168,32 @@ async fn a_namespace_restricted_cache_needs_rbac_for_that_namespace_only() {
     );
 }
 
+/// A read through a cache whose watch cannot list fails after the cache's
+/// own `sync_wait`, naming it, rather than a fixed 30 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_read_waits_for_its_first_list_as_long_as_the_cache_says() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    // An identity without any grant: its watches are refused.
+    let nobody =
+        multicluster_envtest::client_for(&cp.user_kubeconfig("nobody", None).expect("kubeconfig"))
+            .await
+            .expect("client");
+    let cache = Cache::with_options(
+        "nobody",
+        nobody,
+        CacheOptions::default().sync_wait(Duration::from_secs(2)),
+    );
+    let err = cache
+        .list::<ConfigMap>(None)
+        .await
+        .expect_err("refused watches never list");
+    match &err {
+        Error::NotReady { timeout, .. } => assert_eq!(*timeout, Duration::from_secs(2), "{err}"),
+        other => panic!("not NotReady: {other}"),
+    }
+    assert!(err.to_string().contains("nobody"), "{err}");
+}
+
 /// A controller can reconcile a type it watches metadata-only: its source
 /// shares the cache's metadata informer, and owned objects are found by
 /// their owner references, which are metadata.

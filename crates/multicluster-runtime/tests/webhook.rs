@@ -168,6 +168,9 @@ async fn one_server_answers_every_member_with_its_own_cluster() {
     server.use_metrics(manager.metrics());
     let running = serve_and_register(&manager, &server, &files, |options| {
         options.include_local = true;
+        // The CA file's directory is watched: a new CA must be seen long
+        // before this.
+        options.ca_check = std::time::Duration::from_secs(3600);
     })
     .await;
 

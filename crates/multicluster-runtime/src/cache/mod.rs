@@ -41,7 +41,9 @@ use crate::error::Error;
 use crate::name::ClusterName;
 use index::Indexes;
 
-/// Default time [`Cache::wait_for_sync`] callers use.
+/// How long a read through a cache waits for its informer's first list by
+/// default ([`CacheOptions::sync_wait`]), and the manager's default
+/// `sync_timeout`.
 pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How a watch is limited to the cache's namespace restriction, by resource
@@ -369,7 +371,8 @@ impl Cache {
     }
 
     /// Typed objects of `K` in `namespace` (all when `None`), from the cache.
-    /// Waits for the informer's first list, at most `DEFAULT_SYNC_TIMEOUT`.
+    /// Waits for the informer's first list, at most
+    /// [`CacheOptions::sync_wait`] (30 s by default).
     pub async fn list<K>(&self, namespace: Option<&str>) -> Result<Vec<Arc<K>>, Error>
     where
         K: CachedResource,
@@ -413,11 +416,18 @@ impl Cache {
         informer: &dyn ErasedInformer,
         ready: impl Future<Output = ()>,
     ) -> Result<(), Error> {
-        tokio::time::timeout(DEFAULT_SYNC_TIMEOUT, ready)
+        let wait = match &self.inner.backend {
+            Backend::Api { options, .. } => options.sync_wait,
+            // A view waits as its host's reads do.
+            Backend::Scoped { host, .. } => host
+                .options()
+                .map_or(DEFAULT_SYNC_TIMEOUT, |options| options.sync_wait),
+        };
+        tokio::time::timeout(wait, ready)
             .await
             .map_err(|_| Error::NotReady {
                 name: self.inner.cluster.clone(),
-                timeout: DEFAULT_SYNC_TIMEOUT,
+                timeout: wait,
                 reason: informer.failure().map_or_else(
                     || crate::redact::Redacted::ours("the informer has not listed yet"),
                     |failure| failure.reason,

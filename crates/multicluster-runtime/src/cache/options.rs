@@ -41,6 +41,12 @@ pub struct CacheOptions {
     pub per_resource: Vec<(String, watcher::Config)>,
     /// How a failed watch is retried.
     pub backoff: WatchBackoff,
+    /// How long a read through the cache ([`super::Cache::list`], `get`,
+    /// `by_index`) waits for its informer's first list before it fails
+    /// with [`crate::Error::NotReady`] (default
+    /// [`super::DEFAULT_SYNC_TIMEOUT`], 30 s). A reconcile that reads a
+    /// member whose watch cannot list holds its slot this long at most.
+    pub sync_wait: std::time::Duration,
 }
 
 crate::option_setters!(CacheOptions {
@@ -49,6 +55,7 @@ crate::option_setters!(CacheOptions {
     streaming_lists: bool,
     watcher: watcher::Config,
     backoff: WatchBackoff,
+    sync_wait: std::time::Duration,
 });
 
 impl Default for CacheOptions {
@@ -60,6 +67,7 @@ impl Default for CacheOptions {
             watcher: watcher::Config::default(),
             per_resource: Vec::new(),
             backoff: WatchBackoff::default(),
+            sync_wait: super::DEFAULT_SYNC_TIMEOUT,
         }
     }
 }

@@ -36,10 +36,12 @@ pub struct RegistrationOptions {
     /// this followed by its path ([`super::path`]).
     pub url: String,
     /// The PEM CA bundle that signed the serving certificate (cert-manager's
-    /// `ca.crt`), looked at again every [`RegistrationOptions::ca_check`]
-    /// and written to every member when it changed.
+    /// `ca.crt`), followed (its directory is watched, so a mounted Secret's
+    /// update is seen at once) until the manager stops, and written to
+    /// every member when it changed.
     pub ca_file: PathBuf,
-    /// How often the CA file is looked at (default 10 s).
+    /// How often the CA file is looked at besides (default 10 s): the
+    /// fallback where its directory cannot be watched.
     pub ca_check: Duration,
     /// The configurations' name in each member (default
     /// `multicluster-runtime-webhooks`); two instances with disjoint watch
@@ -168,29 +170,7 @@ impl Registration {
         let file = self.inner.options.ca_file.clone();
         let every = self.inner.options.ca_check;
         let (sender, receiver) = watch::channel(read_ca(&file).unwrap_or_default());
-        tokio::spawn(async move {
-            loop {
-                tokio::select! {
-                    () = sender.closed() => return,
-                    () = tokio::time::sleep(every) => {}
-                }
-                match read_ca(&file) {
-                    Ok(bundle) => {
-                        sender.send_if_modified(|now| {
-                            let changed = *now != bundle;
-                            if changed {
-                                tracing::info!(file = %file.display(), "webhook CA bundle changed; registering it in every member");
-                                *now = bundle;
-                            }
-                            changed
-                        });
-                    }
-                    Err(err) => {
-                        tracing::warn!(error = %err, "webhook CA bundle unreadable; the members keep the previous one")
-                    }
-                }
-            }
-        });
+        tokio::spawn(follow_ca(file, every, sender, self.inner.stopping.clone()));
         *ca = Some(receiver.clone());
         receiver
     }
@@ -401,12 +381,100 @@ where
         .map_err(|err| (format!("{} {name}", K::kind(&())), err))
 }
 
-fn read_ca(file: &std::path::Path) -> Result<Vec<u8>, Error> {
-    let what = || format!("CA bundle {}", file.display());
-    let bundle = std::fs::read(file).map_err(|err| Error::Webhook {
-        what: what(),
+/// Follows the CA file into `sender` until the manager stops or nobody
+/// listens: re-read when anything changes in its directory (a mounted
+/// Secret is updated by swapping a symbolic link there, which a watch of
+/// the file itself would miss), and every `every` besides, in case the
+/// directory cannot be watched. Reads do not block the runtime.
+async fn follow_ca(
+    file: PathBuf,
+    every: Duration,
+    sender: watch::Sender<Vec<u8>>,
+    stopping: CancellationToken,
+) {
+    let (wake, mut woken) = tokio::sync::mpsc::channel::<()>(1);
+    // Kept for as long as the file is followed; dropping it ends the watch.
+    let _watcher = watch_directory_of(&file, wake);
+    // False once the watch is gone (it could not be set up): the file is
+    // then looked at every `every` only.
+    let mut watching = true;
+    loop {
+        tokio::select! {
+            () = stopping.cancelled() => return,
+            () = sender.closed() => return,
+            woken_up = woken.recv(), if watching => {
+                if woken_up.is_none() {
+                    watching = false;
+                    continue;
+                }
+            }
+            () = tokio::time::sleep(every) => {}
+        }
+        let read = tokio::fs::read(&file).await;
+        match read
+            .map_err(|err| ca_unreadable(&file, &err))
+            .and_then(|bundle| check_ca(&file, bundle))
+        {
+            Ok(bundle) => {
+                sender.send_if_modified(|now| {
+                    let changed = *now != bundle;
+                    if changed {
+                        tracing::info!(file = %file.display(), "webhook CA bundle changed; registering it in every member");
+                        *now = bundle;
+                    }
+                    changed
+                });
+            }
+            Err(err) => {
+                tracing::warn!(error = %err, "webhook CA bundle unreadable; the members keep the previous one")
+            }
+        }
+    }
+}
+
+/// A watch of `file`'s directory that wakes `wake` on every event, or
+/// `None` (logged) when it cannot be set up.
+fn watch_directory_of(
+    file: &std::path::Path,
+    wake: tokio::sync::mpsc::Sender<()>,
+) -> Option<notify::RecommendedWatcher> {
+    use notify::Watcher;
+    let directory = file
+        .parent()
+        .filter(|dir| !dir.as_os_str().is_empty())
+        .unwrap_or(std::path::Path::new("."));
+    let watched = notify::recommended_watcher(move |_: notify::Result<notify::Event>| {
+        // Full means a wake-up is pending already.
+        let _ = wake.try_send(());
+    })
+    .and_then(|mut watcher| {
+        watcher.watch(directory, notify::RecursiveMode::NonRecursive)?;
+        Ok(watcher)
+    });
+    match watched {
+        Ok(watcher) => Some(watcher),
+        Err(err) => {
+            tracing::warn!(directory = %directory.display(), error = %err, "cannot watch the webhook CA file's directory; looking at the file every ca_check only");
+            None
+        }
+    }
+}
+
+fn ca_unreadable(file: &std::path::Path, err: &std::io::Error) -> Error {
+    Error::Webhook {
+        what: format!("CA bundle {}", file.display()),
         reason: format!("cannot be read: {err}"),
-    })?;
+    }
+}
+
+fn read_ca(file: &std::path::Path) -> Result<Vec<u8>, Error> {
+    let bundle = std::fs::read(file).map_err(|err| ca_unreadable(file, &err))?;
+    check_ca(file, bundle)
+}
+
+/// `bundle` if it holds a PEM certificate.
+fn check_ca(file: &std::path::Path, bundle: Vec<u8>) -> Result<Vec<u8>, Error> {
+    let what = || format!("CA bundle {}", file.display());
     if !String::from_utf8_lossy(&bundle).contains("-----BEGIN CERTIFICATE-----") {
         return Err(Error::Webhook {
             what: what(),
