@@ -44,7 +44,7 @@ use index::Indexes;
 /// How long a read through a cache waits for its informer's first list by
 /// default ([`CacheOptions::sync_wait`]), and the manager's default
 /// `sync_timeout`.
-pub const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How a watch is limited to the cache's namespace restriction, by resource
 /// scope: namespaced resources are watched in that namespace only,

@@ -44,7 +44,7 @@ pub struct CacheOptions {
     /// How long a read through the cache ([`super::Cache::list`], `get`,
     /// `by_index`) waits for its informer's first list before it fails
     /// with [`crate::Error::NotReady`] (default
-    /// [`super::DEFAULT_SYNC_TIMEOUT`], 30 s). A reconcile that reads a
+    /// `DEFAULT_SYNC_TIMEOUT`, 30 s). A reconcile that reads a
     /// member whose watch cannot list holds its slot this long at most.
     pub sync_wait: std::time::Duration,
 }

@@ -40,7 +40,7 @@ pub(crate) mod policy;
 mod proxy;
 mod resend;
 
-pub use options::{ClientOptions, DEFAULT_CONNECT_TIMEOUT, DEFAULT_REQUEST_TIMEOUT};
+pub use options::ClientOptions;
 pub use policy::{
     Allowlist, ExecPolicy, KubeconfigPolicy, Refusal, Refused, variable_changes_code,
 };

@@ -7,11 +7,11 @@ use super::budget::RequestBudget;
 use super::credentials::DEFAULT_PLUGIN_TIMEOUT;
 
 /// How long connecting to an API server (TCP and TLS) may take by default.
-pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How long a request that is not long-running may wait for its answer by
 /// default.
-pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+pub(crate) const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// How clients built from kubeconfigs reach their clusters. Every provider
 /// that builds clients from kubeconfigs takes these in its options.
@@ -27,16 +27,16 @@ pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 #[non_exhaustive]
 pub struct ClientOptions {
     /// How long an exec credential plugin may run before it is stopped and
-    /// the attempt fails (default [`DEFAULT_PLUGIN_TIMEOUT`], 60 s). A
+    /// the attempt fails (default `DEFAULT_PLUGIN_TIMEOUT`, 60 s). A
     /// failed attempt is that cluster's alone and is retried with backoff.
     pub plugin_timeout: Duration,
     /// How long connecting (TCP and TLS) may take (default
-    /// [`DEFAULT_CONNECT_TIMEOUT`], 10 s); `None` waits as long as the
+    /// `DEFAULT_CONNECT_TIMEOUT`, 10 s); `None` waits as long as the
     /// operating system does.
     pub connect_timeout: Option<Duration>,
     /// How long a request that is not long-running may wait for the
     /// response's head, and then for each piece of its body (default
-    /// [`DEFAULT_REQUEST_TIMEOUT`], 30 s); `None` waits forever. A request that times out fails with
+    /// `DEFAULT_REQUEST_TIMEOUT`, 30 s); `None` waits forever. A request that times out fails with
     /// [`crate::health::RequestTimedOut`] and marks the cluster unreachable
     /// until one is answered again.
     pub request_timeout: Option<Duration>,

@@ -335,7 +335,7 @@ impl ControllerBuilder {
         self
     }
 
-    /// How long a reconcile may run (default [`DEFAULT_RECONCILE_TIMEOUT`](super::DEFAULT_RECONCILE_TIMEOUT),
+    /// How long a reconcile may run (default `DEFAULT_RECONCILE_TIMEOUT`,
     /// 5 minutes; `None`: as long as it takes). One that runs longer is
     /// cancelled, counted as an error with the result `timeout`, and backed
     /// off like any error.

@@ -89,7 +89,7 @@ use builder::Owed;
 use source::Source;
 
 /// How long a reconcile may run by default before it is cancelled.
-pub const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(300);
+pub(crate) const DEFAULT_RECONCILE_TIMEOUT: Duration = Duration::from_secs(300);
 
 /// The error type reconcilers return, boxed.
 pub type ReconcileError = Box<dyn std::error::Error + Send + Sync>;

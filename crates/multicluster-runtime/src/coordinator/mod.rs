@@ -30,12 +30,12 @@ pub use names::{dns1123, lease_name};
 /// Annotation on a fence Lease held with its holder's peer Lease rather than
 /// renewed itself: `<peer Lease name>/<epoch>`. The fence holds while that
 /// peer Lease is live and announces that epoch.
-pub const HELD_WITH_ANNOTATION: &str = "mcr.sigs.k8s.io/held-with";
+pub(crate) const HELD_WITH_ANNOTATION: &str = "mcr.sigs.k8s.io/held-with";
 
 /// Annotation on a peer Lease: the epoch of its replica's standing. A
 /// replica that could not renew its peer Lease in time starts a new epoch,
 /// which frees every fence it held with the old one.
-pub const EPOCH_ANNOTATION: &str = "mcr.sigs.k8s.io/epoch";
+pub(crate) const EPOCH_ANNOTATION: &str = "mcr.sigs.k8s.io/epoch";
 
 /// Decides which components engage a cluster. The basic coordinator engages
 /// all of them; a sharded one ([`sharding::ShardedCoordinator`])

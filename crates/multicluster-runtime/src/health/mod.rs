@@ -8,7 +8,7 @@
 //!   list, so its return always shows (see the cache's retry notes).
 //! - A request the server refuses (403) makes it degraded too, until a
 //!   request of the same verb, resource and namespace succeeds, or
-//!   [`REFUSAL_MEMORY`] (5 min) after the last refusal if none is tried.
+//!   `REFUSAL_MEMORY` (5 min) after the last refusal if none is tried.
 //! - A credential that does not work (a 401, a credential plugin that
 //!   fails) makes it degraded until any request succeeds.
 //! - A watch or a request that cannot reach the server (connection refused
@@ -35,7 +35,6 @@ use crate::redact::Redacted;
 
 pub use bounded::RequestTimedOut;
 pub(crate) use bounded::{BoundedLayer, RequestDeadline};
-pub use requests::REFUSAL_MEMORY;
 pub(crate) use requests::Requests;
 
 /// How a cluster is doing.

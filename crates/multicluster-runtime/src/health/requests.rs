@@ -14,7 +14,7 @@ use crate::sync::lock;
 /// How long a refused request counts against its cluster when no request
 /// of the same kind is made again: a reconciler that gave up, or backs off
 /// for long, leaves its last refusal on the record this long.
-pub const REFUSAL_MEMORY: Duration = Duration::from_secs(300);
+pub(crate) const REFUSAL_MEMORY: Duration = Duration::from_secs(300);
 
 /// How the requests of one client have ended lately. Shared by the
 /// client's layers and its cluster.

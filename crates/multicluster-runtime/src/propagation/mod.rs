@@ -84,7 +84,7 @@ pub use status::{CONDITION_TYPE, MemberState};
 pub const PROPAGATION_LABEL: &str = "mcr.sigs.k8s.io/propagation";
 
 /// How long a member that left the selection keeps its objects by default.
-pub const DEFAULT_REMOVAL_GRACE: Duration = Duration::from_secs(5);
+pub(crate) const DEFAULT_REMOVAL_GRACE: Duration = Duration::from_secs(5);
 
 /// How long member outcomes gather before the hub object's status is
 /// written.
@@ -357,7 +357,7 @@ where
     }
 
     /// How long a member that left the selection keeps the objects
-    /// (default [`DEFAULT_REMOVAL_GRACE`]; zero removes them at once).
+    /// (default `DEFAULT_REMOVAL_GRACE`; zero removes them at once).
     /// Deleting the hub object removes them at once.
     #[must_use]
     pub fn removal_grace(mut self, grace: Duration) -> Self {

@@ -13,7 +13,7 @@
 //! of a failure to connect (the I/O error, TLS verification, a timeout).
 //! kube-rs's own text for an API error appends the `Debug` dump of the
 //! whole status; here it is one line. Every text is one line of at most
-//! [`MAX_LEN`] bytes.
+//! `MAX_LEN` bytes.
 //!
 //! Whatever a text was built from, it passes one last scrub before it
 //! becomes [`Redacted`]: PEM blocks, `Authorization` values, passwords in
@@ -40,7 +40,7 @@ pub struct Redacted(String);
 
 /// The longest text a [`Redacted`] holds, in bytes (longer ones are cut,
 /// ending in `…`).
-pub const MAX_LEN: usize = 600;
+pub(crate) const MAX_LEN: usize = 600;
 
 impl Redacted {
     /// A client error: an API error as code, reason and message on one line, other errors with their causes, credential plugin failures by command and status.

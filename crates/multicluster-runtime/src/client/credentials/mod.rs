@@ -43,10 +43,11 @@ use crate::error::Error;
 use crate::health::Requests;
 use crate::redact::Redacted;
 
+pub use plugin::CredentialError;
+pub(crate) use plugin::DEFAULT_PLUGIN_TIMEOUT;
 #[cfg(test)]
 pub(crate) use plugin::PluginError;
 pub(crate) use plugin::{Credential, Plugin};
-pub use plugin::{CredentialError, DEFAULT_PLUGIN_TIMEOUT};
 
 /// A token is renewed this long before it expires (or halfway through its
 /// life, if that is sooner), so requests do not race its expiry.

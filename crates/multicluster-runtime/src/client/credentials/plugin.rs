@@ -13,7 +13,7 @@ use crate::process::{self, ProcessError};
 
 /// How long a credential plugin may take by default before it is stopped
 /// and the attempt counts as failed.
-pub const DEFAULT_PLUGIN_TIMEOUT: Duration = Duration::from_secs(60);
+pub(crate) const DEFAULT_PLUGIN_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Why a plugin gave no credential. Never quotes its arguments, environment
 /// or output.

@@ -28,10 +28,10 @@ pub struct Peer {
 
 /// The peer that owns `cluster` among `peers`, or `None` for no peers.
 ///
-/// The highest [score](score) wins; on a tie (as good as never) the later
+/// The highest score wins; on a tie (as good as never) the later
 /// peer in `peers` does. Callers pass the peers sorted by ID so that every
 /// replica breaks ties alike.
-pub fn owner<'a>(cluster: &str, peers: &'a [Peer]) -> Option<&'a Peer> {
+pub(crate) fn owner<'a>(cluster: &str, peers: &'a [Peer]) -> Option<&'a Peer> {
     let mut best: Option<(&Peer, f64)> = None;
     for peer in peers {
         let score = score(cluster, peer);
@@ -44,7 +44,7 @@ pub fn owner<'a>(cluster: &str, peers: &'a [Peer]) -> Option<&'a Peer> {
 
 /// `peer`'s score for `cluster`: `weight / -ln(u)`, where `u` is a uniform
 /// draw in (0, 1) from XXH3-64 of `cluster|id`.
-pub fn score(cluster: &str, peer: &Peer) -> f64 {
+pub(crate) fn score(cluster: &str, peer: &Peer) -> f64 {
     let hash = xxh3_64(format!("{cluster}|{}", peer.id).as_bytes());
     // The top 53 bits, as a double strictly between 0 and 1.
     let uniform = ((hash >> 11) as f64 + 0.5) / (1_u64 << 53) as f64;

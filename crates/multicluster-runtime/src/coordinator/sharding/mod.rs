@@ -5,7 +5,7 @@
 //!
 //! - **Peers.** Each replica keeps a Lease `<peer prefix>-<id>` in the fence
 //!   namespace and reads the others'; a peer whose Lease has lapsed is gone.
-//! - **Ownership.** Rendezvous hashing ([`owner`]) over the live peers names
+//! - **Ownership.** Rendezvous hashing (`owner`) over the live peers names
 //!   one owner per cluster. Every replica computes the same answer, and a
 //!   peer joining or leaving moves only about 1/N of the clusters.
 //! - **Fences.** Before working on a cluster the owner takes its Lease
@@ -21,7 +21,7 @@
 //! lapse, and ownership is re-examined as soon as peers change rather than
 //! at the next probe. Go's single shared fence for the whole fleet is not
 //! offered: it lets only one replica work at all. The scores differ from
-//! Go's (see [`score`]): Go's give one of five peers named `x-0` to `x-4`
+//! Go's (see `score`): Go's give one of five peers named `x-0` to `x-4`
 //! half of the fleet, so Go and Rust replicas must not share one fleet.
 //!
 //! The replicas need RBAC to get, list, create, update and delete Leases in
@@ -47,9 +47,16 @@ use crate::multicluster::Aware;
 use crate::name::ClusterName;
 use crate::sync::{child_until, lock};
 
-pub use hrw::{Peer, owner, score};
+pub use hrw::Peer;
+pub(crate) use hrw::owner as owner_of;
+
+/// Which of `peers` owns `cluster` (rendezvous hashing by weight): for
+/// tests and benches that check a fleet's split (feature `testing`).
+#[cfg(feature = "testing")]
+pub fn owner<'a>(cluster: &str, peers: &'a [Peer]) -> Option<&'a Peer> {
+    hrw::owner(cluster, peers)
+}
 pub use options::{FenceHold, ShardingOptions};
-pub use peers::{PART_OF_LABEL, PEER_LABEL, PREFIX_LABEL, WEIGHT_ANNOTATION};
 
 /// A [`Coordinator`] that shares the fleet among the replicas of a
 /// controller: each cluster is worked on by exactly one of them. See the
@@ -223,7 +230,7 @@ impl ShardedCoordinator {
                 settle: Vec::new(),
             };
         }
-        let owner = owner(name.as_str(), peers);
+        let owner = owner_of(name.as_str(), peers);
         let owns = owner.is_some_and(|peer| peer.id == self.inner.me.id);
         match (owns, entry.held.take()) {
             (false, Some(held)) => Step::Release {
@@ -592,7 +599,7 @@ mod tests {
             weight: 1,
         };
         let peers = [coordinator.inner.me.clone(), other.clone()];
-        let peers: Vec<Peer> = if owner(name.as_str(), &peers) == Some(&other) {
+        let peers: Vec<Peer> = if owner_of(name.as_str(), &peers) == Some(&other) {
             peers.to_vec()
         } else {
             // Make `other` win: weight it far above this replica.

@@ -19,14 +19,14 @@ use crate::coordinator::fence::Standing;
 use crate::coordinator::lease::{self, seconds};
 
 /// Label every multicluster-runtime peer Lease carries.
-pub const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
+pub(crate) const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
 /// Label marking a Lease as a peer's.
-pub const PEER_LABEL: &str = "mcr.sigs.k8s.io/peer";
+pub(crate) const PEER_LABEL: &str = "mcr.sigs.k8s.io/peer";
 /// Label naming the peer prefix (replica groups with other prefixes are
 /// not peers).
-pub const PREFIX_LABEL: &str = "mcr.sigs.k8s.io/prefix";
+pub(crate) const PREFIX_LABEL: &str = "mcr.sigs.k8s.io/prefix";
 /// Annotation holding a peer's weight.
-pub const WEIGHT_ANNOTATION: &str = "mcr.sigs.k8s.io/weight";
+pub(crate) const WEIGHT_ANNOTATION: &str = "mcr.sigs.k8s.io/weight";
 
 pub(crate) struct Registry {
     pub(crate) api: Api<Lease>,
