@@ -199,7 +199,7 @@ async fn a_read_waits_for_its_first_list_as_long_as_the_cache_says() {
 /// their owner references, which are metadata.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_reconciles_a_type_watched_metadata_only() {
-    use multicluster_runtime::controller::{ClusterSelector, Request, Watch};
+    use multicluster_runtime::controller::{ClusterScope, Request, Watch};
     use multicluster_runtime::testing::{Recorder, recording_controller, run_manager};
     use multicluster_runtime::{Cluster, Manager};
 
@@ -212,7 +212,7 @@ async fn a_controller_reconciles_a_type_watched_metadata_only() {
         .add_controller(
             recording_controller(
                 "metadata",
-                Watch::<PartialObjectMeta<ConfigMap>>::new().clusters(ClusterSelector::Local),
+                Watch::<PartialObjectMeta<ConfigMap>>::new().clusters(ClusterScope::Local),
                 &recorder,
             )
             .expect("controller"),

@@ -169,7 +169,7 @@ async fn warning_events_start_no_watch_in_a_cluster_the_primary_is_not_watched_i
     use k8s_openapi::api::core::v1::ResourceQuota;
     use k8s_openapi::api::rbac::v1::PolicyRule;
     use multicluster_runtime::cache::{Cache, CacheOptions};
-    use multicluster_runtime::controller::ClusterSelector;
+    use multicluster_runtime::controller::ClusterScope;
     use multicluster_runtime::manager::ClusterState;
     use multicluster_runtime::{ClusterName, Manager};
     use std::sync::Arc;
@@ -214,7 +214,7 @@ async fn warning_events_start_no_watch_in_a_cluster_the_primary_is_not_watched_i
     let controller = {
         let recorder = recorder.clone();
         Controller::builder("hub-primary")
-            .for_resource(Watch::<ConfigMap>::new().clusters(ClusterSelector::Local))
+            .for_resource(Watch::<ConfigMap>::new().clusters(ClusterScope::Local))
             // A quota in a member is a request for the same key there.
             .watches(
                 Watch::<ResourceQuota>::new(),

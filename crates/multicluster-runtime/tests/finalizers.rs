@@ -16,7 +16,7 @@ use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::controller::finalizer::{self, Event, delete_from_members};
 use multicluster_runtime::controller::{
-    Action, ClusterSelector, Controller, Request, Watch, filters, map,
+    Action, ClusterScope, Controller, Request, Watch, filters, map,
 };
 use multicluster_runtime::{Cluster, ClusterName};
 use serde_json::json;
@@ -217,7 +217,7 @@ async fn a_hub_object_is_held_until_its_copies_in_every_member_are_gone() {
         Controller::builder("fleet-finalizer")
             .for_resource(
                 Watch::<ConfigMap>::new()
-                    .clusters(ClusterSelector::Local)
+                    .clusters(ClusterScope::Local)
                     .filter(filters::labels(labels())),
             )
             // A copy that changes or goes: its hub object is looked at again.

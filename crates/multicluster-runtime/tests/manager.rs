@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_envtest::ControlPlane;
-use multicluster_runtime::controller::{Action, ClusterSelector, Controller, Watch};
+use multicluster_runtime::controller::{Action, ClusterScope, Controller, Watch};
 use multicluster_runtime::{ClusterName, Error, Manager, ManagerOptions};
 use tokio::sync::Notify;
 
@@ -40,7 +40,7 @@ async fn endpoints_report_health_readiness_metrics_and_clusters() {
     let controller = {
         let recorder = recorder.clone();
         Controller::builder("endpoints")
-            .for_resource(Watch::<ConfigMap>::new().clusters(ClusterSelector::Both))
+            .for_resource(Watch::<ConfigMap>::new().clusters(ClusterScope::Both))
             .build(move |request, _| {
                 let recorder = recorder.clone();
                 async move {
@@ -64,7 +64,7 @@ async fn endpoints_report_health_readiness_metrics_and_clusters() {
     );
 
     let (stop, task) = run_manager(&manager);
-    // ClusterSelector::Both: the local cluster (empty name) is reconciled too.
+    // ClusterScope::Both: the local cluster (empty name) is reconciled too.
     recorder.wait_for_more(&req("", "seen"), 0).await;
     recorder.wait_for_more(&req("member", "seen"), 0).await;
 
@@ -211,7 +211,7 @@ async fn shutdown_is_bounded_whatever_reconciles_and_the_provider_do() {
     let controller = {
         let (started, dropped) = (started.clone(), dropped.clone());
         Controller::builder("hung")
-            .for_resource(Watch::<ConfigMap>::new().clusters(ClusterSelector::Local))
+            .for_resource(Watch::<ConfigMap>::new().clusters(ClusterScope::Local))
             .build(move |request, _| {
                 let (started, flag) = (started.clone(), DropFlag(dropped.clone()));
                 async move {

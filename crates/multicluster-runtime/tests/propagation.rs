@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::controller::{
-    Action, ClusterSelector, Controller, Request, Watch, filters, map,
+    Action, ClusterScope, Controller, Request, Watch, filters, map,
 };
 use multicluster_runtime::{Cluster, ClusterName, Manager};
 use serde_json::json;
@@ -40,7 +40,7 @@ fn propagation(hub: Cluster) -> Controller {
     let controller = Controller::builder("propagation")
         .watches(
             Watch::<ConfigMap>::new()
-                .clusters(ClusterSelector::Local)
+                .clusters(ClusterScope::Local)
                 .filter(filters::labels(
                     [(LABEL.to_string(), "true".to_string())].into(),
                 )),

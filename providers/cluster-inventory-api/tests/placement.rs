@@ -19,7 +19,7 @@ use multicluster_provider_cluster_inventory_api::placement::{
 use multicluster_provider_cluster_inventory_api::{
     ApiVersion, ClusterProfileOptions, ClusterProfileProvider, INVENTORY_MEMBER_ID_LABEL,
 };
-use multicluster_runtime::controller::{Action, ClusterSelector, Controller, Watch};
+use multicluster_runtime::controller::{Action, ClusterScope, Controller, Watch};
 use multicluster_runtime::testing::{eventually, run_manager};
 use multicluster_runtime::{Cluster, ClusterName, Manager};
 
@@ -83,12 +83,12 @@ fn propagation(hub: kube::Client, placements: &Placements) -> Controller {
     Controller::builder("placement")
         .for_resource(Watch::<ConfigMap>::new())
         .watches(
-            Watch::<ConfigMap>::new().clusters(ClusterSelector::Local),
+            Watch::<ConfigMap>::new().clusters(ClusterScope::Local),
             placements.to_placed_clusters(key_of),
         )
         .watches_dynamic(
             placements.resource(),
-            Watch::new().clusters(ClusterSelector::Local),
+            Watch::new().clusters(ClusterScope::Local),
             placements.on_decision::<ConfigMap>(key_of),
         )
         .owed_on_engage(placements.owed::<ConfigMap>(key_of))

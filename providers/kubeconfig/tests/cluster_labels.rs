@@ -12,7 +12,7 @@ use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::core::{Expression, Selector, SelectorExt};
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_kubeconfig::{DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider};
-use multicluster_runtime::controller::{Action, ClusterSelector, Controller, Watch, map};
+use multicluster_runtime::controller::{Action, ClusterScope, Controller, Watch, map};
 use multicluster_runtime::provider::clusters::ClusterSetProvider;
 use multicluster_runtime::testing::{eventually, run_manager};
 use multicluster_runtime::{Cluster, ClusterName, Manager};
@@ -69,7 +69,7 @@ fn propagation(hub: kube::Client) -> Controller {
     Controller::builder("propagation")
         .for_resource(Watch::<ConfigMap>::new().cluster_labels(production()))
         .watches(
-            Watch::<ConfigMap>::new().clusters(ClusterSelector::Local),
+            Watch::<ConfigMap>::new().clusters(ClusterScope::Local),
             map::to_members_matching(production()),
         )
         .owed_on_engage(map::local_objects(|cm: &ConfigMap| {

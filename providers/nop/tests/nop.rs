@@ -6,7 +6,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_nop::NopProvider;
-use multicluster_runtime::controller::{ClusterSelector, Request, Watch};
+use multicluster_runtime::controller::{ClusterScope, Request, Watch};
 use multicluster_runtime::testing::{Recorder, recording_controller, run_manager};
 use multicluster_runtime::{Cluster, ClusterName, Error, Manager, Provider};
 
@@ -32,7 +32,7 @@ async fn only_the_local_cluster_is_reconciled_and_lookups_find_nothing() {
         .add_controller(
             recording_controller(
                 "nop",
-                Watch::<ConfigMap>::new().clusters(ClusterSelector::Both),
+                Watch::<ConfigMap>::new().clusters(ClusterScope::Both),
                 &recorder,
             )
             .expect("controller"),

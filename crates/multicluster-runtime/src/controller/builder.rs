@@ -15,7 +15,7 @@ use super::primary::Primary;
 use super::settings::Chosen;
 use super::source::{InformerSource, Source, in_same_cluster};
 use super::{
-    Action, Backoff, ClusterSelector, Controller, Filter, Inner, MapContext, ReconcileError,
+    Action, Backoff, ClusterScope, Controller, Filter, Inner, MapContext, ReconcileError,
     Reconciler, Request, WorkQueue, work,
 };
 use crate::cache::CachedResource;
@@ -28,7 +28,7 @@ use crate::name::ClusterName;
 /// Which clusters and events a watch covers; used with the builder's
 /// `for_resource`, `owns` and `watches`.
 pub struct Watch<K> {
-    clusters: ClusterSelector,
+    clusters: ClusterScope,
     labels: Option<Selector>,
     filters: Vec<Filter<K>>,
 }
@@ -36,7 +36,7 @@ pub struct Watch<K> {
 impl<K> Default for Watch<K> {
     fn default() -> Self {
         Self {
-            clusters: ClusterSelector::Fleet,
+            clusters: ClusterScope::Fleet,
             labels: None,
             filters: Vec::new(),
         }
@@ -51,7 +51,7 @@ impl<K> Watch<K> {
 
     /// Watch these clusters instead of the fleet.
     #[must_use]
-    pub fn clusters(mut self, clusters: ClusterSelector) -> Self {
+    pub fn clusters(mut self, clusters: ClusterScope) -> Self {
         self.clusters = clusters;
         self
     }
@@ -89,7 +89,7 @@ impl<K> Watch<K> {
         self
     }
 
-    pub(super) fn into_parts(self) -> (ClusterSelector, Option<Selector>, Vec<Filter<K>>) {
+    pub(super) fn into_parts(self) -> (ClusterScope, Option<Selector>, Vec<Filter<K>>) {
         (self.clusters, self.labels, self.filters)
     }
 

@@ -77,7 +77,7 @@ use tokio_util::sync::CancellationToken;
 
 pub use queue::Backoff;
 pub use settings::ControllerDefaults;
-pub use source::{ClusterSelector, Filter, MapContext, filters};
+pub use source::{ClusterScope, Filter, MapContext, filters};
 pub use work::{Terminal, WorkQueue, WorkQueueBuilder};
 
 use crate::cluster::Cluster;

@@ -15,9 +15,10 @@ use crate::cluster::Cluster;
 use crate::name::ClusterName;
 use kube::core::Selector;
 
-/// Which clusters a source watches.
+/// Which clusters a source watches, by where they are and by name (a
+/// selection by the clusters' labels is [`super::Watch::cluster_labels`]).
 #[derive(Clone, Default)]
-pub enum ClusterSelector {
+pub enum ClusterScope {
     /// Every cluster a provider engages (not the local cluster).
     #[default]
     Fleet,
@@ -25,30 +26,30 @@ pub enum ClusterSelector {
     Local,
     /// The fleet and the local cluster.
     Both,
-    /// ClusterSelector whose name passes the filter (the local cluster's name is
+    /// The clusters whose name passes the filter (the local cluster's name is
     /// empty).
     Matching(Arc<dyn Fn(&ClusterName) -> bool + Send + Sync>),
 }
 
-impl ClusterSelector {
+impl ClusterScope {
     /// Whether a source with this selection watches `name`.
     pub fn includes(&self, name: &ClusterName) -> bool {
         match self {
-            ClusterSelector::Fleet => !name.is_local(),
-            ClusterSelector::Local => name.is_local(),
-            ClusterSelector::Both => true,
-            ClusterSelector::Matching(filter) => filter(name),
+            ClusterScope::Fleet => !name.is_local(),
+            ClusterScope::Local => name.is_local(),
+            ClusterScope::Both => true,
+            ClusterScope::Matching(filter) => filter(name),
         }
     }
 }
 
-impl Debug for ClusterSelector {
+impl Debug for ClusterScope {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
-            ClusterSelector::Fleet => f.write_str("Fleet"),
-            ClusterSelector::Local => f.write_str("Local"),
-            ClusterSelector::Both => f.write_str("Both"),
-            ClusterSelector::Matching(_) => f.write_str("Matching(..)"),
+            ClusterScope::Fleet => f.write_str("Fleet"),
+            ClusterScope::Local => f.write_str("Local"),
+            ClusterScope::Both => f.write_str("Both"),
+            ClusterScope::Matching(_) => f.write_str("Matching(..)"),
         }
     }
 }
@@ -158,7 +159,7 @@ pub mod filters {
 
 /// A source without its type, as the controller keeps it.
 pub(crate) trait Source: Send + Sync {
-    fn clusters(&self) -> &ClusterSelector;
+    fn clusters(&self) -> &ClusterScope;
     /// The selector over cluster labels, if the source has one.
     fn cluster_labels(&self) -> Option<&Selector>;
     /// Starts feeding `controller`'s queue from `cluster` until `stop`
@@ -185,7 +186,7 @@ type Ensure = Arc<dyn Fn(&crate::cache::Cache) + Send + Sync>;
 
 /// Events of one informer per cluster, filtered and mapped to requests.
 pub(crate) struct InformerSource<K> {
-    clusters: ClusterSelector,
+    clusters: ClusterScope,
     labels: Option<Selector>,
     filters: Vec<Filter<K>>,
     mapper: RequestMapper<K>,
@@ -246,7 +247,7 @@ impl<K> InformerSource<K> {
 }
 
 impl<K: Send + Sync + 'static> Source for InformerSource<K> {
-    fn clusters(&self) -> &ClusterSelector {
+    fn clusters(&self) -> &ClusterScope {
         &self.clusters
     }
 

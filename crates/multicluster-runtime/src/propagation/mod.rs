@@ -71,7 +71,7 @@ use serde::de::DeserializeOwned;
 use crate::cache::{CacheEvent, CachedResource};
 use crate::cluster::Cluster;
 use crate::controller::{
-    ClusterSelector, Controller, ControllerBuilder, MapContext, ReconcileError, Request, Watch,
+    ClusterScope, Controller, ControllerBuilder, MapContext, ReconcileError, Request, Watch,
     filters, map,
 };
 use crate::error::Error;
@@ -485,14 +485,14 @@ where
             controller: OnceLock::new(),
         });
         let mut builder = Controller::builder(shared.name.clone())
-            .for_resource(Watch::<K>::new().clusters(ClusterSelector::Local))
+            .for_resource(Watch::<K>::new().clusters(ClusterScope::Local))
             // A hub object's change is a request in every member it has or
             // may have objects in; not a change of only what this
             // propagation writes on it (its status), or every status write
             // would apply again in every member.
             .watches(
                 Watch::<K>::new()
-                    .clusters(ClusterSelector::Local)
+                    .clusters(ClusterScope::Local)
                     .filter(filters::custom({
                         let status = shared.status.clone();
                         move |event: &CacheEvent<K>| match event {
@@ -550,7 +550,7 @@ where
             let shared = shared.clone();
             builder = builder.watches_dynamic(
                 resource,
-                Watch::new().clusters(ClusterSelector::Local),
+                Watch::new().clusters(ClusterScope::Local),
                 move |context, object| {
                     let mut hubs: Vec<HubKey> = concerns(context, object)
                         .into_iter()
