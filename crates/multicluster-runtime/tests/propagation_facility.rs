@@ -668,3 +668,50 @@ async fn labelled_members_follow_their_cluster_labels() {
     stop.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// A member whose watch of a propagated type cannot list (its identity
+/// may write quotas but not list or watch them) is `Pending`, not
+/// `InSync`: what is no longer desired there could not be looked for. Once
+/// it may list, it is in sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_watch_has_not_listed_is_pending_not_in_sync() {
+    let (hub, a) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, a) = (hub.expect("hub"), a.expect("a"));
+    let member = least_privileged("a", &a).await;
+    let write_only = vec![PolicyRule {
+        api_groups: Some(vec![String::new()]),
+        resources: Some(vec!["resourcequotas".into()]),
+        verbs: ["get", "create", "patch", "delete"]
+            .map(String::from)
+            .to_vec(),
+        ..PolicyRule::default()
+    }];
+    set_rules(&a, write_only).await;
+    let provider = TestProvider::default();
+    provider.clusters.add("a", member).expect("add");
+    let manager = Manager::builder(cluster_for("hub", &hub).await)
+        .provider(Arc::new(provider))
+        .build();
+    manager
+        .add_controller(quotas("quotas", "on").build().expect("propagation"))
+        .expect("add");
+    let (stop, task) = run_manager(&manager);
+    hub_config_map(&hub, "limits", "on", "5").await;
+
+    eventually("a pending", || async {
+        states_are(&member_states(&hub, "limits").await, &[("a", "Pending")])
+    })
+    .await;
+    // Applied all the same; the reason says what it waits for.
+    assert_eq!(pods_in(&a, "limits").await.as_deref(), Some("5"));
+    let (_, reason) = member_states(&hub, "limits").await["a"].clone();
+    assert!(reason.contains("resourcequotas"), "{reason}");
+
+    set_rules(&a, quota_rules()).await;
+    eventually("a in sync once it may list", || async {
+        states_are(&member_states(&hub, "limits").await, &[("a", "InSync")])
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}

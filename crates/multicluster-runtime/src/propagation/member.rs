@@ -63,11 +63,14 @@ where
         crate::sync::lock(&self.leaving).remove(&(key.clone(), request.cluster.clone()));
         let outcome = self.apply(&hub, &key, &member).await;
         let failed = (outcome.state == MemberState::Failed).then(|| outcome.reason.clone());
+        let pending = outcome.state == MemberState::Pending;
         self.tell(&hub, &hub_cluster, &key, &request.cluster, &outcome)
             .await;
         self.record(&key, &request.cluster, Some(outcome));
         match failed {
             Some(reason) => Err(Failed(reason.unwrap_or_default()).into()),
+            // Looked at again once the member's watches may have listed.
+            None if pending => Ok(Action::requeue(NOT_LISTED_YET)),
             None => Ok(Action::await_change()),
         }
     }
@@ -124,6 +127,18 @@ where
             kind.find(member, &ours)
                 .is_some_and(|found| found.is_empty())
         })
+    }
+
+    /// The propagated types whose watch in `member` has not listed yet.
+    fn unlisted(&self, member: &Cluster) -> String {
+        let anything = |_: &ObjectMeta| false;
+        let kinds: Vec<&str> = self
+            .kinds
+            .iter()
+            .filter(|kind| kind.find(member, &anything).is_none())
+            .map(|kind| kind.resource.plural.as_str())
+            .collect();
+        kinds.join(", ")
     }
 
     /// Deletes the objects made for `key` in `member` that are not in
@@ -245,15 +260,28 @@ where
                 Err(err) => worst = worse(worst, MemberState::Failed, described, &err),
             }
         }
-        if worst.is_none()
-            && let Err(err) = self.delete_unwanted(key, member, &keep).await
-        {
-            worst = worse(
-                worst,
-                MemberState::Failed,
-                "removing what is no longer desired".into(),
-                err.as_ref(),
-            );
+        if worst.is_none() {
+            match self.delete_unwanted(key, member, &keep).await {
+                Ok(true) => {}
+                // What it made before may still be there: not in sync yet.
+                Ok(false) => {
+                    return Outcome::failed(
+                        MemberState::Pending,
+                        Some(format!(
+                            "applied; waiting for the member's watch of {} to list before removing what is no longer desired",
+                            self.unlisted(member)
+                        )),
+                    );
+                }
+                Err(err) => {
+                    worst = worse(
+                        worst,
+                        MemberState::Failed,
+                        "removing what is no longer desired".into(),
+                        err.as_ref(),
+                    );
+                }
+            }
         }
         match worst {
             Some((state, reason)) => Outcome::failed(state, Some(reason)),

@@ -16,7 +16,10 @@ use crate::name::ClusterName;
 pub enum MemberState {
     /// Every object applied as desired.
     InSync,
-    /// Selected, not yet applied (its reconcile has not run yet).
+    /// Selected, not yet applied (its reconcile has not run yet), or
+    /// applied while the member's watch of a propagated type has not
+    /// listed, so what is no longer desired there could not be looked for
+    /// yet (looked at again every second).
     Pending,
     /// Chosen for the hub object, but no such member is engaged.
     NotEngaged,
