@@ -286,6 +286,25 @@ impl ControlPlane {
         &self.admin_kubeconfig_path
     }
 
+    /// How the API server is doing, for a failing test's message: whether
+    /// it still runs (or how it ended), and the last lines of its log. The
+    /// log goes with the control plane's directory when it is dropped.
+    pub fn api_server_report(&self) -> String {
+        match lock(&self.api_server).as_mut() {
+            Some(process) => {
+                let state = match process.exit_status() {
+                    Some(status) => format!("exited ({status})"),
+                    None => "running".to_string(),
+                };
+                format!(
+                    "kube-apiserver {state}; its log ends:\n{}",
+                    process.log_tail()
+                )
+            }
+            None => "kube-apiserver stopped by the test".to_string(),
+        }
+    }
+
     /// A new admin client, bound to the current tokio runtime.
     pub async fn client(&self) -> Result<kube::Client, Error> {
         kubeconfig::client_for(&self.admin).await

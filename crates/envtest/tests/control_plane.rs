@@ -239,8 +239,15 @@ async fn a_restarted_api_server_keeps_its_data_and_port() {
         .await
         .expect("create");
     let server = cp.server().to_string();
+    let report = cp.api_server_report();
+    assert!(
+        report.starts_with("kube-apiserver running; its log ends:\n"),
+        "{report}"
+    );
+    assert!(report.lines().count() > 2, "the log's last lines: {report}");
 
     cp.stop_api_server();
+    assert_eq!(cp.api_server_report(), "kube-apiserver stopped by the test");
     let while_down = api.get("durable").await;
     assert!(
         while_down.is_err(),
@@ -265,6 +272,20 @@ async fn control_planes_run_side_by_side_with_separate_data() {
     let (first, second) = tokio::join!(ControlPlane::start(), ControlPlane::start());
     let (first, second) = (first.expect("first starts"), second.expect("second starts"));
     assert_ne!(first.server(), second.server());
+    // Their kubeconfigs merge: no context, cluster or user name is shared.
+    let names = |cp: &ControlPlane| {
+        let kubeconfig = cp.kubeconfig();
+        [
+            kubeconfig.current_context.clone().unwrap_or_default(),
+            kubeconfig.clusters[0].name.clone(),
+            kubeconfig.auth_infos[0].name.clone(),
+        ]
+    };
+    let (ours, theirs) = (names(&first), names(&second));
+    assert!(
+        ours.iter().all(|name| !theirs.contains(name)),
+        "{ours:?} {theirs:?}"
+    );
     Api::<ConfigMap>::namespaced(first.client().await.expect("client"), "default")
         .create(&PostParams::default(), &config_map("only-in-first", "1"))
         .await

@@ -46,8 +46,9 @@ pub async fn apply(cp: &ControlPlane, yaml: &str) {
     let output = kubectl.wait_with_output().await.expect("kubectl");
     assert!(
         output.status.success(),
-        "apply: {}",
-        String::from_utf8_lossy(&output.stderr)
+        "apply: {}\n{}",
+        String::from_utf8_lossy(&output.stderr),
+        cp.api_server_report()
     );
 }
 
