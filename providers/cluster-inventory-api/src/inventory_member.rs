@@ -141,17 +141,18 @@ impl Shared {
             None => BTreeSet::new(),
         };
         self.fleet.failures().set_duplicates(&cluster, duplicates);
+        if !matches!(choice, Choice::NotReady) {
+            self.ready_again(&cluster);
+        }
         match choice {
             Choice::None => self.fleet.remove(
                 &cluster,
                 "no ClusterProfile carries its inventory member id any more",
             ),
-            Choice::NotReady if self.fleet.clusters().get(&cluster).is_ok() => {
-                tracing::warn!(%cluster, "no ClusterProfile of the inventory member is ready; keeping the engaged cluster");
-            }
-            Choice::NotReady => {
-                tracing::debug!(%cluster, "no ClusterProfile of the inventory member is ready yet");
-            }
+            Choice::NotReady => self.not_ready(
+                &cluster,
+                "no ClusterProfile of the inventory member is ready",
+            ),
             Choice::NoCredentials(reasons) => {
                 self.fleet
                     .failures()

@@ -116,6 +116,9 @@ struct Shared {
     /// The inventory member id each profile carried when last seen, so
     /// that the member a profile leaves is looked at again.
     member_ids: Mutex<HashMap<(String, String), String>>,
+    /// Engaged clusters kept while their profile is not ready, so that
+    /// this is told once, not on every status update of the profile.
+    kept_unready: Mutex<std::collections::HashSet<ClusterName>>,
 }
 
 /// What a look at a profile calls for.
@@ -172,6 +175,7 @@ impl ClusterProfileProvider {
                 providers,
                 fleet: Fleet::new(options.name.as_str(), options.metrics.clone()),
                 member_ids: Mutex::default(),
+                kept_unready: Mutex::default(),
                 options,
             }),
         }
@@ -295,6 +299,32 @@ impl Shared {
         requests
     }
 
+    /// A cluster whose profile (or every profile of its inventory member)
+    /// is not ready: an engaged one stays, told once (a warning) until it
+    /// is ready again or gone, not on every status update.
+    fn not_ready(&self, cluster: &ClusterName, why: &str) {
+        let engaged = self.fleet.clusters().get(cluster).is_ok();
+        let first = engaged
+            && self
+                .kept_unready
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(cluster.clone());
+        if first {
+            tracing::warn!(%cluster, "{why}; keeping the engaged cluster");
+        } else {
+            tracing::debug!(%cluster, engaged, "{why}");
+        }
+    }
+
+    /// Forgets that `cluster` was kept while not ready.
+    fn ready_again(&self, cluster: &ClusterName) {
+        self.kept_unready
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(cluster);
+    }
+
     /// Brings the fleet in line with the profile or inventory member of
     /// `request`: a namespaced request names a profile, engaged as
     /// `<namespace>/<name>` unless it carries an inventory member id; one
@@ -318,16 +348,15 @@ impl Shared {
             );
             return Ok(Action::await_change());
         }
-        match self.wanted(profile.as_deref(), &fleet_name) {
+        let wanted = self.wanted(profile.as_deref(), &fleet_name);
+        if !matches!(wanted, Wanted::NotReady) {
+            self.ready_again(&fleet_name);
+        }
+        match wanted {
             Wanted::Gone => self
                 .fleet
                 .remove(&fleet_name, "its ClusterProfile is deleted"),
-            Wanted::NotReady if self.fleet.clusters().get(&fleet_name).is_ok() => {
-                tracing::warn!(cluster = %fleet_name, "ClusterProfile is not ready; keeping the engaged cluster");
-            }
-            Wanted::NotReady => {
-                tracing::debug!(cluster = %fleet_name, "ClusterProfile is not ready yet");
-            }
+            Wanted::NotReady => self.not_ready(&fleet_name, "its ClusterProfile is not ready"),
             Wanted::NoCredentials(reason) => {
                 self.fleet
                     .failures()
