@@ -78,10 +78,8 @@ async fn create_sources(api: &Api<ConfigMap>, names: impl Iterator<Item = String
 /// A cluster named `name` built from `cp`'s kubeconfig, its cache limited to
 /// `namespace`.
 async fn member(name: &str, cp: &ControlPlane, namespace: &str) -> Cluster {
-    let text = multicluster_envtest::to_yaml(cp.kubeconfig()).expect("yaml");
-    let parsed = client::kubeconfig::parse(&text, name).expect("kubeconfig");
     let client = client::build(
-        &parsed,
+        cp.kubeconfig(),
         None,
         name,
         &Default::default(),

@@ -17,7 +17,7 @@
 //!
 //! 1. `provider/clusters.rs`: a provider adds a cluster to its set
 //!    (`Clusters::add`, `add_or_replace`; providers that discover from
-//!    objects do it from `provider/discovery.rs`, `Fleet::engage`); the set
+//!    objects do it from `provider/discovery.rs`, `Discovered::engage`); the set
 //!    hands it to the manager in order (`Clusters::hand_over`).
 //! 2. `manager/tracking.rs`: `Manager::engage` holds it as syncing and
 //!    `Manager::bring_up` waits for its API server and cache (retrying an

@@ -81,8 +81,8 @@ pub trait RunnableProvider: Provider {
     /// cluster found through `context.aware` with a lifetime that is
     /// cancelled when the cluster leaves the fleet, and recording in
     /// `context.metrics`. A provider that keeps its clusters in a
-    /// [`Fleet`](crate::provider::discovery::Fleet) hands the context to
-    /// [`Fleet::start`](crate::provider::discovery::Fleet::start), which
+    /// [`Fleet`](crate::provider::discovery::Discovered) hands the context to
+    /// [`Discovered::start`](crate::provider::discovery::Discovered::start), which
     /// does all three: its unusable inventory then shows on `/clusters`
     /// without further wiring.
     async fn start(&self, context: ProviderContext) -> Result<(), Error>;

@@ -83,7 +83,7 @@ async fn run(
 /// returns both soft limits: before and after. A fleet holds a connection
 /// (a file descriptor) per cluster at least, and the usual default soft
 /// limit, 1,024, is far below what the hard limit allows.
-pub fn raise_open_files_limit() -> std::io::Result<(Option<u64>, Option<u64>)> {
+pub(crate) fn raise_open_files_limit() -> std::io::Result<(Option<u64>, Option<u64>)> {
     use rustix::process::{Resource, getrlimit, setrlimit};
     let limit = getrlimit(Resource::Nofile);
     if limit.current == limit.maximum {

@@ -399,3 +399,11 @@ pub async fn http_get(
     let status = head.lines().next().unwrap_or_default().to_string();
     Ok((status, body.to_string()))
 }
+
+/// Raises this process's soft limit on open files to its hard limit (what
+/// the manager does when it starts, by default), for benches that open
+/// many connections without a manager. Returns the soft limit before and
+/// after.
+pub fn raise_open_files_limit() -> std::io::Result<(Option<u64>, Option<u64>)> {
+    crate::process::raise_open_files_limit()
+}

@@ -244,7 +244,7 @@ async fn a_hub_object_is_held_until_its_copies_in_every_member_are_gone() {
                                         &controller,
                                         owner.namespace.as_deref(),
                                         &owner.name,
-                                        |copy| map::owner_of(copy).as_ref() == Some(&owner),
+                                        |copy| Request::owner_of(copy).as_ref() == Some(&owner),
                                     )
                                     .await;
                                     if let Err(still) = &removed {
@@ -279,7 +279,7 @@ async fn a_hub_object_is_held_until_its_copies_in_every_member_are_gone() {
         .await
         .expect("m1's own");
     let mut copy = config_map("shared", &[("v", "1")]);
-    copy.metadata.annotations = Some(map::owner_annotations(&owner));
+    copy.metadata.annotations = Some(owner.owner_annotations());
     copy.metadata.finalizers = Some(vec![OTHERS.to_string()]);
     in_m2
         .create(&PostParams::default(), &copy)

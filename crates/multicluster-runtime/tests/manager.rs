@@ -468,7 +468,7 @@ async fn index_field_reaches_the_local_cluster_and_every_provider_cluster() {
 /// `Fleet`, started with the context the manager hands over, recording
 /// what it cannot use. It wires no metrics of its own.
 struct ToolkitProvider {
-    fleet: multicluster_runtime::provider::discovery::Fleet,
+    fleet: multicluster_runtime::provider::discovery::Discovered,
 }
 
 impl multicluster_runtime::provider::clusters::ClusterSetProvider for ToolkitProvider {
@@ -495,7 +495,7 @@ impl multicluster_runtime::RunnableProvider for ToolkitProvider {
 async fn a_provider_on_the_toolkit_alone_lists_its_unusable_inventory_on_clusters() {
     let cp = ControlPlane::start().await.expect("control plane");
     let provider = ToolkitProvider {
-        fleet: multicluster_runtime::provider::discovery::Fleet::new("toolkit", None),
+        fleet: multicluster_runtime::provider::discovery::Discovered::new("toolkit", None),
     };
     let manager = Manager::builder(cluster_for("local", &cp).await)
         .provider(Arc::new(provider))

@@ -84,7 +84,7 @@ fn propagation(hub: Cluster) -> Controller {
                             "kind": "ConfigMap",
                             "metadata": {
                                 "name": request.name,
-                                "annotations": map::owner_annotations(&owner),
+                                "annotations": owner.owner_annotations(),
                             },
                             "data": source.data,
                         });
@@ -101,7 +101,7 @@ fn propagation(hub: Cluster) -> Controller {
                             .cache()
                             .informer::<ConfigMap>()
                             .get(Some(&namespace), &request.name)
-                            .and_then(|copy| map::owner_of(copy.as_ref()))
+                            .and_then(|copy| Request::owner_of(copy.as_ref()))
                             .is_some();
                         if ours {
                             copies

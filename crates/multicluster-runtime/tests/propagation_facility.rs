@@ -18,7 +18,7 @@ use multicluster_envtest::ControlPlane;
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::propagation::{
-    Conflicts, Desired, Drift, Members, PROPAGATION_LABEL, Propagation,
+    Conflicts, Desired, Drift, PROPAGATION_LABEL, Propagation,
 };
 use multicluster_runtime::testing::wait_until_ready;
 use multicluster_runtime::{Cluster, ClusterName, Manager};
@@ -504,7 +504,7 @@ async fn chosen_members_join_move_without_deletion_and_leave() {
     let manager = Manager::builder(cluster_for("hub", &hub).await)
         .provider(Arc::new(provider.clone()))
         .build();
-    let propagation = quotas("chosen-quota", "on").members(Members::Chosen(Arc::new(chosen)));
+    let propagation = quotas("chosen-quota", "on").members_chosen_by(chosen);
     manager
         .add_controller(propagation.build().expect("propagation"))
         .expect("add");
@@ -623,7 +623,7 @@ async fn a_reported_status_field_reaches_the_hub_object() {
     task.await.expect("task").expect("clean stop");
 }
 
-/// `Members::labelled`: a member whose cluster labels stop matching loses
+/// `Propagation::members_labelled`: a member whose cluster labels stop matching loses
 /// its quota (after the grace) without any other event, and gets it back
 /// when they match again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -642,7 +642,7 @@ async fn labelled_members_follow_their_cluster_labels() {
         .provider(Arc::new(provider))
         .build();
     let prod: Selector = Expression::Equal("env".into(), "prod".into()).into();
-    let propagation = quotas("prod-quota", "on").members(Members::labelled(prod));
+    let propagation = quotas("prod-quota", "on").members_labelled(prod);
     manager
         .add_controller(propagation.build().expect("propagation"))
         .expect("add");

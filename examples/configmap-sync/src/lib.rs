@@ -103,15 +103,11 @@ impl ManagerArgs {
         if !self.leader_elect {
             return Ok(None);
         }
-        let lease_name = self.leader_election_id.clone().unwrap_or_else(|| {
-            let program = std::env::args().next().unwrap_or_default();
-            let program = std::path::Path::new(&program)
-                .file_name()
-                .map(|name| name.to_string_lossy().into_owned())
-                .unwrap_or_default();
-            multicluster_runtime::coordinator::dns1123(&program)
-        });
-        let options = LeaderElectionOptions::new(lease_name)
+        let options = match &self.leader_election_id {
+            Some(name) => LeaderElectionOptions::new(name.clone()),
+            None => LeaderElectionOptions::for_program(),
+        };
+        let options = options
             .namespace(self.leader_election_namespace.clone())
             .identity(self.leader_election_identity.clone())
             .lease_duration(self.leader_election_lease_duration)

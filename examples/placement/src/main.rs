@@ -23,7 +23,7 @@ use multicluster_example_configmap_sync::{
 };
 use multicluster_provider_cluster_inventory_api::placement::{DecisionKey, Placements};
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
-use multicluster_runtime::propagation::{Desired, Members, Propagation};
+use multicluster_runtime::propagation::{Desired, Propagation};
 use multicluster_runtime::{Cluster, Manager};
 
 /// The annotation naming the placement a hub ConfigMap follows.
@@ -88,7 +88,7 @@ async fn main() -> Result<(), MainError> {
     };
     let propagation = Propagation::<ConfigMap>::new("placement-propagation")
         .select(|object| key_of(object).is_some())
-        .members(Members::Chosen(Arc::new(chosen)))
+        .members_chosen_by(chosen)
         // A decision's change decides its hub objects' members again.
         .reselect_on(
             placements.resource(),

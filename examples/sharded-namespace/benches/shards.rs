@@ -34,8 +34,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_example_testing::replica::Replica;
-use multicluster_runtime::coordinator::lease_name;
-use multicluster_runtime::coordinator::sharding::{Peer, owner};
+use multicluster_runtime::coordinator::sharding::{Peer, fence_lease_name, owner};
 use multicluster_runtime::testing::{cpu_seconds_of, resident_memory_mib_of};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-sharded-namespace");
@@ -218,7 +217,7 @@ async fn stable(
         let by_cluster: BTreeMap<String, String> = names
             .iter()
             .filter_map(|name| {
-                let holder = holders.get(&lease_name(FENCE_PREFIX, name))?;
+                let holder = holders.get(&fence_lease_name(FENCE_PREFIX, name))?;
                 Some((name.clone(), holder.clone()))
             })
             .collect();

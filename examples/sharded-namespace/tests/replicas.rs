@@ -11,8 +11,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_example_configmap_sync::{COPIED_BY_ANNOTATION, SYNC_LABEL};
 use multicluster_example_testing::replica::Replica;
-use multicluster_runtime::coordinator::lease_name;
-use multicluster_runtime::coordinator::sharding::{Peer, owner};
+use multicluster_runtime::coordinator::sharding::{Peer, fence_lease_name, owner};
 use multicluster_runtime::testing::eventually;
 use serde_json::json;
 use tokio::process::Command;
@@ -146,7 +145,7 @@ impl Fleet {
         let mut fences = BTreeMap::new();
         for name in names() {
             let lease = leases
-                .get_opt(&lease_name("mcr-shard", &name))
+                .get_opt(&fence_lease_name("mcr-shard", &name))
                 .await
                 .ok()
                 .flatten();
@@ -402,7 +401,7 @@ async fn share_and_hand_over(hold: &str) {
     let peers = Api::<Lease>::namespaced(fleet.client.clone(), "kube-system");
     assert!(
         peers
-            .get_opt(&lease_name("mcr-peer", "r3"))
+            .get_opt("mcr-peer-r3")
             .await
             .expect("peer lease")
             .is_none(),

@@ -48,18 +48,16 @@ use multicluster_runtime::client::KubeconfigPolicy;
 use multicluster_runtime::controller::{Action, Backoff, Controller, Request, Watch};
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
-use multicluster_runtime::provider::discovery::{
-    self, DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, MANAGEMENT, PROVIDER_BACKOFF,
-};
+use multicluster_runtime::provider::discovery::Discovered;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::Members;
-use multicluster_runtime::provider::watch_filter;
+use multicluster_runtime::provider::watch_filter::WatchFilter;
 use multicluster_runtime::{
     Cluster, ClusterName, Error, Inventory, ProviderContext, RunnableProvider,
 };
 
-/// The label key of the watch-filter convention.
-pub use multicluster_runtime::provider::watch_filter::LABEL as WATCH_FILTER_LABEL;
+/// The label key of the watch-filter convention (`cluster.x-k8s.io/watch-filter`).
+pub const WATCH_FILTER_LABEL: &str = WatchFilter::LABEL;
 /// The annotation that pauses a Cluster.
 pub const PAUSED_ANNOTATION: &str = "cluster.x-k8s.io/paused";
 /// The label Cluster API puts on a cluster's Secrets.
@@ -125,14 +123,14 @@ pub struct ClusterApiOptions {
     /// Overrides the version's default readiness.
     pub readiness: Option<Readiness>,
     /// How long to wait before building a failed cluster's client again
-    /// (default [`PROVIDER_BACKOFF`]: 1 s, doubling up to 5 min).
+    /// (default [`Discovered::DEFAULT_BACKOFF`]: 1 s, doubling up to 5 min).
     pub retry: Backoff,
     /// Where engagement failures and the provider's reconciles (controller
     /// `cluster-api-provider`) are counted. Default: the registry of the
     /// manager that runs the provider.
     pub metrics: Option<Metrics>,
     /// How many Clusters' clients are built at once (default
-    /// [`DEFAULT_MAX_CONCURRENT_BUILDS`]).
+    /// [`Discovered::DEFAULT_MAX_CONCURRENT_BUILDS`]).
     pub max_concurrent_builds: usize,
     /// How each workload cluster's clients and cache are built: the same
     /// for every member, or adjusted per member from its `Cluster` object
@@ -177,9 +175,9 @@ impl Default for ClusterApiOptions {
             watch_filter: None,
             version: ClusterApiVersion::default(),
             readiness: None,
-            retry: PROVIDER_BACKOFF,
+            retry: Discovered::DEFAULT_BACKOFF,
             metrics: None,
-            max_concurrent_builds: DEFAULT_MAX_CONCURRENT_BUILDS,
+            max_concurrent_builds: Discovered::DEFAULT_MAX_CONCURRENT_BUILDS,
             members: Members::default(),
             kubeconfig_policy: KubeconfigPolicy::untrusted(),
         }
@@ -216,7 +214,7 @@ struct Shared {
     /// The management cluster, whose cache holds the Clusters and their
     /// Secrets.
     management: Cluster,
-    fleet: Fleet,
+    fleet: Discovered,
 }
 
 impl ClusterApiProvider {
@@ -230,7 +228,7 @@ impl ClusterApiProvider {
                 .namespace(options.namespace.clone())
                 .watcher_for_resource(
                     &resource,
-                    watch_filter::watcher_config(options.watch_filter.as_deref()),
+                    WatchFilter::new(options.watch_filter.as_deref()).watcher_config(),
                 )
                 // Only Secrets that belong to a cluster are cached.
                 .watcher_for::<Secret>(watcher::Config::default().labels(CLUSTER_NAME_LABEL)),
@@ -238,8 +236,8 @@ impl ClusterApiProvider {
         Self {
             shared: Arc::new(Shared {
                 resource,
-                management: Cluster::with_cache(MANAGEMENT, management, cache),
-                fleet: Fleet::new(options.name.as_str(), options.metrics.clone()),
+                management: Cluster::with_cache(Discovered::MANAGEMENT, management, cache),
+                fleet: Discovered::new(options.name.as_str(), options.metrics.clone()),
                 options,
             }),
         }
@@ -403,17 +401,18 @@ impl RunnableProvider for ClusterApiProvider {
             .max_concurrent_reconciles(shared.options.max_concurrent_builds)
             .backoff(shared.options.retry);
         let reconciler = shared.clone();
-        discovery::run(
-            builder,
-            shared.fleet.metrics(),
-            shared.management.clone(),
-            shutdown,
-            move |request| {
-                let shared = reconciler.clone();
-                async move { shared.reconcile(request).await }
-            },
-        )
-        .await
+        shared
+            .fleet
+            .run(
+                builder,
+                shared.management.clone(),
+                shutdown,
+                move |request| {
+                    let shared = reconciler.clone();
+                    async move { shared.reconcile(request).await }
+                },
+            )
+            .await
     }
 }
 

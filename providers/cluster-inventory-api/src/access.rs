@@ -318,9 +318,9 @@ impl std::fmt::Debug for ProfileAccess {
 impl ProfileAccess {
     /// The kubeconfig as canonical text (JSON, keys sorted), so equal
     /// settings always give equal text: see
-    /// [`multicluster_runtime::client::kubeconfig::canonical_text`].
+    /// [`KubeconfigCluster::text_of`](multicluster_runtime::provider::kubeconfig::KubeconfigCluster::text_of).
     pub fn text(&self) -> String {
-        multicluster_runtime::client::kubeconfig::canonical_text(&self.kubeconfig)
+        multicluster_runtime::provider::kubeconfig::KubeconfigCluster::text_of(&self.kubeconfig)
     }
 }
 
@@ -373,10 +373,9 @@ fn plugin_call(provider: &AccessProvider, cluster: &Cluster) -> Result<ExecConfi
                     })?;
                 // A profile's variables are data for the plugin, never a
                 // way to change what code it runs.
-                if let Some(name) = extra
-                    .keys()
-                    .find(|name| multicluster_runtime::client::variable_changes_code(name))
-                {
+                if let Some(name) = extra.keys().find(|name| {
+                    multicluster_runtime::client::ExecPolicy::variable_changes_code(name)
+                }) {
                     return Err(format!(
                         "extension {ADDITIONAL_ENVS_EXTENSION} sets {name:?}, which changes what code the plugin runs; refused whatever profileSourcedEnvVarsPolicy says"
                     ));

@@ -63,9 +63,9 @@ use multicluster_runtime::cache::{Cache, CacheOptions, FieldIndex, Informer};
 use multicluster_runtime::client::{ExecPolicy, KubeconfigPolicy};
 use multicluster_runtime::controller::{Action, Controller, MapContext, Request, Watch};
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
-use multicluster_runtime::provider::discovery::{self, Fleet, MANAGEMENT};
+use multicluster_runtime::provider::discovery::Discovered;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
-use multicluster_runtime::provider::watch_filter;
+use multicluster_runtime::provider::watch_filter::WatchFilter;
 use multicluster_runtime::{
     Cluster, ClusterName, Error, Inventory, ProviderContext, RunnableProvider,
 };
@@ -88,8 +88,8 @@ pub const CLUSTER_MANAGER_LABEL: &str = "x-k8s.io/cluster-manager";
 /// (`LabelInventoryMemberIDKey` upstream, KEP-4322): profiles carrying the
 /// same non-empty value are engaged as one cluster named by that value.
 pub const INVENTORY_MEMBER_ID_LABEL: &str = "multicluster.x-k8s.io/inventory-member-id";
-/// The label key of the watch-filter convention.
-pub use multicluster_runtime::provider::watch_filter::LABEL as WATCH_FILTER_LABEL;
+/// The label key of the watch-filter convention (`cluster.x-k8s.io/watch-filter`).
+pub const WATCH_FILTER_LABEL: &str = WatchFilter::LABEL;
 
 /// The kind the provider reads.
 const KIND: &str = "ClusterProfile";
@@ -112,7 +112,7 @@ struct Shared {
     hub: Cluster,
     /// The consumer's provider file, for the access-provider strategy.
     providers: Option<access::ProviderFile>,
-    fleet: Fleet,
+    fleet: Discovered,
     /// The inventory member id each profile carried when last seen, so
     /// that the member a profile leaves is looked at again.
     member_ids: Mutex<HashMap<(String, String), String>>,
@@ -143,7 +143,7 @@ impl ClusterProfileProvider {
         for version in [ApiVersion::V1Alpha1, ApiVersion::V1Alpha2] {
             cache_options = cache_options.watcher_for_resource(
                 &version.resource(KIND),
-                watch_filter::watcher_config(options.watch_filter.as_deref()),
+                WatchFilter::new(options.watch_filter.as_deref()).watcher_config(),
             );
         }
         let providers = match &options.credentials {
@@ -171,9 +171,9 @@ impl ClusterProfileProvider {
         Self {
             shared: Arc::new(Shared {
                 version: OnceLock::new(),
-                hub: Cluster::with_cache(MANAGEMENT, hub, cache),
+                hub: Cluster::with_cache(Discovered::MANAGEMENT, hub, cache),
                 providers,
-                fleet: Fleet::new(options.name.as_str(), options.metrics.clone()),
+                fleet: Discovered::new(options.name.as_str(), options.metrics.clone()),
                 member_ids: Mutex::default(),
                 kept_unready: Mutex::default(),
                 options,
@@ -469,16 +469,12 @@ impl RunnableProvider for ClusterProfileProvider {
             });
         }
         let reconciler = shared.clone();
-        discovery::run(
-            builder,
-            shared.fleet.metrics(),
-            shared.hub.clone(),
-            shutdown,
-            move |request| {
+        shared
+            .fleet
+            .run(builder, shared.hub.clone(), shutdown, move |request| {
                 let shared = reconciler.clone();
                 async move { shared.reconcile(request).await }
-            },
-        )
-        .await
+            })
+            .await
     }
 }

@@ -7,7 +7,7 @@ use kube::api::DynamicObject;
 use multicluster_runtime::client::KubeconfigPolicy;
 use multicluster_runtime::controller::Backoff;
 use multicluster_runtime::metrics::Metrics;
-use multicluster_runtime::provider::discovery::{DEFAULT_MAX_CONCURRENT_BUILDS, PROVIDER_BACKOFF};
+use multicluster_runtime::provider::discovery::Discovered;
 use multicluster_runtime::provider::member::Members;
 
 use crate::access::ProviderFile;
@@ -54,7 +54,7 @@ pub struct ClusterProfileOptions {
     /// of the manager that runs the provider.
     pub metrics: Option<Metrics>,
     /// How many profiles' clients are built at once (default
-    /// [`DEFAULT_MAX_CONCURRENT_BUILDS`]). Building runs the credential
+    /// [`Discovered::DEFAULT_MAX_CONCURRENT_BUILDS`]). Building runs the credential
     /// plugin, which can take a second or more; the rest of the profiles are
     /// looked at meanwhile.
     pub max_concurrent_builds: usize,
@@ -116,9 +116,9 @@ impl ClusterProfileOptions {
             namespace: None,
             watch_filter: None,
             readiness: None,
-            retry: PROVIDER_BACKOFF,
+            retry: Discovered::DEFAULT_BACKOFF,
             metrics: None,
-            max_concurrent_builds: DEFAULT_MAX_CONCURRENT_BUILDS,
+            max_concurrent_builds: Discovered::DEFAULT_MAX_CONCURRENT_BUILDS,
             members: Members::default(),
             kubeconfig_policy: KubeconfigPolicy::untrusted(),
         }

@@ -17,7 +17,7 @@
 //!
 //! Each context is fingerprinted by what it resolves to — the context, its
 //! cluster and its user with their data, extensions and exec settings
-//! ([`multicluster_runtime::client::kubeconfig::context_text`]) — so an edit
+//! ([`multicluster_runtime::client::kubeconfig::Contexts::text`]) — so an edit
 //! elsewhere in the file leaves it alone: its client is not rebuilt and its
 //! credential plugin does not run. Changed contexts are built concurrently
 //! (up to [`FileOptions::max_concurrent_builds`]), each engaged as soon as
@@ -50,9 +50,7 @@ use std::time::Duration;
 use multicluster_runtime::client::KubeconfigPolicy;
 use multicluster_runtime::controller::{Action, Backoff, Request, WorkQueue};
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
-use multicluster_runtime::provider::discovery::{
-    DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, PROVIDER_BACKOFF,
-};
+use multicluster_runtime::provider::discovery::Discovered;
 use multicluster_runtime::provider::lock;
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::{ClusterName, Error, ProviderContext, RunnableProvider};
@@ -94,11 +92,11 @@ pub struct FileOptions {
     /// Between path and context in cluster names.
     pub separator: String,
     /// How long to wait before building a context again whose credentials
-    /// could not be obtained (default [`PROVIDER_BACKOFF`]: 1 s, doubling up
+    /// could not be obtained (default [`Discovered::DEFAULT_BACKOFF`]: 1 s, doubling up
     /// to 5 min).
     pub retry: Backoff,
     /// How many contexts' clients are built at once (default
-    /// [`DEFAULT_MAX_CONCURRENT_BUILDS`]).
+    /// [`Discovered::DEFAULT_MAX_CONCURRENT_BUILDS`]).
     pub max_concurrent_builds: usize,
     /// How long the files must be quiet after a change before they are read
     /// (default [`DEFAULT_DEBOUNCE`]); a steady stream of changes is read at
@@ -146,8 +144,8 @@ impl Default for FileOptions {
             directories: Vec::new(),
             patterns: DEFAULT_PATTERNS.iter().map(|p| p.to_string()).collect(),
             separator: DEFAULT_SEPARATOR.to_string(),
-            retry: PROVIDER_BACKOFF,
-            max_concurrent_builds: DEFAULT_MAX_CONCURRENT_BUILDS,
+            retry: Discovered::DEFAULT_BACKOFF,
+            max_concurrent_builds: Discovered::DEFAULT_MAX_CONCURRENT_BUILDS,
             debounce: DEFAULT_DEBOUNCE,
             members: Members::default(),
             kubeconfig_policy: KubeconfigPolicy::trusted(),
@@ -164,7 +162,7 @@ pub struct FileProvider {
 #[derive(Debug)]
 struct Shared {
     options: FileOptions,
-    fleet: Fleet,
+    fleet: Discovered,
     /// What the last reading of the files asks for, per cluster name.
     desired: std::sync::Mutex<BTreeMap<ClusterName, Desired>>,
     /// Builds, one key per cluster name.
@@ -186,7 +184,7 @@ impl FileProvider {
             .build();
         Self {
             shared: Arc::new(Shared {
-                fleet: Fleet::new(options.name.as_str(), None),
+                fleet: Discovered::new(options.name.as_str(), None),
                 options,
                 desired: std::sync::Mutex::default(),
                 builds,

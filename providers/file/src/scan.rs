@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use std::sync::atomic::Ordering;
 
 use multicluster_runtime::ClusterName;
-use multicluster_runtime::client::kubeconfig;
+use multicluster_runtime::client::kubeconfig::Contexts;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 
 use multicluster_runtime::provider::lock;
@@ -88,7 +88,7 @@ pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
             }
         };
         let source = format!("file {}", file.display());
-        let parsed = match kubeconfig::parse(&text, &source) {
+        let parsed = match Contexts::parse(&text, source) {
             Ok(parsed) => parsed,
             Err(err) => {
                 shared
@@ -100,14 +100,14 @@ pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
             }
         };
         shared.fleet.failures().clear(&file_key);
-        for context in kubeconfig::context_names(&parsed) {
+        for context in parsed.names() {
             let name = ClusterName::from(format!("{prefix}{context}"));
             if found.contains_key(&name) {
                 tracing::warn!(cluster = %name, "skipping a duplicate cluster name");
                 continue;
             }
             let source = format!("file {} context {context:?}", file.display());
-            match kubeconfig::context_text(&parsed, &context, &source) {
+            match parsed.text(context) {
                 Ok(text) => {
                     found.insert(
                         name.clone(),
@@ -120,7 +120,7 @@ pub(crate) fn scan(shared: &Shared) -> BTreeMap<ClusterName, Desired> {
                             stable_id: None,
                             member: shared.options.members.for_member(&FileContext {
                                 file: file.clone(),
-                                context: context.clone(),
+                                context: context.to_string(),
                             }),
                         })),
                     );

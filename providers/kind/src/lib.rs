@@ -28,9 +28,7 @@ use multicluster_runtime::client::KubeconfigPolicy;
 use multicluster_runtime::controller::{Action, Request, WorkQueue};
 use multicluster_runtime::process::{self, ProcessError};
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
-use multicluster_runtime::provider::discovery::{
-    DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, PROVIDER_BACKOFF,
-};
+use multicluster_runtime::provider::discovery::Discovered;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::{ClusterName, Error, ProviderContext, RunnableProvider};
@@ -96,7 +94,7 @@ pub struct KindProvider {
 #[derive(Debug)]
 struct Shared {
     options: KindOptions,
-    fleet: Fleet,
+    fleet: Discovered,
     /// The names the last listing gave.
     listed: Mutex<BTreeSet<String>>,
     /// One key per listed (or no longer listed) cluster.
@@ -107,12 +105,12 @@ impl KindProvider {
     /// A provider with `options`.
     pub fn new(options: KindOptions) -> Self {
         let refreshes = WorkQueue::builder(format!("{}-provider", options.name))
-            .max_concurrent(DEFAULT_MAX_CONCURRENT_BUILDS)
-            .backoff(PROVIDER_BACKOFF)
+            .max_concurrent(Discovered::DEFAULT_MAX_CONCURRENT_BUILDS)
+            .backoff(Discovered::DEFAULT_BACKOFF)
             .build();
         Self {
             shared: Arc::new(Shared {
-                fleet: Fleet::new(options.name.as_str(), None),
+                fleet: Discovered::new(options.name.as_str(), None),
                 options,
                 listed: Mutex::default(),
                 refreshes,

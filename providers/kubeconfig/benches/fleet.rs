@@ -480,7 +480,7 @@ async fn main() -> Outcome {
         .collect();
     // The manager raises the soft limit too; the control plane's clients
     // in this process need it before.
-    multicluster_runtime::process::raise_open_files_limit()?;
+    multicluster_runtime::testing::raise_open_files_limit()?;
     let cp = ControlPlane::start().await?;
     let admin = cp.client().await?;
     let port: u16 = cp

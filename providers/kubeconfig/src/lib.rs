@@ -50,12 +50,10 @@ use multicluster_runtime::client::KubeconfigPolicy;
 use multicluster_runtime::controller::{Action, Backoff, Controller, Request, Watch};
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
-use multicluster_runtime::provider::discovery::{
-    self, DEFAULT_MAX_CONCURRENT_BUILDS, Fleet, MANAGEMENT,
-};
+use multicluster_runtime::provider::discovery::Discovered;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::Members;
-use multicluster_runtime::provider::watch_filter;
+use multicluster_runtime::provider::watch_filter::WatchFilter;
 use multicluster_runtime::{
     Cluster, ClusterName, Error, Inventory, ProviderContext, RunnableProvider,
 };
@@ -64,12 +62,8 @@ use multicluster_runtime::{
 pub const DEFAULT_LABEL: &str = "sigs.k8s.io/multicluster-runtime-kubeconfig";
 /// The default data key holding the kubeconfig.
 pub const DEFAULT_DATA_KEY: &str = "kubeconfig";
-/// The label key of the watch-filter convention.
-pub use multicluster_runtime::provider::watch_filter::LABEL as WATCH_FILTER_LABEL;
-
-/// The providers' default backoff for clusters whose credentials could not
-/// be obtained: 1 s, doubling up to 5 min.
-pub use multicluster_runtime::provider::discovery::PROVIDER_BACKOFF;
+/// The label key of the watch-filter convention (`cluster.x-k8s.io/watch-filter`).
+pub const WATCH_FILTER_LABEL: &str = WatchFilter::LABEL;
 
 /// Options of the kubeconfig provider.
 #[derive(Clone, Debug)]
@@ -93,10 +87,10 @@ pub struct KubeconfigOptions {
     /// Default: the registry of the manager that runs the provider.
     pub metrics: Option<Metrics>,
     /// How long to wait before building a failed cluster's client again
-    /// (default [`PROVIDER_BACKOFF`]: 1 s, doubling up to 5 min).
+    /// (default [`Discovered::DEFAULT_BACKOFF`]: 1 s, doubling up to 5 min).
     pub retry: Backoff,
     /// How many Secrets' clients are built at once (default
-    /// [`DEFAULT_MAX_CONCURRENT_BUILDS`]).
+    /// [`Discovered::DEFAULT_MAX_CONCURRENT_BUILDS`]).
     pub max_concurrent_builds: usize,
     /// How each member's clients and cache are built: the same for every
     /// member, or adjusted per member from its Secret
@@ -132,8 +126,8 @@ impl Default for KubeconfigOptions {
             data_key: DEFAULT_DATA_KEY.to_string(),
             watch_filter: None,
             metrics: None,
-            retry: PROVIDER_BACKOFF,
-            max_concurrent_builds: DEFAULT_MAX_CONCURRENT_BUILDS,
+            retry: Discovered::DEFAULT_BACKOFF,
+            max_concurrent_builds: Discovered::DEFAULT_MAX_CONCURRENT_BUILDS,
             members: Members::default(),
             kubeconfig_policy: KubeconfigPolicy::untrusted(),
         }
@@ -151,7 +145,7 @@ struct Shared {
     options: KubeconfigOptions,
     /// The management cluster, whose cache holds the labelled Secrets.
     management: Cluster,
-    fleet: Fleet,
+    fleet: Discovered,
 }
 
 impl KubeconfigProvider {
@@ -160,7 +154,7 @@ impl KubeconfigProvider {
     /// `list`/`watch` Secrets in the namespace is all it needs.
     pub fn new(management: kube::Client, options: KubeconfigOptions) -> Self {
         let mut selector = format!("{}=true", options.label);
-        if let Some(filter) = watch_filter::selector(options.watch_filter.as_deref()) {
+        if let Some(filter) = WatchFilter::new(options.watch_filter.as_deref()).selector() {
             selector.push_str(&format!(",{filter}"));
         }
         let secrets = Cache::with_options(
@@ -172,8 +166,8 @@ impl KubeconfigProvider {
         );
         Self {
             shared: Arc::new(Shared {
-                fleet: Fleet::new(options.name.as_str(), options.metrics.clone()),
-                management: Cluster::with_cache(MANAGEMENT, management, secrets),
+                fleet: Discovered::new(options.name.as_str(), options.metrics.clone()),
+                management: Cluster::with_cache(Discovered::MANAGEMENT, management, secrets),
                 options,
             }),
         }
@@ -278,16 +272,17 @@ impl RunnableProvider for KubeconfigProvider {
             .max_concurrent_reconciles(shared.options.max_concurrent_builds)
             .backoff(shared.options.retry);
         let reconciler = shared.clone();
-        discovery::run(
-            builder,
-            shared.fleet.metrics(),
-            shared.management.clone(),
-            shutdown,
-            move |request| {
-                let shared = reconciler.clone();
-                async move { shared.reconcile(request).await }
-            },
-        )
-        .await
+        shared
+            .fleet
+            .run(
+                builder,
+                shared.management.clone(),
+                shutdown,
+                move |request| {
+                    let shared = reconciler.clone();
+                    async move { shared.reconcile(request).await }
+                },
+            )
+            .await
     }
 }

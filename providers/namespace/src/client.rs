@@ -36,7 +36,7 @@ pub(crate) fn scoped_client(
             namespace: namespace.into(),
             discovery,
         },
-        multicluster_runtime::cache::VIRTUAL_NAMESPACE,
+        crate::VIRTUAL_NAMESPACE,
     )
 }
 

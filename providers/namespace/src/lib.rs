@@ -24,15 +24,16 @@ use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions};
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
-use multicluster_runtime::provider::watch_filter;
+use multicluster_runtime::provider::watch_filter::WatchFilter;
 use multicluster_runtime::{
     Cluster, ClusterName, Error, Inventory, ProviderContext, RunnableProvider,
 };
 
-pub use multicluster_runtime::cache::VIRTUAL_NAMESPACE;
+/// The namespace each virtual cluster shows its host namespace as.
+pub const VIRTUAL_NAMESPACE: &str = multicluster_runtime::cache::Cache::VIRTUAL_NAMESPACE;
 
-/// The label key of the watch-filter convention.
-pub use multicluster_runtime::provider::watch_filter::LABEL as WATCH_FILTER_LABEL;
+/// The label key of the watch-filter convention (`cluster.x-k8s.io/watch-filter`).
+pub const WATCH_FILTER_LABEL: &str = WatchFilter::LABEL;
 
 /// Options of the namespace provider.
 #[derive(Clone, Debug, Default)]
@@ -97,10 +98,8 @@ impl NamespaceProvider {
         if namespace.metadata.deletion_timestamp.is_some() {
             return false;
         }
-        watch_filter::passes(
-            self.options.watch_filter.as_deref(),
-            namespace.metadata.labels.as_ref(),
-        )
+        WatchFilter::new(self.options.watch_filter.as_deref())
+            .passes(namespace.metadata.labels.as_ref())
     }
 
     fn virtual_cluster(&self, namespace: &str) -> Cluster {

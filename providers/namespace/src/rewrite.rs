@@ -7,7 +7,7 @@
 
 use serde_json::Value;
 
-use multicluster_runtime::cache::VIRTUAL_NAMESPACE;
+use crate::VIRTUAL_NAMESPACE;
 
 /// Where a request path goes.
 #[derive(Debug, PartialEq, Eq)]

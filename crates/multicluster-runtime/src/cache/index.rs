@@ -12,7 +12,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::ResourceKey;
 
 /// Maps an object to the values of one indexed field.
-pub type Extractor<K> = Arc<dyn Fn(&K) -> Vec<String> + Send + Sync>;
+pub(crate) type Extractor<K> = Arc<dyn Fn(&K) -> Vec<String> + Send + Sync>;
 
 /// A field index to register on caches: which resource, the field name it is
 /// queried by, and how to compute its values.

@@ -13,6 +13,7 @@ mod informer;
 mod initial_list;
 mod options;
 mod retry;
+mod scope;
 mod scoped;
 
 use crate::sync::lock;
@@ -24,18 +25,17 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use kube::api::{Api, ApiResource, DynamicObject, PartialObjectMeta};
-use kube::core::{ClusterResourceScope, DynamicResourceScope, NamespaceResourceScope};
 use kube::runtime::{WatchStreamExt, watcher};
 use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
-pub use index::{Extractor, FieldIndex};
+pub use index::FieldIndex;
 pub use informer::{CacheEvent, Informer, Subscription};
 use initial_list::InitialList;
 use options::resource_id;
 pub use options::{CacheOptions, WatchBackoff};
-pub use scoped::VIRTUAL_NAMESPACE;
+pub(crate) use scope::WatchScope;
 
 use crate::error::Error;
 use crate::name::ClusterName;
@@ -46,34 +46,9 @@ use index::Indexes;
 /// `sync_timeout`.
 pub(crate) const DEFAULT_SYNC_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// How a watch is limited to the cache's namespace restriction, by resource
-/// scope: namespaced resources are watched in that namespace only,
-/// cluster-scoped ones everywhere.
-pub trait WatchScope: 'static {
-    /// Applies the restriction to `api`.
-    fn restrict<K: Resource<Scope = Self>>(api: Api<K>, namespace: &str) -> Api<K>;
-}
-
-impl WatchScope for NamespaceResourceScope {
-    fn restrict<K: Resource<Scope = Self>>(api: Api<K>, namespace: &str) -> Api<K> {
-        api.constrain(namespace)
-    }
-}
-
-impl WatchScope for DynamicResourceScope {
-    fn restrict<K: Resource<Scope = Self>>(api: Api<K>, namespace: &str) -> Api<K> {
-        api.constrain(namespace)
-    }
-}
-
-impl WatchScope for ClusterResourceScope {
-    fn restrict<K: Resource<Scope = Self>>(api: Api<K>, _namespace: &str) -> Api<K> {
-        api
-    }
-}
-
 /// A Rust type the cache can watch: any k8s-openapi or `kube::CustomResource`
-/// type.
+/// type. (Its scope's bound is sealed: the three scopes kube-rs has are all
+/// there are.)
 pub trait CachedResource:
     Resource<DynamicType = (), Scope: WatchScope>
     + Clone
@@ -203,8 +178,11 @@ impl Cache {
         )
     }
 
+    /// The namespace a [`Cache::scoped`] view shows its host namespace as.
+    pub const VIRTUAL_NAMESPACE: &'static str = "default";
+
     /// A view of `host` that shows only `namespace`, renamed to
-    /// [`VIRTUAL_NAMESPACE`] (`default`). Its informers are fed by the
+    /// [`Cache::VIRTUAL_NAMESPACE`] (`default`). Its informers are fed by the
     /// host's, so any number of views share one watch per type; lists and
     /// index queries through the view see only that namespace. The host
     /// cache must not be restricted to another namespace.

@@ -16,8 +16,10 @@ use kube::runtime::watcher;
 
 use super::{CacheEvent, Informer};
 
+use super::Cache;
+
 /// The namespace a scoped view shows its host namespace as.
-pub const VIRTUAL_NAMESPACE: &str = "default";
+pub(crate) const VIRTUAL_NAMESPACE: &str = Cache::VIRTUAL_NAMESPACE;
 
 /// Watcher-style events for the objects of `namespace` in `host`, renamed
 /// into [`VIRTUAL_NAMESPACE`]. Waits for the host's first list, then reports

@@ -1,17 +1,73 @@
 //! Kubeconfig text: parsing it with errors that name where it came from
-//! and never quote it (it holds credentials), the contexts it has, and the
-//! part one context uses as canonical text, for telling whether it changed.
+//! and never quote it (it holds credentials), the contexts it has
+//! ([`Contexts`]), and the part one context uses as canonical text, for
+//! telling whether it changed.
 
 use kube::config::Kubeconfig;
 
 use crate::error::Error;
+
+/// The contexts of a kubeconfig, each a cluster to a provider that reads
+/// kubeconfig files.
+#[derive(Clone)]
+pub struct Contexts {
+    kubeconfig: Kubeconfig,
+    source: String,
+}
+
+/// Shows where it came from only: a kubeconfig holds credentials.
+impl std::fmt::Debug for Contexts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Contexts")
+            .field("source", &self.source)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Contexts {
+    /// Parses kubeconfig YAML. `source` says where it came from (e.g.
+    /// `file /etc/fleet/prod.yaml`) and is used in errors, which never
+    /// quote the text.
+    pub fn parse(text: &str, source: impl Into<String>) -> Result<Self, Error> {
+        let source = source.into();
+        Ok(Self {
+            kubeconfig: parse(text, &source)?,
+            source,
+        })
+    }
+
+    /// The names of the contexts, in file order.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.kubeconfig
+            .contexts
+            .iter()
+            .map(|context| context.name.as_str())
+    }
+
+    /// What `context` resolves to — the context (made current), its
+    /// cluster and its user, extensions and exec settings included — as
+    /// canonical text (JSON with object keys sorted, as
+    /// [`KubeconfigCluster::text_of`](crate::provider::kubeconfig::KubeconfigCluster::text_of)
+    /// gives). A change elsewhere in the kubeconfig leaves it
+    /// alone, so it tells whether that context changed. Fails, naming the
+    /// source, the context and the missing piece, as
+    /// [`crate::client::build`] would.
+    pub fn text(&self, context: &str) -> Result<String, Error> {
+        let source = format!("{} context {context:?}", self.source);
+        Ok(canonical_text(&context_only(
+            &self.kubeconfig,
+            context,
+            &source,
+        )?))
+    }
+}
 
 /// Parses kubeconfig YAML. `source` says where it came from (e.g. `Secret
 /// fleet/prod key kubeconfig`) and is used in errors.
 ///
 /// Parser messages are not passed on: they can quote the offending value,
 /// which may be a token or a key.
-pub fn parse(text: &str, source: &str) -> Result<Kubeconfig, Error> {
+pub(crate) fn parse(text: &str, source: &str) -> Result<Kubeconfig, Error> {
     if text.trim().is_empty() {
         return Err(invalid(source, "it is empty"));
     }
@@ -43,15 +99,6 @@ fn from_yaml(text: &str) -> Result<Kubeconfig, Box<dyn std::error::Error>> {
     Ok(documents
         .into_iter()
         .try_fold(Kubeconfig::default(), Kubeconfig::merge)?)
-}
-
-/// The names of the contexts in a kubeconfig, in file order.
-pub fn context_names(kubeconfig: &Kubeconfig) -> Vec<String> {
-    kubeconfig
-        .contexts
-        .iter()
-        .map(|context| context.name.clone())
-        .collect()
 }
 
 /// The part of `kubeconfig` that `context` uses: that context (made
@@ -110,19 +157,10 @@ pub(crate) fn context_only(
     })
 }
 
-/// What `context` of `kubeconfig` resolves to — the context (made current),
-/// its cluster and its user, extensions and exec settings included — as
-/// canonical text (see [`canonical_text`]). A change elsewhere in the
-/// kubeconfig leaves it alone, so it tells whether that context changed.
-/// Fails, naming the missing piece, as [`crate::client::build`] would.
-pub fn context_text(kubeconfig: &Kubeconfig, context: &str, source: &str) -> Result<String, Error> {
-    Ok(canonical_text(&context_only(kubeconfig, context, source)?))
-}
-
 /// `kubeconfig` as JSON text (which is also YAML) with object keys sorted,
 /// so equal settings always give equal text. kube-rs keeps exec `env`
 /// entries in hash maps, whose order changes from one map to the next.
-pub fn canonical_text(kubeconfig: &Kubeconfig) -> String {
+pub(crate) fn canonical_text(kubeconfig: &Kubeconfig) -> String {
     fn sorted(value: serde_json::Value) -> serde_json::Value {
         match value {
             serde_json::Value::Object(map) => {
@@ -177,9 +215,9 @@ mod tests {
         for i in 0..10_000 {
             text.push_str(&format!("- name: u{i}\n  user:\n    token: t{i}\n"));
         }
-        let parsed = parse(&text, "test").expect("parses");
-        assert_eq!(context_names(&parsed).len(), 10_000);
-        assert!(context_text(&parsed, "ctx9999", "test").is_ok());
+        let parsed = Contexts::parse(&text, "test").expect("parses");
+        assert_eq!(parsed.names().count(), 10_000);
+        assert!(parsed.text("ctx9999").is_ok());
     }
 
     #[test]
@@ -190,7 +228,9 @@ mod tests {
             )
         };
         let text = |kubeconfig: &str, context: &str| {
-            context_text(&parse(kubeconfig, "test").expect("parses"), context, "test")
+            Contexts::parse(kubeconfig, "test")
+                .expect("parses")
+                .text(context)
                 .expect("resolves")
         };
         let before = two("https://b:1", "tb");
@@ -199,8 +239,12 @@ mod tests {
             assert_ne!(text(&before, "b"), text(&after, "b"));
         }
         let missing_user = before.replace("- name: ub\n", "- name: other\n");
-        let err = context_text(&parse(&missing_user, "test").expect("parses"), "b", "test")
+        let err = Contexts::parse(&missing_user, "file f")
+            .expect("parses")
+            .text("b")
             .expect_err("no user ub");
-        assert!(err.to_string().contains("user \"ub\""), "{err}");
+        let message = err.to_string();
+        assert!(message.contains("user \"ub\""), "{message}");
+        assert!(message.contains("file f context \"b\""), "{message}");
     }
 }

@@ -235,7 +235,7 @@ impl std::error::Error for StillInMembers {}
 /// The fleet case of a clean-up: deletes `K` named `name` (in `namespace`
 /// for a namespaced type) from every member `controller` is engaged with,
 /// the local cluster excepted, where `ours` accepts it (say, it names its
-/// owner with [`map::owner_annotations`](super::map::owner_annotations));
+/// owner with [`Request::owner_annotations`](super::Request::owner_annotations));
 /// others' objects of that name are left alone. Members are asked at once,
 /// each within its client's request deadline.
 ///

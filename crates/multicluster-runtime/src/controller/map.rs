@@ -10,14 +10,13 @@
 //!   member that joins later the requests for the hub's objects.
 //! - **Aggregation**: what happens to the members' objects is reported back
 //!   to the hub object they were made for. A member object names its owner
-//!   with the annotations of [`owner_annotations`] ([`OWNER_ANNOTATION`],
-//!   and [`OWNER_CLUSTER_ANNOTATION`] when the owner is not in the local
-//!   cluster), and [`to_owner`] maps its events to that owner.
+//!   with the annotations of [`Request::owner_annotations`]
+//!   ([`Request::OWNER_ANNOTATION`], and
+//!   [`Request::OWNER_CLUSTER_ANNOTATION`] when the owner is not in the
+//!   local cluster), and [`to_owner`] maps its events to that owner.
 //!
 //! Owner references cannot cross clusters, hence the annotations: a
 //! convention of this library, which nothing else in Kubernetes reads.
-
-use std::collections::BTreeMap;
 
 use kube::Resource;
 use kube::core::{Selector, SelectorExt};
@@ -25,51 +24,6 @@ use kube::core::{Selector, SelectorExt};
 use super::{Controller, MapContext, Request};
 use crate::cache::CachedResource;
 use crate::name::ClusterName;
-
-/// Annotation on an object made for another object in another cluster:
-/// the owner's `namespace/name` (or `name` when cluster-scoped).
-pub const OWNER_ANNOTATION: &str = "mcr.sigs.k8s.io/owner";
-
-/// Annotation naming the cluster of the owner in [`OWNER_ANNOTATION`];
-/// absent (or empty) for the local cluster, the usual hub.
-pub const OWNER_CLUSTER_ANNOTATION: &str = "mcr.sigs.k8s.io/owner-cluster";
-
-/// The annotations that make an object point at `owner` for [`to_owner`].
-pub fn owner_annotations(owner: &Request) -> BTreeMap<String, String> {
-    let key = match &owner.namespace {
-        Some(namespace) => format!("{namespace}/{}", owner.name),
-        None => owner.name.clone(),
-    };
-    let mut annotations = BTreeMap::from([(OWNER_ANNOTATION.to_string(), key)]);
-    if !owner.cluster.is_local() {
-        annotations.insert(
-            OWNER_CLUSTER_ANNOTATION.to_string(),
-            owner.cluster.as_str().to_string(),
-        );
-    }
-    annotations
-}
-
-/// The owner an object names with [`owner_annotations`], if any.
-pub fn owner_of<K: Resource>(object: &K) -> Option<Request> {
-    owner_in(object.meta())
-}
-
-/// The owner that `meta`'s annotations name, if any.
-pub(crate) fn owner_in(
-    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-) -> Option<Request> {
-    let annotations = meta.annotations.as_ref()?;
-    let key = annotations.get(OWNER_ANNOTATION)?;
-    let cluster = annotations
-        .get(OWNER_CLUSTER_ANNOTATION)
-        .map_or_else(ClusterName::local, |name| ClusterName::from(name.as_str()));
-    let (namespace, name) = match key.split_once('/') {
-        Some((namespace, name)) => (Some(namespace), name),
-        None => (None, key.as_str()),
-    };
-    (!name.is_empty()).then(|| Request::new(cluster, namespace, name))
-}
 
 /// Maps an object to the same namespace and name in every engaged cluster
 /// but the one it was seen in and the local cluster: a hub object to its
@@ -125,10 +79,10 @@ pub fn to_members_matching<K: Resource>(
     }
 }
 
-/// Maps an object to the owner it names with [`owner_annotations`]: a
+/// Maps an object to the owner it names with [`Request::owner_annotations`]: a
 /// member's copy to the hub object it was made for.
 pub fn to_owner<K: Resource>() -> impl Fn(&MapContext<'_>, &K) -> Vec<Request> + Send + Sync {
-    |_, object| owner_of(object).into_iter().collect()
+    |_, object| Request::owner_of(object).into_iter().collect()
 }
 
 /// For [`owed_on_engage`](super::ControllerBuilder::owed_on_engage): when
@@ -189,6 +143,8 @@ fn requests_for_local<K: CachedResource>(
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+
     use k8s_openapi::api::core::v1::ConfigMap;
 
     use super::*;
@@ -206,18 +162,18 @@ mod tests {
             Request::new("hub-2", Some("team"), "settings"),
             Request::new(ClusterName::local(), None, "cluster-wide"),
         ] {
-            let object = annotated(owner_annotations(&owner));
-            assert_eq!(owner_of(&object), Some(owner));
+            let object = annotated(owner.owner_annotations());
+            assert_eq!(Request::owner_of(&object), Some(owner));
         }
     }
 
     #[test]
     fn objects_without_an_owner_map_to_nothing() {
-        assert_eq!(owner_of(&ConfigMap::default()), None);
+        assert_eq!(Request::owner_of(&ConfigMap::default()), None);
         let empty = annotated(BTreeMap::from([(
-            OWNER_ANNOTATION.to_string(),
+            Request::OWNER_ANNOTATION.to_string(),
             "team/".to_string(),
         )]));
-        assert_eq!(owner_of(&empty), None);
+        assert_eq!(Request::owner_of(&empty), None);
     }
 }

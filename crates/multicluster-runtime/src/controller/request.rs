@@ -1,7 +1,11 @@
 //! What a reconcile is about and what it asks for next.
 
+use std::collections::BTreeMap;
 use std::fmt;
 use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::Resource;
 
 use crate::name::ClusterName;
 
@@ -28,6 +32,54 @@ impl Request {
             namespace: namespace.map(str::to_string),
             name: name.into(),
         }
+    }
+
+    /// Annotation on an object made for another object in another cluster:
+    /// the owner's `namespace/name` (or `name` when cluster-scoped). Owner
+    /// references cannot cross clusters; this convention of the library's
+    /// mappers ([`crate::controller::map::to_owner`]) can.
+    pub const OWNER_ANNOTATION: &'static str = "mcr.sigs.k8s.io/owner";
+
+    /// Annotation naming the cluster of the owner in
+    /// [`Request::OWNER_ANNOTATION`]; absent (or empty) for the local
+    /// cluster, the usual hub.
+    pub const OWNER_CLUSTER_ANNOTATION: &'static str = "mcr.sigs.k8s.io/owner-cluster";
+
+    /// The annotations that make an object point at this request's object
+    /// as its owner, for [`crate::controller::map::to_owner`].
+    pub fn owner_annotations(&self) -> BTreeMap<String, String> {
+        let key = match &self.namespace {
+            Some(namespace) => format!("{namespace}/{}", self.name),
+            None => self.name.clone(),
+        };
+        let mut annotations = BTreeMap::from([(Self::OWNER_ANNOTATION.to_string(), key)]);
+        if !self.cluster.is_local() {
+            annotations.insert(
+                Self::OWNER_CLUSTER_ANNOTATION.to_string(),
+                self.cluster.as_str().to_string(),
+            );
+        }
+        annotations
+    }
+
+    /// The owner an object names with [`Request::owner_annotations`], if
+    /// any.
+    pub fn owner_of<K: Resource>(object: &K) -> Option<Request> {
+        Self::owner_in(object.meta())
+    }
+
+    /// The owner that `meta`'s annotations name, if any.
+    pub(crate) fn owner_in(meta: &ObjectMeta) -> Option<Request> {
+        let annotations = meta.annotations.as_ref()?;
+        let key = annotations.get(Self::OWNER_ANNOTATION)?;
+        let cluster = annotations
+            .get(Self::OWNER_CLUSTER_ANNOTATION)
+            .map_or_else(ClusterName::local, |name| ClusterName::from(name.as_str()));
+        let (namespace, name) = match key.split_once('/') {
+            Some((namespace, name)) => (Some(namespace), name),
+            None => (None, key.as_str()),
+        };
+        (!name.is_empty()).then(|| Request::new(cluster, namespace, name))
     }
 }
 

@@ -97,6 +97,24 @@ impl LeaderElectionOptions {
         }
     }
 
+    /// The defaults, with the Lease named after the running program: the
+    /// file name of its path made a valid object name (lowercase, `a-z 0-9
+    /// - .` only), `unknown` when nothing is left.
+    pub fn for_program() -> Self {
+        let program = std::env::args_os()
+            .next()
+            .and_then(|path| {
+                std::path::Path::new(&path)
+                    .file_name()
+                    .map(|name| name.to_string_lossy().into_owned())
+            })
+            .unwrap_or_default();
+        let mut name = crate::coordinator::dns1123(&program);
+        name.truncate(253);
+        let name = name.trim_end_matches(|c: char| !c.is_ascii_alphanumeric());
+        Self::new(if name.is_empty() { "unknown" } else { name })
+    }
+
     fn check(&self) -> Result<(), Error> {
         let invalid = |reason: String| {
             Err(Error::InvalidOptions {
@@ -489,6 +507,19 @@ mod tests {
         assert_eq!(options.lease_duration, Duration::from_secs(15));
         assert_eq!(options.renew_deadline, Duration::from_secs(10));
         assert_eq!(options.retry_period, Duration::from_secs(2));
+    }
+
+    #[test]
+    fn a_lease_named_for_the_program_is_valid() {
+        // The test binary is `multicluster_runtime-<hash>`: an underscore
+        // no object name may hold.
+        let options = LeaderElectionOptions::for_program();
+        assert!(options.check().is_ok(), "{:?}", options.lease_name);
+        assert!(
+            options.lease_name.starts_with("multicluster-runtime-"),
+            "{:?}",
+            options.lease_name
+        );
     }
 
     #[test]

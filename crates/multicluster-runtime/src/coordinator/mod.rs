@@ -3,7 +3,7 @@
 //! The manager hands every ready cluster to its [`Coordinator`], which
 //! decides whether this replica engages it:
 //!
-//! - [`EngageAll`] (the default): one replica works on everything;
+//! - by default, with no coordinator set: one replica works on everything;
 //! - [`leader_election::LeaderElection`]: one Lease holder works on
 //!   everything, the other replicas stand by with warm caches;
 //! - [`sharding::ShardedCoordinator`] (feature `sharding`): the replicas
@@ -25,7 +25,9 @@ mod names;
 #[cfg(feature = "sharding")]
 pub mod sharding;
 
-pub use names::{dns1123, lease_name};
+pub(crate) use names::dns1123;
+#[cfg(feature = "sharding")]
+pub(crate) use names::lease_name;
 
 /// Annotation on a fence Lease held with its holder's peer Lease rather than
 /// renewed itself: `<peer Lease name>/<epoch>`. The fence holds while that
@@ -113,9 +115,9 @@ pub(crate) fn engage_each(
     first.map_or(Ok(()), Err)
 }
 
-/// Engages every component with every cluster.
+/// Engages every component with every cluster: the manager's default.
 #[derive(Clone, Copy, Debug, Default)]
-pub struct EngageAll;
+pub(crate) struct EngageAll;
 
 #[async_trait::async_trait]
 impl Coordinator for EngageAll {

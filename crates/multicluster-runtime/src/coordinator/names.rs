@@ -7,14 +7,16 @@
 //! names keep distinct Leases; a name that is already valid stays as Go
 //! writes it.
 
+#[cfg(feature = "sharding")]
 use std::hash::Hasher;
 
 /// Longest Kubernetes object name (a DNS-1123 subdomain).
+#[cfg(feature = "sharding")]
 const MAX_NAME: usize = 253;
 
 /// `value` made into a DNS-1123 subdomain: lowercase, `a-z 0-9 - .` only,
 /// alphanumeric at both ends, `unknown` when nothing is left.
-pub fn dns1123(value: &str) -> String {
+pub(crate) fn dns1123(value: &str) -> String {
     let mapped: String = value
         .chars()
         .map(|c| c.to_ascii_lowercase())
@@ -37,7 +39,8 @@ pub fn dns1123(value: &str) -> String {
 /// The Lease name `<prefix>-<value>`, with `value` made DNS-1123-safe. When
 /// that changed `value`, or the name would be too long, a hash of `value`
 /// is appended (cutting the name to fit) so that no two values share it.
-pub fn lease_name(prefix: &str, value: &str) -> String {
+#[cfg(feature = "sharding")]
+pub(crate) fn lease_name(prefix: &str, value: &str) -> String {
     let safe = dns1123(value);
     let name = format!("{prefix}-{safe}");
     if safe == value && name.len() <= MAX_NAME {
@@ -51,6 +54,7 @@ pub fn lease_name(prefix: &str, value: &str) -> String {
 }
 
 /// FNV-1a, 64 bits, of `value`'s bytes: the hash Go's sharder uses.
+#[cfg(feature = "sharding")]
 pub(crate) fn fnv1a(value: &str) -> u64 {
     let mut hasher = fnv::FnvHasher::default();
     // `write`, not `Hash::hash`: the latter appends a terminator byte.
@@ -58,7 +62,7 @@ pub(crate) fn fnv1a(value: &str) -> u64 {
     hasher.finish()
 }
 
-#[cfg(test)]
+#[cfg(all(test, feature = "sharding"))]
 mod tests {
     use super::*;
 

@@ -110,10 +110,11 @@ impl ManagerBuilder {
         self
     }
 
-    /// Who engages which cluster with the components (default
-    /// [`EngageAll`]): [`LeaderElection`](crate::coordinator::leader_election::LeaderElection)
-    /// or [`ShardedCoordinator`](crate::coordinator::sharding::ShardedCoordinator) for
-    /// several replicas.
+    /// Who engages which cluster with the components (by default every
+    /// replica engages every cluster):
+    /// [`LeaderElection`](crate::coordinator::leader_election::LeaderElection)
+    /// or [`ShardedCoordinator`](crate::coordinator::sharding::ShardedCoordinator)
+    /// for several replicas.
     pub fn coordinator(mut self, coordinator: Arc<dyn Coordinator>) -> Self {
         self.coordinator = coordinator;
         self

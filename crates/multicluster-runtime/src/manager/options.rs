@@ -33,9 +33,11 @@ pub struct ManagerOptions {
     /// default one); without it, [`Manager::run`](crate::Manager::run) refuses an address.
     pub health_address: Option<SocketAddr>,
     /// Raise the process's soft limit on open files to its hard limit when
-    /// [`Manager::run`](crate::Manager::run) starts (default true; see
-    /// [`crate::process::raise_open_files_limit`]). A cluster that cannot
-    /// connect for want of file descriptors says so in its reason.
+    /// [`Manager::run`](crate::Manager::run) starts (default true): a
+    /// fleet holds a connection per cluster at least, and the usual soft
+    /// limit, 1,024, is far below what the hard limit allows (Go raises it
+    /// by itself). A cluster that cannot connect for want of file
+    /// descriptors says so in its reason.
     pub raise_open_files_limit: bool,
     /// Settings every controller added to the manager takes unless its
     /// builder sets its own: concurrency, reconcile timeout, backoff,

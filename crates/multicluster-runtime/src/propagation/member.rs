@@ -16,7 +16,7 @@ use super::status::{MemberState, Outcome};
 use super::{Conflicts, Desired, Drift, HubKey, PROPAGATION_LABEL, Shared};
 use crate::cache::CachedResource;
 use crate::cluster::Cluster;
-use crate::controller::{Action, ReconcileError, Request, map};
+use crate::controller::{Action, ReconcileError, Request};
 use crate::name::ClusterName;
 use crate::redact::Redacted;
 
@@ -321,7 +321,7 @@ where
         let mut value = object.object;
         let metadata = &mut value["metadata"];
         metadata["labels"][PROPAGATION_LABEL] = self.name.clone().into();
-        for (annotation, text) in map::owner_annotations(owner) {
+        for (annotation, text) in owner.owner_annotations() {
             metadata["annotations"][annotation] = text.into();
         }
         value

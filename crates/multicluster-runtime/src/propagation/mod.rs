@@ -26,7 +26,7 @@
 //! - **Applies** the desired objects with server-side apply under the
 //!   propagation's name as field manager, labelled
 //!   [`PROPAGATION_LABEL`]`=<name>` and pointing at the hub object with
-//!   [`map::owner_annotations`].
+//!   [`Request::owner_annotations`].
 //!   An object that is no longer desired is deleted.
 //! - **Drift**: the member watch of each propagated type (metadata only)
 //!   sees a change made in a member; by [`Drift`], the object is applied
@@ -34,8 +34,10 @@
 //! - **Conflicts**: an object the propagation did not make, holding a
 //!   field it would set under another field manager, is reported
 //!   `Conflict` or taken over, by [`Conflicts`].
-//! - **Selection** by [`Members`]: every engaged member, or those a
-//!   function chooses (a placement decision). A member that leaves the
+//! - **Selection**: every engaged member, or those a function chooses (a
+//!   placement decision, [`Propagation::members_chosen_by`]), accepts
+//!   ([`Propagation::members_matching`]) or whose labels match
+//!   ([`Propagation::members_labelled`]). A member that leaves the
 //!   selection loses the objects after [`Propagation::removal_grace`]
 //!   (a move between two decision slices is no deletion); one that comes
 //!   back within it keeps them.
@@ -156,24 +158,18 @@ impl Desired {
 }
 
 /// Names the members a hub object's objects go to.
-pub type Choose<K> = Arc<dyn Fn(&K) -> Vec<ClusterName> + Send + Sync>;
+type Choose<K> = Arc<dyn Fn(&K) -> Vec<ClusterName> + Send + Sync>;
 
 /// Accepts a member for a hub object.
-pub type Accept<K> = Arc<dyn Fn(&K, &Cluster) -> bool + Send + Sync>;
+type Accept<K> = Arc<dyn Fn(&K, &Cluster) -> bool + Send + Sync>;
 
 /// Which members a hub object's objects go to.
-#[non_exhaustive]
-pub enum Members<K> {
+enum Members<K> {
     /// Every engaged member.
     All,
-    /// The members this function names for the hub object (a placement
-    /// decision: `Placements::clusters`). A named cluster that is not
-    /// engaged is reported `NotEngaged`. When what it reads changes
-    /// without a hub event (a decision slice), name it with
-    /// [`Propagation::reselect_on`].
+    /// The members this function names for the hub object.
     Chosen(Choose<K>),
-    /// The engaged members this function accepts for the hub object,
-    /// asked again when a member's labels change.
+    /// The engaged members this function accepts for the hub object.
     Matching(Accept<K>),
 }
 
@@ -188,14 +184,6 @@ impl<K> Clone for Members<K> {
 }
 
 impl<K> Members<K> {
-    /// The engaged members whose cluster labels `selector` matches; a
-    /// member whose labels change is decided again.
-    pub fn labelled(selector: Selector) -> Self {
-        Members::Matching(Arc::new(move |_, cluster| {
-            selector.matches(&cluster.labels())
-        }))
-    }
-
     fn includes(&self, hub: &K, name: &ClusterName, cluster: &Cluster) -> bool {
         match self {
             Members::All => true,
@@ -235,8 +223,7 @@ pub enum Conflicts {
 
 /// Where a hub object's status goes.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum StatusTarget {
+enum StatusTarget {
     /// Nowhere.
     #[default]
     None,
@@ -334,11 +321,39 @@ where
         self
     }
 
-    /// Which members (default: every engaged member).
+    /// Propagates only to the members `choose` names for the hub object
+    /// (default: every engaged member): a placement decision, such as
+    /// `Placements::clusters`. A named cluster that is not engaged is
+    /// reported `NotEngaged`. When what `choose` reads changes without a
+    /// hub event (a decision slice), name it with
+    /// [`Propagation::reselect_on`].
     #[must_use]
-    pub fn members(mut self, members: Members<K>) -> Self {
-        self.members = members;
+    pub fn members_chosen_by(
+        mut self,
+        choose: impl Fn(&K) -> Vec<ClusterName> + Send + Sync + 'static,
+    ) -> Self {
+        self.members = Members::Chosen(Arc::new(choose));
         self
+    }
+
+    /// Propagates only to the engaged members `accept` takes for the hub
+    /// object (default: every engaged member), asked again when a member's
+    /// labels change.
+    #[must_use]
+    pub fn members_matching(
+        mut self,
+        accept: impl Fn(&K, &Cluster) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.members = Members::Matching(Arc::new(accept));
+        self
+    }
+
+    /// Propagates only to the engaged members whose cluster labels
+    /// ([`Cluster::labels`]) `selector` matches (default: every engaged
+    /// member); a member whose labels change is decided again.
+    #[must_use]
+    pub fn members_labelled(self, selector: Selector) -> Self {
+        self.members_matching(move |_, cluster| selector.matches(&cluster.labels()))
     }
 
     /// What to do about drift (default: repair).
@@ -366,7 +381,10 @@ where
     }
 
     /// Writes the members' status to the hub type's status subresource
-    /// ([`StatusTarget::Subresource`]).
+    /// (a `CustomResource` with `status`): `status.members` (a list of
+    /// `cluster`, `state`, `reason`, `appliedGeneration`) and a condition of
+    /// type [`CONDITION_TYPE`] in `status.conditions`, by server-side apply
+    /// under `<name>-status`. The CRD's schema must allow those fields.
     #[must_use]
     pub fn status_subresource(mut self) -> Self {
         self.status = StatusTarget::Subresource;
@@ -374,7 +392,8 @@ where
     }
 
     /// Writes the members' status to the annotation `key` of the hub
-    /// object ([`StatusTarget::Annotation`]).
+    /// object, as JSON (`{"members": [...], "condition": {...}}`): for
+    /// types without a status of their own.
     #[must_use]
     pub fn status_annotation(mut self, key: impl Into<String>) -> Self {
         self.status = StatusTarget::Annotation(key.into());
@@ -408,7 +427,7 @@ where
     }
 
     /// Decides the members of some hub objects again whenever an object of
-    /// `resource` in the local cluster changes: what [`Members::Chosen`]
+    /// `resource` in the local cluster changes: what [`Propagation::members_chosen_by`]
     /// reads besides the hub object (a placement decision's slices).
     /// `concerns` names the hub objects a change concerns, as requests in
     /// any cluster (only their namespace and name count), so a mapper such
@@ -639,7 +658,7 @@ where
         if !ours {
             return None;
         }
-        map::owner_in(meta)
+        Request::owner_in(meta)
             .filter(|owner| owner.cluster.is_local())
             .map(|owner| (owner.namespace, owner.name))
     }

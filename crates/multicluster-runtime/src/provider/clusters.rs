@@ -18,7 +18,7 @@ use crate::name::ClusterName;
 
 /// Called with errors that have no caller to return to (an engagement that
 /// failed while the provider was adding clusters in the background).
-pub type ErrorHandler = Arc<dyn Fn(&ClusterName, &Error) + Send + Sync>;
+pub(crate) type ErrorHandler = Arc<dyn Fn(&ClusterName, &Error) + Send + Sync>;
 
 /// A provider's clusters, by name.
 #[derive(Clone)]

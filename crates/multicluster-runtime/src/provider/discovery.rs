@@ -3,19 +3,19 @@
 //!
 //! Providers whose inventory is objects in a management cluster (kubeconfig
 //! Secrets, Cluster API Clusters, ClusterProfiles) run a [`crate::controller::Controller`] over
-//! those objects with [`run`]; providers whose inventory is elsewhere (files,
+//! those objects with [`Discovered::run`]; providers whose inventory is elsewhere (files,
 //! a CLI) run a [`crate::controller::WorkQueue`] keyed by cluster name. Either
 //! way discovery gets the queue's guarantees: one reconcile per inventory
-//! object at a time, at most [`DEFAULT_MAX_CONCURRENT_BUILDS`] (or the
+//! object at a time, at most [`Discovered::DEFAULT_MAX_CONCURRENT_BUILDS`] (or the
 //! provider's setting) at once, per-object backoff for failures worth
 //! retrying (a credential plugin that failed or timed out), and requeues. A
 //! slow object — a plugin waiting for a login that never comes — holds only
 //! its own slot until its plugin's deadline; objects created after it are
 //! engaged meanwhile, deleted ones removed.
 //!
-//! A provider keeps what it found in a [`Fleet`]: its reconciler works out
+//! A provider keeps what it found in [`Discovered`]: its reconciler works out
 //! the [`KubeconfigCluster`] an object calls for and hands it to
-//! [`Fleet::engage`], or calls [`Fleet::remove`] when the object is gone.
+//! [`Discovered::engage`], or calls [`Discovered::remove`] when the object is gone.
 
 use std::future::Future;
 use std::time::Duration;
@@ -32,62 +32,32 @@ use crate::provider::clusters::Clusters;
 use crate::provider::failures::Failures;
 use crate::provider::kubeconfig::KubeconfigCluster;
 
-/// The providers' default backoff for clusters whose credentials could not
-/// be obtained (a credential plugin failed or timed out): 1 s, doubling per
-/// failure up to 5 minutes.
-pub const PROVIDER_BACKOFF: Backoff = Backoff {
-    base: Duration::from_secs(1),
-    max: Duration::from_secs(300),
-};
-
-/// How many clients a provider builds at once by default. Building runs
-/// the credential plugin, which can take a second or more.
-pub const DEFAULT_MAX_CONCURRENT_BUILDS: usize = 8;
-
-/// The name the management cluster has in a provider's controller, as its
-/// logs and spans show it.
-pub const MANAGEMENT: &str = "management";
-
-/// Builds the controller `builder` describes (its sources, concurrency and
-/// backoff set), with `metrics` if given, around `reconcile`, and runs it
-/// over the objects `management`'s cache holds until `shutdown` fires.
-/// Reconciles still running then (client builds) are dropped at once, which
-/// stops their credential plugins: nobody will use the clients.
-pub async fn run<F, Fut>(
-    builder: ControllerBuilder,
-    metrics: Option<&Metrics>,
-    management: Cluster,
-    shutdown: CancellationToken,
-    reconcile: F,
-) -> Result<(), Error>
-where
-    F: Fn(Request) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Action, Error>> + Send + 'static,
-{
-    let builder = match metrics {
-        Some(metrics) => builder.metrics(metrics.clone()),
-        None => builder,
-    };
-    let controller = builder.build(move |request, _management| reconcile(request))?;
-    controller.engage(
-        shutdown.child_token(),
-        ClusterName::from(MANAGEMENT),
-        management,
-    )?;
-    controller.run(shutdown, Duration::ZERO).await;
-    Ok(())
-}
-
 /// What a discovering provider keeps: the clusters it engaged, why others
 /// could not be, and how it builds clients.
 #[derive(Debug)]
-pub struct Fleet {
+pub struct Discovered {
     clusters: Clusters,
     failures: Failures,
 }
 
-impl Fleet {
-    /// An empty fleet of `provider` (its label in
+impl Discovered {
+    /// The providers' default backoff for clusters whose credentials could
+    /// not be obtained (a credential plugin failed or timed out): 1 s,
+    /// doubling per failure up to 5 minutes.
+    pub const DEFAULT_BACKOFF: Backoff = Backoff {
+        base: Duration::from_secs(1),
+        max: Duration::from_secs(300),
+    };
+
+    /// How many clients a provider builds at once by default. Building
+    /// runs the credential plugin, which can take a second or more.
+    pub const DEFAULT_MAX_CONCURRENT_BUILDS: usize = 8;
+
+    /// The name the management cluster has in a provider's controller, as
+    /// its logs and spans show it.
+    pub const MANAGEMENT: &'static str = "management";
+
+    /// Nothing discovered yet by `provider` (its label in
     /// `mcr_cluster_engagement_failures`), counting failures in `metrics`.
     pub fn new(provider: impl Into<std::sync::Arc<str>>, metrics: Option<Metrics>) -> Self {
         Self {
@@ -179,10 +149,41 @@ impl Fleet {
         }
     }
 
+    /// Builds the controller `builder` describes (its sources, concurrency
+    /// and backoff set), recording in the provider's registry, around
+    /// `reconcile`, and runs it over the objects `management`'s cache holds
+    /// until `shutdown` fires. Reconciles still running then (client
+    /// builds) are dropped at once, which stops their credential plugins:
+    /// nobody will use the clients.
+    pub async fn run<F, Fut>(
+        &self,
+        builder: ControllerBuilder,
+        management: Cluster,
+        shutdown: CancellationToken,
+        reconcile: F,
+    ) -> Result<(), Error>
+    where
+        F: Fn(Request) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Action, Error>> + Send + 'static,
+    {
+        let builder = match self.metrics() {
+            Some(metrics) => builder.metrics(metrics.clone()),
+            None => builder,
+        };
+        let controller = builder.build(move |request, _management| reconcile(request))?;
+        controller.engage(
+            shutdown.child_token(),
+            ClusterName::from(Self::MANAGEMENT),
+            management,
+        )?;
+        controller.run(shutdown, Duration::ZERO).await;
+        Ok(())
+    }
+
     /// Starts the cluster set with what the provider was started with:
     /// clusters are engaged with `context.aware` until `context.shutdown`
     /// ([`Clusters::start`]), and failures and duplicates are recorded in
-    /// `context.metrics` unless the fleet was given a registry of its own,
+    /// `context.metrics` unless it was given a registry of its own,
     /// so they show on the manager's `/clusters`.
     pub fn start(&self, context: &ProviderContext) -> Result<(), Error> {
         self.failures.use_metrics(&context.metrics);

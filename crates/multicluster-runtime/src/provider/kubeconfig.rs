@@ -58,6 +58,15 @@ impl std::fmt::Debug for KubeconfigCluster {
 }
 
 impl KubeconfigCluster {
+    /// The [`text`](KubeconfigCluster::text) for a kubeconfig built in
+    /// memory: JSON (which is also YAML) with object keys sorted, so equal
+    /// settings always give equal text and an unchanged cluster is not
+    /// built again (kube-rs keeps exec `env` entries in hash maps, whose
+    /// order changes from one map to the next).
+    pub fn text_of(kubeconfig: &kube::config::Kubeconfig) -> String {
+        crate::client::kubeconfig::canonical_text(kubeconfig)
+    }
+
     /// A digest of the text, stable ID, policy and member options: equal
     /// exactly when building again would give the same cluster.
     pub fn fingerprint(&self) -> String {

@@ -6,35 +6,44 @@
 
 use std::collections::BTreeMap;
 
-/// The label key.
-pub const LABEL: &str = "cluster.x-k8s.io/watch-filter";
+/// One instance's watch filter: the value it takes, or none.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WatchFilter<'a>(Option<&'a str>);
 
-/// The label selector `filter` asks for; `None` when it takes everything.
-pub fn selector(filter: Option<&str>) -> Option<String> {
-    filter
-        .filter(|value| !value.is_empty())
-        .map(|value| format!("{LABEL}={value}"))
-}
+impl<'a> WatchFilter<'a> {
+    /// The label key.
+    pub const LABEL: &'static str = "cluster.x-k8s.io/watch-filter";
 
-/// Whether an object with `labels` passes `filter`.
-pub fn passes(filter: Option<&str>, labels: Option<&BTreeMap<String, String>>) -> bool {
-    match filter.filter(|value| !value.is_empty()) {
-        None => true,
-        Some(value) => {
-            labels
-                .and_then(|labels| labels.get(LABEL))
-                .map(String::as_str)
-                == Some(value)
+    /// The filter for `value`; `None` and the empty value take everything.
+    pub fn new(value: Option<&'a str>) -> Self {
+        Self(value.filter(|value| !value.is_empty()))
+    }
+
+    /// The label selector it asks for; `None` when it takes everything.
+    pub fn selector(self) -> Option<String> {
+        self.0.map(|value| format!("{}={value}", Self::LABEL))
+    }
+
+    /// Whether an object with `labels` passes it.
+    pub fn passes(self, labels: Option<&BTreeMap<String, String>>) -> bool {
+        match self.0 {
+            None => true,
+            Some(value) => {
+                labels
+                    .and_then(|labels| labels.get(Self::LABEL))
+                    .map(String::as_str)
+                    == Some(value)
+            }
         }
     }
-}
 
-/// A watcher configuration that lists only objects passing `filter`.
-pub fn watcher_config(filter: Option<&str>) -> kube::runtime::watcher::Config {
-    let config = kube::runtime::watcher::Config::default();
-    match selector(filter) {
-        Some(selector) => config.labels(&selector),
-        None => config,
+    /// A watcher configuration that lists only objects passing it.
+    pub fn watcher_config(self) -> kube::runtime::watcher::Config {
+        let config = kube::runtime::watcher::Config::default();
+        match self.selector() {
+            Some(selector) => config.labels(&selector),
+            None => config,
+        }
     }
 }
 
@@ -44,28 +53,31 @@ mod tests {
 
     #[test]
     fn an_empty_filter_takes_everything() {
-        assert_eq!(selector(None), None);
-        assert_eq!(selector(Some("")), None);
-        assert_eq!(watcher_config(Some("")).label_selector, None);
-        let labelled = BTreeMap::from([(LABEL.to_string(), "a".to_string())]);
-        assert!(passes(Some(""), None));
-        assert!(passes(Some(""), Some(&labelled)));
-        assert!(passes(None, None));
+        for filter in [WatchFilter::new(None), WatchFilter::new(Some(""))] {
+            assert_eq!(filter.selector(), None);
+            assert_eq!(filter.watcher_config().label_selector, None);
+        }
+        let labelled = BTreeMap::from([(WatchFilter::LABEL.to_string(), "a".to_string())]);
+        assert!(WatchFilter::new(Some("")).passes(None));
+        assert!(WatchFilter::new(Some("")).passes(Some(&labelled)));
+        assert!(WatchFilter::new(None).passes(None));
     }
 
     #[test]
     fn a_value_takes_only_objects_labelled_with_it() {
+        let filter = WatchFilter::new(Some("a"));
         assert_eq!(
-            selector(Some("a")).as_deref(),
+            filter.selector().as_deref(),
             Some("cluster.x-k8s.io/watch-filter=a")
         );
         assert_eq!(
-            watcher_config(Some("a")).label_selector.as_deref(),
+            filter.watcher_config().label_selector.as_deref(),
             Some("cluster.x-k8s.io/watch-filter=a")
         );
-        let labelled = |value: &str| BTreeMap::from([(LABEL.to_string(), value.to_string())]);
-        assert!(passes(Some("a"), Some(&labelled("a"))));
-        assert!(!passes(Some("a"), Some(&labelled("b"))));
-        assert!(!passes(Some("a"), None));
+        let labelled =
+            |value: &str| BTreeMap::from([(WatchFilter::LABEL.to_string(), value.to_string())]);
+        assert!(filter.passes(Some(&labelled("a"))));
+        assert!(!filter.passes(Some(&labelled("b"))));
+        assert!(!filter.passes(None));
     }
 }

@@ -34,6 +34,54 @@ impl ExecPolicy {
     ) -> Result<Self, Error> {
         Allowlist::new(commands).map(Self::Allowlist)
     }
+
+    /// Whether setting `variable` for a plugin changes which code it runs: the
+    /// dynamic loader's variables, the command search path, shells' and
+    /// interpreters' startup files, options and module paths. Also refused in
+    /// a ClusterProfile's additional-envs extension.
+    pub fn variable_changes_code(variable: &str) -> bool {
+        const NAMES: &[&str] = &[
+            "PATH",
+            "IFS",
+            "ENV",
+            "BASH_ENV",
+            "SHELLOPTS",
+            "BASHOPTS",
+            "PS4",
+            "PROMPT_COMMAND",
+            "GCONV_PATH",
+            "HOSTALIASES",
+            "NODE_OPTIONS",
+            "NODE_PATH",
+            "PERL5OPT",
+            "PERL5LIB",
+            "PERLLIB",
+            "RUBYOPT",
+            "RUBYLIB",
+            "JAVA_TOOL_OPTIONS",
+            "_JAVA_OPTIONS",
+            "JDK_JAVA_OPTIONS",
+            "CLASSPATH",
+            "GIT_EXEC_PATH",
+            "GIT_SSH_COMMAND",
+            "GIT_ASKPASS",
+            "SSH_ASKPASS",
+            "EDITOR",
+            "VISUAL",
+            "PAGER",
+            "BROWSER",
+            "TMPDIR",
+            "HOME",
+            "XDG_CONFIG_HOME",
+            "KUBECONFIG",
+        ];
+        let upper = variable.to_ascii_uppercase();
+        upper.starts_with("LD_")
+            || upper.starts_with("DYLD_")
+            || upper.starts_with("PYTHON")
+            || upper.starts_with("BASH_FUNC_")
+            || NAMES.contains(&upper.as_str())
+    }
 }
 
 /// Commands exec credential plugins may run, by absolute path.
@@ -124,54 +172,6 @@ pub(super) fn environment_names(
         .filter_map(|variable| variable.get("name").map(String::as_str))
 }
 
-/// Whether setting `variable` for a plugin changes which code it runs: the
-/// dynamic loader's variables, the command search path, shells' and
-/// interpreters' startup files, options and module paths. Also refused in
-/// a ClusterProfile's additional-envs extension.
-pub fn variable_changes_code(variable: &str) -> bool {
-    const NAMES: &[&str] = &[
-        "PATH",
-        "IFS",
-        "ENV",
-        "BASH_ENV",
-        "SHELLOPTS",
-        "BASHOPTS",
-        "PS4",
-        "PROMPT_COMMAND",
-        "GCONV_PATH",
-        "HOSTALIASES",
-        "NODE_OPTIONS",
-        "NODE_PATH",
-        "PERL5OPT",
-        "PERL5LIB",
-        "PERLLIB",
-        "RUBYOPT",
-        "RUBYLIB",
-        "JAVA_TOOL_OPTIONS",
-        "_JAVA_OPTIONS",
-        "JDK_JAVA_OPTIONS",
-        "CLASSPATH",
-        "GIT_EXEC_PATH",
-        "GIT_SSH_COMMAND",
-        "GIT_ASKPASS",
-        "SSH_ASKPASS",
-        "EDITOR",
-        "VISUAL",
-        "PAGER",
-        "BROWSER",
-        "TMPDIR",
-        "HOME",
-        "XDG_CONFIG_HOME",
-        "KUBECONFIG",
-    ];
-    let upper = variable.to_ascii_uppercase();
-    upper.starts_with("LD_")
-        || upper.starts_with("DYLD_")
-        || upper.starts_with("PYTHON")
-        || upper.starts_with("BASH_FUNC_")
-        || NAMES.contains(&upper.as_str())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -203,7 +203,7 @@ mod tests {
             "NODE_OPTIONS",
             "BASH_ENV",
         ] {
-            assert!(variable_changes_code(name), "{name}");
+            assert!(ExecPolicy::variable_changes_code(name), "{name}");
         }
         for name in [
             "AWS_REGION",
@@ -212,7 +212,7 @@ mod tests {
             "CLUSTER_NAME",
             "AZURE_TENANT_ID",
         ] {
-            assert!(!variable_changes_code(name), "{name}");
+            assert!(!ExecPolicy::variable_changes_code(name), "{name}");
         }
     }
 }

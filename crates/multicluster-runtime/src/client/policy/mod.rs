@@ -36,7 +36,7 @@ mod refusal;
 
 use kube::config::{AuthInfo, Kubeconfig};
 
-pub use exec::{Allowlist, ExecPolicy, variable_changes_code};
+pub use exec::{Allowlist, ExecPolicy};
 use exec::{environment_names, resolve};
 pub(crate) use refusal::describe;
 pub use refusal::{Refusal, Refused};
@@ -180,7 +180,7 @@ impl KubeconfigPolicy {
                     Some(path) => exec.command = Some(path.to_string_lossy().into_owned()),
                 }
                 for variable in environment_names(exec.env.as_deref()) {
-                    if variable_changes_code(variable) {
+                    if ExecPolicy::variable_changes_code(variable) {
                         refused.push(Refusal::new(
                             at("exec.env"),
                             Refused::ExecEnvironment(variable.to_string()),

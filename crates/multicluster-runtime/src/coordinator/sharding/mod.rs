@@ -56,6 +56,13 @@ pub(crate) use hrw::owner as owner_of;
 pub fn owner<'a>(cluster: &str, peers: &'a [Peer]) -> Option<&'a Peer> {
     hrw::owner(cluster, peers)
 }
+/// The name of the fence Lease that `prefix` gives `cluster`
+/// ([`ShardingOptions`]' fence prefix): for tests and benches that read who
+/// holds a cluster (feature `testing`).
+#[cfg(feature = "testing")]
+pub fn fence_lease_name(prefix: &str, cluster: &str) -> String {
+    crate::coordinator::lease_name(prefix, cluster)
+}
 pub use options::{FenceHold, ShardingOptions};
 
 /// A [`Coordinator`] that shares the fleet among the replicas of a
