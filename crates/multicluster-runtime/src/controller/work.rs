@@ -31,10 +31,6 @@ use crate::metrics::Metrics;
 use crate::redact::Redacted;
 use crate::sync::lock;
 
-/// How long work that was cancelled at shutdown may take to let go (its
-/// futures are dropped, which stops what they started).
-const ABORT_WAIT: Duration = Duration::from_secs(1);
-
 /// A queue of keyed work and its runner. Cheap to clone; clones share the
 /// queue.
 #[derive(Clone)]
@@ -392,19 +388,10 @@ impl WorkQueue {
                 .instrument(span),
             );
         }
-        if tokio::time::timeout(grace, async {
-            while running.join_next().await.is_some() {}
-        })
-        .await
-        .is_err()
-        {
-            tracing::warn!(controller = %self.inner.name, left = running.len(), "work still running after the shutdown grace period; stopping it");
-            running.abort_all();
-            let _ = tokio::time::timeout(ABORT_WAIT, async {
-                while running.join_next().await.is_some() {}
-            })
-            .await;
-        }
+        // What is still running after the grace period is dropped, which
+        // stops what it started.
+        let what = format!("the work of {}", self.inner.name);
+        crate::sync::stop_within(&mut running, tokio::time::Instant::now() + grace, &what).await;
     }
 }
 

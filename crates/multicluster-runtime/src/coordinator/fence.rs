@@ -51,9 +51,11 @@ pub(crate) struct Standing {
     pub(crate) peer_lease: String,
     /// The epoch it announces.
     pub(crate) epoch: String,
-    /// Live while the peer Lease is surely live for the others in this
-    /// epoch; cancelled once that cannot be said, which ends the epoch.
-    pub(crate) token: CancellationToken,
+    /// While the peer Lease is surely live for the others in this epoch:
+    /// the token fences held with it stop on, cancelled once that cannot be
+    /// said (which ends the epoch). `None` before the first renewal and
+    /// after the epoch ended.
+    pub(crate) live: Option<CancellationToken>,
 }
 
 #[cfg(feature = "sharding")]
@@ -61,18 +63,16 @@ impl Standing {
     /// No standing yet (the peer Lease was never written) for `peer_lease`
     /// in `epoch`: no fence can be held with it until a renewal gives one.
     pub(crate) fn not_yet(peer_lease: String, epoch: String) -> Self {
-        let token = CancellationToken::new();
-        token.cancel();
         Self {
             peer_lease,
             epoch,
-            token,
+            live: None,
         }
     }
 
-    /// Whether fences can be held with it now.
-    pub(crate) fn is_live(&self) -> bool {
-        !self.token.is_cancelled()
+    /// The token fences held with it stop on, while it is live.
+    pub(crate) fn live(&self) -> Option<&CancellationToken> {
+        self.live.as_ref().filter(|token| !token.is_cancelled())
     }
 }
 
@@ -143,9 +143,9 @@ impl Fence {
         standing: &Standing,
         timing: Timing,
     ) -> Attempt {
-        if !standing.is_live() {
+        let Some(lost) = standing.live().cloned() else {
             return Attempt::Failed("this replica's peer Lease is not renewed".to_string());
-        }
+        };
         let held_with = format!("{}/{}", standing.peer_lease, standing.epoch);
         let call = lease::take(api, &name, me, timing.duration, Some(&held_with));
         match tokio::time::timeout(timing.call_timeout(), call).await {
@@ -154,7 +154,7 @@ impl Fence {
             Ok(Ok(Taken::HeldBy(holder))) => Attempt::Busy(holder),
             Ok(Ok(Taken::Yes)) => Attempt::Taken(Self {
                 name,
-                lost: standing.token.clone(),
+                lost,
                 stop: CancellationToken::new(),
                 with_peer: true,
             }),

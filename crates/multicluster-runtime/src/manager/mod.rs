@@ -32,8 +32,9 @@ pub use options::ManagerOptions;
 pub use state::{ClusterState, ClusterStatus};
 use tracking::Tracked;
 
-use crate::sync::lock;
+use crate::sync::{lock, stop_within};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -68,7 +69,7 @@ struct Inner {
     components: Mutex<Vec<Arc<dyn Aware>>>,
     controllers: Mutex<Controllers>,
     clusters: Mutex<Tracked>,
-    started: CancellationToken,
+    started: AtomicBool,
     /// Cancelled when the manager ends every cluster's lifetime because it
     /// stops: those clusters are released, not gone from the fleet.
     stopping: CancellationToken,
@@ -136,6 +137,7 @@ impl ManagerBuilder {
 
     /// The manager.
     pub fn build(self) -> Manager {
+        let metrics = self.metrics.unwrap_or_default();
         let manager = Manager {
             inner: Arc::new(Inner {
                 local: self.local,
@@ -143,11 +145,11 @@ impl ManagerBuilder {
                 runnable: self.runnable,
                 coordinator: self.coordinator,
                 options: self.options,
-                metrics: self.metrics.unwrap_or_default(),
+                metrics: metrics.clone(),
                 components: Mutex::new(Vec::new()),
                 controllers: Mutex::default(),
-                clusters: Mutex::default(),
-                started: CancellationToken::new(),
+                clusters: Mutex::new(Tracked::new(metrics)),
+                started: AtomicBool::new(false),
                 stopping: CancellationToken::new(),
             }),
         };
@@ -358,7 +360,7 @@ impl Manager {
     /// Whether [`Manager::run`] has engaged the local cluster and started
     /// the provider (the readiness endpoint reports this).
     pub fn is_started(&self) -> bool {
-        self.inner.started.is_cancelled()
+        self.inner.started.load(Ordering::Acquire)
     }
 
     /// Runs until `shutdown` fires: engages the local cluster, starts the
@@ -386,8 +388,8 @@ impl Manager {
         let components_stop = CancellationToken::new();
         let coordinator = self.coordinator();
         let coordinator_stop = components_stop.clone();
-        let mut coordinator_task =
-            tokio::spawn(async move { coordinator.run(coordinator_stop).await });
+        let mut coordinator_task = tokio::task::JoinSet::new();
+        coordinator_task.spawn(async move { coordinator.run(coordinator_stop).await });
         self.engage(
             components_stop.child_token(),
             ClusterName::local(),
@@ -408,23 +410,24 @@ impl Manager {
             let stop = stop.clone();
             tasks.spawn(async move { controller.run(stop, grace).await });
         }
-        let mut provider_task = self.inner.runnable.clone().map(|provider| {
+        let mut provider_task = tokio::task::JoinSet::new();
+        if let Some(provider) = self.inner.runnable.clone() {
             let context = ProviderContext::new(
                 components_stop.clone(),
                 Arc::new(self.clone()),
                 self.inner.metrics.clone(),
             );
-            tokio::spawn(async move { provider.start(context).await })
-        });
+            provider_task.spawn(async move { provider.start(context).await });
+        }
         tokio::spawn(self.clone().watch_health(components_stop.clone()));
-        self.inner.started.cancel();
+        self.inner.started.store(true, Ordering::Release);
 
         // A provider that ends on its own (it failed, or gave up) ends the
         // manager: carrying on without a fleet would hide the failure.
         let provider_ended = loop {
             let provider_ends = async {
-                match provider_task.as_mut() {
-                    Some(task) => task.await,
+                match provider_task.join_next().await {
+                    Some(result) => result,
                     None => std::future::pending().await,
                 }
             };
@@ -446,27 +449,23 @@ impl Manager {
         // period, the coordinator and the provider a little more.
         let deadline = tokio::time::Instant::now() + grace + STOP_ALLOWANCE;
         tracing::info!("shutting down: no new reconciles; waiting for running ones");
-        let controllers_done = async { while tasks.join_next().await.is_some() {} };
-        if tokio::time::timeout_at(deadline, controllers_done)
-            .await
-            .is_err()
-        {
-            tracing::warn!("controllers did not stop in time; dropping them");
-            tasks.abort_all();
-        }
+        stop_within(&mut tasks, deadline, "the controllers").await;
         self.inner.stopping.cancel();
         components_stop.cancel();
-        match stop_by(deadline, "the coordinator", &mut coordinator_task).await {
+        match stop_within(&mut coordinator_task, deadline, "the coordinator")
+            .await
+            .pop()
+        {
             Some(Ok(Ok(()))) | None => {}
             Some(Ok(Err(err))) => tracing::error!(error = %err, "the coordinator failed"),
             Some(Err(err)) => tracing::error!(error = %err, "the coordinator task failed"),
         }
-        let provider_result = match (provider_ended, provider_task) {
-            (Some(result), _) => result,
-            (None, Some(mut task)) => stop_by(deadline, "the provider", &mut task)
+        let provider_result = match provider_ended {
+            Some(result) => result,
+            None => stop_within(&mut provider_task, deadline, "the provider")
                 .await
+                .pop()
                 .unwrap_or(Ok(Ok(()))),
-            (None, None) => Ok(Ok(())),
         };
         match provider_result {
             Ok(result) => result,
@@ -525,23 +524,6 @@ impl std::fmt::Debug for Manager {
         f.debug_struct("Manager")
             .field("clusters", &self.cluster_states())
             .finish_non_exhaustive()
-    }
-}
-
-/// Waits for `task` until `deadline`; past it, says so and stops the task
-/// (`None`). Nothing the manager waits for at shutdown extends it.
-async fn stop_by<T>(
-    deadline: tokio::time::Instant,
-    what: &str,
-    task: &mut tokio::task::JoinHandle<T>,
-) -> Option<Result<T, tokio::task::JoinError>> {
-    match tokio::time::timeout_at(deadline, &mut *task).await {
-        Ok(result) => Some(result),
-        Err(_) => {
-            tracing::warn!("{what} did not stop in time; dropping it");
-            task.abort();
-            None
-        }
     }
 }
 

@@ -123,11 +123,10 @@ impl Progress {
         (state != self.state).then_some(state)
     }
 
-    /// The one place a state changes: the counts follow, and a new state
-    /// (not a new reason for the same one) starts its time.
-    pub(super) fn move_to(&mut self, state: ClusterState, counts: &mut [i64; 4]) {
-        counts[self.state.index()] -= 1;
-        counts[state.index()] += 1;
+    /// Takes `state` ([`States::move_to`](super::tracking::States::move_to)
+    /// is the only caller, and keeps the counts): a new state (not a new
+    /// reason for the same one) starts its time.
+    pub(super) fn enter(&mut self, state: ClusterState) {
         if state.label() != self.state.label() {
             self.entered = Moment::now();
         }

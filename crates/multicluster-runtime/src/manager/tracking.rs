@@ -12,7 +12,7 @@ use crate::cluster::Cluster;
 use crate::engagements::{Arrival, Engagements, when_ended};
 use crate::error::Error;
 use crate::health::repeats::{Repeats, Telling};
-use crate::metrics::ClusterAge;
+use crate::metrics::{ClusterAge, Metrics};
 use crate::multicluster::Aware;
 use crate::name::ClusterName;
 use crate::redact::Redacted;
@@ -28,12 +28,11 @@ const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
 const LIVENESS_INTERVAL: Duration = Duration::from_secs(30);
 const LIVENESS_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// The engaged clusters, and how many are in each state (kept as states
-/// change, so publishing the counts never walks the fleet).
-#[derive(Default)]
+/// The engaged clusters and their states: the one owner of both, so that
+/// every change of state goes through [`States::move_to`].
 pub(super) struct Tracked {
     pub(super) clusters: Engagements<Progress>,
-    pub(super) counts: [i64; 4],
+    pub(super) states: States,
     /// Set when a health walk found every engaged cluster well: the
     /// failure changes then. Until they move (or a cluster is engaged),
     /// walking again would find the same.
@@ -41,26 +40,102 @@ pub(super) struct Tracked {
 }
 
 impl Tracked {
-    pub(super) fn count(&mut self, state: &ClusterState, by: i64) {
-        self.counts[state.index()] += by;
+    pub(super) fn new(metrics: Metrics) -> Self {
+        Self {
+            clusters: Engagements::default(),
+            states: States {
+                counts: [0; 4],
+                metrics,
+            },
+            quiet_at: None,
+        }
     }
 
     /// Records that a check of `name`'s engagement of `generation` failed
-    /// while it is brought up, the next due at `next`: `None` when that
-    /// engagement is gone, else whether its state (by label) changed.
+    /// while it is brought up, the next due at `next`; false when that
+    /// engagement is gone.
     fn check_failed(
         &mut self,
         name: &ClusterName,
         generation: u64,
         reason: Redacted,
         next: tokio::time::Instant,
-    ) -> Option<bool> {
-        let held = self.clusters.current_mut(name, generation)?;
-        let changed = held.data.state.label() != "unreachable";
+    ) -> bool {
+        let Some(held) = self.clusters.current_mut(name, generation) else {
+            return false;
+        };
         held.data.check_failed(next);
-        held.data
-            .move_to(ClusterState::Unreachable(reason), &mut self.counts);
-        Some(changed)
+        self.states
+            .move_to(name, &mut held.data, ClusterState::Unreachable(reason));
+        true
+    }
+}
+
+/// How many engaged clusters are in each state (kept as states change, so
+/// publishing the counts never walks the fleet), and what a change tells.
+pub(super) struct States {
+    counts: [i64; 4],
+    metrics: Metrics,
+}
+
+impl States {
+    /// `name` was engaged (replacing an instance in `replaced`, if any):
+    /// it starts syncing.
+    fn engaged(&mut self, name: &ClusterName, replaced: Option<&ClusterState>) {
+        match replaced {
+            Some(old) => self.counts[old.index()] -= 1,
+            None => self.metrics.cluster_engaged(),
+        }
+        self.counts[ClusterState::Syncing.index()] += 1;
+        self.metrics
+            .cluster_state(name, ClusterState::Syncing.label());
+        self.publish();
+    }
+
+    /// `name`'s engagement ended in `state`.
+    fn ended(&mut self, name: &ClusterName, state: &ClusterState) {
+        self.counts[state.index()] -= 1;
+        self.metrics.cluster_gone(name);
+        self.publish();
+    }
+
+    /// The one place an engaged cluster's state changes: the counts and
+    /// their gauges, the cluster's own gauge, `mcr_cluster_state_changes`
+    /// when it enters another state (a new reason for the same state is no
+    /// change there, nor a new start of its time in it), and, once it was
+    /// handed to the components, the log line (before, bring-up tells its
+    /// failed checks itself, repeats folded).
+    fn move_to(&mut self, name: &ClusterName, progress: &mut Progress, to: ClusterState) {
+        let from = &progress.state;
+        if progress.handed() {
+            match &to {
+                ClusterState::Ready if *from == ClusterState::Syncing => {
+                    tracing::info!(cluster = %name, "cluster ready");
+                }
+                ClusterState::Ready if *from != ClusterState::Ready => {
+                    tracing::info!(cluster = %name, "cluster works again");
+                }
+                ClusterState::Degraded(reason) | ClusterState::Unreachable(reason)
+                    if *from != to =>
+                {
+                    tracing::warn!(cluster = %name, state = to.label(), %reason, "cluster is not healthy");
+                }
+                _ => {}
+            }
+        }
+        if from.label() != to.label() {
+            self.metrics.state_changed(to.label());
+        }
+        self.counts[from.index()] -= 1;
+        self.counts[to.index()] += 1;
+        self.metrics.cluster_state(name, to.label());
+        progress.enter(to);
+        self.publish();
+    }
+
+    /// Updates the per-state cluster gauges (and the fleet summary).
+    fn publish(&self) {
+        self.metrics.cluster_states(self.counts);
     }
 }
 
@@ -127,9 +202,7 @@ impl Manager {
         if let Some(held) = tracked.clusters.current_mut(&name, generation) {
             let now = tokio::time::Instant::now();
             if let Some(state) = held.data.due(&held.cluster, now, &options) {
-                self.tell_change(&name, &held.data.state, &state);
-                held.data.move_to(state, &mut tracked.counts);
-                self.publish_states(tracked);
+                tracked.states.move_to(&name, &mut held.data, state);
             }
         }
     }
@@ -151,13 +224,12 @@ impl Manager {
                 return false;
             };
             held.data.hand_over();
-            self.tell_change(name, &held.data.state, &ClusterState::Syncing);
-            held.data
-                .move_to(ClusterState::Syncing, &mut tracked.counts);
+            tracked
+                .states
+                .move_to(name, &mut held.data, ClusterState::Syncing);
             // A failure recorded before the cluster was handed over moved
             // nothing since the last walk.
             tracked.quiet_at = None;
-            self.publish_states(tracked);
         }
         let components = lock(&self.inner.components).clone();
         if let Err(err) =
@@ -167,25 +239,6 @@ impl Manager {
             tracing::error!(cluster = %name, error = %err, "engaging components failed");
         }
         true
-    }
-
-    /// Logs and counts `name`'s move from `from` to `to` (a move the
-    /// health walk or the end of bring-up makes).
-    fn tell_change(&self, name: &ClusterName, from: &ClusterState, to: &ClusterState) {
-        match to {
-            ClusterState::Ready if *from == ClusterState::Syncing => {
-                tracing::info!(cluster = %name, "cluster ready");
-            }
-            ClusterState::Ready => tracing::info!(cluster = %name, "cluster works again"),
-            ClusterState::Degraded(reason) | ClusterState::Unreachable(reason) => {
-                tracing::warn!(cluster = %name, state = to.label(), %reason, "cluster is not healthy");
-            }
-            ClusterState::Syncing | ClusterState::Unusable(_) | ClusterState::Duplicate(_) => {}
-        }
-        if from.label() != to.label() {
-            self.inner.metrics.state_changed(to.label());
-        }
-        self.inner.metrics.cluster_state(name, to.label());
     }
 
     fn tracked(&self, name: &ClusterName, generation: u64) -> Option<(Cluster, CancellationToken)> {
@@ -202,16 +255,7 @@ impl Manager {
         reason: Redacted,
         next: tokio::time::Instant,
     ) -> bool {
-        let mut tracked = lock(&self.inner.clusters);
-        let Some(changed) = tracked.check_failed(name, generation, reason, next) else {
-            return false;
-        };
-        if changed {
-            self.inner.metrics.state_changed("unreachable");
-        }
-        self.inner.metrics.cluster_state(name, "unreachable");
-        self.publish_states(&tracked);
-        true
+        lock(&self.inner.clusters).check_failed(name, generation, reason, next)
     }
 
     /// Each engaged cluster's state, time in it and failed attempts, for
@@ -228,11 +272,6 @@ impl Manager {
                 failed_attempts: held.data.status(&held.cluster, now).failed_attempts,
             })
             .collect()
-    }
-
-    /// Updates the per-state cluster gauge.
-    pub(super) fn publish_states(&self, tracked: &Tracked) {
-        self.inner.metrics.cluster_states(tracked.counts);
     }
 
     /// Brings each engaged cluster's state in line with its health every
@@ -312,10 +351,9 @@ impl Manager {
         if tracked.quiet_at == Some(changes) {
             return;
         }
-        let mut changed = false;
         let mut quiet = true;
         let Tracked {
-            clusters, counts, ..
+            clusters, states, ..
         } = tracked;
         for (name, held) in clusters.iter_mut().filter(|(_, held)| held.data.handed()) {
             let progress = &mut held.data;
@@ -344,13 +382,8 @@ impl Manager {
                 progress.next_probe = None;
             }
             if let Some(state) = due {
-                self.tell_change(name, &progress.state, &state);
-                progress.move_to(state, counts);
-                changed = true;
+                states.move_to(name, progress, state);
             }
-        }
-        if changed {
-            self.publish_states(tracked);
         }
         tracked.quiet_at = quiet.then_some(changes);
     }
@@ -376,13 +409,9 @@ impl Aware for Manager {
                     .clusters
                     .insert(name.clone(), cluster, &lifetime, progress);
             let engagement = (held.lifetime.clone(), held.generation);
-            match replaced {
-                Some(old) => tracked.count(&old.data.state, -1),
-                None => self.inner.metrics.cluster_engaged(),
-            }
-            tracked.count(&ClusterState::Syncing, 1);
-            self.inner.metrics.cluster_state(&name, "syncing");
-            self.publish_states(&tracked);
+            tracked
+                .states
+                .engaged(&name, replaced.as_ref().map(|old| &old.data.state));
             engagement
         };
         tokio::spawn(self.clone().bring_up(name.clone(), generation));
@@ -390,9 +419,7 @@ impl Aware for Manager {
         when_ended(&ended, move || {
             let mut tracked = lock(&this.inner.clusters);
             if let Some(gone) = tracked.clusters.end(&name, generation) {
-                tracked.count(&gone.data.state, -1);
-                this.inner.metrics.cluster_gone(&name);
-                this.publish_states(&tracked);
+                tracked.states.ended(&name, &gone.data.state);
                 if this.inner.stopping.is_cancelled() {
                     tracing::debug!(cluster = %name, "cluster released: the manager stops");
                 } else {

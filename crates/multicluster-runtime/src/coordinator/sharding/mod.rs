@@ -276,7 +276,7 @@ impl ShardedCoordinator {
             }
             FenceHold::WithPeer => {
                 let standing = self.inner.standing.borrow().clone();
-                if !standing.is_live() {
+                if standing.live().is_none() {
                     // Until the peer Lease is renewed again; the registry
                     // wakes the loop then.
                     self.retry_later(name, generation);

@@ -126,7 +126,9 @@ impl Registry {
     /// announces a new epoch, which frees them for the others at once.
     fn fall(&self) {
         self.standing.send_modify(|standing| {
-            standing.token.cancel();
+            if let Some(token) = standing.live.take() {
+                token.cancel();
+            }
             standing.epoch = new_epoch();
         });
         self.wake.notify_one();
@@ -135,10 +137,10 @@ impl Registry {
     /// After a good renewal: a new standing if the last one had ended.
     fn stand(&self) {
         let renewed = self.standing.send_if_modified(|standing| {
-            if standing.is_live() {
+            if standing.live().is_some() {
                 return false;
             }
-            standing.token = CancellationToken::new();
+            standing.live = Some(CancellationToken::new());
             true
         });
         if renewed {
