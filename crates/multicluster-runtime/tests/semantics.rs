@@ -520,7 +520,7 @@ async fn triggers_reconcile_one_cluster_every_cluster_or_one_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn manager_defaults_apply_unless_a_controller_sets_its_own() {
     use multicluster_runtime::ManagerOptions;
-    use multicluster_runtime::controller::ControllerDefaults;
+    use multicluster_runtime::controller::ControllerSettings;
 
     let cp = ControlPlane::start().await.expect("control plane");
     for name in ["burst", "marker"] {
@@ -542,7 +542,7 @@ async fn manager_defaults_apply_unless_a_controller_sets_its_own() {
         .clusters
         .add("a", cluster_for("a", &cp).await)
         .expect("add");
-    let defaults = ControllerDefaults::default().debounce(Duration::from_secs(1));
+    let defaults = ControllerSettings::default().debounce(Duration::from_secs(1));
     let manager = Manager::builder(cluster_for("local", &cp).await)
         .provider(Arc::new(provider))
         .options(ManagerOptions::default().controller_defaults(defaults))

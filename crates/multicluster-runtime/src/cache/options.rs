@@ -121,7 +121,7 @@ impl CacheOptions {
 ///
 /// Fields may be added: start from `WatchBackoff::default()` and use the
 /// setters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub struct WatchBackoff {
     /// The first delay after a failure to reach the server.

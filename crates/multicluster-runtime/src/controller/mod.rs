@@ -76,7 +76,7 @@ use futures::future::BoxFuture;
 use tokio_util::sync::CancellationToken;
 
 pub use queue::Backoff;
-pub use settings::ControllerDefaults;
+pub use settings::ControllerSettings;
 pub use source::{ClusterScope, Filter, MapContext, filters};
 pub use work::{Terminal, WorkQueue, WorkQueueBuilder};
 
@@ -213,7 +213,7 @@ impl Controller {
     /// Takes `defaults` for the settings its builder left unset; false
     /// when its settings were fixed already (it ran, or was added to
     /// another manager).
-    pub(crate) fn take_defaults(&self, defaults: &ControllerDefaults) -> bool {
+    pub(crate) fn take_defaults(&self, defaults: &ControllerSettings) -> bool {
         self.inner.work.queue().settings().take_defaults(defaults)
     }
 

@@ -21,7 +21,7 @@ use tokio::sync::Notify;
 use tokio::time::Instant;
 
 use super::Request;
-use super::settings::Settled;
+use super::settings::FixedOnce;
 use crate::name::ClusterName;
 
 /// Per-request exponential backoff after errors.
@@ -55,7 +55,7 @@ pub(crate) enum Outcome {
     /// No backoff: run again after the delay if one is given, else only
     /// when queued again. A success, a terminal error, or an error whose
     /// policy chose what follows.
-    Settled(Option<Duration>),
+    Finished(Option<Duration>),
     /// An error: back off, longer after each one in a row.
     BackOff,
 }
@@ -90,7 +90,7 @@ pub(crate) struct Queue {
     changed: Notify,
     /// Backoff, requests of one cluster at once
     /// (`max_concurrent_reconciles`), debounce; the runner's settings too.
-    settings: Settled,
+    settings: FixedOnce,
     /// Whether only requests of engaged clusters are taken (a controller's
     /// queue) or any (a [`super::WorkQueue`] of its own).
     gated: bool,
@@ -98,7 +98,7 @@ pub(crate) struct Queue {
 
 impl Queue {
     /// A queue that takes requests of engaged clusters only.
-    pub(crate) fn new(settings: Settled) -> Self {
+    pub(crate) fn new(settings: FixedOnce) -> Self {
         Self {
             state: Mutex::new(State::default()),
             changed: Notify::new(),
@@ -108,14 +108,14 @@ impl Queue {
     }
 
     /// A queue that takes requests of any cluster.
-    pub(crate) fn open(settings: Settled) -> Self {
+    pub(crate) fn open(settings: FixedOnce) -> Self {
         Self {
             gated: false,
             ..Self::new(settings)
         }
     }
 
-    pub(crate) fn settings(&self) -> &Settled {
+    pub(crate) fn settings(&self) -> &FixedOnce {
         &self.settings
     }
 
@@ -307,7 +307,7 @@ impl Queue {
         }
         let engaged = self.takes(&state, &request.cluster);
         let delay = match outcome {
-            Outcome::Settled(after) => {
+            Outcome::Finished(after) => {
                 state.failures.remove(request);
                 after
             }
@@ -345,7 +345,7 @@ impl Queue {
 
 #[cfg(test)]
 mod tests {
-    use super::super::settings::ControllerDefaults;
+    use super::super::settings::ControllerSettings;
     use super::*;
 
     fn req(cluster: &str, name: &str) -> Request {
@@ -355,12 +355,12 @@ mod tests {
     fn queue(clusters: &[&str]) -> Queue {
         queue_with(
             clusters,
-            ControllerDefaults::default().max_concurrent_reconciles(usize::MAX),
+            ControllerSettings::default().max_concurrent_reconciles(usize::MAX),
         )
     }
 
-    fn queue_with(clusters: &[&str], settings: ControllerDefaults) -> Queue {
-        let queue = Queue::new(Settled::fixed(settings));
+    fn queue_with(clusters: &[&str], settings: ControllerSettings) -> Queue {
+        let queue = Queue::new(FixedOnce::fixed(settings));
         for cluster in clusters {
             queue.engage((*cluster).into());
         }
@@ -395,9 +395,9 @@ mod tests {
         q.add(req("a", "x"));
         q.add(req("a", "x"));
         assert!(q.next().is_err(), "never twice at once");
-        q.done(&running, Outcome::Settled(None));
+        q.done(&running, Outcome::Finished(None));
         assert_eq!(q.next().ok(), Some(req("a", "x")));
-        q.done(&running, Outcome::Settled(None));
+        q.done(&running, Outcome::Finished(None));
         assert!(q.next().is_err(), "only once more");
     }
 
@@ -418,7 +418,7 @@ mod tests {
     fn a_cluster_whose_slots_are_taken_waits_out_of_turn_and_comes_back() {
         let q = queue_with(
             &["a", "b"],
-            ControllerDefaults::default().max_concurrent_reconciles(1),
+            ControllerSettings::default().max_concurrent_reconciles(1),
         );
         q.add(req("a", "1"));
         q.add(req("a", "2"));
@@ -430,12 +430,12 @@ mod tests {
         assert_eq!(q.next().ok(), Some(req("b", "1")));
         assert!(q.next().is_err());
         // a's slot frees: a is back in turn with its waiting request.
-        q.done(&first, Outcome::Settled(None));
+        q.done(&first, Outcome::Finished(None));
         assert_eq!(q.next().ok(), Some(req("a", "2")));
         // Disengaging a parked cluster forgets it.
         q.add(req("a", "3"));
         q.disengage(&"a".into());
-        q.done(&req("a", "2"), Outcome::Settled(None));
+        q.done(&req("a", "2"), Outcome::Finished(None));
         assert!(q.next().is_err());
     }
 
@@ -443,7 +443,7 @@ mod tests {
     fn a_cluster_runs_at_most_its_own_slots_and_others_have_theirs() {
         let q = queue_with(
             &["busy", "quiet", "other"],
-            ControllerDefaults::default().max_concurrent_reconciles(2),
+            ControllerSettings::default().max_concurrent_reconciles(2),
         );
         for i in 0..5 {
             q.add(req("busy", &format!("obj-{i}")));
@@ -460,11 +460,11 @@ mod tests {
             others,
             [req("other", "c"), req("quiet", "a"), req("quiet", "b")]
         );
-        q.done(&first, Outcome::Settled(None));
+        q.done(&first, Outcome::Finished(None));
         assert_eq!(q.next().ok(), Some(req("busy", "obj-2")));
 
         // Alone, a cluster has its own slots and no more.
-        let alone = queue_with(&["only"], ControllerDefaults::default());
+        let alone = queue_with(&["only"], ControllerSettings::default());
         alone.add(req("only", "x"));
         alone.add(req("only", "y"));
         assert!(alone.next().is_ok() && alone.next().is_err());
@@ -494,7 +494,7 @@ mod tests {
         q.done(&r, Outcome::BackOff);
         q.done(&r, Outcome::BackOff);
         assert_eq!(q.lock().failures.get(&r), Some(&2));
-        q.done(&r, Outcome::Settled(None));
+        q.done(&r, Outcome::Finished(None));
         assert_eq!(q.lock().failures.get(&r), None);
     }
 
@@ -503,7 +503,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_debounced_request_waits_until_it_is_left_alone() {
         let debounce = Duration::from_secs(1);
-        let q = queue_with(&["a"], ControllerDefaults::default().debounce(debounce));
+        let q = queue_with(&["a"], ControllerSettings::default().debounce(debounce));
         let start = Instant::now();
         q.add(req("a", "x"));
         assert_eq!(q.next().err(), Some(Some(start + debounce)), "not at once");
@@ -518,7 +518,7 @@ mod tests {
 
         // Added while it runs: runs again right after, without waiting.
         q.add(req("a", "x"));
-        q.done(&req("a", "x"), Outcome::Settled(None));
+        q.done(&req("a", "x"), Outcome::Finished(None));
         assert_eq!(q.next().ok(), Some(req("a", "x")));
     }
 }

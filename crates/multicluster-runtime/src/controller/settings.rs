@@ -1,18 +1,19 @@
 //! A controller's queue and runner settings, and where each comes from:
-//! its builder, else the manager's [`ControllerDefaults`] (fixed when the
-//! controller is added), else the crate's defaults.
+//! its builder, else the manager's defaults (a [`ControllerSettings`],
+//! fixed when the controller is added), else the crate's defaults.
 
 use std::sync::OnceLock;
 use std::time::Duration;
 
 use super::{Backoff, DEFAULT_RECONCILE_TIMEOUT};
 
-/// Settings every controller of a manager takes unless its builder sets
-/// its own (`ManagerOptions::controller_defaults`), as controller-runtime's
+/// A controller's queue and runner settings: as a manager's defaults
+/// (`ManagerOptions::controller_defaults`), those every controller added
+/// to it takes unless its builder sets its own, as controller-runtime's
 /// manager-wide controller options. `Default` is the crate's defaults.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
-pub struct ControllerDefaults {
+pub struct ControllerSettings {
     /// Reconciles of one cluster at once (default 1; at least 1).
     pub max_concurrent_reconciles: usize,
     /// Reconciles at once across the fleet (default none).
@@ -26,7 +27,7 @@ pub struct ControllerDefaults {
     pub debounce: Duration,
 }
 
-impl Default for ControllerDefaults {
+impl Default for ControllerSettings {
     fn default() -> Self {
         Self {
             max_concurrent_reconciles: 1,
@@ -38,7 +39,7 @@ impl Default for ControllerDefaults {
     }
 }
 
-crate::option_setters!(ControllerDefaults {
+crate::option_setters!(ControllerSettings {
     max_concurrent_reconciles: usize,
     max_concurrent_reconciles_total: Option<usize>,
     reconcile_timeout: Option<Duration>,
@@ -57,8 +58,8 @@ pub(crate) struct Chosen {
 }
 
 impl Chosen {
-    fn over(&self, defaults: &ControllerDefaults) -> ControllerDefaults {
-        ControllerDefaults {
+    fn over(&self, defaults: &ControllerSettings) -> ControllerSettings {
+        ControllerSettings {
             max_concurrent_reconciles: self
                 .max_concurrent_reconciles
                 .unwrap_or(defaults.max_concurrent_reconciles)
@@ -77,14 +78,14 @@ impl Chosen {
 /// Settings fixed once: from a manager's defaults when the controller is
 /// added to it, else from the crate's on first use.
 #[derive(Debug)]
-pub(crate) struct Settled {
+pub(crate) struct FixedOnce {
     chosen: Chosen,
-    fixed: OnceLock<ControllerDefaults>,
+    fixed: OnceLock<ControllerSettings>,
 }
 
-impl Settled {
+impl FixedOnce {
     /// Settings that defaults do not change (a work queue of one's own).
-    pub(crate) fn fixed(settings: ControllerDefaults) -> Self {
+    pub(crate) fn fixed(settings: ControllerSettings) -> Self {
         Self {
             chosen: Chosen::default(),
             fixed: OnceLock::from(settings),
@@ -99,14 +100,14 @@ impl Settled {
         }
     }
 
-    pub(crate) fn get(&self) -> &ControllerDefaults {
+    pub(crate) fn get(&self) -> &ControllerSettings {
         self.fixed
-            .get_or_init(|| self.chosen.over(&ControllerDefaults::default()))
+            .get_or_init(|| self.chosen.over(&ControllerSettings::default()))
     }
 
     /// Takes `defaults` for what the builder left unset; false when the
     /// settings were fixed already (used before, or defaults given twice).
-    pub(crate) fn take_defaults(&self, defaults: &ControllerDefaults) -> bool {
+    pub(crate) fn take_defaults(&self, defaults: &ControllerSettings) -> bool {
         self.fixed.set(self.chosen.over(defaults)).is_ok()
     }
 }

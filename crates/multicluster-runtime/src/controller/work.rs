@@ -24,7 +24,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
 use super::queue::{Outcome, Queue};
-use super::settings::{Chosen, ControllerDefaults, Settled};
+use super::settings::{Chosen, ControllerSettings, FixedOnce};
 use super::{Action, Backoff, ReconcileError, Request};
 use crate::health::repeats::{Repeats, Telling};
 use crate::metrics::Metrics;
@@ -157,20 +157,20 @@ impl WorkQueueBuilder {
 
     /// A queue that takes keys of any `cluster`.
     pub fn build(self) -> WorkQueue {
-        let settings = ControllerDefaults::default()
+        let settings = ControllerSettings::default()
             .max_concurrent_reconciles(usize::MAX)
             .max_concurrent_reconciles_total(Some(self.max_concurrent))
             .reconcile_timeout(self.timeout)
             .backoff(self.backoff);
-        let queue = Queue::open(Settled::fixed(settings));
+        let queue = Queue::open(FixedOnce::fixed(settings));
         self.build_with(queue)
     }
 
     /// A queue that takes keys only of the clusters engaged on it, with the
-    /// settings `chosen` and defaults for the rest (see [`Settled`]); the
+    /// settings `chosen` and defaults for the rest (see [`FixedOnce`]); the
     /// builder's own backoff and timeout are not used.
     pub(crate) fn build_gated(self, chosen: Chosen) -> WorkQueue {
-        let queue = Queue::new(Settled::chosen(chosen));
+        let queue = Queue::new(FixedOnce::chosen(chosen));
         self.build_with(queue)
     }
 
@@ -307,7 +307,7 @@ impl WorkQueue {
             self.metrics().queue_depth(self.name(), queue.depth());
             while running.try_join_next().is_some() {}
             let Some(work) = start(&key) else {
-                queue.done(&key, Outcome::Settled(None));
+                queue.done(&key, Outcome::Finished(None));
                 continue;
             };
             let span = tracing::info_span!(
@@ -333,7 +333,7 @@ impl WorkQueue {
                         Some(Ok(Ok(action))) => {
                             tracing::debug!(?elapsed, ?action, "reconciled");
                             this.settled(&key);
-                            ("success", Outcome::Settled(action.requeue_after()))
+                            ("success", Outcome::Finished(action.requeue_after()))
                         }
                         Some(Ok(Err(err))) if is_terminal(err.as_ref()) => {
                             // With every cause: a wrapper (the finalizer
@@ -341,7 +341,7 @@ impl WorkQueue {
                             let error = Redacted::error(err.as_ref());
                             tracing::error!(%error, "reconcile failed; not retried until queued again");
                             this.settled(&key);
-                            ("terminal", Outcome::Settled(None))
+                            ("terminal", Outcome::Finished(None))
                         }
                         Some(Ok(Err(err))) => {
                             let error = Redacted::error(err.as_ref());
@@ -355,7 +355,7 @@ impl WorkQueue {
                                 }
                             }
                             match policy.and_then(|policy| (policy.0)(&key, &err)) {
-                                Some(action) => ("error", Outcome::Settled(action.requeue_after())),
+                                Some(action) => ("error", Outcome::Finished(action.requeue_after())),
                                 None => ("error", Outcome::BackOff),
                             }
                         }
@@ -408,7 +408,7 @@ async fn next_key(queue: &Queue, shutdown: &CancellationToken) -> Option<Request
             Ok(key) => {
                 if shutdown.is_cancelled() {
                     // Left for the queue to drop with the controller.
-                    queue.done(&key, Outcome::Settled(None));
+                    queue.done(&key, Outcome::Finished(None));
                     return None;
                 }
                 return Some(key);

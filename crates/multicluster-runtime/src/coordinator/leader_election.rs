@@ -191,7 +191,7 @@ struct Led {
 
 /// Engages the components under the leadership's `work`; a failure is
 /// logged and the others carry on (there is no hand-back to retry).
-fn engage_all(
+fn engage_or_log(
     components: &[Arc<dyn Aware>],
     work: &CancellationToken,
     name: &ClusterName,
@@ -350,7 +350,7 @@ impl LeaderElection {
             .send_replace(Some(self.inner.identity.clone()));
         tracing::info!(lease = %self.inner.options.lease_name, identity = %self.inner.identity, clusters = start.len(), "leading: working on every cluster");
         for (name, cluster, components, work) in start {
-            engage_all(&components, &work, &name, &cluster);
+            engage_or_log(&components, &work, &name, &cluster);
         }
         leading
     }
@@ -416,7 +416,7 @@ impl Coordinator for LeaderElection {
             component.warm(&name, &cluster);
         }
         if let Some(work) = work.filter(|work| !work.is_cancelled()) {
-            engage_all(&new, &work, &name, &cluster);
+            engage_or_log(&new, &work, &name, &cluster);
         }
         Ok(())
     }

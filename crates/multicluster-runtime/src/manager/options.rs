@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::controller::ControllerDefaults;
+use crate::controller::ControllerSettings;
 
 /// Manager settings: [`Default`], then the setters.
 #[derive(Clone, Debug)]
@@ -42,7 +42,7 @@ pub struct ManagerOptions {
     /// Settings every controller added to the manager takes unless its
     /// builder sets its own: concurrency, reconcile timeout, backoff,
     /// debounce (default: the crate's defaults).
-    pub controller_defaults: ControllerDefaults,
+    pub controller_defaults: ControllerSettings,
 }
 
 crate::option_setters!(ManagerOptions {
@@ -53,7 +53,7 @@ crate::option_setters!(ManagerOptions {
     shutdown_grace: Duration,
     health_address: Option<SocketAddr>,
     raise_open_files_limit: bool,
-    controller_defaults: ControllerDefaults,
+    controller_defaults: ControllerSettings,
 });
 
 impl Default for ManagerOptions {
@@ -66,7 +66,7 @@ impl Default for ManagerOptions {
             shutdown_grace: Duration::from_secs(30),
             health_address: None,
             raise_open_files_limit: true,
-            controller_defaults: ControllerDefaults::default(),
+            controller_defaults: ControllerSettings::default(),
         }
     }
 }

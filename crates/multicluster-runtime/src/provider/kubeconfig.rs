@@ -10,14 +10,6 @@ use crate::error::Error;
 use crate::name::ClusterName;
 use crate::provider::member::MemberOptions;
 
-/// A short, stable digest of kubeconfig text, for telling whether a
-/// cluster's connection config changed (not a security measure).
-pub(crate) fn fingerprint(text: &str) -> String {
-    let mut hasher = std::collections::hash_map::DefaultHasher::new();
-    text.hash(&mut hasher);
-    format!("{:016x}", hasher.finish())
-}
-
 /// A cluster to build from kubeconfig text: what a provider found, before
 /// the (possibly slow) client is built. Building runs exec credential
 /// plugins; providers can build several at once and hand the results to
@@ -69,14 +61,12 @@ impl KubeconfigCluster {
 
     /// A digest of the text, stable ID, policy and member options: equal
     /// exactly when building again would give the same cluster.
+    /// Hashed within this process (not a security measure, and not
+    /// meant to be kept: it may differ between builds).
     pub fn fingerprint(&self) -> String {
-        fingerprint(&format!(
-            "{}\n{:?}\n{}\n{}",
-            self.stable_id.as_deref().unwrap_or_default(),
-            self.policy,
-            self.member.digest(),
-            self.text
-        ))
+        let mut hasher = std::collections::hash_map::DefaultHasher::new();
+        (&self.stable_id, &self.policy, &self.member, &self.text).hash(&mut hasher);
+        format!("{:016x}", hasher.finish())
     }
 
     /// Parses the text and builds the cluster's client and cache with its
@@ -101,5 +91,73 @@ impl KubeconfigCluster {
             Some(id) => cluster.with_stable_id(id),
             None => cluster,
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use k8s_openapi::api::core::v1::ConfigMap;
+    use kube::runtime::watcher;
+
+    use super::*;
+    use crate::cache::CacheOptions;
+    use crate::client::{ClientOptions, ExecPolicy};
+
+    fn wanted() -> KubeconfigCluster {
+        KubeconfigCluster {
+            name: ClusterName::from("a"),
+            text: "apiVersion: v1\nkind: Config\n".to_string(),
+            source: "test".to_string(),
+            policy: KubeconfigPolicy::untrusted(),
+            stable_id: None,
+            member: MemberOptions::default(),
+            inventory: Inventory::default(),
+        }
+    }
+
+    /// The fingerprint decides whether a cluster is built again: every
+    /// setting of what it is built from moves it, labels do not.
+    #[test]
+    fn the_fingerprint_follows_every_setting_and_only_those() {
+        let base = wanted().fingerprint();
+        assert_eq!(base, wanted().fingerprint());
+        let mut relabelled = wanted();
+        relabelled
+            .inventory
+            .labels
+            .insert("tier".into(), "gold".into());
+        relabelled.source = "elsewhere".to_string();
+        assert_eq!(base, relabelled.fingerprint());
+
+        type Change = fn(&mut KubeconfigCluster);
+        let changes: [(&str, Change); 8] = [
+            ("text", |c| c.text.push('\n')),
+            ("stable id", |c| c.stable_id = Some("id".into())),
+            ("policy", |c| c.policy.exec = ExecPolicy::AllowAll),
+            ("request budget", |c| {
+                c.member.client = ClientOptions::default()
+                    .request_budget(Some(crate::client::budget::RequestBudget::new(5.5, 10)));
+            }),
+            ("cache namespace", |c| {
+                c.member.cache = CacheOptions::default().namespace("ns".to_string());
+            }),
+            ("watcher page size", |c| {
+                c.member.cache =
+                    CacheOptions::default().watcher(watcher::Config::default().page_size(10));
+            }),
+            ("list semantic", |c| {
+                c.member.cache =
+                    CacheOptions::default().watcher(watcher::Config::default().any_semantic());
+            }),
+            ("a type's watcher", |c| {
+                c.member.cache = CacheOptions::default()
+                    .watcher_for::<ConfigMap>(watcher::Config::default().labels("a=b"));
+            }),
+        ];
+        for (what, change) in changes {
+            let mut changed = wanted();
+            change(&mut changed);
+            assert_ne!(base, changed.fingerprint(), "{what} changed nothing");
+        }
     }
 }

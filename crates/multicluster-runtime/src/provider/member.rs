@@ -12,7 +12,10 @@
 //! request budget.
 
 use std::fmt;
+use std::hash::{Hash, Hasher};
 use std::sync::Arc;
+
+use kube::runtime::watcher;
 
 use crate::cache::CacheOptions;
 use crate::client::ClientOptions;
@@ -34,13 +37,83 @@ crate::option_setters!(MemberOptions {
     cache: CacheOptions,
 });
 
-impl MemberOptions {
-    /// A digest of the options, so that a member whose options change is
-    /// built again (only the options' own values count, never a
-    /// credential: options hold none).
-    pub(crate) fn digest(&self) -> String {
-        format!("{self:?}")
+/// Every setting counts, each field by name (a field added to the options
+/// or to kube-runtime's `watcher::Config` fails to compile here until it is
+/// hashed too), so a member whose options change is built again.
+impl Hash for MemberOptions {
+    fn hash<H: Hasher>(&self, state: &mut H) {
+        let ClientOptions {
+            plugin_timeout,
+            connect_timeout,
+            request_timeout,
+            http2,
+            plugin_stderr,
+            request_budget,
+        } = &self.client;
+        (
+            plugin_timeout,
+            connect_timeout,
+            request_timeout,
+            http2,
+            plugin_stderr,
+        )
+            .hash(state);
+        request_budget
+            .map(|budget| (budget.qps.to_bits(), budget.burst))
+            .hash(state);
+        let CacheOptions {
+            namespace,
+            strip_managed_fields,
+            streaming_lists,
+            watcher,
+            per_resource,
+            backoff,
+            sync_wait,
+        } = &self.cache;
+        (
+            namespace,
+            strip_managed_fields,
+            streaming_lists,
+            backoff,
+            sync_wait,
+        )
+            .hash(state);
+        hash_watcher(watcher, state);
+        for (resource, watcher) in per_resource {
+            resource.hash(state);
+            hash_watcher(watcher, state);
+        }
     }
+}
+
+fn hash_watcher<H: Hasher>(config: &watcher::Config, state: &mut H) {
+    let watcher::Config {
+        label_selector,
+        field_selector,
+        timeout,
+        list_semantic,
+        initial_list_strategy,
+        page_size,
+        bookmarks,
+    } = config;
+    let any = match list_semantic {
+        watcher::ListSemantic::MostRecent => false,
+        watcher::ListSemantic::Any => true,
+    };
+    let streaming = match initial_list_strategy {
+        watcher::InitialListStrategy::ListWatch => false,
+        watcher::InitialListStrategy::StreamingList => true,
+    };
+    (
+        label_selector,
+        field_selector,
+        timeout,
+        any,
+        streaming,
+        page_size,
+        bookmarks,
+    )
+        .hash(state);
 }
 
 impl From<ClientOptions> for MemberOptions {

@@ -327,7 +327,7 @@ impl ShardedCoordinator {
         match start {
             Ok((work, cluster, components)) => {
                 tracing::info!(cluster = %name, peer = %self.inner.me.id, lease = %fence_name, "working on the cluster");
-                engage_all(&components, &work, name, &cluster);
+                engage_or_hand_back(&components, &work, name, &cluster);
             }
             Err(fence) => {
                 self.release(fence).await;
@@ -409,7 +409,7 @@ impl ShardedCoordinator {
 /// Engages the components under the fence's `work`; a failure stops the
 /// work, so the cluster is handed back and tried again rather than left
 /// half-engaged.
-fn engage_all(
+fn engage_or_hand_back(
     components: &[Arc<dyn Aware>],
     work: &CancellationToken,
     name: &ClusterName,
@@ -474,7 +474,7 @@ impl Coordinator for ShardedCoordinator {
             }
         };
         if let Some((work, cluster, components)) = start {
-            engage_all(&components, &work, &name, &cluster);
+            engage_or_hand_back(&components, &work, &name, &cluster);
         }
         self.inner.wake.notify_one();
         Ok(())
