@@ -107,6 +107,10 @@ pub enum Error {
         command: String,
         /// What went wrong.
         reason: String,
+        /// The error it came from, if any (starting or waiting for the
+        /// command).
+        #[source]
+        source: Option<crate::process::ProcessError>,
     },
     /// A watch a component depends on could not start or ended.
     #[error("watching {what}: {source}")]
@@ -125,6 +129,10 @@ pub enum Error {
         what: String,
         /// What went wrong (redacted).
         reason: String,
+        /// The error it came from, if any (reading a file, a call to the
+        /// member's API server, parsing a certificate).
+        #[source]
+        source: Option<Box<dyn std::error::Error + Send + Sync>>,
     },
     /// A listening socket could not be bound.
     #[error("binding {address}: {source}")]

@@ -133,11 +133,13 @@ impl Shared {
                     Error::Command {
                         command: shown.clone(),
                         reason: "could not run: the kind CLI was not found; install kind or set its path in KindOptions::kind_command".to_string(),
+                        source: Some(ProcessError::Start(io)),
                     }
                 }
                 other => Error::Command {
                     command: shown.clone(),
                     reason: other.to_string(),
+                    source: Some(other),
                 },
             })?;
         if !output.status.success() {
@@ -145,11 +147,13 @@ impl Shared {
             return Err(Error::Command {
                 command: shown,
                 reason: format!("failed ({}): {}", output.status, stderr.trim()),
+                source: None,
             });
         }
         String::from_utf8(output.stdout).map_err(|_| Error::Command {
             command: shown,
             reason: "printed something that is not UTF-8".to_string(),
+            source: None,
         })
     }
 

@@ -192,6 +192,12 @@ async fn a_missing_kind_cli_is_a_clear_error() {
         .await
         .expect_err("start fails");
     assert!(err.to_string().contains("kind CLI was not found"), "{err}");
+    // The cause travels with it, for callers that look at it.
+    let io = std::error::Error::source(&err)
+        .and_then(std::error::Error::source)
+        .and_then(|cause| cause.downcast_ref::<std::io::Error>())
+        .expect("the spawn error is the source's source");
+    assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
 }
 
 #[tokio::test]

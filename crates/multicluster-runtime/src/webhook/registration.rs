@@ -314,10 +314,12 @@ impl Registration {
             Ok(Err((what, err))) => Err(Error::Webhook {
                 what: format!("{what} in {name}"),
                 reason: crate::redact::kube_error(&err),
+                source: Some(Box::new(err)),
             }),
             Err(_) => Err(Error::Webhook {
                 what: format!("configurations {} in {name}", options.configuration_name),
                 reason: format!("not written within {WRITE_DEADLINE:?}"),
+                source: None,
             }),
         }
     }
@@ -350,10 +352,12 @@ impl Registration {
             Ok(Err(err)) => Err(Error::Webhook {
                 what: what(),
                 reason: format!("not deleted: {}", crate::redact::kube_error(&err)),
+                source: Some(Box::new(err)),
             }),
             Err(_) => Err(Error::Webhook {
                 what: what(),
                 reason: format!("not deleted within {WRITE_DEADLINE:?}"),
+                source: None,
             }),
         }
     }
@@ -412,7 +416,7 @@ async fn follow_ca(
         }
         let read = tokio::fs::read(&file).await;
         match read
-            .map_err(|err| ca_unreadable(&file, &err))
+            .map_err(|err| ca_unreadable(&file, err))
             .and_then(|bundle| check_ca(&file, bundle))
         {
             Ok(bundle) => {
@@ -460,15 +464,16 @@ fn watch_directory_of(
     }
 }
 
-fn ca_unreadable(file: &std::path::Path, err: &std::io::Error) -> Error {
+fn ca_unreadable(file: &std::path::Path, err: std::io::Error) -> Error {
     Error::Webhook {
         what: format!("CA bundle {}", file.display()),
         reason: format!("cannot be read: {err}"),
+        source: Some(Box::new(err)),
     }
 }
 
 fn read_ca(file: &std::path::Path) -> Result<Vec<u8>, Error> {
-    let bundle = std::fs::read(file).map_err(|err| ca_unreadable(file, &err))?;
+    let bundle = std::fs::read(file).map_err(|err| ca_unreadable(file, err))?;
     check_ca(file, bundle)
 }
 
@@ -479,6 +484,7 @@ fn check_ca(file: &std::path::Path, bundle: Vec<u8>) -> Result<Vec<u8>, Error> {
         return Err(Error::Webhook {
             what: what(),
             reason: "holds no PEM certificate".to_string(),
+            source: None,
         });
     }
     Ok(bundle)
@@ -537,6 +543,16 @@ fn namespace_selector(only: Option<String>, exempt: &[String]) -> Option<LabelSe
 mod tests {
     use super::*;
     use crate::webhook::WebhookServerOptions;
+
+    #[test]
+    fn an_unreadable_ca_file_is_named_and_its_cause_kept() {
+        let err = read_ca(std::path::Path::new("/nonexistent/ca.crt")).expect_err("no file");
+        assert!(err.to_string().contains("/nonexistent/ca.crt"), "{err}");
+        let io = std::error::Error::source(&err)
+            .and_then(|cause| cause.downcast_ref::<std::io::Error>())
+            .expect("the read error is the source");
+        assert_eq!(io.kind(), std::io::ErrorKind::NotFound);
+    }
 
     /// The manager holds its components; a registration holding the
     /// manager back kept both alive once the caller let go of them.

@@ -111,20 +111,42 @@ impl ResolvesServerCert for CertificateFiles {
 }
 
 fn read_pair(cert: &Path, key: &Path, provider: &CryptoProvider) -> Result<CertifiedKey, Error> {
-    let invalid = |path: &Path, reason: String| Error::Webhook {
-        what: format!("serving certificate file {}", path.display()),
-        reason,
-    };
+    let invalid =
+        |path: &Path, reason: String, source: Option<Box<dyn std::error::Error + Send + Sync>>| {
+            Error::Webhook {
+                what: format!("serving certificate file {}", path.display()),
+                reason,
+                source,
+            }
+        };
     let chain = CertificateDer::pem_file_iter(cert)
-        .map_err(|err| invalid(cert, format!("cannot read certificates: {err}")))?
+        .map_err(|err| {
+            invalid(
+                cert,
+                format!("cannot read certificates: {err}"),
+                Some(Box::new(err)),
+            )
+        })?
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|err| invalid(cert, format!("not PEM certificates: {err}")))?;
+        .map_err(|err| {
+            invalid(
+                cert,
+                format!("not PEM certificates: {err}"),
+                Some(Box::new(err)),
+            )
+        })?;
     if chain.is_empty() {
-        return Err(invalid(cert, "holds no certificate".to_string()));
+        return Err(invalid(cert, "holds no certificate".to_string(), None));
     }
-    // The key's text is never quoted: only what kind of problem it has.
+    // The key's text is never quoted, nor its parser's error passed on:
+    // only what kind of problem it has.
     let private = PrivateKeyDer::from_pem_file(key)
-        .map_err(|_| invalid(key, "holds no readable PEM private key".to_string()))?;
-    CertifiedKey::from_der(chain, private, provider)
-        .map_err(|err| invalid(key, format!("does not go with {}: {err}", cert.display())))
+        .map_err(|_| invalid(key, "holds no readable PEM private key".to_string(), None))?;
+    CertifiedKey::from_der(chain, private, provider).map_err(|err| {
+        invalid(
+            key,
+            format!("does not go with {}: {err}", cert.display()),
+            Some(Box::new(err)),
+        )
+    })
 }
