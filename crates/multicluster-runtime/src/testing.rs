@@ -194,15 +194,76 @@ pub fn offline_cluster(name: &str) -> crate::cluster::Cluster {
     crate::cluster::Cluster::new(name, client)
 }
 
+/// Waits until `check` holds, looking again at every change of
+/// `manager`'s fleet ([`Manager::watch_fleet`](crate::manager::Manager::watch_fleet):
+/// any cluster's state or reason, unusable inventory, duplicates), not on
+/// a clock; panics naming `what` after [`DEFAULT_DEADLINE`].
+pub async fn wait_for_fleet(
+    manager: &crate::manager::Manager,
+    what: &str,
+    check: impl FnMut() -> bool,
+) {
+    wait_for_fleet_within(manager, DEFAULT_DEADLINE, what, check).await;
+}
+
+/// Like [`wait_for_fleet`] with a deadline of `within`, for behaviour that
+/// promises a bound.
+pub async fn wait_for_fleet_within(
+    manager: &crate::manager::Manager,
+    within: Duration,
+    what: &str,
+    mut check: impl FnMut() -> bool,
+) {
+    let mut changes = manager.watch_fleet();
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        changes.borrow_and_update();
+        if check() {
+            return;
+        }
+        let changed = tokio::time::timeout_at(deadline, changes.changed()).await;
+        assert!(
+            matches!(changed, Ok(Ok(()))),
+            "timed out after {within:?} waiting for {what}"
+        );
+    }
+}
+
+/// Waits at most `within` for `cluster`'s state to be one `wanted` accepts
+/// (`None`: not in the fleet), looking again at every change of the fleet,
+/// and returns it; panics naming every state it went through meanwhile.
+pub async fn wait_for_state(
+    manager: &crate::manager::Manager,
+    cluster: &str,
+    within: Duration,
+    wanted: impl Fn(Option<&crate::manager::ClusterState>) -> bool,
+) -> Option<crate::manager::ClusterState> {
+    let name = ClusterName::from(cluster);
+    let mut changes = manager.watch_fleet();
+    let deadline = tokio::time::Instant::now() + within;
+    let mut seen = Vec::new();
+    loop {
+        changes.borrow_and_update();
+        let state = manager.cluster_state(&name);
+        if wanted(state.as_ref()) {
+            return state;
+        }
+        if seen.last() != Some(&state) {
+            seen.push(state);
+        }
+        let changed = tokio::time::timeout_at(deadline, changes.changed()).await;
+        assert!(
+            matches!(changed, Ok(Ok(()))),
+            "{cluster} did not reach the state waited for within {within:?}; its states: {seen:?}"
+        );
+    }
+}
+
 /// Waits until `manager` reports `cluster` unreachable (engaged, but its
 /// caches cannot sync).
 pub async fn wait_until_unreachable(manager: &crate::manager::Manager, cluster: &str) {
-    let name = ClusterName::from(cluster);
-    eventually(&format!("{cluster} to be reported unreachable"), || async {
-        matches!(
-            manager.cluster_state(&name),
-            Some(crate::manager::ClusterState::Unreachable(_))
-        )
+    wait_for_state(manager, cluster, DEFAULT_DEADLINE, |state| {
+        matches!(state, Some(crate::manager::ClusterState::Unreachable(_)))
     })
     .await;
 }
@@ -243,7 +304,7 @@ pub async fn wait_until_unusable(
             })
             .collect::<std::collections::BTreeMap<_, _>>()
     };
-    eventually("every cluster named to be shown unusable", || async {
+    wait_for_fleet(manager, "every cluster named to be shown unusable", || {
         reasons().len() == names.len()
     })
     .await;
@@ -264,20 +325,15 @@ pub async fn wait_until_unusable(
 /// is no sign that it is: its controllers' watches deliver as they list,
 /// and the cluster turns ready once all of them have.
 pub async fn wait_until_ready(manager: &crate::manager::Manager, cluster: &str) {
-    let name = ClusterName::from(cluster);
-    eventually(&format!("{cluster} to be ready"), || async {
-        manager.cluster_state(&name) == Some(crate::manager::ClusterState::Ready)
+    wait_for_state(manager, cluster, DEFAULT_DEADLINE, |state| {
+        state == Some(&crate::manager::ClusterState::Ready)
     })
     .await;
 }
 
 /// Waits until `manager` no longer has `cluster` (it left the fleet).
 pub async fn wait_until_left(manager: &crate::manager::Manager, cluster: &str) {
-    let name = ClusterName::from(cluster);
-    eventually(&format!("{cluster} to leave the fleet"), || async {
-        manager.cluster_state(&name).is_none()
-    })
-    .await;
+    wait_for_state(manager, cluster, DEFAULT_DEADLINE, |state| state.is_none()).await;
 }
 
 /// Runs `manager` in the background until the returned token is cancelled.

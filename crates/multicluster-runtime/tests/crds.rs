@@ -14,7 +14,7 @@ use multicluster_envtest::ControlPlane;
 use multicluster_runtime::Manager;
 use multicluster_runtime::controller::{Action, Controller, Watch};
 use multicluster_runtime::manager::ClusterState;
-use multicluster_runtime::testing::eventually_within;
+use multicluster_runtime::testing::wait_for_fleet_within;
 
 /// A CRD of this test's own (not an upstream type).
 const WIDGETS: &str = r#"
@@ -91,7 +91,7 @@ async fn a_member_without_the_watched_crd_is_degraded_until_it_has_it() {
     let (stop, task) = run_manager(&manager);
 
     recorder.wait_for_more(&req("with", "here"), 0).await;
-    eventually_within(Duration::from_secs(15), "the member without the CRD to be degraded", || async {
+    wait_for_fleet_within(&manager, Duration::from_secs(15), "the member without the CRD to be degraded", || {
         matches!(
             state_of(&manager, "without"),
             Some(ClusterState::Degraded(reason)) if reason.contains("widgets") && reason.contains("404")
@@ -107,10 +107,11 @@ async fn a_member_without_the_watched_crd_is_degraded_until_it_has_it() {
     // 30 s and its random part) works, with nothing engaged again.
     without.install_crds(WIDGETS).await.expect("CRD");
     create_widget(&without, "late").await;
-    eventually_within(
+    wait_for_fleet_within(
+        &manager,
         Duration::from_secs(90),
         "the member to be ready",
-        || async { state_of(&manager, "without") == Some(ClusterState::Ready) },
+        || state_of(&manager, "without") == Some(ClusterState::Ready),
     )
     .await;
     recorder.wait_for_more(&req("without", "late"), 0).await;
@@ -130,10 +131,11 @@ async fn a_member_without_the_watched_crd_is_degraded_until_it_has_it() {
         .delete("widgets.example.com", &DeleteParams::default())
         .await
         .expect("remove the CRD");
-    eventually_within(
+    wait_for_fleet_within(
+        &manager,
         Duration::from_secs(60),
         "the member to be degraded again",
-        || async {
+        || {
             matches!(
                 state_of(&manager, "without"),
                 Some(ClusterState::Degraded(reason)) if reason.contains("widgets")

@@ -13,6 +13,7 @@ use multicluster_envtest::ControlPlane;
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::MemberOptions;
+use multicluster_runtime::testing::{wait_for_fleet, wait_for_state};
 use multicluster_runtime::{ClusterName, Manager, ManagerOptions};
 use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
 
@@ -62,7 +63,7 @@ async fn descriptors_are_raised_and_running_out_is_reported_as_such() {
         .expect("add");
     let (stop, task) = run_manager(&manager);
     let name = ClusterName::from("member");
-    eventually("the member to be ready", || async {
+    wait_for_fleet(&manager, "the member to be ready", || {
         manager.cluster_state(&name) == Some(ClusterState::Ready)
     })
     .await;
@@ -89,28 +90,19 @@ async fn descriptors_are_raised_and_running_out_is_reported_as_such() {
         hoard.push(file);
         assert!(hoard.len() < 1_000, "the tight limit holds");
     }
-    let reported = tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            if let Some(ClusterState::Unreachable(reason)) = manager.cluster_state(&name)
-                && reason.starts_with("this process has run out of file descriptors")
-            {
-                return reason;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+    let reported = wait_for_state(&manager, "member", Duration::from_secs(60), |state| {
+        matches!(state, Some(ClusterState::Unreachable(reason))
+            if reason.starts_with("this process has run out of file descriptors"))
     })
     .await;
     drop(hoard);
-    let reason = reported.unwrap_or_else(|_| {
-        panic!(
-            "the member was not reported out of file descriptors: {:?}",
-            manager.cluster_state(&name)
-        )
-    });
+    let Some(ClusterState::Unreachable(reason)) = reported else {
+        panic!("waited for unreachable, got {reported:?}");
+    };
     assert!(reason.contains("open-files limit"), "{reason}");
 
     member.start_api_server().await.expect("back");
-    eventually("the member to be ready again", || async {
+    wait_for_fleet(&manager, "the member to be ready again", || {
         manager.cluster_state(&name) == Some(ClusterState::Ready)
     })
     .await;

@@ -17,6 +17,7 @@ use multicluster_envtest::ControlPlane;
 use multicluster_runtime::cache::FieldIndex;
 use multicluster_runtime::controller::{Action, Controller, Watch};
 use multicluster_runtime::manager::ClusterState;
+use multicluster_runtime::testing::wait_for_fleet;
 use multicluster_runtime::{Cluster, ClusterName, Manager, Provider};
 
 #[derive(Debug, thiserror::Error)]
@@ -234,7 +235,7 @@ async fn a_controller_reconciles_across_a_changing_fleet() {
             .clusters
             .add_or_replace("c", rotated.clone(), "service-account")
     );
-    eventually("c ready again", || async {
+    wait_for_fleet(&manager, "c ready again", || {
         manager
             .cluster_states()
             .iter()

@@ -20,6 +20,7 @@ use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::MemberOptions;
 use multicluster_runtime::testing::{eventually_within, recording_controller};
+use multicluster_runtime::testing::{wait_for_fleet, wait_for_fleet_within};
 use multicluster_runtime::{Cluster, Manager, ManagerOptions};
 
 /// Reading ConfigMaps, as a cache does.
@@ -161,10 +162,11 @@ async fn a_member_that_may_not_read_a_watched_type_is_degraded_and_asked_rarely(
 
     // unhealthy_after (3 s) and a backoff step (up to 2 s), checked every
     // second, after the member was found ready and its watch started.
-    eventually_within(
+    wait_for_fleet_within(
+        &manager,
         Duration::from_secs(15),
         "the member to be degraded",
-        || async {
+        || {
             matches!(
                 state_of(&manager, "member"),
                 Some(ClusterState::Degraded(_))
@@ -235,10 +237,11 @@ async fn a_member_that_may_not_read_a_watched_type_is_degraded_and_asked_rarely(
         .expect("grant");
     // The next attempt comes within the delay in progress (at most 30 s,
     // 60 s with its random part).
-    eventually_within(
+    wait_for_fleet_within(
+        &manager,
         Duration::from_secs(90),
         "the member to be ready",
-        || async { state_of(&manager, "member") == Some(ClusterState::Ready) },
+        || state_of(&manager, "member") == Some(ClusterState::Ready),
     )
     .await;
     recorder.wait_for_more(&req("member", "waiting"), 0).await;
@@ -340,10 +343,11 @@ async fn a_member_whose_writes_are_refused_is_degraded_until_the_grant_is_back()
         .expect("revoke");
     create_config_map(&member, "after", &[]).await;
     // 3 s of refusals, a health check a second.
-    eventually_within(
+    wait_for_fleet_within(
+        &manager,
         Duration::from_secs(10),
         "the member to be degraded",
-        || async {
+        || {
             matches!(
                 state_of(&manager, "member"),
                 Some(ClusterState::Degraded(_))
@@ -378,7 +382,7 @@ async fn a_member_whose_writes_are_refused_is_degraded_until_the_grant_is_back()
         .expect("grant again");
     copied.wait_for_more(&req("member", "after"), 0).await;
     copied.wait_for_more(&req("member", "during"), 0).await;
-    eventually("the member to be ready again", || async {
+    wait_for_fleet(&manager, "the member to be ready again", || {
         state_of(&manager, "member") == Some(ClusterState::Ready)
     })
     .await;

@@ -20,6 +20,7 @@ use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::MemberOptions;
 use multicluster_runtime::testing::eventually_within;
+use multicluster_runtime::testing::{wait_for_fleet, wait_for_state};
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
 
 /// The copy a reconcile writes of a source ConfigMap.
@@ -120,35 +121,6 @@ fn state_of(manager: &Manager, name: &str) -> Option<ClusterState> {
     manager.cluster_state(&ClusterName::from(name))
 }
 
-/// Waits at most `within` for `name`'s state to be one `wanted` accepts
-/// and returns it; fails naming every state it went through meanwhile.
-async fn state_within(
-    manager: &Manager,
-    name: &str,
-    within: Duration,
-    wanted: impl Fn(&ClusterState) -> bool,
-) -> ClusterState {
-    // Every change of any cluster's state moves the fleet summary.
-    let mut changes = manager.watch_fleet();
-    let deadline = tokio::time::Instant::now() + within;
-    let mut seen = Vec::new();
-    loop {
-        changes.borrow_and_update();
-        let state = state_of(manager, name);
-        if let Some(state) = state.as_ref().filter(|state| wanted(state)) {
-            return state.clone();
-        }
-        if seen.last() != Some(&state) {
-            seen.push(state);
-        }
-        let changed = tokio::time::timeout_at(deadline, changes.changed()).await;
-        assert!(
-            matches!(changed, Ok(Ok(()))),
-            "{name} did not reach the state waited for within {within:?}; its states: {seen:?}"
-        );
-    }
-}
-
 async fn copy_exists(cp: &ControlPlane, name: &str) -> bool {
     let client = cp.client().await.expect("client");
     Api::<ConfigMap>::namespaced(client, "default")
@@ -197,7 +169,7 @@ async fn a_hung_member_does_not_stall_the_others_and_is_reported() {
     let address = listener.local_addr().expect("address");
     let (stop, task) = run_manager(&manager);
     manager.serve_health(listener, stop.clone());
-    eventually("every member to be ready", || async {
+    wait_for_fleet(&manager, "every member to be ready", || {
         ["m1", "m2", "m3"]
             .iter()
             .all(|name| state_of(&manager, name) == Some(ClusterState::Ready))
@@ -230,8 +202,8 @@ async fn a_hung_member_does_not_stall_the_others_and_is_reported() {
     }
     // A request on an open connection gets no answer; a new connection
     // gets no TLS handshake (the connect timeout).
-    state_within(&manager, "m1", Duration::from_secs(30), |state| {
-        matches!(state, ClusterState::Unreachable(reason)
+    wait_for_state(&manager, "m1", Duration::from_secs(30), |state| {
+        matches!(state, Some(ClusterState::Unreachable(reason))
             if reason.contains("no answer within 10s") || reason.contains("deadline has elapsed"))
     })
     .await;
@@ -260,7 +232,7 @@ async fn a_hung_member_does_not_stall_the_others_and_is_reported() {
         })
         .await;
     }
-    eventually("m1 to be ready again", || async {
+    wait_for_fleet(&manager, "m1 to be ready again", || {
         state_of(&manager, "m1") == Some(ClusterState::Ready)
     })
     .await;
@@ -330,7 +302,7 @@ async fn a_member_that_loses_rbac_is_degraded_until_it_is_back() {
         .delete("reader", &DeleteParams::default())
         .await
         .expect("revoke");
-    eventually("the member to be degraded with a 403", || async {
+    wait_for_fleet(&manager, "the member to be degraded with a 403", || {
         matches!(
             state_of(&manager, "member"),
             Some(ClusterState::Degraded(reason)) if reason.contains("403")
@@ -362,7 +334,7 @@ async fn a_member_that_loses_rbac_is_degraded_until_it_is_back() {
         .grant_in_namespace("default", "reader", rules)
         .await
         .expect("grant again");
-    eventually("the member to be ready again", || async {
+    wait_for_fleet(&manager, "the member to be ready again", || {
         state_of(&manager, "member") == Some(ClusterState::Ready)
     })
     .await;
@@ -476,7 +448,7 @@ async fn with_default_options_three_paused_members_of_five_hold_up_no_healthy_on
         .add_controller(copying_controller(&recorder, &gate))
         .expect("add");
     let (stop, task) = run_manager(&manager);
-    eventually("every member to be ready", || async {
+    wait_for_fleet(&manager, "every member to be ready", || {
         names
             .iter()
             .all(|name| state_of(&manager, name) == Some(ClusterState::Ready))
@@ -563,7 +535,7 @@ async fn an_idle_member_that_stops_answering_is_found_by_its_keep_alive_pings() 
         .add_controller(copying_controller(&recorder, &Gate::new()))
         .expect("add");
     let (stop, task) = run_manager(&manager);
-    eventually("both members to be ready", || async {
+    wait_for_fleet(&manager, "both members to be ready", || {
         ["idle", "other"]
             .iter()
             .all(|name| state_of(&manager, name) == Some(ClusterState::Ready))
@@ -571,11 +543,11 @@ async fn an_idle_member_that_stops_answering_is_found_by_its_keep_alive_pings() 
     .await;
 
     idle.pause_api_server().expect("SIGSTOP");
-    let state = state_within(&manager, "idle", IDLE_HANG_REPORTED_WITHIN, |state| {
-        matches!(state, ClusterState::Unreachable(_))
+    let state = wait_for_state(&manager, "idle", IDLE_HANG_REPORTED_WITHIN, |state| {
+        matches!(state, Some(ClusterState::Unreachable(_)))
     })
     .await;
-    let ClusterState::Unreachable(reason) = state else {
+    let Some(ClusterState::Unreachable(reason)) = state else {
         panic!("waited for unreachable, got {state:?}");
     };
     // The ping went unanswered, so hyper closed the connection under the
@@ -587,7 +559,7 @@ async fn an_idle_member_that_stops_answering_is_found_by_its_keep_alive_pings() 
     assert_eq!(state_of(&manager, "other"), Some(ClusterState::Ready));
 
     idle.resume_api_server().expect("SIGCONT");
-    eventually("the member to be ready again", || async {
+    wait_for_fleet(&manager, "the member to be ready again", || {
         state_of(&manager, "idle") == Some(ClusterState::Ready)
     })
     .await;

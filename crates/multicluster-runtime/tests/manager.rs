@@ -10,6 +10,7 @@ use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::controller::{Action, ClusterScope, Controller, Watch};
+use multicluster_runtime::testing::wait_for_fleet;
 use multicluster_runtime::{ClusterName, Error, Manager, ManagerOptions};
 use tokio::sync::Notify;
 
@@ -264,7 +265,7 @@ async fn a_controller_added_while_the_manager_runs_reconciles() {
         .provider(Arc::new(provider))
         .build();
     let (stop, task) = run_manager(&manager);
-    eventually("the member to be ready", || async {
+    wait_for_fleet(&manager, "the member to be ready", || {
         manager.cluster_state(&ClusterName::from("member"))
             == Some(multicluster_runtime::manager::ClusterState::Ready)
     })
@@ -366,7 +367,7 @@ async fn leaving_the_fleet_and_stopping_are_told_apart() {
     let _ = departures.manager.set(manager.clone());
     manager.add(departures.clone()).expect("add");
     let (stop, task) = run_manager(&manager);
-    eventually("both members to be ready", || async {
+    wait_for_fleet(&manager, "both members to be ready", || {
         ["stays", "leaves"].iter().all(|name| {
             manager.cluster_state(&ClusterName::from(*name))
                 == Some(multicluster_runtime::manager::ClusterState::Ready)

@@ -12,7 +12,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{TestProvider, cluster_for, eventually, run_manager};
+use common::{TestProvider, cluster_for, run_manager};
 use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::client::{ClientOptions, KubeconfigPolicy};
@@ -20,6 +20,7 @@ use multicluster_runtime::controller::Watch;
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::MemberOptions;
+use multicluster_runtime::testing::wait_for_fleet;
 use multicluster_runtime::testing::{Recorder, recording_controller};
 use multicluster_runtime::{ClusterName, Manager};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -182,7 +183,7 @@ async fn a_silent_partition_is_found_over_http2_with_a_tls_server_name_and_over_
         )
         .expect("add");
     let (stop, task) = run_manager(&manager);
-    eventually("every member to be ready", || async {
+    wait_for_fleet(&manager, "every member to be ready", || {
         ["plain", "named", "http1", "direct"]
             .iter()
             .all(|name| state_of(&manager, name) == Some(ClusterState::Ready))
@@ -194,10 +195,11 @@ async fn a_silent_partition_is_found_over_http2_with_a_tls_server_name_and_over_
         relay.partition(true);
     }
     let started = tokio::time::Instant::now();
-    multicluster_runtime::testing::eventually_within(
+    multicluster_runtime::testing::wait_for_fleet_within(
+        &manager,
         PARTITION_REPORTED_WITHIN,
         "every partitioned member to be reported unreachable",
-        || async {
+        || {
             partitioned
                 .iter()
                 .all(|name| matches!(state_of(&manager, name), Some(ClusterState::Unreachable(_))))
@@ -210,11 +212,15 @@ async fn a_silent_partition_is_found_over_http2_with_a_tls_server_name_and_over_
     for relay in [&plain_relay, &named_relay, &http1_relay] {
         relay.partition(false);
     }
-    eventually("every partitioned member to be ready again", || async {
-        partitioned
-            .iter()
-            .all(|name| state_of(&manager, name) == Some(ClusterState::Ready))
-    })
+    wait_for_fleet(
+        &manager,
+        "every partitioned member to be ready again",
+        || {
+            partitioned
+                .iter()
+                .all(|name| state_of(&manager, name) == Some(ClusterState::Ready))
+        },
+    )
     .await;
     stop.cancel();
     task.await.expect("task").expect("clean stop");

@@ -21,6 +21,7 @@ use multicluster_runtime::controller::Watch;
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::MemberOptions;
+use multicluster_runtime::testing::wait_for_fleet;
 use multicluster_runtime::testing::{Recorder, recording_controller, wait_until_ready};
 use multicluster_runtime::{ClusterName, Manager};
 
@@ -119,7 +120,7 @@ async fn a_plain_http_member_is_watched_and_its_outage_reported_without_error_li
     let before = loud.count();
 
     proxy.stop();
-    eventually("the member to be reported unreachable", || async {
+    wait_for_fleet(&manager, "the member to be reported unreachable", || {
         matches!(
             manager.cluster_state(&ClusterName::from("plain")),
             Some(ClusterState::Unreachable(_))

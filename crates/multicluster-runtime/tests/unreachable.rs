@@ -4,6 +4,7 @@
 mod common;
 
 use multicluster_runtime::provider::member::MemberOptions;
+use multicluster_runtime::testing::wait_for_fleet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -85,12 +86,16 @@ async fn an_unreachable_cluster_is_reported_retried_and_engaged_once_it_answers(
     manager.serve_health(listener, shutdown.clone());
 
     recorder.wait_for_more(&req("up", "ready"), 0).await;
-    eventually("the down cluster to be reported unreachable", || async {
-        matches!(
-            state_of(&manager, "down"),
-            Some(ClusterState::Unreachable(_))
-        )
-    })
+    wait_for_fleet(
+        &manager,
+        "the down cluster to be reported unreachable",
+        || {
+            matches!(
+                state_of(&manager, "down"),
+                Some(ClusterState::Unreachable(_))
+            )
+        },
+    )
     .await;
     assert_eq!(recorder.for_cluster("down"), 0);
     let metrics = manager.metrics().encode();
@@ -263,7 +268,7 @@ async fn an_unreachable_member_is_named_with_its_address_and_the_cause() {
     let address = listener.local_addr().expect("address");
     let (shutdown, task) = run_manager(&manager);
     manager.serve_health(listener, shutdown.clone());
-    eventually("the member to be reported unreachable", || async {
+    wait_for_fleet(&manager, "the member to be reported unreachable", || {
         matches!(
             state_of(&manager, "down"),
             Some(ClusterState::Unreachable(_))

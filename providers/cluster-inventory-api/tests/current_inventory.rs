@@ -18,6 +18,7 @@ use multicluster_provider_cluster_inventory_api::{
 };
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::provider::clusters::ClusterSetProvider;
+use multicluster_runtime::testing::wait_for_fleet;
 use multicluster_runtime::testing::{
     eventually, http_get, run_manager, serve_health, wait_until_left,
 };
@@ -209,7 +210,7 @@ async fn profiles_of_one_inventory_member_engage_one_cluster_and_hand_over() {
         std::slice::from_ref(&cluster)
     );
     // The other profile is listed as a duplicate, nothing is built for it.
-    eventually("the other profile listed as a duplicate", || async {
+    wait_for_fleet(&manager, "the other profile listed as a duplicate", || {
         manager.cluster_state(&ocm) == Some(ClusterState::Duplicate(cluster.clone()))
     })
     .await;
@@ -245,7 +246,7 @@ async fn profiles_of_one_inventory_member_engage_one_cluster_and_hand_over() {
         0,
         "the member left the fleet during the hand-over"
     );
-    eventually("no duplicate left", || async {
+    wait_for_fleet(&manager, "no duplicate left", || {
         manager.cluster_state(&ocm).is_none()
     })
     .await;

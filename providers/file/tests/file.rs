@@ -2,6 +2,7 @@
 //! from the file system, bad files skipped, unreachable servers harmless.
 
 use multicluster_runtime::provider::clusters::ClusterSetProvider;
+use multicluster_runtime::testing::wait_for_fleet;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -128,7 +129,7 @@ async fn contexts_of_watched_files_come_and_go_with_the_files() {
 
     // Deleting a file removes its clusters.
     std::fs::remove_file(&appeared).expect("remove");
-    eventually("the deleted file's cluster to leave", || async {
+    wait_for_fleet(&manager, "the deleted file's cluster to leave", || {
         !provider.names().contains(&name(&appeared, "three"))
             && !manager
                 .cluster_states()
@@ -217,7 +218,7 @@ async fn broken_files_and_contexts_affect_only_themselves() {
     let wrong_ca_name = name(&file("wrong-ca"), "wrong-ca");
     wait_until_unreachable(&manager, wrong_ca_name.as_str()).await;
     let good = name(&file("mixed"), "good");
-    eventually("the good context to be ready", || async {
+    wait_for_fleet(&manager, "the good context to be ready", || {
         manager
             .cluster_states()
             .iter()

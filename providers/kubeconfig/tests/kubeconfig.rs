@@ -3,6 +3,7 @@
 //! removal, bad Secrets ignored while the rest of the fleet works.
 
 use multicluster_runtime::provider::clusters::ClusterSetProvider;
+use multicluster_runtime::testing::wait_for_fleet;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -510,7 +511,7 @@ async fn broken_kubeconfigs_affect_only_their_own_secret() {
         .map(|(name, _, _)| *name)
         .collect();
     for name in &skipped {
-        eventually(&format!("{name} to be listed unusable"), || async {
+        wait_for_fleet(&manager, &format!("{name} to be listed unusable"), || {
             matches!(
                 manager.cluster_state(&ClusterName::from(*name)),
                 Some(ClusterState::Unusable(_))

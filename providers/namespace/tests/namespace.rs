@@ -13,6 +13,7 @@ use multicluster_envtest::ControlPlane;
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider, WATCH_FILTER_LABEL};
 use multicluster_runtime::cache::{CacheOptions, FieldIndex};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
+use multicluster_runtime::testing::wait_for_fleet;
 use multicluster_runtime::testing::{
     Recorder, eventually, recording_manager_from, run_manager, wait_until_left,
 };
@@ -552,7 +553,7 @@ async fn many_namespaces_share_a_handful_of_connections_to_the_host() {
         .provider(provider)
         .build();
     let (shutdown, task) = run_manager(&manager);
-    eventually("every namespace to be ready", || async {
+    wait_for_fleet(&manager, "every namespace to be ready", || {
         manager
             .cluster_states()
             .iter()
