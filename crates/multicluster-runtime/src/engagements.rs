@@ -17,11 +17,14 @@
 //!
 //! 1. `provider/clusters.rs`: a provider adds a cluster to its set
 //!    (`Clusters::add`, `add_or_replace`; providers that discover from
-//!    objects do it from `provider/discovery.rs`, `Discovered::engage`); the set
-//!    hands it to the manager in order (`Clusters::hand_over`).
+//!    objects do it from `provider/discovery.rs`, `Discovered::engage`);
+//!    the set hands it to the manager in order (`Clusters::hand_over`).
 //! 2. `manager/tracking.rs`: `Manager::engage` holds it as syncing and
 //!    `Manager::bring_up` waits for its API server and cache (retrying an
-//!    unreachable one), then marks it ready.
+//!    unreachable one), then marks it ready; every change of its state
+//!    goes through `States::move_to` (counts, gauges, the state-change
+//!    counter, the log line), the rule of the next state being
+//!    `Progress::due` (`manager/progress.rs`).
 //! 3. `coordinator/mod.rs` (or `leader_election.rs`, `sharding/`): the
 //!    coordinator decides whether this replica works on it and engages the
 //!    components (`engage_each`).
@@ -48,7 +51,9 @@
 //!
 //! Reconciles are not in the tree: the controller's runner stops taking
 //! requests at shutdown and lets running ones finish within the grace
-//! period; a cluster that leaves has its queued requests dropped.
+//! period; a cluster that leaves has its queued requests dropped. Every
+//! wait at shutdown (running reconciles, the coordinator, the provider) is
+//! bounded by `sync::stop_within`.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -541,6 +541,21 @@ async fn an_idle_member_that_stops_answering_is_found_by_its_keep_alive_pings() 
             .all(|name| state_of(&manager, name) == Some(ClusterState::Ready))
     })
     .await;
+    // Idle means done with its first reconciles too (each writes a copy):
+    // a write under way when it stops would be what reports it.
+    let present = Api::<ConfigMap>::all(idle.client().await.expect("client"))
+        .list(&Default::default())
+        .await
+        .expect("list");
+    for object in &present.items {
+        let name = object.metadata.name.clone().unwrap_or_default();
+        if !name.ends_with("-copy") {
+            let namespace = object.metadata.namespace.as_deref();
+            recorder
+                .wait_for_more(&Request::new("idle", namespace, name), 0)
+                .await;
+        }
+    }
 
     idle.pause_api_server().expect("SIGSTOP");
     let state = wait_for_state(&manager, "idle", IDLE_HANG_REPORTED_WITHIN, |state| {
