@@ -4,47 +4,54 @@
 //! renewed every 10 s, fence Lease 20 s renewed every 10 s, a look every
 //! 5 s).
 //!
-//! The fence Leases are the truth of who works where (a replica works on a
-//! cluster only while it holds its fence), so every figure is read from
-//! them: the assignment is stable once every cluster's fence is held by the
-//! replica rendezvous hashing picks among the live ones.
+//! Who works where is read from the replicas' own records
+//! (`--ownership-ledger`: a line when a replica starts or stops working on
+//! a cluster, on the machine's monotonic clock), so every hand-over is
+//! timed to the moment and the two numbers that must stay zero are counted
+//! over the whole run: clusters worked on by two replicas at once, and
+//! clusters worked on by nobody for longer than the fence duration plus
+//! one look (25 s) — or, for a replica killed without a word, until its
+//! peer Lease lapses plus one look (35 s).
 //!
-//! 1. **Start**: four replicas start together; time until the assignment is
-//!    stable.
-//! 2. **Idle**: Lease requests per second at the API server over 30 s, and
-//!    each replica's CPU and memory.
-//! 3. **A fifth joins**: time until stable again, and how many clusters
-//!    changed hands (rendezvous hashing moves about 1/5 of them).
-//! 4. **One is killed** (SIGKILL, so it hands nothing back): time until its
-//!    clusters are held by the others.
+//! 1. **Start**: the replicas start together; time until every cluster is
+//!    worked on by its owner (rendezvous hashing over the live replicas).
+//! 2. **Idle**: Lease requests per second and API server CPU over 30 s,
+//!    and each replica's CPU and memory.
+//! 3. **Churn**, each followed by the time until stable again, the clusters
+//!    that changed hands, and the longest time a cluster went unworked: a
+//!    replica joins; one leaves (SIGTERM); one is killed (SIGKILL); the
+//!    API server is paused for 20 s; two replicas restart at once.
 //!
 //! Run with `make bench` or `cargo bench -p
 //! multicluster-example-sharded-namespace --bench shards`; set
 //! `SHARDING_CLUSTERS` to a comma-separated list of sizes (default 1000),
 //! `SHARDING_REPLICAS` to the starting number of replicas (default 4) and
 //! `SHARDING_FENCE_HOLD` to `renewed`, `with-peer` or both (the default),
-//! how the replicas keep their fences.
+//! how the replicas keep their fences. With `REPLICA_LOG_DIR` set, each
+//! replica's log is kept there.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use futures::StreamExt;
-use k8s_openapi::api::coordination::v1::Lease;
-use k8s_openapi::api::core::v1::Namespace;
-use kube::api::{Api, ListParams, ObjectMeta, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_example_testing::replica::Replica;
-use multicluster_runtime::coordinator::sharding::{Peer, fence_lease_name, owner};
+use multicluster_example_testing::sharding::{
+    LedgerFile, Ownership, create_namespaces, now, wait_settled,
+};
 use multicluster_runtime::testing::{cpu_seconds_of, resident_memory_mib_of};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-sharded-namespace");
 const FILTER: &str = "bench";
-const FENCE_PREFIX: &str = "mcr-shard";
 const LEASE_NAMESPACE: &str = "kube-system";
 /// Longest any phase may take before it is reported as never settling.
 const PHASE_LIMIT: Duration = Duration::from_secs(300);
 
 type Outcome = Result<(), Box<dyn std::error::Error>>;
+
+/// Longest a fence or the peer Lease of a killed replica may keep a cluster
+/// unworked, plus one look: the bound the churn table checks.
+const FENCE_AND_LOOK: Duration = Duration::from_secs(20 + 5);
+const PEER_AND_LOOK: Duration = Duration::from_secs(30 + 5);
 
 #[tokio::main]
 async fn main() -> Outcome {
@@ -60,10 +67,6 @@ async fn main() -> Outcome {
         .unwrap_or(4);
     let holds =
         std::env::var("SHARDING_FENCE_HOLD").unwrap_or_else(|_| "renewed,with-peer".to_string());
-    println!(
-        "| fences | clusters | replicas | stable after start | Lease requests/s idle | CPU per replica idle | RSS per replica | a fifth joins: stable after | clusters moved | one killed: stable after |"
-    );
-    println!("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|");
     for size in sizes {
         for hold in holds.split(',').map(str::trim) {
             run(size, replicas, hold).await?;
@@ -72,78 +75,201 @@ async fn main() -> Outcome {
     Ok(())
 }
 
+/// The replicas of one run, each process with a ledger of its own.
+struct Replicas<'a> {
+    cp: &'a ControlPlane,
+    dir: tempfile::TempDir,
+    hold: String,
+    running: Vec<Replica>,
+    ledgers: Vec<LedgerFile>,
+    started: usize,
+}
+
+impl<'a> Replicas<'a> {
+    fn start(&mut self, id: &str) {
+        self.started += 1;
+        let path = self
+            .dir
+            .path()
+            .join(format!("{id}.{}.ledger", self.started));
+        self.running.push(start(self.cp, id, &self.hold, &path));
+        self.ledgers.push(LedgerFile {
+            replica: id.to_string(),
+            path,
+            ended_at: None,
+        });
+    }
+
+    /// Ends `id`'s process: SIGKILL with `kill`, else SIGTERM and a wait
+    /// for it to hand its clusters back and exit.
+    async fn end(&mut self, id: &str, kill: bool) -> Outcome {
+        let at = self
+            .running
+            .iter()
+            .position(|r| r.id == id)
+            .ok_or("no such replica")?;
+        let mut replica = self.running.remove(at);
+        if kill {
+            replica.process.kill().await?;
+        } else {
+            multicluster_example_testing::terminate(&mut replica.process, Duration::from_secs(120))
+                .await;
+        }
+        let ended = now();
+        if let Some(ledger) = self
+            .ledgers
+            .iter_mut()
+            .rev()
+            .find(|ledger| ledger.replica == id && ledger.ended_at.is_none())
+        {
+            ledger.ended_at = Some(ended);
+        }
+        Ok(())
+    }
+
+    fn live(&self) -> Vec<String> {
+        self.running.iter().map(|r| r.id.clone()).collect()
+    }
+
+    /// Waits until stable; who works on each cluster then.
+    async fn settled(&self, names: &[String]) -> Result<BTreeMap<String, Vec<String>>, String> {
+        let live = self.live();
+        let live: Vec<&str> = live.iter().map(String::as_str).collect();
+        Ok(wait_settled(names, &live, &self.ledgers, PHASE_LIMIT)
+            .await?
+            .current())
+    }
+}
+
 async fn run(clusters: usize, replicas: usize, hold: &str) -> Outcome {
     let cp = ControlPlane::start().await?;
     let admin = cp.client().await?;
     let names: Vec<String> = (0..clusters).map(|i| format!("shard-{i}")).collect();
-    create_namespaces(&admin, &names).await?;
-    let leases: Api<Lease> = Api::namespaced(admin.clone(), LEASE_NAMESPACE);
-
-    // The row's cells; a phase that never settles ends the row there.
-    let mut cells = vec![hold.to_string(), clusters.to_string(), replicas.to_string()];
-    let unsettled = format!("not stable within {} min", PHASE_LIMIT.as_secs() / 60);
+    let created = Instant::now();
+    create_namespaces(&admin, &names, FILTER).await?;
+    eprintln!(
+        "{clusters} namespaces created in {:.0} s",
+        created.elapsed().as_secs_f64()
+    );
+    let mut fleet = Replicas {
+        cp: &cp,
+        dir: tempfile::tempdir()?,
+        hold: hold.to_string(),
+        running: Vec::new(),
+        ledgers: Vec::new(),
+        started: 0,
+    };
     let started = Instant::now();
-    let mut running: Vec<Replica> = (0..replicas)
-        .map(|i| start(&cp, &format!("replica-{i}"), hold))
-        .collect();
-    let held = stable(&leases, &names, &running).await?;
-    cells.push(match &held {
-        Some(_) => format!("{:.1} s", started.elapsed().as_secs_f64()),
-        None => unsettled.clone(),
-    });
+    for i in 0..replicas {
+        fleet.start(&format!("replica-{i}"));
+    }
+    let mut owners = fleet.settled(&names).await?;
+    let start_time = started.elapsed();
 
-    let before = lease_requests(&admin).await;
-    let cpu_before: Vec<f64> = running.iter().map(cpu_seconds).collect();
+    let before = api_server_counters(&admin).await;
+    let cpu_before: Vec<f64> = fleet.running.iter().map(cpu_seconds).collect();
     let idle = Duration::from_secs(30);
     tokio::time::sleep(idle).await;
-    let requests_per_second = (lease_requests(&admin).await - before) / idle.as_secs_f64();
-    let cpu_per_minute = running
+    let after = api_server_counters(&admin).await;
+    let lease_rate = (after.0 - before.0) / idle.as_secs_f64();
+    let api_cpu = (after.1 - before.1) * 60.0 / idle.as_secs_f64();
+    let cpu_per_minute = fleet
+        .running
         .iter()
         .zip(&cpu_before)
         .map(|(replica, before)| (cpu_seconds(replica) - before) * 60.0 / idle.as_secs_f64())
         .sum::<f64>()
-        / running.len() as f64;
-    let rss = running.iter().map(resident_mib).sum::<f64>() / running.len() as f64;
-    cells.push(format!("{requests_per_second:.0}"));
-    cells.push(format!("{cpu_per_minute:.2} s/min"));
-    cells.push(format!("{rss:.0} MiB"));
+        / fleet.running.len() as f64;
+    let rss = fleet.running.iter().map(resident_mib).sum::<f64>() / fleet.running.len() as f64;
+    println!(
+        "| fences | clusters | replicas | all worked on after start | Lease requests/s idle | API server CPU idle | CPU per replica idle | RSS per replica |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|---:|");
+    println!(
+        "| {hold} | {clusters} | {replicas} | {:.1} s | {lease_rate:.0} | {api_cpu:.2} s/min | {cpu_per_minute:.2} s/min | {rss:.0} MiB |",
+        start_time.as_secs_f64()
+    );
 
-    if let Some(held) = held {
-        let joined = Instant::now();
-        running.push(start(&cp, &format!("replica-{replicas}"), hold));
-        match stable(&leases, &names, &running).await? {
-            Some(after_join) => {
+    println!();
+    println!(
+        "| {hold}, {clusters} clusters: event | clusters moved | stable after | longest unworked | bound | over the bound | worked on twice |"
+    );
+    println!("|---|---:|---:|---:|---:|---:|---:|");
+    let joiner = format!("replica-{replicas}");
+    let events: Vec<(&str, Duration)> = vec![
+        ("a replica joins", FENCE_AND_LOOK),
+        ("one leaves (SIGTERM)", FENCE_AND_LOOK),
+        ("one is killed (SIGKILL)", PEER_AND_LOOK),
+        ("API server paused 20 s", FENCE_AND_LOOK),
+        ("two restart at once", FENCE_AND_LOOK),
+    ];
+    for (event, bound) in events {
+        let from = now();
+        let began = Instant::now();
+        match event {
+            "a replica joins" => fleet.start(&joiner),
+            "one leaves (SIGTERM)" => fleet.end("replica-0", false).await?,
+            "one is killed (SIGKILL)" => fleet.end("replica-1", true).await?,
+            "API server paused 20 s" => {
+                cp.pause_api_server()?;
+                tokio::time::sleep(Duration::from_secs(20)).await;
+                cp.resume_api_server()?;
+            }
+            _ => {
+                let restarting: Vec<String> = fleet.live().into_iter().take(2).collect();
+                for id in &restarting {
+                    fleet.end(id, false).await?;
+                }
+                for id in &restarting {
+                    fleet.start(id);
+                }
+            }
+        }
+        let settled = fleet.settled(&names).await;
+        let to = now();
+        let stable_after = began.elapsed();
+        let ownership = Ownership::read(&fleet.ledgers)?;
+        let unowned = ownership.longest_unowned(&names, from, to);
+        let longest = unowned.values().max().copied().unwrap_or_default();
+        let over = unowned.values().filter(|gap| **gap > bound).count();
+        let twice = ownership.worked_on_twice().len();
+        match settled {
+            Ok(now_owners) => {
                 let moved = names
                     .iter()
-                    .filter(|name| held.get(*name) != after_join.get(*name))
+                    .filter(|name| owners.get(*name) != now_owners.get(*name))
                     .count();
-                cells.push(format!("{:.1} s", joined.elapsed().as_secs_f64()));
-                cells.push(format!(
-                    "{moved} ({:.0} %)",
-                    moved as f64 * 100.0 / clusters as f64
-                ));
-                let mut killed = running.remove(0);
-                killed.process.start_kill()?;
-                killed.process.wait().await?;
-                let killed_at = Instant::now();
-                cells.push(match stable(&leases, &names, &running).await? {
-                    Some(_) => format!("{:.1} s", killed_at.elapsed().as_secs_f64()),
-                    None => unsettled.clone(),
-                });
+                println!(
+                    "| {event} | {moved} | {:.1} s | {:.1} s | {} s | {over} | {twice} |",
+                    stable_after.as_secs_f64(),
+                    longest.as_secs_f64(),
+                    bound.as_secs()
+                );
+                owners = now_owners;
             }
-            None => cells.push(unsettled.clone()),
+            Err(err) => {
+                println!(
+                    "| {event} | — | not stable ({err}) | {:.1} s | {} s | {over} | {twice} |",
+                    longest.as_secs_f64(),
+                    bound.as_secs()
+                );
+                break;
+            }
         }
     }
-    cells.resize(10, "—".to_string());
-    println!("| {} |", cells.join(" | "));
-    drop(running);
+    let whole = Ownership::read(&fleet.ledgers)?;
+    println!(
+        "\nWhole run: {} clusters worked on by two replicas at once.",
+        whole.worked_on_twice().len()
+    );
+    drop(fleet);
     cp.stop();
     Ok(())
 }
 
 /// A replica with the coordinator's default timings, keeping its fences
 /// as `fence_hold` says.
-fn start(cp: &ControlPlane, id: &str, fence_hold: &str) -> Replica {
+fn start(cp: &ControlPlane, id: &str, fence_hold: &str, ledger: &std::path::Path) -> Replica {
     Replica::start(
         BINARY,
         cp,
@@ -157,96 +283,33 @@ fn start(cp: &ControlPlane, id: &str, fence_hold: &str) -> Replica {
             LEASE_NAMESPACE,
             "--fence-hold",
             fence_hold,
+            "--ownership-ledger",
+            ledger.to_str().expect("a UTF-8 path"),
         ],
     )
 }
 
-async fn create_namespaces(admin: &kube::Client, names: &[String]) -> Outcome {
-    let api: Api<Namespace> = Api::all(admin.clone());
-    let created: Vec<Result<Namespace, kube::Error>> = futures::stream::iter(names)
-        .map(|name| {
-            let api = api.clone();
-            let namespace = Namespace {
-                metadata: ObjectMeta {
-                    name: Some(name.clone()),
-                    labels: Some(BTreeMap::from([(
-                        "cluster.x-k8s.io/watch-filter".to_string(),
-                        FILTER.to_string(),
-                    )])),
-                    ..ObjectMeta::default()
-                },
-                ..Namespace::default()
-            };
-            async move { api.create(&PostParams::default(), &namespace).await }
-        })
-        .buffer_unordered(32)
-        .collect()
-        .await;
-    for result in created {
-        result?;
-    }
-    Ok(())
-}
-
-/// Polls the fence Leases until every cluster's is held by its owner among
-/// `running`; returns the holders, or `None` after [`PHASE_LIMIT`].
-async fn stable(
-    leases: &Api<Lease>,
-    names: &[String],
-    running: &[Replica],
-) -> Result<Option<BTreeMap<String, String>>, Box<dyn std::error::Error>> {
-    let mut peers: Vec<Peer> = running
-        .iter()
-        .map(|replica| Peer {
-            id: replica.id.clone(),
-            weight: 1,
-        })
-        .collect();
-    peers.sort();
-    let deadline = Instant::now() + PHASE_LIMIT;
-    loop {
-        let holders: BTreeMap<String, String> = leases
-            .list(&ListParams::default())
-            .await?
-            .into_iter()
-            .filter_map(|lease| {
-                let holder = lease.spec?.holder_identity?;
-                Some((lease.metadata.name?, holder))
-            })
-            .collect();
-        let by_cluster: BTreeMap<String, String> = names
-            .iter()
-            .filter_map(|name| {
-                let holder = holders.get(&fence_lease_name(FENCE_PREFIX, name))?;
-                Some((name.clone(), holder.clone()))
-            })
-            .collect();
-        let settled = names
-            .iter()
-            .all(|name| owner(name, &peers).map(|peer| &peer.id) == by_cluster.get(name));
-        if settled {
-            return Ok(Some(by_cluster));
-        }
-        if Instant::now() > deadline {
-            return Ok(None);
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
-}
-
-/// Requests for Leases the API server has answered so far.
-async fn lease_requests(admin: &kube::Client) -> f64 {
+/// Requests for Leases the API server has answered so far, and its CPU
+/// seconds (`process_cpu_seconds_total`), from its `/metrics`.
+async fn api_server_counters(admin: &kube::Client) -> (f64, f64) {
     let request = http::Request::get("/metrics")
         .body(Vec::new())
         .expect("request");
     let Ok(metrics) = admin.request_text(request).await else {
-        return 0.0;
+        return (0.0, 0.0);
     };
-    metrics
+    let value = |l: &str| l.rsplit(' ').next()?.parse::<f64>().ok();
+    let leases = metrics
         .lines()
         .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("resource=\"leases\""))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
+        .filter_map(value)
+        .sum();
+    let cpu = metrics
+        .lines()
+        .find(|l| l.starts_with("process_cpu_seconds_total "))
+        .and_then(value)
+        .unwrap_or_default();
+    (leases, cpu)
 }
 
 /// CPU time of a replica so far.

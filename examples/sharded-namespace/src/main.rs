@@ -5,6 +5,8 @@
 //! the `multicluster.example/copied-by` annotation, so who works where shows
 //! in the cluster.
 
+mod ledger;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -50,6 +52,11 @@ struct Args {
     /// any size costs one renewal per replica).
     #[arg(long, value_parser = ["renewed", "with-peer"], default_value = "renewed")]
     fence_hold: String,
+    /// Append to this file, as it happens, when this replica starts and
+    /// stops working on each cluster (see `ledger.rs`): the record tests
+    /// and benchmarks check for clusters worked on twice or by nobody.
+    #[arg(long)]
+    ownership_ledger: Option<std::path::PathBuf>,
 }
 
 #[tokio::main]
@@ -95,6 +102,9 @@ async fn run(args: Args) -> Result<(), MainError> {
         .metrics(Metrics::new(true))
         .coordinator(Arc::new(coordinator))
         .build();
+    if let Some(path) = &args.ownership_ledger {
+        manager.add(Arc::new(ledger::Ledger::create(path)?))?;
+    }
     serve(manager, controller_on_replica("configmap-copy", &peer)?).await?;
     Ok(())
 }

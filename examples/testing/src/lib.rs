@@ -4,6 +4,7 @@
 
 pub mod manifests;
 pub mod replica;
+pub mod sharding;
 
 use std::time::Duration;
 
