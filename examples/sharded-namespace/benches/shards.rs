@@ -9,9 +9,9 @@
 //! a cluster, on the machine's monotonic clock), so every hand-over is
 //! timed to the moment and the two numbers that must stay zero are counted
 //! over the whole run: clusters worked on by two replicas at once, and
-//! clusters worked on by nobody for longer than the fence duration plus
-//! one look (25 s) — or, for a replica killed without a word, until its
-//! peer Lease lapses plus one look (35 s).
+//! clusters worked on by nobody for longer than what holds them lasts plus
+//! one look: a renewed fence (20 s) or the peer Lease (30 s: fences held
+//! with it, and a replica killed without a word), plus 5 s.
 //!
 //! 1. **Start**: the replicas start together; time until every cluster is
 //!    worked on by its owner (rendezvous hashing over the live replicas).
@@ -48,8 +48,11 @@ const PHASE_LIMIT: Duration = Duration::from_secs(300);
 
 type Outcome = Result<(), Box<dyn std::error::Error>>;
 
-/// Longest a fence or the peer Lease of a killed replica may keep a cluster
-/// unworked, plus one look: the bound the churn table checks.
+/// How long a cluster may go unworked in the churn table: until what
+/// holds it lapses, plus one look. A renewed fence holds 20 s; a fence
+/// held with the peer Lease, and the clusters of a replica killed without
+/// a word (whose fences the others take only once its peer Lease lapses),
+/// wait for the peer Lease: 30 s.
 const FENCE_AND_LOOK: Duration = Duration::from_secs(20 + 5);
 const PEER_AND_LOOK: Duration = Duration::from_secs(30 + 5);
 
@@ -196,12 +199,17 @@ async fn run(clusters: usize, replicas: usize, hold: &str) -> Outcome {
     );
     println!("|---|---:|---:|---:|---:|---:|---:|");
     let joiner = format!("replica-{replicas}");
+    let fence = if hold == "with-peer" {
+        PEER_AND_LOOK
+    } else {
+        FENCE_AND_LOOK
+    };
     let events: Vec<(&str, Duration)> = vec![
-        ("a replica joins", FENCE_AND_LOOK),
-        ("one leaves (SIGTERM)", FENCE_AND_LOOK),
+        ("a replica joins", fence),
+        ("one leaves (SIGTERM)", fence),
         ("one is killed (SIGKILL)", PEER_AND_LOOK),
-        ("API server paused 20 s", FENCE_AND_LOOK),
-        ("two restart at once", FENCE_AND_LOOK),
+        ("API server paused 20 s", fence),
+        ("two restart at once", fence),
     ];
     for (event, bound) in events {
         let from = now();

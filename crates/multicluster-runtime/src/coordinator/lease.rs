@@ -31,6 +31,16 @@ pub(crate) fn expired(spec: &LeaseSpec, now: Timestamp) -> bool {
     }
 }
 
+/// How long until the Lease lapses, if it is live now.
+pub(crate) fn lapses_in(spec: &LeaseSpec, now: Timestamp) -> Option<Duration> {
+    let (Some(MicroTime(renewed)), Some(seconds)) = (&spec.renew_time, spec.lease_duration_seconds)
+    else {
+        return None;
+    };
+    let left = renewed.as_millisecond() + i64::from(seconds) * 1000 - now.as_millisecond();
+    u64::try_from(left).ok().map(Duration::from_millis)
+}
+
 /// The Lease's holder, if it has a live one.
 pub(crate) fn live_holder(lease: &Lease, now: Timestamp) -> Option<&str> {
     let spec = lease.spec.as_ref()?;
@@ -260,6 +270,16 @@ mod tests {
         let (no_duration, now) = spec(0, None);
         assert!(expired(&no_duration, now));
         assert!(expired(&LeaseSpec::default(), now));
+    }
+
+    #[test]
+    fn a_live_lease_lapses_at_renew_time_plus_duration() {
+        let (fresh, now) = spec(19_000, Some(20));
+        assert_eq!(lapses_in(&fresh, now), Some(Duration::from_secs(1)));
+        let (stale, now) = spec(21_000, Some(20));
+        assert_eq!(lapses_in(&stale, now), None);
+        let (no_duration, now) = spec(0, None);
+        assert_eq!(lapses_in(&no_duration, now), None);
     }
 
     /// Lease reads the API server has answered so far, from its metrics.

@@ -4,7 +4,8 @@
 //! [`ShardedCoordinator`] decides which clusters this replica works on:
 //!
 //! - **Peers.** Each replica keeps a Lease `<peer prefix>-<id>` in the fence
-//!   namespace and reads the others'; a peer whose Lease has lapsed is gone.
+//!   namespace and reads the others' every renew interval, and again the
+//!   moment one of them would lapse; a peer whose Lease has lapsed is gone.
 //! - **Ownership.** Rendezvous hashing (`owner`) over the live peers names
 //!   one owner per cluster. Every replica computes the same answer, and a
 //!   peer joining or leaving moves only about 1/N of the clusters.

@@ -18,6 +18,10 @@ use crate::coordinator::EPOCH_ANNOTATION;
 use crate::coordinator::fence::Standing;
 use crate::coordinator::lease::{self, seconds};
 
+/// How long after a peer's Lease lapses by its own times it is read again:
+/// Lease times are in milliseconds here, so the lapse has surely passed.
+const LAPSE_MARGIN: Duration = Duration::from_millis(100);
+
 /// Label every multicluster-runtime peer Lease carries.
 pub(crate) const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
 /// Label marking a Lease as a peer's.
@@ -77,8 +81,17 @@ impl Registry {
                     good_until.send_replace(Some(until));
                     self.stand();
                 }
-                self.refresh().await;
-                tokio::time::sleep(self.renew).await;
+                let next_round = Instant::now() + self.renew;
+                // Between renewals the peers are read again the moment one
+                // of them would lapse: a replica that died (SIGKILL, a lost
+                // node) is gone from the set then, not up to a renew
+                // interval later, and its clusters move that much sooner.
+                let mut lapse = self.refresh().await;
+                while let Some(at) = lapse.filter(|at| *at < next_round) {
+                    tokio::time::sleep_until(at).await;
+                    lapse = self.refresh().await;
+                }
+                tokio::time::sleep_until(next_round).await;
             }
         };
         let watchdog = async {
@@ -185,7 +198,9 @@ impl Registry {
         }
     }
 
-    async fn refresh(&self) {
+    /// Reads the peers; when the first of the others' Leases lapses (a
+    /// moment after, so that it has), if they were read.
+    async fn refresh(&self) -> Option<Instant> {
         let selector = format!("{PEER_LABEL}=true,{PREFIX_LABEL}={}", self.prefix);
         let params = ListParams::default().labels(&selector);
         let call = self.api.list(&params);
@@ -193,14 +208,21 @@ impl Registry {
             Ok(Ok(list)) => list,
             Ok(Err(err)) => {
                 tracing::warn!(error = %crate::redact::kube_error(&err), "could not list peers; keeping the last known set");
-                return;
+                return None;
             }
             Err(_) => {
                 tracing::warn!("no answer listing peers; keeping the last known set");
-                return;
+                return None;
             }
         };
         let now = Timestamp::now();
+        let first_lapse = list
+            .items
+            .iter()
+            .filter(|lease| lease::live_holder(lease, now).is_some_and(|id| id != self.me.id))
+            .filter_map(|lease| lease::lapses_in(lease.spec.as_ref()?, now))
+            .min()
+            .map(|left| Instant::now() + left + LAPSE_MARGIN);
         let mut peers: BTreeMap<String, Peer> = list
             .items
             .iter()
@@ -225,6 +247,7 @@ impl Registry {
             *known = peers;
             true
         });
+        first_lapse
     }
 }
 
