@@ -32,6 +32,7 @@ pub(crate) fn expired(spec: &LeaseSpec, now: Timestamp) -> bool {
 }
 
 /// How long until the Lease lapses, if it is live now.
+#[cfg(feature = "sharding")]
 pub(crate) fn lapses_in(spec: &LeaseSpec, now: Timestamp) -> Option<Duration> {
     let (Some(MicroTime(renewed)), Some(seconds)) = (&spec.renew_time, spec.lease_duration_seconds)
     else {
@@ -272,6 +273,7 @@ mod tests {
         assert!(expired(&LeaseSpec::default(), now));
     }
 
+    #[cfg(feature = "sharding")]
     #[test]
     fn a_live_lease_lapses_at_renew_time_plus_duration() {
         let (fresh, now) = spec(19_000, Some(20));
