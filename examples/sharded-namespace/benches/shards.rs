@@ -78,6 +78,36 @@ async fn main() -> Outcome {
     Ok(())
 }
 
+/// What the churn table does to the fleet, in order.
+#[derive(Clone, Copy)]
+enum Churn {
+    Join,
+    Leave,
+    Kill,
+    PauseApiServer,
+    TwoRestart,
+}
+
+impl Churn {
+    const ALL: [Churn; 5] = [
+        Churn::Join,
+        Churn::Leave,
+        Churn::Kill,
+        Churn::PauseApiServer,
+        Churn::TwoRestart,
+    ];
+
+    fn label(self) -> &'static str {
+        match self {
+            Churn::Join => "a replica joins",
+            Churn::Leave => "one leaves (SIGTERM)",
+            Churn::Kill => "one is killed (SIGKILL)",
+            Churn::PauseApiServer => "API server paused 20 s",
+            Churn::TwoRestart => "two restart at once",
+        }
+    }
+}
+
 /// The replicas of one run, each process with a ledger of its own.
 struct Replicas<'a> {
     cp: &'a ControlPlane,
@@ -103,27 +133,39 @@ impl<'a> Replicas<'a> {
         });
     }
 
-    /// Ends `id`'s process: SIGKILL with `kill`, else SIGTERM and a wait
-    /// for it to hand its clusters back and exit.
-    async fn end(&mut self, id: &str, kill: bool) -> Outcome {
-        let at = self
-            .running
-            .iter()
-            .position(|r| r.id == id)
-            .ok_or("no such replica")?;
-        let mut replica = self.running.remove(at);
-        if kill {
-            replica.process.kill().await?;
-        } else {
-            multicluster_example_testing::terminate(&mut replica.process, Duration::from_secs(120))
+    /// Ends the processes of `ids` together: SIGKILL with `kill`, else
+    /// SIGTERM to each and a wait for all to hand their clusters back and
+    /// exit.
+    async fn end(&mut self, ids: &[String], kill: bool) -> Outcome {
+        let mut ending = Vec::new();
+        for id in ids {
+            let at = self
+                .running
+                .iter()
+                .position(|r| &r.id == id)
+                .ok_or("no such replica")?;
+            ending.push(self.running.remove(at));
+        }
+        let stops = ending.iter_mut().map(|replica| async move {
+            if kill {
+                replica.process.kill().await.map_err(|err| err.to_string())
+            } else {
+                multicluster_example_testing::terminate(
+                    &mut replica.process,
+                    Duration::from_secs(120),
+                )
                 .await;
+                Ok(())
+            }
+        });
+        for stopped in futures::future::join_all(stops).await {
+            stopped?;
         }
         let ended = now();
-        if let Some(ledger) = self
+        for ledger in self
             .ledgers
             .iter_mut()
-            .rev()
-            .find(|ledger| ledger.replica == id && ledger.ended_at.is_none())
+            .filter(|ledger| ids.contains(&ledger.replica) && ledger.ended_at.is_none())
         {
             ledger.ended_at = Some(ended);
         }
@@ -199,40 +241,38 @@ async fn run(clusters: usize, replicas: usize, hold: &str) -> Outcome {
     );
     println!("|---|---:|---:|---:|---:|---:|---:|");
     let joiner = format!("replica-{replicas}");
-    let fence = if hold == "with-peer" {
+    let held = if hold == "with-peer" {
         PEER_AND_LOOK
     } else {
         FENCE_AND_LOOK
     };
-    let events: Vec<(&str, Duration)> = vec![
-        ("a replica joins", fence),
-        ("one leaves (SIGTERM)", fence),
-        ("one is killed (SIGKILL)", PEER_AND_LOOK),
-        ("API server paused 20 s", fence),
-        ("two restart at once", fence),
-    ];
-    for (event, bound) in events {
+    for event in Churn::ALL {
+        let bound = match event {
+            // The others take a killed replica's clusters once its peer
+            // Lease lapses, however its fences are held.
+            Churn::Kill => PEER_AND_LOOK,
+            _ => held,
+        };
         let from = now();
         let began = Instant::now();
         match event {
-            "a replica joins" => fleet.start(&joiner),
-            "one leaves (SIGTERM)" => fleet.end("replica-0", false).await?,
-            "one is killed (SIGKILL)" => fleet.end("replica-1", true).await?,
-            "API server paused 20 s" => {
+            Churn::Join => fleet.start(&joiner),
+            Churn::Leave => fleet.end(&["replica-0".to_string()], false).await?,
+            Churn::Kill => fleet.end(&["replica-1".to_string()], true).await?,
+            Churn::PauseApiServer => {
                 cp.pause_api_server()?;
                 tokio::time::sleep(Duration::from_secs(20)).await;
                 cp.resume_api_server()?;
             }
-            _ => {
+            Churn::TwoRestart => {
                 let restarting: Vec<String> = fleet.live().into_iter().take(2).collect();
-                for id in &restarting {
-                    fleet.end(id, false).await?;
-                }
+                fleet.end(&restarting, false).await?;
                 for id in &restarting {
                     fleet.start(id);
                 }
             }
         }
+        let event = event.label();
         let settled = fleet.settled(&names).await;
         let to = now();
         let stable_after = began.elapsed();
