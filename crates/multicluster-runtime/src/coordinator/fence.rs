@@ -106,7 +106,7 @@ impl Fence {
         timing: Timing,
         on_lost: Arc<Notify>,
     ) -> Attempt {
-        let call = lease::take(api, &name, me, timing.duration, None);
+        let call = lease::take(api, &name, me, timing.duration, None, &lease::nothing_known);
         match tokio::time::timeout(timing.call_timeout(), call).await {
             Err(_) => return Attempt::Failed("no answer from the API server".to_string()),
             Ok(Err(err)) => return Attempt::Failed(crate::redact::kube_error(&err)),
@@ -135,19 +135,21 @@ impl Fence {
     /// Tries to take the Lease `name` for `me` for as long as `me`'s peer
     /// Lease lives in the epoch of `standing`: nothing renews the fence, and
     /// the hold ends when `standing`'s token does (this replica can no
-    /// longer be sure its peer Lease is live for the others).
+    /// longer be sure its peer Lease is live for the others). Whether
+    /// another holder's peer Lease holds is asked of `known` first.
     pub(crate) async fn take_with_peer(
         api: &Api<Lease>,
         name: String,
         me: &str,
         standing: &Standing,
         timing: Timing,
+        known: lease::KnownPeers<'_>,
     ) -> Attempt {
         let Some(lost) = standing.live().cloned() else {
             return Attempt::Failed("this replica's peer Lease is not renewed".to_string());
         };
         let held_with = format!("{}/{}", standing.peer_lease, standing.epoch);
-        let call = lease::take(api, &name, me, timing.duration, Some(&held_with));
+        let call = lease::take(api, &name, me, timing.duration, Some(&held_with), known);
         match tokio::time::timeout(timing.call_timeout(), call).await {
             Err(_) => Attempt::Failed("no answer from the API server".to_string()),
             Ok(Err(err)) => Attempt::Failed(crate::redact::kube_error(&err)),

@@ -61,15 +61,27 @@ fn is_conflict(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 409)
 }
 
+/// What the caller knows, without asking the API server, of whether a
+/// fence held with `(peer Lease, epoch)` by `holder` holds at `now`; `None`
+/// when it does not know.
+pub(crate) type KnownPeers<'a> = &'a (dyn Fn(&str, &str, &str, Timestamp) -> Option<bool> + Sync);
+
+/// Knows nothing: every peer Lease is read.
+pub(crate) fn nothing_known(_: &str, _: &str, _: &str, _: Timestamp) -> Option<bool> {
+    None
+}
+
 /// Whether `holder` still holds `lease`: by the Lease's own renewal, or for
 /// a fence held with a peer Lease, while that peer Lease is live, names
 /// `holder` and is still in the epoch the fence was taken in. The peer
-/// Lease is read now: a peer that has just joined may not be known yet.
+/// Lease is read now unless `known` answers: a peer that has just joined
+/// may not be known yet.
 async fn holds(
     api: &Api<Lease>,
     lease: &Lease,
     holder: &str,
     now: Timestamp,
+    known: KnownPeers<'_>,
 ) -> Result<bool, kube::Error> {
     let held_with = lease
         .metadata
@@ -81,6 +93,9 @@ async fn holds(
             let Some((peer_lease, epoch)) = held_with.rsplit_once('/') else {
                 return Ok(false);
             };
+            if let Some(answer) = known(peer_lease, epoch, holder, now) {
+                return Ok(answer);
+            }
             Ok(api.get_opt(peer_lease).await?.is_some_and(|peer| {
                 live_holder(&peer, now) == Some(holder) && epoch_of(&peer) == Some(epoch)
             }))
@@ -102,13 +117,15 @@ pub(crate) fn epoch_of(peer: &Lease) -> Option<&str> {
 /// Takes the Lease `name` for `me` if it is free, lapsed or already ours.
 /// With `held_with` (`<this replica's peer Lease>/<its epoch>`) the Lease
 /// holds for as long as that peer Lease lives in that epoch, and is not
-/// renewed itself.
+/// renewed itself. Whether another holder's peer Lease holds is asked of
+/// `known` first.
 pub(crate) async fn take(
     api: &Api<Lease>,
     name: &str,
     me: &str,
     duration: Duration,
     held_with: Option<&str>,
+    known: KnownPeers<'_>,
 ) -> Result<Taken, kube::Error> {
     let now = Timestamp::now();
     let annotations = held_with.map(|peer_lease| {
@@ -143,7 +160,7 @@ pub(crate) async fn take(
         .and_then(|spec| spec.holder_identity.clone())
         .filter(|h| !h.is_empty());
     if let Some(other) = holder.as_deref().filter(|h| *h != me)
-        && holds(api, &lease, other, now).await?
+        && holds(api, &lease, other, now, known).await?
     {
         return Ok(Taken::HeldBy(Some(other.to_string())));
     }
@@ -307,7 +324,7 @@ mod tests {
         let api: Api<Lease> = Api::namespaced(client.clone(), "default");
         let duration = Duration::from_secs(20);
         assert_eq!(
-            take(&api, "fence", "me", duration, None)
+            take(&api, "fence", "me", duration, None, &nothing_known)
                 .await
                 .expect("take"),
             Taken::Yes

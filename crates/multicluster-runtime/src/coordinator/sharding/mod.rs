@@ -28,12 +28,14 @@
 //! The replicas need RBAC to get, list, create, update and delete Leases in
 //! the fence namespace.
 
+mod epochs;
 mod hrw;
 mod options;
 mod peers;
 
 use std::sync::Arc;
 
+use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use tokio::sync::{Notify, watch};
@@ -86,7 +88,15 @@ struct Inner {
     /// Fences held with the peer Lease whose release failed, tried again
     /// at every look: unlike a renewed fence, such a fence does not lapse.
     unreleased: std::sync::Mutex<Vec<fence::Fence>>,
+    /// The others' epochs as the peer reads found them.
+    epochs: Arc<std::sync::Mutex<epochs::Epochs>>,
 }
+
+/// How many fences one look takes or hands back at once. A hand-over of
+/// thousands of clusters one Lease request after another waits for each
+/// answer in turn; a few at once keep the API server busy without
+/// flooding it (ten replicas on a two-core API server were slower at 32).
+const CONCURRENT_STEPS: usize = 8;
 
 /// What this replica keeps for each cluster of the fleet.
 struct Share {
@@ -150,6 +160,7 @@ impl ShardedCoordinator {
                 peers: watch::Sender::new(vec![me.clone()]),
                 standing: watch::Sender::new(standing),
                 unreleased: std::sync::Mutex::default(),
+                epochs: Arc::default(),
                 me,
                 options,
                 clusters: std::sync::Mutex::default(),
@@ -187,9 +198,12 @@ impl ShardedCoordinator {
         self.release_again().await;
         let peers = self.peers();
         let names = lock(&self.inner.clusters).names();
-        for name in names {
-            self.balance_one(&name, &peers).await;
-        }
+        futures::stream::iter(names)
+            .for_each_concurrent(CONCURRENT_STEPS, |name| {
+                let peers = &peers;
+                async move { self.balance_one(&name, peers).await }
+            })
+            .await;
     }
 
     async fn balance_one(&self, name: &ClusterName, peers: &[Peer]) {
@@ -283,12 +297,17 @@ impl ShardedCoordinator {
                     self.retry_later(name, generation);
                     return;
                 }
+                let epochs = &self.inner.epochs;
+                let known = |peer_lease: &str, epoch: &str, holder: &str, now| {
+                    lock(epochs).holds(peer_lease, epoch, holder, now)
+                };
                 fence::Fence::take_with_peer(
                     &self.inner.leases,
                     fence_name.clone(),
                     &self.inner.me.id,
                     &standing,
                     self.timing(),
+                    &known,
                 )
                 .await
             }
@@ -385,25 +404,37 @@ impl ShardedCoordinator {
             .fold(probe, Instant::min)
     }
 
-    /// Stops all work and hands every fence back.
+    /// Stops all work and hands every fence back. Fences held with the
+    /// peer Lease are not written one by one: the registry deletes the peer
+    /// Lease right after, in a new epoch, which frees all of them with one
+    /// request (or, should that fail, when the Lease lapses, as after a
+    /// crash).
     async fn release_all(&self) {
         let held: Vec<(ClusterName, Held)> = lock(&self.inner.clusters)
             .iter_mut()
             .filter_map(|(name, entry)| Some((name.clone(), entry.data.held.take()?)))
             .collect();
+        let count = held.len();
+        let with_peer = self.inner.options.fence_hold == FenceHold::WithPeer;
+        let mut renewed = Vec::new();
         for (name, held) in held {
             held.work.cancel();
-            tracing::info!(cluster = %name, "shutting down: handing the cluster back");
-            self.release(held.fence).await;
+            tracing::debug!(cluster = %name, "shutting down: handing the cluster back");
+            if !with_peer {
+                renewed.push(held.fence);
+            }
         }
-        // One more try; what is left is freed when the peer Lease goes.
+        tracing::info!(clusters = count, peer = %self.inner.me.id, "shutting down: handing every cluster back");
+        let timeout = self.inner.options.fence_renew_interval;
         let unreleased = std::mem::take(&mut *lock(&self.inner.unreleased));
-        for fence in unreleased {
-            let timeout = self.inner.options.fence_renew_interval;
-            fence
-                .release(&self.inner.leases, &self.inner.me.id, timeout)
-                .await;
-        }
+        // What a release leaves unreleased is freed when the peer Lease goes.
+        futures::stream::iter(renewed.into_iter().chain(unreleased))
+            .for_each_concurrent(CONCURRENT_STEPS, |fence| async move {
+                fence
+                    .release(&self.inner.leases, &self.inner.me.id, timeout)
+                    .await;
+            })
+            .await;
     }
 }
 
@@ -519,6 +550,7 @@ impl Coordinator for ShardedCoordinator {
             known: CancellationToken::new(),
             standing: self.inner.standing.clone(),
             wake: self.inner.wake.clone(),
+            epochs: self.inner.epochs.clone(),
         };
         let known = registry.known.clone();
         let registry_stop = CancellationToken::new();

@@ -2,7 +2,7 @@
 //! reads the others' to know who shares the fleet.
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -13,10 +13,15 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::epochs::Epochs;
 use super::hrw::Peer;
 use crate::coordinator::EPOCH_ANNOTATION;
 use crate::coordinator::fence::Standing;
 use crate::coordinator::lease::{self, seconds};
+use crate::sync::lock;
 
 /// How long after a peer's Lease lapses by its own times it is read again:
 /// Lease times are in milliseconds here, so the lapse has surely passed.
@@ -46,6 +51,8 @@ pub(crate) struct Registry {
     pub(crate) standing: watch::Sender<Standing>,
     /// Woken when the standing changes.
     pub(crate) wake: Arc<Notify>,
+    /// What the reads of the peer Leases tell of their epochs.
+    pub(crate) epochs: Arc<Mutex<Epochs>>,
 }
 
 /// A name for a new epoch, different from every earlier one of this peer
@@ -68,6 +75,7 @@ impl Registry {
     /// the next good renewal announces a new one.
     pub(crate) async fn run(self, stop: CancellationToken) {
         let (good_until, mut watched) = watch::channel(None::<Instant>);
+        let news = Notify::new();
         let rounds = async {
             loop {
                 let sent = Instant::now();
@@ -83,17 +91,26 @@ impl Registry {
                 }
                 let next_round = Instant::now() + self.renew;
                 // Between renewals the peers are read again the moment one
-                // of them would lapse: a replica that died (SIGKILL, a lost
-                // node) is gone from the set then, not up to a renew
-                // interval later, and its clusters move that much sooner.
+                // of them would lapse (a replica that died, by SIGKILL or
+                // with its node, is gone from the set then, not up to a
+                // renew interval later) and the moment the watch tells of
+                // a peer Lease that came, went or changed hands (a replica
+                // that left or restarted).
                 let mut lapse = self.refresh().await;
-                while let Some(at) = lapse.filter(|at| *at < next_round) {
-                    tokio::time::sleep_until(at).await;
+                loop {
+                    let wake_at = lapse.filter(|at| *at < next_round).unwrap_or(next_round);
+                    tokio::select! {
+                        () = tokio::time::sleep_until(wake_at) => {}
+                        () = news.notified() => {}
+                    }
+                    if Instant::now() >= next_round {
+                        break;
+                    }
                     lapse = self.refresh().await;
                 }
-                tokio::time::sleep_until(next_round).await;
             }
         };
+        let watching = self.watch(&news);
         let watchdog = async {
             loop {
                 let until = *watched.borrow_and_update();
@@ -119,6 +136,7 @@ impl Registry {
             () = stop.cancelled() => {}
             () = rounds => {}
             () = watchdog => {}
+            () = watching => {}
         }
         // Stopping: the coordinator has let go of every fence already.
         self.fall();
@@ -198,10 +216,45 @@ impl Registry {
         }
     }
 
+    /// Follows the peer Leases and notifies `news` when one appears, goes,
+    /// or changes holder or epoch (renewals are no news). Only a hastener:
+    /// the rounds read the peers whatever the watch does, so a watch that
+    /// fails or hangs costs time, never correctness. Never completes.
+    async fn watch(&self, news: &Notify) {
+        let config = watcher::Config::default().labels(&self.selector());
+        let mut changes = watcher(self.api.clone(), config)
+            .backoff(crate::cache::WatchBackoff::default().strategy())
+            .boxed();
+        while let Some(event) = changes.next().await {
+            let is_news = match &event {
+                Ok(watcher::Event::Apply(lease)) => lock(&self.epochs).is_news(lease),
+                Ok(watcher::Event::Delete(lease)) => lease
+                    .metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|name| lock(&self.epochs).has_seen(name)),
+                // A (re)list: the rounds read the same soon enough.
+                Ok(_) => false,
+                Err(err) => {
+                    tracing::debug!(error = %crate::redact::watcher_error(err), "watching the peer Leases failed; retrying");
+                    false
+                }
+            };
+            if is_news {
+                news.notify_one();
+            }
+        }
+        std::future::pending::<()>().await;
+    }
+
+    fn selector(&self) -> String {
+        format!("{PEER_LABEL}=true,{PREFIX_LABEL}={}", self.prefix)
+    }
+
     /// Reads the peers; when the first of the others' Leases lapses (a
     /// moment after, so that it has), if they were read.
     async fn refresh(&self) -> Option<Instant> {
-        let selector = format!("{PEER_LABEL}=true,{PREFIX_LABEL}={}", self.prefix);
+        let selector = self.selector();
         let params = ListParams::default().labels(&selector);
         let call = self.api.list(&params);
         let list = match tokio::time::timeout(self.renew, call).await {
@@ -216,6 +269,7 @@ impl Registry {
             }
         };
         let now = Timestamp::now();
+        lock(&self.epochs).record(&list.items, now);
         let first_lapse = list
             .items
             .iter()

@@ -1,0 +1,236 @@
+//! What a replica knows of its peers' epochs from its own reads of the peer
+//! Leases, so that taking a fence held with another peer's Lease need not
+//! read that Lease again for every fence.
+//!
+//! A hand-over of thousands of clusters is thousands of takes, and each
+//! take of a fence held with a peer Lease asked the API server whether that
+//! peer Lease still holds: one read more per fence, always of the same few
+//! Leases. What the registry read a moment ago answers most of them:
+//!
+//! - **Ended**: an epoch seen lapsed, or seen replaced by a newer one, never
+//!   holds again. Its replica stopped working under it one renew interval
+//!   before the Lease could lapse for anyone (`peers.rs`), and a new epoch
+//!   is written only after the old one's work stopped; every write of the
+//!   peer Lease carries the resourceVersion it read, so an older write
+//!   cannot bring an ended epoch back. Known once, true for good.
+//! - **Live**: a peer Lease read live in that epoch, by that holder, until
+//!   the moment it would lapse by that read. Answering "held" from this is
+//!   the cautious answer: at worst a take waits for the next look.
+//!
+//! Anything else (a peer Lease never seen, or deleted since: an operator
+//! may delete a live one and its replica writes it again in the same
+//! epoch) is read from the API server, as before.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+
+use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
+
+use crate::coordinator::lease::{self, epoch_of};
+
+/// Ended epochs remembered; the oldest are forgotten first (a forgotten
+/// one is read from the API server again, as any unknown one).
+const ENDED_KEPT: usize = 4096;
+
+/// The peer Leases as last read, and the epochs known to have ended.
+#[derive(Debug, Default)]
+pub(crate) struct Epochs {
+    seen: HashMap<String, Seen>,
+    ended: HashSet<(String, String)>,
+    ended_order: VecDeque<(String, String)>,
+}
+
+#[derive(Debug)]
+struct Seen {
+    holder: Option<String>,
+    epoch: Option<String>,
+    lapses_at: Option<Timestamp>,
+}
+
+impl Epochs {
+    /// Takes in a fresh list of the peer Leases, read at `now`.
+    pub(crate) fn record(&mut self, leases: &[Lease], now: Timestamp) {
+        let mut seen = HashMap::with_capacity(leases.len());
+        for peer in leases {
+            let Some(name) = peer.metadata.name.clone() else {
+                continue;
+            };
+            let live = lease::live_holder(peer, now).is_some();
+            let entry = Seen {
+                holder: peer
+                    .spec
+                    .as_ref()
+                    .and_then(|spec| spec.holder_identity.clone()),
+                epoch: epoch_of(peer).map(str::to_string),
+                lapses_at: peer
+                    .spec
+                    .as_ref()
+                    .and_then(|spec| lease::lapses_in(spec, now))
+                    .and_then(|left| SignedDuration::try_from(left).ok())
+                    .and_then(|left| now.checked_add(left).ok()),
+            };
+            if let Some(epoch) = &entry.epoch
+                && !live
+            {
+                self.end(&name, epoch);
+            }
+            if let Some(before) = self.seen.get(&name).and_then(|s| s.epoch.as_ref())
+                && entry.epoch.as_ref() != Some(before)
+            {
+                self.end(&name, &before.clone());
+            }
+            seen.insert(name, entry);
+        }
+        self.seen = seen;
+    }
+
+    fn end(&mut self, peer_lease: &str, epoch: &str) {
+        let key = (peer_lease.to_string(), epoch.to_string());
+        if self.ended.insert(key.clone()) {
+            self.ended_order.push_back(key);
+            if self.ended_order.len() > ENDED_KEPT
+                && let Some(oldest) = self.ended_order.pop_front()
+            {
+                self.ended.remove(&oldest);
+            }
+        }
+    }
+
+    /// Whether `holder` holds a fence held with `peer_lease` in `epoch`, if
+    /// known without asking the API server: `Some(false)` for an ended
+    /// epoch, `Some(true)` while the last read showed it live, `None`
+    /// otherwise.
+    pub(crate) fn holds(
+        &self,
+        peer_lease: &str,
+        epoch: &str,
+        holder: &str,
+        now: Timestamp,
+    ) -> Option<bool> {
+        if self
+            .ended
+            .contains(&(peer_lease.to_string(), epoch.to_string()))
+        {
+            return Some(false);
+        }
+        let seen = self.seen.get(peer_lease)?;
+        let live = seen.holder.as_deref() == Some(holder)
+            && seen.epoch.as_deref() == Some(epoch)
+            && seen.lapses_at.is_some_and(|at| now < at);
+        live.then_some(true)
+    }
+
+    /// Whether `peer` differs from what the last read saw in what matters
+    /// for ownership (a new Lease, another holder or epoch; not a renewal).
+    pub(crate) fn is_news(&self, peer: &Lease) -> bool {
+        let Some(name) = peer.metadata.name.as_deref() else {
+            return false;
+        };
+        let Some(seen) = self.seen.get(name) else {
+            return true;
+        };
+        seen.holder.as_deref()
+            != peer
+                .spec
+                .as_ref()
+                .and_then(|s| s.holder_identity.as_deref())
+            || seen.epoch.as_deref() != epoch_of(peer)
+    }
+
+    /// Whether the last read saw a Lease named `name`.
+    pub(crate) fn has_seen(&self, name: &str) -> bool {
+        self.seen.contains_key(name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use k8s_openapi::api::coordination::v1::LeaseSpec;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+
+    use super::*;
+    use crate::coordinator::EPOCH_ANNOTATION;
+
+    fn peer(name: &str, epoch: &str, renewed_secs_ago: i64, now: Timestamp) -> Lease {
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                annotations: Some(BTreeMap::from([(
+                    EPOCH_ANNOTATION.to_string(),
+                    epoch.to_string(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(name.to_string()),
+                lease_duration_seconds: Some(30),
+                renew_time: Some(MicroTime(
+                    now.checked_sub(SignedDuration::from_secs(renewed_secs_ago))
+                        .expect("time"),
+                )),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    #[test]
+    fn a_live_epoch_holds_until_its_lapse_and_an_ended_one_never_again() {
+        let now = Timestamp::from_second(1_000_000).expect("time");
+        let later = |secs| now.checked_add(SignedDuration::from_secs(secs)).expect("t");
+        let mut epochs = Epochs::default();
+        assert_eq!(epochs.holds("p", "e1", "p", now), None, "never read");
+
+        epochs.record(&[peer("p", "e1", 10, now)], now);
+        assert_eq!(epochs.holds("p", "e1", "p", now), Some(true));
+        assert_eq!(epochs.holds("p", "e1", "q", now), None, "another holder");
+        assert_eq!(epochs.holds("p", "e0", "p", now), None, "an epoch not seen");
+        assert_eq!(
+            epochs.holds("p", "e1", "p", later(21)),
+            None,
+            "past the lapse the last read says nothing"
+        );
+
+        // A new epoch ends the one before, for good.
+        epochs.record(&[peer("p", "e2", 0, now)], now);
+        assert_eq!(epochs.holds("p", "e1", "p", now), Some(false));
+        assert_eq!(epochs.holds("p", "e2", "p", now), Some(true));
+
+        // Seen lapsed: ended.
+        epochs.record(&[peer("p", "e2", 31, now)], now);
+        assert_eq!(epochs.holds("p", "e2", "p", now), Some(false));
+
+        // Deleted: not known either way (an operator may delete a live
+        // peer Lease, and its replica writes it again in the same epoch).
+        epochs.record(&[peer("q", "f1", 0, now)], now);
+        epochs.record(&[], now);
+        assert_eq!(epochs.holds("q", "f1", "q", now), None);
+        assert!(!epochs.has_seen("q"));
+    }
+
+    #[test]
+    fn renewals_are_not_news_but_holders_and_epochs_are() {
+        let now = Timestamp::from_second(1_000_000).expect("time");
+        let mut epochs = Epochs::default();
+        epochs.record(&[peer("p", "e1", 5, now)], now);
+        assert!(!epochs.is_news(&peer("p", "e1", 0, now)));
+        assert!(epochs.is_news(&peer("p", "e2", 0, now)));
+        assert!(epochs.is_news(&peer("q", "e1", 0, now)));
+        let mut released = peer("p", "e1", 0, now);
+        released.spec.as_mut().expect("spec").holder_identity = None;
+        assert!(epochs.is_news(&released));
+    }
+
+    #[test]
+    fn the_oldest_ended_epochs_are_forgotten_first() {
+        let now = Timestamp::from_second(1_000_000).expect("time");
+        let mut epochs = Epochs::default();
+        for i in 0..=ENDED_KEPT {
+            epochs.end("p", &i.to_string());
+        }
+        assert_eq!(epochs.holds("p", "0", "p", now), None);
+        assert_eq!(epochs.holds("p", "1", "p", now), Some(false));
+        assert_eq!(epochs.ended.len(), ENDED_KEPT);
+    }
+}
