@@ -3,22 +3,37 @@
 //! `Manager::get_cluster`, only the clusters they own and refuse the
 //! others' with `Error::NotOwned`; unknown names are not found; the local
 //! cluster is always handed out; once a replica stops, the other owns
-//! everything and the stopped one owns nothing.
+//! everything and the stopped one owns nothing. A stopping replica hands
+//! its clusters over only once the work on them has settled.
 
 mod common;
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use common::*;
+use futures::future::BoxFuture;
+use k8s_openapi::api::coordination::v1::Lease;
+use kube::api::Api;
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::coordinator::Coordinator;
-use multicluster_runtime::coordinator::sharding::{ShardedCoordinator, ShardingOptions};
-use multicluster_runtime::{ClusterName, Error, Manager};
+use multicluster_runtime::coordinator::sharding::{FenceHold, ShardedCoordinator, ShardingOptions};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Manager};
+use tokio_util::sync::CancellationToken;
 
 const MEMBERS: [&str; 6] = ["m0", "m1", "m2", "m3", "m4", "m5"];
 
 /// A replica: its manager over the shared fleet, under `peer_id`.
 async fn replica(cp: &ControlPlane, peer_id: &str) -> (Manager, Arc<ShardedCoordinator>) {
+    replica_holding(cp, peer_id, FenceHold::default()).await
+}
+
+/// A replica keeping its fences as `hold` says.
+async fn replica_holding(
+    cp: &ControlPlane,
+    peer_id: &str,
+    hold: FenceHold,
+) -> (Manager, Arc<ShardedCoordinator>) {
     let provider = TestProvider::default();
     for name in MEMBERS {
         provider
@@ -30,7 +45,9 @@ async fn replica(cp: &ControlPlane, peer_id: &str) -> (Manager, Arc<ShardedCoord
     let coordinator = Arc::new(
         ShardedCoordinator::new(
             client,
-            ShardingOptions::default().peer_id(peer_id.to_string()),
+            ShardingOptions::default()
+                .peer_id(peer_id.to_string())
+                .fence_hold(hold),
         )
         .expect("coordinator"),
     );
@@ -110,4 +127,88 @@ async fn a_replica_hands_out_only_the_clusters_it_owns() {
 
     b_stop.cancel();
     b_task.await.expect("task").expect("clean stop");
+}
+
+/// A component whose work outlives its clusters' lifetimes until let go:
+/// a reconcile still finishing, a ledger still writing.
+#[derive(Default)]
+struct Lingering {
+    lifetimes: Mutex<Vec<CancellationToken>>,
+    let_go: CancellationToken,
+}
+
+impl Aware for Lingering {
+    fn engage(
+        &self,
+        lifetime: CancellationToken,
+        name: ClusterName,
+        _cluster: Cluster,
+    ) -> Result<(), Error> {
+        if !name.is_local() {
+            self.lifetimes.lock().expect("lifetimes").push(lifetime);
+        }
+        Ok(())
+    }
+
+    fn settled(&self, _name: &ClusterName) -> BoxFuture<'static, ()> {
+        let let_go = self.let_go.clone();
+        Box::pin(async move { let_go.cancelled().await })
+    }
+}
+
+/// With fences held with the peer Lease, deleting that Lease frees every
+/// cluster at once: a stopping replica must not delete it while work on
+/// its clusters is still settling.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_replica_hands_its_clusters_over_only_once_their_work_settled() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let (manager, coordinator) = replica_holding(&cp, "replica-a", FenceHold::WithPeer).await;
+    let lingering = Arc::new(Lingering::default());
+    manager.add(lingering.clone()).expect("add");
+    let (stop, task) = run_manager(&manager);
+    eventually("the replica to work on every member", || async {
+        let owned = coordinator.working_on().unwrap_or_default();
+        MEMBERS
+            .iter()
+            .all(|name| owned.contains(&ClusterName::from(*name)))
+    })
+    .await;
+    let engaged = lingering.lifetimes.lock().expect("lifetimes").len();
+    assert_eq!(engaged, MEMBERS.len());
+
+    stop.cancel();
+    eventually("the members' lifetimes to end", || async {
+        lingering
+            .lifetimes
+            .lock()
+            .expect("lifetimes")
+            .iter()
+            .all(CancellationToken::is_cancelled)
+    })
+    .await;
+    // The work has not settled: the peer Lease (and with it every fence)
+    // stays for as long as it does not; two seconds are looked at.
+    let leases: Api<Lease> = Api::namespaced(cp.client().await.expect("client"), "kube-system");
+    let watched_until = tokio::time::Instant::now() + Duration::from_secs(2);
+    while tokio::time::Instant::now() < watched_until {
+        assert!(
+            leases
+                .get_opt("mcr-peer-replica-a")
+                .await
+                .expect("peer lease")
+                .is_some(),
+            "the peer Lease went while work on its clusters was still running"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    lingering.let_go.cancel();
+    task.await.expect("task").expect("clean stop");
+    assert!(
+        leases
+            .get_opt("mcr-peer-replica-a")
+            .await
+            .expect("peer lease")
+            .is_none(),
+        "the peer Lease stayed after the work settled"
+    );
 }

@@ -10,10 +10,14 @@
 //! one `write` each, unbuffered, so a replica killed with SIGKILL loses
 //! none it had written.
 
+use std::collections::HashMap;
 use std::fs::File;
 use std::io::Write;
 use std::path::Path;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use futures::future::BoxFuture;
 
 use multicluster_runtime::multicluster::Aware;
 use multicluster_runtime::{Cluster, ClusterName, Error};
@@ -22,6 +26,12 @@ use tokio_util::sync::CancellationToken;
 /// Appends this replica's start and stop of work on each cluster to a file.
 pub(crate) struct Ledger {
     file: Arc<Mutex<File>>,
+    /// Per cluster, the engagement whose stop line is not written yet
+    /// (numbered, so an old one's end does not remove a newer one), fired
+    /// once it is: the coordinator hands a cluster over only after
+    /// [`Aware::settled`], so the next owner's start line comes after it.
+    pending: Arc<Mutex<HashMap<ClusterName, (u64, CancellationToken)>>>,
+    engagements: AtomicU64,
 }
 
 impl Ledger {
@@ -33,6 +43,8 @@ impl Ledger {
             .open(path)?;
         Ok(Self {
             file: Arc::new(Mutex::new(file)),
+            pending: Arc::default(),
+            engagements: AtomicU64::new(0),
         })
     }
 }
@@ -42,9 +54,7 @@ fn append(file: &Mutex<File>, what: &str, cluster: &ClusterName) {
     let nanos = u128::try_from(now.tv_sec).unwrap_or_default() * 1_000_000_000
         + u128::try_from(now.tv_nsec).unwrap_or_default();
     let line = format!("{nanos} {what} {cluster}\n");
-    let mut file = file
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut file = lock(file);
     if let Err(err) = file.write_all(line.as_bytes()) {
         tracing::warn!(error = %err, "cannot write the ownership ledger");
     }
@@ -61,11 +71,36 @@ impl Aware for Ledger {
             return Ok(());
         }
         append(&self.file, "start", &name);
-        let file = self.file.clone();
+        let number = self.engagements.fetch_add(1, Ordering::Relaxed);
+        let written = CancellationToken::new();
+        lock(&self.pending).insert(name.clone(), (number, written.clone()));
+        let (file, pending) = (self.file.clone(), self.pending.clone());
         tokio::spawn(async move {
             lifetime.cancelled().await;
             append(&file, "stop", &name);
+            let mut pending = lock(&pending);
+            if pending.get(&name).is_some_and(|(n, _)| *n == number) {
+                pending.remove(&name);
+            }
+            written.cancel();
         });
         Ok(())
     }
+
+    fn settled(&self, name: &ClusterName) -> BoxFuture<'static, ()> {
+        let written = lock(&self.pending)
+            .get(name)
+            .map(|(_, token)| token.clone());
+        Box::pin(async move {
+            if let Some(written) = written {
+                written.cancelled().await;
+            }
+        })
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }

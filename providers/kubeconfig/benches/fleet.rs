@@ -23,6 +23,14 @@
 //! window (default 30; 330 holds every watch's renewal) and
 //! `KUBECONFIG_FLEET_REQUESTS` the requests per cluster before the last
 //! reading of memory (default 100, 0 for none).
+//!
+//! `KUBECONFIG_FLEET_OWNED=none` measures instead what a sharded replica
+//! pays for the clusters other replicas own: every replica runs the
+//! provider over the whole fleet and checks each cluster before its
+//! coordinator decides, so it holds a client for each. The manager here
+//! has a coordinator that owns nothing; RSS and connections are read once
+//! every cluster is ready, and again two minutes later, once idle
+//! connections could have been let go.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
@@ -39,11 +47,12 @@ use multicluster_provider_kubeconfig::{
 use multicluster_runtime::cache::CacheOptions;
 use multicluster_runtime::client::ClientOptions;
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
+use multicluster_runtime::coordinator::Coordinator;
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::provider::member::MemberOptions;
 use multicluster_runtime::testing::{connections_to, resident_memory_mib};
-use multicluster_runtime::{Cluster, ClusterName, Manager};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Manager};
 use tokio_util::sync::CancellationToken;
 
 const NAMESPACE: &str = "fleet";
@@ -512,8 +521,95 @@ async fn main() -> Outcome {
         }
     );
     let mut created = 0;
+    let owned_none = std::env::var("KUBECONFIG_FLEET_OWNED").is_ok_and(|value| value == "none");
     for clusters in sizes {
-        run(&cp, &admin, port, clusters, &mut created).await?;
+        if owned_none {
+            run_owning_nothing(&cp, &admin, port, clusters, &mut created).await?;
+        } else {
+            run(&cp, &admin, port, clusters, &mut created).await?;
+        }
     }
+    Ok(())
+}
+
+/// A replica that owns no cluster of the fleet (`KUBECONFIG_FLEET_OWNED=none`).
+struct OwnsNothing;
+
+#[async_trait::async_trait]
+impl Coordinator for OwnsNothing {
+    fn engage(
+        &self,
+        _lifetime: CancellationToken,
+        _name: ClusterName,
+        _cluster: Cluster,
+        _components: &[Arc<dyn Aware>],
+    ) -> Result<(), multicluster_runtime::Error> {
+        Ok(())
+    }
+
+    fn working_on(&self) -> Option<Vec<ClusterName>> {
+        Some(Vec::new())
+    }
+}
+
+/// What the clusters of a fleet cost a replica that works on none of them.
+async fn run_owning_nothing(
+    cp: &ControlPlane,
+    admin: &kube::Client,
+    port: u16,
+    clusters: usize,
+    created: &mut usize,
+) -> Outcome {
+    create_secrets(cp, admin, *created, clusters).await?;
+    *created = clusters;
+    let rss_before = resident_memory_mib();
+    let controller = Controller::builder("bench")
+        .for_resource(Watch::<ConfigMap>::new())
+        .build(|_request: Request, _cluster| async { Ok::<_, Never>(Action::await_change()) })?;
+    let provider = Arc::new(KubeconfigProvider::new(
+        admin.clone(),
+        KubeconfigOptions::default()
+            .namespace(NAMESPACE.to_string())
+            .members(MemberOptions::default().client(ClientOptions::default().http2(http2()))),
+    ));
+    let manager = Manager::builder(Cluster::new("local", admin.clone()))
+        .provider(provider)
+        .coordinator(Arc::new(OwnsNothing))
+        .build();
+    manager.add_controller(controller)?;
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let task = {
+        let (manager, shutdown) = (manager.clone(), shutdown.clone());
+        tokio::spawn(async move { manager.run(shutdown).await })
+    };
+    let ready = || {
+        manager
+            .cluster_states()
+            .into_iter()
+            .filter(|(_, status)| status.state == ClusterState::Ready)
+            .count()
+    };
+    poll("every cluster ready", Duration::from_secs(900), || {
+        ready() >= clusters
+    })
+    .await?;
+    let all = started.elapsed();
+    let per_cluster = |rss: f64| (rss - rss_before) * 1024.0 / clusters as f64;
+    let rss_ready = resident_memory_mib();
+    let connections_ready = connections_to(port);
+    tokio::time::sleep(Duration::from_secs(120)).await;
+    let rss_later = resident_memory_mib();
+    let connections_later = connections_to(port);
+    let (fds, _) = descriptors();
+    println!(
+        "clusters={clusters:>5} owned=none all-ready={:.2}s rss-ready={:.0}KiB/cluster connections-ready={connections_ready} \
+         rss-2-min-later={:.0}KiB/cluster connections-2-min-later={connections_later} fds={fds}",
+        all.as_secs_f64(),
+        per_cluster(rss_ready),
+        per_cluster(rss_later),
+    );
+    shutdown.cancel();
+    task.await??;
     Ok(())
 }

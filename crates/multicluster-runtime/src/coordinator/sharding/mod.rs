@@ -123,6 +123,10 @@ impl Held {
     }
 }
 
+/// A cluster handed back at shutdown: its fence and the components whose
+/// work must settle first.
+type HandedBack = (ClusterName, Held, Vec<Arc<dyn Aware>>);
+
 /// What one look at a cluster decided.
 enum Step {
     Nothing,
@@ -404,27 +408,43 @@ impl ShardedCoordinator {
             .fold(probe, Instant::min)
     }
 
-    /// Stops all work and hands every fence back. Fences held with the
+    /// Stops all work and hands every fence back once it has stopped (as a
+    /// hand-over does, within the hand-over timeout). Fences held with the
     /// peer Lease are not written one by one: the registry deletes the peer
     /// Lease right after, in a new epoch, which frees all of them with one
     /// request (or, should that fail, when the Lease lapses, as after a
     /// crash).
     async fn release_all(&self) {
-        let held: Vec<(ClusterName, Held)> = lock(&self.inner.clusters)
+        let held: Vec<HandedBack> = lock(&self.inner.clusters)
             .iter_mut()
-            .filter_map(|(name, entry)| Some((name.clone(), entry.data.held.take()?)))
+            .filter_map(|(name, entry)| {
+                let held = entry.data.held.take()?;
+                Some((name.clone(), held, entry.data.components.clone()))
+            })
             .collect();
         let count = held.len();
+        tracing::info!(clusters = count, peer = %self.inner.me.id, "shutting down: handing every cluster back");
         let with_peer = self.inner.options.fence_hold == FenceHold::WithPeer;
         let mut renewed = Vec::new();
-        for (name, held) in held {
+        let mut settling = Vec::new();
+        for (name, held, components) in held {
             held.work.cancel();
             tracing::debug!(cluster = %name, "shutting down: handing the cluster back");
+            settling.extend(components.iter().map(|component| component.settled(&name)));
             if !with_peer {
                 renewed.push(held.fence);
             }
         }
-        tracing::info!(clusters = count, peer = %self.inner.me.id, "shutting down: handing every cluster back");
+        let timeout = self.inner.options.handover_timeout;
+        if tokio::time::timeout(timeout, futures::future::join_all(settling))
+            .await
+            .is_err()
+        {
+            tracing::warn!(
+                ?timeout,
+                "work still running; handing the clusters back anyway"
+            );
+        }
         let timeout = self.inner.options.fence_renew_interval;
         let unreleased = std::mem::take(&mut *lock(&self.inner.unreleased));
         // What a release leaves unreleased is freed when the peer Lease goes.
