@@ -571,6 +571,7 @@ impl Coordinator for ShardedCoordinator {
             standing: self.inner.standing.clone(),
             wake: self.inner.wake.clone(),
             epochs: self.inner.epochs.clone(),
+            stood_since: std::sync::Mutex::default(),
         };
         let known = registry.known.clone();
         let registry_stop = CancellationToken::new();

@@ -53,6 +53,9 @@ pub(crate) struct Registry {
     pub(crate) wake: Arc<Notify>,
     /// What the reads of the peer Leases tell of their epochs.
     pub(crate) epochs: Arc<Mutex<Epochs>>,
+    /// Since when this replica's standing has been live (`None` while it
+    /// is not).
+    pub(crate) stood_since: Mutex<Option<Instant>>,
 }
 
 /// A name for a new epoch, different from every earlier one of this peer
@@ -156,6 +159,7 @@ impl Registry {
     /// Ends the epoch: fences held with it stop, and the next good renewal
     /// announces a new epoch, which frees them for the others at once.
     fn fall(&self) {
+        *lock(&self.stood_since) = None;
         self.standing.send_modify(|standing| {
             if let Some(token) = standing.live.take() {
                 token.cancel();
@@ -175,7 +179,23 @@ impl Registry {
             true
         });
         if renewed {
+            *lock(&self.stood_since) = Some(Instant::now());
             self.wake.notify_one();
+        }
+    }
+
+    /// Until when peers whose Leases lapsed are kept in the set: while this
+    /// replica cannot renew its own Lease, and for one Lease duration after
+    /// it can again. When the API server was away for everyone (paused,
+    /// restarted, unreachable from every replica), every peer Lease lapsed
+    /// together; dropping the peers whose renewal has not come through yet
+    /// would hand their clusters around and back. Safety does not depend
+    /// on the set (fences do); a replica that really died meanwhile is
+    /// noticed at most one Lease duration later. `None`: none are kept.
+    fn keep_lapsed_until(&self, now: Instant) -> Option<Instant> {
+        match *lock(&self.stood_since) {
+            None => Some(now + self.renew),
+            Some(since) => Some(since + self.duration).filter(|until| *until > now),
         }
     }
 
@@ -291,6 +311,16 @@ impl Registry {
             .collect();
         // Always a peer of itself, even before its own Lease shows up.
         peers.insert(self.me.id.clone(), self.me.clone());
+        let keep_until = self.keep_lapsed_until(Instant::now());
+        let mut next_look = first_lapse;
+        if let Some(until) = keep_until {
+            for known in self.peers.borrow().iter() {
+                if !peers.contains_key(&known.id) && lapsed_in(&list.items, &known.id, now) {
+                    peers.insert(known.id.clone(), known.clone());
+                    next_look = Some(next_look.map_or(until, |at| at.min(until)));
+                }
+            }
+        }
         let peers: Vec<Peer> = peers.into_values().collect();
         self.known.cancel();
         self.peers.send_if_modified(|known| {
@@ -301,8 +331,18 @@ impl Registry {
             *known = peers;
             true
         });
-        first_lapse
+        next_look
     }
+}
+
+/// Whether `leases` hold a Lease of peer `id` that has lapsed (not one
+/// that was deleted or released: that peer left).
+fn lapsed_in(leases: &[Lease], id: &str, now: Timestamp) -> bool {
+    leases.iter().any(|lease| {
+        lease.spec.as_ref().is_some_and(|spec| {
+            spec.holder_identity.as_deref() == Some(id) && lease::expired(spec, now)
+        })
+    })
 }
 
 /// A peer's weight from its annotation; missing, unreadable or 0 is 1.
