@@ -94,6 +94,10 @@ pub(crate) struct Fence {
     stop: CancellationToken,
     /// Held with the peer Lease (not renewed itself).
     with_peer: bool,
+    /// The Lease as this replica last wrote it, when nothing has written
+    /// it since (a fence held with the peer Lease): a release writes over
+    /// it without reading first.
+    written: Option<Box<Lease>>,
 }
 
 impl Fence {
@@ -111,13 +115,15 @@ impl Fence {
             Err(_) => return Attempt::Failed("no answer from the API server".to_string()),
             Ok(Err(err)) => return Attempt::Failed(crate::redact::kube_error(&err)),
             Ok(Ok(Taken::HeldBy(holder))) => return Attempt::Busy(holder),
-            Ok(Ok(Taken::Yes)) => {}
+            Ok(Ok(Taken::Yes(_))) => {}
         }
+        // Renewals write over the Lease from here on: a release reads it.
         let fence = Self {
             name,
             lost: CancellationToken::new(),
             stop: CancellationToken::new(),
             with_peer: false,
+            written: None,
         };
         tokio::spawn(renew(
             api.clone(),
@@ -154,11 +160,12 @@ impl Fence {
             Err(_) => Attempt::Failed("no answer from the API server".to_string()),
             Ok(Err(err)) => Attempt::Failed(crate::redact::kube_error(&err)),
             Ok(Ok(Taken::HeldBy(holder))) => Attempt::Busy(holder),
-            Ok(Ok(Taken::Yes)) => Attempt::Taken(Self {
+            Ok(Ok(Taken::Yes(written))) => Attempt::Taken(Self {
                 name,
                 lost,
                 stop: CancellationToken::new(),
                 with_peer: true,
+                written: Some(written),
             }),
         }
     }
@@ -172,6 +179,7 @@ impl Fence {
             lost: standing.clone(),
             stop: CancellationToken::new(),
             with_peer: true,
+            written: None,
         }
     }
 
@@ -186,7 +194,7 @@ impl Fence {
     /// back to be released again later. A fence whose epoch has ended needs
     /// nothing: the new epoch freed it.
     pub(crate) async fn release(
-        self,
+        mut self,
         api: &Api<Lease>,
         me: &str,
         timeout: Duration,
@@ -195,7 +203,7 @@ impl Fence {
         if self.with_peer && self.lost.is_cancelled() {
             return None;
         }
-        let call = lease::release(api, &self.name, me);
+        let call = lease::release(api, &self.name, me, self.written.take().map(|lease| *lease));
         let failure = match tokio::time::timeout(timeout, call).await {
             Ok(Ok(())) => {
                 tracing::debug!(lease = %self.name, "fence released");

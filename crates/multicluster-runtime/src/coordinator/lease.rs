@@ -13,10 +13,10 @@ use kube::api::{Api, PostParams};
 use super::{EPOCH_ANNOTATION, HELD_WITH_ANNOTATION};
 
 /// What an attempt to take a Lease found.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub(crate) enum Taken {
-    /// This replica holds it now.
-    Yes,
+    /// This replica holds it now: the Lease as written.
+    Yes(Box<Lease>),
     /// Someone else holds it and it has not expired; the holder if known.
     HeldBy(Option<String>),
 }
@@ -148,7 +148,7 @@ pub(crate) async fn take(
             }),
         };
         return match api.create(&PostParams::default(), &lease).await {
-            Ok(_) => Ok(Taken::Yes),
+            Ok(written) => Ok(Taken::Yes(Box::new(written))),
             // Another replica created it first.
             Err(err) if is_conflict(&err) => Ok(Taken::HeldBy(None)),
             Err(err) => Err(err),
@@ -188,7 +188,7 @@ pub(crate) async fn take(
     spec.lease_duration_seconds = Some(seconds(duration));
     spec.renew_time = Some(MicroTime(now));
     match api.replace(name, &PostParams::default(), &lease).await {
-        Ok(_) => Ok(Taken::Yes),
+        Ok(written) => Ok(Taken::Yes(Box::new(written))),
         // Changed since it was read: someone else got there first.
         Err(err) if is_conflict(&err) => Ok(Taken::HeldBy(None)),
         Err(err) => Err(err),
@@ -243,22 +243,42 @@ pub(crate) async fn renew(
 
 /// Clears the holder of `name` if it is still `me`, so the next owner need
 /// not wait for it to expire.
-pub(crate) async fn release(api: &Api<Lease>, name: &str, me: &str) -> Result<(), kube::Error> {
-    let Some(mut lease) = api.get_opt(name).await? else {
-        return Ok(());
-    };
-    let Some(spec) = lease.spec.as_mut() else {
-        return Ok(());
-    };
-    if spec.holder_identity.as_deref() != Some(me) {
-        return Ok(());
-    }
-    spec.holder_identity = None;
-    match api.replace(name, &PostParams::default(), &lease).await {
-        Ok(_) => Ok(()),
-        // Taken over meanwhile: nothing of ours left to clear.
-        Err(err) if is_conflict(&err) => Ok(()),
-        Err(err) => Err(err),
+///
+/// `last`, what this replica last wrote to the Lease, is written over
+/// without reading first (a hand-over of thousands of clusters is that
+/// many requests fewer); its resourceVersion guards the write, so a Lease
+/// changed since is read and checked before a second try.
+pub(crate) async fn release(
+    api: &Api<Lease>,
+    name: &str,
+    me: &str,
+    last: Option<Lease>,
+) -> Result<(), kube::Error> {
+    let mut written_over = last;
+    loop {
+        let read = written_over.is_none();
+        let mut lease = match written_over.take() {
+            Some(lease) => lease,
+            None => match api.get_opt(name).await? {
+                Some(lease) => lease,
+                None => return Ok(()),
+            },
+        };
+        let Some(spec) = lease.spec.as_mut() else {
+            return Ok(());
+        };
+        if spec.holder_identity.as_deref() != Some(me) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        match api.replace(name, &PostParams::default(), &lease).await {
+            Ok(_) => return Ok(()),
+            // Changed since our write: read it, and clear it if still ours.
+            Err(err) if is_conflict(&err) && !read => {}
+            // Taken over meanwhile: nothing of ours left to clear.
+            Err(err) if is_conflict(&err) => return Ok(()),
+            Err(err) => return Err(err),
+        }
     }
 }
 
@@ -323,12 +343,12 @@ mod tests {
         let client = cp.client().await.expect("client");
         let api: Api<Lease> = Api::namespaced(client.clone(), "default");
         let duration = Duration::from_secs(20);
-        assert_eq!(
+        assert!(matches!(
             take(&api, "fence", "me", duration, None, &nothing_known)
                 .await
                 .expect("take"),
-            Taken::Yes
-        );
+            Taken::Yes(_)
+        ));
         let mut last = None;
         assert!(
             renew(&api, "fence", "me", duration, &mut last)
@@ -380,6 +400,70 @@ mod tests {
         assert!(
             last.is_none(),
             "nothing to write over after a failed renewal"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_release_writes_over_the_take_without_reading_and_still_sees_changes() {
+        let cp = multicluster_envtest::ControlPlane::start()
+            .await
+            .expect("control plane");
+        let client = cp.client().await.expect("client");
+        let api: Api<Lease> = Api::namespaced(client.clone(), "default");
+        let duration = Duration::from_secs(20);
+        let holder = |lease: Lease| lease.spec.and_then(|spec| spec.holder_identity);
+        let take_one = |name: &'static str| {
+            let api = api.clone();
+            async move {
+                match take(&api, name, "me", duration, None, &nothing_known)
+                    .await
+                    .expect("take")
+                {
+                    Taken::Yes(written) => *written,
+                    Taken::HeldBy(other) => panic!("{name} held by {other:?}"),
+                }
+            }
+        };
+
+        // Nothing changed since the take: one write, no read.
+        let written = take_one("quiet").await;
+        let before = lease_reads(&client).await;
+        release(&api, "quiet", "me", Some(written))
+            .await
+            .expect("release");
+        assert_eq!(lease_reads(&client).await, before, "the release read");
+        assert_eq!(holder(api.get("quiet").await.expect("get")), None);
+
+        // Changed since, still ours: the stale write conflicts, and the
+        // release reads and clears it.
+        let written = take_one("touched").await;
+        let mut touched = api.get("touched").await.expect("get");
+        touched
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("touched".to_string(), "yes".to_string());
+        api.replace("touched", &PostParams::default(), &touched)
+            .await
+            .expect("touch");
+        release(&api, "touched", "me", Some(written))
+            .await
+            .expect("release");
+        assert_eq!(holder(api.get("touched").await.expect("get")), None);
+
+        // Taken by another since: left alone.
+        let written = take_one("taken").await;
+        let mut taken = api.get("taken").await.expect("get");
+        taken.spec.as_mut().expect("spec").holder_identity = Some("other".to_string());
+        api.replace("taken", &PostParams::default(), &taken)
+            .await
+            .expect("take over");
+        release(&api, "taken", "me", Some(written))
+            .await
+            .expect("release");
+        assert_eq!(
+            holder(api.get("taken").await.expect("get")).as_deref(),
+            Some("other")
         );
     }
 

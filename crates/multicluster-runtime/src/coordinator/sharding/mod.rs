@@ -4,8 +4,11 @@
 //! [`ShardedCoordinator`] decides which clusters this replica works on:
 //!
 //! - **Peers.** Each replica keeps a Lease `<peer prefix>-<id>` in the fence
-//!   namespace and reads the others' every renew interval, and again the
-//!   moment one of them would lapse; a peer whose Lease has lapsed is gone.
+//!   namespace and reads the others' every renew interval, again the moment
+//!   one of them would lapse, and whenever its watch of the peer Leases
+//!   shows one come, go or change epoch; a peer whose Lease was deleted or
+//!   has lapsed is gone (after an outage that kept this replica from
+//!   renewing too, lapsed peers get one Lease duration to renew first).
 //! - **Ownership.** Rendezvous hashing (`owner`) over the live peers names
 //!   one owner per cluster. Every replica computes the same answer, and a
 //!   peer joining or leaving moves only about 1/N of the clusters.
@@ -18,9 +21,11 @@
 //! Names, labels and defaults are Go multicluster-runtime's, so the Leases
 //! look the same. Beyond Go: Lease names are unique per cluster and never
 //! too long, a stopping replica deletes its peer Lease so its clusters move
-//! at once, a renewal that hangs counts as failed before the Lease can
-//! lapse, and ownership is re-examined as soon as peers change rather than
-//! at the next probe. Go's single shared fence for the whole fleet is not
+//! at once (with fences held with that Lease, the deletion is the whole
+//! hand-back: one request however many clusters), a renewal that hangs
+//! counts as failed before the Lease can lapse, ownership is re-examined as
+//! soon as peers change rather than at the next probe, and a look takes and
+//! hands back several fences at once. Go's single shared fence for the whole fleet is not
 //! offered: it lets only one replica work at all. The scores differ from
 //! Go's (see `score`): Go's give one of five peers named `x-0` to `x-4`
 //! half of the fleet, so Go and Rust replicas must not share one fleet.
@@ -103,6 +108,8 @@ struct Share {
     components: Vec<Arc<dyn Aware>>,
     held: Option<Held>,
     retry_at: Option<Instant>,
+    /// Attempts in a row that found the fence held by another replica.
+    busy: u32,
 }
 
 /// A cluster this replica works on: its fence and the work's lifetime.
@@ -274,6 +281,7 @@ impl ShardedCoordinator {
                     // A retry due for a cluster that is another's now would
                     // have the loop look again at once, over and over.
                     entry.retry_at = None;
+                    entry.busy = 0;
                 }
                 Step::Nothing
             }
@@ -320,7 +328,7 @@ impl ShardedCoordinator {
             fence::Attempt::Taken(fence) => fence,
             fence::Attempt::Busy(holder) => {
                 tracing::debug!(cluster = %name, lease = %fence_name, holder = holder.as_deref().unwrap_or("unknown"), "fence busy; trying again later");
-                self.retry_later(name, generation);
+                self.retry_busy_later(name, generation);
                 return;
             }
             fence::Attempt::Failed(reason) => {
@@ -341,6 +349,7 @@ impl ShardedCoordinator {
                     );
                     entry.data.held = Some(held);
                     entry.data.retry_at = None;
+                    entry.data.busy = 0;
                     Ok(start)
                 }
                 // Replaced or gone while the fence was taken: the next
@@ -394,6 +403,25 @@ impl ShardedCoordinator {
     fn retry_later(&self, name: &ClusterName, generation: u64) {
         if let Some(entry) = lock(&self.inner.clusters).current_mut(name, generation) {
             entry.data.retry_at = Some(Instant::now() + self.inner.options.fence_retry_delay);
+        }
+    }
+
+    /// A fence found held by another replica (which hands it over once it
+    /// sees this one own the cluster, or which this one sees gone) is tried
+    /// again after the retry delay, doubled with each busy attempt in a row
+    /// up to the probe interval: a replica that joins a large fleet finds
+    /// thousands of fences busy at once, and asking for each of them every
+    /// retry delay would load the API server the releases go through.
+    fn retry_busy_later(&self, name: &ClusterName, generation: u64) {
+        let options = &self.inner.options;
+        if let Some(entry) = lock(&self.inner.clusters).current_mut(name, generation) {
+            let share = &mut entry.data;
+            let delay = options
+                .fence_retry_delay
+                .saturating_mul(1 << share.busy.min(16))
+                .min(options.probe_interval.max(options.fence_retry_delay));
+            share.busy = share.busy.saturating_add(1);
+            share.retry_at = Some(Instant::now() + delay);
         }
     }
 
@@ -508,6 +536,7 @@ impl Coordinator for ShardedCoordinator {
                         components: components.to_vec(),
                         held: None,
                         retry_at: None,
+                        busy: 0,
                     };
                     let (entry, replaced) =
                         clusters.insert(name.clone(), cluster.clone(), &lifetime, share);
@@ -682,6 +711,47 @@ mod tests {
             next > Instant::now(),
             "a stale retry of a cluster this replica does not own makes the loop look again at once, over and over"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fence_found_busy_again_and_again_is_tried_less_often() {
+        let coordinator = ShardedCoordinator::new(
+            offline_client(),
+            ShardingOptions::default().peer_id("me".to_string()),
+        )
+        .expect("coordinator");
+        let name = ClusterName::from("joined");
+        coordinator
+            .engage(
+                CancellationToken::new(),
+                name.clone(),
+                Cluster::new("joined", offline_client()),
+                &[],
+            )
+            .expect("engage");
+        let generation = lock(&coordinator.inner.clusters)
+            .get(&name)
+            .expect("held")
+            .generation;
+        let delay = |coordinator: &ShardedCoordinator| {
+            coordinator.retry_busy_later(&name, generation);
+            let retry_at = lock(&coordinator.inner.clusters)
+                .get(&name)
+                .and_then(|entry| entry.data.retry_at)
+                .expect("a retry");
+            (retry_at - Instant::now()).as_millis()
+        };
+        let delays: Vec<u128> = (0..6).map(|_| delay(&coordinator)).collect();
+        // 750 ms doubled each time, up to the look every 5 s.
+        assert_eq!(delays, [750, 1500, 3000, 5000, 5000, 5000]);
+        // Another replica's cluster now: the count starts over.
+        let other = Peer {
+            id: "other".to_string(),
+            weight: u32::MAX,
+        };
+        let peers = [coordinator.inner.me.clone(), other];
+        assert!(matches!(coordinator.decide(&name, &peers), Step::Nothing));
+        assert_eq!(delay(&coordinator), 750);
     }
 
     #[tokio::test]
