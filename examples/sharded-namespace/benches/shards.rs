@@ -34,7 +34,7 @@ use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use multicluster_envtest::ControlPlane;
-use multicluster_example_testing::replica::Replica;
+use multicluster_example_testing::replica::{Replica, ShardedArgs};
 use multicluster_example_testing::sharding::{
     LedgerFile, Ownership, create_namespaces, now, wait_settled,
 };
@@ -318,23 +318,10 @@ async fn run(clusters: usize, replicas: usize, hold: &str) -> Outcome {
 /// A replica with the coordinator's default timings, keeping its fences
 /// as `fence_hold` says.
 fn start(cp: &ControlPlane, id: &str, fence_hold: &str, ledger: &std::path::Path) -> Replica {
-    Replica::start(
-        BINARY,
-        cp,
-        id,
-        &[
-            "--peer-id",
-            id,
-            "--watch-filter",
-            FILTER,
-            "--lease-namespace",
-            LEASE_NAMESPACE,
-            "--fence-hold",
-            fence_hold,
-            "--ownership-ledger",
-            ledger.to_str().expect("a UTF-8 path"),
-        ],
-    )
+    ShardedArgs::new(id, FILTER, fence_hold)
+        .set("--lease-namespace", LEASE_NAMESPACE)
+        .ledger(ledger)
+        .start(BINARY, cp)
 }
 
 /// Requests for Leases the API server has answered so far, and its CPU

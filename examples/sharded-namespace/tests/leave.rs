@@ -14,7 +14,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use multicluster_envtest::ControlPlane;
-use multicluster_example_testing::replica::Replica;
+use multicluster_example_testing::replica::{Replica, ShardedArgs};
 use multicluster_example_testing::sharding::{LedgerFile, create_namespaces, now, wait_settled};
 use multicluster_runtime::coordinator::sharding::{Peer, fence_lease_name, owner};
 use tokio::process::Command;
@@ -31,29 +31,13 @@ const PEER_LEASE: &str = "1800s";
 const SETTLE_LIMIT: Duration = Duration::from_secs(60);
 
 fn start(cp: &ControlPlane, id: &str, ledger: &Path) -> Replica {
-    Replica::start(
-        BINARY,
-        cp,
-        id,
-        &[
-            "--peer-id",
-            id,
-            "--watch-filter",
-            FILTER,
-            "--lease-namespace",
-            LEASE_NAMESPACE,
-            "--probe-interval",
-            "1s",
-            "--peer-lease-duration",
-            PEER_LEASE,
-            "--peer-renew-interval",
-            PEER_RENEW,
-            "--fence-hold",
-            "with-peer",
-            "--ownership-ledger",
-            ledger.to_str().expect("a UTF-8 path"),
-        ],
-    )
+    ShardedArgs::new(id, FILTER, "with-peer")
+        .set("--lease-namespace", LEASE_NAMESPACE)
+        .set("--probe-interval", "1s")
+        .set("--peer-lease-duration", PEER_LEASE)
+        .set("--peer-renew-interval", PEER_RENEW)
+        .ledger(ledger)
+        .start(BINARY, cp)
 }
 
 async fn signal(replica: &Replica, signal: &str) {

@@ -9,7 +9,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use multicluster_envtest::ControlPlane;
-use multicluster_example_testing::replica::Replica;
+use multicluster_example_testing::replica::{Replica, ShardedArgs};
 use multicluster_example_testing::sharding::{LedgerFile, create_namespaces, now, wait_settled};
 use multicluster_runtime::coordinator::sharding::{Peer, owner};
 
@@ -22,27 +22,10 @@ const OUTAGE: Duration = Duration::from_secs(9);
 const SETTLE_LIMIT: Duration = Duration::from_secs(90);
 
 fn start(cp: &ControlPlane, id: &str, ledger: &Path) -> Replica {
-    Replica::start(
-        BINARY,
-        cp,
-        id,
-        &[
-            "--peer-id",
-            id,
-            "--watch-filter",
-            FILTER,
-            "--probe-interval",
-            "1s",
-            "--peer-lease-duration",
-            "6s",
-            "--peer-renew-interval",
-            "1s",
-            "--fence-hold",
-            "with-peer",
-            "--ownership-ledger",
-            ledger.to_str().expect("a UTF-8 path"),
-        ],
-    )
+    ShardedArgs::new(id, FILTER, "with-peer")
+        .quick()
+        .ledger(ledger)
+        .start(BINARY, cp)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

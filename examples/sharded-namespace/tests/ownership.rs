@@ -10,7 +10,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use multicluster_envtest::ControlPlane;
-use multicluster_example_testing::replica::Replica;
+use multicluster_example_testing::replica::{Replica, ShardedArgs};
 use multicluster_example_testing::sharding::{LedgerFile, create_namespaces, now, wait_settled};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-sharded-namespace");
@@ -41,31 +41,13 @@ const SETTLE_LIMIT: Duration = Duration::from_secs(180);
 
 fn start(cp: &ControlPlane, id: &str, ledger: &Path) -> Replica {
     let secs = |d: Duration| format!("{}s", d.as_secs());
-    Replica::start(
-        BINARY,
-        cp,
-        id,
-        &[
-            "--peer-id",
-            id,
-            "--watch-filter",
-            FILTER,
-            "--probe-interval",
-            &secs(LOOK),
-            "--peer-lease-duration",
-            &secs(PEER_LEASE),
-            "--peer-renew-interval",
-            "1s",
-            "--fence-lease-duration",
-            &secs(FENCE_LEASE),
-            "--fence-renew-interval",
-            "1s",
-            "--fence-hold",
-            "with-peer",
-            "--ownership-ledger",
-            ledger.to_str().expect("a UTF-8 path"),
-        ],
-    )
+    ShardedArgs::new(id, FILTER, "with-peer")
+        .quick()
+        .set("--probe-interval", secs(LOOK))
+        .set("--peer-lease-duration", secs(PEER_LEASE))
+        .set("--fence-lease-duration", secs(FENCE_LEASE))
+        .ledger(ledger)
+        .start(BINARY, cp)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_example_configmap_sync::{COPIED_BY_ANNOTATION, SYNC_LABEL};
-use multicluster_example_testing::replica::Replica;
+use multicluster_example_testing::replica::{Replica, ShardedArgs};
 use multicluster_runtime::coordinator::sharding::{Peer, fence_lease_name, owner};
 use multicluster_runtime::testing::eventually;
 use serde_json::json;
@@ -27,29 +27,7 @@ const WITH_PEER: &str = "with-peer";
 /// A replica of the sharded example, with short leases so hand-overs
 /// take seconds, not half a minute, keeping its fences as `hold` says.
 fn start(cp: &ControlPlane, id: &str, hold: &str) -> Replica {
-    Replica::start(
-        BINARY,
-        cp,
-        id,
-        &[
-            "--peer-id",
-            id,
-            "--watch-filter",
-            FILTER,
-            "--probe-interval",
-            "1s",
-            "--peer-lease-duration",
-            "6s",
-            "--peer-renew-interval",
-            "1s",
-            "--fence-lease-duration",
-            "4s",
-            "--fence-renew-interval",
-            "1s",
-            "--fence-hold",
-            hold,
-        ],
-    )
+    ShardedArgs::new(id, FILTER, hold).quick().start(BINARY, cp)
 }
 
 /// The clusters `replica` says it works on.

@@ -30,8 +30,9 @@
 //! Go's (see `score`): Go's give one of five peers named `x-0` to `x-4`
 //! half of the fleet, so Go and Rust replicas must not share one fleet.
 //!
-//! The replicas need RBAC to get, list, create, update and delete Leases in
-//! the fence namespace.
+//! The replicas need RBAC to get, list, watch, create, update and delete
+//! Leases in the fence namespace (without `watch` they still work: peers
+//! are then noticed at the next read, up to a renew interval later).
 
 mod epochs;
 mod hrw;
