@@ -111,13 +111,14 @@ impl Fence {
         on_lost: Arc<Notify>,
     ) -> Attempt {
         let call = lease::take(api, &name, me, timing.duration, None, &lease::nothing_known);
-        match tokio::time::timeout(timing.call_timeout(), call).await {
+        let written = match tokio::time::timeout(timing.call_timeout(), call).await {
             Err(_) => return Attempt::Failed("no answer from the API server".to_string()),
             Ok(Err(err)) => return Attempt::Failed(crate::redact::kube_error(&err)),
             Ok(Ok(Taken::HeldBy(holder))) => return Attempt::Busy(holder),
-            Ok(Ok(Taken::Yes(_))) => {}
-        }
-        // Renewals write over the Lease from here on: a release reads it.
+            Ok(Ok(Taken::Yes(written))) => written,
+        };
+        // The renewals write over the Lease from here on (the first over
+        // what the take wrote), so a release reads it.
         let fence = Self {
             name,
             lost: CancellationToken::new(),
@@ -125,15 +126,14 @@ impl Fence {
             with_peer: false,
             written: None,
         };
-        tokio::spawn(renew(
-            api.clone(),
-            fence.name.clone(),
-            me.to_string(),
+        let renewal = Renewal {
+            api: api.clone(),
+            name: fence.name.clone(),
+            me: me.to_string(),
             timing,
-            fence.lost.clone(),
-            fence.stop.clone(),
-            on_lost,
-        ));
+            written: Some(*written),
+        };
+        tokio::spawn(renewal.run(fence.lost.clone(), fence.stop.clone(), on_lost));
         Attempt::Taken(fence)
     }
 
@@ -229,55 +229,118 @@ impl Drop for Fence {
     }
 }
 
-async fn renew(
+/// A renewed fence's renewals: the Lease, its holder, its timing, and the
+/// Lease as last written.
+struct Renewal {
     api: Api<Lease>,
     name: String,
     me: String,
     timing: Timing,
-    lost: CancellationToken,
-    stop: CancellationToken,
-    on_lost: Arc<Notify>,
-) {
-    let mut last_good = tokio::time::Instant::now();
-    let mut written = None;
-    loop {
-        tokio::select! {
-            () = stop.cancelled() => return,
-            () = tokio::time::sleep(timing.renew) => {}
+    written: Option<Lease>,
+}
+
+impl Renewal {
+    /// Renews every renew interval until `stop`; when the hold ends,
+    /// cancels `lost` and notifies `on_lost`.
+    async fn run(mut self, lost: CancellationToken, stop: CancellationToken, on_lost: Arc<Notify>) {
+        let (timing, name) = (self.timing, self.name.clone());
+        let mut last_good = tokio::time::Instant::now();
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(timing.renew) => {}
+            }
+            let sent = tokio::time::Instant::now();
+            let call = lease::renew(
+                &self.api,
+                &self.name,
+                &self.me,
+                timing.duration,
+                &mut self.written,
+            );
+            let failure = tokio::select! {
+                () = stop.cancelled() => return,
+                result = tokio::time::timeout(timing.call_timeout(), call) => match result {
+                    Ok(Ok(true)) => {
+                        last_good = sent;
+                        continue;
+                    }
+                    // Taken by another: trying again cannot help.
+                    Ok(Ok(false)) => "another replica holds it".to_string(),
+                    Ok(Err(err)) if timing.may_try_again(last_good.elapsed()) => {
+                        tracing::debug!(lease = %name, error = %crate::redact::kube_error(&err), "renewal failed; trying again");
+                        continue;
+                    }
+                    Err(_) if timing.may_try_again(last_good.elapsed()) => {
+                        tracing::debug!(lease = %name, "no answer renewing; trying again");
+                        continue;
+                    }
+                    Ok(Err(err)) => crate::redact::kube_error(&err),
+                    Err(_) => "no answer from the API server".to_string(),
+                },
+            };
+            tracing::warn!(lease = %name, reason = %failure, "fence not renewed; stopping work on its cluster");
+            lost.cancel();
+            on_lost.notify_one();
+            return;
         }
-        let sent = tokio::time::Instant::now();
-        let call = lease::renew(&api, &name, &me, timing.duration, &mut written);
-        let failure = tokio::select! {
-            () = stop.cancelled() => return,
-            result = tokio::time::timeout(timing.call_timeout(), call) => match result {
-                Ok(Ok(true)) => {
-                    last_good = sent;
-                    continue;
-                }
-                // Taken by another: trying again cannot help.
-                Ok(Ok(false)) => "another replica holds it".to_string(),
-                Ok(Err(err)) if timing.may_try_again(last_good.elapsed()) => {
-                    tracing::debug!(lease = %name, error = %crate::redact::kube_error(&err), "renewal failed; trying again");
-                    continue;
-                }
-                Err(_) if timing.may_try_again(last_good.elapsed()) => {
-                    tracing::debug!(lease = %name, "no answer renewing; trying again");
-                    continue;
-                }
-                Ok(Err(err)) => crate::redact::kube_error(&err),
-                Err(_) => "no answer from the API server".to_string(),
-            },
-        };
-        tracing::warn!(lease = %name, reason = %failure, "fence not renewed; stopping work on its cluster");
-        lost.cancel();
-        on_lost.notify_one();
-        return;
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewed_fence_writes_over_what_its_take_wrote_without_reading() {
+        use kube::api::ListParams;
+        let cp = multicluster_envtest::ControlPlane::start()
+            .await
+            .expect("control plane");
+        let client = cp.client().await.expect("client");
+        let api: Api<Lease> = Api::namespaced(client.clone(), "default");
+        let timing = Timing {
+            duration: Duration::from_secs(4),
+            renew: Duration::from_secs(1),
+            deadline: None,
+        };
+        let Attempt::Taken(fence) = Fence::take(
+            &api,
+            "fence".to_string(),
+            "me",
+            timing,
+            Arc::new(Notify::new()),
+        )
+        .await
+        else {
+            panic!("not taken");
+        };
+        let renewed = |lease: &Lease| lease.spec.as_ref().and_then(|s| s.renew_time.clone());
+        // Read by LIST, which the count of reads (GET) leaves out.
+        let read = || async {
+            api.list(&ListParams::default())
+                .await
+                .expect("list")
+                .items
+                .into_iter()
+                .find(|lease| lease.metadata.name.as_deref() == Some("fence"))
+                .expect("the fence")
+        };
+        let taken = renewed(&read().await);
+        let before = lease::tests::lease_reads(&client).await;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while renewed(&read().await) == taken {
+            assert!(tokio::time::Instant::now() < deadline, "never renewed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(
+            lease::tests::lease_reads(&client).await,
+            before,
+            "the first renewal read the Lease"
+        );
+        assert!(!fence.lost().is_cancelled());
+        drop(fence);
+    }
 
     #[test]
     fn a_hung_renewal_gives_up_before_the_lease_can_lapse() {

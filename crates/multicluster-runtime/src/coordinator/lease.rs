@@ -283,7 +283,7 @@ pub(crate) async fn release(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn spec(renewed_ms_ago: i64, seconds: Option<i32>) -> (LeaseSpec, Timestamp) {
@@ -321,8 +321,9 @@ mod tests {
         assert_eq!(lapses_in(&no_duration, now), None);
     }
 
-    /// Lease reads the API server has answered so far, from its metrics.
-    async fn lease_reads(client: &kube::Client) -> f64 {
+    /// Lease reads (GET, not LIST) the API server has answered so far, from
+    /// its metrics.
+    pub(crate) async fn lease_reads(client: &kube::Client) -> f64 {
         let request = http::Request::get("/metrics")
             .body(Vec::new())
             .expect("request");
