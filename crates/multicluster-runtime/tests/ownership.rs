@@ -18,7 +18,7 @@ use kube::api::Api;
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::coordinator::Coordinator;
 use multicluster_runtime::coordinator::sharding::{FenceHold, ShardedCoordinator, ShardingOptions};
-use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Manager};
+use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Manager, ManagerOptions};
 use tokio_util::sync::CancellationToken;
 
 const MEMBERS: [&str; 6] = ["m0", "m1", "m2", "m3", "m4", "m5"];
@@ -34,6 +34,22 @@ async fn replica_holding(
     peer_id: &str,
     hold: FenceHold,
 ) -> (Manager, Arc<ShardedCoordinator>) {
+    replica_with(
+        cp,
+        ShardingOptions::default()
+            .peer_id(peer_id.to_string())
+            .fence_hold(hold),
+        ManagerOptions::default(),
+    )
+    .await
+}
+
+/// A replica with these options.
+async fn replica_with(
+    cp: &ControlPlane,
+    sharding: ShardingOptions,
+    options: ManagerOptions,
+) -> (Manager, Arc<ShardedCoordinator>) {
     let provider = TestProvider::default();
     for name in MEMBERS {
         provider
@@ -42,18 +58,11 @@ async fn replica_holding(
             .expect("add");
     }
     let client = cp.client().await.expect("client");
-    let coordinator = Arc::new(
-        ShardedCoordinator::new(
-            client,
-            ShardingOptions::default()
-                .peer_id(peer_id.to_string())
-                .fence_hold(hold),
-        )
-        .expect("coordinator"),
-    );
+    let coordinator = Arc::new(ShardedCoordinator::new(client, sharding).expect("coordinator"));
     let manager = Manager::builder(cluster_for("local", cp).await)
         .provider(Arc::new(provider))
         .coordinator(coordinator.clone())
+        .options(options)
         .build();
     (manager, coordinator)
 }
@@ -211,4 +220,56 @@ async fn a_stopping_replica_hands_its_clusters_over_only_once_their_work_settled
             .is_none(),
         "the peer Lease stayed after the work settled"
     );
+}
+
+/// A replica whose work does not settle before the manager's stop deadline
+/// is stopped anyway; its peer registry must stop with it, renewing no
+/// more (and deleting nothing: the work may still run), so the others take
+/// its clusters when the Lease lapses rather than never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_stopped_past_its_deadline_lets_its_peer_lease_lapse() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let (manager, coordinator) = replica_with(
+        &cp,
+        ShardingOptions::default()
+            .peer_id("replica-a".to_string())
+            .fence_hold(FenceHold::WithPeer)
+            .peer_renew_interval(Duration::from_secs(1))
+            .peer_lease_duration(Duration::from_secs(4)),
+        ManagerOptions::default().shutdown_grace(Duration::from_secs(1)),
+    )
+    .await;
+    let lingering = Arc::new(Lingering::default());
+    manager.add(lingering.clone()).expect("add");
+    let (stop, task) = run_manager(&manager);
+    eventually("the replica to work on every member", || async {
+        let owned = coordinator.working_on().unwrap_or_default();
+        MEMBERS
+            .iter()
+            .all(|name| owned.contains(&ClusterName::from(*name)))
+    })
+    .await;
+    // Never let go: the hand-back waits past the manager's deadline.
+    stop.cancel();
+    task.await.expect("task").expect("stopped");
+    let leases: Api<Lease> = Api::namespaced(cp.client().await.expect("client"), "kube-system");
+    let renewed = || async {
+        leases
+            .get_opt("mcr-peer-replica-a")
+            .await
+            .expect("peer lease")
+            .and_then(|lease| lease.spec?.renew_time)
+    };
+    let last = renewed().await;
+    assert!(
+        last.is_some(),
+        "the peer Lease was deleted with work running"
+    );
+    // Three renew intervals: a registry still running renews in each.
+    let watched_until = tokio::time::Instant::now() + Duration::from_secs(3);
+    while tokio::time::Instant::now() < watched_until {
+        assert_eq!(renewed().await, last, "the peer Lease is still renewed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    lingering.let_go.cancel();
 }

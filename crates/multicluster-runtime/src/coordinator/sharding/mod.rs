@@ -25,8 +25,8 @@
 //! hand-back: one request however many clusters), a renewal that hangs
 //! counts as failed before the Lease can lapse, ownership is re-examined as
 //! soon as peers change rather than at the next probe, and a look takes and
-//! hands back several fences at once. Go's single shared fence for the whole fleet is not
-//! offered: it lets only one replica work at all. The scores differ from
+//! hands back several fences at once. Go's single shared fence for the
+//! whole fleet is not offered: it lets only one replica work at all. The scores differ from
 //! Go's (see `score`): Go's give one of five peers named `x-0` to `x-4`
 //! half of the fleet, so Go and Rust replicas must not share one fleet.
 //!
@@ -605,7 +605,12 @@ impl Coordinator for ShardedCoordinator {
         };
         let known = registry.known.clone();
         let registry_stop = CancellationToken::new();
-        let registry_task = tokio::spawn(registry.run(registry_stop.clone()));
+        // Should this future be dropped before the end (the manager's stop
+        // deadline passed), the registry stops renewing rather than go on
+        // for a replica that no longer runs.
+        let abandoned = CancellationToken::new();
+        let _abandon_when_dropped = abandoned.clone().drop_guard();
+        let registry_task = tokio::spawn(registry.run(registry_stop.clone(), abandoned));
         tracing::info!(peer = %self.inner.me.id, namespace = %options.namespace, "sharding the fleet");
         let mut peers = self.inner.peers.subscribe();
         // Until the others are known this replica would own every cluster;

@@ -76,7 +76,12 @@ impl Registry {
     /// before the Lease would lapse for the others (the interval is the
     /// margin for clocks and a write in flight); then its epoch ends, and
     /// the next good renewal announces a new one.
-    pub(crate) async fn run(self, stop: CancellationToken) {
+    ///
+    /// `abandoned` (the coordinator was stopped before it could hand its
+    /// clusters back, its deadline passed) ends the standing and the
+    /// renewals but leaves the Lease to lapse: work may still be running,
+    /// and deleting the Lease would free its fences at once.
+    pub(crate) async fn run(self, stop: CancellationToken, abandoned: CancellationToken) {
         let (good_until, mut watched) = watch::channel(None::<Instant>);
         let news = Notify::new();
         let rounds = async {
@@ -140,6 +145,11 @@ impl Registry {
             () = rounds => {}
             () = watchdog => {}
             () = watching => {}
+            () = abandoned.cancelled() => {
+                tracing::warn!(lease = %self.lease_name, "stopped before the clusters were handed back; the others take them when the peer Lease lapses");
+                self.fall();
+                return;
+            }
         }
         // Stopping: the coordinator has let go of every fence already.
         self.fall();
