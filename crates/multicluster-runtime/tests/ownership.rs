@@ -122,13 +122,7 @@ async fn a_replica_hands_out_only_the_clusters_it_owns() {
     // A stops (handing its fences back): B owns everything, A nothing.
     a_stop.cancel();
     a_task.await.expect("task").expect("clean stop");
-    eventually("the other replica to own every member", || async {
-        let owned = b_coordinator.working_on().unwrap_or_default();
-        MEMBERS
-            .iter()
-            .all(|name| owned.contains(&ClusterName::from(*name)))
-    })
-    .await;
+    wait_working_on_every_member(&b_coordinator).await;
     for name in MEMBERS {
         assert_eq!(answer(&b, name).await, "owned", "{name}");
         assert_eq!(answer(&a, name).await, "not owned", "{name}");
@@ -136,6 +130,16 @@ async fn a_replica_hands_out_only_the_clusters_it_owns() {
 
     b_stop.cancel();
     b_task.await.expect("task").expect("clean stop");
+}
+
+async fn wait_working_on_every_member(coordinator: &ShardedCoordinator) {
+    eventually("the replica to work on every member", || async {
+        let owned = coordinator.working_on().unwrap_or_default();
+        MEMBERS
+            .iter()
+            .all(|name| owned.contains(&ClusterName::from(*name)))
+    })
+    .await;
 }
 
 /// A component whose work outlives its clusters' lifetimes until let go:
@@ -175,13 +179,7 @@ async fn a_stopping_replica_hands_its_clusters_over_only_once_their_work_settled
     let lingering = Arc::new(Lingering::default());
     manager.add(lingering.clone()).expect("add");
     let (stop, task) = run_manager(&manager);
-    eventually("the replica to work on every member", || async {
-        let owned = coordinator.working_on().unwrap_or_default();
-        MEMBERS
-            .iter()
-            .all(|name| owned.contains(&ClusterName::from(*name)))
-    })
-    .await;
+    wait_working_on_every_member(&coordinator).await;
     let engaged = lingering.lifetimes.lock().expect("lifetimes").len();
     assert_eq!(engaged, MEMBERS.len());
 
@@ -242,13 +240,7 @@ async fn a_replica_stopped_past_its_deadline_lets_its_peer_lease_lapse() {
     let lingering = Arc::new(Lingering::default());
     manager.add(lingering.clone()).expect("add");
     let (stop, task) = run_manager(&manager);
-    eventually("the replica to work on every member", || async {
-        let owned = coordinator.working_on().unwrap_or_default();
-        MEMBERS
-            .iter()
-            .all(|name| owned.contains(&ClusterName::from(*name)))
-    })
-    .await;
+    wait_working_on_every_member(&coordinator).await;
     // Never let go: the hand-back waits past the manager's deadline.
     stop.cancel();
     task.await.expect("task").expect("stopped");

@@ -15,8 +15,10 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use multicluster_envtest::ControlPlane;
 use multicluster_example_testing::replica::{Replica, ShardedArgs};
-use multicluster_example_testing::sharding::{LedgerFile, create_namespaces, now, wait_settled};
-use multicluster_runtime::coordinator::sharding::{Peer, fence_lease_name, owner};
+use multicluster_example_testing::sharding::{
+    LedgerFile, create_namespaces, now, owner_among, wait_settled,
+};
+use multicluster_runtime::coordinator::sharding::fence_lease_name;
 use tokio::process::Command;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-sharded-namespace");
@@ -75,15 +77,9 @@ async fn a_leaving_replica_frees_its_fences_at_once_and_the_others_see_it_leave(
         .await
         .expect("two replicas split the fleet");
 
-    let both: Vec<Peer> = ["r0", "r1"]
-        .map(|id| Peer {
-            id: id.to_string(),
-            weight: 1,
-        })
-        .to_vec();
     let r1_share: Vec<&String> = names
         .iter()
-        .filter(|name| owner(name, &both).is_some_and(|peer| peer.id == "r1"))
+        .filter(|name| owner_among(name, &["r0", "r1"]).as_deref() == Some("r1"))
         .collect();
     assert!(!r1_share.is_empty(), "r1 owns nothing");
 

@@ -10,8 +10,9 @@ use std::time::Duration;
 
 use multicluster_envtest::ControlPlane;
 use multicluster_example_testing::replica::{Replica, ShardedArgs};
-use multicluster_example_testing::sharding::{LedgerFile, create_namespaces, now, wait_settled};
-use multicluster_runtime::coordinator::sharding::{Peer, owner};
+use multicluster_example_testing::sharding::{
+    LedgerFile, create_namespaces, now, owner_among, wait_settled,
+};
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-sharded-namespace");
 const FILTER: &str = "outage";
@@ -61,14 +62,6 @@ async fn after_an_api_server_outage_every_cluster_goes_back_to_its_owner_only() 
         .await
         .expect("settled after the outage");
 
-    let mut peers: Vec<Peer> = REPLICAS
-        .iter()
-        .map(|id| Peer {
-            id: id.to_string(),
-            weight: 1,
-        })
-        .collect();
-    peers.sort();
     let stopped = names
         .iter()
         .filter(|name| {
@@ -83,17 +76,16 @@ async fn after_an_api_server_outage_every_cluster_goes_back_to_its_owner_only() 
         "no work stopped during the outage: it did not reach the replicas"
     );
     for name in &names {
-        let owner = owner(name, &peers).expect("an owner");
+        let owner = owner_among(name, &REPLICAS).expect("an owner");
         let others: Vec<_> = ownership
             .spells(name)
             .iter()
             .filter(|spell| spell.end.is_none_or(|end| end > paused_at))
-            .filter(|spell| spell.replica != owner.id)
+            .filter(|spell| spell.replica != owner)
             .collect();
         assert!(
             others.is_empty(),
-            "{name} (owned by {}) was worked on by another replica around the outage: {others:?}",
-            owner.id
+            "{name} (owned by {owner}) was worked on by another replica around the outage: {others:?}"
         );
     }
     let twice = ownership.worked_on_twice();

@@ -223,6 +223,21 @@ impl Ownership {
     }
 }
 
+/// The owner of `cluster` among the replicas `live`, weight 1 each (what
+/// every replica computes by rendezvous hashing).
+pub fn owner_among(cluster: &str, live: &[&str]) -> Option<String> {
+    use multicluster_runtime::coordinator::sharding::{Peer, owner};
+    let mut peers: Vec<Peer> = live
+        .iter()
+        .map(|id| Peer {
+            id: id.to_string(),
+            weight: 1,
+        })
+        .collect();
+    peers.sort();
+    owner(cluster, &peers).map(|peer| peer.id.clone())
+}
+
 /// Waits until every cluster of `names` is worked on by exactly its owner
 /// among the replicas `live` (rendezvous hashing, weight 1 each), as the
 /// `ledgers` say, and returns what they say then; fails after `limit`,
@@ -234,26 +249,19 @@ pub async fn wait_settled(
     ledgers: &[LedgerFile],
     limit: Duration,
 ) -> Result<Ownership, String> {
-    use multicluster_runtime::coordinator::sharding::{Peer, owner};
-    let mut peers: Vec<Peer> = live
+    let expected: Vec<Option<Vec<String>>> = names
         .iter()
-        .map(|id| Peer {
-            id: id.to_string(),
-            weight: 1,
-        })
+        .map(|name| owner_among(name, live).map(|owner| vec![owner]))
         .collect();
-    peers.sort();
     let deadline = tokio::time::Instant::now() + limit;
     loop {
         let ownership = Ownership::read(ledgers)?;
         let current = ownership.current();
         let off: Vec<(&String, Option<&Vec<String>>)> = names
             .iter()
-            .filter(|name| {
-                let expected = owner(name, &peers).map(|peer| vec![peer.id.clone()]);
-                current.get(*name) != expected.as_ref()
-            })
-            .map(|name| (name, current.get(name)))
+            .zip(&expected)
+            .filter(|(name, expected)| current.get(*name) != expected.as_ref())
+            .map(|(name, _)| (name, current.get(name)))
             .collect();
         if off.is_empty() {
             return Ok(ownership);
