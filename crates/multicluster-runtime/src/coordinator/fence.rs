@@ -110,7 +110,15 @@ impl Fence {
         timing: Timing,
         on_lost: Arc<Notify>,
     ) -> Attempt {
-        let call = lease::take(api, &name, me, timing.duration, None, &lease::nothing_known);
+        let call = lease::take(
+            api,
+            &name,
+            me,
+            timing.duration,
+            None,
+            &lease::nothing_known,
+            None,
+        );
         let written = match tokio::time::timeout(timing.call_timeout(), call).await {
             Err(_) => return Attempt::Failed("no answer from the API server".to_string()),
             Ok(Err(err)) => return Attempt::Failed(crate::redact::kube_error(&err)),
@@ -142,7 +150,8 @@ impl Fence {
     /// Lease lives in the epoch of `standing`: nothing renews the fence, and
     /// the hold ends when `standing`'s token does (this replica can no
     /// longer be sure its peer Lease is live for the others). Whether
-    /// another holder's peer Lease holds is asked of `known` first.
+    /// another holder's peer Lease holds is asked of `known` first; `last`
+    /// is what this replica last wrote to it, if it held it before.
     pub(crate) async fn take_with_peer(
         api: &Api<Lease>,
         name: String,
@@ -150,12 +159,21 @@ impl Fence {
         standing: &Standing,
         timing: Timing,
         known: lease::KnownPeers<'_>,
+        last: Option<Lease>,
     ) -> Attempt {
         let Some(lost) = standing.live().cloned() else {
             return Attempt::Failed("this replica's peer Lease is not renewed".to_string());
         };
         let held_with = format!("{}/{}", standing.peer_lease, standing.epoch);
-        let call = lease::take(api, &name, me, timing.duration, Some(&held_with), known);
+        let call = lease::take(
+            api,
+            &name,
+            me,
+            timing.duration,
+            Some(&held_with),
+            known,
+            last,
+        );
         match tokio::time::timeout(timing.call_timeout(), call).await {
             Err(_) => Attempt::Failed("no answer from the API server".to_string()),
             Ok(Err(err)) => Attempt::Failed(crate::redact::kube_error(&err)),
@@ -181,6 +199,13 @@ impl Fence {
             with_peer: true,
             written: None,
         }
+    }
+
+    /// What this replica last wrote to the fence, if known (a fence held
+    /// with the peer Lease), for taking it again later without a read.
+    #[cfg(feature = "sharding")]
+    pub(crate) fn take_written(&mut self) -> Option<Lease> {
+        self.written.take().map(|lease| *lease)
     }
 
     /// Fires when a renewal failed: the hold is over.

@@ -119,6 +119,11 @@ pub(crate) fn epoch_of(peer: &Lease) -> Option<&str> {
 /// holds for as long as that peer Lease lives in that epoch, and is not
 /// renewed itself. Whether another holder's peer Lease holds is asked of
 /// `known` first.
+///
+/// `last`, what this replica last wrote to the Lease (a fence it held in an
+/// epoch that ended), is written over without reading first: a replica
+/// taking back its own fences after an outage writes each once. Its
+/// resourceVersion guards the write; a Lease changed since is read.
 pub(crate) async fn take(
     api: &Api<Lease>,
     name: &str,
@@ -126,8 +131,18 @@ pub(crate) async fn take(
     duration: Duration,
     held_with: Option<&str>,
     known: KnownPeers<'_>,
+    last: Option<Lease>,
 ) -> Result<Taken, kube::Error> {
     let now = Timestamp::now();
+    if let Some(mut lease) = last.filter(|lease| holder_of(lease) == Some(me)) {
+        prepare_taken(&mut lease, me, duration, held_with, now);
+        match api.replace(name, &PostParams::default(), &lease).await {
+            Ok(written) => return Ok(Taken::Yes(Box::new(written))),
+            // Changed since this replica wrote it: read it below.
+            Err(err) if is_conflict(&err) => {}
+            Err(err) => return Err(err),
+        }
+    }
     let annotations = held_with.map(|peer_lease| {
         BTreeMap::from([(HELD_WITH_ANNOTATION.to_string(), peer_lease.to_string())])
     });
@@ -154,23 +169,49 @@ pub(crate) async fn take(
             Err(err) => Err(err),
         };
     };
-    let holder = lease
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.holder_identity.clone())
-        .filter(|h| !h.is_empty());
-    if let Some(other) = holder.as_deref().filter(|h| *h != me)
+    if let Some(other) = holder_of(&lease).filter(|h| *h != me)
         && holds(api, &lease, other, now, known).await?
     {
         return Ok(Taken::HeldBy(Some(other.to_string())));
     }
+    prepare_taken(&mut lease, me, duration, held_with, now);
+    match api.replace(name, &PostParams::default(), &lease).await {
+        Ok(written) => Ok(Taken::Yes(Box::new(written))),
+        // Changed since it was read: someone else got there first.
+        Err(err) if is_conflict(&err) => Ok(Taken::HeldBy(None)),
+        Err(err) => Err(err),
+    }
+}
+
+/// The Lease's holder, if it names one.
+fn holder_of(lease: &Lease) -> Option<&str> {
+    lease
+        .spec
+        .as_ref()?
+        .holder_identity
+        .as_deref()
+        .filter(|h| !h.is_empty())
+}
+
+/// `lease` as `me` takes it: held with `held_with` (or renewed), acquired
+/// now unless `me` held it already, renewed now.
+fn prepare_taken(
+    lease: &mut Lease,
+    me: &str,
+    duration: Duration,
+    held_with: Option<&str>,
+    now: Timestamp,
+) {
+    let holder = holder_of(lease).map(str::to_string);
     // Held with this peer Lease now, or renewed: the annotation says which.
-    match annotations {
-        Some(held_with) => lease
-            .metadata
-            .annotations
-            .get_or_insert_with(BTreeMap::new)
-            .extend(held_with),
+    match held_with {
+        Some(held_with) => {
+            lease
+                .metadata
+                .annotations
+                .get_or_insert_with(BTreeMap::new)
+                .insert(HELD_WITH_ANNOTATION.to_string(), held_with.to_string());
+        }
         None => {
             if let Some(kept) = lease.metadata.annotations.as_mut() {
                 kept.remove(HELD_WITH_ANNOTATION);
@@ -187,12 +228,6 @@ pub(crate) async fn take(
     spec.holder_identity = Some(me.to_string());
     spec.lease_duration_seconds = Some(seconds(duration));
     spec.renew_time = Some(MicroTime(now));
-    match api.replace(name, &PostParams::default(), &lease).await {
-        Ok(written) => Ok(Taken::Yes(Box::new(written))),
-        // Changed since it was read: someone else got there first.
-        Err(err) if is_conflict(&err) => Ok(Taken::HeldBy(None)),
-        Err(err) => Err(err),
-    }
 }
 
 /// Renews `me`'s hold on `name`; `Ok(false)` when the Lease is gone or has
@@ -345,7 +380,7 @@ pub(crate) mod tests {
         let api: Api<Lease> = Api::namespaced(client.clone(), "default");
         let duration = Duration::from_secs(20);
         assert!(matches!(
-            take(&api, "fence", "me", duration, None, &nothing_known)
+            take(&api, "fence", "me", duration, None, &nothing_known, None)
                 .await
                 .expect("take"),
             Taken::Yes(_)
@@ -416,7 +451,7 @@ pub(crate) mod tests {
         let take_one = |name: &'static str| {
             let api = api.clone();
             async move {
-                match take(&api, name, "me", duration, None, &nothing_known)
+                match take(&api, name, "me", duration, None, &nothing_known, None)
                     .await
                     .expect("take")
                 {
@@ -465,6 +500,68 @@ pub(crate) mod tests {
         assert_eq!(
             holder(api.get("taken").await.expect("get")).as_deref(),
             Some("other")
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fence_is_taken_again_over_what_this_replica_last_wrote() {
+        let cp = multicluster_envtest::ControlPlane::start()
+            .await
+            .expect("control plane");
+        let client = cp.client().await.expect("client");
+        let api: Api<Lease> = Api::namespaced(client.clone(), "default");
+        let duration = Duration::from_secs(20);
+        let take_with = |name: &'static str, epoch: &'static str, last: Option<Lease>| {
+            let api = api.clone();
+            async move {
+                take(
+                    &api,
+                    name,
+                    "me",
+                    duration,
+                    Some(epoch),
+                    &nothing_known,
+                    last,
+                )
+                .await
+                .expect("take")
+            }
+        };
+        let held_with = |lease: &Lease| {
+            lease
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(HELD_WITH_ANNOTATION).cloned())
+        };
+        let Taken::Yes(first) = take_with("quiet", "peer/e1", None).await else {
+            panic!("not taken");
+        };
+
+        // Unchanged since: one write over it, no read, in the new epoch.
+        let before = lease_reads(&client).await;
+        let Taken::Yes(again) = take_with("quiet", "peer/e2", Some(*first)).await else {
+            panic!("not taken again");
+        };
+        assert_eq!(lease_reads(&client).await, before, "the take read");
+        assert_eq!(held_with(&again).as_deref(), Some("peer/e2"));
+
+        // Taken by another since (its epoch ended, say): the write over the
+        // stale copy conflicts, the Lease is read, and it is not ours.
+        let mut taken = api.get("quiet").await.expect("get");
+        taken.spec.as_mut().expect("spec").holder_identity = Some("other".to_string());
+        taken
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .remove(HELD_WITH_ANNOTATION);
+        api.replace("quiet", &PostParams::default(), &taken)
+            .await
+            .expect("take over");
+        let answer = take_with("quiet", "peer/e3", Some(*again)).await;
+        assert!(
+            matches!(answer, Taken::HeldBy(Some(ref other)) if other == "other"),
+            "{answer:?}"
         );
     }
 

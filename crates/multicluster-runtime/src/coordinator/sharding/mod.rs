@@ -111,6 +111,9 @@ struct Share {
     retry_at: Option<Instant>,
     /// Attempts in a row that found the fence held by another replica.
     busy: u32,
+    /// The fence as this replica last wrote it, from a hold that ended
+    /// with its epoch: taken again by writing over it.
+    last_written: Option<Lease>,
 }
 
 /// A cluster this replica works on: its fence and the work's lifetime.
@@ -256,8 +259,9 @@ impl ShardedCoordinator {
         let generation = entry.generation;
         let entry = &mut entry.data;
         let now = Instant::now();
-        if let Some(held) = entry.held.take_if(|held| held.is_lost()) {
+        if let Some(mut held) = entry.held.take_if(|held| held.is_lost()) {
             entry.retry_at = Some(now + self.inner.options.fence_retry_delay);
+            entry.last_written = held.fence.take_written();
             return Step::Release {
                 held,
                 why: "its fence was lost (not renewed, or this replica's epoch ended)".to_string(),
@@ -314,6 +318,9 @@ impl ShardedCoordinator {
                 let known = |peer_lease: &str, epoch: &str, holder: &str, now| {
                     lock(epochs).holds(peer_lease, epoch, holder, now)
                 };
+                let last = lock(&self.inner.clusters)
+                    .current_mut(name, generation)
+                    .and_then(|entry| entry.data.last_written.take());
                 fence::Fence::take_with_peer(
                     &self.inner.leases,
                     fence_name.clone(),
@@ -321,6 +328,7 @@ impl ShardedCoordinator {
                     &standing,
                     self.timing(),
                     &known,
+                    last,
                 )
                 .await
             }
@@ -538,6 +546,7 @@ impl Coordinator for ShardedCoordinator {
                         held: None,
                         retry_at: None,
                         busy: 0,
+                        last_written: None,
                     };
                     let (entry, replaced) =
                         clusters.insert(name.clone(), cluster.clone(), &lifetime, share);
