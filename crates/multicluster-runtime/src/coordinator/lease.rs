@@ -72,10 +72,14 @@ pub(crate) fn nothing_known(_: &str, _: &str, _: &str, _: Timestamp) -> Option<b
 }
 
 /// Whether `holder` still holds `lease`: by the Lease's own renewal, or for
-/// a fence held with a peer Lease, while that peer Lease is live, names
-/// `holder` and is still in the epoch the fence was taken in. The peer
-/// Lease is read now unless `known` answers: a peer that has just joined
-/// may not be known yet.
+/// a fence held with a peer Lease, while that peer Lease names `holder` in
+/// the epoch the fence was taken in. The peer Lease is read now unless
+/// `known` answers: a peer that has just joined may not be known yet.
+///
+/// A peer Lease that has lapsed in that epoch is ended here before the
+/// fence counts as free (`end_epoch`): its replica stopped working when it
+/// could no longer renew, but would resume the same epoch, fences and all,
+/// with its next renewal if nobody had ended it.
 async fn holds(
     api: &Api<Lease>,
     lease: &Lease,
@@ -83,12 +87,7 @@ async fn holds(
     now: Timestamp,
     known: KnownPeers<'_>,
 ) -> Result<bool, kube::Error> {
-    let held_with = lease
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|annotations| annotations.get(HELD_WITH_ANNOTATION));
-    match (held_with, &lease.spec) {
+    match (held_with_of(lease), &lease.spec) {
         (Some(held_with), _) => {
             let Some((peer_lease, epoch)) = held_with.rsplit_once('/') else {
                 return Ok(false);
@@ -96,12 +95,57 @@ async fn holds(
             if let Some(answer) = known(peer_lease, epoch, holder, now) {
                 return Ok(answer);
             }
-            Ok(api.get_opt(peer_lease).await?.is_some_and(|peer| {
-                live_holder(&peer, now) == Some(holder) && epoch_of(&peer) == Some(epoch)
-            }))
+            let Some(peer) = api.get_opt(peer_lease).await? else {
+                // Deleted: its replica left, or starts a new epoch.
+                return Ok(false);
+            };
+            if !in_epoch(&peer, holder, epoch) {
+                return Ok(false);
+            }
+            if peer.spec.as_ref().is_some_and(|spec| !expired(spec, now)) {
+                return Ok(true);
+            }
+            Ok(!end_epoch(api, peer, holder, epoch).await?)
         }
         (None, Some(spec)) => Ok(!expired(spec, now)),
         (None, None) => Ok(false),
+    }
+}
+
+/// Whether `peer` (a peer Lease) still names `holder` in `epoch`: neither
+/// released, ended by another replica, nor in a newer epoch.
+pub(crate) fn in_epoch(peer: &Lease, holder: &str, epoch: &str) -> bool {
+    holder_of(peer) == Some(holder) && epoch_of(peer) == Some(epoch)
+}
+
+/// Ends the lapsed `peer` Lease's `epoch` by clearing its holder, written
+/// over the copy read (so a renewal that came first wins); whether the
+/// epoch has ended, by this write or another's. Fences held with an epoch
+/// are free only once it has ended by a write: a replica resumes its epoch
+/// only by writing over its own last write, which this write makes fail.
+async fn end_epoch(
+    api: &Api<Lease>,
+    mut peer: Lease,
+    holder: &str,
+    epoch: &str,
+) -> Result<bool, kube::Error> {
+    let Some(name) = peer.metadata.name.clone() else {
+        return Ok(false);
+    };
+    if let Some(spec) = peer.spec.as_mut() {
+        spec.holder_identity = None;
+    }
+    match api.replace(&name, &PostParams::default(), &peer).await {
+        Ok(_) => {
+            tracing::info!(lease = %name, %epoch, "ended a lapsed peer's epoch; its clusters can move");
+            Ok(true)
+        }
+        // Renewed, or ended by another replica, since it was read.
+        Err(err) if is_conflict(&err) => Ok(api
+            .get_opt(&name)
+            .await?
+            .is_none_or(|peer| !in_epoch(&peer, holder, epoch))),
+        Err(err) => Err(err),
     }
 }
 
@@ -120,10 +164,13 @@ pub(crate) fn epoch_of(peer: &Lease) -> Option<&str> {
 /// renewed itself. Whether another holder's peer Lease holds is asked of
 /// `known` first.
 ///
-/// `last`, what this replica last wrote to the Lease (a fence it held in an
-/// epoch that ended), is written over without reading first: a replica
-/// taking back its own fences after an outage writes each once. Its
-/// resourceVersion guards the write; a Lease changed since is read.
+/// `last`, what this replica last wrote to the Lease (a fence it held
+/// before), spares the read: still held in this replica's current epoch
+/// (its work stopped while the peer Lease went unrenewed, and the renewal
+/// that came through found the epoch not ended), it is taken as it is,
+/// without a request; held in an epoch that ended, it is written over
+/// once. Its resourceVersion guards the write; a Lease changed since is
+/// read.
 pub(crate) async fn take(
     api: &Api<Lease>,
     name: &str,
@@ -135,6 +182,11 @@ pub(crate) async fn take(
 ) -> Result<Taken, kube::Error> {
     let now = Timestamp::now();
     if let Some(mut lease) = last.filter(|lease| holder_of(lease) == Some(me)) {
+        if held_with.is_some() && held_with_of(&lease) == held_with {
+            // Held in the epoch this replica still stands in: nobody could
+            // take it, since that takes ending the epoch first.
+            return Ok(Taken::Yes(Box::new(lease)));
+        }
         prepare_taken(&mut lease, me, duration, held_with, now);
         match api.replace(name, &PostParams::default(), &lease).await {
             Ok(written) => return Ok(Taken::Yes(Box::new(written))),
@@ -183,8 +235,18 @@ pub(crate) async fn take(
     }
 }
 
+/// The peer Lease and epoch a fence is held with, if it is.
+fn held_with_of(lease: &Lease) -> Option<&str> {
+    lease
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(HELD_WITH_ANNOTATION)
+        .map(String::as_str)
+}
+
 /// The Lease's holder, if it names one.
-fn holder_of(lease: &Lease) -> Option<&str> {
+pub(crate) fn holder_of(lease: &Lease) -> Option<&str> {
     lease
         .spec
         .as_ref()?
@@ -562,6 +624,203 @@ pub(crate) mod tests {
         assert!(
             matches!(answer, Taken::HeldBy(Some(ref other)) if other == "other"),
             "{answer:?}"
+        );
+    }
+
+    /// A peer Lease `name` held by `holder` in `epoch`, renewed
+    /// `renewed_secs_ago` with a 30 s duration.
+    #[cfg(feature = "sharding")]
+    fn peer_lease(name: &str, holder: &str, epoch: &str, renewed_secs_ago: i64) -> Lease {
+        let renewed = Timestamp::now()
+            .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(
+                renewed_secs_ago,
+            ))
+            .expect("time");
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                annotations: Some(BTreeMap::from([(
+                    EPOCH_ANNOTATION.to_string(),
+                    epoch.to_string(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.to_string()),
+                lease_duration_seconds: Some(30),
+                renew_time: Some(MicroTime(renewed)),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    #[cfg(feature = "sharding")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fence_held_with_a_lapsed_peer_lease_is_taken_only_once_that_epoch_is_ended() {
+        let cp = multicluster_envtest::ControlPlane::start()
+            .await
+            .expect("control plane");
+        let client = cp.client().await.expect("client");
+        let api: Api<Lease> = Api::namespaced(client.clone(), "default");
+        let params = PostParams::default();
+        let duration = Duration::from_secs(20);
+        let holder = |lease: &Lease| holder_of(lease).map(str::to_string);
+        // Two fences of replica `p`, held with its peer Lease in epoch e1.
+        for fence in ["one", "two"] {
+            let taken = take(
+                &api,
+                fence,
+                "p",
+                duration,
+                Some("peer-p/e1"),
+                &nothing_known,
+                None,
+            )
+            .await
+            .expect("take");
+            assert!(matches!(taken, Taken::Yes(_)));
+        }
+
+        // Live: the fence is busy, and the peer Lease is left alone.
+        api.create(&params, &peer_lease("peer-p", "p", "e1", 5))
+            .await
+            .expect("peer lease");
+        let answer = take(
+            &api,
+            "one",
+            "me",
+            duration,
+            Some("peer-me/e7"),
+            &nothing_known,
+            None,
+        )
+        .await
+        .expect("take");
+        assert!(
+            matches!(answer, Taken::HeldBy(Some(ref h)) if h == "p"),
+            "{answer:?}"
+        );
+
+        // Lapsed: `p` may still renew it in e1, so the take first ends e1
+        // by clearing the peer Lease's holder, then takes the fence.
+        let mut lapsed = api.get("peer-p").await.expect("get");
+        let lapsed_at = peer_lease("peer-p", "p", "e1", 60);
+        lapsed.spec = lapsed_at.spec;
+        api.replace("peer-p", &params, &lapsed)
+            .await
+            .expect("lapse");
+        let answer = take(
+            &api,
+            "one",
+            "me",
+            duration,
+            Some("peer-me/e7"),
+            &nothing_known,
+            None,
+        )
+        .await
+        .expect("take");
+        assert!(matches!(answer, Taken::Yes(_)), "{answer:?}");
+        let peer = api.get("peer-p").await.expect("get");
+        assert_eq!(holder(&peer), None, "the lapsed epoch was not ended");
+        // Ended: the other fence is free without another write to it.
+        let version = peer.metadata.resource_version.clone();
+        let answer = take(
+            &api,
+            "two",
+            "me",
+            duration,
+            Some("peer-me/e7"),
+            &nothing_known,
+            None,
+        )
+        .await
+        .expect("take");
+        assert!(matches!(answer, Taken::Yes(_)), "{answer:?}");
+        let peer = api.get("peer-p").await.expect("get");
+        assert_eq!(peer.metadata.resource_version, version);
+
+        // A renewal that came first wins over the end: the take waits.
+        api.create(&params, &peer_lease("peer-q", "q", "f1", 60))
+            .await
+            .expect("peer lease");
+        take(
+            &api,
+            "three",
+            "q",
+            duration,
+            Some("peer-q/f1"),
+            &nothing_known,
+            None,
+        )
+        .await
+        .expect("take");
+        let read = api.get("three").await.expect("fence");
+        // What a replica read before the renewal: lapsed.
+        let stale = api.get("peer-q").await.expect("get");
+        let mut renewed = stale.clone();
+        renewed.spec = peer_lease("peer-q", "q", "f1", 0).spec;
+        api.replace("peer-q", &params, &renewed)
+            .await
+            .expect("renew");
+        assert!(
+            !end_epoch(&api, stale, "q", "f1").await.expect("end"),
+            "an epoch renewed since it was read was ended"
+        );
+        assert_eq!(
+            holder(&api.get("peer-q").await.expect("get")).as_deref(),
+            Some("q")
+        );
+        assert!(
+            holds(&api, &read, "q", Timestamp::now(), &nothing_known)
+                .await
+                .expect("holds")
+        );
+    }
+
+    #[cfg(feature = "sharding")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fence_still_held_in_the_current_epoch_is_taken_back_without_a_request() {
+        let cp = multicluster_envtest::ControlPlane::start()
+            .await
+            .expect("control plane");
+        let client = cp.client().await.expect("client");
+        let api: Api<Lease> = Api::namespaced(client.clone(), "default");
+        let duration = Duration::from_secs(20);
+        let Taken::Yes(written) = take(
+            &api,
+            "fence",
+            "me",
+            duration,
+            Some("peer-me/e1"),
+            &nothing_known,
+            None,
+        )
+        .await
+        .expect("take") else {
+            panic!("not taken");
+        };
+        let version = written.metadata.resource_version.clone();
+        let before = lease_reads(&client).await;
+        let Taken::Yes(again) = take(
+            &api,
+            "fence",
+            "me",
+            duration,
+            Some("peer-me/e1"),
+            &nothing_known,
+            Some(*written),
+        )
+        .await
+        .expect("take") else {
+            panic!("not taken back");
+        };
+        assert_eq!(lease_reads(&client).await, before, "the take read");
+        assert_eq!(again.metadata.resource_version, version);
+        let stored = api.get("fence").await.expect("get");
+        assert_eq!(
+            stored.metadata.resource_version, version,
+            "the take wrote the fence"
         );
     }
 

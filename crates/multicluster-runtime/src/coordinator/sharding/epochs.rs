@@ -7,19 +7,20 @@
 //! peer Lease still holds: one read more per fence, always of the same few
 //! Leases. What the registry read a moment ago answers most of them:
 //!
-//! - **Ended**: an epoch seen lapsed, or seen replaced by a newer one, never
-//!   holds again. Its replica stopped working under it one renew interval
-//!   before the Lease could lapse for anyone (`peers.rs`), and a new epoch
-//!   is written only after the old one's work stopped; every write of the
-//!   peer Lease carries the resourceVersion it read, so an older write
-//!   cannot bring an ended epoch back. Known once, true for good.
+//! - **Ended**: an epoch whose peer Lease was seen without a holder (its
+//!   replica left, or another replica ended the lapsed epoch: see
+//!   `lease::end_epoch`), deleted, or in a newer epoch never holds again.
+//!   Its replica resumes an epoch only by writing over its own last write
+//!   of the Lease, which any of these makes fail, and it writes a new
+//!   epoch only after the old one's work stopped. Known once, true for
+//!   good. A Lease seen lapsed has not ended: its replica may renew it in
+//!   the same epoch, unless someone ends it first.
 //! - **Live**: a peer Lease read live in that epoch, by that holder, until
 //!   the moment it would lapse by that read. Answering "held" from this is
 //!   the cautious answer: at worst a take waits for the next look.
 //!
-//! Anything else (a peer Lease never seen, or deleted since: an operator
-//! may delete a live one and its replica writes it again in the same
-//! epoch) is read from the API server, as before.
+//! Anything else (a peer Lease never seen, or lapsed) is read from the API
+//! server, as before.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 
@@ -55,7 +56,6 @@ impl Epochs {
             let Some(name) = peer.metadata.name.clone() else {
                 continue;
             };
-            let live = lease::live_holder(peer, now).is_some();
             let entry = Seen {
                 holder: peer
                     .spec
@@ -70,7 +70,7 @@ impl Epochs {
                     .and_then(|left| now.checked_add(left).ok()),
             };
             if let Some(epoch) = &entry.epoch
-                && !live
+                && entry.holder.as_deref().is_none_or(str::is_empty)
             {
                 self.end(&name, epoch);
             }
@@ -80,6 +80,16 @@ impl Epochs {
                 self.end(&name, &before.clone());
             }
             seen.insert(name, entry);
+        }
+        // Deleted since the last read.
+        let gone: Vec<(String, String)> = self
+            .seen
+            .iter()
+            .filter(|(name, _)| !seen.contains_key(*name))
+            .filter_map(|(name, before)| Some((name.clone(), before.epoch.clone()?)))
+            .collect();
+        for (name, epoch) in gone {
+            self.end(&name, &epoch);
         }
         self.seen = seen;
     }
@@ -197,15 +207,22 @@ mod tests {
         assert_eq!(epochs.holds("p", "e1", "p", now), Some(false));
         assert_eq!(epochs.holds("p", "e2", "p", now), Some(true));
 
-        // Seen lapsed: ended.
+        // Seen lapsed: not known either way (its replica may renew it in
+        // the same epoch unless someone ends it first).
         epochs.record(&[peer("p", "e2", 31, now)], now);
+        assert_eq!(epochs.holds("p", "e2", "p", now), None);
+
+        // Ended by another replica (the holder cleared): ended.
+        let mut cleared = peer("p", "e2", 31, now);
+        cleared.spec.as_mut().expect("spec").holder_identity = None;
+        epochs.record(&[cleared], now);
         assert_eq!(epochs.holds("p", "e2", "p", now), Some(false));
 
-        // Deleted: not known either way (an operator may delete a live
-        // peer Lease, and its replica writes it again in the same epoch).
+        // Deleted: ended (its replica writes a new epoch when it finds its
+        // Lease gone).
         epochs.record(&[peer("q", "f1", 0, now)], now);
         epochs.record(&[], now);
-        assert_eq!(epochs.holds("q", "f1", "q", now), None);
+        assert_eq!(epochs.holds("q", "f1", "q", now), Some(false));
         assert!(!epochs.has_seen("q"));
     }
 

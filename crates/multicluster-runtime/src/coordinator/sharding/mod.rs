@@ -9,6 +9,10 @@
 //!   shows one come, go or change epoch; a peer whose Lease was deleted or
 //!   has lapsed is gone (after an outage that kept this replica from
 //!   renewing too, lapsed peers get one Lease duration to renew first).
+//!   With fences held with the peer Lease ([`FenceHold::WithPeer`]), a
+//!   lapsed peer's epoch is ended by a write before its fences are taken,
+//!   so a replica that sat through an outage and renews in time resumes
+//!   its fences as they are.
 //! - **Ownership.** Rendezvous hashing (`owner`) over the live peers names
 //!   one owner per cluster. Every replica computes the same answer, and a
 //!   peer joining or leaving moves only about 1/N of the clusters.
@@ -611,6 +615,7 @@ impl Coordinator for ShardedCoordinator {
             wake: self.inner.wake.clone(),
             epochs: self.inner.epochs.clone(),
             stood_since: std::sync::Mutex::default(),
+            written: std::sync::Mutex::default(),
         };
         let known = registry.known.clone();
         let registry_stop = CancellationToken::new();

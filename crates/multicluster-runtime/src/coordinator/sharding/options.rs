@@ -59,10 +59,15 @@ pub enum FenceHold {
     /// nothing renews it. Steady cost: one peer Lease renewal per replica
     /// per interval, whatever the fleet's size. A replica that cannot renew
     /// its peer Lease until one `peer_renew_interval` before it would
-    /// lapse stops all its work and ends its epoch, which frees every
-    /// fence it held. After a crash, the others take its clusters when its
-    /// peer Lease lapses (`peer_lease_duration`) instead of each fence.
-    /// Replicas of either kind can share a fleet.
+    /// lapse stops all its work. Another replica that wants a fence held
+    /// with a lapsed peer Lease first ends that epoch (one write clearing
+    /// the Lease's holder), which frees every fence held with it. A
+    /// replica whose renewal comes through before that (an API server
+    /// outage that every replica sat through) resumes its epoch and all
+    /// its fences without a request each; one whose epoch was ended starts
+    /// a new one and takes its clusters again. After a crash, the others
+    /// take its clusters when its peer Lease lapses (`peer_lease_duration`)
+    /// instead of each fence. Replicas of either kind can share a fleet.
     WithPeer,
 }
 

@@ -56,6 +56,10 @@ pub(crate) struct Registry {
     /// Since when this replica's standing has been live (`None` while it
     /// is not).
     pub(crate) stood_since: Mutex<Option<Instant>>,
+    /// The peer Lease as this replica last wrote it: each renewal writes
+    /// over it, so a renewal finds out when another replica ended the
+    /// epoch (or an operator deleted the Lease) in between.
+    pub(crate) written: Mutex<Option<Lease>>,
 }
 
 /// A name for a new epoch, different from every earlier one of this peer
@@ -131,8 +135,8 @@ impl Registry {
                 tokio::select! {
                     changed = watched.changed() => if changed.is_err() { return },
                     () = lapse => {
-                        tracing::warn!(lease = %self.lease_name, "the peer Lease was not renewed in time; stopping the work on fences held with it");
-                        self.fall();
+                        tracing::warn!(lease = %self.lease_name, "the peer Lease was not renewed in time; stopping the work on fences held with it until it is");
+                        self.suspend();
                         if watched.changed().await.is_err() {
                             return;
                         }
@@ -169,12 +173,26 @@ impl Registry {
     /// Ends the epoch: fences held with it stop, and the next good renewal
     /// announces a new epoch, which frees them for the others at once.
     fn fall(&self) {
+        self.end_standing(true);
+    }
+
+    /// Stops the work on fences held with the peer Lease, which may lapse
+    /// for the others any moment now, but keeps the epoch: a renewal that
+    /// finds nobody ended it (the Lease as this replica last wrote it)
+    /// gives the fences back without a request each.
+    fn suspend(&self) {
+        self.end_standing(false);
+    }
+
+    fn end_standing(&self, new_epoch_too: bool) {
         *lock(&self.stood_since) = None;
         self.standing.send_modify(|standing| {
             if let Some(token) = standing.live.take() {
                 token.cancel();
             }
-            standing.epoch = new_epoch();
+            if new_epoch_too {
+                standing.epoch = new_epoch();
+            }
         });
         self.wake.notify_one();
     }
@@ -210,7 +228,8 @@ impl Registry {
     }
 
     /// Renews (or creates) this replica's peer Lease; the epoch it wrote, if
-    /// it worked.
+    /// it worked. A renewal that finds its epoch ended by someone else
+    /// ends the standing and writes a new epoch.
     async fn publish(&self) -> Option<String> {
         let labels = BTreeMap::from([
             (
@@ -220,30 +239,43 @@ impl Registry {
             (PEER_LABEL.to_string(), "true".to_string()),
             (PREFIX_LABEL.to_string(), self.prefix.clone()),
         ]);
-        let epoch = self.standing.borrow().epoch.clone();
-        let annotations = BTreeMap::from([
-            (WEIGHT_ANNOTATION.to_string(), self.me.weight.to_string()),
-            (EPOCH_ANNOTATION.to_string(), epoch.clone()),
-        ]);
-        let call = publish(
-            &self.api,
-            &self.lease_name,
-            &self.me.id,
-            self.duration,
-            &labels,
-            &annotations,
-        );
-        match tokio::time::timeout(self.renew, call).await {
-            Ok(Ok(())) => Some(epoch),
-            Ok(Err(err)) => {
-                tracing::warn!(lease = %self.lease_name, error = %crate::redact::kube_error(&err), "could not renew the peer lease");
-                None
-            }
-            Err(_) => {
-                tracing::warn!(lease = %self.lease_name, "no answer renewing the peer lease");
-                None
+        // Twice at most: the epoch found ended, then the new one.
+        for _ in 0..2 {
+            let epoch = self.standing.borrow().epoch.clone();
+            let annotations = BTreeMap::from([
+                (WEIGHT_ANNOTATION.to_string(), self.me.weight.to_string()),
+                (EPOCH_ANNOTATION.to_string(), epoch.clone()),
+            ]);
+            let last = lock(&self.written).clone();
+            let call = publish(
+                &self.api,
+                &self.lease_name,
+                &self.me.id,
+                self.duration,
+                &labels,
+                &annotations,
+                last,
+            );
+            match tokio::time::timeout(self.renew, call).await {
+                Ok(Ok(Published::Written(lease))) => {
+                    *lock(&self.written) = Some(*lease);
+                    return Some(epoch);
+                }
+                Ok(Ok(Published::EpochEnded)) => {
+                    tracing::warn!(lease = %self.lease_name, "the peer Lease lapsed and another replica ended its epoch (or it was deleted); starting a new one, so the clusters are taken again");
+                    self.fall();
+                }
+                Ok(Err(err)) => {
+                    tracing::warn!(lease = %self.lease_name, error = %crate::redact::kube_error(&err), "could not renew the peer lease");
+                    return None;
+                }
+                Err(_) => {
+                    tracing::warn!(lease = %self.lease_name, "no answer renewing the peer lease");
+                    return None;
+                }
             }
         }
+        None
     }
 
     /// Follows the peer Leases and notifies `news` when one appears, goes,
@@ -367,8 +399,25 @@ fn weight(lease: &Lease) -> u32 {
         .unwrap_or(1)
 }
 
+/// What a renewal of the peer Lease did.
+enum Published {
+    /// Wrote it: the Lease as written.
+    Written(Box<Lease>),
+    /// Wrote nothing: the epoch it was to renew had been ended by another
+    /// replica, or the Lease deleted.
+    EpochEnded,
+}
+
 /// Creates or renews the peer Lease `name` for `me`, with `labels` and
-/// `annotations` set.
+/// `annotations` (which name the epoch) set.
+///
+/// `last` is what this replica last wrote; the renewal writes over it
+/// without reading first. When the write conflicts (something else wrote
+/// since) or the Lease is gone, and `last` was in the same epoch, the epoch
+/// goes on only if the Lease read now still names `me` in it: a lost
+/// answer to this replica's own write, or another's label, changes
+/// nothing; a cleared holder (another replica ended the lapsed epoch) or a
+/// deletion ends it.
 async fn publish(
     api: &Api<Lease>,
     name: &str,
@@ -376,43 +425,140 @@ async fn publish(
     duration: Duration,
     labels: &BTreeMap<String, String>,
     annotations: &BTreeMap<String, String>,
-) -> Result<(), kube::Error> {
-    let now = MicroTime(Timestamp::now());
-    match api.get_opt(name).await? {
-        None => {
-            let lease = Lease {
-                metadata: ObjectMeta {
-                    name: Some(name.to_string()),
-                    labels: Some(labels.clone()),
-                    annotations: Some(annotations.clone()),
-                    ..ObjectMeta::default()
-                },
-                spec: Some(LeaseSpec {
-                    holder_identity: Some(me.to_string()),
-                    lease_duration_seconds: Some(seconds(duration)),
-                    renew_time: Some(now),
-                    ..LeaseSpec::default()
-                }),
-            };
-            api.create(&PostParams::default(), &lease).await?;
-        }
-        Some(mut lease) => {
-            lease
-                .metadata
-                .labels
-                .get_or_insert_with(BTreeMap::new)
-                .extend(labels.clone());
-            lease
-                .metadata
-                .annotations
-                .get_or_insert_with(BTreeMap::new)
-                .extend(annotations.clone());
-            let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
-            spec.holder_identity = Some(me.to_string());
-            spec.lease_duration_seconds = Some(seconds(duration));
-            spec.renew_time = Some(now);
-            api.replace(name, &PostParams::default(), &lease).await?;
+    last: Option<Lease>,
+) -> Result<Published, kube::Error> {
+    let epoch = annotations.get(EPOCH_ANNOTATION).map(String::as_str);
+    let same_epoch = last
+        .as_ref()
+        .is_some_and(|last| epoch.is_some_and(|epoch| lease::in_epoch(last, me, epoch)));
+    let mut written_over = last;
+    loop {
+        let read = written_over.is_none();
+        let mut lease = match written_over.take() {
+            Some(lease) => lease,
+            None => match api.get_opt(name).await? {
+                Some(lease) => {
+                    if same_epoch && !epoch.is_some_and(|epoch| lease::in_epoch(&lease, me, epoch))
+                    {
+                        return Ok(Published::EpochEnded);
+                    }
+                    lease
+                }
+                None if same_epoch => return Ok(Published::EpochEnded),
+                None => {
+                    let lease = Lease {
+                        metadata: ObjectMeta {
+                            name: Some(name.to_string()),
+                            labels: Some(labels.clone()),
+                            annotations: Some(annotations.clone()),
+                            ..ObjectMeta::default()
+                        },
+                        spec: Some(LeaseSpec {
+                            holder_identity: Some(me.to_string()),
+                            lease_duration_seconds: Some(seconds(duration)),
+                            renew_time: Some(MicroTime(Timestamp::now())),
+                            ..LeaseSpec::default()
+                        }),
+                    };
+                    let written = api.create(&PostParams::default(), &lease).await?;
+                    return Ok(Published::Written(Box::new(written)));
+                }
+            },
+        };
+        lease
+            .metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .extend(labels.clone());
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .extend(annotations.clone());
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        spec.holder_identity = Some(me.to_string());
+        spec.lease_duration_seconds = Some(seconds(duration));
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        match api.replace(name, &PostParams::default(), &lease).await {
+            Ok(written) => return Ok(Published::Written(Box::new(written))),
+            // Written by something else since: read it (once).
+            Err(kube::Error::Api(status))
+                if (status.code == 409 || status.code == 404) && !read => {}
+            Err(err) => return Err(err),
         }
     }
-    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewal_goes_on_in_its_epoch_only_while_nobody_else_ended_it() {
+        let cp = multicluster_envtest::ControlPlane::start()
+            .await
+            .expect("control plane");
+        let client = cp.client().await.expect("client");
+        let api: Api<Lease> = Api::namespaced(client.clone(), "default");
+        let labels = BTreeMap::from([(PEER_LABEL.to_string(), "true".to_string())]);
+        let renew = |epoch: &'static str, last: Option<Lease>| {
+            let (api, labels) = (api.clone(), labels.clone());
+            async move {
+                let annotations =
+                    BTreeMap::from([(EPOCH_ANNOTATION.to_string(), epoch.to_string())]);
+                let duration = Duration::from_secs(30);
+                publish(&api, "peer-me", "me", duration, &labels, &annotations, last)
+                    .await
+                    .expect("publish")
+            }
+        };
+        let written = |published: Published| match published {
+            Published::Written(lease) => *lease,
+            Published::EpochEnded => panic!("the epoch was found ended"),
+        };
+        let params = PostParams::default();
+
+        let first = written(renew("e1", None).await);
+        // Over the last write, without reading it.
+        let before = lease::tests::lease_reads(&client).await;
+        let second = written(renew("e1", Some(first)).await);
+        assert_eq!(lease::tests::lease_reads(&client).await, before);
+
+        // Another's label, or a lost answer to this replica's own write:
+        // the Lease still names it in e1, and the epoch goes on.
+        let mut touched = api.get("peer-me").await.expect("get");
+        touched
+            .metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert("touched".to_string(), "yes".to_string());
+        api.replace("peer-me", &params, &touched)
+            .await
+            .expect("touch");
+        let third = written(renew("e1", Some(second)).await);
+        assert_eq!(lease::epoch_of(&third), Some("e1"));
+
+        // Another replica ended the lapsed epoch (cleared the holder).
+        let mut ended = third.clone();
+        ended.spec.as_mut().expect("spec").holder_identity = None;
+        api.replace("peer-me", &params, &ended).await.expect("end");
+        assert!(matches!(
+            renew("e1", Some(third.clone())).await,
+            Published::EpochEnded
+        ));
+        // A new epoch is written over whatever is there.
+        let fourth = written(renew("e2", Some(third)).await);
+        assert!(lease::in_epoch(&fourth, "me", "e2"));
+
+        // Deleted (by an operator): e2 ended too; e3 creates it again.
+        api.delete("peer-me", &DeleteParams::default())
+            .await
+            .expect("delete");
+        assert!(matches!(
+            renew("e2", Some(fourth.clone())).await,
+            Published::EpochEnded
+        ));
+        let fifth = written(renew("e3", Some(fourth)).await);
+        assert!(lease::in_epoch(&fifth, "me", "e3"));
+    }
 }
