@@ -123,7 +123,7 @@ pub(crate) fn in_epoch(peer: &Lease, holder: &str, epoch: &str) -> bool {
 /// epoch has ended, by this write or another's. Fences held with an epoch
 /// are free only once it has ended by a write: a replica resumes its epoch
 /// only by writing over its own last write, which this write makes fail.
-async fn end_epoch(
+pub(crate) async fn end_epoch(
     api: &Api<Lease>,
     mut peer: Lease,
     holder: &str,

@@ -94,7 +94,9 @@ impl Epochs {
         self.seen = seen;
     }
 
-    fn end(&mut self, peer_lease: &str, epoch: &str) {
+    /// Remembers that `peer_lease`'s `epoch` ended (seen, or ended by this
+    /// replica).
+    pub(crate) fn end(&mut self, peer_lease: &str, epoch: &str) {
         let key = (peer_lease.to_string(), epoch.to_string());
         if self.ended.insert(key.clone()) {
             self.ended_order.push_back(key);

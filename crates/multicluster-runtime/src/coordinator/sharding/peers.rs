@@ -363,6 +363,7 @@ impl Registry {
                 }
             }
         }
+        self.end_lapsed(&list.items, &peers, now).await;
         let peers: Vec<Peer> = peers.into_values().collect();
         self.known.cancel();
         self.peers.send_if_modified(|known| {
@@ -374,6 +375,42 @@ impl Registry {
             true
         });
         next_look
+    }
+}
+
+impl Registry {
+    /// Ends the epochs of the peers whose Leases lapsed and that are no
+    /// longer counted (`peers`), before the others take their clusters: one
+    /// write per lapsed peer, and the takes of its fences then know the
+    /// epoch ended without reading its Lease each. Several replicas may
+    /// try at once; one write wins, and the others read what it wrote.
+    async fn end_lapsed(&self, leases: &[Lease], peers: &BTreeMap<String, Peer>, now: Timestamp) {
+        for peer in leases {
+            let Some(spec) = peer.spec.as_ref() else {
+                continue;
+            };
+            let (Some(name), Some(holder), Some(epoch)) = (
+                peer.metadata.name.as_deref(),
+                lease::holder_of(peer),
+                lease::epoch_of(peer),
+            ) else {
+                continue;
+            };
+            if holder == self.me.id || peers.contains_key(holder) || !lease::expired(spec, now) {
+                continue;
+            }
+            let call = lease::end_epoch(&self.api, peer.clone(), holder, epoch);
+            match tokio::time::timeout(self.renew, call).await {
+                Ok(Ok(true)) => lock(&self.epochs).end(name, epoch),
+                Ok(Ok(false)) => {}
+                Ok(Err(err)) => {
+                    tracing::debug!(lease = %name, error = %crate::redact::kube_error(&err), "could not end a lapsed peer's epoch; its fences' takes try");
+                }
+                Err(_) => {
+                    tracing::debug!(lease = %name, "no answer ending a lapsed peer's epoch; its fences' takes try");
+                }
+            }
+        }
     }
 }
 
@@ -492,6 +529,98 @@ async fn publish(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A peer Lease of `holder` in `epoch` under `prefix`, renewed
+    /// `renewed_secs_ago` with a 30 s duration.
+    fn peer_lease(prefix: &str, holder: &str, epoch: &str, renewed_secs_ago: i64) -> Lease {
+        let renewed = Timestamp::now()
+            .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(
+                renewed_secs_ago,
+            ))
+            .expect("time");
+        Lease {
+            metadata: ObjectMeta {
+                name: Some(format!("{prefix}-{holder}")),
+                labels: Some(BTreeMap::from([
+                    (PEER_LABEL.to_string(), "true".to_string()),
+                    (PREFIX_LABEL.to_string(), prefix.to_string()),
+                ])),
+                annotations: Some(BTreeMap::from([(
+                    EPOCH_ANNOTATION.to_string(),
+                    epoch.to_string(),
+                )])),
+                ..ObjectMeta::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some(holder.to_string()),
+                lease_duration_seconds: Some(30),
+                renew_time: Some(MicroTime(renewed)),
+                ..LeaseSpec::default()
+            }),
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_that_lapsed_and_is_no_longer_counted_has_its_epoch_ended_at_once() {
+        let cp = multicluster_envtest::ControlPlane::start()
+            .await
+            .expect("control plane");
+        let client = cp.client().await.expect("client");
+        let api: Api<Lease> = Api::namespaced(client.clone(), "default");
+        let params = PostParams::default();
+        for peer in [
+            peer_lease("mcr-peer", "gone", "e1", 60),
+            peer_lease("mcr-peer", "live", "f1", 0),
+        ] {
+            api.create(&params, &peer).await.expect("peer lease");
+        }
+        let me = Peer {
+            id: "me".to_string(),
+            weight: 1,
+        };
+        let registry = Registry {
+            api: api.clone(),
+            prefix: "mcr-peer".to_string(),
+            lease_name: "mcr-peer-me".to_string(),
+            me: me.clone(),
+            duration: Duration::from_secs(30),
+            renew: Duration::from_secs(10),
+            peers: watch::Sender::new(vec![me]),
+            known: CancellationToken::new(),
+            standing: watch::Sender::new(Standing::not_yet("mcr-peer-me".to_string(), new_epoch())),
+            wake: Arc::new(Notify::new()),
+            epochs: Arc::default(),
+            stood_since: Mutex::default(),
+            written: Mutex::default(),
+        };
+        registry.refresh().await;
+        let holder = |name: &'static str| {
+            let api = api.clone();
+            async move {
+                api.get(name)
+                    .await
+                    .expect("peer lease")
+                    .spec
+                    .and_then(|spec| spec.holder_identity)
+            }
+        };
+        assert_eq!(
+            holder("mcr-peer-gone").await,
+            None,
+            "the lapsed epoch was not ended"
+        );
+        assert_eq!(holder("mcr-peer-live").await.as_deref(), Some("live"));
+        let ids: Vec<String> = registry
+            .peers
+            .borrow()
+            .iter()
+            .map(|p| p.id.clone())
+            .collect();
+        assert_eq!(ids, ["live", "me"]);
+        // Its fences are known free without reading its Lease again.
+        let known = lock(&registry.epochs).holds("mcr-peer-gone", "e1", "gone", Timestamp::now());
+        assert_eq!(known, Some(false));
+    }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_renewal_goes_on_in_its_epoch_only_while_nobody_else_ended_it() {
