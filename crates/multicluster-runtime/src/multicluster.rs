@@ -101,6 +101,8 @@ pub struct ProviderContext {
     /// engagement failures, unusable inventory and duplicates, which the
     /// manager's `/clusters` shows), unless it was given one of its own.
     pub metrics: Metrics,
+    /// Fired by [`ProviderContext::inventory_engaged`].
+    inventory_engaged: CancellationToken,
 }
 
 impl ProviderContext {
@@ -111,17 +113,45 @@ impl ProviderContext {
             shutdown,
             aware,
             metrics,
+            inventory_engaged: CancellationToken::new(),
         }
     }
 
     /// The same context with `aware` instead (a provider of providers
     /// engaging through a component of its own), stopping at `shutdown`.
+    /// Its [`inventory_engaged`](Self::inventory_engaged) is its own: the
+    /// provider of providers says its inventory is engaged once each of
+    /// its providers has.
     pub fn with(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Self {
         Self {
             shutdown,
             aware,
             metrics: self.metrics.clone(),
+            inventory_engaged: CancellationToken::new(),
         }
+    }
+
+    /// Says that every cluster of the inventory as the provider first found
+    /// it has been engaged (handed to `aware`) or found unusable. Call it
+    /// once, after the first full read of the inventory; later calls do
+    /// nothing.
+    ///
+    /// A sharded replica joins its peers only then (or after its
+    /// `ShardingOptions::inventory_wait`): joining earlier has the others
+    /// hand it clusters it cannot work on yet, which then sit unworked
+    /// until the provider gets to them.
+    pub fn inventory_engaged(&self) {
+        self.inventory_engaged.cancel();
+    }
+
+    /// Completes once [`ProviderContext::inventory_engaged`] was called.
+    pub async fn when_inventory_engaged(&self) {
+        self.inventory_engaged.cancelled().await;
+    }
+
+    /// Whether [`ProviderContext::inventory_engaged`] was called.
+    pub fn is_inventory_engaged(&self) -> bool {
+        self.inventory_engaged.is_cancelled()
     }
 }
 

@@ -33,8 +33,40 @@ impl crate::provider::clusters::ClusterSetProvider for TestProvider {
 impl crate::multicluster::RunnableProvider for TestProvider {
     async fn start(&self, context: crate::multicluster::ProviderContext) -> Result<(), Error> {
         self.clusters
-            .start(context.shutdown.clone(), context.aware)?;
+            .start(context.shutdown.clone(), context.aware.clone())?;
+        // The clusters are added by the test, before or after the start.
+        context.inventory_engaged();
         context.shutdown.cancelled().await;
+        Ok(())
+    }
+}
+
+/// An [`Aware`](crate::multicluster::Aware) that notes the name of every
+/// cluster engaged with it, for tests of a provider started on its own
+/// ([`RunnableProvider::start`](crate::multicluster::RunnableProvider::start)
+/// with a context of their own).
+#[derive(Debug, Default)]
+pub struct EngagedNames {
+    names: Mutex<Vec<ClusterName>>,
+}
+
+impl EngagedNames {
+    /// The names engaged so far, sorted.
+    pub fn names(&self) -> Vec<ClusterName> {
+        let mut names = crate::sync::lock(&self.names).clone();
+        names.sort();
+        names
+    }
+}
+
+impl crate::multicluster::Aware for EngagedNames {
+    fn engage(
+        &self,
+        _lifetime: tokio_util::sync::CancellationToken,
+        name: ClusterName,
+        _cluster: crate::cluster::Cluster,
+    ) -> Result<(), Error> {
+        crate::sync::lock(&self.names).push(name);
         Ok(())
     }
 }

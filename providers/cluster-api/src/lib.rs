@@ -377,7 +377,7 @@ impl RunnableProvider for ClusterApiProvider {
     async fn start(&self, context: ProviderContext) -> Result<(), Error> {
         let shared = &self.shared;
         shared.fleet.start(&context)?;
-        let shutdown = context.shutdown;
+        let shutdown = context.shutdown.clone();
         // Secrets first, so a ready Cluster finds its kubeconfig on the first
         // look instead of being reported without one.
         let secrets = shared.management.cache().informer::<Secret>();
@@ -406,7 +406,7 @@ impl RunnableProvider for ClusterApiProvider {
             .run(
                 builder,
                 shared.management.clone(),
-                shutdown,
+                &context,
                 move |request| {
                     let shared = reconciler.clone();
                     async move { shared.reconcile(request).await }

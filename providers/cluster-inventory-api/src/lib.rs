@@ -422,7 +422,7 @@ impl RunnableProvider for ClusterProfileProvider {
     async fn start(&self, context: ProviderContext) -> Result<(), Error> {
         let shared = &self.shared;
         shared.fleet.start(&context)?;
-        let shutdown = context.shutdown;
+        let shutdown = context.shutdown.clone();
         let Some(version) = ApiVersion::decide(&shared.hub.client(), PLURAL, &shutdown).await
         else {
             return Ok(());
@@ -471,7 +471,7 @@ impl RunnableProvider for ClusterProfileProvider {
         let reconciler = shared.clone();
         shared
             .fleet
-            .run(builder, shared.hub.clone(), shutdown, move |request| {
+            .run(builder, shared.hub.clone(), &context, move |request| {
                 let shared = reconciler.clone();
                 async move { shared.reconcile(request).await }
             })

@@ -169,6 +169,8 @@ struct Shared {
     builds: WorkQueue,
     /// Kubeconfig files read so far.
     reads: AtomicU64,
+    /// Fired once the files were read the first time.
+    read_once: CancellationToken,
 }
 
 impl FileProvider {
@@ -189,6 +191,7 @@ impl FileProvider {
                 desired: std::sync::Mutex::default(),
                 builds,
                 reads: AtomicU64::new(0),
+                read_once: CancellationToken::new(),
             }),
         }
     }
@@ -368,6 +371,7 @@ impl Shared {
             () = shutdown.cancelled() => return Ok(()),
             () = self.read_files() => {}
         }
+        self.read_once.cancel();
         loop {
             tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
@@ -437,7 +441,7 @@ impl ClusterSetProvider for FileProvider {
 impl RunnableProvider for FileProvider {
     async fn start(&self, context: ProviderContext) -> Result<(), Error> {
         self.shared.fleet.start(&context)?;
-        let shutdown = context.shutdown;
+        let shutdown = context.shutdown.clone();
         let shared = self.shared.clone();
         let stop_builds = shutdown.child_token();
         // Builds still running at the end are dropped at once, which stops
@@ -450,7 +454,16 @@ impl RunnableProvider for FileProvider {
                 async move { shared.reconcile(key.cluster).await }
             });
         tokio::pin!(builds);
+        // The first read queued every context: once each was tried, the
+        // inventory is engaged.
+        let first_pass = async {
+            self.shared.read_once.cancelled().await;
+            self.shared.builds.idle().await;
+            context.inventory_engaged();
+            std::future::pending::<()>().await
+        };
         tokio::select! {
+            () = first_pass => Ok(()),
             watched = self.shared.watch(shutdown) => {
                 stop_builds.cancel();
                 builds.await;

@@ -730,3 +730,43 @@ async fn member_options_are_chosen_per_file_and_context() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// The provider says its inventory is engaged (what a sharded replica
+/// waits for before it joins its peers) once every context of the first
+/// read was looked at, and not before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inventory_is_engaged_once_every_context_read_first_was_looked_at() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let dir = tempfile::tempdir().expect("dir");
+    let contexts: Vec<String> = (0..30).map(|i| format!("c{i}")).collect();
+    let fleet = dir.path().join("fleet.kubeconfig");
+    let refs: Vec<&str> = contexts.iter().map(String::as_str).collect();
+    write(&fleet, &with_contexts(cp.kubeconfig(), &refs));
+    let provider = provider_of(&[], &[dir.path()]);
+    let engaged = Arc::new(multicluster_runtime::testing::EngagedNames::default());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let context = multicluster_runtime::ProviderContext::new(
+        shutdown.clone(),
+        engaged.clone(),
+        multicluster_runtime::metrics::Metrics::default(),
+    );
+    let started = tokio::spawn({
+        let (provider, context) = (provider.clone(), context.clone());
+        async move {
+            use multicluster_runtime::RunnableProvider;
+            provider.start(context).await
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(60), context.when_inventory_engaged())
+        .await
+        .expect("the provider never said its inventory was engaged");
+    let mut expected: Vec<ClusterName> = contexts.iter().map(|c| name(&fleet, c)).collect();
+    expected.sort();
+    assert_eq!(
+        engaged.names(),
+        expected,
+        "said before every context was looked at"
+    );
+    shutdown.cancel();
+    started.await.expect("task").expect("clean stop");
+}

@@ -221,11 +221,17 @@ impl RunnableProvider for KindProvider {
     async fn start(&self, context: ProviderContext) -> Result<(), Error> {
         let shared = &self.shared;
         shared.fleet.start(&context)?;
-        let shutdown = context.shutdown;
+        let shutdown = context.shutdown.clone();
         tokio::select! {
             () = shutdown.cancelled() => return Ok(()),
             first = shared.poll() => first?,
         }
+        // The first list queued every cluster: once each was tried, the
+        // inventory is engaged.
+        let first_pass = async {
+            shared.refreshes.idle().await;
+            context.inventory_engaged();
+        };
         let refresher = shared.clone();
         // Calls still running at shutdown are stopped at once.
         let refreshes = shared
@@ -248,7 +254,7 @@ impl RunnableProvider for KindProvider {
                 }
             }
         };
-        tokio::join!(refreshes, polls);
+        tokio::join!(refreshes, polls, first_pass);
         Ok(())
     }
 }

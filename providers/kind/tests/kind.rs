@@ -259,3 +259,43 @@ async fn a_cluster_whose_kind_call_hangs_holds_up_only_itself() {
     task.await.expect("task").expect("clean stop");
     multicluster_envtest::plugins::wait_until_stopped(hung, "the hanging kind call").await;
 }
+
+/// The provider says its inventory is engaged (what a sharded replica
+/// waits for before it joins its peers) once every cluster of the first
+/// listing was looked at: the usable ones engaged, a broken one skipped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inventory_is_engaged_once_every_listed_cluster_was_looked_at() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let kubeconfig = multicluster_envtest::to_yaml(cp.kubeconfig()).expect("yaml");
+    let kind = FakeKind::new();
+    let names: Vec<String> = (0..12).map(|i| format!("dev-{i}")).collect();
+    let mut clusters: Vec<(&str, &str)> = names
+        .iter()
+        .map(|name| (name.as_str(), kubeconfig.as_str()))
+        .collect();
+    clusters.push(("dev-broken", "not: [a kubeconfig"));
+    kind.set_clusters(&clusters);
+    let provider = KindProvider::new(options(&kind.command(), None));
+    let engaged = Arc::new(multicluster_runtime::testing::EngagedNames::default());
+    let shutdown = CancellationToken::new();
+    let context = ProviderContext::new(shutdown.clone(), engaged.clone(), Metrics::default());
+    let started = tokio::spawn({
+        let context = context.clone();
+        async move { provider.start(context).await }
+    });
+    tokio::time::timeout(Duration::from_secs(60), context.when_inventory_engaged())
+        .await
+        .expect("the provider never said its inventory was engaged");
+    let mut expected: Vec<ClusterName> = names
+        .iter()
+        .map(|name| ClusterName::from(name.as_str()))
+        .collect();
+    expected.sort();
+    assert_eq!(
+        engaged.names(),
+        expected,
+        "said before every listed cluster was looked at"
+    );
+    shutdown.cancel();
+    started.await.expect("task").expect("clean stop");
+}

@@ -266,7 +266,6 @@ impl RunnableProvider for KubeconfigProvider {
     async fn start(&self, context: ProviderContext) -> Result<(), Error> {
         let shared = &self.shared;
         shared.fleet.start(&context)?;
-        let shutdown = context.shutdown;
         let builder = Controller::builder(format!("{}-provider", self.shared.options.name))
             .for_resource(Watch::<Secret>::new())
             .max_concurrent_reconciles(shared.options.max_concurrent_builds)
@@ -277,7 +276,7 @@ impl RunnableProvider for KubeconfigProvider {
             .run(
                 builder,
                 shared.management.clone(),
-                shutdown,
+                &context,
                 move |request| {
                     let shared = reconciler.clone();
                     async move { shared.reconcile(request).await }

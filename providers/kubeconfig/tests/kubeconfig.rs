@@ -850,3 +850,63 @@ async fn discovery_resumes_at_once_when_the_management_api_server_is_back() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// The provider says its inventory is engaged (what a sharded replica
+/// waits for before it joins its peers) once every Secret listed at the
+/// start was looked at: the usable ones engaged, a broken one recorded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inventory_is_engaged_once_every_listed_secret_was_looked_at() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    cp.create_namespace(NAMESPACE).await.expect("namespace");
+    let admin = cp.client().await.expect("client");
+    let secrets = Api::<Secret>::namespaced(admin.clone(), NAMESPACE);
+    let yaml = multicluster_envtest::to_yaml(cp.kubeconfig()).expect("yaml");
+    let labelled = [(DEFAULT_LABEL, "true")];
+    let usable: Vec<String> = (0..40).map(|i| format!("member-{i}")).collect();
+    for name in &usable {
+        secrets
+            .create(
+                &PostParams::default(),
+                &secret(name, Some(&yaml), &labelled),
+            )
+            .await
+            .expect("secret");
+    }
+    secrets
+        .create(&PostParams::default(), &secret("broken", None, &labelled))
+        .await
+        .expect("secret");
+    let provider = KubeconfigProvider::new(
+        admin.clone(),
+        KubeconfigOptions::default().namespace(NAMESPACE.to_string()),
+    );
+    let engaged = Arc::new(multicluster_runtime::testing::EngagedNames::default());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let context = multicluster_runtime::ProviderContext::new(
+        shutdown.clone(),
+        engaged.clone(),
+        Metrics::default(),
+    );
+    let started = tokio::spawn({
+        let context = context.clone();
+        async move {
+            use multicluster_runtime::RunnableProvider;
+            provider.start(context).await
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(60), context.when_inventory_engaged())
+        .await
+        .expect("the provider never said its inventory was engaged");
+    let mut expected: Vec<ClusterName> = usable
+        .iter()
+        .map(|name| ClusterName::from(name.as_str()))
+        .collect();
+    expected.sort();
+    assert_eq!(
+        engaged.names(),
+        expected,
+        "said before every listed Secret was looked at"
+    );
+    shutdown.cancel();
+    started.await.expect("task").expect("clean stop");
+}

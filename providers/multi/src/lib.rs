@@ -119,6 +119,7 @@ impl MultiProvider {
             None => CancellationToken::new(),
         };
         if let (Some(context), Some(provider)) = (&state.started, &runnable) {
+            // Added after the start: not part of the inventory first found.
             self.spawn(name, provider.clone(), stop.clone(), context);
         }
         state.providers.insert(
@@ -155,19 +156,21 @@ impl MultiProvider {
         provider: Arc<dyn RunnableProvider>,
         stop: CancellationToken,
         context: &ProviderContext,
-    ) {
+    ) -> ProviderContext {
         let prefixed: Arc<dyn Aware> = Arc::new(Prefixed {
             prefix: format!("{name}{}", self.separator),
             stop: stop.clone(),
             aware: context.aware.clone(),
         });
         let context = context.with(stop, prefixed);
+        let started = context.clone();
         let name = name.to_string();
         tokio::spawn(async move {
             if let Err(err) = provider.start(context).await {
                 tracing::error!(provider = %name, error = %err, "provider stopped with an error");
             }
         });
+        started
     }
 
     fn split<'a>(&self, name: &'a ClusterName) -> Option<(&'a str, &'a str)> {
@@ -221,6 +224,7 @@ impl Provider for MultiProvider {
 impl RunnableProvider for MultiProvider {
     async fn start(&self, context: ProviderContext) -> Result<(), Error> {
         let shutdown = context.shutdown.clone();
+        let mut first = Vec::new();
         {
             let mut state = self.lock();
             if state.started.is_some() {
@@ -238,11 +242,22 @@ impl RunnableProvider for MultiProvider {
                 .collect();
             for (name, runnable, stop) in members {
                 if let Some(provider) = runnable {
-                    self.spawn(&name, provider, stop, &context);
+                    first.push(self.spawn(&name, provider, stop, &context));
                 }
             }
         }
-        shutdown.cancelled().await;
+        // Engaged once every provider there at the start says so.
+        let first_pass = async {
+            for provider in &first {
+                provider.when_inventory_engaged().await;
+            }
+            context.inventory_engaged();
+            std::future::pending::<()>().await
+        };
+        tokio::select! {
+            () = shutdown.cancelled() => {}
+            () = first_pass => {}
+        }
         Ok(())
     }
 }

@@ -287,3 +287,77 @@ async fn two_instances_of_one_provider_keep_their_figures_apart() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// A provider with no clusters that says its inventory is engaged when the
+/// test lets it (`release`), then fires `said`.
+#[derive(Debug, Default)]
+struct Held {
+    clusters: multicluster_runtime::provider::clusters::Clusters,
+    release: tokio_util::sync::CancellationToken,
+    said: tokio_util::sync::CancellationToken,
+}
+
+impl multicluster_runtime::provider::clusters::ClusterSetProvider for Held {
+    fn cluster_set(&self) -> &multicluster_runtime::provider::clusters::Clusters {
+        &self.clusters
+    }
+}
+
+#[async_trait::async_trait]
+impl multicluster_runtime::RunnableProvider for Held {
+    async fn start(&self, context: multicluster_runtime::ProviderContext) -> Result<(), Error> {
+        tokio::select! {
+            () = self.release.cancelled() => {
+                context.inventory_engaged();
+                self.said.cancel();
+            }
+            () = context.shutdown.cancelled() => return Ok(()),
+        }
+        context.shutdown.cancelled().await;
+        Ok(())
+    }
+}
+
+/// The multi provider's inventory is engaged once that of every provider
+/// it started with is, not at the first one's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inventory_is_engaged_once_every_provider_says_so() {
+    let multi = Arc::new(MultiProvider::new());
+    let (first, second) = (Arc::new(Held::default()), Arc::new(Held::default()));
+    multi
+        .add_runnable("first", first.clone())
+        .await
+        .expect("add");
+    multi
+        .add_runnable("second", second.clone())
+        .await
+        .expect("add");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let context = multicluster_runtime::ProviderContext::new(
+        shutdown.clone(),
+        Arc::new(multicluster_runtime::testing::EngagedNames::default()),
+        multicluster_runtime::metrics::Metrics::default(),
+    );
+    let started = tokio::spawn({
+        let (multi, context) = (multi.clone(), context.clone());
+        async move {
+            use multicluster_runtime::RunnableProvider;
+            multi.start(context).await
+        }
+    });
+    first.release.cancel();
+    first.said.cancelled().await;
+    assert!(
+        !context.is_inventory_engaged(),
+        "engaged when only the first provider said so"
+    );
+    second.release.cancel();
+    tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        context.when_inventory_engaged(),
+    )
+    .await
+    .expect("never engaged after both said so");
+    shutdown.cancel();
+    started.await.expect("task").expect("clean stop");
+}

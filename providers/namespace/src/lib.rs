@@ -118,12 +118,24 @@ impl ClusterSetProvider for NamespaceProvider {
 #[async_trait::async_trait]
 impl RunnableProvider for NamespaceProvider {
     async fn start(&self, context: ProviderContext) -> Result<(), Error> {
-        let shutdown = context.shutdown;
-        self.clusters.start(shutdown.clone(), context.aware)?;
-        let mut namespaces = self.host.cache().informer::<Namespace>().subscribe();
+        let shutdown = context.shutdown.clone();
+        self.clusters
+            .start(shutdown.clone(), context.aware.clone())?;
+        let informer = self.host.cache().informer::<Namespace>();
+        let mut namespaces = informer.subscribe();
         loop {
             let event = tokio::select! {
                 () = shutdown.cancelled() => return Ok(()),
+                // Once the host's namespaces are listed, those wanted are
+                // engaged from the store at once (their events, still on
+                // the way, then change nothing), and the inventory is.
+                () = informer.wait_ready(), if !context.is_inventory_engaged() => {
+                    for namespace in informer.store().state() {
+                        self.applied(&namespace);
+                    }
+                    context.inventory_engaged();
+                    continue;
+                }
                 event = namespaces.next() => event,
             };
             let Some(event) = event else {
@@ -132,34 +144,43 @@ impl RunnableProvider for NamespaceProvider {
                     source: "the host cache stopped".into(),
                 });
             };
-            let Some(name) = event.object().metadata.name.clone() else {
-                continue;
-            };
-            let cluster_name = ClusterName::from(name.as_str());
             match &event {
-                CacheEvent::Applied { new, .. } if self.wanted(new) => {
-                    // The namespace's labels are the virtual cluster's,
-                    // updated in place when they change.
-                    let inventory =
-                        Inventory::labelled(new.metadata.labels.clone().unwrap_or_default());
-                    match self.clusters.get(&cluster_name) {
-                        Ok(cluster) => {
-                            cluster.set_inventory(inventory);
-                        }
-                        Err(_) => {
-                            tracing::info!(namespace = %name, "namespace joins the fleet");
-                            let cluster = self.virtual_cluster(&name);
-                            cluster.set_inventory(inventory);
-                            if let Err(err) = self.clusters.add(cluster_name, cluster) {
-                                tracing::warn!(namespace = %name, error = %err, "could not add the namespace");
-                            }
-                        }
-                    }
-                }
+                CacheEvent::Applied { new, .. } if self.wanted(new) => self.applied(new),
                 _ => {
-                    if self.clusters.remove(&cluster_name) {
+                    let Some(name) = event.object().metadata.name.as_deref() else {
+                        continue;
+                    };
+                    if self.clusters.remove(&ClusterName::from(name)) {
                         tracing::info!(namespace = %name, "namespace leaves the fleet");
                     }
+                }
+            }
+        }
+    }
+}
+
+impl NamespaceProvider {
+    /// Engages `namespace` if it is wanted and not engaged yet; updates its
+    /// labels, which are the virtual cluster's, if it is.
+    fn applied(&self, namespace: &Namespace) {
+        let Some(name) = namespace.metadata.name.as_deref() else {
+            return;
+        };
+        if !self.wanted(namespace) {
+            return;
+        }
+        let cluster_name = ClusterName::from(name);
+        let inventory = Inventory::labelled(namespace.metadata.labels.clone().unwrap_or_default());
+        match self.clusters.get(&cluster_name) {
+            Ok(cluster) => {
+                cluster.set_inventory(inventory);
+            }
+            Err(_) => {
+                tracing::info!(namespace = %name, "namespace joins the fleet");
+                let cluster = self.virtual_cluster(name);
+                cluster.set_inventory(inventory);
+                if let Err(err) = self.clusters.add(cluster_name, cluster) {
+                    tracing::warn!(namespace = %name, error = %err, "could not add the namespace");
                 }
             }
         }

@@ -712,3 +712,50 @@ async fn sources_select_virtual_clusters_by_their_namespaces_labels() {
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// The provider says its inventory is engaged (what a sharded replica
+/// waits for before it joins its peers) only once every namespace of the
+/// first list is: not before, and not never.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_inventory_is_engaged_once_every_listed_namespace_is() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let admin = cp.client().await.expect("client");
+    let wanted: Vec<String> = (0..200).map(|i| format!("listed-{i}")).collect();
+    for name in &wanted {
+        create_namespace(&admin, name, &[(WATCH_FILTER_LABEL, "listed")]).await;
+    }
+    create_namespace(&admin, "elsewhere", &[(WATCH_FILTER_LABEL, "other")]).await;
+    let provider = NamespaceProvider::new(
+        admin.clone(),
+        NamespaceOptions::default().watch_filter("listed".to_string()),
+    );
+    let engaged = Arc::new(multicluster_runtime::testing::EngagedNames::default());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let context = multicluster_runtime::ProviderContext::new(
+        shutdown.clone(),
+        engaged.clone(),
+        multicluster_runtime::metrics::Metrics::default(),
+    );
+    let started = tokio::spawn({
+        let context = context.clone();
+        async move {
+            use multicluster_runtime::RunnableProvider;
+            provider.start(context).await
+        }
+    });
+    tokio::time::timeout(Duration::from_secs(60), context.when_inventory_engaged())
+        .await
+        .expect("the provider never said its inventory was engaged");
+    let mut expected: Vec<ClusterName> = wanted
+        .iter()
+        .map(|name| ClusterName::from(name.as_str()))
+        .collect();
+    expected.sort();
+    assert_eq!(
+        engaged.names(),
+        expected,
+        "said before every listed namespace was engaged"
+    );
+    shutdown.cancel();
+    started.await.expect("task").expect("clean stop");
+}

@@ -27,6 +27,8 @@ impl Provider for NopProvider {
 #[async_trait::async_trait]
 impl RunnableProvider for NopProvider {
     async fn start(&self, context: ProviderContext) -> Result<(), Error> {
+        // Nothing to engage: the inventory is engaged at once.
+        context.inventory_engaged();
         context.shutdown.cancelled().await;
         Ok(())
     }

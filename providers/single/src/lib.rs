@@ -55,7 +55,7 @@ impl Provider for SingleProvider {
 #[async_trait::async_trait]
 impl RunnableProvider for SingleProvider {
     async fn start(&self, context: ProviderContext) -> Result<(), Error> {
-        let (shutdown, aware) = (context.shutdown, context.aware);
+        let (shutdown, aware) = (context.shutdown.clone(), context.aware.clone());
         {
             let mut started = lock(&self.started);
             if *started {
@@ -68,6 +68,7 @@ impl RunnableProvider for SingleProvider {
             self.name.clone(),
             self.cluster.clone(),
         )?;
+        context.inventory_engaged();
         shutdown.cancelled().await;
         Ok(())
     }

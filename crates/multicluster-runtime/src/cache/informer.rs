@@ -65,12 +65,34 @@ impl<K> Clone for CacheEvent<K> {
 /// A stream of [`CacheEvent`]s for one subscriber. Dropping it unsubscribes.
 pub struct Subscription<K> {
     receiver: mpsc::UnboundedReceiver<CacheEvent<K>>,
+    /// The informer's: whether its first list has completed.
+    ready: watch::Receiver<bool>,
 }
 
 impl<K> Subscription<K> {
     /// The next event, or `None` once the informer has stopped.
     pub async fn recv(&mut self) -> Option<CacheEvent<K>> {
         self.receiver.recv().await
+    }
+
+    /// Whether every event of the informer's first list has been taken
+    /// from this subscription: the list has completed (its events are sent
+    /// before it counts as complete) and none is left waiting.
+    pub(crate) fn caught_up(&self) -> bool {
+        self.is_listed() && self.receiver.is_empty()
+    }
+
+    /// Whether the informer's first list has completed.
+    pub(crate) fn is_listed(&self) -> bool {
+        *self.ready.borrow()
+    }
+
+    /// Completes once the informer's first list has completed.
+    pub(crate) fn listed(&self) -> impl Future<Output = ()> + Send + 'static {
+        let mut ready = self.ready.clone();
+        async move {
+            let _ = ready.wait_for(|ready| *ready).await;
+        }
     }
 }
 
@@ -321,7 +343,10 @@ where
             });
         }
         state.subscribers.push(sender);
-        Subscription { receiver }
+        Subscription {
+            receiver,
+            ready: self.ready.clone(),
+        }
     }
 
     /// The current contents and a subscription to every change after them,

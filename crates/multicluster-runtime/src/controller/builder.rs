@@ -492,6 +492,8 @@ impl ControllerBuilder {
                 clusters: Mutex::new(Engagements::default()),
                 running: Mutex::new(HashMap::new()),
                 finished: tokio::sync::Notify::new(),
+                behind: Mutex::default(),
+                caught_up: tokio::sync::Notify::new(),
                 owed: self.owed,
                 owed_on_disengage: self.owed_on_disengage,
                 owed_on_relabel: self.owed_on_relabel,

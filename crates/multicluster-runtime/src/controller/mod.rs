@@ -115,6 +115,10 @@ struct Inner {
     /// Reconciles running now, per cluster, and a signal when one ends.
     running: Mutex<HashMap<ClusterName, usize>>,
     finished: tokio::sync::Notify,
+    /// Sources, per cluster, that have not yet passed on every event of
+    /// their informer's first list, and a signal when one has.
+    behind: Mutex<HashMap<ClusterName, usize>>,
+    caught_up: tokio::sync::Notify,
     owed: Option<Owed>,
     owed_on_disengage: Option<Owed>,
     /// Requests owed to a cluster whose labels changed.
@@ -129,6 +133,24 @@ struct Inner {
 }
 
 impl Inner {
+    /// A source starts following `cluster`.
+    fn catching_up(&self, cluster: &ClusterName) {
+        *lock(&self.behind).entry(cluster.clone()).or_default() += 1;
+    }
+
+    /// A source of `cluster` passed on its first list (or stopped).
+    fn caught_up(&self, cluster: &ClusterName) {
+        let mut behind = lock(&self.behind);
+        if let Some(count) = behind.get_mut(cluster) {
+            *count -= 1;
+            if *count == 0 {
+                behind.remove(cluster);
+            }
+        }
+        drop(behind);
+        self.caught_up.notify_waiters();
+    }
+
     /// The cluster `request` is for, if it is engaged and its work has not
     /// been stopped; counted as running one more reconcile until the
     /// returned guard drops. Looked up and counted under one lock, so once
@@ -220,6 +242,26 @@ impl Controller {
     /// Queues a reconcile of `request` after `delay`.
     pub fn enqueue_after(&self, request: Request, delay: Duration) {
         self.inner.work.enqueue_after(request, delay);
+    }
+
+    /// Completes once no request waits to run now and none runs (delayed
+    /// ones are not waited for).
+    pub(crate) async fn idle(&self) {
+        self.inner.work.idle().await;
+    }
+
+    /// Completes once every source started for `cluster` has listed its
+    /// objects and queued the requests they map to.
+    pub(crate) async fn caught_up(&self, cluster: &ClusterName) {
+        loop {
+            let told = self.inner.caught_up.notified();
+            tokio::pin!(told);
+            told.as_mut().enable();
+            if !lock(&self.inner.behind).contains_key(cluster) {
+                return;
+            }
+            told.await;
+        }
     }
 
     /// Runs reconciles until `shutdown` fires, then lets running reconciles

@@ -88,6 +88,8 @@ struct State {
 pub(crate) struct Queue {
     state: Mutex<State>,
     changed: Notify,
+    /// Told whenever a reconcile ends with nothing queued or running.
+    idle: Notify,
     /// Backoff, requests of one cluster at once
     /// (`max_concurrent_reconciles`), debounce; the runner's settings too.
     settings: FixedOnce,
@@ -102,6 +104,7 @@ impl Queue {
         Self {
             state: Mutex::new(State::default()),
             changed: Notify::new(),
+            idle: Notify::new(),
             settings,
             gated: true,
         }
@@ -327,8 +330,31 @@ impl Queue {
                 Self::delay(&mut state, request.clone(), delay);
             }
         }
+        let idle = state.queued.is_empty() && state.running.is_empty();
         drop(state);
         self.changed.notify_one();
+        if idle {
+            self.idle.notify_waiters();
+        }
+    }
+
+    /// Completes once no request waits to run now and none runs (delayed
+    /// ones, by backoff or on purpose, are not waited for).
+    pub(crate) async fn idle(&self) {
+        loop {
+            let told = self.idle.notified();
+            tokio::pin!(told);
+            // Registered before looking, so a reconcile ending between the
+            // look and the wait still wakes it.
+            told.as_mut().enable();
+            {
+                let state = self.lock();
+                if state.queued.is_empty() && state.running.is_empty() {
+                    return;
+                }
+            }
+            told.await;
+        }
     }
 
     /// Requests waiting to run now (not delayed, not running).

@@ -286,10 +286,18 @@ fn forward<K: Send + Sync + 'static>(
     controller: Controller,
     stop: CancellationToken,
 ) {
+    controller.inner.catching_up(&cluster);
     tokio::spawn(async move {
+        let mut behind = true;
         loop {
+            if behind && subscription.caught_up() {
+                controller.inner.caught_up(&cluster);
+                behind = false;
+            }
             let event = tokio::select! {
                 () = stop.cancelled() => break,
+                // An empty first list brings no event to wake for.
+                () = subscription.listed(), if behind && !subscription.is_listed() => continue,
                 event = subscription.next() => event,
             };
             let Some(event) = event else { break };
@@ -303,6 +311,10 @@ fn forward<K: Send + Sync + 'static>(
             for request in mapper(&context, event.object()) {
                 controller.inner.work.queue().add(request);
             }
+        }
+        // Stopped first: nobody is to wait for it.
+        if behind {
+            controller.inner.caught_up(&cluster);
         }
     });
 }

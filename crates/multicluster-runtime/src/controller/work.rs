@@ -220,6 +220,13 @@ impl WorkQueue {
         self.inner.queue.depth()
     }
 
+    /// Completes once no key waits to run now and none runs (keys delayed,
+    /// by backoff or [`WorkQueue::enqueue_after`], are not waited for): a
+    /// provider that queued its whole inventory knows each key was tried.
+    pub async fn idle(&self) {
+        self.inner.queue.idle().await;
+    }
+
     pub(crate) fn queue(&self) -> &Arc<Queue> {
         &self.inner.queue
     }

@@ -70,6 +70,12 @@ pub trait Coordinator: Send + Sync {
         None
     }
 
+    /// Told once the provider has engaged the inventory it first found
+    /// ([`crate::multicluster::ProviderContext::inventory_engaged`]; at once
+    /// for a manager without a provider that discovers). A sharded
+    /// coordinator joins its peers then. The default does nothing.
+    fn inventory_engaged(&self) {}
+
     /// Whether this replica works on `name` now: false before it holds what
     /// lets it (a fence, the leadership), after it lost that, and for a
     /// name it does not know. [`crate::Manager::get_cluster`] refuses a

@@ -357,6 +357,23 @@ impl Manager {
         self.inner.metrics.fleet().subscribe()
     }
 
+    /// Completes once every engaged cluster was checked: handed to the
+    /// coordinator (its API server answered) or found unreachable.
+    async fn all_checked(&self) {
+        let all_checked = lock(&self.inner.clusters).all_checked.clone();
+        loop {
+            let told = all_checked.notified();
+            tokio::pin!(told);
+            // Registered before looking, so a check ending between the
+            // look and the wait still wakes it.
+            told.as_mut().enable();
+            if lock(&self.inner.clusters).unchecked == 0 {
+                return;
+            }
+            told.await;
+        }
+    }
+
     /// Whether [`Manager::run`] has engaged the local cluster and started
     /// the provider (the readiness endpoint reports this).
     pub fn is_started(&self) -> bool {
@@ -417,7 +434,23 @@ impl Manager {
                 Arc::new(self.clone()),
                 self.inner.metrics.clone(),
             );
+            // The coordinator hears of it once every cluster the provider
+            // engaged by then was also checked: handed to the coordinator,
+            // or found unreachable.
+            let (told, manager) = (context.clone(), self.clone());
+            tokio::spawn(async move {
+                let engaged = async {
+                    told.when_inventory_engaged().await;
+                    manager.all_checked().await;
+                };
+                tokio::select! {
+                    () = engaged => manager.coordinator().inventory_engaged(),
+                    () = told.shutdown.cancelled() => {}
+                }
+            });
             provider_task.spawn(async move { provider.start(context).await });
+        } else {
+            self.coordinator().inventory_engaged();
         }
         tokio::spawn(self.clone().watch_health(components_stop.clone()));
         self.inner.started.store(true, Ordering::Release);

@@ -52,6 +52,9 @@ pub(super) struct Progress {
     /// When a healthy one whose connections have no pings is asked next
     /// whether it answers.
     pub(super) next_liveness_probe: Option<Instant>,
+    /// Not checked yet: neither handed to the coordinator nor found
+    /// unreachable (counted in `Tracked::unchecked`).
+    pub(super) unchecked: bool,
 }
 
 impl Progress {
@@ -65,6 +68,7 @@ impl Progress {
             next_check: None,
             next_probe: None,
             next_liveness_probe: None,
+            unchecked: true,
         }
     }
 

@@ -2,6 +2,7 @@
 //! syncing to ready (or unreachable and retried), its state following its
 //! health afterwards, and the per-state counts, changed in one place.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
@@ -37,6 +38,10 @@ pub(super) struct Tracked {
     /// failure changes then. Until they move (or a cluster is engaged),
     /// walking again would find the same.
     pub(super) quiet_at: Option<u64>,
+    /// Engaged clusters not checked yet (see `Progress::unchecked`).
+    pub(super) unchecked: usize,
+    /// Told when `unchecked` falls to zero.
+    pub(super) all_checked: Arc<tokio::sync::Notify>,
 }
 
 impl Tracked {
@@ -48,6 +53,8 @@ impl Tracked {
                 metrics,
             },
             quiet_at: None,
+            unchecked: 0,
+            all_checked: Arc::new(tokio::sync::Notify::new()),
         }
     }
 
@@ -67,7 +74,19 @@ impl Tracked {
         held.data.check_failed(next);
         self.states
             .move_to(name, &mut held.data, ClusterState::Unreachable(reason));
+        checked(&mut self.unchecked, &self.all_checked, &mut held.data);
         true
+    }
+}
+
+/// `progress` was checked (handed over, found unreachable) or is gone: no
+/// longer counted in `unchecked`, and `all_checked` told when none is left.
+fn checked(unchecked: &mut usize, all_checked: &tokio::sync::Notify, progress: &mut Progress) {
+    if std::mem::take(&mut progress.unchecked) {
+        *unchecked -= 1;
+        if *unchecked == 0 {
+            all_checked.notify_waiters();
+        }
     }
 }
 
@@ -238,6 +257,11 @@ impl Manager {
         {
             tracing::error!(cluster = %name, error = %err, "engaging components failed");
         }
+        let mut guard = lock(&self.inner.clusters);
+        let tracked = &mut *guard;
+        if let Some(held) = tracked.clusters.current_mut(name, generation) {
+            checked(&mut tracked.unchecked, &tracked.all_checked, &mut held.data);
+        }
         true
     }
 
@@ -397,7 +421,8 @@ impl Aware for Manager {
         cluster: Cluster,
     ) -> Result<(), Error> {
         let (ended, generation) = {
-            let mut tracked = lock(&self.inner.clusters);
+            let mut guard = lock(&self.inner.clusters);
+            let tracked = &mut *guard;
             if tracked.clusters.arrival(&name, &cluster, &lifetime) != Arrival::New {
                 return Ok(());
             }
@@ -409,16 +434,22 @@ impl Aware for Manager {
                     .clusters
                     .insert(name.clone(), cluster, &lifetime, progress);
             let engagement = (held.lifetime.clone(), held.generation);
-            tracked
-                .states
-                .engaged(&name, replaced.as_ref().map(|old| &old.data.state));
+            tracked.unchecked += 1;
+            if let Some(mut old) = replaced {
+                checked(&mut tracked.unchecked, &tracked.all_checked, &mut old.data);
+                tracked.states.engaged(&name, Some(&old.data.state));
+            } else {
+                tracked.states.engaged(&name, None);
+            }
             engagement
         };
         tokio::spawn(self.clone().bring_up(name.clone(), generation));
         let this = self.clone();
         when_ended(&ended, move || {
-            let mut tracked = lock(&this.inner.clusters);
-            if let Some(gone) = tracked.clusters.end(&name, generation) {
+            let mut guard = lock(&this.inner.clusters);
+            let tracked = &mut *guard;
+            if let Some(mut gone) = tracked.clusters.end(&name, generation) {
+                checked(&mut tracked.unchecked, &tracked.all_checked, &mut gone.data);
                 tracked.states.ended(&name, &gone.data.state);
                 if this.inner.stopping.is_cancelled() {
                     tracing::debug!(cluster = %name, "cluster released: the manager stops");

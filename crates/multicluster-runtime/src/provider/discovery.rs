@@ -20,8 +20,6 @@
 use std::future::Future;
 use std::time::Duration;
 
-use tokio_util::sync::CancellationToken;
-
 use crate::cluster::Cluster;
 use crate::controller::{Action, Backoff, ControllerBuilder, Request};
 use crate::error::Error;
@@ -152,14 +150,20 @@ impl Discovered {
     /// Builds the controller `builder` describes (its sources, concurrency
     /// and backoff set), recording in the provider's registry, around
     /// `reconcile`, and runs it over the objects `management`'s cache holds
-    /// until `shutdown` fires. Reconciles still running then (client
-    /// builds) are dropped at once, which stops their credential plugins:
-    /// nobody will use the clients.
+    /// until `context.shutdown` fires. Reconciles still running then
+    /// (client builds) are dropped at once, which stops their credential
+    /// plugins: nobody will use the clients.
+    ///
+    /// Says the inventory is engaged
+    /// ([`ProviderContext::inventory_engaged`]) once `management`'s cache
+    /// has listed what the controller watches and the queue has run dry:
+    /// every object listed was tried once (those backing off are not
+    /// waited for).
     pub async fn run<F, Fut>(
         &self,
         builder: ControllerBuilder,
         management: Cluster,
-        shutdown: CancellationToken,
+        context: &ProviderContext,
         reconcile: F,
     ) -> Result<(), Error>
     where
@@ -171,12 +175,19 @@ impl Discovered {
             None => builder,
         };
         let controller = builder.build(move |request, _management| reconcile(request))?;
-        controller.engage(
-            shutdown.child_token(),
-            ClusterName::from(Self::MANAGEMENT),
-            management,
-        )?;
-        controller.run(shutdown, Duration::ZERO).await;
+        let shutdown = context.shutdown.clone();
+        let management_name = ClusterName::from(Self::MANAGEMENT);
+        controller.engage(shutdown.child_token(), management_name.clone(), management)?;
+        let first_pass = async {
+            controller.caught_up(&management_name).await;
+            controller.idle().await;
+            context.inventory_engaged();
+            std::future::pending::<()>().await
+        };
+        tokio::select! {
+            () = controller.run(shutdown, Duration::ZERO) => {}
+            () = first_pass => {}
+        }
         Ok(())
     }
 

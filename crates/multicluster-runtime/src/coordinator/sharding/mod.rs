@@ -100,6 +100,8 @@ struct Inner {
     unreleased: std::sync::Mutex<Vec<fence::Fence>>,
     /// The others' epochs as the peer reads found them.
     epochs: Arc<std::sync::Mutex<epochs::Epochs>>,
+    /// Fired once the provider has engaged the inventory it first found.
+    inventory: CancellationToken,
 }
 
 /// How many fences one look takes or hands back at once. A hand-over of
@@ -180,6 +182,7 @@ impl ShardedCoordinator {
                 standing: watch::Sender::new(standing),
                 unreleased: std::sync::Mutex::default(),
                 epochs: Arc::default(),
+                inventory: CancellationToken::new(),
                 me,
                 options,
                 clusters: std::sync::Mutex::default(),
@@ -600,8 +603,22 @@ impl Coordinator for ShardedCoordinator {
         })
     }
 
+    fn inventory_engaged(&self) {
+        self.inner.inventory.cancel();
+    }
+
     async fn run(&self, stop: CancellationToken) -> Result<(), Error> {
         let options = &self.inner.options;
+        // A replica that joined before its provider engaged the fleet would
+        // be handed clusters it cannot work on yet (a restart at 100,000
+        // clusters left thousands unworked for a minute).
+        tokio::select! {
+            () = stop.cancelled() => return Ok(()),
+            () = self.inner.inventory.cancelled() => {}
+            () = tokio::time::sleep(options.inventory_wait) => {
+                tracing::info!(wait = ?options.inventory_wait, "the provider has not said its inventory is engaged; joining the peers anyway");
+            }
+        }
         let registry = peers::Registry {
             api: self.inner.leases.clone(),
             prefix: options.peer_prefix.clone(),

@@ -42,6 +42,13 @@ pub struct ShardingOptions {
     pub handover_timeout: Duration,
     /// How held fences are kept (default [`FenceHold::Renewed`], Go's way).
     pub fence_hold: FenceHold,
+    /// How long a starting replica waits for its provider to say it has
+    /// engaged the inventory it first found
+    /// ([`ProviderContext::inventory_engaged`](crate::multicluster::ProviderContext::inventory_engaged))
+    /// before it joins its peers anyway (default 60 s). Every provider of
+    /// this project says so; a provider that never does delays the join
+    /// by this long.
+    pub inventory_wait: Duration,
 }
 
 /// How a replica keeps the fences it holds.
@@ -87,6 +94,7 @@ impl Default for ShardingOptions {
             probe_interval: Duration::from_secs(5),
             handover_timeout: Duration::from_secs(30),
             fence_hold: FenceHold::Renewed,
+            inventory_wait: Duration::from_secs(60),
         }
     }
 }
@@ -105,6 +113,7 @@ crate::option_setters!(ShardingOptions {
     probe_interval: Duration,
     handover_timeout: Duration,
     fence_hold: FenceHold,
+    inventory_wait: Duration,
 });
 
 impl ShardingOptions {
