@@ -136,10 +136,9 @@ impl ProviderContext {
     /// once, after the first full read of the inventory; later calls do
     /// nothing.
     ///
-    /// A sharded replica joins its peers only then (or after its
-    /// `ShardingOptions::inventory_wait`): joining earlier has the others
-    /// hand it clusters it cannot work on yet, which then sit unworked
-    /// until the provider gets to them.
+    /// A sharded replica says it is ready to be handed clusters only then
+    /// (or after its `ShardingOptions::inventory_wait`): handed over
+    /// earlier, they would sit unworked until the provider got to them.
     pub fn inventory_engaged(&self) {
         self.inventory_engaged.cancel();
     }

@@ -1,8 +1,8 @@
-//! A sharded replica joins its peers (writes its peer Lease) only once its
-//! provider has engaged the inventory it first found and the manager has
-//! checked each of those clusters (handed to the coordinator, or found
-//! unreachable): the others never hand it clusters it cannot work on yet.
-//! A provider that never says so delays the join by `inventory_wait`.
+//! A sharded replica is handed clusters only once its provider has engaged
+//! the inventory it first found and the manager has checked each of those
+//! clusters: until then its peer Lease says it is not ready, and the
+//! replica working on a cluster it owns keeps working on it. A provider
+//! that never says so delays the hand-over by `inventory_wait`.
 
 mod common;
 
@@ -14,16 +14,18 @@ use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::coordinator::Coordinator;
-use multicluster_runtime::coordinator::sharding::{ShardedCoordinator, ShardingOptions};
+use multicluster_runtime::coordinator::sharding::{
+    Peer, ShardedCoordinator, ShardingOptions, owner,
+};
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::testing::{eventually, run_manager, wait_until_ready};
 use multicluster_runtime::{Manager, ProviderContext, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
-const MEMBERS: [&str; 3] = ["m0", "m1", "m2"];
+const MEMBERS: [&str; 8] = ["m0", "m1", "m2", "m3", "m4", "m5", "m6", "m7"];
 
 /// A provider whose clusters are all engaged at the start, but which says
-/// so only when the test lets it (`said`), if ever.
+/// so only once `said` fires, if ever.
 #[derive(Clone, Debug, Default)]
 struct Holding {
     clusters: Clusters,
@@ -52,11 +54,18 @@ impl RunnableProvider for Holding {
     }
 }
 
+/// A replica `id` over every member, its provider saying its inventory is
+/// engaged when `said` fires (never without one).
 async fn replica(
     cp: &ControlPlane,
-    provider: Holding,
+    id: &str,
+    said: Option<CancellationToken>,
     sharding: ShardingOptions,
 ) -> (Manager, Arc<ShardedCoordinator>) {
+    let provider = Holding {
+        said,
+        ..Holding::default()
+    };
     for name in MEMBERS {
         provider
             .clusters
@@ -64,6 +73,9 @@ async fn replica(
             .expect("add");
     }
     let client = cp.client().await.expect("client");
+    let sharding = sharding
+        .peer_id(id.to_string())
+        .probe_interval(Duration::from_millis(200));
     let coordinator = Arc::new(ShardedCoordinator::new(client, sharding).expect("coordinator"));
     let manager = Manager::builder(cluster_for("local", cp).await)
         .provider(Arc::new(provider))
@@ -72,82 +84,117 @@ async fn replica(
     (manager, coordinator)
 }
 
-/// Whether `coordinator` works on every member (and the local cluster).
-fn works_on_every_member(coordinator: &ShardedCoordinator) -> bool {
-    let working_on = coordinator.working_on().unwrap_or_default();
+/// The members `coordinator` works on.
+fn working_on(coordinator: &ShardedCoordinator) -> Vec<String> {
+    coordinator
+        .working_on()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|name| name.to_string())
+        .filter(|name| MEMBERS.contains(&name.as_str()))
+        .collect()
+}
+
+/// The members `id` owns among `r0` and `r1`.
+fn share_of(id: &str) -> Vec<String> {
+    let peers = ["r0", "r1"].map(|id| Peer {
+        id: id.to_string(),
+        weight: 1,
+    });
     MEMBERS
         .iter()
-        .all(|name| working_on.iter().any(|held| held.as_str() == *name))
+        .filter(|name| owner(name, &peers).is_some_and(|peer| peer.id == id))
+        .map(|name| name.to_string())
+        .collect()
 }
 
-async fn peer_lease(cp: &ControlPlane, name: &str) -> Option<Lease> {
+/// What `id`'s peer Lease says of its readiness, if it exists.
+async fn said_ready(cp: &ControlPlane, id: &str) -> Option<Option<String>> {
     let leases: Api<Lease> = Api::namespaced(cp.client().await.expect("client"), "kube-system");
-    leases.get_opt(name).await.expect("peer lease")
+    let lease = leases
+        .get_opt(&format!("mcr-peer-{id}"))
+        .await
+        .expect("peer lease")?;
+    Some(
+        lease
+            .metadata
+            .annotations
+            .and_then(|annotations| annotations.get("mcr.sigs.k8s.io/ready").cloned()),
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_replica_joins_its_peers_only_once_its_inventory_is_engaged() {
+async fn a_replica_is_handed_clusters_only_once_its_inventory_is_engaged() {
     let cp = ControlPlane::start().await.expect("control plane");
-    let said = CancellationToken::new();
-    let provider = Holding {
-        said: Some(said.clone()),
-        ..Holding::default()
-    };
-    let (manager, coordinator) = replica(
-        &cp,
-        provider,
-        ShardingOptions::default().peer_id("r0".to_string()),
-    )
+    let r1_share = share_of("r1");
+    assert!(!r1_share.is_empty(), "r1 owns none of {MEMBERS:?}");
+    let ready = CancellationToken::new();
+    ready.cancel();
+    let (first, r0) = replica(&cp, "r0", Some(ready), ShardingOptions::default()).await;
+    let (first_stop, first_task) = run_manager(&first);
+    eventually("r0 works on every member", || async {
+        working_on(&r0).len() == MEMBERS.len()
+    })
     .await;
-    let (shutdown, run) = run_manager(&manager);
-    // Every member is engaged and checked (ready), and the replica still
-    // has not joined: its provider has not said the inventory is engaged.
+
+    let said = CancellationToken::new();
+    let (second, r1) = replica(&cp, "r1", Some(said.clone()), ShardingOptions::default()).await;
+    let (second_stop, second_task) = run_manager(&second);
+    // r1 is up, a peer of r0, every member engaged and checked on it; its
+    // provider has not said its inventory is engaged.
     for name in MEMBERS {
-        wait_until_ready(&manager, name).await;
+        wait_until_ready(&second, name).await;
     }
-    assert!(
-        peer_lease(&cp, "mcr-peer-r0").await.is_none(),
-        "the replica joined before its provider said its inventory was engaged"
-    );
-    assert_eq!(
-        coordinator.working_on(),
-        Some(Vec::new()),
-        "working before joining"
-    );
+    eventually("r0 counts r1 as a peer", || async {
+        r0.peers().iter().any(|peer| peer.id == "r1")
+    })
+    .await;
+    assert_eq!(said_ready(&cp, "r1").await, Some(Some("false".to_string())));
+    // Ten looks of r0's: it keeps r1's share, and r1 is handed nothing.
+    for _ in 0..10 {
+        assert_eq!(working_on(&r0).len(), MEMBERS.len(), "r0 handed over early");
+        assert!(working_on(&r1).is_empty(), "r1 worked before it was ready");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 
     said.cancel();
-    eventually("the replica joins", || async {
-        peer_lease(&cp, "mcr-peer-r0").await.is_some()
+    eventually("r1 works on its share, r0 on the rest", || async {
+        working_on(&r1) == r1_share && working_on(&r0) == share_of("r0")
     })
     .await;
-    eventually("the replica works on every member", || async {
-        works_on_every_member(&coordinator)
-    })
-    .await;
-    shutdown.cancel();
-    run.await.expect("manager task").expect("manager");
+    assert_eq!(said_ready(&cp, "r1").await, Some(Some("true".to_string())));
+    for (stop, task) in [(second_stop, second_task), (first_stop, first_task)] {
+        stop.cancel();
+        task.await.expect("manager task").expect("manager");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_provider_that_never_says_delays_the_join_by_the_inventory_wait_only() {
+async fn a_provider_that_never_says_delays_the_hand_over_by_the_inventory_wait() {
     let cp = ControlPlane::start().await.expect("control plane");
-    let (manager, coordinator) = replica(
+    let ready = CancellationToken::new();
+    ready.cancel();
+    let (first, r0) = replica(&cp, "r0", Some(ready), ShardingOptions::default()).await;
+    let (first_stop, first_task) = run_manager(&first);
+    eventually("r0 works on every member", || async {
+        working_on(&r0).len() == MEMBERS.len()
+    })
+    .await;
+    let (second, r1) = replica(
         &cp,
-        Holding::default(),
-        ShardingOptions::default()
-            .peer_id("r0".to_string())
-            .inventory_wait(Duration::from_secs(3)),
+        "r1",
+        None,
+        ShardingOptions::default().inventory_wait(Duration::from_secs(3)),
     )
     .await;
-    let (shutdown, run) = run_manager(&manager);
-    eventually("the replica joins after the wait", || async {
-        peer_lease(&cp, "mcr-peer-r0").await.is_some()
+    let (second_stop, second_task) = run_manager(&second);
+    eventually("r1 works on its share after the wait", || async {
+        working_on(&r1) == share_of("r1")
     })
     .await;
-    eventually("the replica works on every member", || async {
-        works_on_every_member(&coordinator)
-    })
-    .await;
-    shutdown.cancel();
-    run.await.expect("manager task").expect("manager");
+    assert_eq!(said_ready(&cp, "r1").await, Some(Some("true".to_string())));
+    for (stop, task) in [(second_stop, second_task), (first_stop, first_task)] {
+        stop.cancel();
+        task.await.expect("manager task").expect("manager");
+    }
 }

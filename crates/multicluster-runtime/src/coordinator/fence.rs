@@ -150,8 +150,8 @@ impl Fence {
     /// Lease lives in the epoch of `standing`: nothing renews the fence, and
     /// the hold ends when `standing`'s token does (this replica can no
     /// longer be sure its peer Lease is live for the others). Whether
-    /// another holder's peer Lease holds is asked of `known` first; `last`
-    /// is what this replica last wrote to it, if it held it before.
+    /// another holder's peer Lease holds is asked of `known` first; `prior`
+    /// is what this replica knows of the fence already.
     pub(crate) async fn take_with_peer(
         api: &Api<Lease>,
         name: String,
@@ -159,20 +159,20 @@ impl Fence {
         standing: &Standing,
         timing: Timing,
         known: lease::KnownPeers<'_>,
-        last: Option<Lease>,
+        prior: lease::Prior,
     ) -> Attempt {
         let Some(lost) = standing.live().cloned() else {
             return Attempt::Failed("this replica's peer Lease is not renewed".to_string());
         };
         let held_with = format!("{}/{}", standing.peer_lease, standing.epoch);
-        let call = lease::take(
+        let call = lease::take_guessing(
             api,
             &name,
             me,
             timing.duration,
             Some(&held_with),
             known,
-            last,
+            prior,
         );
         match tokio::time::timeout(timing.call_timeout(), call).await {
             Err(_) => Attempt::Failed("no answer from the API server".to_string()),

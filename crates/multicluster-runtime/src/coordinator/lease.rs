@@ -8,7 +8,7 @@ use std::time::Duration;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, PostParams};
+use kube::api::{Api, Patch, PatchParams, PostParams};
 
 use super::{EPOCH_ANNOTATION, HELD_WITH_ANNOTATION};
 
@@ -59,6 +59,17 @@ pub(crate) fn seconds(duration: Duration) -> i32 {
 
 fn is_conflict(err: &kube::Error) -> bool {
     matches!(err, kube::Error::Api(status) if status.code == 409)
+}
+
+/// Who is thought to hold a fence, in an epoch known to have ended: a take
+/// writes over it in one request (a JSON patch whose `test` operations
+/// make sure the fence still says so) instead of reading it first.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct EndedHold {
+    /// The holder the fence is thought to name.
+    pub(crate) holder: String,
+    /// `<its peer Lease>/<its epoch>`, which has ended.
+    pub(crate) held_with: String,
 }
 
 /// What the caller knows, without asking the API server, of whether a
@@ -180,7 +191,44 @@ pub(crate) async fn take(
     known: KnownPeers<'_>,
     last: Option<Lease>,
 ) -> Result<Taken, kube::Error> {
+    let prior = Prior { last, ended: None };
+    take_guessing(api, name, me, duration, held_with, known, prior).await
+}
+
+/// What a replica knows of a fence before taking it, each of which spares
+/// the read: what it last wrote to it, and who holds it in an epoch that
+/// ended.
+#[derive(Debug, Default)]
+pub(crate) struct Prior {
+    /// What this replica last wrote to the fence (see [`take`]).
+    pub(crate) last: Option<Lease>,
+    /// A guess at who holds it in an epoch that ended: if it is right, one
+    /// request takes the fence.
+    pub(crate) ended: Option<EndedHold>,
+}
+
+/// [`take`], with everything `prior` knows.
+pub(crate) async fn take_guessing(
+    api: &Api<Lease>,
+    name: &str,
+    me: &str,
+    duration: Duration,
+    held_with: Option<&str>,
+    known: KnownPeers<'_>,
+    prior: Prior,
+) -> Result<Taken, kube::Error> {
+    let Prior { last, ended } = prior;
     let now = Timestamp::now();
+    if last.is_none()
+        && let (Some(held_with), Some(ended)) = (held_with, &ended)
+    {
+        match take_over_ended(api, name, me, duration, held_with, ended, now).await {
+            Ok(written) => return Ok(Taken::Yes(Box::new(written))),
+            // Not as thought (another holder, released, gone): read it.
+            Err(kube::Error::Api(status)) if status.code == 422 || status.code == 404 => {}
+            Err(err) => return Err(err),
+        }
+    }
     if let Some(mut lease) = last.filter(|lease| holder_of(lease) == Some(me)) {
         if held_with.is_some() && held_with_of(&lease) == held_with {
             // Held in the epoch this replica still stands in: nobody could
@@ -233,6 +281,39 @@ pub(crate) async fn take(
         Err(err) if is_conflict(&err) => Ok(Taken::HeldBy(None)),
         Err(err) => Err(err),
     }
+}
+
+/// Takes the fence `name` for `me`, held with `held_with`, if it still
+/// names `ended`'s holder and epoch (which has ended): one JSON patch whose
+/// `test` operations the API server checks against the stored Lease when
+/// it applies the rest. Its `leaseTransitions` stays as it was (a patch
+/// cannot add one to it); nothing reads it.
+async fn take_over_ended(
+    api: &Api<Lease>,
+    name: &str,
+    me: &str,
+    duration: Duration,
+    held_with: &str,
+    ended: &EndedHold,
+    now: Timestamp,
+) -> Result<Lease, kube::Error> {
+    let annotation = format!(
+        "/metadata/annotations/{}",
+        HELD_WITH_ANNOTATION.replace('~', "~0").replace('/', "~1")
+    );
+    let now = serde_json::to_value(MicroTime(now)).map_err(kube::Error::SerdeError)?;
+    let operations = serde_json::json!([
+        {"op": "test", "path": "/spec/holderIdentity", "value": ended.holder},
+        {"op": "test", "path": annotation, "value": ended.held_with},
+        {"op": "replace", "path": "/spec/holderIdentity", "value": me},
+        {"op": "replace", "path": annotation, "value": held_with},
+        {"op": "add", "path": "/spec/acquireTime", "value": now},
+        {"op": "add", "path": "/spec/renewTime", "value": now},
+        {"op": "add", "path": "/spec/leaseDurationSeconds", "value": seconds(duration)},
+    ]);
+    let patch = serde_json::from_value(operations).map_err(kube::Error::SerdeError)?;
+    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await
 }
 
 /// The peer Lease and epoch a fence is held with, if it is.
@@ -821,6 +902,118 @@ pub(crate) mod tests {
         assert_eq!(
             stored.metadata.resource_version, version,
             "the take wrote the fence"
+        );
+    }
+
+    #[cfg(feature = "sharding")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fence_held_in_an_ended_epoch_is_taken_in_one_request_when_its_holder_is_known() {
+        let cp = multicluster_envtest::ControlPlane::start()
+            .await
+            .expect("control plane");
+        let client = cp.client().await.expect("client");
+        let api: Api<Lease> = Api::namespaced(client.clone(), "default");
+        let duration = Duration::from_secs(20);
+        for (fence, holder, held_with) in [("one", "p", "peer-p/e1"), ("two", "q", "peer-q/f1")] {
+            let taken = take(
+                &api,
+                fence,
+                holder,
+                duration,
+                Some(held_with),
+                &nothing_known,
+                None,
+            )
+            .await
+            .expect("take");
+            assert!(matches!(taken, Taken::Yes(_)));
+        }
+        let ended = |holder: &str, held_with: &str| EndedHold {
+            holder: holder.to_string(),
+            held_with: held_with.to_string(),
+        };
+        let take_over = |fence: &'static str, guess: EndedHold| {
+            let api = api.clone();
+            async move {
+                take_guessing(
+                    &api,
+                    fence,
+                    "me",
+                    duration,
+                    Some("peer-me/m1"),
+                    &nothing_known,
+                    Prior {
+                        last: None,
+                        ended: Some(guess),
+                    },
+                )
+                .await
+                .expect("take")
+            }
+        };
+        let holder_of_fence = |fence: &'static str| {
+            let api = api.clone();
+            async move {
+                let lease = api.get(fence).await.expect("fence");
+                (
+                    holder_of(&lease).map(str::to_string),
+                    held_with_of(&lease).map(str::to_string),
+                )
+            }
+        };
+
+        // Guessed right: written over without reading it (or p's Lease).
+        let before = lease_reads(&client).await;
+        let answer = take_over("one", ended("p", "peer-p/e1")).await;
+        assert!(matches!(answer, Taken::Yes(_)), "{answer:?}");
+        assert_eq!(lease_reads(&client).await, before, "the take read");
+        assert_eq!(
+            holder_of_fence("one").await,
+            (Some("me".to_string()), Some("peer-me/m1".to_string()))
+        );
+
+        // Guessed wrong (held by q, not p): the patch is refused, and the
+        // fence is read and taken as any other (q's Lease does not exist).
+        let answer = take_over("two", ended("p", "peer-p/e1")).await;
+        assert!(matches!(answer, Taken::Yes(_)), "{answer:?}");
+        assert!(
+            lease_reads(&client).await > before,
+            "a wrong guess was not checked"
+        );
+        assert_eq!(
+            holder_of_fence("two").await,
+            (Some("me".to_string()), Some("peer-me/m1".to_string()))
+        );
+
+        // No such fence: created.
+        let answer = take_over("three", ended("p", "peer-p/e1")).await;
+        assert!(matches!(answer, Taken::Yes(_)), "{answer:?}");
+
+        // Right holder, but another epoch of it: refused, then read; p's
+        // Lease is live in e2, so the fence is busy.
+        api.create(&PostParams::default(), &peer_lease("peer-p", "p", "e2", 0))
+            .await
+            .expect("peer lease");
+        let taken = take(
+            &api,
+            "four",
+            "p",
+            duration,
+            Some("peer-p/e2"),
+            &nothing_known,
+            None,
+        )
+        .await
+        .expect("take");
+        assert!(matches!(taken, Taken::Yes(_)));
+        let answer = take_over("four", ended("p", "peer-p/e1")).await;
+        assert!(
+            matches!(answer, Taken::HeldBy(Some(ref h)) if h == "p"),
+            "{answer:?}"
+        );
+        assert_eq!(
+            holder_of_fence("four").await,
+            (Some("p".to_string()), Some("peer-p/e2".to_string()))
         );
     }
 

@@ -73,7 +73,8 @@ pub trait Coordinator: Send + Sync {
     /// Told once the provider has engaged the inventory it first found
     /// ([`crate::multicluster::ProviderContext::inventory_engaged`]; at once
     /// for a manager without a provider that discovers). A sharded
-    /// coordinator joins its peers then. The default does nothing.
+    /// coordinator is then ready to be handed clusters. The default does
+    /// nothing.
     fn inventory_engaged(&self) {}
 
     /// Whether this replica works on `name` now: false before it holds what

@@ -27,11 +27,20 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
-use crate::coordinator::lease::{self, epoch_of};
+use super::hrw::{self, Peer};
+use crate::coordinator::lease::{self, EndedHold, epoch_of};
 
 /// Ended epochs remembered; the oldest are forgotten first (a forgotten
 /// one is read from the API server again, as any unknown one).
 const ENDED_KEPT: usize = 4096;
+
+/// Peers that left (their epoch ended, their Lease deleted or cleared) are
+/// remembered this long for guessing who holds the fences being taken over:
+/// the takes follow a departure within seconds.
+const DEPARTED_KEPT_FOR: SignedDuration = SignedDuration::from_secs(120);
+
+/// At most this many departed peers are remembered, the newest.
+const DEPARTED_KEPT: usize = 16;
 
 /// The peer Leases as last read, and the epochs known to have ended.
 #[derive(Debug, Default)]
@@ -39,6 +48,16 @@ pub(crate) struct Epochs {
     seen: HashMap<String, Seen>,
     ended: HashSet<(String, String)>,
     ended_order: VecDeque<(String, String)>,
+    /// Peers whose epoch ended lately, oldest first.
+    departed: VecDeque<Departed>,
+}
+
+/// A peer whose epoch ended: the fences it held with it name it and it.
+#[derive(Debug)]
+struct Departed {
+    peer: Peer,
+    held_with: String,
+    at: Timestamp,
 }
 
 #[derive(Debug)]
@@ -46,6 +65,8 @@ struct Seen {
     holder: Option<String>,
     epoch: Option<String>,
     lapses_at: Option<Timestamp>,
+    weight: u32,
+    ready: bool,
 }
 
 impl Epochs {
@@ -68,11 +89,16 @@ impl Epochs {
                     .and_then(|spec| lease::lapses_in(spec, now))
                     .and_then(|left| SignedDuration::try_from(left).ok())
                     .and_then(|left| now.checked_add(left).ok()),
+                weight: super::peers::weight(peer),
+                ready: super::peers::is_ready(peer),
             };
             if let Some(epoch) = &entry.epoch
                 && entry.holder.as_deref().is_none_or(str::is_empty)
             {
                 self.end(&name, epoch);
+                if let Some(peer) = self.seen_in(&name, epoch) {
+                    self.depart(&name, epoch, peer, now);
+                }
             }
             if let Some(before) = self.seen.get(&name).and_then(|s| s.epoch.as_ref())
                 && entry.epoch.as_ref() != Some(before)
@@ -90,8 +116,76 @@ impl Epochs {
             .collect();
         for (name, epoch) in gone {
             self.end(&name, &epoch);
+            if let Some(peer) = self.seen_in(&name, &epoch) {
+                self.depart(&name, &epoch, peer, now);
+            }
         }
         self.seen = seen;
+    }
+
+    /// The peer the last read saw holding `peer_lease` in `epoch`.
+    fn seen_in(&self, peer_lease: &str, epoch: &str) -> Option<Peer> {
+        let seen = self.seen.get(peer_lease)?;
+        let holder = seen.holder.as_deref().filter(|h| !h.is_empty())?;
+        (seen.epoch.as_deref() == Some(epoch)).then(|| Peer {
+            id: holder.to_string(),
+            weight: seen.weight,
+        })
+    }
+
+    /// Remembers that `peer` left: `peer_lease`'s `epoch`, which it held,
+    /// ended at `now`.
+    pub(crate) fn depart(&mut self, peer_lease: &str, epoch: &str, peer: Peer, now: Timestamp) {
+        self.end(peer_lease, epoch);
+        let held_with = format!("{peer_lease}/{epoch}");
+        if self.departed.iter().any(|d| d.held_with == held_with) {
+            return;
+        }
+        self.departed.push_back(Departed {
+            peer,
+            held_with,
+            at: now,
+        });
+        if self.departed.len() > DEPARTED_KEPT {
+            self.departed.pop_front();
+        }
+    }
+
+    /// Who most likely holds `cluster`'s fence in an epoch that ended: the
+    /// peer that owned it before it left, as rendezvous hashing over the
+    /// `peers` and those that left lately names it. Only a guess; a take
+    /// built on it checks it.
+    pub(crate) fn ended_hold(
+        &self,
+        cluster: &str,
+        peers: &[Peer],
+        now: Timestamp,
+    ) -> Option<EndedHold> {
+        let recent: Vec<&Departed> = self
+            .departed
+            .iter()
+            .rev()
+            .filter(|d| now.duration_since(d.at) < DEPARTED_KEPT_FOR)
+            .filter(|d| !peers.iter().any(|p| p.id == d.peer.id))
+            .collect();
+        if recent.is_empty() {
+            return None;
+        }
+        let mut before: Vec<Peer> = peers.to_vec();
+        for departed in &recent {
+            if !before.iter().any(|p| p.id == departed.peer.id) {
+                before.push(departed.peer.clone());
+            }
+        }
+        before.sort_by(|a, b| a.id.cmp(&b.id));
+        let owner = hrw::owner(cluster, &before)?;
+        recent
+            .iter()
+            .find(|d| d.peer.id == owner.id)
+            .map(|d| EndedHold {
+                holder: d.peer.id.clone(),
+                held_with: d.held_with.clone(),
+            })
     }
 
     /// Remembers that `peer_lease`'s `epoch` ended (seen, or ended by this
@@ -147,6 +241,7 @@ impl Epochs {
                 .as_ref()
                 .and_then(|s| s.holder_identity.as_deref())
             || seen.epoch.as_deref() != epoch_of(peer)
+            || seen.ready != super::peers::is_ready(peer)
     }
 
     /// Whether the last read saw a Lease named `name`.
@@ -226,6 +321,64 @@ mod tests {
         epochs.record(&[], now);
         assert_eq!(epochs.holds("q", "f1", "q", now), Some(false));
         assert!(!epochs.has_seen("q"));
+    }
+
+    #[test]
+    fn the_holder_of_a_fence_in_an_ended_epoch_is_guessed_from_the_peers_that_left() {
+        let now = Timestamp::from_second(1_000_000).expect("time");
+        let later = |secs| now.checked_add(SignedDuration::from_secs(secs)).expect("t");
+        let member = |id: &str| Peer {
+            id: id.to_string(),
+            weight: 1,
+        };
+        let mut epochs = Epochs::default();
+        epochs.record(
+            &[
+                peer("p", "e1", 0, now),
+                peer("q", "f1", 0, now),
+                peer("r", "g1", 0, now),
+            ],
+            now,
+        );
+        let everyone = [member("p"), member("q"), member("r")];
+        let left = [member("p"), member("q")];
+        let clusters: Vec<String> = (0..60).map(|i| format!("c{i}")).collect();
+        for cluster in &clusters {
+            assert_eq!(
+                epochs.ended_hold(cluster, &left, now),
+                None,
+                "nobody left yet"
+            );
+        }
+        // r's Lease is deleted (it left): its clusters are guessed held by
+        // it in g1, the others by nobody that left.
+        epochs.record(&[peer("p", "e1", 0, now), peer("q", "f1", 0, now)], now);
+        let mut guessed = 0;
+        for cluster in &clusters {
+            let owner = hrw::owner(cluster, &everyone).expect("owner").id.clone();
+            let guess = epochs.ended_hold(cluster, &left, now);
+            if owner == "r" {
+                guessed += 1;
+                assert_eq!(
+                    guess,
+                    Some(EndedHold {
+                        holder: "r".to_string(),
+                        held_with: "r/g1".to_string(),
+                    })
+                );
+            } else {
+                assert_eq!(guess, None, "{cluster} was {owner}'s");
+            }
+        }
+        assert!(guessed > 0, "r owned none of {clusters:?}");
+        // Back (restarted under its ID): no guess; and none after a while.
+        let some = clusters
+            .iter()
+            .find(|c| hrw::owner(c, &everyone).is_some_and(|p| p.id == "r"))
+            .expect("one of r's");
+        assert_eq!(epochs.ended_hold(some, &everyone, now), None);
+        assert_eq!(epochs.ended_hold(some, &left, later(121)), None);
+        assert!(epochs.ended_hold(some, &left, later(119)).is_some());
     }
 
     #[test]

@@ -15,7 +15,11 @@
 //!   its fences as they are.
 //! - **Ownership.** Rendezvous hashing (`owner`) over the live peers names
 //!   one owner per cluster. Every replica computes the same answer, and a
-//!   peer joining or leaving moves only about 1/N of the clusters.
+//!   peer joining or leaving moves only about 1/N of the clusters. A peer
+//!   whose Lease says it is not ready yet (its provider has not engaged
+//!   the inventory it first found) is counted, but a cluster it owns stays
+//!   with the replica working on it until it is; it takes the clusters
+//!   nobody works on as it engages them.
 //! - **Fences.** Before working on a cluster the owner takes its Lease
 //!   `<fence prefix>-<cluster>`, held by one replica at a time, and renews
 //!   it. Work stops the moment a renewal fails, and is handed over only by
@@ -47,13 +51,16 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
+use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
 use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::Cluster;
-use crate::coordinator::{Coordinator, add_components, dns1123, engage_each, fence, lease_name};
+use crate::coordinator::{
+    Coordinator, add_components, dns1123, engage_each, fence, lease, lease_name,
+};
 use crate::engagements::{Arrival, Engagements, when_ended};
 use crate::error::Error;
 use crate::multicluster::Aware;
@@ -100,8 +107,13 @@ struct Inner {
     unreleased: std::sync::Mutex<Vec<fence::Fence>>,
     /// The others' epochs as the peer reads found them.
     epochs: Arc<std::sync::Mutex<epochs::Epochs>>,
-    /// Fired once the provider has engaged the inventory it first found.
+    /// Fired once the provider has engaged the inventory it first found
+    /// (or `inventory_wait` passed): the peer Lease then says this replica
+    /// is ready to be handed clusters.
     inventory: CancellationToken,
+    /// The peers whose Leases say they are not ready yet: a cluster one of
+    /// them owns stays with the replica working on it until it is.
+    joining: watch::Sender<std::collections::BTreeSet<String>>,
 }
 
 /// How many fences one look takes or hands back at once. A hand-over of
@@ -183,6 +195,7 @@ impl ShardedCoordinator {
                 unreleased: std::sync::Mutex::default(),
                 epochs: Arc::default(),
                 inventory: CancellationToken::new(),
+                joining: watch::Sender::new(std::collections::BTreeSet::new()),
                 me,
                 options,
                 clusters: std::sync::Mutex::default(),
@@ -219,17 +232,23 @@ impl ShardedCoordinator {
     async fn balance(&self) {
         self.release_again().await;
         let peers = self.peers();
+        let joining = self.inner.joining.borrow().clone();
         let names = lock(&self.inner.clusters).names();
         futures::stream::iter(names)
             .for_each_concurrent(CONCURRENT_STEPS, |name| {
-                let peers = &peers;
-                async move { self.balance_one(&name, peers).await }
+                let (peers, joining) = (&peers, &joining);
+                async move { self.balance_one(&name, peers, joining).await }
             })
             .await;
     }
 
-    async fn balance_one(&self, name: &ClusterName, peers: &[Peer]) {
-        let step = self.decide(name, peers);
+    async fn balance_one(
+        &self,
+        name: &ClusterName,
+        peers: &[Peer],
+        joining: &std::collections::BTreeSet<String>,
+    ) {
+        let step = self.decide(name, peers, joining);
         match step {
             Step::Nothing => {}
             Step::Release { held, why, settle } => {
@@ -246,11 +265,18 @@ impl ShardedCoordinator {
                 }
                 self.release(held.fence).await;
             }
-            Step::Take { generation } => self.take(name, generation).await,
+            Step::Take { generation } => self.take(name, generation, peers).await,
         }
     }
 
-    fn decide(&self, name: &ClusterName, peers: &[Peer]) -> Step {
+    /// What to do with `name` now, given the `peers` and those of them
+    /// that are not ready yet (`joining`).
+    fn decide(
+        &self,
+        name: &ClusterName,
+        peers: &[Peer],
+        joining: &std::collections::BTreeSet<String>,
+    ) -> Step {
         let mut clusters = lock(&self.inner.clusters);
         let Some(entry) = clusters.get_mut(name) else {
             return Step::Nothing;
@@ -277,7 +303,14 @@ impl ShardedCoordinator {
         }
         let owner = owner_of(name.as_str(), peers);
         let owns = owner.is_some_and(|peer| peer.id == self.inner.me.id);
+        // Kept for an owner that has not engaged its inventory yet: handed
+        // over now, it would sit unworked until its provider got to it.
+        let keep_for_joiner = owner.is_some_and(|peer| joining.contains(&peer.id));
         match (owns, entry.held.take()) {
+            (false, Some(held)) if keep_for_joiner && !held.is_lost() => {
+                entry.held = Some(held);
+                Step::Nothing
+            }
             (false, Some(held)) => Step::Release {
                 held,
                 why: format!(
@@ -300,7 +333,7 @@ impl ShardedCoordinator {
         }
     }
 
-    async fn take(&self, name: &ClusterName, generation: u64) {
+    async fn take(&self, name: &ClusterName, generation: u64, peers: &[Peer]) {
         let fence_name = self.fence_name(name);
         let taken = match self.inner.options.fence_hold {
             FenceHold::Renewed => {
@@ -328,6 +361,7 @@ impl ShardedCoordinator {
                 let last = lock(&self.inner.clusters)
                     .current_mut(name, generation)
                     .and_then(|entry| entry.data.last_written.take());
+                let ended = lock(epochs).ended_hold(name.as_str(), peers, Timestamp::now());
                 fence::Fence::take_with_peer(
                     &self.inner.leases,
                     fence_name.clone(),
@@ -335,7 +369,7 @@ impl ShardedCoordinator {
                     &standing,
                     self.timing(),
                     &known,
-                    last,
+                    lease::Prior { last, ended },
                 )
                 .await
             }
@@ -609,16 +643,24 @@ impl Coordinator for ShardedCoordinator {
 
     async fn run(&self, stop: CancellationToken) -> Result<(), Error> {
         let options = &self.inner.options;
-        // A replica that joined before its provider engaged the fleet would
-        // be handed clusters it cannot work on yet (a restart at 100,000
-        // clusters left thousands unworked for a minute).
-        tokio::select! {
-            () = stop.cancelled() => return Ok(()),
-            () = self.inner.inventory.cancelled() => {}
-            () = tokio::time::sleep(options.inventory_wait) => {
-                tracing::info!(wait = ?options.inventory_wait, "the provider has not said its inventory is engaged; joining the peers anyway");
+        // Until its provider has engaged the inventory, this replica's
+        // peer Lease says it is not ready, and the others keep the clusters
+        // it owns (a restarted replica was handed thousands it could not
+        // work on yet, at 100,000 clusters for a minute).
+        let inventory = self.inner.inventory.clone();
+        let wait = options.inventory_wait;
+        let waiting = stop.child_token();
+        let _stop_waiting = waiting.clone().drop_guard();
+        tokio::spawn(async move {
+            tokio::select! {
+                () = waiting.cancelled() => {}
+                () = inventory.cancelled() => {}
+                () = tokio::time::sleep(wait) => {
+                    tracing::info!(?wait, "the provider has not said its inventory is engaged; this replica says it is ready anyway");
+                    inventory.cancel();
+                }
             }
-        }
+        });
         let registry = peers::Registry {
             api: self.inner.leases.clone(),
             prefix: options.peer_prefix.clone(),
@@ -631,6 +673,8 @@ impl Coordinator for ShardedCoordinator {
             standing: self.inner.standing.clone(),
             wake: self.inner.wake.clone(),
             epochs: self.inner.epochs.clone(),
+            ready: self.inner.inventory.clone(),
+            joining: self.inner.joining.clone(),
             stood_since: std::sync::Mutex::default(),
             written: std::sync::Mutex::default(),
         };
@@ -742,7 +786,10 @@ mod tests {
             owner(name.as_str(), &peers).map(|p| p.id.as_str()),
             Some("other")
         );
-        assert!(matches!(coordinator.decide(&name, &peers), Step::Nothing));
+        assert!(matches!(
+            coordinator.decide(&name, &peers, &Default::default()),
+            Step::Nothing
+        ));
         let next = coordinator.next_look();
         assert!(
             next > Instant::now(),
@@ -787,7 +834,10 @@ mod tests {
             weight: u32::MAX,
         };
         let peers = [coordinator.inner.me.clone(), other];
-        assert!(matches!(coordinator.decide(&name, &peers), Step::Nothing));
+        assert!(matches!(
+            coordinator.decide(&name, &peers, &Default::default()),
+            Step::Nothing
+        ));
         assert_eq!(delay(&coordinator), 750);
     }
 

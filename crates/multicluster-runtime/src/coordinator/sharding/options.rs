@@ -45,9 +45,11 @@ pub struct ShardingOptions {
     /// How long a starting replica waits for its provider to say it has
     /// engaged the inventory it first found
     /// ([`ProviderContext::inventory_engaged`](crate::multicluster::ProviderContext::inventory_engaged))
-    /// before it joins its peers anyway (default 60 s). Every provider of
-    /// this project says so; a provider that never does delays the join
-    /// by this long.
+    /// before its peer Lease says it is ready anyway (default 5 minutes).
+    /// Until then the others keep working on the clusters it owns rather
+    /// than hand them over (it takes those nobody works on as it engages
+    /// them). Every provider of this project says so; with one that never
+    /// does, hand-overs to a restarted or added replica wait this long.
     pub inventory_wait: Duration,
 }
 
@@ -94,7 +96,7 @@ impl Default for ShardingOptions {
             probe_interval: Duration::from_secs(5),
             handover_timeout: Duration::from_secs(30),
             fence_hold: FenceHold::Renewed,
-            inventory_wait: Duration::from_secs(60),
+            inventory_wait: Duration::from_secs(300),
         }
     }
 }

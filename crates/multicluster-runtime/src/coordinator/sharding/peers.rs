@@ -36,6 +36,10 @@ pub(crate) const PEER_LABEL: &str = "mcr.sigs.k8s.io/peer";
 pub(crate) const PREFIX_LABEL: &str = "mcr.sigs.k8s.io/prefix";
 /// Annotation holding a peer's weight.
 pub(crate) const WEIGHT_ANNOTATION: &str = "mcr.sigs.k8s.io/weight";
+/// Annotation saying whether a peer is ready to be handed clusters
+/// (`"false"` until its provider has engaged the inventory it first found;
+/// missing means ready).
+pub(crate) const READY_ANNOTATION: &str = "mcr.sigs.k8s.io/ready";
 
 pub(crate) struct Registry {
     pub(crate) api: Api<Lease>,
@@ -53,6 +57,10 @@ pub(crate) struct Registry {
     pub(crate) wake: Arc<Notify>,
     /// What the reads of the peer Leases tell of their epochs.
     pub(crate) epochs: Arc<Mutex<Epochs>>,
+    /// Fired once this replica is ready to be handed clusters.
+    pub(crate) ready: CancellationToken,
+    /// The other peers whose Leases say they are not ready yet.
+    pub(crate) joining: watch::Sender<std::collections::BTreeSet<String>>,
     /// Since when this replica's standing has been live (`None` while it
     /// is not).
     pub(crate) stood_since: Mutex<Option<Instant>>,
@@ -91,6 +99,7 @@ impl Registry {
         let rounds = async {
             loop {
                 let sent = Instant::now();
+                let said_ready = self.ready.is_cancelled();
                 // A renewal that wrote an epoch which ended meanwhile
                 // counts for nothing: the next one announces the new epoch.
                 let written = self.publish().await;
@@ -114,6 +123,8 @@ impl Registry {
                     tokio::select! {
                         () = tokio::time::sleep_until(wake_at) => {}
                         () = news.notified() => {}
+                        // Said at once, not at the next renewal.
+                        () = self.ready.cancelled(), if !said_ready => break,
                     }
                     if Instant::now() >= next_round {
                         break;
@@ -245,6 +256,10 @@ impl Registry {
             let annotations = BTreeMap::from([
                 (WEIGHT_ANNOTATION.to_string(), self.me.weight.to_string()),
                 (EPOCH_ANNOTATION.to_string(), epoch.clone()),
+                (
+                    READY_ANNOTATION.to_string(),
+                    self.ready.is_cancelled().to_string(),
+                ),
             ]);
             let last = lock(&self.written).clone();
             let call = publish(
@@ -364,6 +379,21 @@ impl Registry {
             }
         }
         self.end_lapsed(&list.items, &peers, now).await;
+        let joining: std::collections::BTreeSet<String> = list
+            .items
+            .iter()
+            .filter(|lease| !is_ready(lease))
+            .filter_map(|lease| lease::live_holder(lease, now))
+            .filter(|id| *id != self.me.id)
+            .map(str::to_string)
+            .collect();
+        if self.joining.send_if_modified(|known| {
+            let modified = *known != joining;
+            *known = joining;
+            modified
+        }) {
+            self.wake.notify_one();
+        }
         let peers: Vec<Peer> = peers.into_values().collect();
         self.known.cancel();
         self.peers.send_if_modified(|known| {
@@ -401,7 +431,13 @@ impl Registry {
             }
             let call = lease::end_epoch(&self.api, peer.clone(), holder, epoch);
             match tokio::time::timeout(self.renew, call).await {
-                Ok(Ok(true)) => lock(&self.epochs).end(name, epoch),
+                Ok(Ok(true)) => {
+                    let departed = Peer {
+                        id: holder.to_string(),
+                        weight: weight(peer),
+                    };
+                    lock(&self.epochs).depart(name, epoch, departed, now);
+                }
                 Ok(Ok(false)) => {}
                 Ok(Err(err)) => {
                     tracing::debug!(lease = %name, error = %crate::redact::kube_error(&err), "could not end a lapsed peer's epoch; its fences' takes try");
@@ -424,8 +460,19 @@ fn lapsed_in(leases: &[Lease], id: &str, now: Timestamp) -> bool {
     })
 }
 
+/// Whether a peer Lease says its replica is ready to be handed clusters
+/// (missing: ready, as replicas that never say).
+pub(super) fn is_ready(lease: &Lease) -> bool {
+    lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(READY_ANNOTATION))
+        .is_none_or(|ready| ready != "false")
+}
+
 /// A peer's weight from its annotation; missing, unreadable or 0 is 1.
-fn weight(lease: &Lease) -> u32 {
+pub(super) fn weight(lease: &Lease) -> u32 {
     lease
         .metadata
         .annotations
@@ -590,6 +637,8 @@ mod tests {
             standing: watch::Sender::new(Standing::not_yet("mcr-peer-me".to_string(), new_epoch())),
             wake: Arc::new(Notify::new()),
             epochs: Arc::default(),
+            ready: CancellationToken::new(),
+            joining: watch::Sender::new(Default::default()),
             stood_since: Mutex::default(),
             written: Mutex::default(),
         };
