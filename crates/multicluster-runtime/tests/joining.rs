@@ -61,7 +61,7 @@ async fn replica(
     id: &str,
     said: Option<CancellationToken>,
     sharding: ShardingOptions,
-) -> (Manager, Arc<ShardedCoordinator>) {
+) -> (Manager, Arc<ShardedCoordinator>, Clusters) {
     let provider = Holding {
         said,
         ..Holding::default()
@@ -77,11 +77,12 @@ async fn replica(
         .peer_id(id.to_string())
         .probe_interval(Duration::from_millis(200));
     let coordinator = Arc::new(ShardedCoordinator::new(client, sharding).expect("coordinator"));
+    let clusters = provider.clusters.clone();
     let manager = Manager::builder(cluster_for("local", cp).await)
         .provider(Arc::new(provider))
         .coordinator(coordinator.clone())
         .build();
-    (manager, coordinator)
+    (manager, coordinator, clusters)
 }
 
 /// The members `coordinator` works on.
@@ -130,7 +131,7 @@ async fn a_replica_is_handed_clusters_only_once_its_inventory_is_engaged() {
     assert!(!r1_share.is_empty(), "r1 owns none of {MEMBERS:?}");
     let ready = CancellationToken::new();
     ready.cancel();
-    let (first, r0) = replica(&cp, "r0", Some(ready), ShardingOptions::default()).await;
+    let (first, r0, _) = replica(&cp, "r0", Some(ready), ShardingOptions::default()).await;
     let (first_stop, first_task) = run_manager(&first);
     eventually("r0 works on every member", || async {
         working_on(&r0).len() == MEMBERS.len()
@@ -138,7 +139,7 @@ async fn a_replica_is_handed_clusters_only_once_its_inventory_is_engaged() {
     .await;
 
     let said = CancellationToken::new();
-    let (second, r1) = replica(&cp, "r1", Some(said.clone()), ShardingOptions::default()).await;
+    let (second, r1, _) = replica(&cp, "r1", Some(said.clone()), ShardingOptions::default()).await;
     let (second_stop, second_task) = run_manager(&second);
     // r1 is up, a peer of r0, every member engaged and checked on it; its
     // provider has not said its inventory is engaged.
@@ -174,13 +175,13 @@ async fn a_provider_that_never_says_delays_the_hand_over_by_the_inventory_wait()
     let cp = ControlPlane::start().await.expect("control plane");
     let ready = CancellationToken::new();
     ready.cancel();
-    let (first, r0) = replica(&cp, "r0", Some(ready), ShardingOptions::default()).await;
+    let (first, r0, _) = replica(&cp, "r0", Some(ready), ShardingOptions::default()).await;
     let (first_stop, first_task) = run_manager(&first);
     eventually("r0 works on every member", || async {
         working_on(&r0).len() == MEMBERS.len()
     })
     .await;
-    let (second, r1) = replica(
+    let (second, r1, _) = replica(
         &cp,
         "r1",
         None,
@@ -194,6 +195,76 @@ async fn a_provider_that_never_says_delays_the_hand_over_by_the_inventory_wait()
     .await;
     assert_eq!(said_ready(&cp, "r1").await, Some(Some("true".to_string())));
     for (stop, task) in [(second_stop, second_task), (first_stop, first_task)] {
+        stop.cancel();
+        task.await.expect("manager task").expect("manager");
+    }
+}
+
+/// A replica that restarted is not ready at once, and its clusters that
+/// nobody works on meanwhile (here one that joins the fleet then) are
+/// worked on by the ready peer that stands in for it, until it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ready_peer_stands_in_for_one_that_restarted_until_it_is_ready() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let ready = CancellationToken::new();
+    ready.cancel();
+    let (first, r0, r0_clusters) =
+        replica(&cp, "r0", Some(ready.clone()), ShardingOptions::default()).await;
+    let (first_stop, first_task) = run_manager(&first);
+    let (second, _, _) = replica(&cp, "r1", Some(ready), ShardingOptions::default()).await;
+    let (second_stop, second_task) = run_manager(&second);
+    eventually("r0 works on its share", || async {
+        working_on(&r0) == share_of("r0")
+    })
+    .await;
+    // r1 stops (its peer Lease goes) and comes back, not ready yet.
+    second_stop.cancel();
+    second_task.await.expect("manager task").expect("manager");
+    eventually("r0 works on every member", || async {
+        working_on(&r0).len() == MEMBERS.len()
+    })
+    .await;
+    let said = CancellationToken::new();
+    let (again, r1, r1_clusters) =
+        replica(&cp, "r1", Some(said.clone()), ShardingOptions::default()).await;
+    let (again_stop, again_task) = run_manager(&again);
+    eventually("r0 counts r1 as a peer again", || async {
+        r0.peers().iter().any(|peer| peer.id == "r1")
+    })
+    .await;
+    // A cluster of r1's joins the fleet now: nobody works on it, and r1 is
+    // not ready; r0 stands in.
+    let late = (0..)
+        .map(|i| format!("late-{i}"))
+        .find(|name| {
+            let peers = ["r0", "r1"].map(|id| Peer {
+                id: id.to_string(),
+                weight: 1,
+            });
+            owner(name, &peers).is_some_and(|peer| peer.id == "r1")
+        })
+        .expect("a name r1 owns");
+    for clusters in [&r0_clusters, &r1_clusters] {
+        clusters
+            .add(late.as_str(), cluster_for(&late, &cp).await)
+            .expect("add");
+    }
+    eventually("r0 works on the new cluster for r1", || async {
+        r0.working_on()
+            .unwrap_or_default()
+            .iter()
+            .any(|name| name.as_str() == late)
+    })
+    .await;
+    said.cancel();
+    eventually("r1 works on it once ready", || async {
+        r1.working_on()
+            .unwrap_or_default()
+            .iter()
+            .any(|name| name.as_str() == late)
+    })
+    .await;
+    for (stop, task) in [(again_stop, again_task), (first_stop, first_task)] {
         stop.cancel();
         task.await.expect("manager task").expect("manager");
     }

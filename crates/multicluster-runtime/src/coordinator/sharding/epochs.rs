@@ -166,7 +166,6 @@ impl Epochs {
             .iter()
             .rev()
             .filter(|d| now.duration_since(d.at) < DEPARTED_KEPT_FOR)
-            .filter(|d| !peers.iter().any(|p| p.id == d.peer.id))
             .collect();
         if recent.is_empty() {
             return None;
@@ -186,6 +185,13 @@ impl Epochs {
                 holder: d.peer.id.clone(),
                 held_with: d.held_with.clone(),
             })
+    }
+
+    /// Whether the peer `id` left lately (and may have come back since).
+    pub(crate) fn departed_lately(&self, id: &str, now: Timestamp) -> bool {
+        self.departed
+            .iter()
+            .any(|d| d.peer.id == id && now.duration_since(d.at) < DEPARTED_KEPT_FOR)
     }
 
     /// Remembers that `peer_lease`'s `epoch` ended (seen, or ended by this
@@ -371,13 +377,20 @@ mod tests {
             }
         }
         assert!(guessed > 0, "r owned none of {clusters:?}");
-        // Back (restarted under its ID): no guess; and none after a while.
+        // Back (restarted under its ID, in a new epoch): the fences it
+        // left are still guessed held in the old one; none after a while.
         let some = clusters
             .iter()
             .find(|c| hrw::owner(c, &everyone).is_some_and(|p| p.id == "r"))
             .expect("one of r's");
-        assert_eq!(epochs.ended_hold(some, &everyone, now), None);
+        assert_eq!(
+            epochs.ended_hold(some, &everyone, now).map(|e| e.held_with),
+            Some("r/g1".to_string())
+        );
+        assert!(epochs.departed_lately("r", later(119)));
+        assert!(!epochs.departed_lately("p", now));
         assert_eq!(epochs.ended_hold(some, &left, later(121)), None);
+        assert!(!epochs.departed_lately("r", later(121)));
         assert!(epochs.ended_hold(some, &left, later(119)).is_some());
     }
 

@@ -302,10 +302,12 @@ impl ShardedCoordinator {
             };
         }
         let owner = owner_of(name.as_str(), peers);
-        let owns = owner.is_some_and(|peer| peer.id == self.inner.me.id);
+        let me = &self.inner.me.id;
         // Kept for an owner that has not engaged its inventory yet: handed
         // over now, it would sit unworked until its provider got to it.
         let keep_for_joiner = owner.is_some_and(|peer| joining.contains(&peer.id));
+        let owns = owner.is_some_and(|peer| peer.id == *me)
+            || keep_for_joiner && self.stands_in_for(name, owner, peers, joining);
         match (owns, entry.held.take()) {
             (false, Some(held)) if keep_for_joiner && !held.is_lost() => {
                 entry.held = Some(held);
@@ -331,6 +333,37 @@ impl ShardedCoordinator {
                 Step::Nothing
             }
         }
+    }
+
+    /// Whether this replica works on `name` until its `owner`, a peer that
+    /// came back lately (it restarted) and is not ready yet, is: the
+    /// clusters it left were being taken over when it came back, and those
+    /// nobody had taken yet would otherwise wait for its provider. The one
+    /// that stands in is the owner among the ready peers, itself ready.
+    /// (At a cold start nobody came back: each cluster waits for its owner,
+    /// and no ready replica claims the fleet to hand it back.)
+    fn stands_in_for(
+        &self,
+        name: &ClusterName,
+        owner: Option<&Peer>,
+        peers: &[Peer],
+        joining: &std::collections::BTreeSet<String>,
+    ) -> bool {
+        let Some(owner) = owner else {
+            return false;
+        };
+        if !self.inner.inventory.is_cancelled()
+            || !lock(&self.inner.epochs)
+                .departed_lately(&owner.id, k8s_openapi::jiff::Timestamp::now())
+        {
+            return false;
+        }
+        let ready: Vec<Peer> = peers
+            .iter()
+            .filter(|peer| !joining.contains(&peer.id))
+            .cloned()
+            .collect();
+        owner_of(name.as_str(), &ready).is_some_and(|peer| peer.id == self.inner.me.id)
     }
 
     async fn take(&self, name: &ClusterName, generation: u64, peers: &[Peer]) {
