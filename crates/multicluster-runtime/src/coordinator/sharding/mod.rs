@@ -38,9 +38,11 @@
 //! Go's (see `score`): Go's give one of five peers named `x-0` to `x-4`
 //! half of the fleet, so Go and Rust replicas must not share one fleet.
 //!
-//! The replicas need RBAC to get, list, watch, create, update and delete
-//! Leases in the fence namespace (without `watch` they still work: peers
-//! are then noticed at the next read, up to a renew interval later).
+//! The replicas need RBAC to get, list, watch, create, update, patch and
+//! delete Leases in the fence namespace (without `watch` they still work:
+//! peers are then noticed at the next read, up to a renew interval later;
+//! without `patch`, taking a fence of a replica that left is a read and an
+//! update instead of one patch).
 
 mod epochs;
 mod hrw;
@@ -394,7 +396,12 @@ impl ShardedCoordinator {
                 let last = lock(&self.inner.clusters)
                     .current_mut(name, generation)
                     .and_then(|entry| entry.data.last_written.take());
-                let ended = lock(epochs).ended_hold(name.as_str(), peers, Timestamp::now());
+                // Not this replica's own earlier epoch: after a restart
+                // the fences it left were taken over or handed back to it
+                // released, so that guess is wrong more often than not.
+                let ended = lock(epochs)
+                    .ended_hold(name.as_str(), peers, Timestamp::now())
+                    .filter(|ended| ended.holder != self.inner.me.id);
                 fence::Fence::take_with_peer(
                     &self.inner.leases,
                     fence_name.clone(),
