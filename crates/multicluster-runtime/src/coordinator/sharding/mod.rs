@@ -355,8 +355,7 @@ impl ShardedCoordinator {
             return false;
         };
         if !self.inner.inventory.is_cancelled()
-            || !lock(&self.inner.epochs)
-                .departed_lately(&owner.id, k8s_openapi::jiff::Timestamp::now())
+            || !lock(&self.inner.epochs).departed_lately(&owner.id, Timestamp::now())
         {
             return false;
         }

@@ -414,7 +414,16 @@ impl Registry {
     /// write per lapsed peer, and the takes of its fences then know the
     /// epoch ended without reading its Lease each. Several replicas may
     /// try at once; one write wins, and the others read what it wrote.
+    ///
+    /// Not while lapsed peers are still kept (this replica could not renew
+    /// either, lately, or has just started): after an outage every Lease
+    /// has lapsed, and ending the others' epochs then would have each take
+    /// its fences again. A take of such a peer's fence still ends its
+    /// epoch first.
     async fn end_lapsed(&self, leases: &[Lease], peers: &BTreeMap<String, Peer>, now: Timestamp) {
+        if self.keep_lapsed_until(Instant::now()).is_some() {
+            return;
+        }
         for peer in leases {
             let Some(spec) = peer.spec.as_ref() else {
                 continue;
@@ -608,7 +617,8 @@ mod tests {
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_peer_that_lapsed_and_is_no_longer_counted_has_its_epoch_ended_at_once() {
+    async fn a_peer_that_lapsed_and_is_no_longer_counted_has_its_epoch_ended_but_not_right_after_an_outage()
+     {
         let cp = multicluster_envtest::ControlPlane::start()
             .await
             .expect("control plane");
@@ -642,6 +652,8 @@ mod tests {
             stood_since: Mutex::default(),
             written: Mutex::default(),
         };
+        // Just started (it has not stood yet): lapsed peers are kept a
+        // while, and their epochs left alone.
         registry.refresh().await;
         let holder = |name: &'static str| {
             let api = api.clone();
@@ -653,6 +665,10 @@ mod tests {
                     .and_then(|spec| spec.holder_identity)
             }
         };
+        assert_eq!(holder("mcr-peer-gone").await.as_deref(), Some("gone"));
+        // Standing for longer than a Lease duration: ended at once.
+        *lock(&registry.stood_since) = Some(Instant::now() - Duration::from_secs(31));
+        registry.refresh().await;
         assert_eq!(
             holder("mcr-peer-gone").await,
             None,
