@@ -71,6 +71,55 @@ impl crate::multicluster::Aware for EngagedNames {
     }
 }
 
+/// A provider started on its own by [`engaged_when_inventory_is`].
+#[derive(Debug)]
+pub struct StartedProvider {
+    shutdown: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), Error>>,
+}
+
+impl StartedProvider {
+    /// Stops the provider and returns how its start ended.
+    pub async fn stop(self) -> Result<(), Error> {
+        self.shutdown.cancel();
+        self.task.await.unwrap_or_else(|err| {
+            Err(Error::TaskFailed {
+                task: "the provider",
+                source: err,
+            })
+        })
+    }
+}
+
+/// Starts `provider` on its own, engaging with an [`EngagedNames`], and
+/// waits (at most [`DEFAULT_DEADLINE`]) until it says the inventory it
+/// first found is engaged
+/// ([`ProviderContext::inventory_engaged`](crate::multicluster::ProviderContext::inventory_engaged)):
+/// the names engaged by then, sorted, and the running provider. Panics if
+/// it never says so.
+pub async fn engaged_when_inventory_is<P>(provider: Arc<P>) -> (Vec<ClusterName>, StartedProvider)
+where
+    P: crate::multicluster::RunnableProvider + 'static,
+{
+    let engaged = Arc::new(EngagedNames::default());
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    let context = crate::multicluster::ProviderContext::new(
+        shutdown.clone(),
+        engaged.clone(),
+        crate::metrics::Metrics::default(),
+    );
+    let task = tokio::spawn({
+        let context = context.clone();
+        async move { provider.start(context).await }
+    });
+    let said = tokio::time::timeout(DEFAULT_DEADLINE, context.when_inventory_engaged()).await;
+    assert!(
+        said.is_ok(),
+        "the provider did not say its inventory was engaged within {DEFAULT_DEADLINE:?}"
+    );
+    (engaged.names(), StartedProvider { shutdown, task })
+}
+
 /// Every reconcile a recording controller saw, in order, with the time.
 #[derive(Clone, Default)]
 pub struct Recorder {

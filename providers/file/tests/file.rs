@@ -743,30 +743,10 @@ async fn the_inventory_is_engaged_once_every_context_read_first_was_looked_at() 
     let refs: Vec<&str> = contexts.iter().map(String::as_str).collect();
     write(&fleet, &with_contexts(cp.kubeconfig(), &refs));
     let provider = provider_of(&[], &[dir.path()]);
-    let engaged = Arc::new(multicluster_runtime::testing::EngagedNames::default());
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let context = multicluster_runtime::ProviderContext::new(
-        shutdown.clone(),
-        engaged.clone(),
-        multicluster_runtime::metrics::Metrics::default(),
-    );
-    let started = tokio::spawn({
-        let (provider, context) = (provider.clone(), context.clone());
-        async move {
-            use multicluster_runtime::RunnableProvider;
-            provider.start(context).await
-        }
-    });
-    tokio::time::timeout(Duration::from_secs(60), context.when_inventory_engaged())
-        .await
-        .expect("the provider never said its inventory was engaged");
+    let (engaged, started) =
+        multicluster_runtime::testing::engaged_when_inventory_is(provider).await;
     let mut expected: Vec<ClusterName> = contexts.iter().map(|c| name(&fleet, c)).collect();
     expected.sort();
-    assert_eq!(
-        engaged.names(),
-        expected,
-        "said before every context was looked at"
-    );
-    shutdown.cancel();
-    started.await.expect("task").expect("clean stop");
+    assert_eq!(engaged, expected, "said before every context was looked at");
+    started.stop().await.expect("clean stop");
 }

@@ -275,27 +275,17 @@ async fn the_inventory_is_engaged_once_every_listed_cluster_was_looked_at() {
         .collect();
     clusters.push(("dev-broken", "not: [a kubeconfig"));
     kind.set_clusters(&clusters);
-    let provider = KindProvider::new(options(&kind.command(), None));
-    let engaged = Arc::new(multicluster_runtime::testing::EngagedNames::default());
-    let shutdown = CancellationToken::new();
-    let context = ProviderContext::new(shutdown.clone(), engaged.clone(), Metrics::default());
-    let started = tokio::spawn({
-        let context = context.clone();
-        async move { provider.start(context).await }
-    });
-    tokio::time::timeout(Duration::from_secs(60), context.when_inventory_engaged())
-        .await
-        .expect("the provider never said its inventory was engaged");
+    let provider = Arc::new(KindProvider::new(options(&kind.command(), None)));
+    let (engaged, started) =
+        multicluster_runtime::testing::engaged_when_inventory_is(provider).await;
     let mut expected: Vec<ClusterName> = names
         .iter()
         .map(|name| ClusterName::from(name.as_str()))
         .collect();
     expected.sort();
     assert_eq!(
-        engaged.names(),
-        expected,
+        engaged, expected,
         "said before every listed cluster was looked at"
     );
-    shutdown.cancel();
-    started.await.expect("task").expect("clean stop");
+    started.stop().await.expect("clean stop");
 }

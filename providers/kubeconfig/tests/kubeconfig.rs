@@ -876,37 +876,20 @@ async fn the_inventory_is_engaged_once_every_listed_secret_was_looked_at() {
         .create(&PostParams::default(), &secret("broken", None, &labelled))
         .await
         .expect("secret");
-    let provider = KubeconfigProvider::new(
+    let provider = Arc::new(KubeconfigProvider::new(
         admin.clone(),
         KubeconfigOptions::default().namespace(NAMESPACE.to_string()),
-    );
-    let engaged = Arc::new(multicluster_runtime::testing::EngagedNames::default());
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    let context = multicluster_runtime::ProviderContext::new(
-        shutdown.clone(),
-        engaged.clone(),
-        Metrics::default(),
-    );
-    let started = tokio::spawn({
-        let context = context.clone();
-        async move {
-            use multicluster_runtime::RunnableProvider;
-            provider.start(context).await
-        }
-    });
-    tokio::time::timeout(Duration::from_secs(60), context.when_inventory_engaged())
-        .await
-        .expect("the provider never said its inventory was engaged");
+    ));
+    let (engaged, started) =
+        multicluster_runtime::testing::engaged_when_inventory_is(provider).await;
     let mut expected: Vec<ClusterName> = usable
         .iter()
         .map(|name| ClusterName::from(name.as_str()))
         .collect();
     expected.sort();
     assert_eq!(
-        engaged.names(),
-        expected,
+        engaged, expected,
         "said before every listed Secret was looked at"
     );
-    shutdown.cancel();
-    started.await.expect("task").expect("clean stop");
+    started.stop().await.expect("clean stop");
 }

@@ -712,7 +712,12 @@ pub(crate) mod tests {
     /// A peer Lease `name` held by `holder` in `epoch`, renewed
     /// `renewed_secs_ago` with a 30 s duration.
     #[cfg(feature = "sharding")]
-    fn peer_lease(name: &str, holder: &str, epoch: &str, renewed_secs_ago: i64) -> Lease {
+    pub(crate) fn peer_lease(
+        name: &str,
+        holder: &str,
+        epoch: &str,
+        renewed_secs_ago: i64,
+    ) -> Lease {
         let renewed = Timestamp::now()
             .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(
                 renewed_secs_ago,

@@ -589,31 +589,13 @@ mod tests {
     /// A peer Lease of `holder` in `epoch` under `prefix`, renewed
     /// `renewed_secs_ago` with a 30 s duration.
     fn peer_lease(prefix: &str, holder: &str, epoch: &str, renewed_secs_ago: i64) -> Lease {
-        let renewed = Timestamp::now()
-            .checked_sub(k8s_openapi::jiff::SignedDuration::from_secs(
-                renewed_secs_ago,
-            ))
-            .expect("time");
-        Lease {
-            metadata: ObjectMeta {
-                name: Some(format!("{prefix}-{holder}")),
-                labels: Some(BTreeMap::from([
-                    (PEER_LABEL.to_string(), "true".to_string()),
-                    (PREFIX_LABEL.to_string(), prefix.to_string()),
-                ])),
-                annotations: Some(BTreeMap::from([(
-                    EPOCH_ANNOTATION.to_string(),
-                    epoch.to_string(),
-                )])),
-                ..ObjectMeta::default()
-            },
-            spec: Some(LeaseSpec {
-                holder_identity: Some(holder.to_string()),
-                lease_duration_seconds: Some(30),
-                renew_time: Some(MicroTime(renewed)),
-                ..LeaseSpec::default()
-            }),
-        }
+        let name = format!("{prefix}-{holder}");
+        let mut peer = lease::tests::peer_lease(&name, holder, epoch, renewed_secs_ago);
+        peer.metadata.labels = Some(BTreeMap::from([
+            (PEER_LABEL.to_string(), "true".to_string()),
+            (PREFIX_LABEL.to_string(), prefix.to_string()),
+        ]));
+        peer
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
