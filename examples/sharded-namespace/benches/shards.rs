@@ -27,8 +27,11 @@
 //! `SHARDING_CLUSTERS` to a comma-separated list of sizes (default 1000),
 //! `SHARDING_REPLICAS` to the starting number of replicas (default 4) and
 //! `SHARDING_FENCE_HOLD` to `renewed`, `with-peer` or both (the default),
-//! how the replicas keep their fences. With `REPLICA_LOG_DIR` set, each
-//! replica's log is kept there.
+//! how the replicas keep their fences, and `SHARDING_CHURN` to some of
+//! `join,leave,kill,pause,restart` to run only those events (default all).
+//! With `REPLICA_LOG_DIR` set, each replica's log is kept there. An event
+//! that leaves clusters unworked beyond its bound prints, to stderr, how
+//! long they went unworked and the story of the one that waited longest.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -96,6 +99,37 @@ impl Churn {
         Churn::PauseApiServer,
         Churn::TwoRestart,
     ];
+
+    /// The name `SHARDING_CHURN` knows it by.
+    fn key(self) -> &'static str {
+        match self {
+            Churn::Join => "join",
+            Churn::Leave => "leave",
+            Churn::Kill => "kill",
+            Churn::PauseApiServer => "pause",
+            Churn::TwoRestart => "restart",
+        }
+    }
+
+    /// The events `SHARDING_CHURN` asks for, in the table's order.
+    fn chosen() -> Result<Vec<Churn>, String> {
+        let Ok(asked) = std::env::var("SHARDING_CHURN") else {
+            return Ok(Churn::ALL.to_vec());
+        };
+        let asked: Vec<&str> = asked.split(',').map(str::trim).collect();
+        if let Some(unknown) = asked
+            .iter()
+            .find(|key| !Churn::ALL.iter().any(|event| event.key() == **key))
+        {
+            return Err(format!(
+                "SHARDING_CHURN: no event {unknown:?} (join, leave, kill, pause, restart)"
+            ));
+        }
+        Ok(Churn::ALL
+            .into_iter()
+            .filter(|event| asked.contains(&event.key()))
+            .collect())
+    }
 
     fn label(self) -> &'static str {
         match self {
@@ -246,7 +280,7 @@ async fn run(clusters: usize, replicas: usize, hold: &str) -> Outcome {
     } else {
         FENCE_AND_LOOK
     };
-    for event in Churn::ALL {
+    for event in Churn::chosen()? {
         let bound = match event {
             // The others take a killed replica's clusters once its peer
             // Lease lapses, however its fences are held.
@@ -272,7 +306,6 @@ async fn run(clusters: usize, replicas: usize, hold: &str) -> Outcome {
                 }
             }
         }
-        let event = event.label();
         let settled = fleet.settled(&names).await;
         let to = now();
         let stable_after = began.elapsed();
@@ -281,6 +314,9 @@ async fn run(clusters: usize, replicas: usize, hold: &str) -> Outcome {
         let longest = unowned.values().max().copied().unwrap_or_default();
         let over = unowned.values().filter(|gap| **gap > bound).count();
         let twice = ownership.worked_on_twice().len();
+        if over > 0 {
+            tell_the_wait(&ownership, &unowned, from, event.label());
+        }
         match settled {
             Ok(now_owners) => {
                 let moved = names
@@ -288,7 +324,8 @@ async fn run(clusters: usize, replicas: usize, hold: &str) -> Outcome {
                     .filter(|name| owners.get(*name) != now_owners.get(*name))
                     .count();
                 println!(
-                    "| {event} | {moved} | {:.1} s | {:.1} s | {} s | {over} | {twice} |",
+                    "| {} | {moved} | {:.1} s | {:.1} s | {} s | {over} | {twice} |",
+                    event.label(),
                     stable_after.as_secs_f64(),
                     longest.as_secs_f64(),
                     bound.as_secs()
@@ -297,7 +334,8 @@ async fn run(clusters: usize, replicas: usize, hold: &str) -> Outcome {
             }
             Err(err) => {
                 println!(
-                    "| {event} | — | not stable ({err}) | {:.1} s | {} s | {over} | {twice} |",
+                    "| {} | — | not stable ({err}) | {:.1} s | {} s | {over} | {twice} |",
+                    event.label(),
                     longest.as_secs_f64(),
                     bound.as_secs()
                 );
@@ -317,6 +355,39 @@ async fn run(clusters: usize, replicas: usize, hold: &str) -> Outcome {
 
 /// A replica with the coordinator's default timings, keeping its fences
 /// as `fence_hold` says.
+/// To stderr: how many clusters went unworked how long after `event`
+/// (from `from`), by 5 s, and who worked on the one that waited longest.
+fn tell_the_wait(
+    ownership: &Ownership,
+    unowned: &BTreeMap<String, Duration>,
+    from: u128,
+    event: &str,
+) {
+    let mut by_five: BTreeMap<u64, usize> = BTreeMap::new();
+    for gap in unowned.values() {
+        *by_five.entry(gap.as_secs() / 5 * 5).or_default() += 1;
+    }
+    eprintln!("{event}: clusters by longest unworked time (s, from): {by_five:?}");
+    let Some((worst, gap)) = unowned.iter().max_by_key(|(_, gap)| **gap) else {
+        return;
+    };
+    let at = |t: u128| (t as f64 - from as f64) / 1e9;
+    eprintln!(
+        "{event}: {worst} went unworked {:.1} s; its spells (s after the event):",
+        gap.as_secs_f64()
+    );
+    for spell in ownership.spells(worst) {
+        eprintln!(
+            "  {} from {:.1} to {}",
+            spell.replica,
+            at(spell.start),
+            spell
+                .end
+                .map_or("now".to_string(), |end| format!("{:.1}", at(end)))
+        );
+    }
+}
+
 fn start(cp: &ControlPlane, id: &str, fence_hold: &str, ledger: &std::path::Path) -> Replica {
     ShardedArgs::new(id, FILTER, fence_hold)
         .set("--lease-namespace", LEASE_NAMESPACE)
