@@ -13,9 +13,10 @@ use common::*;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use multicluster_envtest::ControlPlane;
+use multicluster_runtime::ClusterName;
 use multicluster_runtime::coordinator::Coordinator;
 use multicluster_runtime::coordinator::sharding::{
-    Peer, ShardedCoordinator, ShardingOptions, owner,
+    FenceHold, Peer, ShardedCoordinator, ShardingOptions, owner,
 };
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::testing::{eventually, run_manager, wait_until_ready};
@@ -265,6 +266,140 @@ async fn a_ready_peer_stands_in_for_one_that_restarted_until_it_is_ready() {
     })
     .await;
     for (stop, task) in [(again_stop, again_task), (first_stop, first_task)] {
+        stop.cancel();
+        task.await.expect("manager task").expect("manager");
+    }
+}
+
+/// With fences held with the peer Lease, the replica working on a cluster
+/// that a ready peer owns writes the fence as that peer's (one write, no
+/// moment without a holder), and the peer starts on it without a request;
+/// a fence handed for a cluster the peer does not know is cleared.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_goes_straight_from_its_holder_to_a_ready_owner() {
+    use futures::StreamExt;
+    use kube::runtime::{WatchStreamExt, watcher};
+
+    let cp = ControlPlane::start().await.expect("control plane");
+    let with_peer = || ShardingOptions::default().fence_hold(FenceHold::WithPeer);
+    let ready = CancellationToken::new();
+    ready.cancel();
+    let (first, r0, _) = replica(&cp, "r0", Some(ready.clone()), with_peer()).await;
+    let (first_stop, first_task) = run_manager(&first);
+    eventually("r0 works on every member", || async {
+        working_on(&r0).len() == MEMBERS.len()
+    })
+    .await;
+
+    // Every holder each fence of r1's share has from here on, in order.
+    let leases: Api<Lease> = Api::namespaced(cp.client().await.expect("client"), "kube-system");
+    let fences: Vec<String> = share_of("r1")
+        .iter()
+        .map(|name| r0.fence_name(&ClusterName::from(name.as_str())))
+        .collect();
+    let holders = Arc::new(std::sync::Mutex::new(Vec::<(String, String)>::new()));
+    let recording = {
+        let (holders, fences) = (holders.clone(), fences.clone());
+        let mut events = watcher(leases.clone(), watcher::Config::default())
+            .applied_objects()
+            .boxed();
+        tokio::spawn(async move {
+            while let Some(Ok(fence)) = events.next().await {
+                let name = fence.metadata.name.clone().unwrap_or_default();
+                if fences.contains(&name) {
+                    let holder = fence
+                        .spec
+                        .and_then(|spec| spec.holder_identity)
+                        .unwrap_or_default();
+                    holders.lock().expect("holders").push((name, holder));
+                }
+            }
+        })
+    };
+    eventually(
+        "the recording sees r0 hold each fence of r1's share",
+        || async {
+            let holders = holders.lock().expect("holders");
+            fences.iter().all(|fence| {
+                holders
+                    .iter()
+                    .any(|(name, holder)| name == fence && holder == "r0")
+            })
+        },
+    )
+    .await;
+
+    let (second, r1, _) = replica(&cp, "r1", Some(ready), with_peer()).await;
+    let (second_stop, second_task) = run_manager(&second);
+    eventually("r1 works on its share, r0 on the rest", || async {
+        working_on(&r1) == share_of("r1") && working_on(&r0) == share_of("r0")
+    })
+    .await;
+    eventually(
+        "the recording sees r1 hold each fence of its share",
+        || async {
+            let holders = holders.lock().expect("holders");
+            fences.iter().all(|fence| {
+                holders
+                    .iter()
+                    .any(|(name, holder)| name == fence && holder == "r1")
+            })
+        },
+    )
+    .await;
+    recording.abort();
+    for fence in &fences {
+        let seen: Vec<String> = holders
+            .lock()
+            .expect("holders")
+            .iter()
+            .filter(|(name, _)| name == fence)
+            .map(|(_, holder)| holder.clone())
+            .collect();
+        let first_r1 = seen.iter().position(|h| h == "r1").expect("r1 held it");
+        assert!(
+            seen[..first_r1].iter().all(|h| h == "r0"),
+            "{fence} was not handed straight from r0 to r1: {seen:?}"
+        );
+    }
+
+    // A fence handed to r1 for a cluster nobody knows: r1 clears it.
+    let handed = leases.get(&fences[0]).await.expect("a handed fence");
+    let stray = Lease {
+        metadata: kube::api::ObjectMeta {
+            name: Some("mcr-shard-nowhere".to_string()),
+            labels: handed.metadata.labels.clone(),
+            annotations: handed.metadata.annotations.clone(),
+            ..Default::default()
+        },
+        spec: handed.spec.clone(),
+    };
+    assert!(
+        stray
+            .metadata
+            .labels
+            .as_ref()
+            .is_some_and(|labels| labels.contains_key("mcr.sigs.k8s.io/handed-to")),
+        "the handed fence carries no hand-over label: {:?}",
+        handed.metadata.labels
+    );
+    leases
+        .create(&Default::default(), &stray)
+        .await
+        .expect("create the stray fence");
+    eventually(
+        "r1 clears the fence of a cluster it does not know",
+        || async {
+            leases
+                .get("mcr-shard-nowhere")
+                .await
+                .ok()
+                .and_then(|fence| fence.spec?.holder_identity)
+                .is_none()
+        },
+    )
+    .await;
+    for (stop, task) in [(second_stop, second_task), (first_stop, first_task)] {
         stop.cancel();
         task.await.expect("manager task").expect("manager");
     }

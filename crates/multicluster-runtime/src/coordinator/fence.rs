@@ -188,6 +188,19 @@ impl Fence {
         }
     }
 
+    /// A fence handed to this replica in its epoch (`lease`, as its last
+    /// holder wrote it), held until `standing` ends: nothing to write.
+    #[cfg(feature = "sharding")]
+    pub(crate) fn handed(name: String, standing: &CancellationToken, lease: Lease) -> Self {
+        Self {
+            name,
+            lost: standing.clone(),
+            stop: CancellationToken::new(),
+            with_peer: true,
+            written: Some(Box::new(lease)),
+        }
+    }
+
     /// A fence held with the peer Lease, as taking it would give, for tests
     /// of what holds fences.
     #[cfg(all(test, feature = "sharding"))]
@@ -213,7 +226,8 @@ impl Fence {
         &self.lost
     }
 
-    /// Stops renewing and clears the holder if it is still `me`. A fence
+    /// Stops renewing and clears the holder if it is still `me` (or, with
+    /// `next`, hands it straight to that replica). A fence
     /// that is renewed lapses on its own when that fails; one held with the
     /// peer Lease does not while this replica's epoch lasts, so it comes
     /// back to be released again later. A fence whose epoch has ended needs
@@ -223,12 +237,14 @@ impl Fence {
         api: &Api<Lease>,
         me: &str,
         timeout: Duration,
+        next: Option<&lease::Next>,
     ) -> Option<Fence> {
         self.stop.cancel();
         if self.with_peer && self.lost.is_cancelled() {
             return None;
         }
-        let call = lease::release(api, &self.name, me, self.written.take().map(|lease| *lease));
+        let last = self.written.take().map(|lease| *lease);
+        let call = lease::release(api, &self.name, me, last, next);
         let failure = match tokio::time::timeout(timeout, call).await {
             Ok(Ok(())) => {
                 tracing::debug!(lease = %self.name, "fence released");

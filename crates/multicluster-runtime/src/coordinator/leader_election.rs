@@ -461,6 +461,7 @@ impl Coordinator for LeaderElection {
                         &self.inner.leases,
                         &self.inner.identity,
                         options.retry_period,
+                        None,
                     )
                     .await;
                 return Ok(());
@@ -471,7 +472,7 @@ impl Coordinator for LeaderElection {
                     // The manager stops the coordinator once running
                     // reconciles have finished: hand over at once.
                     self.stand_down();
-                    fence.release(&self.inner.leases, &self.inner.identity, options.renew_deadline).await;
+                    fence.release(&self.inner.leases, &self.inner.identity, options.renew_deadline, None).await;
                     self.inner.leader.send_replace(None);
                     tracing::info!(lease = %options.lease_name, "stopped leading; the Lease is released");
                     return Ok(());

@@ -72,6 +72,34 @@ pub(crate) struct EndedHold {
     pub(crate) held_with: String,
 }
 
+/// Label on a fence Lease handed straight to its next holder (see
+/// [`Next`]): a hash of `<its peer Lease>/<its epoch>`, which that replica
+/// watches for, so it finds the fences handed to it without a request each.
+pub(crate) const HANDED_TO_LABEL: &str = "mcr.sigs.k8s.io/handed-to";
+
+/// Annotation on a fence Lease handed straight over: the cluster it is
+/// for (fence names of long or unusual cluster names are hashed).
+pub(crate) const CLUSTER_ANNOTATION: &str = "mcr.sigs.k8s.io/cluster";
+
+/// Who a fence held with the peer Lease goes to straight from its holder,
+/// instead of being cleared for its next owner to take: one write in all,
+/// where a release and a take are two or three, and no moment in which
+/// nobody holds it.
+#[cfg_attr(not(feature = "sharding"), allow(dead_code))]
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Next {
+    /// The next holder.
+    pub(crate) holder: String,
+    /// `<its peer Lease>/<its epoch>`, live when it was read.
+    pub(crate) held_with: String,
+    /// The [`HANDED_TO_LABEL`] value for `held_with`.
+    pub(crate) label: String,
+    /// The fence's duration, as its holder would write it.
+    pub(crate) duration: Duration,
+    /// The cluster the fence is for.
+    pub(crate) cluster: String,
+}
+
 /// What the caller knows, without asking the API server, of whether a
 /// fence held with `(peer Lease, epoch)` by `holder` holds at `now`; `None`
 /// when it does not know.
@@ -270,6 +298,10 @@ pub(crate) async fn take_guessing(
             Err(err) => Err(err),
         };
     };
+    if held_with.is_some() && holder_of(&lease) == Some(me) && held_with_of(&lease) == held_with {
+        // Handed to this replica in its epoch: nothing to write.
+        return Ok(Taken::Yes(Box::new(lease)));
+    }
     if let Some(other) = holder_of(&lease).filter(|h| *h != me)
         && holds(api, &lease, other, now, known).await?
     {
@@ -318,7 +350,7 @@ async fn take_over_ended(
 }
 
 /// The peer Lease and epoch a fence is held with, if it is.
-fn held_with_of(lease: &Lease) -> Option<&str> {
+pub(crate) fn held_with_of(lease: &Lease) -> Option<&str> {
     lease
         .metadata
         .annotations
@@ -361,6 +393,10 @@ fn prepare_taken(
                 kept.remove(HELD_WITH_ANNOTATION);
             }
         }
+    }
+    // A take is no hand-over: the replica the label names is not woken.
+    if let Some(labels) = lease.metadata.labels.as_mut() {
+        labels.remove(HANDED_TO_LABEL);
     }
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     if holder.as_deref() != Some(me) || spec.acquire_time.is_none() {
@@ -421,7 +457,8 @@ pub(crate) async fn renew(
 }
 
 /// Clears the holder of `name` if it is still `me`, so the next owner need
-/// not wait for it to expire.
+/// not wait for it to expire; or, with `next`, writes it as held by that
+/// replica (see [`Next`]).
 ///
 /// `last`, what this replica last wrote to the Lease, is written over
 /// without reading first (a hand-over of thousands of clusters is that
@@ -432,6 +469,7 @@ pub(crate) async fn release(
     name: &str,
     me: &str,
     last: Option<Lease>,
+    next: Option<&Next>,
 ) -> Result<(), kube::Error> {
     let mut written_over = last;
     loop {
@@ -443,13 +481,38 @@ pub(crate) async fn release(
                 None => return Ok(()),
             },
         };
-        let Some(spec) = lease.spec.as_mut() else {
-            return Ok(());
-        };
-        if spec.holder_identity.as_deref() != Some(me) {
+        if lease.spec.is_none() || holder_of(&lease) != Some(me) {
             return Ok(());
         }
-        spec.holder_identity = None;
+        match next {
+            Some(next) => {
+                prepare_taken(
+                    &mut lease,
+                    &next.holder,
+                    next.duration,
+                    Some(&next.held_with),
+                    Timestamp::now(),
+                );
+                lease
+                    .metadata
+                    .labels
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(HANDED_TO_LABEL.to_string(), next.label.clone());
+                lease
+                    .metadata
+                    .annotations
+                    .get_or_insert_with(BTreeMap::new)
+                    .insert(CLUSTER_ANNOTATION.to_string(), next.cluster.clone());
+            }
+            None => {
+                if let Some(labels) = lease.metadata.labels.as_mut() {
+                    labels.remove(HANDED_TO_LABEL);
+                }
+                if let Some(spec) = lease.spec.as_mut() {
+                    spec.holder_identity = None;
+                }
+            }
+        }
         match api.replace(name, &PostParams::default(), &lease).await {
             Ok(_) => return Ok(()),
             // Changed since our write: read it, and clear it if still ours.
@@ -608,7 +671,7 @@ pub(crate) mod tests {
         // Nothing changed since the take: one write, no read.
         let written = take_one("quiet").await;
         let before = lease_reads(&client).await;
-        release(&api, "quiet", "me", Some(written))
+        release(&api, "quiet", "me", Some(written), None)
             .await
             .expect("release");
         assert_eq!(lease_reads(&client).await, before, "the release read");
@@ -626,7 +689,7 @@ pub(crate) mod tests {
         api.replace("touched", &PostParams::default(), &touched)
             .await
             .expect("touch");
-        release(&api, "touched", "me", Some(written))
+        release(&api, "touched", "me", Some(written), None)
             .await
             .expect("release");
         assert_eq!(holder(api.get("touched").await.expect("get")), None);
@@ -638,7 +701,7 @@ pub(crate) mod tests {
         api.replace("taken", &PostParams::default(), &taken)
             .await
             .expect("take over");
-        release(&api, "taken", "me", Some(written))
+        release(&api, "taken", "me", Some(written), None)
             .await
             .expect("release");
         assert_eq!(
@@ -908,6 +971,82 @@ pub(crate) mod tests {
         assert_eq!(
             stored.metadata.resource_version, version,
             "the take wrote the fence"
+        );
+    }
+
+    #[cfg(feature = "sharding")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_fence_handed_to_a_replica_in_its_epoch_is_taken_as_it_is() {
+        let cp = multicluster_envtest::ControlPlane::start()
+            .await
+            .expect("control plane");
+        let client = cp.client().await.expect("client");
+        let api: Api<Lease> = Api::namespaced(client.clone(), "default");
+        let duration = Duration::from_secs(20);
+        let Taken::Yes(written) = take(
+            &api,
+            "fence",
+            "before",
+            duration,
+            Some("peer-before/b1"),
+            &nothing_known,
+            None,
+        )
+        .await
+        .expect("take") else {
+            panic!("not taken");
+        };
+        let next = Next {
+            holder: "me".to_string(),
+            held_with: "peer-me/e1".to_string(),
+            label: "handed".to_string(),
+            duration,
+            cluster: "c".to_string(),
+        };
+        release(&api, "fence", "before", Some(*written), Some(&next))
+            .await
+            .expect("hand over");
+        let handed = api.get("fence").await.expect("get");
+        assert_eq!(holder_of(&handed), Some("me"));
+        assert_eq!(held_with_of(&handed), Some("peer-me/e1"));
+        assert_eq!(
+            handed
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|labels| labels.get(HANDED_TO_LABEL))
+                .map(String::as_str),
+            Some("handed")
+        );
+        // Taken by "me" without knowing it was handed: read, not written.
+        let take_in = |held_with: &'static str| {
+            take(
+                &api,
+                "fence",
+                "me",
+                duration,
+                Some(held_with),
+                &nothing_known,
+                None,
+            )
+        };
+        assert!(matches!(take_in("peer-me/e1").await, Ok(Taken::Yes(_))));
+        let stored = api.get("fence").await.expect("get");
+        assert_eq!(
+            stored.metadata.resource_version, handed.metadata.resource_version,
+            "the take wrote a fence handed to it"
+        );
+        // In a later epoch of "me" it is written, and the label goes.
+        assert!(matches!(take_in("peer-me/e2").await, Ok(Taken::Yes(_))));
+        let stored = api.get("fence").await.expect("get");
+        assert_eq!(held_with_of(&stored), Some("peer-me/e2"));
+        assert!(
+            stored
+                .metadata
+                .labels
+                .as_ref()
+                .is_none_or(|labels| !labels.contains_key(HANDED_TO_LABEL)),
+            "a take left the hand-over label"
         );
     }
 

@@ -100,10 +100,16 @@ impl Epochs {
                     self.depart(&name, epoch, peer, now);
                 }
             }
-            if let Some(before) = self.seen.get(&name).and_then(|s| s.epoch.as_ref())
-                && entry.epoch.as_ref() != Some(before)
+            if let Some(before) = self.seen.get(&name).and_then(|s| s.epoch.clone())
+                && entry.epoch.as_ref() != Some(&before)
             {
-                self.end(&name, &before.clone());
+                // Written in a new epoch since: its replica left (restarted,
+                // or came back after an outage), even if no read saw its
+                // Lease gone in between.
+                match self.seen_in(&name, &before) {
+                    Some(peer) => self.depart(&name, &before, peer, now),
+                    None => self.end(&name, &before),
+                }
             }
             seen.insert(name, entry);
         }
@@ -230,6 +236,21 @@ impl Epochs {
             && seen.epoch.as_deref() == Some(epoch)
             && seen.lapses_at.is_some_and(|at| now < at);
         live.then_some(true)
+    }
+
+    /// The epoch the last read saw `holder` live and ready in, with its
+    /// peer Lease `peer_lease`: what a fence handed to it names.
+    pub(crate) fn live_epoch(
+        &self,
+        peer_lease: &str,
+        holder: &str,
+        now: Timestamp,
+    ) -> Option<&str> {
+        let seen = self.seen.get(peer_lease)?;
+        let live = seen.ready
+            && seen.holder.as_deref() == Some(holder)
+            && seen.lapses_at.is_some_and(|at| now < at);
+        live.then_some(seen.epoch.as_deref()).flatten()
     }
 
     /// Whether `peer` differs from what the last read saw in what matters
@@ -392,6 +413,38 @@ mod tests {
         assert_eq!(epochs.ended_hold(some, &left, later(121)), None);
         assert!(!epochs.departed_lately("r", later(121)));
         assert!(epochs.ended_hold(some, &left, later(119)).is_some());
+    }
+
+    #[test]
+    fn a_peer_read_in_a_new_epoch_left_even_if_no_read_saw_it_gone() {
+        // A replica that restarts within a moment is deleted and written
+        // again between two reads: only its new epoch tells it left.
+        let now = Timestamp::from_second(1_000_000).expect("time");
+        let member = |id: &str| Peer {
+            id: id.to_string(),
+            weight: 1,
+        };
+        let mut epochs = Epochs::default();
+        epochs.record(&[peer("p", "e1", 0, now), peer("r", "g1", 0, now)], now);
+        assert!(!epochs.departed_lately("r", now));
+        epochs.record(&[peer("p", "e1", 0, now), peer("r", "g2", 0, now)], now);
+        assert!(
+            epochs.departed_lately("r", now),
+            "r came back in a new epoch"
+        );
+        assert!(!epochs.departed_lately("p", now));
+        let everyone = [member("p"), member("r")];
+        let of_r = (0..60)
+            .map(|i| format!("c{i}"))
+            .find(|c| hrw::owner(c, &everyone).is_some_and(|p| p.id == "r"))
+            .expect("one of r's");
+        assert_eq!(
+            epochs
+                .ended_hold(&of_r, &everyone, now)
+                .map(|e| e.held_with),
+            Some("r/g1".to_string()),
+            "its fences are guessed held in the epoch it left"
+        );
     }
 
     #[test]

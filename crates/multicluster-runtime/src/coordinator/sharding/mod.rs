@@ -24,7 +24,11 @@
 //!   `<fence prefix>-<cluster>`, held by one replica at a time, and renews
 //!   it. Work stops the moment a renewal fails, and is handed over only by
 //!   releasing the fence, so two replicas never work on one cluster at once
-//!   even while they disagree about who the peers are.
+//!   even while they disagree about who the peers are. With fences held
+//!   with the peer Lease, a replica handing a cluster to a ready peer
+//!   writes the fence as that peer's, in the peer's current epoch: one
+//!   write, and the peer, which watches for fences handed to it, starts
+//!   without a request.
 //!
 //! Names, labels and defaults are Go multicluster-runtime's, so the Leases
 //! look the same. Beyond Go: Lease names are unique per cluster and never
@@ -40,11 +44,13 @@
 //!
 //! The replicas need RBAC to get, list, watch, create, update, patch and
 //! delete Leases in the fence namespace (without `watch` they still work:
-//! peers are then noticed at the next read, up to a renew interval later;
+//! peers are then noticed at the next read, up to a renew interval later,
+//! and a fence handed over at the new owner's next take, a read;
 //! without `patch`, taking a fence of a replica that left is a read and an
 //! update instead of one patch).
 
 mod epochs;
+mod handover;
 mod hrw;
 mod options;
 mod peers;
@@ -116,6 +122,11 @@ struct Inner {
     /// The peers whose Leases say they are not ready yet: a cluster one of
     /// them owns stays with the replica working on it until it is.
     joining: watch::Sender<std::collections::BTreeSet<String>>,
+    /// Fences handed straight to this replica, not taken up yet.
+    handed: Arc<handover::Handed>,
+    /// The joining peers this replica may stand in for, as the last look
+    /// found them (logged when that changes).
+    standing_in: watch::Sender<std::collections::BTreeSet<String>>,
 }
 
 /// How many fences one look takes or hands back at once. A hand-over of
@@ -169,7 +180,52 @@ enum Step {
         why: String,
         /// Components whose running work must end before the fence goes.
         settle: Vec<Arc<dyn Aware>>,
+        /// The next owner, to hand the fence to straight away.
+        next: Option<Box<lease::Next>>,
     },
+}
+
+/// The peers as one look at the fleet sees them, worked out once for all
+/// its clusters.
+#[derive(Default)]
+struct Look {
+    /// The live peers, this replica included.
+    peers: Vec<Peer>,
+    /// Those whose Leases say they are not ready yet.
+    joining: std::collections::BTreeSet<String>,
+    /// Those of `joining` that left lately and came back (they restarted),
+    /// if this replica is ready itself: it may stand in for them.
+    came_back: std::collections::BTreeSet<String>,
+    /// The peers that are ready.
+    ready: Vec<Peer>,
+    /// What a fence handed to each ready peer says (fences held with the
+    /// peer Lease only; a peer whose epoch is not known live is absent).
+    next: std::collections::HashMap<String, lease::Next>,
+}
+
+impl Look {
+    /// What `cluster`'s fence says handed straight to `owner`, if it can be.
+    fn next_for(&self, owner: Option<&Peer>, cluster: &ClusterName) -> Option<lease::Next> {
+        let next = self.next.get(&owner?.id)?;
+        Some(lease::Next {
+            // Its name as it is (the local cluster's is empty), not as
+            // shown.
+            cluster: cluster.as_str().to_string(),
+            ..next.clone()
+        })
+    }
+
+    /// Whether replica `me` works on `cluster` until its `owner`, a peer
+    /// that came back lately (it restarted) and is not ready yet, is: the
+    /// clusters it left were being taken over when it came back, and those
+    /// nobody had taken yet would otherwise wait for its provider. The one
+    /// that stands in is the owner among the ready peers. (At a cold start
+    /// nobody came back: each cluster waits for its owner, and no ready
+    /// replica claims the fleet to hand it back.)
+    fn stands_in_for(&self, cluster: &str, owner: Option<&Peer>, me: &str) -> bool {
+        owner.is_some_and(|owner| self.came_back.contains(&owner.id))
+            && owner_of(cluster, &self.ready).is_some_and(|peer| peer.id == me)
+    }
 }
 
 impl ShardedCoordinator {
@@ -198,6 +254,8 @@ impl ShardedCoordinator {
                 epochs: Arc::default(),
                 inventory: CancellationToken::new(),
                 joining: watch::Sender::new(std::collections::BTreeSet::new()),
+                handed: Arc::default(),
+                standing_in: watch::Sender::new(std::collections::BTreeSet::new()),
                 me,
                 options,
                 clusters: std::sync::Mutex::default(),
@@ -233,27 +291,104 @@ impl ShardedCoordinator {
     /// replica owns, hands back those it no longer owns.
     async fn balance(&self) {
         self.release_again().await;
-        let peers = self.peers();
-        let joining = self.inner.joining.borrow().clone();
+        // A look with thousands of takes lasts long; once the peers change
+        // (one left, came back or became ready) its remaining takes are
+        // left to the next look, which starts at once. Looks at 100,000
+        // clusters lasted tens of seconds, and a peer that left meanwhile
+        // had its clusters wait for them.
+        let peers_then = self.inner.peers.subscribe();
+        let joining_then = self.inner.joining.subscribe();
+        let outdated = || {
+            peers_then.has_changed().unwrap_or(false) || joining_then.has_changed().unwrap_or(false)
+        };
+        let look = self.look();
         let names = lock(&self.inner.clusters).names();
         futures::stream::iter(names)
             .for_each_concurrent(CONCURRENT_STEPS, |name| {
-                let (peers, joining) = (&peers, &joining);
-                async move { self.balance_one(&name, peers, joining).await }
+                let (look, outdated) = (&look, &outdated);
+                async move { self.balance_one(&name, look, outdated).await }
             })
             .await;
+        self.give_back_unclaimed().await;
+    }
+
+    /// The peers as one look sees them.
+    fn look(&self) -> Look {
+        let peers = self.peers();
+        let joining = self.inner.joining.borrow().clone();
+        // Only a ready replica stands in, and only for peers that came back.
+        let came_back = if self.inner.inventory.is_cancelled() {
+            let epochs = lock(&self.inner.epochs);
+            let now = Timestamp::now();
+            joining
+                .iter()
+                .filter(|id| epochs.departed_lately(id, now))
+                .cloned()
+                .collect()
+        } else {
+            std::collections::BTreeSet::new()
+        };
+        self.inner.standing_in.send_if_modified(|before| {
+            if *before == came_back {
+                return false;
+            }
+            tracing::info!(came_back = ?came_back, joining = ?joining, "standing in for peers that restarted and are not ready yet");
+            before.clone_from(&came_back);
+            true
+        });
+        let ready: Vec<Peer> = peers
+            .iter()
+            .filter(|peer| !joining.contains(&peer.id))
+            .cloned()
+            .collect();
+        let next = if self.inner.options.fence_hold == FenceHold::WithPeer {
+            let epochs = lock(&self.inner.epochs);
+            let now = Timestamp::now();
+            let options = &self.inner.options;
+            ready
+                .iter()
+                .filter(|peer| peer.id != self.inner.me.id)
+                .filter_map(|peer| {
+                    let peer_lease = lease_name(&options.peer_prefix, &peer.id);
+                    let epoch = epochs.live_epoch(&peer_lease, &peer.id, now)?;
+                    let held_with = format!("{peer_lease}/{epoch}");
+                    let next = lease::Next {
+                        holder: peer.id.clone(),
+                        label: handover::label_for(&held_with),
+                        held_with,
+                        duration: options.fence_lease_duration,
+                        cluster: String::new(),
+                    };
+                    Some((peer.id.clone(), next))
+                })
+                .collect()
+        } else {
+            std::collections::HashMap::new()
+        };
+        Look {
+            peers,
+            joining,
+            came_back,
+            ready,
+            next,
+        }
     }
 
     async fn balance_one(
         &self,
         name: &ClusterName,
-        peers: &[Peer],
-        joining: &std::collections::BTreeSet<String>,
+        look: &Look,
+        outdated: &(dyn Fn() -> bool + Sync),
     ) {
-        let step = self.decide(name, peers, joining);
+        let step = self.decide(name, look);
         match step {
             Step::Nothing => {}
-            Step::Release { held, why, settle } => {
+            Step::Release {
+                held,
+                why,
+                settle,
+                next,
+            } => {
                 held.work.cancel();
                 tracing::info!(cluster = %name, peer = %self.inner.me.id, %why, "stopped working on the cluster");
                 // Reconciles already running finish before the next owner
@@ -265,20 +400,15 @@ impl ShardedCoordinator {
                 {
                     tracing::warn!(cluster = %name, timeout = ?self.inner.options.handover_timeout, "reconciles still running; handing the cluster over anyway");
                 }
-                self.release(held.fence).await;
+                self.release(held.fence, next.as_deref()).await;
             }
-            Step::Take { generation } => self.take(name, generation, peers).await,
+            Step::Take { .. } if outdated() => {}
+            Step::Take { generation } => self.take(name, generation, &look.peers).await,
         }
     }
 
-    /// What to do with `name` now, given the `peers` and those of them
-    /// that are not ready yet (`joining`).
-    fn decide(
-        &self,
-        name: &ClusterName,
-        peers: &[Peer],
-        joining: &std::collections::BTreeSet<String>,
-    ) -> Step {
+    /// What to do with `name` now, as `look` sees the peers.
+    fn decide(&self, name: &ClusterName, look: &Look) -> Step {
         let mut clusters = lock(&self.inner.clusters);
         let Some(entry) = clusters.get_mut(name) else {
             return Step::Nothing;
@@ -289,6 +419,7 @@ impl ShardedCoordinator {
                 held,
                 why: "the cluster left the fleet".to_string(),
                 settle: Vec::new(),
+                next: None,
             });
         }
         let generation = entry.generation;
@@ -301,15 +432,16 @@ impl ShardedCoordinator {
                 held,
                 why: "its fence was lost (not renewed, or this replica's epoch ended)".to_string(),
                 settle: Vec::new(),
+                next: None,
             };
         }
-        let owner = owner_of(name.as_str(), peers);
+        let owner = owner_of(name.as_str(), &look.peers);
         let me = &self.inner.me.id;
         // Kept for an owner that has not engaged its inventory yet: handed
         // over now, it would sit unworked until its provider got to it.
-        let keep_for_joiner = owner.is_some_and(|peer| joining.contains(&peer.id));
+        let keep_for_joiner = owner.is_some_and(|peer| look.joining.contains(&peer.id));
         let owns = owner.is_some_and(|peer| peer.id == *me)
-            || keep_for_joiner && self.stands_in_for(name, owner, peers, joining);
+            || keep_for_joiner && look.stands_in_for(name.as_str(), owner, me);
         match (owns, entry.held.take()) {
             (false, Some(held)) if keep_for_joiner && !held.is_lost() => {
                 entry.held = Some(held);
@@ -322,6 +454,7 @@ impl ShardedCoordinator {
                     owner.map_or("nobody", |peer| peer.id.as_str())
                 ),
                 settle: entry.components.clone(),
+                next: look.next_for(owner, name).map(Box::new),
             },
             (true, None) if entry.retry_at.is_none_or(|at| now >= at) => Step::Take { generation },
             (owns, held) => {
@@ -335,36 +468,6 @@ impl ShardedCoordinator {
                 Step::Nothing
             }
         }
-    }
-
-    /// Whether this replica works on `name` until its `owner`, a peer that
-    /// came back lately (it restarted) and is not ready yet, is: the
-    /// clusters it left were being taken over when it came back, and those
-    /// nobody had taken yet would otherwise wait for its provider. The one
-    /// that stands in is the owner among the ready peers, itself ready.
-    /// (At a cold start nobody came back: each cluster waits for its owner,
-    /// and no ready replica claims the fleet to hand it back.)
-    fn stands_in_for(
-        &self,
-        name: &ClusterName,
-        owner: Option<&Peer>,
-        peers: &[Peer],
-        joining: &std::collections::BTreeSet<String>,
-    ) -> bool {
-        let Some(owner) = owner else {
-            return false;
-        };
-        if !self.inner.inventory.is_cancelled()
-            || !lock(&self.inner.epochs).departed_lately(&owner.id, Timestamp::now())
-        {
-            return false;
-        }
-        let ready: Vec<Peer> = peers
-            .iter()
-            .filter(|peer| !joining.contains(&peer.id))
-            .cloned()
-            .collect();
-        owner_of(name.as_str(), &ready).is_some_and(|peer| peer.id == self.inner.me.id)
     }
 
     async fn take(&self, name: &ClusterName, generation: u64, peers: &[Peer]) {
@@ -426,6 +529,18 @@ impl ShardedCoordinator {
                 return;
             }
         };
+        self.start(name, generation, fence, &fence_name).await;
+    }
+
+    /// Starts the work on `name` under `fence`, just taken; hands the
+    /// fence back if the cluster was replaced or left meanwhile.
+    async fn start(
+        &self,
+        name: &ClusterName,
+        generation: u64,
+        fence: fence::Fence,
+        fence_name: &str,
+    ) {
         let start = {
             let mut clusters = lock(&self.inner.clusters);
             match clusters.current_mut(name, generation) {
@@ -441,6 +556,17 @@ impl ShardedCoordinator {
                     entry.data.busy = 0;
                     Ok(start)
                 }
+                // Handed to this replica and taken up meanwhile: the
+                // same hold, nothing to give back.
+                Some(entry)
+                    if entry
+                        .data
+                        .held
+                        .as_ref()
+                        .is_some_and(|held| held.fence.name == fence.name) =>
+                {
+                    return;
+                }
                 // Replaced or gone while the fence was taken: the next
                 // look starts over.
                 _ => Err(fence),
@@ -452,16 +578,18 @@ impl ShardedCoordinator {
                 engage_or_hand_back(&components, &work, name, &cluster);
             }
             Err(fence) => {
-                self.release(fence).await;
+                self.release(fence, None).await;
                 self.inner.wake.notify_one();
             }
         }
     }
 
-    async fn release(&self, fence: fence::Fence) {
+    /// Clears `fence` (or hands it to `next`); one whose release failed is
+    /// cleared again at the next look.
+    async fn release(&self, fence: fence::Fence, next: Option<&lease::Next>) {
         let timeout = self.inner.options.fence_renew_interval;
         if let Some(unreleased) = fence
-            .release(&self.inner.leases, &self.inner.me.id, timeout)
+            .release(&self.inner.leases, &self.inner.me.id, timeout, next)
             .await
         {
             lock(&self.inner.unreleased).push(unreleased);
@@ -484,7 +612,7 @@ impl ShardedCoordinator {
                     .is_some_and(|held| held.fence.name == fence.name)
             });
             if !taken_again {
-                self.release(fence).await;
+                self.release(fence, None).await;
             }
         }
     }
@@ -568,7 +696,7 @@ impl ShardedCoordinator {
         futures::stream::iter(renewed.into_iter().chain(unreleased))
             .for_each_concurrent(CONCURRENT_STEPS, |fence| async move {
                 fence
-                    .release(&self.inner.leases, &self.inner.me.id, timeout)
+                    .release(&self.inner.leases, &self.inner.me.id, timeout, None)
                     .await;
             })
             .await;
@@ -725,6 +853,19 @@ impl Coordinator for ShardedCoordinator {
         let abandoned = CancellationToken::new();
         let _abandon_when_dropped = abandoned.clone().drop_guard();
         let registry_task = tokio::spawn(registry.run(registry_stop.clone(), abandoned));
+        // Ends with this future, however it ends.
+        let watching = CancellationToken::new();
+        let _stop_watching = watching.clone().drop_guard();
+        if options.fence_hold == FenceHold::WithPeer {
+            let watching = watching.clone();
+            let handed = handover::watch(self.clone(), self.inner.standing.subscribe());
+            tokio::spawn(async move {
+                tokio::select! {
+                    () = watching.cancelled() => {}
+                    () = handed => {}
+                }
+            });
+        }
         tracing::info!(peer = %self.inner.me.id, namespace = %options.namespace, "sharding the fleet");
         let mut peers = self.inner.peers.subscribe();
         // Until the others are known this replica would own every cluster;
@@ -784,6 +925,42 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_fence_handed_over_names_its_cluster_so_that_the_receiver_finds_it() {
+        let coordinator = ShardedCoordinator::new(
+            offline_client(),
+            ShardingOptions::default().peer_id("me".to_string()),
+        )
+        .expect("coordinator");
+        let peer = Peer {
+            id: "p".to_string(),
+            weight: 1,
+        };
+        let next = lease::Next {
+            holder: "p".to_string(),
+            held_with: "mcr-peer-p/e1".to_string(),
+            label: handover::label_for("mcr-peer-p/e1"),
+            duration: Duration::from_secs(20),
+            cluster: String::new(),
+        };
+        let look = Look {
+            next: std::collections::HashMap::from([("p".to_string(), next)]),
+            ..Look::default()
+        };
+        // The local cluster (shown as `<local>`), a plain name, and one
+        // whose fence name is hashed.
+        for name in ["", "zoo", "Team/Prod_1"] {
+            let name = ClusterName::from(name);
+            let handed = look.next_for(Some(&peer), &name).expect("handed");
+            assert_eq!(
+                coordinator.fence_name(&ClusterName::from(handed.cluster.as_str())),
+                coordinator.fence_name(&name),
+                "{name:?}"
+            );
+        }
+        assert!(look.next_for(None, &ClusterName::from("zoo")).is_none());
+    }
+
+    #[tokio::test]
     async fn a_retry_left_on_a_cluster_owned_by_another_does_not_hurry_the_next_look() {
         let coordinator = ShardedCoordinator::new(
             offline_client(),
@@ -826,7 +1003,13 @@ mod tests {
             Some("other")
         );
         assert!(matches!(
-            coordinator.decide(&name, &peers, &Default::default()),
+            coordinator.decide(
+                &name,
+                &Look {
+                    peers: peers.to_vec(),
+                    ..Look::default()
+                }
+            ),
             Step::Nothing
         ));
         let next = coordinator.next_look();
@@ -874,7 +1057,13 @@ mod tests {
         };
         let peers = [coordinator.inner.me.clone(), other];
         assert!(matches!(
-            coordinator.decide(&name, &peers, &Default::default()),
+            coordinator.decide(
+                &name,
+                &Look {
+                    peers: peers.to_vec(),
+                    ..Look::default()
+                }
+            ),
             Step::Nothing
         ));
         assert_eq!(delay(&coordinator), 750);
