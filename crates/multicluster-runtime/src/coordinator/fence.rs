@@ -98,6 +98,8 @@ pub(crate) struct Fence {
     /// it since (a fence held with the peer Lease): a release writes over
     /// it without reading first.
     written: Option<Box<Lease>>,
+    /// The hold in an ended epoch this take wrote over, found by reading.
+    took_over: Option<lease::EndedHold>,
 }
 
 impl Fence {
@@ -133,6 +135,7 @@ impl Fence {
             stop: CancellationToken::new(),
             with_peer: false,
             written: None,
+            took_over: None,
         };
         let renewal = Renewal {
             api: api.clone(),
@@ -177,13 +180,14 @@ impl Fence {
         match tokio::time::timeout(timing.call_timeout(), call).await {
             Err(_) => Attempt::Failed("no answer from the API server".to_string()),
             Ok(Err(err)) => Attempt::Failed(crate::redact::kube_error(&err)),
-            Ok(Ok(Taken::HeldBy(holder))) => Attempt::Busy(holder),
-            Ok(Ok(Taken::Yes(written))) => Attempt::Taken(Self {
+            Ok(Ok((Taken::HeldBy(holder), _))) => Attempt::Busy(holder),
+            Ok(Ok((Taken::Yes(written), took_over))) => Attempt::Taken(Self {
                 name,
                 lost,
                 stop: CancellationToken::new(),
                 with_peer: true,
                 written: Some(written),
+                took_over,
             }),
         }
     }
@@ -198,6 +202,7 @@ impl Fence {
             stop: CancellationToken::new(),
             with_peer: true,
             written: Some(Box::new(lease)),
+            took_over: None,
         }
     }
 
@@ -211,6 +216,7 @@ impl Fence {
             stop: CancellationToken::new(),
             with_peer: true,
             written: None,
+            took_over: None,
         }
     }
 
@@ -219,6 +225,13 @@ impl Fence {
     #[cfg(feature = "sharding")]
     pub(crate) fn take_written(&mut self) -> Option<Lease> {
         self.written.take().map(|lease| *lease)
+    }
+
+    /// The hold in an ended epoch that taking this fence wrote over, if
+    /// the take found one by reading.
+    #[cfg(feature = "sharding")]
+    pub(crate) fn take_over_found(&mut self) -> Option<lease::EndedHold> {
+        self.took_over.take()
     }
 
     /// Fires when a renewal failed: the hold is over.

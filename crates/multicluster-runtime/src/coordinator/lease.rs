@@ -220,7 +220,9 @@ pub(crate) async fn take(
     last: Option<Lease>,
 ) -> Result<Taken, kube::Error> {
     let prior = Prior { last, ended: None };
-    take_guessing(api, name, me, duration, held_with, known, prior).await
+    take_guessing(api, name, me, duration, held_with, known, prior)
+        .await
+        .map(|(taken, _)| taken)
 }
 
 /// What a replica knows of a fence before taking it, each of which spares
@@ -235,7 +237,10 @@ pub(crate) struct Prior {
     pub(crate) ended: Option<EndedHold>,
 }
 
-/// [`take`], with everything `prior` knows.
+/// [`take`], with everything `prior` knows; and the hold in an ended epoch
+/// that it found and wrote over after reading the fence, if it did: the
+/// caller can guess the next fence of that epoch right (a restarted
+/// replica knows its earlier epoch from the first of its fences it reads).
 pub(crate) async fn take_guessing(
     api: &Api<Lease>,
     name: &str,
@@ -244,14 +249,14 @@ pub(crate) async fn take_guessing(
     held_with: Option<&str>,
     known: KnownPeers<'_>,
     prior: Prior,
-) -> Result<Taken, kube::Error> {
+) -> Result<(Taken, Option<EndedHold>), kube::Error> {
     let Prior { last, ended } = prior;
     let now = Timestamp::now();
     if last.is_none()
         && let (Some(held_with), Some(ended)) = (held_with, &ended)
     {
         match take_over_ended(api, name, me, duration, held_with, ended, now).await {
-            Ok(written) => return Ok(Taken::Yes(Box::new(written))),
+            Ok(written) => return Ok((Taken::Yes(Box::new(written)), None)),
             // Not as thought (another holder, released, gone): read it. Or
             // not allowed (a Role without `patch` on Leases): read it too.
             Err(kube::Error::Api(status)) if matches!(status.code, 403 | 404 | 422) => {}
@@ -262,11 +267,11 @@ pub(crate) async fn take_guessing(
         if held_with.is_some() && held_with_of(&lease) == held_with {
             // Held in the epoch this replica still stands in: nobody could
             // take it, since that takes ending the epoch first.
-            return Ok(Taken::Yes(Box::new(lease)));
+            return Ok((Taken::Yes(Box::new(lease)), None));
         }
         prepare_taken(&mut lease, me, duration, held_with, now);
         match api.replace(name, &PostParams::default(), &lease).await {
-            Ok(written) => return Ok(Taken::Yes(Box::new(written))),
+            Ok(written) => return Ok((Taken::Yes(Box::new(written)), None)),
             // Changed since this replica wrote it: read it below.
             Err(err) if is_conflict(&err) => {}
             Err(err) => return Err(err),
@@ -292,26 +297,37 @@ pub(crate) async fn take_guessing(
             }),
         };
         return match api.create(&PostParams::default(), &lease).await {
-            Ok(written) => Ok(Taken::Yes(Box::new(written))),
+            Ok(written) => Ok((Taken::Yes(Box::new(written)), None)),
             // Another replica created it first.
-            Err(err) if is_conflict(&err) => Ok(Taken::HeldBy(None)),
+            Err(err) if is_conflict(&err) => Ok((Taken::HeldBy(None), None)),
             Err(err) => Err(err),
         };
     };
     if held_with.is_some() && holder_of(&lease) == Some(me) && held_with_of(&lease) == held_with {
         // Handed to this replica in its epoch: nothing to write.
-        return Ok(Taken::Yes(Box::new(lease)));
+        return Ok((Taken::Yes(Box::new(lease)), None));
     }
     if let Some(other) = holder_of(&lease).filter(|h| *h != me)
         && holds(api, &lease, other, now, known).await?
     {
-        return Ok(Taken::HeldBy(Some(other.to_string())));
+        return Ok((Taken::HeldBy(Some(other.to_string())), None));
     }
+    // Held in an epoch that has ended: another's, or this replica's own
+    // earlier one (it holds with its current epoch only).
+    let found = match (holder_of(&lease), held_with_of(&lease)) {
+        (Some(holder), Some(before)) if held_with.is_some_and(|now| now != before) => {
+            Some(EndedHold {
+                holder: holder.to_string(),
+                held_with: before.to_string(),
+            })
+        }
+        _ => None,
+    };
     prepare_taken(&mut lease, me, duration, held_with, now);
     match api.replace(name, &PostParams::default(), &lease).await {
-        Ok(written) => Ok(Taken::Yes(Box::new(written))),
+        Ok(written) => Ok((Taken::Yes(Box::new(written)), found)),
         // Changed since it was read: someone else got there first.
-        Err(err) if is_conflict(&err) => Ok(Taken::HeldBy(None)),
+        Err(err) if is_conflict(&err) => Ok((Taken::HeldBy(None), None)),
         Err(err) => Err(err),
     }
 }
@@ -1036,8 +1052,27 @@ pub(crate) mod tests {
             stored.metadata.resource_version, handed.metadata.resource_version,
             "the take wrote a fence handed to it"
         );
-        // In a later epoch of "me" it is written, and the label goes.
-        assert!(matches!(take_in("peer-me/e2").await, Ok(Taken::Yes(_))));
+        // In a later epoch of "me" (it restarted) it is written, the label
+        // goes, and the take tells of the earlier epoch it found.
+        let (taken, found) = take_guessing(
+            &api,
+            "fence",
+            "me",
+            duration,
+            Some("peer-me/e2"),
+            &nothing_known,
+            Prior::default(),
+        )
+        .await
+        .expect("take");
+        assert!(matches!(taken, Taken::Yes(_)));
+        assert_eq!(
+            found,
+            Some(EndedHold {
+                holder: "me".to_string(),
+                held_with: "peer-me/e1".to_string(),
+            })
+        );
         let stored = api.get("fence").await.expect("get");
         assert_eq!(held_with_of(&stored), Some("peer-me/e2"));
         assert!(
@@ -1093,6 +1128,7 @@ pub(crate) mod tests {
                     },
                 )
                 .await
+                .map(|(taken, _)| taken)
                 .expect("take")
             }
         };
@@ -1211,6 +1247,7 @@ pub(crate) mod tests {
             },
         )
         .await
+        .map(|(taken, _)| taken)
         .expect("take without patch");
         // p's Lease is live in e2, not e1: e1 ended, the fence is free.
         assert!(matches!(answer, Taken::Yes(_)), "{answer:?}");

@@ -193,6 +193,22 @@ impl Epochs {
             })
     }
 
+    /// Remembers what a take found by reading a fence: `ended`, a hold in
+    /// an epoch that has ended, whose peer is taken to weigh `weight`. The
+    /// next fences of that epoch are guessed right (a restarted replica,
+    /// whose earlier epoch no read of the peer Leases showed, takes the
+    /// rest of its old fences in one request each).
+    pub(crate) fn learn(&mut self, ended: &EndedHold, weight: u32, now: Timestamp) {
+        let Some((peer_lease, epoch)) = ended.held_with.rsplit_once('/') else {
+            return;
+        };
+        let peer = Peer {
+            id: ended.holder.clone(),
+            weight,
+        };
+        self.depart(peer_lease, epoch, peer, now);
+    }
+
     /// Whether the peer `id` left lately (and may have come back since).
     pub(crate) fn departed_lately(&self, id: &str, now: Timestamp) -> bool {
         self.departed
@@ -445,6 +461,37 @@ mod tests {
             Some("r/g1".to_string()),
             "its fences are guessed held in the epoch it left"
         );
+    }
+
+    #[test]
+    fn an_ended_hold_found_by_a_take_is_guessed_for_the_next_fences() {
+        let now = Timestamp::from_second(1_000_000).expect("time");
+        let me = Peer {
+            id: "me".to_string(),
+            weight: 1,
+        };
+        let other = Peer {
+            id: "p".to_string(),
+            weight: 1,
+        };
+        let mut epochs = Epochs::default();
+        // Restarted: the peer reads show only this replica's new epoch.
+        epochs.record(&[peer("me", "m2", 0, now), peer("p", "e1", 0, now)], now);
+        let peers = [me.clone(), other];
+        let mine: Vec<String> = (0..60)
+            .map(|i| format!("c{i}"))
+            .filter(|c| hrw::owner(c, &peers).is_some_and(|p| p.id == "me"))
+            .collect();
+        assert!(mine.len() > 1, "me owns too few");
+        assert_eq!(epochs.ended_hold(&mine[1], &peers, now), None);
+        // The first take read its fence and found it held in m1.
+        let found = EndedHold {
+            holder: "me".to_string(),
+            held_with: "me/m1".to_string(),
+        };
+        epochs.learn(&found, 1, now);
+        assert_eq!(epochs.holds("me", "m1", "me", now), Some(false));
+        assert_eq!(epochs.ended_hold(&mine[1], &peers, now), Some(found));
     }
 
     #[test]

@@ -500,12 +500,11 @@ impl ShardedCoordinator {
                 let last = lock(&self.inner.clusters)
                     .current_mut(name, generation)
                     .and_then(|entry| entry.data.last_written.take());
-                // Not this replica's own earlier epoch: after a restart
-                // the fences it left were taken over or handed back to it
-                // released, so that guess is wrong more often than not.
-                let ended = lock(epochs)
-                    .ended_hold(name.as_str(), peers, Timestamp::now())
-                    .filter(|ended| ended.holder != self.inner.me.id);
+                // This replica's own earlier epoch too, once a take found it
+                // (see `Epochs::learn`): after a restart, the fences nobody
+                // stood in for are still held in it, and those stood in for
+                // are handed back without a take.
+                let ended = lock(epochs).ended_hold(name.as_str(), peers, Timestamp::now());
                 fence::Fence::take_with_peer(
                     &self.inner.leases,
                     fence_name.clone(),
@@ -519,7 +518,17 @@ impl ShardedCoordinator {
             }
         };
         let fence = match taken {
-            fence::Attempt::Taken(fence) => fence,
+            fence::Attempt::Taken(mut fence) => {
+                if let Some(found) = fence.take_over_found() {
+                    let weight = self
+                        .peers()
+                        .iter()
+                        .find(|peer| peer.id == found.holder)
+                        .map_or(1, |peer| peer.weight);
+                    lock(&self.inner.epochs).learn(&found, weight, Timestamp::now());
+                }
+                fence
+            }
             fence::Attempt::Busy(holder) => {
                 tracing::debug!(cluster = %name, lease = %fence_name, holder = holder.as_deref().unwrap_or("unknown"), "fence busy; trying again later");
                 self.retry_busy_later(name, generation);
