@@ -16,9 +16,9 @@
 //! ends the fence is free like any other. The watch only saves requests;
 //! without it (a Role without `watch`) a take reads the fence, finds it
 //! held by this replica in its epoch, and writes nothing. A fence handed
-//! for a cluster this replica does not own is given to its owner or
-//! cleared at the next look, and one for a cluster it does not know at
-//! all once it has waited two looks.
+//! for a cluster this replica does not own is passed on to its owner or
+//! cleared at once, and one for a cluster it does not know at all once it
+//! has waited two looks.
 
 use std::collections::HashMap;
 
@@ -157,6 +157,9 @@ impl ShardedCoordinator {
             match clusters.get_mut(&name) {
                 // Taken up already (a take read it first).
                 Some(entry) if entry.is_live() && entry.data.held.is_some() => return,
+                // Handing everything back: what was collected to hand back
+                // would not include it (it goes with the peer Lease).
+                Some(_) if self.inner.stopping.is_cancelled() => return,
                 Some(entry) if entry.is_live() => {
                     let fence = fence::Fence::handed(fence_name.clone(), live, handed);
                     let held = Held::new(fence, &entry.lifetime);

@@ -127,6 +127,10 @@ struct Inner {
     /// The joining peers this replica may stand in for, as the last look
     /// found them (logged when that changes).
     standing_in: watch::Sender<std::collections::BTreeSet<String>>,
+    /// Fired when this replica starts handing everything back: a fence
+    /// handed to it from then on is not taken up (it is freed with the
+    /// peer Lease).
+    stopping: CancellationToken,
 }
 
 /// How many fences one look takes or hands back at once. A hand-over of
@@ -258,6 +262,7 @@ impl ShardedCoordinator {
                 joining: watch::Sender::new(std::collections::BTreeSet::new()),
                 handed: Arc::default(),
                 standing_in: watch::Sender::new(std::collections::BTreeSet::new()),
+                stopping: CancellationToken::new(),
                 me,
                 options,
                 clusters: std::sync::Mutex::default(),
@@ -895,6 +900,7 @@ impl Coordinator for ShardedCoordinator {
                 () = tokio::time::sleep_until(next) => {}
             }
         }
+        self.inner.stopping.cancel();
         self.release_all().await;
         registry_stop.cancel();
         registry_task.await.map_err(|source| Error::TaskFailed {
@@ -969,6 +975,65 @@ mod tests {
             );
         }
         assert!(look.next_for(None, &ClusterName::from("zoo")).is_none());
+    }
+
+    #[tokio::test]
+    async fn a_fence_handed_over_is_taken_up_at_once_but_not_while_stopping() {
+        let coordinator = ShardedCoordinator::new(
+            offline_client(),
+            ShardingOptions::default().peer_id("me".to_string()),
+        )
+        .expect("coordinator");
+        let live = CancellationToken::new();
+        coordinator.inner.standing.send_modify(|standing| {
+            standing.live = Some(live.clone());
+        });
+        let held_with = {
+            let standing = coordinator.inner.standing.borrow();
+            format!("{}/{}", standing.peer_lease, standing.epoch)
+        };
+        let handed_for = |cluster: &str| Lease {
+            metadata: kube::api::ObjectMeta {
+                annotations: Some(std::collections::BTreeMap::from([
+                    (
+                        crate::coordinator::HELD_WITH_ANNOTATION.to_string(),
+                        held_with.clone(),
+                    ),
+                    (lease::CLUSTER_ANNOTATION.to_string(), cluster.to_string()),
+                ])),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                holder_identity: Some("me".to_string()),
+                ..Default::default()
+            }),
+        };
+        // This replica alone: it owns both clusters.
+        for cluster in ["one", "two"] {
+            coordinator
+                .engage(
+                    CancellationToken::new(),
+                    ClusterName::from(cluster),
+                    Cluster::new(cluster, offline_client()),
+                    &[],
+                )
+                .expect("engage");
+        }
+        let one = ClusterName::from("one");
+        coordinator
+            .arrived(coordinator.fence_name(&one), handed_for("one"))
+            .await;
+        assert_eq!(coordinator.working_on(), Some(vec![one]));
+        coordinator.inner.stopping.cancel();
+        let two = ClusterName::from("two");
+        coordinator
+            .arrived(coordinator.fence_name(&two), handed_for("two"))
+            .await;
+        assert_eq!(
+            coordinator.working_on(),
+            Some(vec![ClusterName::from("one")]),
+            "a fence handed while stopping was taken up"
+        );
     }
 
     #[tokio::test]
