@@ -98,7 +98,9 @@ pub(crate) struct Fence {
     /// it since (a fence held with the peer Lease): a release writes over
     /// it without reading first.
     written: Option<Box<Lease>>,
-    /// The hold in an ended epoch this take wrote over, found by reading.
+    /// The hold in an ended epoch this take wrote over, found by reading
+    /// (only takes held with the peer Lease find one).
+    #[cfg_attr(not(feature = "sharding"), allow(dead_code))]
     took_over: Option<lease::EndedHold>,
 }
 
