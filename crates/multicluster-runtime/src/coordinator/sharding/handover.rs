@@ -34,7 +34,7 @@ use crate::coordinator::names::fnv1a;
 use crate::name::ClusterName;
 use crate::sync::lock;
 
-use super::{Held, ShardedCoordinator, engage_or_hand_back, owner_of};
+use super::{ShardedCoordinator, engage_or_hand_back, hold, owner_of};
 
 /// The [`HANDED_TO_LABEL`] value for fences held with `held_with`
 /// (`<peer Lease>/<epoch>`): label values are short, peer IDs need not be.
@@ -162,16 +162,7 @@ impl ShardedCoordinator {
                 Some(_) if self.inner.stopping.is_cancelled() => return,
                 Some(entry) if entry.is_live() => {
                     let fence = fence::Fence::handed(fence_name.clone(), live, handed);
-                    let held = Held::new(fence, &entry.lifetime);
-                    let start = (
-                        held.work.clone(),
-                        entry.cluster.clone(),
-                        entry.data.components.clone(),
-                    );
-                    entry.data.held = Some(held);
-                    entry.data.retry_at = None;
-                    entry.data.busy = 0;
-                    Ok(start)
+                    Ok(hold(entry, fence))
                 }
                 _ => Err(handed),
             }

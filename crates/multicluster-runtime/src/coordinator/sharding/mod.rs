@@ -69,7 +69,7 @@ use crate::cluster::Cluster;
 use crate::coordinator::{
     Coordinator, add_components, dns1123, engage_each, fence, lease, lease_name,
 };
-use crate::engagements::{Arrival, Engagements, when_ended};
+use crate::engagements::{Arrival, Engagement, Engagements, when_ended};
 use crate::error::Error;
 use crate::multicluster::Aware;
 use crate::name::ClusterName;
@@ -169,6 +169,25 @@ impl Held {
     fn is_lost(&self) -> bool {
         self.fence.lost().is_cancelled()
     }
+}
+
+/// What engaging a cluster under a fence just held takes: the work's
+/// token, the cluster and its components.
+type Start = (CancellationToken, Cluster, Vec<Arc<dyn Aware>>);
+
+/// Holds `fence` for `entry`'s cluster from now on; the work under it
+/// starts with what this returns.
+fn hold(entry: &mut Engagement<Share>, fence: fence::Fence) -> Start {
+    let held = Held::new(fence, &entry.lifetime);
+    let start = (
+        held.work.clone(),
+        entry.cluster.clone(),
+        entry.data.components.clone(),
+    );
+    entry.data.held = Some(held);
+    entry.data.retry_at = None;
+    entry.data.busy = 0;
+    start
 }
 
 /// A cluster handed back at shutdown: its fence and the components whose
@@ -561,16 +580,7 @@ impl ShardedCoordinator {
             let mut clusters = lock(&self.inner.clusters);
             match clusters.current_mut(name, generation) {
                 Some(entry) if entry.data.held.is_none() && entry.is_live() => {
-                    let held = Held::new(fence, &entry.lifetime);
-                    let start = (
-                        held.work.clone(),
-                        entry.cluster.clone(),
-                        entry.data.components.clone(),
-                    );
-                    entry.data.held = Some(held);
-                    entry.data.retry_at = None;
-                    entry.data.busy = 0;
-                    Ok(start)
+                    Ok(hold(entry, fence))
                 }
                 // Handed to this replica and taken up meanwhile: the
                 // same hold, nothing to give back.
@@ -615,8 +625,9 @@ impl ShardedCoordinator {
     /// Tries again to release the fences whose release failed, but not one
     /// this replica has taken again since (its cluster came back to it):
     /// clearing that would let another replica take a cluster worked on
-    /// here. Only the balancing loop takes fences, and this runs in it, so
-    /// none is taken while this looks.
+    /// here. Only the balancing loop takes fences by a write, and this runs
+    /// in it, so none is taken while this looks (a fence handed over is
+    /// one another replica held, never one of these).
     async fn release_again(&self) {
         let unreleased = std::mem::take(&mut *lock(&self.inner.unreleased));
         for fence in unreleased {
