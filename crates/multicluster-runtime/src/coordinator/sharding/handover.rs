@@ -58,17 +58,9 @@ impl Handed {
     /// The fences that arrived before `before` and that no look took up:
     /// their clusters are unknown here.
     pub(crate) fn unclaimed(&self, before: Instant) -> Vec<(String, Lease)> {
-        let mut fences = lock(&self.fences);
-        let old: Vec<String> = fences
-            .iter()
-            .filter(|(_, arrived)| arrived.at < before)
-            .map(|(name, _)| name.clone())
-            .collect();
-        old.into_iter()
-            .filter_map(|name| {
-                let arrived = fences.remove(&name)?;
-                Some((name, arrived.lease))
-            })
+        lock(&self.fences)
+            .extract_if(|_, arrived| arrived.at < before)
+            .map(|(name, arrived)| (name, arrived.lease))
             .collect()
     }
 
