@@ -2,7 +2,8 @@
 //! the inventory it first found and the manager has checked each of those
 //! clusters: until then its peer Lease says it is not ready, and the
 //! replica working on a cluster it owns keeps working on it. A provider
-//! that never says so delays the hand-over by `inventory_wait`.
+//! that never says so delays the hand-over by `inventory_wait`. A replica
+//! that stops hands its clusters straight to their next owners.
 
 mod common;
 
@@ -403,4 +404,123 @@ async fn a_cluster_goes_straight_from_its_holder_to_a_ready_owner() {
         stop.cancel();
         task.await.expect("manager task").expect("manager");
     }
+}
+
+/// A replica that stops hands each of its clusters straight to its next
+/// owner, one by one, before its peer Lease goes (with fences held with
+/// the peer Lease and the default options): the others do not wait for the
+/// Lease to go and take each fence, and each cluster is worked on by one
+/// replica or the next, without a gap for those takes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopping_replica_hands_each_cluster_to_its_next_owner_before_its_lease_goes() {
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+
+    let cp = ControlPlane::start().await.expect("control plane");
+    let with_peer = || ShardingOptions::default().fence_hold(FenceHold::WithPeer);
+    let ready = CancellationToken::new();
+    ready.cancel();
+    let (first, r0, _) = replica(&cp, "r0", Some(ready.clone()), with_peer()).await;
+    let (second, r1, _) = replica(&cp, "r1", Some(ready), with_peer()).await;
+    let (first_stop, first_task) = run_manager(&first);
+    let (second_stop, second_task) = run_manager(&second);
+    eventually("r0 and r1 split the members", || async {
+        working_on(&r0) == share_of("r0") && working_on(&r1) == share_of("r1")
+    })
+    .await;
+    assert!(!share_of("r0").is_empty(), "r0 owns no member");
+
+    // Every change to r0's fences and its peer Lease from here on, in the
+    // order the API server made them.
+    let leases: Api<Lease> = Api::namespaced(cp.client().await.expect("client"), "kube-system");
+    let fences: Vec<String> = share_of("r0")
+        .iter()
+        .map(|name| r0.fence_name(&ClusterName::from(name.as_str())))
+        .collect();
+    let events = Arc::new(std::sync::Mutex::new(Vec::<(String, Option<Lease>)>::new()));
+    let recording = {
+        let events = events.clone();
+        let mut watched = watcher(leases.clone(), watcher::Config::default()).boxed();
+        tokio::spawn(async move {
+            while let Some(Ok(event)) = watched.next().await {
+                let change = match event {
+                    watcher::Event::Apply(lease) | watcher::Event::InitApply(lease) => {
+                        (lease.metadata.name.clone().unwrap_or_default(), Some(lease))
+                    }
+                    watcher::Event::Delete(lease) => {
+                        (lease.metadata.name.clone().unwrap_or_default(), None)
+                    }
+                    _ => continue,
+                };
+                events.lock().expect("events").push(change);
+            }
+        })
+    };
+    eventually("the recording sees r0's peer Lease", || async {
+        events
+            .lock()
+            .expect("events")
+            .iter()
+            .any(|(name, lease)| name == "mcr-peer-r0" && lease.is_some())
+    })
+    .await;
+
+    first_stop.cancel();
+    first_task.await.expect("manager task").expect("manager");
+    eventually("r1 works on every member", || async {
+        working_on(&r1).len() == MEMBERS.len()
+    })
+    .await;
+    eventually("the recording sees r0's peer Lease deleted", || async {
+        events
+            .lock()
+            .expect("events")
+            .iter()
+            .any(|(name, lease)| name == "mcr-peer-r0" && lease.is_none())
+    })
+    .await;
+    recording.abort();
+    let events = events.lock().expect("events").clone();
+    let deleted = events
+        .iter()
+        .position(|(name, lease)| name == "mcr-peer-r0" && lease.is_none())
+        .expect("deleted");
+    let said_leaving = events[..deleted].iter().any(|(name, lease)| {
+        name == "mcr-peer-r0"
+            && lease.as_ref().is_some_and(|lease| {
+                lease
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .is_some_and(|annotations| {
+                        annotations
+                            .get("mcr.sigs.k8s.io/leaving")
+                            .map(String::as_str)
+                            == Some("true")
+                    })
+            })
+    });
+    assert!(said_leaving, "r0's peer Lease never said it was leaving");
+    for fence in &fences {
+        let handed = events[..deleted].iter().find_map(|(name, lease)| {
+            let lease = lease.as_ref().filter(|_| name == fence)?;
+            let holder = lease.spec.as_ref()?.holder_identity.as_deref()?;
+            (holder == "r1").then_some(lease)
+        });
+        let Some(handed) = handed else {
+            panic!("{fence} was not held by r1 before r0's peer Lease went");
+        };
+        let handed_by = handed
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|annotations| annotations.get("mcr.sigs.k8s.io/handed-by"));
+        assert_eq!(
+            handed_by.map(String::as_str),
+            Some("r0"),
+            "{fence} was taken by r1, not handed over by r0"
+        );
+    }
+    second_stop.cancel();
+    second_task.await.expect("manager task").expect("manager");
 }

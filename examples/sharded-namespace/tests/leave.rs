@@ -1,7 +1,8 @@
 //! A replica that leaves (SIGTERM) while holding its fences with its peer
-//! Lease hands every cluster over with one request, deleting that Lease,
-//! rather than a write per fence; and the others learn of peers coming and
-//! going from a watch of the peer Leases, not only at their next read.
+//! Lease hands each cluster straight to its next owner (its fence written
+//! as that replica's) before it deletes that Lease; and the others learn of
+//! peers coming and going from a watch of the peer Leases, not only at
+//! their next read.
 //!
 //! The replicas read their peers every ten minutes here, so every
 //! hand-over in this test that happens within its limit was set off by
@@ -53,7 +54,7 @@ async fn signal(replica: &Replica, signal: &str) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_leaving_replica_frees_its_fences_at_once_and_the_others_see_it_leave() {
+async fn a_leaving_replica_hands_its_clusters_over_and_the_others_see_it_leave() {
     let cp = ControlPlane::start().await.expect("control plane");
     let admin = cp.client().await.expect("client");
     let names: Vec<String> = (0..CLUSTERS).map(|i| format!("leaving-{i}")).collect();
@@ -84,7 +85,9 @@ async fn a_leaving_replica_frees_its_fences_at_once_and_the_others_see_it_leave(
     assert!(!r1_share.is_empty(), "r1 owns nothing");
 
     // r0 is paused, so nothing it does can change the fences while r1
-    // leaves: what r1 leaves behind is what its leave wrote.
+    // leaves: what r1 leaves behind is what its leave wrote. r0's Lease
+    // still holds (it is renewed every ten minutes), so r1 hands its
+    // clusters to it.
     signal(&r0, "-STOP").await;
     signal(&r1, "-TERM").await;
     let exited = tokio::time::timeout(Duration::from_secs(60), r1.process.wait())
@@ -102,24 +105,29 @@ async fn a_leaving_replica_frees_its_fences_at_once_and_the_others_see_it_leave(
             .is_none(),
         "r1 left its peer Lease behind"
     );
-    // Its fences still name it, held with the peer Lease it deleted: one
-    // request freed them all, none was written one by one.
+    // Its fences name r0 now, handed over by r1: none waits for its Lease
+    // to go and for r0 to take it.
     for name in &r1_share {
         let fence = leases
             .get(&fence_lease_name("mcr-shard", name))
             .await
             .expect("fence");
+        let handed_by = fence
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|annotations| annotations.get("mcr.sigs.k8s.io/handed-by").cloned());
         let holder = fence.spec.and_then(|spec| spec.holder_identity);
         assert_eq!(
-            holder.as_deref(),
-            Some("r1"),
-            "the fence of {name} was written at the leave"
+            (holder.as_deref(), handed_by.as_deref()),
+            (Some("r0"), Some("r1")),
+            "the fence of {name} was not handed from r1 to r0 at the leave"
         );
     }
 
-    // r0 goes on: the watch tells it that r1's Lease is gone, and it takes
-    // r1's fences (free: held with a deleted peer Lease) long before its
-    // next read of the peers.
+    // r0 goes on: its watch of the fences handed to it tells it of r1's
+    // clusters, and of r1's Lease gone, long before its next read of the
+    // peers.
     let resumed = now();
     signal(&r0, "-CONT").await;
     let ownership = wait_settled(&names, &["r0"], &ledgers, SETTLE_LIMIT)

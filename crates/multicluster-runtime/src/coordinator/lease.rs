@@ -81,6 +81,12 @@ pub(crate) const HANDED_TO_LABEL: &str = "mcr.sigs.k8s.io/handed-to";
 /// for (fence names of long or unusual cluster names are hashed).
 pub(crate) const CLUSTER_ANNOTATION: &str = "mcr.sigs.k8s.io/cluster";
 
+/// Annotation on a fence Lease handed straight over: the replica that
+/// handed it. The receiver does not count that replica as the cluster's
+/// owner: it let the cluster go (a replica that leaves hands its clusters
+/// over before the others have all read that it leaves).
+pub(crate) const HANDED_BY_ANNOTATION: &str = "mcr.sigs.k8s.io/handed-by";
+
 /// Who a fence held with the peer Lease goes to straight from its holder,
 /// instead of being cleared for its next owner to take: one write in all,
 /// where a release and a take are two or three, and no moment in which
@@ -414,6 +420,9 @@ fn prepare_taken(
     if let Some(labels) = lease.metadata.labels.as_mut() {
         labels.remove(HANDED_TO_LABEL);
     }
+    if let Some(annotations) = lease.metadata.annotations.as_mut() {
+        annotations.remove(HANDED_BY_ANNOTATION);
+    }
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     if holder.as_deref() != Some(me) || spec.acquire_time.is_none() {
         spec.acquire_time = Some(MicroTime(now));
@@ -514,11 +523,9 @@ pub(crate) async fn release(
                     .labels
                     .get_or_insert_with(BTreeMap::new)
                     .insert(HANDED_TO_LABEL.to_string(), next.label.clone());
-                lease
-                    .metadata
-                    .annotations
-                    .get_or_insert_with(BTreeMap::new)
-                    .insert(CLUSTER_ANNOTATION.to_string(), next.cluster.clone());
+                let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+                annotations.insert(CLUSTER_ANNOTATION.to_string(), next.cluster.clone());
+                annotations.insert(HANDED_BY_ANNOTATION.to_string(), me.to_string());
             }
             None => {
                 if let Some(labels) = lease.metadata.labels.as_mut() {

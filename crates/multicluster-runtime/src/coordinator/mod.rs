@@ -70,6 +70,15 @@ pub trait Coordinator: Send + Sync {
         None
     }
 
+    /// Called when the manager starts shutting down, before its
+    /// controllers stop: hands the clusters this replica works on to others
+    /// while the controllers still work on the ones not handed yet, so
+    /// they go from one replica to the next without a pause (a sharded
+    /// coordinator with fences held with the peer Lease; see
+    /// `ShardingOptions::leave_handover`). The manager gives it at most
+    /// its shutdown grace. The default does nothing.
+    async fn leave(&self) {}
+
     /// Told once the provider has engaged the inventory it first found
     /// ([`crate::multicluster::ProviderContext::inventory_engaged`]; at once
     /// for a manager without a provider that discovers). A sharded

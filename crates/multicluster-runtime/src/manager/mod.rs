@@ -381,8 +381,10 @@ impl Manager {
     }
 
     /// Runs until `shutdown` fires: engages the local cluster, starts the
-    /// provider and every controller; at shutdown stops taking work and
-    /// lets running reconciles finish for up to the shutdown grace period.
+    /// provider and every controller; at shutdown lets the coordinator hand
+    /// its clusters over (a sharded replica; see [`Coordinator::leave`]),
+    /// then stops taking work and lets running reconciles finish, all
+    /// within the shutdown grace period and a short allowance.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
         if self.inner.options.raise_open_files_limit {
             match crate::process::raise_open_files_limit() {
@@ -398,10 +400,11 @@ impl Manager {
         if let Some(address) = self.inner.options.health_address {
             self.bind_health(address, &shutdown).await?;
         }
-        // `stop` ends reconciling (on shutdown, or when the provider fails);
+        // `stop` ends reconciling (on shutdown, once the coordinator has
+        // handed what it could over, or when the provider fails);
         // `components_stop` ends cluster lifetimes and the provider, only
         // after running reconciles have finished with their clusters.
-        let stop = shutdown.child_token();
+        let stop = CancellationToken::new();
         let components_stop = CancellationToken::new();
         let coordinator = self.coordinator();
         let coordinator_stop = components_stop.clone();
@@ -465,7 +468,7 @@ impl Manager {
                 }
             };
             tokio::select! {
-                () = stop.cancelled() => break None,
+                () = shutdown.cancelled() => break None,
                 result = provider_ends => break Some(result),
                 Some(controller) = late.recv() => {
                     let stop = stop.clone();
@@ -474,13 +477,24 @@ impl Manager {
             }
         };
         lock(&self.inner.controllers).start = None;
-        if provider_ended.is_some() {
-            tracing::error!("the provider stopped; shutting down");
-            stop.cancel();
-        }
         // Nothing extends the shutdown past this: reconciles get the grace
         // period, the coordinator and the provider a little more.
         let deadline = tokio::time::Instant::now() + grace + STOP_ALLOWANCE;
+        if provider_ended.is_some() {
+            tracing::error!("the provider stopped; shutting down");
+        } else {
+            // While the controllers still work on what is not handed yet
+            // (a sharded replica's clusters go to the others one by one);
+            // taken out of the grace period.
+            let leave = self.coordinator();
+            if tokio::time::timeout(grace, leave.leave()).await.is_err() {
+                tracing::warn!(
+                    ?grace,
+                    "the coordinator did not finish handing clusters over within the shutdown grace"
+                );
+            }
+        }
+        stop.cancel();
         tracing::info!("shutting down: no new reconciles; waiting for running ones");
         stop_within(&mut tasks, deadline, "the controllers").await;
         self.inner.stopping.cancel();

@@ -67,6 +67,7 @@ struct Seen {
     lapses_at: Option<Timestamp>,
     weight: u32,
     ready: bool,
+    leaving: bool,
 }
 
 impl Epochs {
@@ -91,6 +92,7 @@ impl Epochs {
                     .and_then(|left| now.checked_add(left).ok()),
                 weight: super::peers::weight(peer),
                 ready: super::peers::is_ready(peer),
+                leaving: super::peers::is_leaving(peer),
             };
             if let Some(epoch) = &entry.epoch
                 && entry.holder.as_deref().is_none_or(str::is_empty)
@@ -254,8 +256,9 @@ impl Epochs {
         live.then_some(true)
     }
 
-    /// The epoch the last read saw `holder` live and ready in, with its
-    /// peer Lease `peer_lease`: what a fence handed to it names.
+    /// The epoch the last read saw `holder` live and ready in (and not
+    /// leaving), with its peer Lease `peer_lease`: what a fence handed to
+    /// it names.
     pub(crate) fn live_epoch(
         &self,
         peer_lease: &str,
@@ -264,6 +267,7 @@ impl Epochs {
     ) -> Option<&str> {
         let seen = self.seen.get(peer_lease)?;
         let live = seen.ready
+            && !seen.leaving
             && seen.holder.as_deref() == Some(holder)
             && seen.lapses_at.is_some_and(|at| now < at);
         live.then_some(seen.epoch.as_deref()).flatten()
@@ -285,6 +289,7 @@ impl Epochs {
                 .and_then(|s| s.holder_identity.as_deref())
             || seen.epoch.as_deref() != epoch_of(peer)
             || seen.ready != super::peers::is_ready(peer)
+            || seen.leaving != super::peers::is_leaving(peer)
     }
 
     /// Whether the last read saw a Lease named `name`.

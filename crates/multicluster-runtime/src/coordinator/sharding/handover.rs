@@ -34,7 +34,7 @@ use crate::coordinator::names::fnv1a;
 use crate::name::ClusterName;
 use crate::sync::lock;
 
-use super::{ShardedCoordinator, engage_or_hand_back, hold, owner_of};
+use super::{Peer, ShardedCoordinator, engage_or_hand_back, hold, owner_of};
 
 /// The [`HANDED_TO_LABEL`] value for fences held with `held_with`
 /// (`<peer Lease>/<epoch>`): label values are short, peer IDs need not be.
@@ -135,10 +135,37 @@ impl ShardedCoordinator {
         };
         let look = self.look();
         let me = &self.inner.me.id;
-        let owner = owner_of(name.as_str(), &look.peers);
+        if self.inner.said_leaving.is_cancelled() {
+            // Handed by a replica that had not read yet that this one
+            // leaves: on to the next owner.
+            let next = look.hand_over_to(&name, me);
+            self.give_back(fence_name, handed, next).await;
+            return;
+        }
+        // The replica that handed it let it go, whatever this one last read
+        // of it: a replica that leaves hands its clusters over before every
+        // peer has read that it leaves.
+        let handed_by = handed
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|annotations| annotations.get(lease::HANDED_BY_ANNOTATION))
+            .cloned()
+            .unwrap_or_default();
+        let peers: Vec<Peer> = look
+            .peers
+            .iter()
+            .filter(|peer| peer.id != handed_by)
+            .cloned()
+            .collect();
+        let owner = owner_of(name.as_str(), &peers);
+        let keep_for_joiner = owner.is_some_and(|peer| look.joining.contains(&peer.id));
         let owns = owner.is_some_and(|peer| peer.id == *me)
-            || owner.is_some_and(|peer| look.joining.contains(&peer.id))
-                && look.stands_in_for(name.as_str(), owner, me);
+            || keep_for_joiner
+                && (look.stands_in_for(name.as_str(), owner, me)
+                    || look
+                        .keeper(name.as_str(), &handed_by)
+                        .is_some_and(|keeper| keeper.id == *me));
         if !owns {
             let next = look.next_for(owner, &name);
             self.give_back(fence_name, handed, next).await;

@@ -131,6 +131,16 @@ struct Inner {
     /// handed to it from then on is not taken up (it is freed with the
     /// peer Lease).
     stopping: CancellationToken,
+    /// The other peers whose Leases say they are leaving: they hand their
+    /// clusters over, so their next owners wait for that rather than ask.
+    leaving: watch::Sender<Vec<Peer>>,
+    /// Fired when this replica starts leaving (its Lease is to say so).
+    leave: CancellationToken,
+    /// Fired once its Lease says it is leaving.
+    said_leaving: CancellationToken,
+    /// How many clusters the last look of a leaving replica handed over:
+    /// none, and it is done.
+    handed_over: watch::Sender<Option<usize>>,
 }
 
 /// How many fences one look takes or hands back at once. A hand-over of
@@ -226,9 +236,47 @@ struct Look {
     /// What a fence handed to each ready peer says (fences held with the
     /// peer Lease only; a peer whose epoch is not known live is absent).
     next: std::collections::HashMap<String, lease::Next>,
+    /// The peers leaving (not in `peers`): they hand their clusters over.
+    leaving: std::collections::BTreeSet<String>,
+    /// `peers` and the leaving peers, sorted by ID.
+    with_leaving: Vec<Peer>,
 }
 
 impl Look {
+    /// Whether `cluster` is most likely held by a leaving peer, which hands
+    /// it over: asking for its fence meanwhile finds it busy, thousands of
+    /// requests that slow the hand-over down.
+    fn awaits_hand_over(&self, cluster: &str) -> bool {
+        !self.leaving.is_empty()
+            && owner_of(cluster, &self.with_leaving)
+                .is_some_and(|peer| self.leaving.contains(&peer.id))
+    }
+
+    /// Where `me`, leaving, hands `cluster`: to its owner among the
+    /// others, or if that one is not ready yet, to the ready peer that
+    /// keeps it until it is ([`Look::keeper`]).
+    fn hand_over_to(&self, cluster: &ClusterName, me: &str) -> Option<lease::Next> {
+        let others: Vec<Peer> = self.peers.iter().filter(|p| p.id != me).cloned().collect();
+        let owner = owner_of(cluster.as_str(), &others)?;
+        if !self.joining.contains(&owner.id) {
+            return self.next_for(Some(owner), cluster);
+        }
+        let keeper = self.keeper(cluster.as_str(), me)?;
+        self.next_for(Some(&keeper), cluster)
+    }
+
+    /// Who keeps `cluster` for an owner that is not ready yet when the
+    /// replica `leaving` lets it go: the owner among the other ready peers.
+    fn keeper(&self, cluster: &str, leaving: &str) -> Option<Peer> {
+        let ready: Vec<Peer> = self
+            .ready
+            .iter()
+            .filter(|p| p.id != leaving)
+            .cloned()
+            .collect();
+        owner_of(cluster, &ready).cloned()
+    }
+
     /// What `cluster`'s fence says handed straight to `owner`, if it can be.
     fn next_for(&self, owner: Option<&Peer>, cluster: &ClusterName) -> Option<lease::Next> {
         let next = self.next.get(&owner?.id)?;
@@ -282,6 +330,10 @@ impl ShardedCoordinator {
                 handed: Arc::default(),
                 standing_in: watch::Sender::new(std::collections::BTreeSet::new()),
                 stopping: CancellationToken::new(),
+                leaving: watch::Sender::new(Vec::new()),
+                leave: CancellationToken::new(),
+                said_leaving: CancellationToken::new(),
+                handed_over: watch::Sender::new(None),
                 me,
                 options,
                 clusters: std::sync::Mutex::default(),
@@ -314,8 +366,9 @@ impl ShardedCoordinator {
     }
 
     /// Looks at every cluster once: takes the fences of clusters this
-    /// replica owns, hands back those it no longer owns.
-    async fn balance(&self) {
+    /// replica owns, hands back those it no longer owns. Returns how many
+    /// it handed straight to another replica.
+    async fn balance(&self) -> usize {
         self.release_again().await;
         // A look with thousands of takes lasts long; once the peers change
         // (one left, came back or became ready) its remaining takes are
@@ -324,18 +377,31 @@ impl ShardedCoordinator {
         // had its clusters wait for them.
         let peers_then = self.inner.peers.subscribe();
         let joining_then = self.inner.joining.subscribe();
+        let leaving_then = self.inner.leaving.subscribe();
         let outdated = || {
-            peers_then.has_changed().unwrap_or(false) || joining_then.has_changed().unwrap_or(false)
+            [
+                peers_then.has_changed(),
+                joining_then.has_changed(),
+                leaving_then.has_changed(),
+            ]
+            .into_iter()
+            .any(|changed| changed.unwrap_or(false))
         };
         let look = self.look();
         let names = lock(&self.inner.clusters).names();
+        let handed = std::sync::atomic::AtomicUsize::new(0);
         futures::stream::iter(names)
             .for_each_concurrent(CONCURRENT_STEPS, |name| {
-                let (look, outdated) = (&look, &outdated);
-                async move { self.balance_one(&name, look, outdated).await }
+                let (look, outdated, handed) = (&look, &outdated, &handed);
+                async move {
+                    if self.balance_one(&name, look, outdated).await {
+                        handed.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    }
+                }
             })
             .await;
         self.give_back_unclaimed().await;
+        handed.into_inner()
     }
 
     /// The peers as one look sees them.
@@ -391,24 +457,32 @@ impl ShardedCoordinator {
         } else {
             std::collections::HashMap::new()
         };
+        let leaving = self.inner.leaving.borrow().clone();
+        let mut with_leaving = peers.clone();
+        with_leaving.extend(leaving.iter().cloned());
+        with_leaving.sort_by(|a, b| a.id.cmp(&b.id));
+        with_leaving.dedup_by(|a, b| a.id == b.id);
         Look {
             peers,
             joining,
             came_back,
             ready,
             next,
+            leaving: leaving.into_iter().map(|peer| peer.id).collect(),
+            with_leaving,
         }
     }
 
+    /// Looks at `name`; whether it handed it straight to another replica.
     async fn balance_one(
         &self,
         name: &ClusterName,
         look: &Look,
         outdated: &(dyn Fn() -> bool + Sync),
-    ) {
+    ) -> bool {
         let step = self.decide(name, look);
         match step {
-            Step::Nothing => {}
+            Step::Nothing => false,
             Step::Release {
                 held,
                 why,
@@ -427,9 +501,13 @@ impl ShardedCoordinator {
                     tracing::warn!(cluster = %name, timeout = ?self.inner.options.handover_timeout, "reconciles still running; handing the cluster over anyway");
                 }
                 self.release(held.fence, next.as_deref()).await;
+                next.is_some()
             }
-            Step::Take { .. } if outdated() => {}
-            Step::Take { generation } => self.take(name, generation, &look.peers).await,
+            Step::Take { .. } if outdated() => false,
+            Step::Take { generation } => {
+                self.take(name, generation, &look.peers).await;
+                false
+            }
         }
     }
 
@@ -461,8 +539,28 @@ impl ShardedCoordinator {
                 next: None,
             };
         }
-        let owner = owner_of(name.as_str(), &look.peers);
         let me = &self.inner.me.id;
+        if self.inner.said_leaving.is_cancelled() {
+            // Leaving: every cluster goes to its next owner, one by one,
+            // while the controllers work on those not handed yet. One with
+            // nobody ready to take it is freed with the peer Lease.
+            return match entry.held.take() {
+                Some(held) => match look.hand_over_to(name, me) {
+                    Some(next) => Step::Release {
+                        held,
+                        why: format!("this replica is leaving; handed to {}", next.holder),
+                        settle: entry.components.clone(),
+                        next: Some(Box::new(next)),
+                    },
+                    None => {
+                        entry.held = Some(held);
+                        Step::Nothing
+                    }
+                },
+                None => Step::Nothing,
+            };
+        }
+        let owner = owner_of(name.as_str(), &look.peers);
         // Kept for an owner that has not engaged its inventory yet: handed
         // over now, it would sit unworked until its provider got to it.
         let keep_for_joiner = owner.is_some_and(|peer| look.joining.contains(&peer.id));
@@ -482,6 +580,9 @@ impl ShardedCoordinator {
                 settle: entry.components.clone(),
                 next: look.next_for(owner, name).map(Box::new),
             },
+            // Handed over by the leaving peer that holds it, or freed with
+            // its Lease.
+            (true, None) if look.awaits_hand_over(name.as_str()) => Step::Nothing,
             (true, None) if entry.retry_at.is_none_or(|at| now >= at) => Step::Take { generation },
             (owns, held) => {
                 entry.held = held;
@@ -835,6 +936,32 @@ impl Coordinator for ShardedCoordinator {
         self.inner.inventory.cancel();
     }
 
+    /// Hands every cluster over one by one (fences held with the peer
+    /// Lease; for up to `leave_handover`): the peer Lease says this replica
+    /// is leaving, so the others no longer count it as an owner and wait
+    /// for its clusters rather than ask for them, and each look hands the
+    /// clusters straight to their next owners until one finds none left.
+    async fn leave(&self) {
+        let options = &self.inner.options;
+        if options.fence_hold != FenceHold::WithPeer || options.leave_handover.is_zero() {
+            return;
+        }
+        let began = Instant::now();
+        let mut handed_over = self.inner.handed_over.subscribe();
+        self.inner.leave.cancel();
+        tracing::info!(peer = %self.inner.me.id, "leaving: handing the clusters over to the others");
+        let done = handed_over.wait_for(|handed| *handed == Some(0));
+        match tokio::time::timeout(options.leave_handover, done).await {
+            Ok(_) => {
+                tracing::info!(peer = %self.inner.me.id, took = ?began.elapsed(), "leaving: handed over every cluster a ready peer could take");
+            }
+            Err(_) => {
+                let left = self.working_on().map_or(0, |names| names.len());
+                tracing::info!(peer = %self.inner.me.id, clusters = left, "leaving: time is up; the rest go with the peer Lease");
+            }
+        }
+    }
+
     async fn run(&self, stop: CancellationToken) -> Result<(), Error> {
         let options = &self.inner.options;
         // Until its provider has engaged the inventory, this replica's
@@ -869,6 +996,9 @@ impl Coordinator for ShardedCoordinator {
             epochs: self.inner.epochs.clone(),
             ready: self.inner.inventory.clone(),
             joining: self.inner.joining.clone(),
+            leave: self.inner.leave.clone(),
+            said_leaving: self.inner.said_leaving.clone(),
+            leaving: self.inner.leaving.clone(),
             stood_since: std::sync::Mutex::default(),
             written: std::sync::Mutex::default(),
         };
@@ -902,7 +1032,14 @@ impl Coordinator for ShardedCoordinator {
             () = known.cancelled() => {}
         }
         while !stop.is_cancelled() {
-            self.balance().await;
+            let handed = self.balance().await;
+            if self.inner.said_leaving.is_cancelled() {
+                self.inner.handed_over.send_replace(Some(handed));
+                if handed > 0 {
+                    // Until a look finds nothing more to hand over.
+                    continue;
+                }
+            }
             let next = self.next_look();
             tokio::select! {
                 () = stop.cancelled() => break,
@@ -1197,6 +1334,79 @@ mod tests {
     }
 
     type Spoil = fn(&mut ShardingOptions);
+
+    fn peer(id: &str) -> Peer {
+        Peer {
+            id: id.to_string(),
+            weight: 1,
+        }
+    }
+
+    fn handed_to(id: &str) -> lease::Next {
+        let held_with = format!("mcr-peer-{id}/e1");
+        lease::Next {
+            holder: id.to_string(),
+            label: handover::label_for(&held_with),
+            held_with,
+            duration: Duration::from_secs(20),
+            cluster: String::new(),
+        }
+    }
+
+    /// A cluster whose owner among `peers` is `id`.
+    fn owned_by(id: &str, peers: &[Peer]) -> String {
+        (0..)
+            .map(|i| format!("c{i}"))
+            .find(|name| owner_of(name, peers).is_some_and(|peer| peer.id == id))
+            .expect("some cluster")
+    }
+
+    #[test]
+    fn a_leaving_replica_hands_each_cluster_to_its_next_owner_or_its_keeper() {
+        // "me" leaves; "a" is ready; "j" has joined but is not ready.
+        let look = Look {
+            peers: vec![peer("a"), peer("j"), peer("me")],
+            joining: ["j".to_string()].into(),
+            ready: vec![peer("a"), peer("me")],
+            next: [("a".to_string(), handed_to("a"))].into(),
+            ..Look::default()
+        };
+        let others = [peer("a"), peer("j")];
+        let for_a = ClusterName::from(owned_by("a", &others).as_str());
+        let for_j = ClusterName::from(owned_by("j", &others).as_str());
+        let next = look.hand_over_to(&for_a, "me").expect("handed to a");
+        assert_eq!(
+            (next.holder.as_str(), next.cluster.as_str()),
+            ("a", for_a.as_str())
+        );
+        // The joining owner's cluster goes to the ready peer that keeps it.
+        let next = look.hand_over_to(&for_j, "me").expect("kept by a");
+        assert_eq!(next.holder, "a");
+        // Nobody ready to take it: freed with the peer Lease instead.
+        let alone = Look {
+            next: std::collections::HashMap::new(),
+            ..look
+        };
+        assert!(alone.hand_over_to(&for_a, "me").is_none());
+    }
+
+    #[test]
+    fn a_cluster_a_leaving_peer_holds_is_waited_for_not_asked_for() {
+        let look = Look {
+            peers: vec![peer("a"), peer("me")],
+            leaving: ["x".to_string()].into(),
+            with_leaving: vec![peer("a"), peer("me"), peer("x")],
+            ..Look::default()
+        };
+        let all = [peer("a"), peer("me"), peer("x")];
+        assert!(look.awaits_hand_over(&owned_by("x", &all)));
+        assert!(!look.awaits_hand_over(&owned_by("me", &all)));
+        let nobody_leaves = Look {
+            peers: vec![peer("a"), peer("me")],
+            ..Look::default()
+        };
+        assert!(!nobody_leaves.awaits_hand_over(&owned_by("x", &all)));
+    }
 
     #[test]
     fn invalid_options_are_named() {

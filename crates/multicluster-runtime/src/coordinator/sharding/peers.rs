@@ -40,6 +40,10 @@ pub(crate) const WEIGHT_ANNOTATION: &str = "mcr.sigs.k8s.io/weight";
 /// (`"false"` until its provider has engaged the inventory it first found;
 /// missing means ready).
 pub(crate) const READY_ANNOTATION: &str = "mcr.sigs.k8s.io/ready";
+/// Annotation saying a peer is leaving (`"true"`): it hands its clusters
+/// to the others one by one and is no longer counted as their owner, but
+/// its epoch, and every fence held with it, holds until its Lease goes.
+pub(crate) const LEAVING_ANNOTATION: &str = "mcr.sigs.k8s.io/leaving";
 
 pub(crate) struct Registry {
     pub(crate) api: Api<Lease>,
@@ -61,6 +65,12 @@ pub(crate) struct Registry {
     pub(crate) ready: CancellationToken,
     /// The other peers whose Leases say they are not ready yet.
     pub(crate) joining: watch::Sender<std::collections::BTreeSet<String>>,
+    /// Fired when this replica starts leaving: its Lease says so at once.
+    pub(crate) leave: CancellationToken,
+    /// Fired once this replica's Lease says it is leaving.
+    pub(crate) said_leaving: CancellationToken,
+    /// The other peers whose Leases say they are leaving (live ones only).
+    pub(crate) leaving: watch::Sender<Vec<Peer>>,
     /// Since when this replica's standing has been live (`None` while it
     /// is not).
     pub(crate) stood_since: Mutex<Option<Instant>>,
@@ -100,6 +110,7 @@ impl Registry {
             loop {
                 let sent = Instant::now();
                 let said_ready = self.ready.is_cancelled();
+                let says_leaving = self.leave.is_cancelled();
                 // A renewal that wrote an epoch which ended meanwhile
                 // counts for nothing: the next one announces the new epoch.
                 let written = self.publish().await;
@@ -109,6 +120,10 @@ impl Registry {
                     let until = sent + self.duration.saturating_sub(self.renew);
                     good_until.send_replace(Some(until));
                     self.stand();
+                    if says_leaving && !self.said_leaving.is_cancelled() {
+                        self.said_leaving.cancel();
+                        self.wake.notify_one();
+                    }
                 }
                 let next_round = Instant::now() + self.renew;
                 // Between renewals the peers are read again the moment one
@@ -125,6 +140,7 @@ impl Registry {
                         () = news.notified() => {}
                         // Said at once, not at the next renewal.
                         () = self.ready.cancelled(), if !said_ready => break,
+                        () = self.leave.cancelled(), if !says_leaving => break,
                     }
                     if Instant::now() >= next_round {
                         break;
@@ -253,7 +269,7 @@ impl Registry {
         // Twice at most: the epoch found ended, then the new one.
         for _ in 0..2 {
             let epoch = self.standing.borrow().epoch.clone();
-            let annotations = BTreeMap::from([
+            let mut annotations = BTreeMap::from([
                 (WEIGHT_ANNOTATION.to_string(), self.me.weight.to_string()),
                 (EPOCH_ANNOTATION.to_string(), epoch.clone()),
                 (
@@ -261,6 +277,9 @@ impl Registry {
                     self.ready.is_cancelled().to_string(),
                 ),
             ]);
+            if self.leave.is_cancelled() {
+                annotations.insert(LEAVING_ANNOTATION.to_string(), "true".to_string());
+            }
             let last = lock(&self.written).clone();
             let call = publish(
                 &self.api,
@@ -354,18 +373,22 @@ impl Registry {
             .filter_map(|lease| lease::lapses_in(lease.spec.as_ref()?, now))
             .min()
             .map(|left| Instant::now() + left + LAPSE_MARGIN);
-        let mut peers: BTreeMap<String, Peer> = list
-            .items
-            .iter()
-            .filter_map(|lease| {
-                let id = lease::live_holder(lease, now)?;
-                Some(Peer {
-                    id: id.to_string(),
-                    weight: weight(lease),
+        let live = |leaving: bool| {
+            list.items
+                .iter()
+                .filter(move |lease| is_leaving(lease) == leaving)
+                .filter_map(move |lease| {
+                    let id = lease::live_holder(lease, now)?;
+                    Some(Peer {
+                        id: id.to_string(),
+                        weight: weight(lease),
+                    })
                 })
-            })
-            .map(|peer| (peer.id.clone(), peer))
-            .collect();
+        };
+        // A leaving peer owns nothing more: it is handing its clusters over.
+        let mut peers: BTreeMap<String, Peer> =
+            live(false).map(|peer| (peer.id.clone(), peer)).collect();
+        let leaving: Vec<Peer> = live(true).filter(|peer| peer.id != self.me.id).collect();
         // Always a peer of itself, even before its own Lease shows up.
         peers.insert(self.me.id.clone(), self.me.clone());
         let keep_until = self.keep_lapsed_until(Instant::now());
@@ -382,7 +405,7 @@ impl Registry {
         let joining: std::collections::BTreeSet<String> = list
             .items
             .iter()
-            .filter(|lease| !is_ready(lease))
+            .filter(|lease| !is_ready(lease) && !is_leaving(lease))
             .filter_map(|lease| lease::live_holder(lease, now))
             .filter(|id| *id != self.me.id)
             .map(str::to_string)
@@ -390,6 +413,13 @@ impl Registry {
         if self.joining.send_if_modified(|known| {
             let modified = *known != joining;
             *known = joining;
+            modified
+        }) {
+            self.wake.notify_one();
+        }
+        if self.leaving.send_if_modified(|known| {
+            let modified = *known != leaving;
+            *known = leaving;
             modified
         }) {
             self.wake.notify_one();
@@ -480,6 +510,16 @@ pub(super) fn is_ready(lease: &Lease) -> bool {
         .is_none_or(|ready| ready != "false")
 }
 
+/// Whether a peer Lease says its replica is leaving.
+pub(super) fn is_leaving(lease: &Lease) -> bool {
+    lease
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(LEAVING_ANNOTATION))
+        .is_some_and(|leaving| leaving == "true")
+}
+
 /// A peer's weight from its annotation; missing, unreadable or 0 is 1.
 pub(super) fn weight(lease: &Lease) -> u32 {
     lease
@@ -563,11 +603,11 @@ async fn publish(
             .labels
             .get_or_insert_with(BTreeMap::new)
             .extend(labels.clone());
-        lease
-            .metadata
-            .annotations
-            .get_or_insert_with(BTreeMap::new)
-            .extend(annotations.clone());
+        let kept = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        // Said by an earlier run of this peer that left without deleting
+        // its Lease: this one is not leaving unless it says so.
+        kept.remove(LEAVING_ANNOTATION);
+        kept.extend(annotations.clone());
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
         spec.holder_identity = Some(me.to_string());
         spec.lease_duration_seconds = Some(seconds(duration));
@@ -631,6 +671,9 @@ mod tests {
             epochs: Arc::default(),
             ready: CancellationToken::new(),
             joining: watch::Sender::new(Default::default()),
+            leave: CancellationToken::new(),
+            said_leaving: CancellationToken::new(),
+            leaving: watch::Sender::new(Vec::new()),
             stood_since: Mutex::default(),
             written: Mutex::default(),
         };
