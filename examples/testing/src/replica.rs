@@ -27,10 +27,15 @@ impl Replica {
             .expect("free port")
             .port();
         // With REPLICA_LOG_DIR set, each replica logs to <dir>/<id>.log,
-        // for looking into a test or benchmark that misbehaves.
+        // for looking into a test or benchmark that misbehaves
+        // (REPLICA_RUST_LOG sets what it logs).
         let log = || match std::env::var_os("REPLICA_LOG_DIR") {
             Some(dir) => {
-                std::fs::File::create(std::path::Path::new(&dir).join(format!("{id}.log")))
+                // Appended to: a replica restarted keeps its first run's log.
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(std::path::Path::new(&dir).join(format!("{id}.log")))
                     .map_or_else(|_| Stdio::null(), Stdio::from)
             }
             None => Stdio::null(),
@@ -39,7 +44,11 @@ impl Replica {
             .args(args)
             .args(["--health-address", &format!("127.0.0.1:{port}")])
             .env("KUBECONFIG", cp.kubeconfig_path())
-            .env("RUST_LOG", "info,kube=warn")
+            // REPLICA_RUST_LOG: another log filter, to look closer.
+            .env(
+                "RUST_LOG",
+                std::env::var("REPLICA_RUST_LOG").unwrap_or_else(|_| "info,kube=warn".to_string()),
+            )
             .stdout(Stdio::null())
             .stderr(log())
             .kill_on_drop(true)
