@@ -34,7 +34,7 @@ use crate::coordinator::names::fnv1a;
 use crate::name::ClusterName;
 use crate::sync::lock;
 
-use super::{Peer, ShardedCoordinator, engage_or_hand_back, hold, owner_of};
+use super::{ShardedCoordinator, engage_or_hand_back, hold, owner_but};
 
 /// The [`HANDED_TO_LABEL`] value for fences held with `held_with`
 /// (`<peer Lease>/<epoch>`): label values are short, peer IDs need not be.
@@ -152,13 +152,8 @@ impl ShardedCoordinator {
             .and_then(|annotations| annotations.get(lease::HANDED_BY_ANNOTATION))
             .cloned()
             .unwrap_or_default();
-        let peers: Vec<Peer> = look
-            .peers
-            .iter()
-            .filter(|peer| peer.id != handed_by)
-            .cloned()
-            .collect();
-        let owner = owner_of(name.as_str(), &peers);
+        let owner = owner_but(name.as_str(), &look.peers, &handed_by);
+        let owner = owner.as_ref();
         let keep_for_joiner = owner.is_some_and(|peer| look.joining.contains(&peer.id));
         let owns = owner.is_some_and(|peer| peer.id == *me)
             || keep_for_joiner

@@ -270,10 +270,9 @@ impl Look {
     /// others, or if that one is not ready yet, to the ready peer that
     /// keeps it until it is ([`Look::keeper`]).
     fn hand_over_to(&self, cluster: &ClusterName, me: &str) -> Option<lease::Next> {
-        let others: Vec<Peer> = self.peers.iter().filter(|p| p.id != me).cloned().collect();
-        let owner = owner_of(cluster.as_str(), &others)?;
+        let owner = owner_but(cluster.as_str(), &self.peers, me)?;
         if !self.joining.contains(&owner.id) {
-            return self.next_for(Some(owner), cluster);
+            return self.next_for(Some(&owner), cluster);
         }
         let keeper = self.keeper(cluster.as_str(), me)?;
         self.next_for(Some(&keeper), cluster)
@@ -282,13 +281,7 @@ impl Look {
     /// Who keeps `cluster` for an owner that is not ready yet when the
     /// replica `leaving` lets it go: the owner among the other ready peers.
     fn keeper(&self, cluster: &str, leaving: &str) -> Option<Peer> {
-        let ready: Vec<Peer> = self
-            .ready
-            .iter()
-            .filter(|p| p.id != leaving)
-            .cloned()
-            .collect();
-        owner_of(cluster, &ready).cloned()
+        owner_but(cluster, &self.ready, leaving)
     }
 
     /// What `cluster`'s fence says handed straight to `owner`, if it can be.
@@ -313,6 +306,13 @@ impl Look {
         owner.is_some_and(|owner| self.came_back.contains(&owner.id))
             && owner_of(cluster, &self.ready).is_some_and(|peer| peer.id == me)
     }
+}
+
+/// The owner of `cluster` among `peers` but `let_go`, a replica that let
+/// it go (it leaves, or handed it over).
+fn owner_but(cluster: &str, peers: &[Peer], let_go: &str) -> Option<Peer> {
+    let rest: Vec<Peer> = peers.iter().filter(|p| p.id != let_go).cloned().collect();
+    owner_of(cluster, &rest).cloned()
 }
 
 impl ShardedCoordinator {
