@@ -1450,6 +1450,80 @@ mod tests {
             .expect("some cluster")
     }
 
+    #[tokio::test]
+    async fn a_fence_handed_by_its_owner_is_taken_up_but_one_handed_to_a_leaving_replica_goes_on() {
+        let coordinator = ShardedCoordinator::new(
+            offline_client(),
+            ShardingOptions::default().peer_id("me".to_string()),
+        )
+        .expect("coordinator");
+        let live = CancellationToken::new();
+        coordinator.inner.standing.send_modify(|standing| {
+            standing.live = Some(live.clone());
+        });
+        let held_with = {
+            let standing = coordinator.inner.standing.borrow();
+            format!("{}/{}", standing.peer_lease, standing.epoch)
+        };
+        // As far as this replica has read, "x" is a peer like any other.
+        coordinator
+            .inner
+            .peers
+            .send_replace(vec![peer("me"), peer("x")]);
+        let of_x = owned_by("x", &[peer("me"), peer("x")]);
+        let handed_by_x = |cluster: &str| Lease {
+            metadata: kube::api::ObjectMeta {
+                annotations: Some(std::collections::BTreeMap::from([
+                    (
+                        crate::coordinator::HELD_WITH_ANNOTATION.to_string(),
+                        held_with.clone(),
+                    ),
+                    (lease::CLUSTER_ANNOTATION.to_string(), cluster.to_string()),
+                    (lease::HANDED_BY_ANNOTATION.to_string(), "x".to_string()),
+                ])),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                holder_identity: Some("me".to_string()),
+                ..Default::default()
+            }),
+        };
+        let engage = |name: &str| {
+            coordinator
+                .engage(
+                    CancellationToken::new(),
+                    ClusterName::from(name),
+                    Cluster::new(name, offline_client()),
+                    &[],
+                )
+                .expect("engage");
+        };
+        engage(&of_x);
+        // "x" let it go (it leaves, and this replica has not read that yet):
+        // not handed back to it.
+        let name = ClusterName::from(of_x.as_str());
+        coordinator
+            .arrived(coordinator.fence_name(&name), handed_by_x(&of_x))
+            .await;
+        assert_eq!(coordinator.working_on(), Some(vec![name]));
+
+        // Leaving itself, this replica passes a fence handed to it on.
+        let another = (0..)
+            .map(|i| format!("d{i}"))
+            .find(|name| owner_of(name, &[peer("me"), peer("x")]).is_some_and(|p| p.id == "x"))
+            .expect("some cluster");
+        engage(&another);
+        coordinator.inner.said_leaving.cancel();
+        let name = ClusterName::from(another.as_str());
+        coordinator
+            .arrived(coordinator.fence_name(&name), handed_by_x(&another))
+            .await;
+        assert!(
+            !coordinator.working_on().unwrap_or_default().contains(&name),
+            "a leaving replica took up a fence handed to it"
+        );
+    }
+
     #[test]
     fn a_leaving_replica_hands_each_cluster_to_its_next_owner_or_its_keeper() {
         // "me" leaves; "a" is ready; "j" has joined but is not ready.
