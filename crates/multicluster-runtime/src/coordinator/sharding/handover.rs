@@ -153,7 +153,6 @@ impl ShardedCoordinator {
             .cloned()
             .unwrap_or_default();
         let owner = owner_but(name.as_str(), &look.peers, &handed_by);
-        let owner = owner.as_ref();
         let keep_for_joiner = owner.is_some_and(|peer| look.joining.contains(&peer.id));
         let owns = owner.is_some_and(|peer| peer.id == *me)
             || keep_for_joiner

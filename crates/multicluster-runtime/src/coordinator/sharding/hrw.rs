@@ -31,7 +31,10 @@ pub struct Peer {
 /// The highest score wins; on a tie (as good as never) the later
 /// peer in `peers` does. Callers pass the peers sorted by ID so that every
 /// replica breaks ties alike.
-pub(crate) fn owner<'a>(cluster: &str, peers: &'a [Peer]) -> Option<&'a Peer> {
+pub(crate) fn owner<'a>(
+    cluster: &str,
+    peers: impl IntoIterator<Item = &'a Peer>,
+) -> Option<&'a Peer> {
     let mut best: Option<(&Peer, f64)> = None;
     for peer in peers {
         let score = score(cluster, peer);

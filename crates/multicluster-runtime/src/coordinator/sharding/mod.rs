@@ -144,9 +144,9 @@ struct Inner {
     leave: CancellationToken,
     /// Fired once its Lease says it is leaving.
     said_leaving: CancellationToken,
-    /// How many clusters the last look of a leaving replica handed over:
-    /// none, and it is done.
-    handed_over: watch::Sender<Option<usize>>,
+    /// Fired once a look of this leaving replica found nothing more to
+    /// hand over.
+    handed_all: CancellationToken,
     /// Fired when `run` has returned (or was dropped): nothing hands
     /// clusters over any more.
     ran: CancellationToken,
@@ -272,15 +272,14 @@ impl Look {
     fn hand_over_to(&self, cluster: &ClusterName, me: &str) -> Option<lease::Next> {
         let owner = owner_but(cluster.as_str(), &self.peers, me)?;
         if !self.joining.contains(&owner.id) {
-            return self.next_for(Some(&owner), cluster);
+            return self.next_for(Some(owner), cluster);
         }
-        let keeper = self.keeper(cluster.as_str(), me)?;
-        self.next_for(Some(&keeper), cluster)
+        self.next_for(self.keeper(cluster.as_str(), me), cluster)
     }
 
     /// Who keeps `cluster` for an owner that is not ready yet when the
     /// replica `leaving` lets it go: the owner among the other ready peers.
-    fn keeper(&self, cluster: &str, leaving: &str) -> Option<Peer> {
+    fn keeper(&self, cluster: &str, leaving: &str) -> Option<&Peer> {
         owner_but(cluster, &self.ready, leaving)
     }
 
@@ -310,9 +309,8 @@ impl Look {
 
 /// The owner of `cluster` among `peers` but `let_go`, a replica that let
 /// it go (it leaves, or handed it over).
-fn owner_but(cluster: &str, peers: &[Peer], let_go: &str) -> Option<Peer> {
-    let rest: Vec<Peer> = peers.iter().filter(|p| p.id != let_go).cloned().collect();
-    owner_of(cluster, &rest).cloned()
+fn owner_but<'a>(cluster: &str, peers: &'a [Peer], let_go: &str) -> Option<&'a Peer> {
+    owner_of(cluster, peers.iter().filter(|p| p.id != let_go))
 }
 
 impl ShardedCoordinator {
@@ -347,7 +345,7 @@ impl ShardedCoordinator {
                 leaving: watch::Sender::new(Vec::new()),
                 leave: CancellationToken::new(),
                 said_leaving: CancellationToken::new(),
-                handed_over: watch::Sender::new(None),
+                handed_all: CancellationToken::new(),
                 ran: CancellationToken::new(),
                 me,
                 options,
@@ -987,12 +985,11 @@ impl Coordinator for ShardedCoordinator {
             return;
         }
         let began = Instant::now();
-        let mut handed_over = self.inner.handed_over.subscribe();
         self.inner.leave.cancel();
         tracing::info!(peer = %self.inner.me.id, "leaving: handing the clusters over to the others");
         let done = async {
             tokio::select! {
-                _ = handed_over.wait_for(|handed| *handed == Some(0)) => {}
+                () = self.inner.handed_all.cancelled() => {}
                 // No longer balancing (it failed or ended): nothing
                 // would hand anything over.
                 () = self.inner.ran.cancelled() => {}
@@ -1086,7 +1083,7 @@ impl Coordinator for ShardedCoordinator {
                     // Until a whole look finds nothing more to hand over.
                     continue;
                 }
-                self.inner.handed_over.send_replace(handed);
+                self.inner.handed_all.cancel();
             }
             let next = self.next_look();
             tokio::select! {
@@ -1137,13 +1134,69 @@ mod tests {
         kube::Client::try_from(config).expect("client")
     }
 
-    #[tokio::test]
-    async fn a_fence_handed_over_names_its_cluster_so_that_the_receiver_finds_it() {
-        let coordinator = ShardedCoordinator::new(
+    /// Replica "me", its API server never reachable.
+    fn replica_me() -> ShardedCoordinator {
+        ShardedCoordinator::new(
             offline_client(),
             ShardingOptions::default().peer_id("me".to_string()),
         )
-        .expect("coordinator");
+        .expect("coordinator")
+    }
+
+    /// Replica "me" with a live standing, and what a fence held with that
+    /// standing says it is held with.
+    fn standing_replica() -> (ShardedCoordinator, CancellationToken, String) {
+        let coordinator = replica_me();
+        let live = CancellationToken::new();
+        coordinator.inner.standing.send_modify(|standing| {
+            standing.live = Some(live.clone());
+        });
+        let held_with = {
+            let standing = coordinator.inner.standing.borrow();
+            format!("{}/{}", standing.peer_lease, standing.epoch)
+        };
+        (coordinator, live, held_with)
+    }
+
+    /// A fence of `cluster` handed to "me" with `held_with`, by `by`.
+    fn handed_fence(held_with: &str, cluster: &str, by: Option<&str>) -> Lease {
+        let mut annotations = std::collections::BTreeMap::from([
+            (
+                crate::coordinator::HELD_WITH_ANNOTATION.to_string(),
+                held_with.to_string(),
+            ),
+            (lease::CLUSTER_ANNOTATION.to_string(), cluster.to_string()),
+        ]);
+        if let Some(by) = by {
+            annotations.insert(lease::HANDED_BY_ANNOTATION.to_string(), by.to_string());
+        }
+        Lease {
+            metadata: kube::api::ObjectMeta {
+                annotations: Some(annotations),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
+                holder_identity: Some("me".to_string()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// Engages `cluster` (never reachable) with no components.
+    fn engage_offline(coordinator: &ShardedCoordinator, cluster: &str) {
+        coordinator
+            .engage(
+                CancellationToken::new(),
+                ClusterName::from(cluster),
+                Cluster::new(cluster, offline_client()),
+                &[],
+            )
+            .expect("engage");
+    }
+
+    #[tokio::test]
+    async fn a_fence_handed_over_names_its_cluster_so_that_the_receiver_finds_it() {
+        let coordinator = replica_me();
         let peer = Peer {
             id: "p".to_string(),
             weight: 1,
@@ -1175,45 +1228,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_fence_handed_over_is_taken_up_at_once_but_not_while_stopping() {
-        let coordinator = ShardedCoordinator::new(
-            offline_client(),
-            ShardingOptions::default().peer_id("me".to_string()),
-        )
-        .expect("coordinator");
-        let live = CancellationToken::new();
-        coordinator.inner.standing.send_modify(|standing| {
-            standing.live = Some(live.clone());
-        });
-        let held_with = {
-            let standing = coordinator.inner.standing.borrow();
-            format!("{}/{}", standing.peer_lease, standing.epoch)
-        };
-        let handed_for = |cluster: &str| Lease {
-            metadata: kube::api::ObjectMeta {
-                annotations: Some(std::collections::BTreeMap::from([
-                    (
-                        crate::coordinator::HELD_WITH_ANNOTATION.to_string(),
-                        held_with.clone(),
-                    ),
-                    (lease::CLUSTER_ANNOTATION.to_string(), cluster.to_string()),
-                ])),
-                ..Default::default()
-            },
-            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
-                holder_identity: Some("me".to_string()),
-                ..Default::default()
-            }),
-        };
+        let (coordinator, _live, held_with) = standing_replica();
+        let handed_for = |cluster: &str| handed_fence(&held_with, cluster, None);
         // This replica alone: it owns both clusters.
         for cluster in ["one", "two"] {
-            coordinator
-                .engage(
-                    CancellationToken::new(),
-                    ClusterName::from(cluster),
-                    Cluster::new(cluster, offline_client()),
-                    &[],
-                )
-                .expect("engage");
+            engage_offline(&coordinator, cluster);
         }
         let one = ClusterName::from("one");
         coordinator
@@ -1234,11 +1253,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_retry_left_on_a_cluster_owned_by_another_does_not_hurry_the_next_look() {
-        let coordinator = ShardedCoordinator::new(
-            offline_client(),
-            ShardingOptions::default().peer_id("me".to_string()),
-        )
-        .expect("coordinator");
+        let coordinator = replica_me();
         let name = ClusterName::from("elsewhere");
         let cluster = Cluster::new("elsewhere", offline_client());
         coordinator
@@ -1293,11 +1308,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_fence_found_busy_again_and_again_is_tried_less_often() {
-        let coordinator = ShardedCoordinator::new(
-            offline_client(),
-            ShardingOptions::default().peer_id("me".to_string()),
-        )
-        .expect("coordinator");
+        let coordinator = replica_me();
         let name = ClusterName::from("joined");
         coordinator
             .engage(
@@ -1385,12 +1396,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_look_under_way_at_the_stop_leaves_every_cluster_to_the_hand_back() {
-        let coordinator = ShardedCoordinator::new(
-            offline_client(),
-            ShardingOptions::default().peer_id("me".to_string()),
-        )
-        .expect("coordinator");
-        let live = CancellationToken::new();
+        let (coordinator, live, _) = standing_replica();
         let one = ClusterName::from("one");
         let lifetime = CancellationToken::new();
         coordinator
@@ -1452,53 +1458,15 @@ mod tests {
 
     #[tokio::test]
     async fn a_fence_handed_by_its_owner_is_taken_up_but_one_handed_to_a_leaving_replica_goes_on() {
-        let coordinator = ShardedCoordinator::new(
-            offline_client(),
-            ShardingOptions::default().peer_id("me".to_string()),
-        )
-        .expect("coordinator");
-        let live = CancellationToken::new();
-        coordinator.inner.standing.send_modify(|standing| {
-            standing.live = Some(live.clone());
-        });
-        let held_with = {
-            let standing = coordinator.inner.standing.borrow();
-            format!("{}/{}", standing.peer_lease, standing.epoch)
-        };
+        let (coordinator, _live, held_with) = standing_replica();
         // As far as this replica has read, "x" is a peer like any other.
         coordinator
             .inner
             .peers
             .send_replace(vec![peer("me"), peer("x")]);
         let of_x = owned_by("x", &[peer("me"), peer("x")]);
-        let handed_by_x = |cluster: &str| Lease {
-            metadata: kube::api::ObjectMeta {
-                annotations: Some(std::collections::BTreeMap::from([
-                    (
-                        crate::coordinator::HELD_WITH_ANNOTATION.to_string(),
-                        held_with.clone(),
-                    ),
-                    (lease::CLUSTER_ANNOTATION.to_string(), cluster.to_string()),
-                    (lease::HANDED_BY_ANNOTATION.to_string(), "x".to_string()),
-                ])),
-                ..Default::default()
-            },
-            spec: Some(k8s_openapi::api::coordination::v1::LeaseSpec {
-                holder_identity: Some("me".to_string()),
-                ..Default::default()
-            }),
-        };
-        let engage = |name: &str| {
-            coordinator
-                .engage(
-                    CancellationToken::new(),
-                    ClusterName::from(name),
-                    Cluster::new(name, offline_client()),
-                    &[],
-                )
-                .expect("engage");
-        };
-        engage(&of_x);
+        let handed_by_x = |cluster: &str| handed_fence(&held_with, cluster, Some("x"));
+        engage_offline(&coordinator, &of_x);
         // "x" let it go (it leaves, and this replica has not read that yet):
         // not handed back to it.
         let name = ClusterName::from(of_x.as_str());
@@ -1512,7 +1480,7 @@ mod tests {
             .map(|i| format!("d{i}"))
             .find(|name| owner_of(name, &[peer("me"), peer("x")]).is_some_and(|p| p.id == "x"))
             .expect("some cluster");
-        engage(&another);
+        engage_offline(&coordinator, &another);
         coordinator.inner.said_leaving.cancel();
         let name = ClusterName::from(another.as_str());
         coordinator

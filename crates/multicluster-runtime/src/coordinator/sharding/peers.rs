@@ -502,31 +502,27 @@ fn lapsed_in(leases: &[Lease], id: &str, now: Timestamp) -> bool {
 /// Whether a peer Lease says its replica is ready to be handed clusters
 /// (missing: ready, as replicas that never say).
 pub(super) fn is_ready(lease: &Lease) -> bool {
-    lease
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(READY_ANNOTATION))
-        .is_none_or(|ready| ready != "false")
+    annotation(lease, READY_ANNOTATION) != Some("false")
 }
 
 /// Whether a peer Lease says its replica is leaving.
 pub(super) fn is_leaving(lease: &Lease) -> bool {
+    annotation(lease, LEAVING_ANNOTATION) == Some("true")
+}
+
+/// The value of a peer Lease's annotation `key`.
+fn annotation<'a>(lease: &'a Lease, key: &str) -> Option<&'a str> {
     lease
         .metadata
         .annotations
-        .as_ref()
-        .and_then(|a| a.get(LEAVING_ANNOTATION))
-        .is_some_and(|leaving| leaving == "true")
+        .as_ref()?
+        .get(key)
+        .map(String::as_str)
 }
 
 /// A peer's weight from its annotation; missing, unreadable or 0 is 1.
 pub(super) fn weight(lease: &Lease) -> u32 {
-    lease
-        .metadata
-        .annotations
-        .as_ref()
-        .and_then(|a| a.get(WEIGHT_ANNOTATION))
+    annotation(lease, WEIGHT_ANNOTATION)
         .and_then(|w| w.parse::<u32>().ok())
         .filter(|w| *w > 0)
         .unwrap_or(1)
