@@ -79,6 +79,14 @@ pub trait Coordinator: Send + Sync {
     /// its shutdown grace. The default does nothing.
     async fn leave(&self) {}
 
+    /// Whether [`Coordinator::leave`] hands clusters over, so that the
+    /// controllers keep working (new reconciles too) until it is done. With
+    /// `false`, the default, they stop taking work the moment shutdown
+    /// starts.
+    fn hands_over_on_leave(&self) -> bool {
+        false
+    }
+
     /// Told once the provider has engaged the inventory it first found
     /// ([`crate::multicluster::ProviderContext::inventory_engaged`]; at once
     /// for a manager without a provider that discovers). A sharded

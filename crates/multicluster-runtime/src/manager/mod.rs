@@ -400,13 +400,17 @@ impl Manager {
         if let Some(address) = self.inner.options.health_address {
             self.bind_health(address, &shutdown).await?;
         }
-        // `stop` ends reconciling (on shutdown, once the coordinator has
-        // handed what it could over, or when the provider fails);
-        // `components_stop` ends cluster lifetimes and the provider, only
-        // after running reconciles have finished with their clusters.
-        let stop = CancellationToken::new();
-        let components_stop = CancellationToken::new();
+        // `stop` ends reconciling (on shutdown, or when the provider fails;
+        // with a coordinator that hands clusters over as it leaves, once it
+        // has); `components_stop` ends cluster lifetimes and the provider,
+        // only after running reconciles have finished with their clusters.
         let coordinator = self.coordinator();
+        let stop = if coordinator.hands_over_on_leave() {
+            CancellationToken::new()
+        } else {
+            shutdown.child_token()
+        };
+        let components_stop = CancellationToken::new();
         let coordinator_stop = components_stop.clone();
         let mut coordinator_task = tokio::task::JoinSet::new();
         coordinator_task.spawn(async move { coordinator.run(coordinator_stop).await });

@@ -979,11 +979,16 @@ impl Coordinator for ShardedCoordinator {
     /// is leaving, so the others no longer count it as an owner and wait
     /// for its clusters rather than ask for them, and each look hands the
     /// clusters straight to their next owners until one finds none left.
-    async fn leave(&self) {
+    fn hands_over_on_leave(&self) -> bool {
         let options = &self.inner.options;
-        if options.fence_hold != FenceHold::WithPeer || options.leave_handover.is_zero() {
+        options.fence_hold == FenceHold::WithPeer && !options.leave_handover.is_zero()
+    }
+
+    async fn leave(&self) {
+        if !self.hands_over_on_leave() {
             return;
         }
+        let options = &self.inner.options;
         let began = Instant::now();
         self.inner.leave.cancel();
         tracing::info!(peer = %self.inner.me.id, "leaving: handing the clusters over to the others");
