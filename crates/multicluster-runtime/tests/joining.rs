@@ -524,3 +524,71 @@ async fn a_stopping_replica_hands_each_cluster_to_its_next_owner_before_its_leas
     second_stop.cancel();
     second_task.await.expect("manager task").expect("manager");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_stops_before_handing_over_leaves_its_clusters_to_its_heirs() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let ready = CancellationToken::new();
+    ready.cancel();
+    // r0 hands nothing over as it stops: everything it works on is left
+    // behind, as when its hand-over time runs out.
+    let no_hand_over = ShardingOptions::default()
+        .fence_hold(FenceHold::WithPeer)
+        .leave_handover(Duration::ZERO);
+    let with_peer = ShardingOptions::default().fence_hold(FenceHold::WithPeer);
+    let (first, r0, _) = replica(&cp, "r0", Some(ready.clone()), no_hand_over).await;
+    let (second, r1, _) = replica(&cp, "r1", Some(ready), with_peer).await;
+    let (first_stop, first_task) = run_manager(&first);
+    let (second_stop, second_task) = run_manager(&second);
+    eventually("r0 and r1 split the members", || async {
+        working_on(&r0) == share_of("r0") && working_on(&r1) == share_of("r1")
+    })
+    .await;
+    assert!(!share_of("r0").is_empty(), "r0 owns no member");
+
+    first_stop.cancel();
+    first_task.await.expect("manager task").expect("manager");
+    eventually("r1 works on every member", || async {
+        working_on(&r1).len() == MEMBERS.len()
+    })
+    .await;
+    // r0's Lease is kept, ended, naming r1 the heir of what it held.
+    let leases: Api<Lease> = Api::namespaced(cp.client().await.expect("client"), "kube-system");
+    let peer = leases.get("mcr-peer-r0").await.expect("r0's peer Lease");
+    assert_eq!(
+        peer.spec
+            .as_ref()
+            .and_then(|spec| spec.holder_identity.as_deref()),
+        None,
+        "r0's epoch did not end"
+    );
+    let heirs = peer
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get("mcr.sigs.k8s.io/heirs"))
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        heirs.contains("\"r1\""),
+        "r0's Lease names no heir r1: {heirs}"
+    );
+    // r1 writes each fence it inherited as its own, naming r0; a take of
+    // a freed fence would not.
+    for name in share_of("r0") {
+        let fence = r0.fence_name(&ClusterName::from(name.as_str()));
+        eventually("r1 writes the inherited fence as its own", || async {
+            let lease = leases.get(&fence).await.expect("fence");
+            let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
+            let from = lease
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get("mcr.sigs.k8s.io/inherited-from").cloned());
+            holder.as_deref() == Some("r1") && from.as_deref() == Some("r0")
+        })
+        .await;
+    }
+    second_stop.cancel();
+    second_task.await.expect("manager task").expect("manager");
+}

@@ -120,7 +120,7 @@ impl Fence {
             me,
             timing.duration,
             None,
-            &lease::nothing_known,
+            &lease::NothingKnown,
             None,
         );
         let written = match tokio::time::timeout(timing.call_timeout(), call).await {
@@ -220,6 +220,19 @@ impl Fence {
             written: None,
             took_over: None,
         }
+    }
+
+    /// The fence as this replica last wrote it (or as it was handed or
+    /// inherited), if known.
+    #[cfg(feature = "sharding")]
+    pub(crate) fn written(&self) -> Option<&Lease> {
+        self.written.as_deref()
+    }
+
+    /// Remembers `lease` as what this replica last wrote to the fence.
+    #[cfg(feature = "sharding")]
+    pub(crate) fn set_written(&mut self, lease: Lease) {
+        self.written = Some(Box::new(lease));
     }
 
     /// What this replica last wrote to the fence, if known (a fence held

@@ -106,20 +106,93 @@ pub(crate) struct Next {
     pub(crate) cluster: String,
 }
 
-/// What the caller knows, without asking the API server, of whether a
-/// fence held with `(peer Lease, epoch)` by `holder` holds at `now`; `None`
-/// when it does not know.
-pub(crate) type KnownPeers<'a> = &'a (dyn Fn(&str, &str, &str, Timestamp) -> Option<bool> + Sync);
+/// Label on every fence Lease held with a peer Lease: [`label_for`] its
+/// `<peer Lease>/<epoch>`. When that epoch ends naming heirs, each heir
+/// lists the fences it inherits by this label: one request, where taking
+/// them was a write each.
+pub(crate) const HELD_WITH_LABEL: &str = "mcr.sigs.k8s.io/held-with";
 
-/// Knows nothing: every peer Lease is read.
-pub(crate) fn nothing_known(_: &str, _: &str, _: &str, _: Timestamp) -> Option<bool> {
-    None
+/// Annotation on a fence Lease an heir wrote as its own: the replica whose
+/// ended epoch it inherited the fence from.
+pub(crate) const INHERITED_FROM_ANNOTATION: &str = "mcr.sigs.k8s.io/inherited-from";
+
+/// The label value for fences held with `held_with` (`<peer Lease>/<epoch>`)
+/// ([`HELD_WITH_LABEL`], [`HANDED_TO_LABEL`]): label values are short,
+/// peer IDs need not be.
+pub(crate) fn label_for(held_with: &str) -> String {
+    format!("{:016x}", super::names::fnv1a(held_with))
 }
 
-/// Whether `holder` still holds `lease`: by the Lease's own renewal, or for
-/// a fence held with a peer Lease, while that peer Lease names `holder` in
-/// the epoch the fence was taken in. The peer Lease is read now unless
-/// `known` answers: a peer that has just joined may not be known yet.
+/// What is known of a peer Lease's epoch, for the fences held with it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum Hold {
+    /// Live: its fences hold.
+    Live,
+    /// Ended, naming no heirs: its fences are free.
+    Ended,
+    /// Ended, naming heirs: the fence in question went to this one.
+    Inherited(Heir),
+}
+
+/// The replica a fence held in an ended epoch went to, without a write.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Heir {
+    /// Its peer ID.
+    pub(crate) id: String,
+    /// `<its peer Lease>/<its epoch>` when the heirs were named: it holds
+    /// the fence while that epoch lives.
+    pub(crate) held_with: String,
+}
+
+/// What the caller knows of the peers, for the takes of fences held with
+/// their Leases.
+pub(crate) trait Knowledge: Sync {
+    /// Whether a fence held with `(peer_lease, epoch)` by `holder` holds at
+    /// `now`, if known without asking the API server.
+    fn holds(&self, peer_lease: &str, epoch: &str, holder: &str, now: Timestamp) -> Option<Hold>;
+
+    /// The heir of the fence being taken that `peer` (a peer Lease as just
+    /// read) names for its ended `epoch`, if it names heirs.
+    fn heir_in(&self, peer: &Lease, epoch: &str) -> Option<Heir>;
+}
+
+/// The knowledge of whoever knows nothing: every peer Lease is read.
+pub(crate) type KnownPeers<'a> = &'a dyn Knowledge;
+
+/// Knows nothing: every peer Lease is read, and no heirs are followed.
+pub(crate) struct NothingKnown;
+
+impl Knowledge for NothingKnown {
+    fn holds(&self, _: &str, _: &str, _: &str, _: Timestamp) -> Option<Hold> {
+        None
+    }
+
+    fn heir_in(&self, _: &Lease, _: &str) -> Option<Heir> {
+        None
+    }
+}
+
+/// Who holds a fence, as a take finds it.
+#[derive(Debug, PartialEq, Eq)]
+enum Holder {
+    /// Another replica, live (or not known to have ended).
+    Other(String),
+    /// Nobody: its hold ended. `plain` when it ended naming no heirs
+    /// (every fence of that epoch is free, worth remembering).
+    Free { plain: bool },
+    /// This replica, as the heir of an ended epoch, in its current one:
+    /// the take writes the fence as its own.
+    Mine,
+}
+
+/// Who holds `lease`, named `holder` in it, for `me` holding with
+/// `held_with`: by the Lease's own renewal, or for a fence held with a peer
+/// Lease, while that peer Lease names `holder` in the epoch the fence was
+/// taken in, or the heir that the epoch's end named, while the heir's epoch
+/// lives. The peer Lease is read now unless `known` answers: a peer that
+/// has just joined may not be known yet. Heirs are not followed further:
+/// an heir whose own epoch ended stopped working before it did, and
+/// nobody inherits from it what it had not written as its own.
 ///
 /// A peer Lease that has lapsed in that epoch is ended here before the
 /// fence counts as free (`end_epoch`): its replica stopped working when it
@@ -129,32 +202,71 @@ async fn holds(
     api: &Api<Lease>,
     lease: &Lease,
     holder: &str,
+    held_with: Option<&str>,
     now: Timestamp,
     known: KnownPeers<'_>,
-) -> Result<bool, kube::Error> {
-    match (held_with_of(lease), &lease.spec) {
-        (Some(held_with), _) => {
-            let Some((peer_lease, epoch)) = held_with.rsplit_once('/') else {
-                return Ok(false);
-            };
-            if let Some(answer) = known(peer_lease, epoch, holder, now) {
-                return Ok(answer);
+) -> Result<Holder, kube::Error> {
+    let Some(fence_held_with) = held_with_of(lease) else {
+        return Ok(match &lease.spec {
+            Some(spec) if !expired(spec, now) => Holder::Other(holder.to_string()),
+            _ => Holder::Free { plain: false },
+        });
+    };
+    let Some((peer_lease, epoch)) = fence_held_with.rsplit_once('/') else {
+        return Ok(Holder::Free { plain: false });
+    };
+    let hold = match known.holds(peer_lease, epoch, holder, now) {
+        Some(hold) => hold,
+        None => read_hold(api, peer_lease, epoch, holder, now, known).await?,
+    };
+    Ok(match hold {
+        Hold::Live => Holder::Other(holder.to_string()),
+        Hold::Ended => Holder::Free { plain: true },
+        Hold::Inherited(heir) if held_with == Some(heir.held_with.as_str()) => Holder::Mine,
+        Hold::Inherited(heir) => {
+            let live = heir
+                .held_with
+                .rsplit_once('/')
+                .map(|(lease, epoch)| known.holds(lease, epoch, &heir.id, now));
+            match live {
+                // Not known to have ended: it may be working on it.
+                Some(Some(Hold::Live) | None) => Holder::Other(heir.id),
+                _ => Holder::Free { plain: false },
             }
-            let Some(peer) = api.get_opt(peer_lease).await? else {
-                // Deleted: its replica left, or starts a new epoch.
-                return Ok(false);
-            };
-            if !in_epoch(&peer, holder, epoch) {
-                return Ok(false);
-            }
-            if peer.spec.as_ref().is_some_and(|spec| !expired(spec, now)) {
-                return Ok(true);
-            }
-            Ok(!end_epoch(api, peer, holder, epoch).await?)
         }
-        (None, Some(spec)) => Ok(!expired(spec, now)),
-        (None, None) => Ok(false),
+    })
+}
+
+/// Whether `holder`'s hold on `peer_lease` in `epoch` lasts, read from the
+/// API server; a lapsed one is ended first.
+async fn read_hold(
+    api: &Api<Lease>,
+    peer_lease: &str,
+    epoch: &str,
+    holder: &str,
+    now: Timestamp,
+    known: KnownPeers<'_>,
+) -> Result<Hold, kube::Error> {
+    let Some(peer) = api.get_opt(peer_lease).await? else {
+        // Deleted: its replica left, or starts a new epoch.
+        return Ok(Hold::Ended);
+    };
+    let ended = |peer: &Lease| {
+        known
+            .heir_in(peer, epoch)
+            .map_or(Hold::Ended, Hold::Inherited)
+    };
+    if !in_epoch(&peer, holder, epoch) {
+        return Ok(ended(&peer));
     }
+    if peer.spec.as_ref().is_some_and(|spec| !expired(spec, now)) {
+        return Ok(Hold::Live);
+    }
+    Ok(match end_epoch(api, peer, holder, epoch, None).await? {
+        EpochEnd::Live => Hold::Live,
+        EpochEnd::Ended(Some(peer)) => ended(&peer),
+        EpochEnd::Ended(None) => Hold::Ended,
+    })
 }
 
 /// Whether `peer` (a peer Lease) still names `holder` in `epoch`: neither
@@ -163,36 +275,59 @@ pub(crate) fn in_epoch(peer: &Lease, holder: &str, epoch: &str) -> bool {
     holder_of(peer) == Some(holder) && epoch_of(peer) == Some(epoch)
 }
 
+/// How an attempt to end a lapsed epoch came out.
+#[derive(Debug)]
+pub(crate) enum EpochEnd {
+    /// Renewed since it was read: it goes on.
+    Live,
+    /// Ended, by this write or another's: the peer Lease as it is now
+    /// (`None` once deleted), which names the heirs if the end did.
+    Ended(Option<Box<Lease>>),
+}
+
 /// Ends the lapsed `peer` Lease's `epoch` by clearing its holder, written
-/// over the copy read (so a renewal that came first wins); whether the
-/// epoch has ended, by this write or another's. Fences held with an epoch
-/// are free only once it has ended by a write: a replica resumes its epoch
-/// only by writing over its own last write, which this write makes fail.
+/// over the copy read (so a renewal that came first wins); with `heirs`,
+/// the value of the annotation naming who inherits its fences
+/// ([`HEIRS_ANNOTATION`]), set in the same write. Fences held with an
+/// epoch are free (or their heirs') only once it has ended by a write: a
+/// replica resumes its epoch only by writing over its own last write,
+/// which this write makes fail.
 pub(crate) async fn end_epoch(
     api: &Api<Lease>,
     mut peer: Lease,
     holder: &str,
     epoch: &str,
-) -> Result<bool, kube::Error> {
+    heirs: Option<String>,
+) -> Result<EpochEnd, kube::Error> {
     let Some(name) = peer.metadata.name.clone() else {
-        return Ok(false);
+        return Ok(EpochEnd::Live);
     };
     if let Some(spec) = peer.spec.as_mut() {
         spec.holder_identity = None;
     }
+    if let Some(heirs) = heirs {
+        peer.metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(HEIRS_ANNOTATION.to_string(), heirs);
+    }
     match api.replace(&name, &PostParams::default(), &peer).await {
-        Ok(_) => {
+        Ok(written) => {
             tracing::info!(lease = %name, %epoch, "ended a lapsed peer's epoch; its clusters can move");
-            Ok(true)
+            Ok(EpochEnd::Ended(Some(Box::new(written))))
         }
         // Renewed, or ended by another replica, since it was read.
-        Err(err) if is_conflict(&err) => Ok(api
-            .get_opt(&name)
-            .await?
-            .is_none_or(|peer| !in_epoch(&peer, holder, epoch))),
+        Err(err) if is_conflict(&err) => Ok(match api.get_opt(&name).await? {
+            Some(peer) if in_epoch(&peer, holder, epoch) => EpochEnd::Live,
+            peer => EpochEnd::Ended(peer.map(Box::new)),
+        }),
         Err(err) => Err(err),
     }
 }
+
+/// Annotation on a peer Lease whose epoch ended naming heirs: who inherits
+/// the fences held with that epoch (see `sharding::heirs`).
+pub(crate) const HEIRS_ANNOTATION: &str = "mcr.sigs.k8s.io/heirs";
 
 /// The epoch a peer Lease announces.
 pub(crate) fn epoch_of(peer: &Lease) -> Option<&str> {
@@ -286,11 +421,14 @@ pub(crate) async fn take_guessing(
     let annotations = held_with.map(|peer_lease| {
         BTreeMap::from([(HELD_WITH_ANNOTATION.to_string(), peer_lease.to_string())])
     });
+    let labels = held_with
+        .map(|held_with| BTreeMap::from([(HELD_WITH_LABEL.to_string(), label_for(held_with))]));
     let Some(mut lease) = api.get_opt(name).await? else {
         let lease = Lease {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
                 annotations,
+                labels,
                 ..ObjectMeta::default()
             },
             spec: Some(LeaseSpec {
@@ -313,15 +451,22 @@ pub(crate) async fn take_guessing(
         // Handed to this replica in its epoch: nothing to write.
         return Ok((Taken::Yes(Box::new(lease)), None));
     }
-    if let Some(other) = holder_of(&lease).filter(|h| *h != me)
-        && holds(api, &lease, other, now, known).await?
+    // Held by another, or by this replica in an epoch of its that ended
+    // (whose heirs may hold it now).
+    let mut plain_end = true;
+    if let Some(holder) = holder_of(&lease)
+        && (holder != me || held_with_of(&lease) != held_with)
     {
-        return Ok((Taken::HeldBy(Some(other.to_string())), None));
+        match holds(api, &lease, holder, held_with, now, known).await? {
+            Holder::Other(other) => return Ok((Taken::HeldBy(Some(other)), None)),
+            Holder::Free { plain } => plain_end = plain,
+            Holder::Mine => plain_end = false,
+        }
     }
-    // Held in an epoch that has ended: another's, or this replica's own
-    // earlier one (it holds with its current epoch only).
+    // Held in an epoch that has ended naming no heirs: another's, or this
+    // replica's own earlier one (it holds with its current epoch only).
     let found = match (holder_of(&lease), held_with_of(&lease)) {
-        (Some(holder), Some(before)) if held_with.is_some_and(|now| now != before) => {
+        (Some(holder), Some(before)) if plain_end && held_with.is_some_and(|now| now != before) => {
             Some(EndedHold {
                 holder: holder.to_string(),
                 held_with: before.to_string(),
@@ -357,11 +502,16 @@ async fn take_over_ended(
         HELD_WITH_ANNOTATION.replace('~', "~0").replace('/', "~1")
     );
     let now = serde_json::to_value(MicroTime(now)).map_err(kube::Error::SerdeError)?;
+    let mut labels = serde_json::Map::new();
+    labels.insert(HELD_WITH_LABEL.to_string(), label_for(held_with).into());
     let operations = serde_json::json!([
         {"op": "test", "path": "/spec/holderIdentity", "value": ended.holder},
         {"op": "test", "path": annotation, "value": ended.held_with},
         {"op": "replace", "path": "/spec/holderIdentity", "value": me},
         {"op": "replace", "path": annotation, "value": held_with},
+        // The whole map: `add` needs its parent, and a handed-to label
+        // left from a hand-over is stale now.
+        {"op": "add", "path": "/metadata/labels", "value": labels},
         {"op": "add", "path": "/spec/acquireTime", "value": now},
         {"op": "add", "path": "/spec/renewTime", "value": now},
         {"op": "add", "path": "/spec/leaseDurationSeconds", "value": seconds(duration)},
@@ -401,27 +551,23 @@ fn prepare_taken(
     now: Timestamp,
 ) {
     let holder = holder_of(lease).map(str::to_string);
-    // Held with this peer Lease now, or renewed: the annotation says which.
+    // Held with this peer Lease now, or renewed: the annotation says which,
+    // and the label finds it by epoch.
+    let labels = lease.metadata.labels.get_or_insert_with(BTreeMap::new);
+    // A take is no hand-over: the replica the label names is not woken.
+    labels.remove(HANDED_TO_LABEL);
+    let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+    annotations.remove(HANDED_BY_ANNOTATION);
+    annotations.remove(INHERITED_FROM_ANNOTATION);
     match held_with {
         Some(held_with) => {
-            lease
-                .metadata
-                .annotations
-                .get_or_insert_with(BTreeMap::new)
-                .insert(HELD_WITH_ANNOTATION.to_string(), held_with.to_string());
+            annotations.insert(HELD_WITH_ANNOTATION.to_string(), held_with.to_string());
+            labels.insert(HELD_WITH_LABEL.to_string(), label_for(held_with));
         }
         None => {
-            if let Some(kept) = lease.metadata.annotations.as_mut() {
-                kept.remove(HELD_WITH_ANNOTATION);
-            }
+            annotations.remove(HELD_WITH_ANNOTATION);
+            labels.remove(HELD_WITH_LABEL);
         }
-    }
-    // A take is no hand-over: the replica the label names is not woken.
-    if let Some(labels) = lease.metadata.labels.as_mut() {
-        labels.remove(HANDED_TO_LABEL);
-    }
-    if let Some(annotations) = lease.metadata.annotations.as_mut() {
-        annotations.remove(HANDED_BY_ANNOTATION);
     }
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
     if holder.as_deref() != Some(me) || spec.acquire_time.is_none() {
@@ -506,7 +652,10 @@ pub(crate) async fn release(
                 None => return Ok(()),
             },
         };
-        if lease.spec.is_none() || holder_of(&lease) != Some(me) {
+        // What this replica last wrote, or a fence it inherited as listed
+        // (naming the holder whose epoch ended): the write is guarded by
+        // its resourceVersion. A Lease read now must name this replica.
+        if lease.spec.is_none() || (read && holder_of(&lease) != Some(me)) {
             return Ok(());
         }
         match next {
@@ -544,6 +693,41 @@ pub(crate) async fn release(
             Err(err) if is_conflict(&err) => return Ok(()),
             Err(err) => return Err(err),
         }
+    }
+}
+
+/// Writes `inherited`, a fence as listed that this replica inherited from
+/// an ended epoch (see `sharding::heirs`), as held by `me` with
+/// `held_with`, naming whom it came from: one write, guarded by what was
+/// listed. `None` when the fence changed since (someone else wrote it).
+#[cfg(feature = "sharding")]
+pub(crate) async fn inherit(
+    api: &Api<Lease>,
+    me: &str,
+    duration: Duration,
+    held_with: &str,
+    mut inherited: Lease,
+) -> Result<Option<Lease>, kube::Error> {
+    let Some(name) = inherited.metadata.name.clone() else {
+        return Ok(None);
+    };
+    let from = holder_of(&inherited).unwrap_or_default().to_string();
+    prepare_taken(
+        &mut inherited,
+        me,
+        duration,
+        Some(held_with),
+        Timestamp::now(),
+    );
+    inherited
+        .metadata
+        .annotations
+        .get_or_insert_with(BTreeMap::new)
+        .insert(INHERITED_FROM_ANNOTATION.to_string(), from);
+    match api.replace(&name, &PostParams::default(), &inherited).await {
+        Ok(written) => Ok(Some(written)),
+        Err(err) if is_conflict(&err) => Ok(None),
+        Err(err) => Err(err),
     }
 }
 
@@ -610,7 +794,7 @@ pub(crate) mod tests {
         let api: Api<Lease> = Api::namespaced(client.clone(), "default");
         let duration = Duration::from_secs(20);
         assert!(matches!(
-            take(&api, "fence", "me", duration, None, &nothing_known, None)
+            take(&api, "fence", "me", duration, None, &NothingKnown, None)
                 .await
                 .expect("take"),
             Taken::Yes(_)
@@ -681,7 +865,7 @@ pub(crate) mod tests {
         let take_one = |name: &'static str| {
             let api = api.clone();
             async move {
-                match take(&api, name, "me", duration, None, &nothing_known, None)
+                match take(&api, name, "me", duration, None, &NothingKnown, None)
                     .await
                     .expect("take")
                 {
@@ -744,17 +928,9 @@ pub(crate) mod tests {
         let take_with = |name: &'static str, epoch: &'static str, last: Option<Lease>| {
             let api = api.clone();
             async move {
-                take(
-                    &api,
-                    name,
-                    "me",
-                    duration,
-                    Some(epoch),
-                    &nothing_known,
-                    last,
-                )
-                .await
-                .expect("take")
+                take(&api, name, "me", duration, Some(epoch), &NothingKnown, last)
+                    .await
+                    .expect("take")
             }
         };
         let held_with = |lease: &Lease| {
@@ -846,7 +1022,7 @@ pub(crate) mod tests {
                 "p",
                 duration,
                 Some("peer-p/e1"),
-                &nothing_known,
+                &NothingKnown,
                 None,
             )
             .await
@@ -864,7 +1040,7 @@ pub(crate) mod tests {
             "me",
             duration,
             Some("peer-me/e7"),
-            &nothing_known,
+            &NothingKnown,
             None,
         )
         .await
@@ -888,7 +1064,7 @@ pub(crate) mod tests {
             "me",
             duration,
             Some("peer-me/e7"),
-            &nothing_known,
+            &NothingKnown,
             None,
         )
         .await
@@ -904,7 +1080,7 @@ pub(crate) mod tests {
             "me",
             duration,
             Some("peer-me/e7"),
-            &nothing_known,
+            &NothingKnown,
             None,
         )
         .await
@@ -923,7 +1099,7 @@ pub(crate) mod tests {
             "q",
             duration,
             Some("peer-q/f1"),
-            &nothing_known,
+            &NothingKnown,
             None,
         )
         .await
@@ -937,17 +1113,21 @@ pub(crate) mod tests {
             .await
             .expect("renew");
         assert!(
-            !end_epoch(&api, stale, "q", "f1").await.expect("end"),
+            matches!(
+                end_epoch(&api, stale, "q", "f1", None).await.expect("end"),
+                EpochEnd::Live
+            ),
             "an epoch renewed since it was read was ended"
         );
         assert_eq!(
             holder(&api.get("peer-q").await.expect("get")).as_deref(),
             Some("q")
         );
-        assert!(
-            holds(&api, &read, "q", Timestamp::now(), &nothing_known)
+        assert_eq!(
+            holds(&api, &read, "q", None, Timestamp::now(), &NothingKnown)
                 .await
-                .expect("holds")
+                .expect("holds"),
+            Holder::Other("q".to_string())
         );
     }
 
@@ -966,7 +1146,7 @@ pub(crate) mod tests {
             "me",
             duration,
             Some("peer-me/e1"),
-            &nothing_known,
+            &NothingKnown,
             None,
         )
         .await
@@ -981,7 +1161,7 @@ pub(crate) mod tests {
             "me",
             duration,
             Some("peer-me/e1"),
-            &nothing_known,
+            &NothingKnown,
             Some(*written),
         )
         .await
@@ -1012,7 +1192,7 @@ pub(crate) mod tests {
             "before",
             duration,
             Some("peer-before/b1"),
-            &nothing_known,
+            &NothingKnown,
             None,
         )
         .await
@@ -1049,7 +1229,7 @@ pub(crate) mod tests {
                 "me",
                 duration,
                 Some(held_with),
-                &nothing_known,
+                &NothingKnown,
                 None,
             )
         };
@@ -1067,7 +1247,7 @@ pub(crate) mod tests {
             "me",
             duration,
             Some("peer-me/e2"),
-            &nothing_known,
+            &NothingKnown,
             Prior::default(),
         )
         .await
@@ -1108,7 +1288,7 @@ pub(crate) mod tests {
                 holder,
                 duration,
                 Some(held_with),
-                &nothing_known,
+                &NothingKnown,
                 None,
             )
             .await
@@ -1128,7 +1308,7 @@ pub(crate) mod tests {
                     "me",
                     duration,
                     Some("peer-me/m1"),
-                    &nothing_known,
+                    &NothingKnown,
                     Prior {
                         last: None,
                         ended: Some(guess),
@@ -1188,7 +1368,7 @@ pub(crate) mod tests {
             "p",
             duration,
             Some("peer-p/e2"),
-            &nothing_known,
+            &NothingKnown,
             None,
         )
         .await
@@ -1235,7 +1415,7 @@ pub(crate) mod tests {
             "p",
             duration,
             Some("peer-p/e1"),
-            &nothing_known,
+            &NothingKnown,
             None,
         )
         .await
@@ -1247,7 +1427,7 @@ pub(crate) mod tests {
             "me",
             duration,
             Some("peer-me/m1"),
-            &nothing_known,
+            &NothingKnown,
             Prior {
                 last: None,
                 ended: Some(ended("p", "peer-p/e1")),

@@ -7,7 +7,6 @@
 //! names keep distinct Leases; a name that is already valid stays as Go
 //! writes it.
 
-#[cfg(feature = "sharding")]
 use std::hash::Hasher;
 
 /// Longest Kubernetes object name (a DNS-1123 subdomain).
@@ -54,7 +53,6 @@ pub(crate) fn lease_name(prefix: &str, value: &str) -> String {
 }
 
 /// FNV-1a, 64 bits, of `value`'s bytes: the hash Go's sharder uses.
-#[cfg(feature = "sharding")]
 pub(crate) fn fnv1a(value: &str) -> u64 {
     let mut hasher = fnv::FnvHasher::default();
     // `write`, not `Hash::hash`: the latter appends a terminator byte.

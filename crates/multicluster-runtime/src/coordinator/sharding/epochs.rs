@@ -28,7 +28,7 @@ use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 use super::hrw::{self, Peer};
-use crate::coordinator::lease::{self, EndedHold, epoch_of};
+use crate::coordinator::lease::{self, EndedHold, Hold, epoch_of};
 
 /// Ended epochs remembered; the oldest are forgotten first (a forgotten
 /// one is read from the API server again, as any unknown one).
@@ -50,6 +50,8 @@ pub(crate) struct Epochs {
     ended_order: VecDeque<(String, String)>,
     /// Peers whose epoch ended lately, oldest first.
     departed: VecDeque<Departed>,
+    /// The records of heirs on the peer Leases read.
+    pub(crate) heirs: super::heirs::Known,
 }
 
 /// A peer whose epoch ended: the fences it held with it name it and it.
@@ -71,13 +73,18 @@ struct Seen {
 }
 
 impl Epochs {
-    /// Takes in a fresh list of the peer Leases, read at `now`.
-    pub(crate) fn record(&mut self, leases: &[Lease], now: Timestamp) {
+    /// Takes in a fresh list of the peer Leases, read at `now`; whether it
+    /// named heirs not known before.
+    pub(crate) fn record(&mut self, leases: &[Lease], now: Timestamp) -> bool {
         let mut seen = HashMap::with_capacity(leases.len());
+        let mut new_heirs = false;
         for peer in leases {
             let Some(name) = peer.metadata.name.clone() else {
                 continue;
             };
+            // Before the end is taken in: whoever knows an epoch ended
+            // knows its heirs (named in the same write).
+            new_heirs |= self.heirs.learn(peer, now);
             let entry = Seen {
                 holder: peer
                     .spec
@@ -129,6 +136,7 @@ impl Epochs {
             }
         }
         self.seen = seen;
+        new_heirs
     }
 
     /// The peer the last read saw holding `peer_lease` in `epoch`.
@@ -169,11 +177,13 @@ impl Epochs {
         peers: &[Peer],
         now: Timestamp,
     ) -> Option<EndedHold> {
+        // A fence of an epoch that named heirs is an heir's, not free.
         let recent: Vec<&Departed> = self
             .departed
             .iter()
             .rev()
             .filter(|d| now.duration_since(d.at) < DEPARTED_KEPT_FOR)
+            .filter(|d| !self.heirs.has(&d.held_with))
             .collect();
         if recent.is_empty() {
             return None;
@@ -232,28 +242,38 @@ impl Epochs {
         }
     }
 
-    /// Whether `holder` holds a fence held with `peer_lease` in `epoch`, if
-    /// known without asking the API server: `Some(false)` for an ended
-    /// epoch, `Some(true)` while the last read showed it live, `None`
-    /// otherwise.
+    /// Whether `holder` holds `cluster`'s fence held with `peer_lease` in
+    /// `epoch`, if known without asking the API server: ended (or its heir,
+    /// when the end named heirs) for an ended epoch, live while the last
+    /// read showed it live, `None` otherwise.
     pub(crate) fn holds(
         &self,
         peer_lease: &str,
         epoch: &str,
         holder: &str,
+        cluster: &str,
         now: Timestamp,
-    ) -> Option<bool> {
+    ) -> Option<Hold> {
+        if let Some(hold) = self.heirs.hold(peer_lease, epoch, cluster, now) {
+            return Some(hold);
+        }
         if self
             .ended
             .contains(&(peer_lease.to_string(), epoch.to_string()))
         {
-            return Some(false);
+            return Some(Hold::Ended);
         }
         let seen = self.seen.get(peer_lease)?;
         let live = seen.holder.as_deref() == Some(holder)
             && seen.epoch.as_deref() == Some(epoch)
             && seen.lapses_at.is_some_and(|at| now < at);
-        live.then_some(true)
+        live.then_some(Hold::Live)
+    }
+
+    /// Takes in what ending `peer_lease`'s epoch found: the heirs the peer
+    /// Lease as it is now names.
+    pub(crate) fn ended_with(&mut self, peer: Option<&Lease>, now: Timestamp) -> bool {
+        peer.is_some_and(|peer| self.heirs.learn(peer, now))
     }
 
     /// The epoch the last read saw `holder` live and ready in (and not
@@ -335,39 +355,47 @@ mod tests {
         let now = Timestamp::from_second(1_000_000).expect("time");
         let later = |secs| now.checked_add(SignedDuration::from_secs(secs)).expect("t");
         let mut epochs = Epochs::default();
-        assert_eq!(epochs.holds("p", "e1", "p", now), None, "never read");
+        assert_eq!(epochs.holds("p", "e1", "p", "c", now), None, "never read");
 
         epochs.record(&[peer("p", "e1", 10, now)], now);
-        assert_eq!(epochs.holds("p", "e1", "p", now), Some(true));
-        assert_eq!(epochs.holds("p", "e1", "q", now), None, "another holder");
-        assert_eq!(epochs.holds("p", "e0", "p", now), None, "an epoch not seen");
+        assert_eq!(epochs.holds("p", "e1", "p", "c", now), Some(Hold::Live));
         assert_eq!(
-            epochs.holds("p", "e1", "p", later(21)),
+            epochs.holds("p", "e1", "q", "c", now),
+            None,
+            "another holder"
+        );
+        assert_eq!(
+            epochs.holds("p", "e0", "p", "c", now),
+            None,
+            "an epoch not seen"
+        );
+        assert_eq!(
+            epochs.holds("p", "e1", "p", "c", later(21)),
             None,
             "past the lapse the last read says nothing"
         );
 
         // A new epoch ends the one before, for good.
         epochs.record(&[peer("p", "e2", 0, now)], now);
-        assert_eq!(epochs.holds("p", "e1", "p", now), Some(false));
-        assert_eq!(epochs.holds("p", "e2", "p", now), Some(true));
+        assert_eq!(epochs.holds("p", "e1", "p", "c", now), Some(Hold::Ended));
+        assert_eq!(epochs.holds("p", "e2", "p", "c", now), Some(Hold::Live));
 
         // Seen lapsed: not known either way (its replica may renew it in
         // the same epoch unless someone ends it first).
         epochs.record(&[peer("p", "e2", 31, now)], now);
-        assert_eq!(epochs.holds("p", "e2", "p", now), None);
+        assert_eq!(epochs.holds("p", "e2", "p", "c", now), None);
 
         // Ended by another replica (the holder cleared): ended.
         let mut cleared = peer("p", "e2", 31, now);
         cleared.spec.as_mut().expect("spec").holder_identity = None;
         epochs.record(&[cleared], now);
-        assert_eq!(epochs.holds("p", "e2", "p", now), Some(false));
+        assert_eq!(epochs.holds("p", "e2", "p", "c", now), Some(Hold::Ended));
 
         // Deleted: ended (its replica writes a new epoch when it finds its
         // Lease gone).
         epochs.record(&[peer("q", "f1", 0, now)], now);
         epochs.record(&[], now);
-        assert_eq!(epochs.holds("q", "f1", "q", now), Some(false));
+        assert_eq!(epochs.holds("q", "f1", "q", "c", now), Some(Hold::Ended));
         assert!(!epochs.has_seen("q"));
     }
 
@@ -495,7 +523,7 @@ mod tests {
             held_with: "me/m1".to_string(),
         };
         epochs.learn(&found, 1, now);
-        assert_eq!(epochs.holds("me", "m1", "me", now), Some(false));
+        assert_eq!(epochs.holds("me", "m1", "me", "c", now), Some(Hold::Ended));
         assert_eq!(epochs.ended_hold(&mine[1], &peers, now), Some(found));
     }
 
@@ -519,8 +547,8 @@ mod tests {
         for i in 0..=ENDED_KEPT {
             epochs.end("p", &i.to_string());
         }
-        assert_eq!(epochs.holds("p", "0", "p", now), None);
-        assert_eq!(epochs.holds("p", "1", "p", now), Some(false));
+        assert_eq!(epochs.holds("p", "0", "p", "c", now), None);
+        assert_eq!(epochs.holds("p", "1", "p", "c", now), Some(Hold::Ended));
         assert_eq!(epochs.ended.len(), ENDED_KEPT);
     }
 }

@@ -30,17 +30,12 @@ use tokio::time::Instant;
 
 use crate::coordinator::fence::{self, Standing};
 use crate::coordinator::lease::{self, HANDED_TO_LABEL};
-use crate::coordinator::names::fnv1a;
 use crate::name::ClusterName;
 use crate::sync::lock;
 
 use super::{ShardedCoordinator, engage_or_hand_back, hold, owner_but};
 
-/// The [`HANDED_TO_LABEL`] value for fences held with `held_with`
-/// (`<peer Lease>/<epoch>`): label values are short, peer IDs need not be.
-pub(crate) fn label_for(held_with: &str) -> String {
-    format!("{:016x}", fnv1a(held_with))
-}
+pub(crate) use lease::label_for;
 
 /// The fences handed to this replica and not taken up yet, by name.
 #[derive(Debug, Default)]

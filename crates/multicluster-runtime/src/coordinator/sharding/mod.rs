@@ -57,6 +57,7 @@
 
 mod epochs;
 mod handover;
+mod heirs;
 mod hrw;
 mod options;
 mod peers;
@@ -150,6 +151,9 @@ struct Inner {
     /// Fired when `run` has returned (or was dropped): nothing hands
     /// clusters over any more.
     ran: CancellationToken,
+    /// How many clusters this replica still worked on when it stopped
+    /// (fences held with the peer Lease): its peer Lease then names heirs.
+    left_behind: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 /// How many fences one look takes or hands back at once. A hand-over of
@@ -181,13 +185,20 @@ struct Share {
 struct Held {
     fence: fence::Fence,
     work: CancellationToken,
+    /// For a fence inherited from an ended epoch and not yet written as
+    /// this replica's own: until when it may be worked on so.
+    inherited_until: Option<Timestamp>,
 }
 
 impl Held {
     /// Work under `fence` that ends with the fence or the cluster.
     fn new(fence: fence::Fence, lifetime: &CancellationToken) -> Self {
         let work = child_until(lifetime, fence.lost());
-        Self { fence, work }
+        Self {
+            fence,
+            work,
+            inherited_until: None,
+        }
     }
 
     fn is_lost(&self) -> bool {
@@ -232,6 +243,11 @@ enum Step {
         /// The next owner, to hand the fence to straight away.
         next: Option<Box<lease::Next>>,
     },
+    /// Write an inherited fence, as listed, as this replica's own.
+    Rewrite {
+        generation: u64,
+        inherited: Box<Lease>,
+    },
 }
 
 /// The peers as one look at the fleet sees them, worked out once for all
@@ -254,6 +270,9 @@ struct Look {
     leaving: std::collections::BTreeSet<String>,
     /// `peers` and the leaving peers, sorted by ID.
     with_leaving: Vec<Peer>,
+    /// How many more inherited fences this look writes as this replica's
+    /// own (see `heirs`).
+    rewrites_left: std::sync::atomic::AtomicUsize,
 }
 
 impl Look {
@@ -305,6 +324,16 @@ impl Look {
         owner.is_some_and(|owner| self.came_back.contains(&owner.id))
             && owner_of(cluster, &self.ready).is_some_and(|peer| peer.id == me)
     }
+
+    /// Whether this look may write one more inherited fence.
+    fn may_rewrite(&self) -> bool {
+        use std::sync::atomic::Ordering;
+        self.rewrites_left
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok()
+    }
 }
 
 /// The owner of `cluster` among `peers` but `let_go`, a replica that let
@@ -347,6 +376,7 @@ impl ShardedCoordinator {
                 said_leaving: CancellationToken::new(),
                 handed_all: CancellationToken::new(),
                 ran: CancellationToken::new(),
+                left_behind: Arc::default(),
                 me,
                 options,
                 clusters: std::sync::Mutex::default(),
@@ -385,6 +415,11 @@ impl ShardedCoordinator {
     /// over, and the next look starts at once.
     async fn balance(&self, stop: &CancellationToken) -> Option<usize> {
         self.release_again().await;
+        if self.inner.options.fence_hold == FenceHold::WithPeer
+            && !self.inner.said_leaving.is_cancelled()
+        {
+            self.inherit().await;
+        }
         // A look with thousands of takes lasts long; once the peers change
         // (one left, came back or became ready) its remaining takes are
         // left to the next look, which starts at once. Looks at 100,000
@@ -498,6 +533,7 @@ impl ShardedCoordinator {
             next,
             leaving: leaving.into_iter().map(|peer| peer.id).collect(),
             with_leaving,
+            rewrites_left: heirs::REWRITES_PER_LOOK.into(),
         }
     }
 
@@ -541,6 +577,13 @@ impl ShardedCoordinator {
                 self.release(held.fence, next.as_deref()).await;
                 next.is_some()
             }
+            Step::Rewrite {
+                generation,
+                inherited,
+            } => {
+                self.rewrite(name, generation, *inherited).await;
+                false
+            }
             Step::Take { .. } if outdated() => false,
             Step::Take { generation } => {
                 self.take(name, generation, &look.peers).await;
@@ -577,6 +620,18 @@ impl ShardedCoordinator {
                 next: None,
             };
         }
+        if entry
+            .held
+            .as_ref()
+            .and_then(|held| held.inherited_until)
+            .is_some_and(|until| Timestamp::now() >= until)
+            && let Some(held) = entry.held.take()
+        {
+            held.work.cancel();
+            entry.retry_at = Some(now + self.inner.options.fence_retry_delay);
+            tracing::warn!(cluster = %name, "an inherited fence was not written as this replica's own in time; stopped working on the cluster");
+            return Step::Nothing;
+        }
         let me = &self.inner.me.id;
         if self.inner.said_leaving.is_cancelled() {
             // Leaving: every cluster goes to its next owner, one by one,
@@ -604,6 +659,17 @@ impl ShardedCoordinator {
         let keep_for_joiner = owner.is_some_and(|peer| look.joining.contains(&peer.id));
         let owns = owner.is_some_and(|peer| peer.id == *me)
             || keep_for_joiner && look.stands_in_for(name.as_str(), owner, me);
+        let inherited = entry
+            .held
+            .as_ref()
+            .filter(|held| held.inherited_until.is_some() && !held.is_lost())
+            .and_then(|held| held.fence.written());
+        if let Some(inherited) = inherited.filter(|_| owns && look.may_rewrite()) {
+            return Step::Rewrite {
+                generation,
+                inherited: Box::new(inherited.clone()),
+            };
+        }
         match (owns, entry.held.take()) {
             (false, Some(held)) if keep_for_joiner && !held.is_lost() => {
                 entry.held = Some(held);
@@ -657,8 +723,9 @@ impl ShardedCoordinator {
                     return;
                 }
                 let epochs = &self.inner.epochs;
-                let known = |peer_lease: &str, epoch: &str, holder: &str, now| {
-                    lock(epochs).holds(peer_lease, epoch, holder, now)
+                let known = heirs::TakeKnowledge {
+                    epochs,
+                    cluster: name.as_str(),
                 };
                 let last = lock(&self.inner.clusters)
                     .current_mut(name, generation)
@@ -749,6 +816,61 @@ impl ShardedCoordinator {
         }
     }
 
+    /// Writes `inherited`, the fence of `name` as listed when this replica
+    /// inherited it, as its own (see `heirs`). Should someone else have
+    /// written it since, the work on it stops: the fence is not this
+    /// replica's. A failure is tried again at the next look.
+    async fn rewrite(&self, name: &ClusterName, generation: u64, inherited: Lease) {
+        let standing = self.inner.standing.borrow().clone();
+        if standing.live().is_none() {
+            return;
+        }
+        let held_with = format!("{}/{}", standing.peer_lease, standing.epoch);
+        let options = &self.inner.options;
+        let call = lease::inherit(
+            &self.inner.leases,
+            &self.inner.me.id,
+            options.fence_lease_duration,
+            &held_with,
+            inherited,
+        );
+        let outcome = tokio::time::timeout(options.fence_renew_interval, call).await;
+        let fence_name = self.fence_name(name);
+        let mut clusters = lock(&self.inner.clusters);
+        let Some(entry) = clusters.current_mut(name, generation) else {
+            return;
+        };
+        let share = &mut entry.data;
+        let still_inherited = share
+            .held
+            .as_ref()
+            .is_some_and(|held| held.fence.name == fence_name && held.inherited_until.is_some());
+        if !still_inherited {
+            return;
+        }
+        match outcome {
+            Ok(Ok(Some(written))) => {
+                if let Some(held) = share.held.as_mut() {
+                    held.fence.set_written(written);
+                    held.inherited_until = None;
+                }
+            }
+            Ok(Ok(None)) => {
+                if let Some(held) = share.held.take() {
+                    held.work.cancel();
+                }
+                share.retry_at = Some(Instant::now() + options.fence_retry_delay);
+                tracing::warn!(cluster = %name, lease = %fence_name, "an inherited fence was written by another replica; stopped working on the cluster");
+            }
+            Ok(Err(err)) => {
+                tracing::debug!(cluster = %name, lease = %fence_name, error = %crate::redact::kube_error(&err), "could not write an inherited fence as this replica's own; trying again");
+            }
+            Err(_) => {
+                tracing::debug!(cluster = %name, lease = %fence_name, "no answer writing an inherited fence as this replica's own; trying again");
+            }
+        }
+    }
+
     /// Clears `fence` (or hands it to `next`); one whose release failed is
     /// cleared again at the next look.
     async fn release(&self, fence: fence::Fence, next: Option<&lease::Next>) {
@@ -834,6 +956,9 @@ impl ShardedCoordinator {
             })
             .collect();
         let count = held.len();
+        self.inner
+            .left_behind
+            .store(count, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(clusters = count, peer = %self.inner.me.id, "shutting down: handing every cluster back");
         let with_peer = self.inner.options.fence_hold == FenceHold::WithPeer;
         let mut renewed = Vec::new();
@@ -1048,6 +1173,8 @@ impl Coordinator for ShardedCoordinator {
             joining: self.inner.joining.clone(),
             leave: self.inner.leave.clone(),
             said_leaving: self.inner.said_leaving.clone(),
+            with_heirs: options.fence_hold == FenceHold::WithPeer,
+            left_behind: self.inner.left_behind.clone(),
             leaving: self.inner.leaving.clone(),
             stood_since: std::sync::Mutex::default(),
             written: std::sync::Mutex::default(),
@@ -1398,6 +1525,130 @@ mod tests {
     }
 
     type Spoil = fn(&mut ShardingOptions);
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_heir_works_on_what_it_inherits_before_writing_it_and_writes_it_later() {
+        let cp = multicluster_envtest::ControlPlane::start()
+            .await
+            .expect("control plane");
+        let client = cp.client().await.expect("client");
+        let options = ShardingOptions::default()
+            .peer_id("me".to_string())
+            .fence_hold(FenceHold::WithPeer);
+        let coordinator = ShardedCoordinator::new(client, options).expect("coordinator");
+        coordinator.inner.standing.send_modify(|standing| {
+            standing.live = Some(CancellationToken::new());
+        });
+        let mine = {
+            let standing = coordinator.inner.standing.borrow();
+            format!("{}/{}", standing.peer_lease, standing.epoch)
+        };
+        let api = coordinator.inner.leases.clone();
+        let clusters: Vec<String> = (0..12).map(|i| format!("shard-{i}")).collect();
+        // Every fence held by "gone" in the epoch that ended.
+        for cluster in &clusters {
+            engage_offline(&coordinator, cluster);
+            let fence = coordinator.fence_name(&ClusterName::from(cluster.as_str()));
+            let taken = lease::take(
+                &api,
+                &fence,
+                "gone",
+                Duration::from_secs(30),
+                Some("mcr-peer-gone/e1"),
+                &lease::NothingKnown,
+                None,
+            )
+            .await
+            .expect("take");
+            assert!(matches!(taken, lease::Taken::Yes(_)));
+        }
+        // Its end named "me" (in its current epoch) and "q" its heirs.
+        let record = heirs::Record::new(
+            "gone",
+            "e1",
+            vec![
+                heirs::HeirPeer {
+                    id: "me".to_string(),
+                    weight: 1,
+                    held_with: mine.clone(),
+                },
+                heirs::HeirPeer {
+                    id: "q".to_string(),
+                    weight: 1,
+                    held_with: "mcr-peer-q/q1".to_string(),
+                },
+            ],
+        );
+        let mut mine_to_inherit: Vec<String> = clusters
+            .iter()
+            .filter(|cluster| record.heir_for(cluster).is_some_and(|heir| heir.id == "me"))
+            .cloned()
+            .collect();
+        mine_to_inherit.sort();
+        assert!(
+            !mine_to_inherit.is_empty() && mine_to_inherit.len() < clusters.len(),
+            "the heirs do not share the fences: {mine_to_inherit:?}"
+        );
+        let mut gone = lease::tests::peer_lease("mcr-peer-gone", "gone", "e1", 60);
+        gone.spec.as_mut().expect("spec").holder_identity = None;
+        let value = heirs::annotation_with(&gone, record, Timestamp::now()).expect("record");
+        gone.metadata
+            .annotations
+            .get_or_insert_default()
+            .insert(lease::HEIRS_ANNOTATION.to_string(), value);
+        assert!(lock(&coordinator.inner.epochs).record(&[gone], Timestamp::now()));
+
+        let holder_of = |cluster: &str| {
+            let (api, fence) = (
+                api.clone(),
+                coordinator.fence_name(&ClusterName::from(cluster)),
+            );
+            async move { api.get(&fence).await.expect("fence") }
+        };
+        coordinator.inherit().await;
+        let mut working: Vec<String> = coordinator
+            .working_on()
+            .unwrap_or_default()
+            .iter()
+            .map(|name| name.to_string())
+            .collect();
+        working.sort();
+        assert_eq!(working, mine_to_inherit, "not working on what it inherited");
+        for cluster in &clusters {
+            let fence = holder_of(cluster).await;
+            assert_eq!(
+                lease::holder_of(&fence),
+                Some("gone"),
+                "{cluster}'s fence was written before the work started"
+            );
+        }
+
+        // The next look writes what it inherited as its own, and finds the
+        // rest held by the other heir (whose epoch it has not seen end).
+        coordinator.balance(&CancellationToken::new()).await;
+        for cluster in &clusters {
+            let fence = holder_of(cluster).await;
+            let inherited_from = fence
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|annotations| annotations.get(lease::INHERITED_FROM_ANNOTATION))
+                .cloned();
+            if mine_to_inherit.contains(cluster) {
+                assert_eq!(lease::holder_of(&fence), Some("me"), "{cluster}");
+                assert_eq!(lease::held_with_of(&fence), Some(mine.as_str()));
+                assert_eq!(inherited_from.as_deref(), Some("gone"), "{cluster}");
+            } else {
+                assert_eq!(
+                    lease::holder_of(&fence),
+                    Some("gone"),
+                    "{cluster} taken from q"
+                );
+            }
+        }
+        let working = coordinator.working_on().unwrap_or_default();
+        assert_eq!(working.len(), mine_to_inherit.len());
+    }
 
     #[tokio::test]
     async fn a_look_under_way_at_the_stop_leaves_every_cluster_to_the_hand_back() {

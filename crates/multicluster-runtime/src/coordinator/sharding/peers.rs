@@ -17,10 +17,12 @@ use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, watcher};
 
 use super::epochs::Epochs;
+use super::heirs::{self, HeirPeer, Record};
 use super::hrw::Peer;
 use crate::coordinator::EPOCH_ANNOTATION;
 use crate::coordinator::fence::Standing;
-use crate::coordinator::lease::{self, seconds};
+use crate::coordinator::lease::{self, EpochEnd, seconds};
+use crate::coordinator::lease_name;
 use crate::sync::lock;
 
 /// How long after a peer's Lease lapses by its own times it is read again:
@@ -71,6 +73,11 @@ pub(crate) struct Registry {
     pub(crate) said_leaving: CancellationToken,
     /// The other peers whose Leases say they are leaving (live ones only).
     pub(crate) leaving: watch::Sender<Vec<Peer>>,
+    /// Whether fences are held with the peer Lease: an epoch that ends
+    /// then names heirs.
+    pub(crate) with_heirs: bool,
+    /// How many clusters the coordinator still worked on when it stopped.
+    pub(crate) left_behind: Arc<std::sync::atomic::AtomicUsize>,
     /// Since when this replica's standing has been live (`None` while it
     /// is not).
     pub(crate) stood_since: Mutex<Option<Instant>>,
@@ -183,18 +190,9 @@ impl Registry {
             }
         }
         // Stopping: the coordinator has let go of every fence already.
+        let epoch = self.standing.borrow().epoch.clone();
         self.fall();
-        let params = DeleteParams::default();
-        let delete = self.api.delete(&self.lease_name, &params);
-        match tokio::time::timeout(self.renew, delete).await {
-            Ok(Ok(_)) => tracing::debug!(lease = %self.lease_name, "peer lease deleted"),
-            Ok(Err(err)) => {
-                tracing::warn!(lease = %self.lease_name, error = %crate::redact::kube_error(&err), "could not delete the peer lease; the others take over when it lapses")
-            }
-            Err(_) => {
-                tracing::warn!(lease = %self.lease_name, "no answer deleting the peer lease; the others take over when it lapses")
-            }
-        }
+        self.end_own_epoch(&epoch).await;
     }
 
     /// Ends the epoch: fences held with it stop, and the next good renewal
@@ -365,7 +363,10 @@ impl Registry {
             }
         };
         let now = Timestamp::now();
-        lock(&self.epochs).record(&list.items, now);
+        if lock(&self.epochs).record(&list.items, now) {
+            // Heirs named: the coordinator lists what it inherits.
+            self.wake.notify_one();
+        }
         let first_lapse = list
             .items
             .iter()
@@ -402,6 +403,7 @@ impl Registry {
             }
         }
         self.end_lapsed(&list.items, &peers, now).await;
+        self.forget_departed(&list.items, now).await;
         let joining: std::collections::BTreeSet<String> = list
             .items
             .iter()
@@ -468,22 +470,159 @@ impl Registry {
             if holder == self.me.id || peers.contains_key(holder) || !lease::expired(spec, now) {
                 continue;
             }
-            let call = lease::end_epoch(&self.api, peer.clone(), holder, epoch);
+            let heirs = self.heirs(peers.values(), holder, now);
+            let record =
+                (self.with_heirs && !heirs.is_empty()).then(|| Record::new(holder, epoch, heirs));
+            let annotation = record.and_then(|record| heirs::annotation_with(peer, record, now));
+            let call = lease::end_epoch(&self.api, peer.clone(), holder, epoch, annotation);
             match tokio::time::timeout(self.renew, call).await {
-                Ok(Ok(true)) => {
+                Ok(Ok(EpochEnd::Ended(now_lease))) => {
                     let departed = Peer {
                         id: holder.to_string(),
                         weight: weight(peer),
                     };
-                    lock(&self.epochs).depart(name, epoch, departed, now);
+                    let mut epochs = lock(&self.epochs);
+                    if epochs.ended_with(now_lease.as_deref(), now) {
+                        self.wake.notify_one();
+                    }
+                    epochs.depart(name, epoch, departed, now);
                 }
-                Ok(Ok(false)) => {}
+                Ok(Ok(EpochEnd::Live)) => {}
                 Ok(Err(err)) => {
                     tracing::debug!(lease = %name, error = %crate::redact::kube_error(&err), "could not end a lapsed peer's epoch; its fences' takes try");
                 }
                 Err(_) => {
                     tracing::debug!(lease = %name, "no answer ending a lapsed peer's epoch; its fences' takes try");
                 }
+            }
+        }
+    }
+
+    /// The heirs of an epoch of `gone` that ends now: the live, ready
+    /// `peers` that are not leaving, in the epochs the peer reads saw
+    /// them in (this replica in its standing, if it is live and ready).
+    fn heirs<'a>(
+        &self,
+        peers: impl Iterator<Item = &'a Peer>,
+        gone: &str,
+        now: Timestamp,
+    ) -> Vec<HeirPeer> {
+        let epochs = lock(&self.epochs);
+        peers
+            .filter(|peer| peer.id != gone)
+            .filter_map(|peer| {
+                let held_with = if peer.id == self.me.id {
+                    let standing = self.standing.borrow();
+                    let ready = self.ready.is_cancelled() && !self.leave.is_cancelled();
+                    standing.live().filter(|_| ready)?;
+                    format!("{}/{}", standing.peer_lease, standing.epoch)
+                } else {
+                    let peer_lease = lease_name(&self.prefix, &peer.id);
+                    let epoch = epochs.live_epoch(&peer_lease, &peer.id, now)?;
+                    format!("{peer_lease}/{epoch}")
+                };
+                Some(HeirPeer {
+                    id: peer.id.clone(),
+                    weight: peer.weight,
+                    held_with,
+                })
+            })
+            .collect()
+    }
+
+    /// Ends this replica's `epoch` as it stops, naming its heirs: what it
+    /// had not handed over goes to them at once, without a write each (see
+    /// `heirs`). Its work has stopped already. With nothing left behind,
+    /// no heirs, or should that write fail, the Lease is deleted, which
+    /// frees every fence held with it (heirs named by an earlier epoch's
+    /// end keep the Lease).
+    async fn end_own_epoch(&self, epoch: &str) {
+        let now = Timestamp::now();
+        let peers = self.peers.borrow().clone();
+        let heirs = self.heirs(peers.iter(), &self.me.id, now);
+        let last = lock(&self.written).clone();
+        let left_behind = self.left_behind.load(std::sync::atomic::Ordering::Relaxed) > 0;
+        let record = (self.with_heirs && left_behind && !heirs.is_empty())
+            .then(|| Record::new(&self.me.id, epoch, heirs));
+        // Heirs named by an earlier epoch's end may still work on fences
+        // held in it: the Lease that names them stays.
+        let named_before = last
+            .as_ref()
+            .is_some_and(|last| heirs::followed_on(last, now));
+        if let Some(mut last) = last.filter(|_| record.is_some() || named_before) {
+            let annotation = record.and_then(|record| heirs::annotation_with(&last, record, now));
+            if let Some(annotations) = last.metadata.annotations.as_mut() {
+                annotations.remove(LEAVING_ANNOTATION);
+            }
+            let call = lease::end_epoch(&self.api, last, &self.me.id, epoch, annotation);
+            match tokio::time::timeout(self.renew, call).await {
+                Ok(Ok(EpochEnd::Ended(_))) => {
+                    tracing::debug!(lease = %self.lease_name, "peer lease ended, naming its heirs");
+                    return;
+                }
+                Ok(Ok(EpochEnd::Live)) => {}
+                Ok(Err(err)) => {
+                    tracing::debug!(lease = %self.lease_name, error = %crate::redact::kube_error(&err), "could not end the peer lease naming its heirs; deleting it");
+                }
+                Err(_) => {
+                    tracing::debug!(lease = %self.lease_name, "no answer ending the peer lease naming its heirs; deleting it");
+                }
+            }
+            if named_before {
+                tracing::warn!(lease = %self.lease_name, "could not end the peer lease; the others end it when it lapses");
+                return;
+            }
+        }
+        let params = DeleteParams::default();
+        let delete = self.api.delete(&self.lease_name, &params);
+        match tokio::time::timeout(self.renew, delete).await {
+            Ok(Ok(_)) => tracing::debug!(lease = %self.lease_name, "peer lease deleted"),
+            Ok(Err(err)) => {
+                tracing::warn!(lease = %self.lease_name, error = %crate::redact::kube_error(&err), "could not delete the peer lease; the others take over when it lapses")
+            }
+            Err(_) => {
+                tracing::warn!(lease = %self.lease_name, "no answer deleting the peer lease; the others take over when it lapses")
+            }
+        }
+    }
+
+    /// Deletes the peer Leases that name no holder and no heirs still
+    /// followed, and were last renewed longer ago than heirs are followed:
+    /// replicas that left for good (a Deployment's pods are named anew at
+    /// every rollout). Written over what was read, so a replica that
+    /// comes back meanwhile keeps its Lease.
+    async fn forget_departed(&self, leases: &[Lease], now: Timestamp) {
+        for peer in leases {
+            let (Some(name), Some(version)) = (
+                peer.metadata.name.as_deref(),
+                peer.metadata.resource_version.clone(),
+            ) else {
+                continue;
+            };
+            let renewed = peer
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.renew_time.as_ref())
+                .map(|time| time.0);
+            let idle = renewed.is_none_or(|at| heirs::no_longer_followed(at, now));
+            if lease::holder_of(peer).is_some() || !idle || heirs::followed_on(peer, now) {
+                continue;
+            }
+            let params = DeleteParams {
+                preconditions: Some(kube::api::Preconditions {
+                    resource_version: Some(version),
+                    uid: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match tokio::time::timeout(self.renew, self.api.delete(name, &params)).await {
+                Ok(Ok(_)) => {
+                    tracing::debug!(lease = %name, "deleted the peer lease of a replica long gone")
+                }
+                Ok(Err(err)) => {
+                    tracing::debug!(lease = %name, error = %crate::redact::kube_error(&err), "could not delete the peer lease of a replica long gone");
+                }
+                Err(_) => {}
             }
         }
     }
@@ -670,6 +809,8 @@ mod tests {
             leave: CancellationToken::new(),
             said_leaving: CancellationToken::new(),
             leaving: watch::Sender::new(Vec::new()),
+            with_heirs: true,
+            left_behind: Arc::default(),
             stood_since: Mutex::default(),
             written: Mutex::default(),
         };
@@ -703,9 +844,32 @@ mod tests {
             .map(|p| p.id.clone())
             .collect();
         assert_eq!(ids, ["live", "me"]);
-        // Its fences are known free without reading its Lease again.
-        let known = lock(&registry.epochs).holds("mcr-peer-gone", "e1", "gone", Timestamp::now());
-        assert_eq!(known, Some(false));
+        // The write that ended it named its heirs: the live, ready peers
+        // (not this replica, which has not said it is ready). Its fences
+        // are known to be theirs without reading its Lease again.
+        let records = heirs::records(&api.get("mcr-peer-gone").await.expect("peer lease"));
+        let named: Vec<(&str, &str, &str)> = records
+            .iter()
+            .flat_map(|record| {
+                record.heirs.iter().map(|heir| {
+                    (
+                        record.epoch.as_str(),
+                        heir.id.as_str(),
+                        heir.held_with.as_str(),
+                    )
+                })
+            })
+            .collect();
+        assert_eq!(named, [("e1", "live", "mcr-peer-live/f1")]);
+        let known =
+            lock(&registry.epochs).holds("mcr-peer-gone", "e1", "gone", "c", Timestamp::now());
+        assert_eq!(
+            known,
+            Some(lease::Hold::Inherited(lease::Heir {
+                id: "live".to_string(),
+                held_with: "mcr-peer-live/f1".to_string(),
+            }))
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
