@@ -189,10 +189,9 @@ enum Holder {
 /// `held_with`: by the Lease's own renewal, or for a fence held with a peer
 /// Lease, while that peer Lease names `holder` in the epoch the fence was
 /// taken in, or the heir that the epoch's end named, while the heir's epoch
-/// lives. The peer Lease is read now unless `known` answers: a peer that
-/// has just joined may not be known yet. Heirs are not followed further:
-/// an heir whose own epoch ended stopped working before it did, and
-/// nobody inherits from it what it had not written as its own.
+/// lives (or its heir, if its own end named one). The peer Lease is read
+/// now unless `known` answers: a peer that has just joined may not be
+/// known yet.
 ///
 /// A peer Lease that has lapsed in that epoch is ended here before the
 /// fence counts as free (`end_epoch`): its replica stopped working when it
@@ -222,20 +221,41 @@ async fn holds(
     Ok(match hold {
         Hold::Live => Holder::Other(holder.to_string()),
         Hold::Ended => Holder::Free { plain: true },
-        Hold::Inherited(heir) if held_with == Some(heir.held_with.as_str()) => Holder::Mine,
-        Hold::Inherited(heir) => {
-            let live = heir
-                .held_with
-                .rsplit_once('/')
-                .map(|(lease, epoch)| known.holds(lease, epoch, &heir.id, now));
-            match live {
-                // Not known to have ended: it may be working on it.
-                Some(Some(Hold::Live) | None) => Holder::Other(heir.id),
-                _ => Holder::Free { plain: false },
-            }
-        }
+        Hold::Inherited(heir) => follow(heir, held_with, now, known),
     })
 }
+
+/// Who holds a fence that went to `heir`: this replica if `heir` is it
+/// (holding with `held_with`), the heir while its epoch is not known to
+/// have ended, the heir's own heir if its end named one, and so on.
+fn follow(
+    mut heir: Heir,
+    held_with: Option<&str>,
+    now: Timestamp,
+    known: KnownPeers<'_>,
+) -> Holder {
+    // A record never names the epoch it ends, so this ends; the bound is
+    // for records written by something else.
+    for _ in 0..MAX_HEIRS_FOLLOWED {
+        if held_with == Some(heir.held_with.as_str()) {
+            return Holder::Mine;
+        }
+        let Some((peer_lease, epoch)) = heir.held_with.rsplit_once('/') else {
+            return Holder::Free { plain: false };
+        };
+        match known.holds(peer_lease, epoch, &heir.id, now) {
+            // Not known to have ended: it may be working on it.
+            Some(Hold::Live) | None => return Holder::Other(heir.id),
+            Some(Hold::Ended) => return Holder::Free { plain: false },
+            Some(Hold::Inherited(next)) => heir = next,
+        }
+    }
+    Holder::Other(heir.id)
+}
+
+/// How many heirs in a row a take follows (each an epoch that ended before
+/// its heir wrote the fence as its own).
+pub(crate) const MAX_HEIRS_FOLLOWED: usize = 8;
 
 /// Whether `holder`'s hold on `peer_lease` in `epoch` lasts, read from the
 /// API server; a lapsed one is ended first.

@@ -24,9 +24,10 @@
 //! Lease for twice that, so a fence still naming the ended epoch after
 //! the window has no heir and is free.
 //!
-//! An heir whose own epoch ends passes on only the fences it wrote as its
-//! own: the others are free then (it stopped working on them first), and
-//! taken with a write, as before heirs.
+//! An heir whose own epoch ends before it wrote an inherited fence as its
+//! own passes it on by its own record: the fence goes from heir to heir
+//! (a replica that inherited clusters of a killed one and was restarted
+//! moments later), and its next heirs list the earlier epoch's fences too.
 
 use std::collections::BTreeMap;
 
@@ -56,6 +57,15 @@ const FOLLOWED_FOR: SignedDuration = SignedDuration::from_mins(10);
 /// few hundred per look keeps the writes well below what the API server
 /// needs for the hand-overs and takes that make clusters wait.
 pub(crate) const REWRITES_PER_LOOK: usize = 256;
+
+/// Whether an inherited fence that may be worked on without being written
+/// until `until` should be written now even while peers leave or join:
+/// half of its window is gone.
+pub(crate) fn rewrite_is_due(until: Timestamp) -> bool {
+    Timestamp::now()
+        .checked_add(INHERIT_WINDOW / 2)
+        .is_ok_and(|half_left| half_left >= until)
+}
 
 /// Who inherited the fences of one ended epoch.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -234,6 +244,61 @@ impl Known {
     pub(crate) fn listed(&mut self, key: &str) {
         self.listed.insert(key.to_string());
     }
+
+    /// Where `cluster`'s fence held with `held_with` went, following the
+    /// records followed at `now` from heir to heir (an heir whose epoch
+    /// ended too passed it on by its own record): the last heir, and until
+    /// when it may work on the fence without writing it (the earliest of
+    /// the records'). `None` when `held_with` names no record, or a record
+    /// on the way names no heir for it.
+    pub(crate) fn chain(
+        &self,
+        held_with: &str,
+        cluster: &str,
+        now: Timestamp,
+    ) -> Option<(Heir, Timestamp)> {
+        let mut record = self.records.get(held_with)?;
+        let mut until = record.inherit_until()?;
+        for _ in 0..lease::MAX_HEIRS_FOLLOWED {
+            if !record.followed_at(now) {
+                return None;
+            }
+            let heir = record.heir_for(cluster)?;
+            match self.records.get(&heir.held_with) {
+                Some(next) => {
+                    record = next;
+                    until = until.min(next.inherit_until()?);
+                }
+                None => return Some((heir, until)),
+            }
+        }
+        None
+    }
+
+    /// The records whose fences may have gone, through heirs, to the heirs
+    /// of `key`'s record: `key` and every record naming as an heir one
+    /// of these.
+    pub(crate) fn sources_of(&self, key: &str) -> Vec<String> {
+        let mut sources = vec![key.to_string()];
+        loop {
+            let more: Vec<String> = self
+                .records
+                .iter()
+                .filter(|(source, _)| !sources.contains(source))
+                .filter(|(_, record)| {
+                    record
+                        .heirs
+                        .iter()
+                        .any(|heir| sources.contains(&heir.held_with))
+                })
+                .map(|(source, _)| source.clone())
+                .collect();
+            if more.is_empty() {
+                return sources;
+            }
+            sources.extend(more);
+        }
+    }
 }
 
 /// What a take of `cluster`'s fence knows: the peer reads, and the heirs
@@ -281,63 +346,98 @@ impl ShardedCoordinator {
             .map(|name| (self.fence_name(&name), name))
             .collect();
         for (key, record) in records {
-            let selector = format!("{}={}", lease::HELD_WITH_LABEL, lease::label_for(&key));
-            let params = ListParams::default().labels(&selector);
-            let call = self.inner.leases.list(&params);
-            let list = match tokio::time::timeout(self.inner.options.peer_renew_interval, call)
-                .await
-            {
-                Ok(Ok(list)) => list,
-                Ok(Err(err)) => {
-                    tracing::warn!(from = %record.holder, error = %crate::redact::kube_error(&err), "could not list the fences inherited from a replica that is gone; trying again");
-                    continue;
-                }
-                Err(_) => {
-                    tracing::warn!(from = %record.holder, "no answer listing the fences inherited from a replica that is gone; trying again");
-                    continue;
-                }
-            };
-            lock(&self.inner.epochs).heirs.listed(&key);
-            let until = record.inherit_until();
+            let sources = lock(&self.inner.epochs).heirs.sources_of(&key);
             let mut inherited = 0_usize;
-            for fence in list.items {
-                let Some(fence_name) = fence.metadata.name.clone() else {
-                    continue;
-                };
-                // The label is a hash: the annotation and holder say.
-                if lease::held_with_of(&fence) != Some(key.as_str())
-                    || lease::holder_of(&fence) != Some(record.holder.as_str())
-                {
-                    continue;
-                }
-                let Some(name) = names.get(&fence_name) else {
-                    continue;
-                };
-                if record.heir_for(name.as_str()).map(|heir| heir.held_with) != Some(mine.clone()) {
-                    continue;
-                }
-                let start = {
-                    let mut clusters = lock(&self.inner.clusters);
-                    match clusters.get_mut(name) {
-                        Some(entry) if entry.is_live() && entry.data.held.is_none() => {
-                            let held = fence::Fence::handed(fence_name.clone(), &live, fence);
-                            let start = hold(entry, held);
-                            if let Some(held) = entry.data.held.as_mut() {
-                                held.inherited_until = until;
-                            }
-                            Some(start)
-                        }
-                        _ => None,
+            let mut listed_all = true;
+            for source in sources {
+                match self.list_held_with(&source).await {
+                    Some(fences) => {
+                        inherited += self.adopt(&source, fences, &mine, &live, &names);
                     }
-                };
-                if let Some((work, cluster, components)) = start {
-                    tracing::info!(cluster = %name, peer = %self.inner.me.id, lease = %fence_name, from = %record.holder, "working on the cluster (inherited)");
-                    engage_or_hand_back(&components, &work, name, &cluster);
-                    inherited += 1;
+                    None => listed_all = false,
                 }
+            }
+            if listed_all {
+                lock(&self.inner.epochs).heirs.listed(&key);
             }
             tracing::info!(from = %record.holder, clusters = inherited, "inherited the clusters of a replica that is gone");
         }
+    }
+
+    /// The fences held with `held_with` (by their label), or `None` when
+    /// the list failed (tried again at the next look; until then a look's
+    /// take of such a fence finds this replica the heir and writes it).
+    async fn list_held_with(&self, held_with: &str) -> Option<Vec<Lease>> {
+        let selector = format!("{}={}", lease::HELD_WITH_LABEL, lease::label_for(held_with));
+        let params = ListParams::default().labels(&selector);
+        let call = self.inner.leases.list(&params);
+        match tokio::time::timeout(self.inner.options.peer_renew_interval, call).await {
+            Ok(Ok(list)) => Some(list.items),
+            Ok(Err(err)) => {
+                tracing::warn!(error = %crate::redact::kube_error(&err), "could not list the fences inherited from a replica that is gone; trying again");
+                None
+            }
+            Err(_) => {
+                tracing::warn!(
+                    "no answer listing the fences inherited from a replica that is gone; trying again"
+                );
+                None
+            }
+        }
+    }
+
+    /// Works on each of `fences` (held with `held_with`, an ended epoch)
+    /// that went to this replica, holding with `mine` while `live` lasts;
+    /// `names` finds a fence's cluster. How many it took up.
+    fn adopt(
+        &self,
+        held_with: &str,
+        fences: Vec<Lease>,
+        mine: &str,
+        live: &tokio_util::sync::CancellationToken,
+        names: &std::collections::HashMap<String, ClusterName>,
+    ) -> usize {
+        let now = Timestamp::now();
+        let mut inherited = 0;
+        for fence in fences {
+            let Some(fence_name) = fence.metadata.name.clone() else {
+                continue;
+            };
+            // The label is a hash: the annotation says.
+            if lease::held_with_of(&fence) != Some(held_with) || lease::holder_of(&fence).is_none()
+            {
+                continue;
+            }
+            let Some(name) = names.get(&fence_name) else {
+                continue;
+            };
+            let chain = lock(&self.inner.epochs)
+                .heirs
+                .chain(held_with, name.as_str(), now);
+            let Some((heir, until)) = chain.filter(|(heir, _)| heir.held_with == mine) else {
+                continue;
+            };
+            let start = {
+                let mut clusters = lock(&self.inner.clusters);
+                match clusters.get_mut(name) {
+                    Some(entry) if entry.is_live() && entry.data.held.is_none() => {
+                        let held = fence::Fence::handed(fence_name.clone(), live, fence);
+                        let start = hold(entry, held);
+                        if let Some(held) = entry.data.held.as_mut() {
+                            held.inherited_until = Some(until);
+                        }
+                        Some(start)
+                    }
+                    _ => None,
+                }
+            };
+            if let Some((work, cluster, components)) = start {
+                tracing::info!(cluster = %name, peer = %heir.id, lease = %fence_name, "working on the cluster (inherited)");
+                engage_or_hand_back(&components, &work, name, &cluster);
+                inherited += 1;
+            }
+        }
+        inherited
     }
 }
 
@@ -437,6 +537,36 @@ mod tests {
         assert!(known.unlisted_for("mcr-peer-a/e-a", now).is_empty());
         // An heir in an epoch the record does not name inherits nothing.
         assert!(known.unlisted_for("mcr-peer-a/e-other", now).is_empty());
+    }
+
+    #[test]
+    fn a_fence_goes_from_heir_to_heir_when_an_heir_ends_before_writing_it() {
+        let now = Timestamp::now();
+        // "gone" ended naming q alone; then q ended naming a and b.
+        let first = Record::new("gone", "e1", vec![heir("q")]);
+        let mut second = Record::new("q", "e-q", vec![heir("a"), heir("b")]);
+        second.at = (now + SignedDuration::from_secs(60)).to_string();
+        let mut known = Known::default();
+        known.learn(&peer_lease(std::slice::from_ref(&first)), now);
+        let mut q_lease = peer_lease(std::slice::from_ref(&second));
+        q_lease.metadata.name = Some("mcr-peer-q".to_string());
+        known.learn(&q_lease, now);
+
+        for cluster in (0..20).map(|i| format!("shard-{i}")) {
+            let (heir, until) = known
+                .chain("mcr-peer-gone/e1", &cluster, now)
+                .expect("an heir");
+            assert_eq!(Some(heir), second.heir_for(&cluster), "{cluster}");
+            // Written within the first record's window: the fence still
+            // names the first epoch.
+            assert_eq!(Some(until), first.inherit_until());
+        }
+        // q's heirs list q's fences and those q inherited.
+        let mut sources = known.sources_of("mcr-peer-q/e-q");
+        sources.sort();
+        assert_eq!(sources, ["mcr-peer-gone/e1", "mcr-peer-q/e-q"]);
+        assert_eq!(known.sources_of("mcr-peer-gone/e1"), ["mcr-peer-gone/e1"]);
+        assert_eq!(known.chain("mcr-peer-other/e9", "shard-0", now), None);
     }
 
     #[test]

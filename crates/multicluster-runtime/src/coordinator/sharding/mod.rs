@@ -35,12 +35,18 @@
 //!   each cluster straight to its next owner, while its controllers still
 //!   work on the ones not handed yet ([`Coordinator::leave`], for up to
 //!   [`ShardingOptions::leave_handover`]).
+//! - **Heirs.** With fences held with the peer Lease, the write that ends
+//!   an epoch (a killed replica's, once its Lease lapsed; a stopping
+//!   replica's, for what it had not handed over) names the live, ready
+//!   peers as its heirs. Each fence of that epoch belongs to its owner
+//!   among the heirs, which lists them in one request and works on them at
+//!   once, writing each as its own later (see `heirs`).
 //!
 //! Names, labels and defaults are Go multicluster-runtime's, so the Leases
 //! look the same. Beyond Go: Lease names are unique per cluster and never
-//! too long, a stopping replica deletes its peer Lease so what it still
-//! holds moves at once (with fences held with that Lease, the deletion
-//! frees them all: one request however many clusters), a renewal that hangs
+//! too long, what a stopping replica still holds moves at once (it deletes
+//! its peer Lease; with fences held with that Lease it ends its epoch
+//! naming heirs: one request however many clusters), a renewal that hangs
 //! counts as failed before the Lease can lapse, ownership is re-examined as
 //! soon as peers change rather than at the next probe, and a look takes and
 //! hands back several fences at once. Go's single shared fence for the
@@ -659,12 +665,21 @@ impl ShardedCoordinator {
         let keep_for_joiner = owner.is_some_and(|peer| look.joining.contains(&peer.id));
         let owns = owner.is_some_and(|peer| peer.id == *me)
             || keep_for_joiner && look.stands_in_for(name.as_str(), owner, me);
+        // While peers leave or join, their hand-overs and takes come first
+        // (rewrites would slow them down), unless the window is half gone.
+        let settled = look.leaving.is_empty() && look.joining.is_empty();
         let inherited = entry
             .held
             .as_ref()
-            .filter(|held| held.inherited_until.is_some() && !held.is_lost())
+            .filter(|held| !held.is_lost())
+            .filter(|held| {
+                held.inherited_until
+                    .is_some_and(|until| settled || heirs::rewrite_is_due(until))
+            })
             .and_then(|held| held.fence.written());
-        if let Some(inherited) = inherited.filter(|_| owns && look.may_rewrite()) {
+        // Kept for a joiner too: it may not be ready before the window ends.
+        let keeps = owns || keep_for_joiner;
+        if let Some(inherited) = inherited.filter(|_| keeps && look.may_rewrite()) {
             return Step::Rewrite {
                 generation,
                 inherited: Box::new(inherited.clone()),
