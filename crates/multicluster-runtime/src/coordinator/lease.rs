@@ -282,7 +282,11 @@ async fn read_hold(
     if peer.spec.as_ref().is_some_and(|spec| !expired(spec, now)) {
         return Ok(Hold::Live);
     }
-    Ok(match end_epoch(api, peer, holder, epoch, None).await? {
+    let end = end_epoch(api, peer, holder, epoch, None).await?;
+    if matches!(end, EpochEnd::Ended(_)) {
+        tracing::info!(lease = %peer_lease, %epoch, "ended a lapsed peer's epoch; its clusters can move");
+    }
+    Ok(match end {
         EpochEnd::Live => Hold::Live,
         EpochEnd::Ended(Some(peer)) => ended(&peer),
         EpochEnd::Ended(None) => Hold::Ended,
@@ -332,10 +336,7 @@ pub(crate) async fn end_epoch(
             .insert(HEIRS_ANNOTATION.to_string(), heirs);
     }
     match api.replace(&name, &PostParams::default(), &peer).await {
-        Ok(written) => {
-            tracing::info!(lease = %name, %epoch, "ended a lapsed peer's epoch; its clusters can move");
-            Ok(EpochEnd::Ended(Some(Box::new(written))))
-        }
+        Ok(written) => Ok(EpochEnd::Ended(Some(Box::new(written)))),
         // Renewed, or ended by another replica, since it was read.
         Err(err) if is_conflict(&err) => Ok(match api.get_opt(&name).await? {
             Some(peer) if in_epoch(&peer, holder, epoch) => EpochEnd::Live,

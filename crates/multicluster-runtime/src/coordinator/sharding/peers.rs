@@ -477,6 +477,10 @@ impl Registry {
             let call = lease::end_epoch(&self.api, peer.clone(), holder, epoch, annotation);
             match tokio::time::timeout(self.renew, call).await {
                 Ok(Ok(EpochEnd::Ended(now_lease))) => {
+                    let named = now_lease
+                        .as_deref()
+                        .is_some_and(|now| heirs::records(now).iter().any(|r| r.epoch == epoch));
+                    tracing::info!(lease = %name, %epoch, heirs = named, "a lapsed peer's epoch ended; its clusters move");
                     let departed = Peer {
                         id: holder.to_string(),
                         weight: weight(peer),
@@ -557,7 +561,7 @@ impl Registry {
             let call = lease::end_epoch(&self.api, last, &self.me.id, epoch, annotation);
             match tokio::time::timeout(self.renew, call).await {
                 Ok(Ok(EpochEnd::Ended(_))) => {
-                    tracing::debug!(lease = %self.lease_name, "peer lease ended, naming its heirs");
+                    tracing::info!(lease = %self.lease_name, %epoch, "stopped: the peer Lease's epoch ended, naming heirs for what was not handed over");
                     return;
                 }
                 Ok(Ok(EpochEnd::Live)) => {}
