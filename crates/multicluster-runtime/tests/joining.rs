@@ -126,6 +126,34 @@ async fn said_ready(cp: &ControlPlane, id: &str) -> Option<Option<String>> {
     )
 }
 
+/// A running replica: its coordinator, what stops it, and its task.
+type Running = (
+    Arc<ShardedCoordinator>,
+    CancellationToken,
+    tokio::task::JoinHandle<Result<(), multicluster_runtime::Error>>,
+);
+
+/// r0 and r1, ready at once, with these options, running until they have
+/// split the members.
+async fn split_by_two(
+    cp: &ControlPlane,
+    first: ShardingOptions,
+    second: ShardingOptions,
+) -> (Running, Running) {
+    let ready = CancellationToken::new();
+    ready.cancel();
+    let (first, r0, _) = replica(cp, "r0", Some(ready.clone()), first).await;
+    let (second, r1, _) = replica(cp, "r1", Some(ready), second).await;
+    let (first_stop, first_task) = run_manager(&first);
+    let (second_stop, second_task) = run_manager(&second);
+    eventually("r0 and r1 split the members", || async {
+        working_on(&r0) == share_of("r0") && working_on(&r1) == share_of("r1")
+    })
+    .await;
+    assert!(!share_of("r0").is_empty(), "r0 owns no member");
+    ((r0, first_stop, first_task), (r1, second_stop, second_task))
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_is_handed_clusters_only_once_its_inventory_is_engaged() {
     let cp = ControlPlane::start().await.expect("control plane");
@@ -418,17 +446,8 @@ async fn a_stopping_replica_hands_each_cluster_to_its_next_owner_before_its_leas
 
     let cp = ControlPlane::start().await.expect("control plane");
     let with_peer = || ShardingOptions::default().fence_hold(FenceHold::WithPeer);
-    let ready = CancellationToken::new();
-    ready.cancel();
-    let (first, r0, _) = replica(&cp, "r0", Some(ready.clone()), with_peer()).await;
-    let (second, r1, _) = replica(&cp, "r1", Some(ready), with_peer()).await;
-    let (first_stop, first_task) = run_manager(&first);
-    let (second_stop, second_task) = run_manager(&second);
-    eventually("r0 and r1 split the members", || async {
-        working_on(&r0) == share_of("r0") && working_on(&r1) == share_of("r1")
-    })
-    .await;
-    assert!(!share_of("r0").is_empty(), "r0 owns no member");
+    let ((r0, first_stop, first_task), (r1, second_stop, second_task)) =
+        split_by_two(&cp, with_peer(), with_peer()).await;
 
     // Every change to r0's fences and its peer Lease from here on, in the
     // order the API server made them.
@@ -528,23 +547,14 @@ async fn a_stopping_replica_hands_each_cluster_to_its_next_owner_before_its_leas
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_replica_that_stops_before_handing_over_leaves_its_clusters_to_its_heirs() {
     let cp = ControlPlane::start().await.expect("control plane");
-    let ready = CancellationToken::new();
-    ready.cancel();
     // r0 hands nothing over as it stops: everything it works on is left
     // behind, as when its hand-over time runs out.
     let no_hand_over = ShardingOptions::default()
         .fence_hold(FenceHold::WithPeer)
         .leave_handover(Duration::ZERO);
     let with_peer = ShardingOptions::default().fence_hold(FenceHold::WithPeer);
-    let (first, r0, _) = replica(&cp, "r0", Some(ready.clone()), no_hand_over).await;
-    let (second, r1, _) = replica(&cp, "r1", Some(ready), with_peer).await;
-    let (first_stop, first_task) = run_manager(&first);
-    let (second_stop, second_task) = run_manager(&second);
-    eventually("r0 and r1 split the members", || async {
-        working_on(&r0) == share_of("r0") && working_on(&r1) == share_of("r1")
-    })
-    .await;
-    assert!(!share_of("r0").is_empty(), "r0 owns no member");
+    let ((r0, first_stop, first_task), (r1, second_stop, second_task)) =
+        split_by_two(&cp, no_hand_over, with_peer).await;
 
     first_stop.cancel();
     first_task.await.expect("manager task").expect("manager");

@@ -475,13 +475,17 @@ pub(crate) async fn take_guessing(
     // Held by another, or by this replica in an epoch of its that ended
     // (whose heirs may hold it now).
     let mut plain_end = true;
+    let mut inherited_from = None;
     if let Some(holder) = holder_of(&lease)
         && (holder != me || held_with_of(&lease) != held_with)
     {
         match holds(api, &lease, holder, held_with, now, known).await? {
             Holder::Other(other) => return Ok((Taken::HeldBy(Some(other)), None)),
             Holder::Free { plain } => plain_end = plain,
-            Holder::Mine => plain_end = false,
+            Holder::Mine => {
+                plain_end = false;
+                inherited_from = Some(holder.to_string());
+            }
         }
     }
     // Held in an epoch that has ended naming no heirs: another's, or this
@@ -496,6 +500,13 @@ pub(crate) async fn take_guessing(
         _ => None,
     };
     prepare_taken(&mut lease, me, duration, held_with, now);
+    if let Some(from) = inherited_from {
+        lease
+            .metadata
+            .annotations
+            .get_or_insert_with(BTreeMap::new)
+            .insert(INHERITED_FROM_ANNOTATION.to_string(), from);
+    }
     match api.replace(name, &PostParams::default(), &lease).await {
         Ok(written) => Ok((Taken::Yes(Box::new(written)), found)),
         // Changed since it was read: someone else got there first.
@@ -747,7 +758,12 @@ pub(crate) async fn inherit(
         .insert(INHERITED_FROM_ANNOTATION.to_string(), from);
     match api.replace(&name, &PostParams::default(), &inherited).await {
         Ok(written) => Ok(Some(written)),
-        Err(err) if is_conflict(&err) => Ok(None),
+        // Written since: by a take of this replica's (it found itself the
+        // heir), or by someone else.
+        Err(err) if is_conflict(&err) => Ok(api
+            .get_opt(&name)
+            .await?
+            .filter(|read| holder_of(read) == Some(me) && held_with_of(read) == Some(held_with))),
         Err(err) => Err(err),
     }
 }

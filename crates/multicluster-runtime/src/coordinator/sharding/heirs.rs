@@ -240,6 +240,24 @@ impl Known {
             .collect()
     }
 
+    /// Whether a record naming `held_with` an heir, written less than
+    /// `lately` before `now`, has not been listed yet: the looks leave the
+    /// takes to the listing meanwhile (a take writes the fence, the
+    /// listing does not).
+    pub(crate) fn awaits_listing(
+        &self,
+        held_with: &str,
+        now: Timestamp,
+        lately: SignedDuration,
+    ) -> bool {
+        self.unlisted_for(held_with, now).iter().any(|(_, record)| {
+            record
+                .at()
+                .and_then(|at| at.checked_add(lately).ok())
+                .is_some_and(|until| now < until)
+        })
+    }
+
     /// Remembers that the fences of `key` were listed.
     pub(crate) fn listed(&mut self, key: &str) {
         self.listed.insert(key.to_string());
@@ -323,6 +341,61 @@ impl Knowledge for TakeKnowledge<'_> {
 }
 
 impl ShardedCoordinator {
+    /// Lists and works on what this replica inherits as soon as the peer
+    /// reads learn of heirs named, and again every look interval (a list
+    /// that failed, a standing that was not live yet). Not while leaving:
+    /// nobody names a leaving replica an heir. Never completes.
+    pub(super) async fn keep_inheriting(self) {
+        loop {
+            tokio::select! {
+                () = self.inner.heirs_news.notified() => {}
+                () = tokio::time::sleep(self.inner.options.probe_interval) => {}
+            }
+            if !self.inner.said_leaving.is_cancelled() {
+                self.inherit().await;
+            }
+        }
+    }
+
+    /// Whether heirs named in the last few seconds include this replica
+    /// and their fences have not been listed yet.
+    pub(super) fn inheriting(&self) -> bool {
+        let standing = self.inner.standing.borrow().clone();
+        if standing.live().is_none() {
+            return false;
+        }
+        let mine = format!("{}/{}", standing.peer_lease, standing.epoch);
+        let lately = SignedDuration::try_from(self.inner.options.peer_renew_interval)
+            .unwrap_or(SignedDuration::ZERO);
+        lock(&self.inner.epochs)
+            .heirs
+            .awaits_listing(&mine, Timestamp::now(), lately)
+    }
+
+    /// `last`, a fence this replica inherited and held as listed before
+    /// its work on it stopped, as a fence held again without a request if
+    /// the records still name this replica (in its `standing`) its heir;
+    /// and until when it may be worked on so.
+    pub(super) fn still_inherited(
+        &self,
+        last: &Lease,
+        name: &ClusterName,
+        standing: &fence::Standing,
+    ) -> Option<(fence::Fence, Timestamp)> {
+        let live = standing.live()?;
+        let mine = format!("{}/{}", standing.peer_lease, standing.epoch);
+        let held_with = lease::held_with_of(last)?;
+        let now = Timestamp::now();
+        let (heir, until) = lock(&self.inner.epochs)
+            .heirs
+            .chain(held_with, name.as_str(), now)?;
+        if heir.held_with != mine || now >= until {
+            return None;
+        }
+        let fence_name = self.fence_name(name);
+        Some((fence::Fence::handed(fence_name, live, last.clone()), until))
+    }
+
     /// Works on the clusters this replica inherited from ended epochs
     /// whose records name it an heir in its current epoch: one list of
     /// each epoch's fences, and no write before the work starts. A list
@@ -387,6 +460,8 @@ impl ShardedCoordinator {
             clusters = inherited,
             "inherited the clusters of replicas that are gone"
         );
+        // The looks took nothing while this listed: the rest is theirs now.
+        self.inner.wake.notify_one();
     }
 
     /// The fences held with `held_with` (by their label), or `None` when

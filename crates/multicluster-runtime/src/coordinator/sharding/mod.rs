@@ -160,6 +160,9 @@ struct Inner {
     /// How many clusters this replica still worked on when it stopped
     /// (fences held with the peer Lease): its peer Lease then names heirs.
     left_behind: Arc<std::sync::atomic::AtomicUsize>,
+    /// Woken when the peer reads learn of heirs named: what this replica
+    /// inherits is listed at once, not after the look under way.
+    heirs_news: Arc<Notify>,
 }
 
 /// How many fences one look takes or hands back at once. A hand-over of
@@ -279,6 +282,9 @@ struct Look {
     /// How many more inherited fences this look writes as this replica's
     /// own (see `heirs`).
     rewrites_left: std::sync::atomic::AtomicUsize,
+    /// Whether heirs named lately include this replica and their fences
+    /// are being listed: the look takes nothing meanwhile.
+    inheriting: bool,
 }
 
 impl Look {
@@ -383,6 +389,7 @@ impl ShardedCoordinator {
                 handed_all: CancellationToken::new(),
                 ran: CancellationToken::new(),
                 left_behind: Arc::default(),
+                heirs_news: Arc::default(),
                 me,
                 options,
                 clusters: std::sync::Mutex::default(),
@@ -421,11 +428,6 @@ impl ShardedCoordinator {
     /// over, and the next look starts at once.
     async fn balance(&self, stop: &CancellationToken) -> Option<usize> {
         self.release_again().await;
-        if self.inner.options.fence_hold == FenceHold::WithPeer
-            && !self.inner.said_leaving.is_cancelled()
-        {
-            self.inherit().await;
-        }
         // A look with thousands of takes lasts long; once the peers change
         // (one left, came back or became ready) its remaining takes are
         // left to the next look, which starts at once. Looks at 100,000
@@ -540,6 +542,7 @@ impl ShardedCoordinator {
             leaving: leaving.into_iter().map(|peer| peer.id).collect(),
             with_leaving,
             rewrites_left: heirs::REWRITES_PER_LOOK.into(),
+            inheriting: self.inheriting(),
         }
     }
 
@@ -702,6 +705,8 @@ impl ShardedCoordinator {
             // Handed over by the leaving peer that holds it, or freed with
             // its Lease.
             (true, None) if look.awaits_hand_over(name.as_str()) => Step::Nothing,
+            // Most likely inherited: listed in a moment, without a write.
+            (true, None) if look.inheriting => Step::Nothing,
             (true, None) if entry.retry_at.is_none_or(|at| now >= at) => Step::Take { generation },
             (owns, held) => {
                 entry.held = held;
@@ -745,6 +750,18 @@ impl ShardedCoordinator {
                 let last = lock(&self.inner.clusters)
                     .current_mut(name, generation)
                     .and_then(|entry| entry.data.last_written.take());
+                // Inherited and not written yet when its work stopped (the
+                // peer Lease went unrenewed a while, in the same epoch):
+                // still this replica's by the records, and nobody took it
+                // (that takes ending this epoch first). Resumed as it is.
+                if let Some((resumed, until)) = last
+                    .as_ref()
+                    .and_then(|last| self.still_inherited(last, name, &standing))
+                {
+                    self.start(name, generation, resumed, &fence_name, Some(until))
+                        .await;
+                    return;
+                }
                 // This replica's own earlier epoch too, once a take found it
                 // (see `Epochs::learn`): after a restart, the fences nobody
                 // stood in for are still held in it, and those stood in for
@@ -785,7 +802,7 @@ impl ShardedCoordinator {
                 return;
             }
         };
-        self.start(name, generation, fence, &fence_name).await;
+        self.start(name, generation, fence, &fence_name, None).await;
     }
 
     /// Starts the work on `name` under `fence`, just taken; hands the
@@ -796,12 +813,17 @@ impl ShardedCoordinator {
         generation: u64,
         fence: fence::Fence,
         fence_name: &str,
+        inherited_until: Option<Timestamp>,
     ) {
         let start = {
             let mut clusters = lock(&self.inner.clusters);
             match clusters.current_mut(name, generation) {
                 Some(entry) if entry.data.held.is_none() && entry.is_live() => {
-                    Ok(hold(entry, fence))
+                    let start = hold(entry, fence);
+                    if let Some(held) = entry.data.held.as_mut() {
+                        held.inherited_until = inherited_until;
+                    }
+                    Ok(start)
                 }
                 // Handed to this replica and taken up meanwhile: the
                 // same hold, nothing to give back.
@@ -1190,6 +1212,7 @@ impl Coordinator for ShardedCoordinator {
             said_leaving: self.inner.said_leaving.clone(),
             with_heirs: options.fence_hold == FenceHold::WithPeer,
             left_behind: self.inner.left_behind.clone(),
+            heirs_news: self.inner.heirs_news.clone(),
             leaving: self.inner.leaving.clone(),
             stood_since: std::sync::Mutex::default(),
             written: std::sync::Mutex::default(),
@@ -1206,14 +1229,19 @@ impl Coordinator for ShardedCoordinator {
         let watching = CancellationToken::new();
         let _stop_watching = watching.clone().drop_guard();
         if options.fence_hold == FenceHold::WithPeer {
-            let watching = watching.clone();
             let handed = handover::watch(self.clone(), self.inner.standing.subscribe());
-            tokio::spawn(async move {
-                tokio::select! {
-                    () = watching.cancelled() => {}
-                    () = handed => {}
-                }
-            });
+            let inheriting = self.clone().keep_inheriting();
+            let tasks: [futures::future::BoxFuture<'static, ()>; 2] =
+                [Box::pin(handed), Box::pin(inheriting)];
+            for task in tasks {
+                let watching = watching.clone();
+                tokio::spawn(async move {
+                    tokio::select! {
+                        () = watching.cancelled() => {}
+                        () = task => {}
+                    }
+                });
+            }
         }
         tracing::info!(peer = %self.inner.me.id, namespace = %options.namespace, "sharding the fleet");
         let mut peers = self.inner.peers.subscribe();
@@ -1638,9 +1666,44 @@ mod tests {
             );
         }
 
+        // Its peer Lease went unrenewed a while, in the same epoch: the
+        // work stops, and resumes without a write.
+        let stop = CancellationToken::new();
+        coordinator.inner.standing.send_modify(|standing| {
+            if let Some(live) = standing.live.replace(CancellationToken::new()) {
+                live.cancel();
+            }
+        });
+        coordinator.balance(&stop).await;
+        assert_eq!(coordinator.working_on().unwrap_or_default(), Vec::new());
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let mut working: Vec<String> = coordinator
+                .working_on()
+                .unwrap_or_default()
+                .iter()
+                .map(|name| name.to_string())
+                .collect();
+            working.sort();
+            if working == mine_to_inherit {
+                break;
+            }
+            assert!(Instant::now() < deadline, "not resumed: {working:?}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            coordinator.balance(&stop).await;
+        }
+        for cluster in &clusters {
+            let fence = holder_of(cluster).await;
+            assert_eq!(
+                lease::holder_of(&fence),
+                Some("gone"),
+                "{cluster}'s fence was written to resume the work"
+            );
+        }
+
         // The next look writes what it inherited as its own, and finds the
         // rest held by the other heir (whose epoch it has not seen end).
-        coordinator.balance(&CancellationToken::new()).await;
+        coordinator.balance(&stop).await;
         for cluster in &clusters {
             let fence = holder_of(cluster).await;
             let inherited_from = fence

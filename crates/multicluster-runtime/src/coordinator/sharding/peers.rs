@@ -78,6 +78,8 @@ pub(crate) struct Registry {
     pub(crate) with_heirs: bool,
     /// How many clusters the coordinator still worked on when it stopped.
     pub(crate) left_behind: Arc<std::sync::atomic::AtomicUsize>,
+    /// Woken when a read learns of heirs named.
+    pub(crate) heirs_news: Arc<Notify>,
     /// Since when this replica's standing has been live (`None` while it
     /// is not).
     pub(crate) stood_since: Mutex<Option<Instant>>,
@@ -365,7 +367,7 @@ impl Registry {
         let now = Timestamp::now();
         if lock(&self.epochs).record(&list.items, now) {
             // Heirs named: the coordinator lists what it inherits.
-            self.wake.notify_one();
+            self.heirs_news.notify_one();
         }
         let first_lapse = list
             .items
@@ -487,7 +489,7 @@ impl Registry {
                     };
                     let mut epochs = lock(&self.epochs);
                     if epochs.ended_with(now_lease.as_deref(), now) {
-                        self.wake.notify_one();
+                        self.heirs_news.notify_one();
                     }
                     epochs.depart(name, epoch, departed, now);
                 }
@@ -815,6 +817,7 @@ mod tests {
             leaving: watch::Sender::new(Vec::new()),
             with_heirs: true,
             left_behind: Arc::default(),
+            heirs_news: Arc::default(),
             stood_since: Mutex::default(),
             written: Mutex::default(),
         };
