@@ -24,6 +24,15 @@
 //! Lease for twice that, so a fence still naming the ended epoch after
 //! the window has no heir and is free.
 //!
+//! Listing runs beside the looks, the moment a peer read learns of heirs
+//! named (a look with thousands of clusters to hand over or take lasts
+//! tens of seconds); while a fresh record naming this replica is listed,
+//! the looks take nothing (a take writes the fence, the listing does not).
+//! While peers leave or join, the rewrites wait (their hand-overs and
+//! takes come first) unless half the window is gone. An inherited fence
+//! whose work stopped while the peer Lease went unrenewed resumes as it
+//! is, as a replica's own fences do, while the records still name it.
+//!
 //! An heir whose own epoch ends before it wrote an inherited fence as its
 //! own passes it on by its own record: the fence goes from heir to heir
 //! (a replica that inherited clusters of a killed one and was restarted
