@@ -1648,23 +1648,33 @@ mod tests {
             );
             async move { api.get(&fence).await.expect("fence") }
         };
+        let working = || {
+            let mut working: Vec<String> = coordinator
+                .working_on()
+                .unwrap_or_default()
+                .iter()
+                .map(|name| name.to_string())
+                .collect();
+            working.sort();
+            working
+        };
+        let all_still_name_gone = |why: &'static str| {
+            let holder_of = &holder_of;
+            let clusters = &clusters;
+            async move {
+                for cluster in clusters {
+                    let fence = holder_of(cluster).await;
+                    assert_eq!(lease::holder_of(&fence), Some("gone"), "{cluster}: {why}");
+                }
+            }
+        };
         coordinator.inherit().await;
-        let mut working: Vec<String> = coordinator
-            .working_on()
-            .unwrap_or_default()
-            .iter()
-            .map(|name| name.to_string())
-            .collect();
-        working.sort();
-        assert_eq!(working, mine_to_inherit, "not working on what it inherited");
-        for cluster in &clusters {
-            let fence = holder_of(cluster).await;
-            assert_eq!(
-                lease::holder_of(&fence),
-                Some("gone"),
-                "{cluster}'s fence was written before the work started"
-            );
-        }
+        assert_eq!(
+            working(),
+            mine_to_inherit,
+            "not working on what it inherited"
+        );
+        all_still_name_gone("its fence was written before the work started").await;
 
         // Its peer Lease went unrenewed a while, in the same epoch: the
         // work stops, and resumes without a write.
@@ -1677,29 +1687,12 @@ mod tests {
         coordinator.balance(&stop).await;
         assert_eq!(coordinator.working_on().unwrap_or_default(), Vec::new());
         let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            let mut working: Vec<String> = coordinator
-                .working_on()
-                .unwrap_or_default()
-                .iter()
-                .map(|name| name.to_string())
-                .collect();
-            working.sort();
-            if working == mine_to_inherit {
-                break;
-            }
-            assert!(Instant::now() < deadline, "not resumed: {working:?}");
+        while working() != mine_to_inherit {
+            assert!(Instant::now() < deadline, "not resumed: {:?}", working());
             tokio::time::sleep(Duration::from_millis(50)).await;
             coordinator.balance(&stop).await;
         }
-        for cluster in &clusters {
-            let fence = holder_of(cluster).await;
-            assert_eq!(
-                lease::holder_of(&fence),
-                Some("gone"),
-                "{cluster}'s fence was written to resume the work"
-            );
-        }
+        all_still_name_gone("its fence was written to resume the work").await;
 
         // The next look writes what it inherited as its own, and finds the
         // rest held by the other heir (whose epoch it has not seen end).
@@ -1724,8 +1717,7 @@ mod tests {
                 );
             }
         }
-        let working = coordinator.working_on().unwrap_or_default();
-        assert_eq!(working.len(), mine_to_inherit.len());
+        assert_eq!(working(), mine_to_inherit);
     }
 
     #[tokio::test]
