@@ -480,7 +480,11 @@ impl ShardedCoordinator {
         let selector = format!("{}={}", lease::HELD_WITH_LABEL, lease::label_for(held_with));
         let params = ListParams::default().labels(&selector);
         let call = self.inner.leases.list(&params);
-        match tokio::time::timeout(self.inner.options.peer_renew_interval, call).await {
+        // A peer Lease's duration, not a renew interval: the API server
+        // filters every fence for each heir at once, and at 100,000
+        // clusters, with two replicas starting beside it, two lists ran
+        // past 10 s; cut short, they started again a look later.
+        match tokio::time::timeout(self.inner.options.peer_lease_duration, call).await {
             Ok(Ok(list)) => Some(list.items),
             Ok(Err(err)) => {
                 tracing::warn!(error = %crate::redact::kube_error(&err), "could not list the fences inherited from a replica that is gone; trying again");
