@@ -555,7 +555,8 @@ impl Registry {
         let named_before = last
             .as_ref()
             .is_some_and(|last| heirs::followed_on(last, now));
-        if let Some(mut last) = last.filter(|_| record.is_some() || named_before) {
+        let names_heirs = record.is_some();
+        if let Some(mut last) = last.filter(|_| names_heirs || named_before) {
             let annotation = record.and_then(|record| heirs::annotation_with(&last, record, now));
             if let Some(annotations) = last.metadata.annotations.as_mut() {
                 annotations.remove(LEAVING_ANNOTATION);
@@ -563,7 +564,7 @@ impl Registry {
             let call = lease::end_epoch(&self.api, last, &self.me.id, epoch, annotation);
             match tokio::time::timeout(self.renew, call).await {
                 Ok(Ok(EpochEnd::Ended(_))) => {
-                    tracing::info!(lease = %self.lease_name, %epoch, "stopped: the peer Lease's epoch ended, naming heirs for what was not handed over");
+                    tracing::info!(lease = %self.lease_name, %epoch, heirs = names_heirs, "stopped: the peer Lease's epoch ended");
                     return;
                 }
                 Ok(Ok(EpochEnd::Live)) => {}
