@@ -65,10 +65,18 @@ esac
             .map(|(name, _)| format!("{name}\n"))
             .collect();
         for (name, kubeconfig) in clusters {
-            std::fs::write(self.path(&format!("{name}.kubeconfig")), kubeconfig)
-                .expect("kubeconfig");
+            self.replace(&format!("{name}.kubeconfig"), kubeconfig);
         }
-        std::fs::write(self.path("clusters"), names).expect("clusters");
+        self.replace("clusters", &names);
+    }
+
+    /// Writes a state file whole: the provider polls every 100 ms, and a
+    /// poll reading a file truncated but not yet written would see no
+    /// clusters at all (as kind says when there are none) and remove them.
+    fn replace(&self, name: &str, contents: &str) {
+        let partial = self.path(&format!(".{name}.partial"));
+        std::fs::write(&partial, contents).expect("state file");
+        std::fs::rename(&partial, self.path(name)).expect("state file");
     }
 
     fn failing(&self, fail: bool) {
