@@ -16,9 +16,10 @@
 //! belongs to the owner among the heirs (rendezvous hashing, as always),
 //! for as long as that heir's epoch lives. Every replica follows the same
 //! record, so a take of such a fence by anyone else finds it held by the
-//! heir. Each heir lists the fences of the ended epoch by their label
-//! ([`lease::HELD_WITH_LABEL`]): one request, and it works on its share
-//! at once. It writes each fence as its own later, a few hundred per look
+//! heir. Each heir finds the fences of the ended epoch by their label
+//! ([`lease::HELD_WITH_LABEL`]) in what its watch of the namespace's
+//! Leases shows ([`super::mirror`]), or with one list when the watch has
+//! not shown the record yet, and works on its share at once. It writes each fence as its own later, a few hundred per look
 //! ([`REWRITES_PER_LOOK`]), within [`INHERIT_WINDOW`]; an inherited fence
 //! not written by then stops being worked on. Records are kept on the
 //! Lease for twice that, so a fence still naming the ended epoch after
@@ -349,6 +350,15 @@ impl Knowledge for TakeKnowledge<'_> {
     }
 }
 
+/// What one [`ShardedCoordinator::inherit`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub(super) struct Inherited {
+    /// Clusters it started work on.
+    pub(super) clusters: usize,
+    /// Lists of fences it needed (none when the mirror showed them).
+    pub(super) lists: usize,
+}
+
 impl ShardedCoordinator {
     /// Lists and works on what this replica inherits as soon as the peer
     /// reads learn of heirs named, and again every look interval (a list
@@ -406,21 +416,22 @@ impl ShardedCoordinator {
     }
 
     /// Works on the clusters this replica inherited from ended epochs
-    /// whose records name it an heir in its current epoch: one list of
-    /// each epoch's fences, and no write before the work starts. A list
-    /// that fails is tried again at the next look (until then a look's
-    /// take of such a fence finds this replica the heir and writes it).
-    pub(super) async fn inherit(&self) {
+    /// whose records name it an heir in its current epoch: each epoch's
+    /// fences as the [mirror](super::mirror) shows them (or one list of
+    /// them), and no write before the work starts. A list that fails is
+    /// tried again at the next look (until then a look's take of such a
+    /// fence finds this replica the heir and writes it).
+    pub(super) async fn inherit(&self) -> Inherited {
         let standing = self.inner.standing.borrow().clone();
         let Some(live) = standing.live().cloned() else {
-            return;
+            return Inherited::default();
         };
         let mine = format!("{}/{}", standing.peer_lease, standing.epoch);
         let records = lock(&self.inner.epochs)
             .heirs
             .unlisted_for(&mine, Timestamp::now());
         if records.is_empty() {
-            return;
+            return Inherited::default();
         }
         let names: std::collections::HashMap<String, ClusterName> = lock(&self.inner.clusters)
             .names()
@@ -440,11 +451,7 @@ impl ShardedCoordinator {
         let mut to_list: Vec<&String> = sources.iter().flat_map(|(_, of)| of).collect();
         to_list.sort();
         to_list.dedup();
-        let lists =
-            futures::future::join_all(to_list.iter().map(|held_with| async move {
-                (*held_with, self.list_held_with(held_with).await)
-            }))
-            .await;
+        let (lists, listed) = self.fences_held_with(&to_list).await;
         let mut inherited = 0_usize;
         let mut failed = std::collections::HashSet::new();
         for (held_with, fences) in lists {
@@ -467,10 +474,37 @@ impl ShardedCoordinator {
         tracing::info!(
             ?from,
             clusters = inherited,
+            lists = listed,
             "inherited the clusters of replicas that are gone"
         );
         // The looks took nothing while this listed: the rest is theirs now.
         self.inner.wake.notify_one();
+        Inherited {
+            clusters: inherited,
+            lists: listed,
+        }
+    }
+
+    /// The fences held with each of `epochs` (ended, with records of
+    /// heirs): from the mirror once it shows their records, which it
+    /// usually does by the time the peer reads found them; else, after a
+    /// look's wait, one list each, all at once (`None` for one that
+    /// failed). And how many lists that took.
+    async fn fences_held_with<'a>(
+        &self,
+        epochs: &[&'a String],
+    ) -> (Vec<(&'a String, Option<Vec<Lease>>)>, usize) {
+        let patience = self.inner.options.probe_interval;
+        if let Some(shown) = self.inner.mirror.wait_for(epochs, patience).await {
+            let fences = epochs.iter().copied().zip(shown.into_iter().map(Some));
+            return (fences.collect(), 0);
+        }
+        let lists =
+            futures::future::join_all(epochs.iter().map(|held_with| async move {
+                (*held_with, self.list_held_with(held_with).await)
+            }))
+            .await;
+        (lists, epochs.len())
     }
 
     /// The fences held with `held_with` (by their label), or `None` when

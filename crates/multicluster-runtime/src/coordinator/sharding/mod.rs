@@ -65,6 +65,7 @@ mod epochs;
 mod handover;
 mod heirs;
 mod hrw;
+mod mirror;
 mod options;
 mod peers;
 
@@ -163,6 +164,9 @@ struct Inner {
     /// Woken when the peer reads learn of heirs named: what this replica
     /// inherits is listed at once, not after the look under way.
     heirs_news: Arc<Notify>,
+    /// The fences of the namespace as a watch shows them (fences held with
+    /// the peer Lease): what an heir inherits, without a list.
+    mirror: Arc<mirror::Mirror>,
 }
 
 /// How many fences one look takes or hands back at once. A hand-over of
@@ -390,6 +394,7 @@ impl ShardedCoordinator {
                 ran: CancellationToken::new(),
                 left_behind: Arc::default(),
                 heirs_news: Arc::default(),
+                mirror: Arc::default(),
                 me,
                 options,
                 clusters: std::sync::Mutex::default(),
@@ -1231,8 +1236,10 @@ impl Coordinator for ShardedCoordinator {
         if options.fence_hold == FenceHold::WithPeer {
             let handed = handover::watch(self.clone(), self.inner.standing.subscribe());
             let inheriting = self.clone().keep_inheriting();
-            let tasks: [futures::future::BoxFuture<'static, ()>; 2] =
-                [Box::pin(handed), Box::pin(inheriting)];
+            let (mirror, api) = (self.inner.mirror.clone(), self.inner.leases.clone());
+            let mirroring = async move { mirror.follow(api).await };
+            let tasks: [futures::future::BoxFuture<'static, ()>; 3] =
+                [Box::pin(handed), Box::pin(inheriting), Box::pin(mirroring)];
             for task in tasks {
                 let watching = watching.clone();
                 tokio::spawn(async move {
@@ -1569,12 +1576,21 @@ mod tests {
 
     type Spoil = fn(&mut ShardingOptions);
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_heir_works_on_what_it_inherits_before_writing_it_and_writes_it_later() {
-        let cp = multicluster_envtest::ControlPlane::start()
-            .await
-            .expect("control plane");
-        let client = cp.client().await.expect("client");
+    /// A replica "me" in a live standing, with twelve clusters whose fences
+    /// "gone" held in its epoch "e1", and the peer Lease of "gone" as its
+    /// end left it: naming "me" and "q" its heirs.
+    struct Inheritance {
+        coordinator: ShardedCoordinator,
+        api: Api<Lease>,
+        clusters: Vec<String>,
+        /// `<peer Lease>/<epoch>` of "me".
+        mine: String,
+        /// The clusters whose heir is "me", sorted.
+        mine_to_inherit: Vec<String>,
+        gone: Lease,
+    }
+
+    async fn inheritance(client: kube::Client) -> Inheritance {
         let options = ShardingOptions::default()
             .peer_id("me".to_string())
             .fence_hold(FenceHold::WithPeer);
@@ -1639,6 +1655,40 @@ mod tests {
             .annotations
             .get_or_insert_default()
             .insert(lease::HEIRS_ANNOTATION.to_string(), value);
+        Inheritance {
+            coordinator,
+            api,
+            clusters,
+            mine,
+            mine_to_inherit,
+            gone,
+        }
+    }
+
+    fn working_on(coordinator: &ShardedCoordinator) -> Vec<String> {
+        let mut working: Vec<String> = coordinator
+            .working_on()
+            .unwrap_or_default()
+            .iter()
+            .map(|name| name.to_string())
+            .collect();
+        working.sort();
+        working
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_heir_works_on_what_it_inherits_before_writing_it_and_writes_it_later() {
+        let cp = multicluster_envtest::ControlPlane::start()
+            .await
+            .expect("control plane");
+        let Inheritance {
+            coordinator,
+            api,
+            clusters,
+            mine,
+            mine_to_inherit,
+            gone,
+        } = inheritance(cp.client().await.expect("client")).await;
         assert!(lock(&coordinator.inner.epochs).record(&[gone], Timestamp::now()));
 
         let holder_of = |cluster: &str| {
@@ -1648,16 +1698,7 @@ mod tests {
             );
             async move { api.get(&fence).await.expect("fence") }
         };
-        let working = || {
-            let mut working: Vec<String> = coordinator
-                .working_on()
-                .unwrap_or_default()
-                .iter()
-                .map(|name| name.to_string())
-                .collect();
-            working.sort();
-            working
-        };
+        let working = || working_on(&coordinator);
         let all_still_name_gone = |why: &'static str| {
             let holder_of = &holder_of;
             let clusters = &clusters;
@@ -1668,7 +1709,10 @@ mod tests {
                 }
             }
         };
-        coordinator.inherit().await;
+        // Without its watch of the Leases, it lists them.
+        let inherited = coordinator.inherit().await;
+        assert_eq!(inherited.lists, 1);
+        assert_eq!(inherited.clusters, mine_to_inherit.len());
         assert_eq!(
             working(),
             mine_to_inherit,
@@ -1718,6 +1762,59 @@ mod tests {
             }
         }
         assert_eq!(working(), mine_to_inherit);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_heir_finds_what_it_inherits_in_its_watch_of_the_leases_without_a_list() {
+        let cp = multicluster_envtest::ControlPlane::start()
+            .await
+            .expect("control plane");
+        let Inheritance {
+            coordinator,
+            api,
+            clusters,
+            mine_to_inherit,
+            gone,
+            ..
+        } = inheritance(cp.client().await.expect("client")).await;
+        let mirror = coordinator.inner.mirror.clone();
+        let following = tokio::spawn({
+            let (mirror, api) = (mirror.clone(), api.clone());
+            async move { mirror.follow(api).await }
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while mirror.fences_of(&[]).is_none() {
+            assert!(
+                Instant::now() < deadline,
+                "the watch never listed the Leases"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        // The end is written, and the peer read learns of it from what the
+        // write answered: the watch shows it a moment later.
+        let gone = api
+            .create(&kube::api::PostParams::default(), &gone)
+            .await
+            .expect("the end of gone's epoch");
+        assert!(lock(&coordinator.inner.epochs).record(&[gone], Timestamp::now()));
+
+        let inherited = coordinator.inherit().await;
+        assert_eq!(
+            inherited,
+            heirs::Inherited {
+                clusters: mine_to_inherit.len(),
+                lists: 0
+            }
+        );
+        assert_eq!(working_on(&coordinator), mine_to_inherit);
+        for cluster in &clusters {
+            let fence = api
+                .get(&coordinator.fence_name(&ClusterName::from(cluster.as_str())))
+                .await
+                .expect("fence");
+            assert_eq!(lease::holder_of(&fence), Some("gone"), "{cluster} written");
+        }
+        following.abort();
     }
 
     #[tokio::test]
