@@ -98,8 +98,6 @@ pub(crate) struct Next {
     pub(crate) holder: String,
     /// `<its peer Lease>/<its epoch>`, live when it was read.
     pub(crate) held_with: String,
-    /// The [`HANDED_TO_LABEL`] value for `held_with`.
-    pub(crate) label: String,
     /// The fence's duration, as its holder would write it.
     pub(crate) duration: Duration,
     /// The cluster the fence is for.
@@ -703,7 +701,7 @@ pub(crate) async fn release(
                     .metadata
                     .labels
                     .get_or_insert_with(BTreeMap::new)
-                    .insert(HANDED_TO_LABEL.to_string(), next.label.clone());
+                    .insert(HANDED_TO_LABEL.to_string(), label_for(&next.held_with));
                 let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
                 annotations.insert(CLUSTER_ANNOTATION.to_string(), next.cluster.clone());
                 annotations.insert(HANDED_BY_ANNOTATION.to_string(), me.to_string());
@@ -1239,7 +1237,6 @@ pub(crate) mod tests {
         let next = Next {
             holder: "me".to_string(),
             held_with: "peer-me/e1".to_string(),
-            label: "handed".to_string(),
             duration,
             cluster: "c".to_string(),
         };
@@ -1256,7 +1253,7 @@ pub(crate) mod tests {
                 .as_ref()
                 .and_then(|labels| labels.get(HANDED_TO_LABEL))
                 .map(String::as_str),
-            Some("handed")
+            Some(label_for("peer-me/e1").as_str())
         );
         // Taken by "me" without knowing it was handed: read, not written.
         let take_in = |held_with: &'static str| {

@@ -50,7 +50,9 @@ use super::hrw::{self, Peer};
 use super::{ShardedCoordinator, engage_or_hand_back, hold};
 use crate::coordinator::fence;
 use crate::coordinator::lease::{self, Heir, Hold, Knowledge};
+use crate::health::repeats::Telling;
 use crate::name::ClusterName;
+use crate::redact::Redacted;
 use crate::sync::lock;
 
 /// How long an heir works on a fence it inherited without having written
@@ -518,19 +520,31 @@ impl ShardedCoordinator {
         // filters every fence for each heir at once, and at 100,000
         // clusters, with two replicas starting beside it, two lists ran
         // past 10 s; cut short, they started again a look later.
-        match tokio::time::timeout(self.inner.options.peer_lease_duration, call).await {
-            Ok(Ok(list)) => Some(list.items),
-            Ok(Err(err)) => {
-                tracing::warn!(error = %crate::redact::kube_error(&err), "could not list the fences inherited from a replica that is gone; trying again");
-                None
+        let reason = match tokio::time::timeout(self.inner.options.peer_lease_duration, call).await
+        {
+            Ok(Ok(list)) => {
+                if let Some(failures) = lock(&self.inner.inherit_failures).succeeded() {
+                    tracing::info!(failures, "listed the fences inherited again");
+                }
+                return Some(list.items);
             }
-            Err(_) => {
-                tracing::warn!(
-                    "no answer listing the fences inherited from a replica that is gone; trying again"
-                );
-                None
+            Ok(Err(err)) => Redacted::kube(&err),
+            Err(_) => Redacted::ours("no answer"),
+        };
+        // Tried again every look while a record names this replica: told
+        // once, not at each try.
+        match lock(&self.inner.inherit_failures).tell(&reason, std::time::Instant::now()) {
+            Telling::New => {
+                tracing::warn!(error = %reason, "could not list the fences inherited from a replica that is gone; trying again");
+            }
+            Telling::Reminder(attempts) => {
+                tracing::warn!(error = %reason, attempts, "still cannot list the fences inherited from a replica that is gone");
+            }
+            Telling::Repeat(attempts) => {
+                tracing::debug!(error = %reason, attempts, "could not list the fences inherited again");
             }
         }
+        None
     }
 
     /// Works on each of `fences` (held with `held_with`, an ended epoch)

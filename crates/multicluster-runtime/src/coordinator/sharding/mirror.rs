@@ -20,7 +20,9 @@
 //! synced at all, the heir waits for it a little and then lists.
 //!
 //! Only fences held with a peer Lease and peer Leases carrying records are
-//! kept, without their managed fields.
+//! kept, without their managed fields: at 100,000 clusters about 200 MiB
+//! more per replica (1,636 MiB against 1,439). A replica follows them once
+//! it is ready, as only ready replicas are named heirs.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;

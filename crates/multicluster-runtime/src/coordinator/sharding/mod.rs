@@ -167,6 +167,8 @@ struct Inner {
     /// The fences of the namespace as a watch shows them (fences held with
     /// the peer Lease): what an heir inherits, without a list.
     mirror: Arc<mirror::Mirror>,
+    /// Lists of inherited fences that failed in a row, told once.
+    inherit_failures: std::sync::Mutex<crate::health::repeats::Repeats>,
 }
 
 /// How many fences one look takes or hands back at once. A hand-over of
@@ -395,6 +397,7 @@ impl ShardedCoordinator {
                 left_behind: Arc::default(),
                 heirs_news: Arc::default(),
                 mirror: Arc::default(),
+                inherit_failures: std::sync::Mutex::default(),
                 me,
                 options,
                 clusters: std::sync::Mutex::default(),
@@ -455,7 +458,10 @@ impl ShardedCoordinator {
         // peers: once another peer is seen leaving too, the clusters still
         // to go would be handed to it, and passed on again.
         let cut_short = || leaving && outdated();
-        let look = self.look();
+        let look = Look {
+            inheriting: self.inheriting(),
+            ..self.look()
+        };
         let names = lock(&self.inner.clusters).names();
         let handed = std::sync::atomic::AtomicUsize::new(0);
         let steps = if leaving {
@@ -522,7 +528,6 @@ impl ShardedCoordinator {
                     let held_with = format!("{peer_lease}/{epoch}");
                     let next = lease::Next {
                         holder: peer.id.clone(),
-                        label: handover::label_for(&held_with),
                         held_with,
                         duration: options.fence_lease_duration,
                         cluster: String::new(),
@@ -547,7 +552,8 @@ impl ShardedCoordinator {
             leaving: leaving.into_iter().map(|peer| peer.id).collect(),
             with_leaving,
             rewrites_left: heirs::REWRITES_PER_LOOK.into(),
-            inheriting: self.inheriting(),
+            // Only the looks take; `balance` says.
+            inheriting: false,
         }
     }
 
@@ -1237,7 +1243,14 @@ impl Coordinator for ShardedCoordinator {
             let handed = handover::watch(self.clone(), self.inner.standing.subscribe());
             let inheriting = self.clone().keep_inheriting();
             let (mirror, api) = (self.inner.mirror.clone(), self.inner.leases.clone());
-            let mirroring = async move { mirror.follow(api).await };
+            let ready = self.inner.inventory.clone();
+            // Only ready replicas are named heirs; a restarted replica's
+            // first list of every Lease would come while it lists the
+            // fleet, when the API server is busiest.
+            let mirroring = async move {
+                ready.cancelled().await;
+                mirror.follow(api).await;
+            };
             let tasks: [futures::future::BoxFuture<'static, ()>; 3] =
                 [Box::pin(handed), Box::pin(inheriting), Box::pin(mirroring)];
             for task in tasks {
@@ -1386,7 +1399,6 @@ mod tests {
         let next = lease::Next {
             holder: "p".to_string(),
             held_with: "mcr-peer-p/e1".to_string(),
-            label: handover::label_for("mcr-peer-p/e1"),
             duration: Duration::from_secs(20),
             cluster: String::new(),
         };
@@ -1864,7 +1876,6 @@ mod tests {
         let held_with = format!("mcr-peer-{id}/e1");
         lease::Next {
             holder: id.to_string(),
-            label: handover::label_for(&held_with),
             held_with,
             duration: Duration::from_secs(20),
             cluster: String::new(),
