@@ -555,6 +555,8 @@ async fn a_replica_that_stops_before_handing_over_leaves_its_clusters_to_its_hei
     let with_peer = ShardingOptions::default().fence_hold(FenceHold::WithPeer);
     let ((r0, first_stop, first_task), (r1, second_stop, second_task)) =
         split_by_two(&cp, no_hand_over, with_peer).await;
+    // Once its share settled, r1 follows the fences with a watch.
+    eventually("r1 follows the fences", || async { r1.follows_fences() }).await;
 
     first_stop.cancel();
     first_task.await.expect("manager task").expect("manager");
@@ -562,6 +564,8 @@ async fn a_replica_that_stops_before_handing_over_leaves_its_clusters_to_its_hei
         working_on(&r1).len() == MEMBERS.len()
     })
     .await;
+    // It found what it inherited in what it follows: no list.
+    assert_eq!(r1.inheritance_lists(), 0);
     // r0's Lease is kept, ended, naming r1 the heir of what it held.
     let leases: Api<Lease> = Api::namespaced(cp.client().await.expect("client"), "kube-system");
     let peer = leases.get("mcr-peer-r0").await.expect("r0's peer Lease");

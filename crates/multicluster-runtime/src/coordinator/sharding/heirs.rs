@@ -501,6 +501,9 @@ impl ShardedCoordinator {
             let fences = epochs.iter().copied().zip(shown.into_iter().map(Some));
             return (fences.collect(), 0);
         }
+        self.inner
+            .inheritance_lists
+            .fetch_add(epochs.len(), std::sync::atomic::Ordering::Relaxed);
         let lists =
             futures::future::join_all(epochs.iter().map(|held_with| async move {
                 (*held_with, self.list_held_with(held_with).await)

@@ -167,6 +167,12 @@ struct Inner {
     /// The fences of the namespace as a watch shows them (fences held with
     /// the peer Lease): what an heir inherits, without a list.
     mirror: Arc<mirror::Mirror>,
+    /// Fired by the first look, once this replica is ready, that had
+    /// nothing to take or hand back: its share of the fleet has settled.
+    settled: CancellationToken,
+    /// How many lists of inherited fences this replica needed (none while
+    /// its mirror shows them).
+    inheritance_lists: std::sync::atomic::AtomicUsize,
     /// Lists of inherited fences that failed in a row, told once.
     inherit_failures: std::sync::Mutex<crate::health::repeats::Repeats>,
 }
@@ -183,6 +189,10 @@ const CONCURRENT_STEPS: usize = 16;
 /// one write and nothing else waits for it; two replicas leaving together
 /// at 100,000 clusters handed about 280 a second each at 16 at once.
 const LEAVING_STEPS: usize = 64;
+
+/// How long after it is ready a replica whose share has not settled
+/// starts following the fences anyway.
+const MIRROR_UNSETTLED: std::time::Duration = std::time::Duration::from_secs(120);
 
 /// What this replica keeps for each cluster of the fleet.
 struct Share {
@@ -291,6 +301,8 @@ struct Look {
     /// Whether heirs named lately include this replica and their fences
     /// are being listed: the look takes nothing meanwhile.
     inheriting: bool,
+    /// How many clusters this look took or handed back (or tried to).
+    moves: std::sync::atomic::AtomicUsize,
 }
 
 impl Look {
@@ -361,6 +373,23 @@ fn owner_but<'a>(cluster: &str, peers: &'a [Peer], let_go: &str) -> Option<&'a P
 }
 
 impl ShardedCoordinator {
+    /// Whether this replica follows the fences with a watch that has
+    /// listed them (fences held with the peer Lease; it starts once the
+    /// replica's share has settled): for tests (feature `testing`).
+    #[cfg(feature = "testing")]
+    pub fn follows_fences(&self) -> bool {
+        self.inner.mirror.fences_of(&[]).is_some()
+    }
+
+    /// How many lists of inherited fences this replica needed, rather than
+    /// finding them in what it follows: for tests (feature `testing`).
+    #[cfg(feature = "testing")]
+    pub fn inheritance_lists(&self) -> usize {
+        self.inner
+            .inheritance_lists
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// A coordinator keeping its Leases through `client` (the cluster the
     /// replicas share, usually the local one). Fails on invalid options.
     pub fn new(client: kube::Client, options: ShardingOptions) -> Result<Self, Error> {
@@ -398,6 +427,8 @@ impl ShardedCoordinator {
                 heirs_news: Arc::default(),
                 mirror: Arc::default(),
                 inherit_failures: std::sync::Mutex::default(),
+                settled: CancellationToken::new(),
+                inheritance_lists: 0.into(),
                 me,
                 options,
                 clusters: std::sync::Mutex::default(),
@@ -483,6 +514,9 @@ impl ShardedCoordinator {
             })
             .await;
         self.give_back_unclaimed().await;
+        if look.moves.into_inner() == 0 && self.inner.inventory.is_cancelled() && !leaving {
+            self.inner.settled.cancel();
+        }
         (!cut_short()).then(|| handed.into_inner())
     }
 
@@ -554,6 +588,7 @@ impl ShardedCoordinator {
             rewrites_left: heirs::REWRITES_PER_LOOK.into(),
             // Only the looks take; `balance` says.
             inheriting: false,
+            moves: 0.into(),
         }
     }
 
@@ -575,6 +610,10 @@ impl ShardedCoordinator {
             return false;
         }
         let step = self.decide(name, look);
+        if matches!(step, Step::Take { .. } | Step::Release { .. }) {
+            look.moves
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
         match step {
             Step::Nothing => false,
             Step::Release {
@@ -1243,12 +1282,19 @@ impl Coordinator for ShardedCoordinator {
             let handed = handover::watch(self.clone(), self.inner.standing.subscribe());
             let inheriting = self.clone().keep_inheriting();
             let (mirror, api) = (self.inner.mirror.clone(), self.inner.leases.clone());
-            let ready = self.inner.inventory.clone();
-            // Only ready replicas are named heirs; a restarted replica's
-            // first list of every Lease would come while it lists the
-            // fleet, when the API server is busiest.
+            let (ready, settled) = (self.inner.inventory.clone(), self.inner.settled.clone());
+            // Only ready replicas are named heirs, and until the mirror has
+            // listed an heir lists instead. Following every fence while the
+            // fleet's fences are written (a cold start: 100,000 writes, each
+            // sent to every replica) made the start at 100,000 clusters a
+            // quarter slower on the benchmark machine. A share that never
+            // settles (a fence busy for good) waits a while, not for ever.
             let mirroring = async move {
                 ready.cancelled().await;
+                tokio::select! {
+                    () = settled.cancelled() => {}
+                    () = tokio::time::sleep(MIRROR_UNSETTLED) => {}
+                }
                 mirror.follow(api).await;
             };
             let tasks: [futures::future::BoxFuture<'static, ()>; 3] =
