@@ -15,8 +15,11 @@
 //!
 //! 1. **Start**: the replicas start together; time until every cluster is
 //!    worked on by its owner (rendezvous hashing over the live replicas).
-//! 2. **Idle**: Lease requests per second and API server CPU over 30 s,
-//!    and each replica's CPU and memory.
+//! 2. **Idle**: once the replicas' Lease requests have died down (with
+//!    fences held with the peer Lease each replica lists every fence once
+//!    its share settled, to follow them: how long that took and what it
+//!    cost the API server is printed), Lease requests per second and API
+//!    server CPU over 30 s, and each replica's CPU and memory.
 //! 3. **Churn**, each followed by the time until stable again, the clusters
 //!    that changed hands, and the longest time a cluster went unworked: a
 //!    replica joins; one leaves (SIGTERM); one is killed (SIGKILL); the
@@ -245,6 +248,11 @@ async fn run(clusters: usize, replicas: usize, hold: &str) -> Outcome {
     let mut owners = fleet.settled(&names).await?;
     let start_time = started.elapsed();
 
+    let (quiet_after, quiet_cpu) = leases_quiet(&admin).await;
+    eprintln!(
+        "Lease requests died down {:.1} s after the start settled; the API server spent {quiet_cpu:.1} CPU-seconds meanwhile",
+        quiet_after.as_secs_f64()
+    );
     let before = api_server_counters(&admin).await;
     let cpu_before: Vec<f64> = fleet.running.iter().map(cpu_seconds).collect();
     let idle = Duration::from_secs(30);
@@ -398,24 +406,63 @@ fn start(cp: &ControlPlane, id: &str, fence_hold: &str, ledger: &std::path::Path
 /// Requests for Leases the API server has answered so far, and its CPU
 /// seconds (`process_cpu_seconds_total`), from its `/metrics`.
 async fn api_server_counters(admin: &kube::Client) -> (f64, f64) {
+    let metrics = api_server_metrics(admin).await;
+    let leases = sum_of(&metrics, |l| {
+        l.starts_with("apiserver_request_total{") && l.contains("resource=\"leases\"")
+    });
+    let cpu = sum_of(&metrics, |l| l.starts_with("process_cpu_seconds_total "));
+    (leases, cpu)
+}
+
+/// Waits until the lists of Leases die down (under 3 a second over 5 s:
+/// the peer reads are one a second for ten replicas; at most two
+/// minutes): how long that took, and the API server's CPU seconds
+/// meanwhile.
+async fn leases_quiet(admin: &kube::Client) -> (Duration, f64) {
+    let began = Instant::now();
+    let cpu_before = api_server_counters(admin).await.1;
+    let mut lists = lease_lists(admin).await;
+    let window = Duration::from_secs(5);
+    while began.elapsed() < Duration::from_secs(120) {
+        tokio::time::sleep(window).await;
+        let now = lease_lists(admin).await;
+        let rate = (now - lists) / window.as_secs_f64();
+        lists = now;
+        if rate < 3.0 {
+            break;
+        }
+    }
+    (
+        began.elapsed(),
+        api_server_counters(admin).await.1 - cpu_before,
+    )
+}
+
+/// Lists of Leases the API server has answered so far.
+async fn lease_lists(admin: &kube::Client) -> f64 {
+    let metrics = api_server_metrics(admin).await;
+    sum_of(&metrics, |l| {
+        l.starts_with("apiserver_request_total{")
+            && l.contains("resource=\"leases\"")
+            && l.contains("verb=\"LIST\"")
+    })
+}
+
+/// The API server's metrics, empty if they could not be read.
+async fn api_server_metrics(admin: &kube::Client) -> String {
     let request = http::Request::get("/metrics")
         .body(Vec::new())
         .expect("request");
-    let Ok(metrics) = admin.request_text(request).await else {
-        return (0.0, 0.0);
-    };
-    let value = |l: &str| l.rsplit(' ').next()?.parse::<f64>().ok();
-    let leases = metrics
+    admin.request_text(request).await.unwrap_or_default()
+}
+
+/// The sum of the metric lines `line` picks.
+fn sum_of(metrics: &str, line: impl Fn(&str) -> bool) -> f64 {
+    metrics
         .lines()
-        .filter(|l| l.starts_with("apiserver_request_total{") && l.contains("resource=\"leases\""))
-        .filter_map(value)
-        .sum();
-    let cpu = metrics
-        .lines()
-        .find(|l| l.starts_with("process_cpu_seconds_total "))
-        .and_then(value)
-        .unwrap_or_default();
-    (leases, cpu)
+        .filter(|l| line(l))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 /// CPU time of a replica so far.
