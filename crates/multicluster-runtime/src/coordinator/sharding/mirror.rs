@@ -21,8 +21,10 @@
 //!
 //! Only fences held with a peer Lease and peer Leases carrying records are
 //! kept, without their managed fields: at 100,000 clusters about 200 MiB
-//! more per replica (1,636 MiB against 1,439). A replica follows them once
-//! it is ready, as only ready replicas are named heirs.
+//! more per replica (1,638 MiB against 1,442). A replica follows them once
+//! it is ready (only ready replicas are named heirs) and its share has
+//! settled: followed from a cold start, each of the start's 100,000 fence
+//! writes went to every replica, and the start took a quarter longer.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
@@ -166,6 +168,13 @@ impl Mirror {
             }
             watcher::Event::InitDone => {
                 if let Some(relisted) = state.relisting.take() {
+                    if !state.synced {
+                        let fences = relisted.held_with.len();
+                        tracing::info!(
+                            fences,
+                            "following the fences: what this replica inherits is found without a list"
+                        );
+                    }
                     state.shown = relisted;
                     state.synced = true;
                 }

@@ -39,8 +39,9 @@
 //!   an epoch (a killed replica's, once its Lease lapsed; a stopping
 //!   replica's, for what it had not handed over) names the live, ready
 //!   peers as its heirs. Each fence of that epoch belongs to its owner
-//!   among the heirs, which lists them in one request and works on them at
-//!   once, writing each as its own later (see `heirs`).
+//!   among the heirs, which finds them in its watch of the namespace's
+//!   Leases (see `mirror`) and works on them at once, writing each as its
+//!   own later (see `heirs`).
 //!
 //! Names, labels and defaults are Go multicluster-runtime's, so the Leases
 //! look the same. Beyond Go: Lease names are unique per cluster and never
