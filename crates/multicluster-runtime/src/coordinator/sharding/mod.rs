@@ -1639,6 +1639,7 @@ mod tests {
     /// "gone" held in its epoch "e1", and the peer Lease of "gone" as its
     /// end left it: naming "me" and "q" its heirs.
     struct Inheritance {
+        _cp: multicluster_envtest::ControlPlane,
         coordinator: ShardedCoordinator,
         api: Api<Lease>,
         clusters: Vec<String>,
@@ -1649,7 +1650,11 @@ mod tests {
         gone: Lease,
     }
 
-    async fn inheritance(client: kube::Client) -> Inheritance {
+    async fn inheritance() -> Inheritance {
+        let cp = multicluster_envtest::ControlPlane::start()
+            .await
+            .expect("control plane");
+        let client = cp.client().await.expect("client");
         let options = ShardingOptions::default()
             .peer_id("me".to_string())
             .fence_hold(FenceHold::WithPeer);
@@ -1715,6 +1720,7 @@ mod tests {
             .get_or_insert_default()
             .insert(lease::HEIRS_ANNOTATION.to_string(), value);
         Inheritance {
+            _cp: cp,
             coordinator,
             api,
             clusters,
@@ -1737,17 +1743,15 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_heir_works_on_what_it_inherits_before_writing_it_and_writes_it_later() {
-        let cp = multicluster_envtest::ControlPlane::start()
-            .await
-            .expect("control plane");
         let Inheritance {
+            _cp,
             coordinator,
             api,
             clusters,
             mine,
             mine_to_inherit,
             gone,
-        } = inheritance(cp.client().await.expect("client")).await;
+        } = inheritance().await;
         assert!(lock(&coordinator.inner.epochs).record(&[gone], Timestamp::now()));
 
         let holder_of = |cluster: &str| {
@@ -1825,17 +1829,8 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn an_heir_finds_what_it_inherits_in_its_watch_of_the_leases_without_a_list() {
-        let cp = multicluster_envtest::ControlPlane::start()
-            .await
-            .expect("control plane");
-        let Inheritance {
-            coordinator,
-            api,
-            clusters,
-            mine_to_inherit,
-            gone,
-            ..
-        } = inheritance(cp.client().await.expect("client")).await;
+        let inheritance = inheritance().await;
+        let (coordinator, api) = (&inheritance.coordinator, &inheritance.api);
         let mirror = coordinator.inner.mirror.clone();
         let following = tokio::spawn({
             let (mirror, api) = (mirror.clone(), api.clone());
@@ -1852,12 +1847,13 @@ mod tests {
         // The end is written, and the peer read learns of it from what the
         // write answered: the watch shows it a moment later.
         let gone = api
-            .create(&kube::api::PostParams::default(), &gone)
+            .create(&kube::api::PostParams::default(), &inheritance.gone)
             .await
             .expect("the end of gone's epoch");
         assert!(lock(&coordinator.inner.epochs).record(&[gone], Timestamp::now()));
 
         let inherited = coordinator.inherit().await;
+        let mine_to_inherit = &inheritance.mine_to_inherit;
         assert_eq!(
             inherited,
             heirs::Inherited {
@@ -1865,8 +1861,8 @@ mod tests {
                 lists: 0
             }
         );
-        assert_eq!(working_on(&coordinator), mine_to_inherit);
-        for cluster in &clusters {
+        assert_eq!(working_on(coordinator), *mine_to_inherit);
+        for cluster in &inheritance.clusters {
             let fence = api
                 .get(&coordinator.fence_name(&ClusterName::from(cluster.as_str())))
                 .await
