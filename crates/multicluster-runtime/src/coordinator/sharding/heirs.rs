@@ -19,7 +19,8 @@
 //! heir. Each heir finds the fences of the ended epoch by their label
 //! ([`lease::HELD_WITH_LABEL`]) in what its watch of the namespace's
 //! Leases shows ([`super::mirror`]), or with one list when the watch has
-//! not shown the record yet, and works on its share at once. It writes each fence as its own later, a few hundred per look
+//! not shown the record yet, and works on its share at once. It writes
+//! each fence as its own later, a few hundred per look
 //! ([`REWRITES_PER_LOOK`]), within [`INHERIT_WINDOW`]; an inherited fence
 //! not written by then stops being worked on. Records are kept on the
 //! Lease for twice that, so a fence still naming the ended epoch after
@@ -362,7 +363,7 @@ pub(super) struct Inherited {
 }
 
 impl ShardedCoordinator {
-    /// Lists and works on what this replica inherits as soon as the peer
+    /// Finds and works on what this replica inherits as soon as the peer
     /// reads learn of heirs named, and again every look interval (a list
     /// that failed, a standing that was not live yet). Not while leaving:
     /// nobody names a leaving replica an heir. Never completes.
