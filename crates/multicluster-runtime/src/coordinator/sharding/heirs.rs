@@ -353,15 +353,6 @@ impl Knowledge for TakeKnowledge<'_> {
     }
 }
 
-/// What one [`ShardedCoordinator::inherit`] did.
-#[derive(Debug, Default, PartialEq, Eq)]
-pub(super) struct Inherited {
-    /// Clusters it started work on.
-    pub(super) clusters: usize,
-    /// Lists of fences it needed (none when the mirror showed them).
-    pub(super) lists: usize,
-}
-
 impl ShardedCoordinator {
     /// Finds and works on what this replica inherits as soon as the peer
     /// reads learn of heirs named, and again every look interval (a list
@@ -424,17 +415,17 @@ impl ShardedCoordinator {
     /// them), and no write before the work starts. A list that fails is
     /// tried again at the next look (until then a look's take of such a
     /// fence finds this replica the heir and writes it).
-    pub(super) async fn inherit(&self) -> Inherited {
+    pub(super) async fn inherit(&self) {
         let standing = self.inner.standing.borrow().clone();
         let Some(live) = standing.live().cloned() else {
-            return Inherited::default();
+            return;
         };
         let mine = format!("{}/{}", standing.peer_lease, standing.epoch);
         let records = lock(&self.inner.epochs)
             .heirs
             .unlisted_for(&mine, Timestamp::now());
         if records.is_empty() {
-            return Inherited::default();
+            return;
         }
         let names: std::collections::HashMap<String, ClusterName> = lock(&self.inner.clusters)
             .names()
@@ -482,10 +473,6 @@ impl ShardedCoordinator {
         );
         // The looks took nothing while this listed: the rest is theirs now.
         self.inner.wake.notify_one();
-        Inherited {
-            clusters: inherited,
-            lists: listed,
-        }
     }
 
     /// The fences held with each of `epochs` (ended, with records of

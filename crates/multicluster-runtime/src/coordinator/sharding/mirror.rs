@@ -111,6 +111,12 @@ impl Shown {
 }
 
 impl Mirror {
+    /// Whether the watch has listed the Leases once: until then the mirror
+    /// shows nothing.
+    pub(crate) fn synced(&self) -> bool {
+        lock(&self.state).synced
+    }
+
     /// The fences held with each of `epochs` (`<peer Lease>/<epoch>`, each
     /// ended by a record of heirs), if the watch has shown every one of
     /// those records: then nothing written before them is missing.
@@ -148,7 +154,7 @@ impl Mirror {
             if let Some(fences) = self.fences_of(epochs) {
                 return Some(fences);
             }
-            if !lock(&self.state).synced {
+            if !self.synced() {
                 return None;
             }
             if tokio::time::timeout_at(deadline, changed).await.is_err() {
