@@ -365,10 +365,7 @@ impl Registry {
             }
         };
         let now = Timestamp::now();
-        if lock(&self.epochs).record(&list.items, now) {
-            // Heirs named: the coordinator lists what it inherits.
-            self.heirs_news.notify_one();
-        }
+        let mut heirs_named = lock(&self.epochs).record(&list.items, now);
         let first_lapse = list
             .items
             .iter()
@@ -404,7 +401,7 @@ impl Registry {
                 }
             }
         }
-        self.end_lapsed(&list.items, &peers, now).await;
+        heirs_named |= self.end_lapsed(&list.items, &peers, now).await;
         self.forget_departed(&list.items, now).await;
         let joining: std::collections::BTreeSet<String> = list
             .items
@@ -438,6 +435,13 @@ impl Registry {
             *known = peers;
             true
         });
+        // Heirs named: the coordinator takes up what it inherits, once the
+        // peers it looks with no longer count the replica that is gone (a
+        // look woken with it still counted handed the inherited clusters
+        // back to it, and took them again with a write each).
+        if heirs_named {
+            self.heirs_news.notify_one();
+        }
         next_look
     }
 }
@@ -454,10 +458,17 @@ impl Registry {
     /// has lapsed, and ending the others' epochs then would have each take
     /// its fences again. A take of such a peer's fence still ends its
     /// epoch first.
-    async fn end_lapsed(&self, leases: &[Lease], peers: &BTreeMap<String, Peer>, now: Timestamp) {
+    /// Whether an end it wrote or found named heirs.
+    async fn end_lapsed(
+        &self,
+        leases: &[Lease],
+        peers: &BTreeMap<String, Peer>,
+        now: Timestamp,
+    ) -> bool {
         if self.keep_lapsed_until(Instant::now()).is_some() {
-            return;
+            return false;
         }
+        let mut heirs_named = false;
         for peer in leases {
             let Some(spec) = peer.spec.as_ref() else {
                 continue;
@@ -488,9 +499,7 @@ impl Registry {
                         weight: weight(peer),
                     };
                     let mut epochs = lock(&self.epochs);
-                    if epochs.ended_with(now_lease.as_deref(), now) {
-                        self.heirs_news.notify_one();
-                    }
+                    heirs_named |= epochs.ended_with(now_lease.as_deref(), now);
                     epochs.depart(name, epoch, departed, now);
                 }
                 Ok(Ok(EpochEnd::Live)) => {}
@@ -502,6 +511,7 @@ impl Registry {
                 }
             }
         }
+        heirs_named
     }
 
     /// The heirs of an epoch of `gone` that ends now: the live, ready
