@@ -80,6 +80,7 @@ use tower::util::{BoxCloneSyncService, BoxService};
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
 use super::resend::Resend;
+use super::withhold::CredentialValues;
 
 /// The service a client is built on (kube-rs's `GenericService`).
 pub(crate) type Service = BoxService<Request<Body>, Response<Box<DynBody>>, BoxError>;
@@ -154,6 +155,7 @@ impl Timer for CoalescingTimer {
 pub(crate) fn builder(
     config: kube::Config,
     http2: bool,
+    values: CredentialValues,
 ) -> Result<ClientBuilder<Service>, kube::Error> {
     let server_name = config
         .tls_server_name
@@ -195,11 +197,12 @@ pub(crate) fn builder(
     let tls = tls.enable_http1();
     if http2 {
         let tls = tls.enable_http2().wrap_connector(inner);
-        stack(config, ConnectDeadline::new(tls, deadline))
+        stack(config, ConnectDeadline::new(tls, deadline), values)
     } else {
         stack(
             config,
             ConnectDeadline::new(tls.wrap_connector(inner), deadline),
+            values,
         )
     }
 }
@@ -287,7 +290,11 @@ fn with_basic_auth<C>(tunnel: Tunnel<C>, intercept: Option<&Intercept>) -> Tunne
 
 /// The client over `connector`, with kube-rs's layers (see the module
 /// notes).
-fn stack<C>(config: kube::Config, connector: C) -> Result<ClientBuilder<Service>, kube::Error>
+fn stack<C>(
+    config: kube::Config,
+    connector: C,
+    values: CredentialValues,
+) -> Result<ClientBuilder<Service>, kube::Error>
 where
     C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
 {
@@ -327,6 +334,13 @@ where
             .service(client)
             .map_response(|response| {
                 response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
+            })
+            // Outside the retries: only the answer kube-rs reads is read
+            // whole, and the server's own words about a failure never
+            // carry a credential this client sent ([`super::withhold`]).
+            .and_then(move |response| {
+                let values = values.clone();
+                async move { values.withhold_from(response).await }
             });
     Ok(ClientBuilder::new(
         BoxService::new(service),

@@ -39,9 +39,12 @@ mod options;
 pub(crate) mod policy;
 mod proxy;
 mod resend;
+mod withhold;
 
 pub use options::ClientOptions;
-pub use policy::{Allowlist, ExecPolicy, KubeconfigPolicy, Refusal, Refused};
+pub use policy::{
+    AllowedPlugin, Allowlist, ExecPolicy, KubeconfigPolicy, Refusal, Refused, Servers,
+};
 
 /// Builds a client for `context` (the current context when `None`),
 /// checking first that the context, its cluster and its user exist so the
@@ -136,9 +139,12 @@ pub(crate) async fn client_with_requests(
         budget => budget.map(|budget| BudgetLayer(Budget::new(budget))),
     };
     let requests = Requests::default();
+    let values = withhold::CredentialValues::default();
+    held_values(&config.auth_info, &values);
     let server: std::sync::Arc<str> = crate::redact::without_userinfo(&config.cluster_url).into();
     let (source_text, context_text) = (source.to_string(), context_name.clone());
     let (timeout, http2, recorded) = (options.request_timeout, options.http2, requests.clone());
+    let sent = values.clone();
     // Builds the client, with a client certificate from the plugin when it
     // hands out one (again at each renewal).
     let connect: credentials::Connect = std::sync::Arc::new(move |certificate| {
@@ -156,7 +162,7 @@ pub(crate) async fn client_with_requests(
         };
         // Outside the deadline: waiting for the budget is not the server's
         // slowness.
-        connection::builder(config, http2)
+        connection::builder(config, http2, sent.clone())
             .map(|builder| {
                 builder
                     .with_layer(&layer)
@@ -178,7 +184,7 @@ pub(crate) async fn client_with_requests(
     };
     match plugin.run().await {
         Ok(first) => Ok((
-            credentials::authenticated(connect, plugin, first, requests.clone())?,
+            credentials::authenticated(connect, plugin, first, requests.clone(), values)?,
             requests,
         )),
         Err(err) => Err(Error::Credentials {
@@ -186,6 +192,28 @@ pub(crate) async fn client_with_requests(
             user: format!("context {context_name:?}, user {user:?}"),
             source: err.into(),
         }),
+    }
+}
+
+/// Withholds the credential values `auth` sends from the member's error
+/// answers: its token, its basic-auth password and the header made of it,
+/// its client key (as written and decoded).
+fn held_values(auth: &AuthInfo, values: &withhold::CredentialValues) {
+    use base64::Engine;
+    let base64 = base64::engine::general_purpose::STANDARD;
+    if let Some(token) = &auth.token {
+        values.add(token.expose_secret());
+    }
+    if let Some(password) = &auth.password {
+        values.add(password.expose_secret());
+        let user = auth.username.as_deref().unwrap_or_default();
+        values.add(&base64.encode(format!("{user}:{}", password.expose_secret())));
+    }
+    if let Some(key) = &auth.client_key_data {
+        values.add(key.expose_secret());
+        if let Ok(pem) = base64.decode(key.expose_secret().trim()) {
+            values.add(&String::from_utf8_lossy(&pem));
+        }
     }
 }
 

@@ -96,6 +96,10 @@ impl Redacted {
         } else {
             text
         };
+        let text = match escape_controls(&text) {
+            std::borrow::Cow::Borrowed(_) => text,
+            std::borrow::Cow::Owned(escaped) => escaped,
+        };
         Self(cut(text, MAX_LEN))
     }
 
@@ -117,6 +121,30 @@ impl std::ops::Deref for Redacted {
     fn deref(&self) -> &str {
         &self.0
     }
+}
+
+/// `text` with every control character (TAB, ESC, NUL, DEL, C1) and
+/// every Unicode bidirectional override written as an escape (`\t`,
+/// `\u{1b}`): text from a member's answer can then neither add a column
+/// to `/clusters`' tab-separated view nor colour, move or reorder what a
+/// terminal shows of a log line.
+pub fn escape_controls(text: &str) -> std::borrow::Cow<'_, str> {
+    let needs =
+        |c: char| c.is_control() || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}');
+    if !text.chars().any(needs) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut escaped = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\t' => escaped.push_str("\\t"),
+            '\n' => escaped.push_str("\\n"),
+            '\r' => escaped.push_str("\\r"),
+            c if needs(c) => escaped.push_str(&format!("\\u{{{:x}}}", u32::from(c))),
+            c => escaped.push(c),
+        }
+    }
+    std::borrow::Cow::Owned(escaped)
 }
 
 /// `text` describing `err`, led by what it means when it is the process's
@@ -473,6 +501,17 @@ mod tests {
         let text = Redacted::ours(format!("first\nsecond\r\n{}", "x".repeat(2 * MAX_LEN)));
         assert!(text.starts_with("first second xx"), "{text}");
         assert!(text.len() <= MAX_LEN + '…'.len_utf8(), "{}", text.len());
+    }
+
+    #[test]
+    fn control_characters_are_escaped_so_no_column_or_colour_is_forged() {
+        let text = Redacted::ours("500: INJECTED\tready\tsince 2026\u{1b}[31mred\u{0}\u{202e}");
+        assert_eq!(
+            text.as_str(),
+            "500: INJECTED\\tready\\tsince 2026\\u{1b}[31mred\\u{0}\\u{202e}"
+        );
+        assert!(!text.contains(['\t', '\u{1b}', '\0']));
+        assert_eq!(escape_controls("plain text"), "plain text");
     }
 
     #[test]

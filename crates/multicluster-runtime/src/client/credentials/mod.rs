@@ -39,6 +39,7 @@ use kube::client::Body;
 use secrecy::{ExposeSecret, SecretString};
 use tokio::time::Instant;
 
+use super::withhold::CredentialValues;
 use crate::error::Error;
 use crate::health::Requests;
 use crate::redact::Redacted;
@@ -70,7 +71,9 @@ pub(crate) fn authenticated(
     plugin: Plugin,
     first: Credential,
     requests: Requests,
+    values: CredentialValues,
 ) -> Result<kube::Client, Error> {
+    first.withheld_in(&values);
     let plain = connect(None)?;
     let default_namespace = plain.default_namespace().to_string();
     let current = Current::new(Presented::of(first, &connect)?, 0);
@@ -81,6 +84,7 @@ pub(crate) fn authenticated(
         current: std::sync::Mutex::new(current),
         renewing: tokio::sync::Mutex::new(()),
         requests,
+        values,
     };
     Ok(kube::Client::new(
         ExecAuth {
@@ -104,6 +108,9 @@ struct Credentials {
     /// The client's request record: a renewal that fails counts against
     /// the cluster's health, as a refused request does.
     requests: Requests,
+    /// The values the member's error answers are cleared of: each
+    /// credential the plugin hands out joins them.
+    values: CredentialValues,
 }
 
 /// A credential as requests present it.
@@ -196,6 +203,7 @@ impl Credentials {
         }
         let renewed = self.plugin.run().await.map_err(|err| err.to_string());
         let renewed = renewed.and_then(|credential| {
+            credential.withheld_in(&self.values);
             Presented::of(credential, &self.connect).map_err(|err| err.to_string())
         });
         match renewed {
@@ -317,6 +325,7 @@ mod tests {
             }),
             renewing: tokio::sync::Mutex::new(()),
             requests: Requests::default(),
+            values: CredentialValues::default(),
         });
         let renewal = tokio::spawn({
             let credentials = credentials.clone();
@@ -360,6 +369,7 @@ mod tests {
             current: std::sync::Mutex::new(Current::new((token("old"), None), 0)),
             renewing: tokio::sync::Mutex::new(()),
             requests: Requests::default(),
+            values: CredentialValues::default(),
         };
         credentials.refused(0);
         let renewed = credentials.credential().await.expect("renewed");

@@ -96,6 +96,18 @@ pub(crate) enum Credential {
     },
 }
 
+impl Credential {
+    /// Adds its secret parts to the values a member's error answers are
+    /// cleared of.
+    pub(crate) fn withheld_in(&self, values: &crate::client::withhold::CredentialValues) {
+        use secrecy::ExposeSecret;
+        match self {
+            Credential::Token { token, .. } => values.add(token.expose_secret()),
+            Credential::Certificate { key, .. } => values.add(key.expose_secret()),
+        }
+    }
+}
+
 /// One kubeconfig user's exec plugin, ready to run.
 #[derive(Clone)]
 pub(crate) struct Plugin {
@@ -270,6 +282,15 @@ impl Plugin {
                 key: key.into(),
                 expires,
             }),
+            // Checked here, not when it is sent: a token that is no header
+            // value fails the build that asked for it, named.
+            (Some(token), _, _)
+                if http::HeaderValue::from_str(&format!("Bearer {token}")).is_err() =>
+            {
+                Err(unusable(
+                    "its token cannot be sent in an HTTP header: it holds a control character (CR, LF, NUL, ...)",
+                ))
+            }
             (Some(token), _, _) if !token.is_empty() => Ok(Credential::Token {
                 token: token.into(),
                 expires,
@@ -321,6 +342,15 @@ mod tests {
             }
             Credential::Certificate { .. } => panic!("a token was handed out"),
         }
+        let broken = shell_plugin(
+            r#"printf '{"apiVersion":"client.authentication.k8s.io/v1","status":{"token":"t1\\r\\nX-Injected: 1"}}'"#,
+        );
+        let err = broken.run().await.map(|_| ()).expect_err("no header value");
+        assert!(
+            err.to_string().contains("cannot be sent in an HTTP header"),
+            "{err}"
+        );
+        assert!(!err.to_string().contains("X-Injected"), "{err}");
         let yaml = shell_plugin("printf 'kind: ExecCredential\\nstatus:\\n  token: t2\\n'");
         assert!(matches!(
             yaml.run().await.expect("token"),

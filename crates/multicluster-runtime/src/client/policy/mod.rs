@@ -33,13 +33,16 @@
 
 mod exec;
 mod refusal;
+mod servers;
 
 use kube::config::{AuthInfo, Kubeconfig};
+use secrecy::ExposeSecret;
 
-pub use exec::{Allowlist, ExecPolicy};
+pub use exec::{AllowedPlugin, Allowlist, ExecPolicy};
 use exec::{environment_names, resolve};
 pub(crate) use refusal::describe;
 pub use refusal::{Refusal, Refused};
+pub use servers::Servers;
 
 /// What a kubeconfig may use beyond a server, inline CA data and inline
 /// credentials (a token, basic auth, client certificate and key data).
@@ -63,6 +66,10 @@ pub struct KubeconfigPolicy {
     /// member is reached through. (`HTTPS_PROXY` and `NO_PROXY` from the
     /// environment are the operator's and always apply.)
     pub proxy_url: bool,
+    /// Whether `clusters[].cluster.server` may be a plain `http://` URL,
+    /// over which the kubeconfig's credentials travel in the clear (a
+    /// `kubectl proxy` on loopback, say).
+    pub plain_http: bool,
 }
 
 crate::option_setters!(KubeconfigPolicy {
@@ -71,6 +78,7 @@ crate::option_setters!(KubeconfigPolicy {
     auth_providers: bool,
     insecure_skip_tls_verify: bool,
     proxy_url: bool,
+    plain_http: bool,
 });
 
 impl Default for KubeconfigPolicy {
@@ -81,7 +89,8 @@ impl Default for KubeconfigPolicy {
 
 impl KubeconfigPolicy {
     /// For kubeconfigs read from cluster objects: no exec plugin, no local
-    /// file, no auth provider, no skipping TLS verification, no proxy URL.
+    /// file, no auth provider, no skipping TLS verification, no proxy URL,
+    /// no plain HTTP.
     pub fn untrusted() -> Self {
         Self {
             exec: ExecPolicy::DenyAll,
@@ -89,6 +98,7 @@ impl KubeconfigPolicy {
             auth_providers: false,
             insecure_skip_tls_verify: false,
             proxy_url: false,
+            plain_http: false,
         }
     }
 
@@ -100,13 +110,16 @@ impl KubeconfigPolicy {
             auth_providers: true,
             insecure_skip_tls_verify: true,
             proxy_url: true,
+            plain_http: true,
         }
     }
 
     /// Checks `kubeconfig`, already cut to one context (its cluster and at
     /// most one user), and returns what to build from: the same, with an
     /// allowlisted plugin's command replaced by the path it was found at,
-    /// so that what runs is what was checked. Every refused field is named.
+    /// so that what runs is what was checked, and the CA of the servers it
+    /// is bound to, if any. Every refused field is named. Credentials that
+    /// cannot be sent in a header are refused whatever the policy.
     pub(crate) fn admit(&self, mut kubeconfig: Kubeconfig) -> Result<Kubeconfig, Vec<Refusal>> {
         let mut refused = Vec::new();
         for named in &kubeconfig.clusters {
@@ -114,6 +127,14 @@ impl KubeconfigPolicy {
                 continue;
             };
             let at = |key: &str| format!("clusters[{:?}].cluster.{key}", named.name);
+            if !self.plain_http
+                && cluster
+                    .server
+                    .as_deref()
+                    .is_some_and(|server| server.trim().to_ascii_lowercase().starts_with("http://"))
+            {
+                refused.push(Refusal::new(at("server"), Refused::PlainHttp));
+            }
             if !self.local_files && is_set(&cluster.certificate_authority) {
                 refused.push(Refusal::new(
                     at("certificate-authority"),
@@ -130,12 +151,17 @@ impl KubeconfigPolicy {
                 refused.push(Refusal::new(at("proxy-url"), Refused::ProxyUrl));
             }
         }
+        let mut bound = None;
         for named in &mut kubeconfig.auth_infos {
             let Some(user) = &mut named.auth_info else {
                 continue;
             };
             let at = |key: &str| format!("users[{:?}].user.{key}", named.name);
-            self.check_user(user, at, &mut refused);
+            check_credentials(user, &at, &mut refused);
+            bound = bound.or(self.check_user(user, at, &mut refused));
+        }
+        if let Some(servers) = bound {
+            bind(&mut kubeconfig, &servers, &mut refused);
         }
         if refused.is_empty() {
             Ok(kubeconfig)
@@ -144,12 +170,14 @@ impl KubeconfigPolicy {
         }
     }
 
+    /// Checks what `user` may make this process do; returns the servers
+    /// its allowlisted plugin is bound to, if it has one.
     fn check_user(
         &self,
         user: &mut AuthInfo,
         at: impl Fn(&str) -> String,
         refused: &mut Vec<Refusal>,
-    ) {
+    ) -> Option<Servers> {
         if !self.local_files {
             for (key, value) in [
                 ("tokenFile", &user.token_file),
@@ -164,30 +192,127 @@ impl KubeconfigPolicy {
         if !self.auth_providers && user.auth_provider.is_some() {
             refused.push(Refusal::new(at("auth-provider"), Refused::AuthProvider));
         }
-        let Some(exec) = &mut user.exec else {
-            return;
-        };
+        let exec = user.exec.as_mut()?;
         match &self.exec {
-            ExecPolicy::AllowAll => {}
-            ExecPolicy::DenyAll => refused.push(Refusal::new(at("exec"), Refused::Exec)),
+            ExecPolicy::AllowAll => None,
+            ExecPolicy::DenyAll => {
+                refused.push(Refusal::new(at("exec"), Refused::Exec));
+                None
+            }
             ExecPolicy::Allowlist(allowlist) => {
                 let command = exec.command.as_deref().unwrap_or_default();
-                match resolve(command) {
-                    None => refused.push(Refusal::new(at("exec.command"), Refused::ExecUnresolved)),
-                    Some(path) if !allowlist.commands().contains(&path) => {
-                        refused.push(Refusal::new(at("exec.command"), Refused::ExecNotAllowed));
+                let plugin = match resolve(command) {
+                    None => {
+                        refused.push(Refusal::new(at("exec.command"), Refused::ExecUnresolved));
+                        None
                     }
-                    Some(path) => exec.command = Some(path.to_string_lossy().into_owned()),
-                }
+                    Some(path) => match allowlist.plugin(&path) {
+                        None => {
+                            refused.push(Refusal::new(at("exec.command"), Refused::ExecNotAllowed));
+                            None
+                        }
+                        Some(plugin) => {
+                            exec.command = Some(path.to_string_lossy().into_owned());
+                            Some(plugin)
+                        }
+                    },
+                };
+                // Only the variables the operator named: a list of what
+                // may not be set always misses the next variable that
+                // steers a plugin (its proxy, its CA, its config file).
                 for variable in environment_names(exec.env.as_deref()) {
-                    if ExecPolicy::variable_changes_code(variable) {
+                    if plugin.is_none_or(|plugin| !plugin.allowed_env().contains(variable)) {
                         refused.push(Refusal::new(
                             at("exec.env"),
                             Refused::ExecEnvironment(variable.to_string()),
                         ));
                     }
                 }
+                plugin.and_then(|plugin| plugin.bound_servers().cloned())
             }
+        }
+    }
+}
+
+/// Refuses credentials that cannot be sent in a header: kube-rs panics on
+/// a bearer token that is no header value, and a basic-auth value with a
+/// control character is no credential anyone meant.
+fn check_credentials(user: &AuthInfo, at: &impl Fn(&str) -> String, refused: &mut Vec<Refusal>) {
+    let header = |value: &str| http::HeaderValue::from_str(value).is_ok();
+    let printable = |value: &str| !value.chars().any(char::is_control);
+    let mut invalid = |key: &str| refused.push(Refusal::new(at(key), Refused::InvalidCredential));
+    if user
+        .token
+        .as_ref()
+        .is_some_and(|token| !header(&format!("Bearer {}", token.expose_secret())))
+    {
+        invalid("token");
+    }
+    if user
+        .username
+        .as_deref()
+        .is_some_and(|name| !printable(name))
+    {
+        invalid("username");
+    }
+    if user
+        .password
+        .as_ref()
+        .is_some_and(|password| !printable(password.expose_secret()))
+    {
+        invalid("password");
+    }
+    if user
+        .impersonate
+        .as_deref()
+        .is_some_and(|value| !header(value))
+    {
+        invalid("as");
+    }
+    if user
+        .impersonate_uid
+        .as_deref()
+        .is_some_and(|value| !header(value))
+    {
+        invalid("as-uid");
+    }
+    if user
+        .impersonate_groups
+        .iter()
+        .flatten()
+        .any(|group| !header(group))
+    {
+        invalid("as-groups");
+    }
+    if user
+        .impersonate_user_extra
+        .iter()
+        .flatten()
+        .flat_map(|(_, values)| values)
+        .any(|value| !header(value))
+    {
+        invalid("as-user-extra");
+    }
+}
+
+/// Holds the kubeconfig's cluster to `servers`: its server must be inside
+/// them, and a CA of theirs replaces the cluster's own (verification on).
+fn bind(kubeconfig: &mut Kubeconfig, servers: &Servers, refused: &mut Vec<Refusal>) {
+    for named in &mut kubeconfig.clusters {
+        let Some(cluster) = &mut named.cluster else {
+            continue;
+        };
+        let server = cluster.server.as_deref().unwrap_or_default();
+        if servers.admits(server).is_err() {
+            refused.push(Refusal::new(
+                format!("clusters[{:?}].cluster.server", named.name),
+                Refused::ServerNotBound,
+            ));
+        }
+        if let Some(ca) = servers.ca_data() {
+            cluster.certificate_authority_data = Some(ca);
+            cluster.certificate_authority = None;
+            cluster.insecure_skip_tls_verify = Some(false);
         }
     }
 }
@@ -318,19 +443,154 @@ mod tests {
             let refused = policy.admit(with(relative, "[]")).expect_err(relative);
             assert_eq!(refused[0].refused, Refused::ExecUnresolved, "{relative}");
         }
+        // Only the variables named for the plugin, never one that changes
+        // its code: HTTPS_PROXY would steer its own credential traffic.
+        let named = KubeconfigPolicy::untrusted().exec(ExecPolicy::Allowlist(
+            Allowlist::of([AllowedPlugin::new(plugin.clone())
+                .expect("path")
+                .env(["REGION"])
+                .expect("name")])
+            .expect("one plugin"),
+        ));
+        let refused = named
+            .admit(with(
+                &plugin.display().to_string(),
+                "[{name: LD_PRELOAD, value: /tmp/x.so}, {name: REGION, value: eu}, {name: HTTPS_PROXY, value: http://203.0.113.7:3128}]",
+            ))
+            .expect_err("variables not named");
+        assert_eq!(
+            refused,
+            ["LD_PRELOAD", "HTTPS_PROXY"].map(|variable| Refusal::new(
+                r#"users["u"].user.exec.env"#.to_string(),
+                Refused::ExecEnvironment(variable.to_string())
+            ))
+        );
+        let text = describe(&refused);
+        assert!(
+            !text.contains("/tmp/x.so") && !text.contains("203.0.113.7"),
+            "{text}"
+        );
+        assert!(text.contains("AllowedPlugin::env"), "{text}");
+        named
+            .admit(with(
+                &plugin.display().to_string(),
+                "[{name: REGION, value: eu}]",
+            ))
+            .expect("a named variable");
         let refused = policy
             .admit(with(
                 &plugin.display().to_string(),
-                "[{name: LD_PRELOAD, value: /tmp/x.so}, {name: REGION, value: eu}]",
+                "[{name: REGION, value: eu}]",
             ))
-            .expect_err("loader variable");
+            .expect_err("no variable named for the plugin");
+        assert_eq!(
+            refused[0].refused,
+            Refused::ExecEnvironment("REGION".to_string())
+        );
+    }
+
+    /// A kubeconfig running `plugin` against `server`.
+    fn plugin_against(plugin: &std::path::Path, server: &str) -> Kubeconfig {
+        parse(
+            &format!("apiVersion: v1\nkind: Config\ncurrent-context: ctx\nclusters:\n- name: c\n  cluster:\n    server: {server}\n    certificate-authority-data: Q0E=\ncontexts:\n- name: ctx\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user:\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: {}\n", plugin.display()),
+            "test",
+        )
+        .expect("parses")
+    }
+
+    #[test]
+    fn a_bound_plugin_runs_only_against_its_servers() {
+        let plugin = std::path::PathBuf::from("/usr/local/bin/aws-iam-authenticator");
+        let bound = |servers: Servers| {
+            KubeconfigPolicy::untrusted().exec(ExecPolicy::Allowlist(
+                Allowlist::of([AllowedPlugin::new(plugin.clone())
+                    .expect("path")
+                    .servers(servers)])
+                .expect("one"),
+            ))
+        };
+        let eks = bound(Servers::from_patterns(["*.eks.amazonaws.com"]).expect("pattern"));
+        eks.admit(plugin_against(
+            &plugin,
+            "https://abc.gr7.eu-west-1.eks.amazonaws.com",
+        ))
+        .expect("inside the binding");
+        let refused = eks
+            .admit(plugin_against(&plugin, "https://203.0.113.50:6443"))
+            .expect_err("outside");
         assert_eq!(
             refused,
             [Refusal::new(
-                r#"users["u"].user.exec.env"#.to_string(),
-                Refused::ExecEnvironment("LD_PRELOAD".to_string())
+                r#"clusters["c"].cluster.server"#.to_string(),
+                Refused::ServerNotBound
             )]
         );
-        assert!(!describe(&refused).contains("/tmp/x.so"));
+        assert!(!describe(&refused).contains("203.0.113.50"));
+
+        // A CA binding replaces the kubeconfig's CA and turns verification on.
+        let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+        let admitted = bound(Servers::new().ca_bundle(pem).expect("pem"))
+            .admit(plugin_against(&plugin, "https://anywhere.example:6443"))
+            .expect("any server, verified against the bundle");
+        let cluster = admitted.clusters[0].cluster.as_ref().expect("cluster");
+        use base64::Engine;
+        assert_eq!(
+            cluster.certificate_authority_data.as_deref(),
+            Some(
+                base64::engine::general_purpose::STANDARD
+                    .encode(pem)
+                    .as_str()
+            )
+        );
+        assert_eq!(cluster.insecure_skip_tls_verify, Some(false));
+    }
+
+    #[test]
+    fn plain_http_is_a_policy_field() {
+        let text = "apiVersion: v1\nkind: Config\ncurrent-context: ctx\nclusters:\n- name: c\n  cluster:\n    server: HTTP://127.0.0.1:8001\ncontexts:\n- name: ctx\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user:\n    token: t\n";
+        let refused = KubeconfigPolicy::untrusted()
+            .admit(parse(text, "test").expect("parses"))
+            .expect_err("in the clear");
+        assert_eq!(refused[0].refused, Refused::PlainHttp);
+        assert!(describe(&refused).contains("KubeconfigPolicy::plain_http"));
+        KubeconfigPolicy::untrusted()
+            .plain_http(true)
+            .admit(parse(text, "test").expect("parses"))
+            .expect("allowed");
+    }
+
+    #[test]
+    fn credentials_that_are_no_header_value_are_refused_whatever_the_policy() {
+        for (key, value) in [
+            ("token", "\"VALUE\\r\\nX-Injected: 1\""),
+            ("token", "\"VALUE\\0def\""),
+            ("password", "\"VALUE\\r\\nword\""),
+            ("username", "\"VALUE\\nmin\""),
+            ("as", "\"VALUE:admin\\r\\n\""),
+        ] {
+            let extra = if key == "password" {
+                "\n    username: admin"
+            } else if key == "username" {
+                "\n    password: secret"
+            } else {
+                ""
+            };
+            let text = format!(
+                "apiVersion: v1\nkind: Config\ncurrent-context: ctx\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\ncontexts:\n- name: ctx\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user:\n    {key}: {value}{extra}\n"
+            );
+            let refused = KubeconfigPolicy::trusted()
+                .admit(parse(&text, "test").expect("parses"))
+                .expect_err(key);
+            assert_eq!(
+                refused,
+                [Refusal::new(
+                    format!(r#"users["u"].user.{key}"#),
+                    Refused::InvalidCredential
+                )],
+                "{key}"
+            );
+            let described = describe(&refused);
+            assert!(!described.contains("VALUE"), "{described}");
+        }
     }
 }

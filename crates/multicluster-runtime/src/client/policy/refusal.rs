@@ -35,9 +35,17 @@ pub enum Refused {
     /// Run a command that cannot be checked against the allowlist: a
     /// relative path, or a name `PATH` does not find.
     ExecUnresolved,
-    /// Run an allowlisted command with this variable set, which changes
-    /// what code it runs.
+    /// Run an allowlisted command with this variable set, which the
+    /// operator did not name for it.
     ExecEnvironment(String),
+    /// Send an allowlisted plugin's credentials to a server outside the
+    /// servers it is bound to.
+    ServerNotBound,
+    /// Speak to the server in plain HTTP, credentials in the clear.
+    PlainHttp,
+    /// Present a credential that cannot be sent in an HTTP header (it
+    /// holds a control character: CR, LF, NUL, ...). Nothing allows it.
+    InvalidCredential,
     /// Read a local file.
     LocalFile,
     /// Use an auth provider.
@@ -62,7 +70,17 @@ impl std::fmt::Display for Refused {
             Refused::ExecEnvironment(variable) => {
                 return write!(
                     f,
-                    "sets {variable:?}, which changes what code an allowlisted plugin runs (only ExecPolicy::AllowAll allows it)"
+                    "sets {variable:?}, a variable not named for this plugin (AllowedPlugin::env names them; variables that change what code it runs never can be)"
+                );
+            }
+            Refused::ServerNotBound => {
+                return f.write_str(
+                    "is not among the servers its exec plugin's credentials may be sent to (AllowedPlugin::servers)",
+                );
+            }
+            Refused::InvalidCredential => {
+                return f.write_str(
+                    "cannot be sent in an HTTP header: it holds a control character (CR, LF, NUL, ...)",
                 );
             }
             Refused::Exec => ("runs a command", "exec"),
@@ -73,6 +91,10 @@ impl std::fmt::Display for Refused {
                 "insecure_skip_tls_verify",
             ),
             Refused::ProxyUrl => ("picks a proxy", "proxy_url"),
+            Refused::PlainHttp => (
+                "is plain http://, which sends the credentials in the clear",
+                "plain_http",
+            ),
         };
         write!(
             f,
