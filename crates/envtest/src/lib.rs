@@ -38,6 +38,7 @@ mod crds;
 mod identity;
 mod kubeconfig;
 mod kubectl_proxy;
+pub mod panics;
 mod pki;
 pub mod plugins;
 mod process;

@@ -46,6 +46,10 @@ pub struct Trap {
     pub fields: Vec<&'static str>,
     /// The kubeconfig.
     pub kubeconfig: Kubeconfig,
+    /// Whether a kubeconfig policy refuses it (and names the policy field
+    /// that would allow it), or nothing could allow it (a credential that
+    /// cannot be sent in an HTTP header).
+    pub by_policy: bool,
 }
 
 impl Trap {
@@ -66,7 +70,18 @@ impl Trap {
                 self.name
             );
         }
-        assert!(reason.contains("KubeconfigPolicy::"), "{reason}");
+        if self.by_policy {
+            assert!(reason.contains("KubeconfigPolicy::"), "{reason}");
+        } else {
+            assert!(
+                reason.contains("cannot be sent in an HTTP header"),
+                "{}: {reason}",
+                self.name
+            );
+        }
+        for value in ["trap-value", "X-Injected"] {
+            assert!(!reason.contains(value), "quotes a value: {reason}");
+        }
         assert!(
             !reason.contains(&traps.dir().display().to_string()),
             "quotes a path: {reason}"
@@ -196,6 +211,7 @@ impl Traps {
                 },
                 user,
             ),
+            by_policy: true,
         };
         vec![
             trap(
@@ -279,6 +295,72 @@ impl Traps {
                 },
                 AuthInfo {
                     token: token(),
+                    ..AuthInfo::default()
+                },
+            ),
+            // The token would travel in the clear.
+            Trap {
+                name: "plain-http",
+                fields: vec![r#"clusters["trap"].cluster.server"#],
+                kubeconfig: single(
+                    Cluster {
+                        server: Some(format!("http://127.0.0.1:{}", self.port)),
+                        ..Cluster::default()
+                    },
+                    AuthInfo {
+                        token: token(),
+                        ..AuthInfo::default()
+                    },
+                ),
+                by_policy: true,
+            },
+        ]
+    }
+
+    /// Kubeconfigs whose credentials cannot be sent in an HTTP header (a
+    /// token with CR and LF, one with NUL, a basic-auth password with CR
+    /// and LF), which kube-rs would panic on or send without credentials:
+    /// refused whatever the policy. Each names [`Traps::server`] with the
+    /// inline CA data of `ca_pem`; their values hold `trap-value` (or
+    /// `X-Injected`), which no reason may quote.
+    pub fn broken_credentials(&self, ca_pem: &str) -> Vec<Trap> {
+        let broken = |name, field, user: AuthInfo| Trap {
+            name,
+            fields: vec![field],
+            kubeconfig: single(
+                Cluster {
+                    server: Some(self.server()),
+                    certificate_authority_data: Some(base64(ca_pem)),
+                    ..Cluster::default()
+                },
+                user,
+            ),
+            by_policy: false,
+        };
+        let secret = |value: &str| Some(SecretString::from(value.to_string()));
+        vec![
+            broken(
+                "token-crlf",
+                r#"users["trap"].user.token"#,
+                AuthInfo {
+                    token: secret("trap-value\r\nX-Injected: 1"),
+                    ..AuthInfo::default()
+                },
+            ),
+            broken(
+                "token-nul",
+                r#"users["trap"].user.token"#,
+                AuthInfo {
+                    token: secret("trap-value\0more"),
+                    ..AuthInfo::default()
+                },
+            ),
+            broken(
+                "password-crlf",
+                r#"users["trap"].user.password"#,
+                AuthInfo {
+                    username: Some("admin".into()),
+                    password: secret("trap-value\r\nX-Injected: 1"),
                     ..AuthInfo::default()
                 },
             ),

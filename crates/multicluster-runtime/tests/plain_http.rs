@@ -88,7 +88,8 @@ async fn a_plain_http_member_is_watched_and_its_outage_reported_without_error_li
     let proxy = KubectlProxy::start(&cp).await.expect("kubectl proxy");
     let member = KubeconfigCluster {
         inventory: Default::default(),
-        policy: KubeconfigPolicy::default(),
+        // Plain HTTP is the operator's choice to make: refused by default.
+        policy: KubeconfigPolicy::default().plain_http(true),
         name: "plain".into(),
         text: multicluster_envtest::to_yaml(&proxy.kubeconfig()).expect("yaml"),
         source: "kubectl proxy's kubeconfig".into(),

@@ -40,7 +40,12 @@ async fn sigterm_stops_the_example_while_a_credential_plugin_hangs() {
 
     let mut example = Command::new(BINARY)
         .args(["--namespace", "fleet", "--health-address", "127.0.0.1:0"])
-        .args(["--allow-exec-plugin", plugins::TOKEN])
+        .args([
+            "--allow-exec-plugin",
+            plugins::TOKEN,
+            "--allow-exec-env",
+            "STATE_DIR",
+        ])
         .env("KUBECONFIG", management.kubeconfig_path())
         .stdout(Stdio::null())
         .stderr(Stdio::null())

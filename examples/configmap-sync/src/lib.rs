@@ -5,7 +5,9 @@
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
-use multicluster_runtime::client::{ExecPolicy, KubeconfigPolicy};
+use multicluster_runtime::client::{
+    AllowedPlugin, Allowlist, ExecPolicy, KubeconfigPolicy, Servers,
+};
 use multicluster_runtime::controller::{Action, Controller, Filter, Request, Watch, filters};
 use multicluster_runtime::coordinator::leader_election::{LeaderElection, LeaderElectionOptions};
 use multicluster_runtime::{Cluster, Error};
@@ -150,11 +152,24 @@ pub struct PolicyArgs {
     /// Let kubeconfigs run this exec credential plugin (KubeconfigPolicy::exec):
     /// an absolute path, repeated for several; a kubeconfig naming the bare
     /// command runs it from the PATH entry that is listed. Kubeconfigs pick
-    /// its arguments and environment: list plugins that only hand out
-    /// credentials (aws-iam-authenticator, gke-gcloud-auth-plugin, kubelogin),
-    /// never a shell or a general CLI.
+    /// its arguments: list plugins that only hand out credentials
+    /// (aws-iam-authenticator, gke-gcloud-auth-plugin, kubelogin), never a
+    /// shell or a general CLI.
     #[arg(long, value_name = "PATH")]
     pub allow_exec_plugin: Vec<std::path::PathBuf>,
+    /// A variable kubeconfigs may set for the allowed exec plugins
+    /// (AllowedPlugin::env), repeated for several; any other they set is
+    /// refused (HTTPS_PROXY, SSL_CERT_FILE, AWS_CONFIG_FILE, ... would steer
+    /// the plugin).
+    #[arg(long, value_name = "NAME", requires = "allow_exec_plugin")]
+    pub allow_exec_env: Vec<String>,
+    /// A server the allowed exec plugins' credentials may be sent to
+    /// (AllowedPlugin::servers): a host (api.example.com[:port]), *.domain,
+    /// or an IP network (10.0.0.0/8), repeated for several. Without it a
+    /// kubeconfig chooses the server, so whoever writes one can have the
+    /// plugin's credential sent to a server of theirs.
+    #[arg(long, value_name = "PATTERN", requires = "allow_exec_plugin")]
+    pub exec_plugin_server: Vec<String>,
     /// Let kubeconfigs run any command as this controller
     /// (KubeconfigPolicy::exec): only where everyone who may write them may.
     #[arg(long, conflicts_with = "allow_exec_plugin")]
@@ -177,6 +192,10 @@ pub struct PolicyArgs {
     /// way.
     #[arg(long)]
     pub allow_proxy_url: bool,
+    /// Let kubeconfigs name a plain http:// server, their credentials then
+    /// sent in the clear (KubeconfigPolicy::plain_http).
+    #[arg(long)]
+    pub allow_plain_http: bool,
 }
 
 impl PolicyArgs {
@@ -187,14 +206,30 @@ impl PolicyArgs {
         } else if self.allow_exec_plugin.is_empty() {
             ExecPolicy::DenyAll
         } else {
-            ExecPolicy::allowlist(self.allow_exec_plugin.iter().cloned())?
+            let servers = (!self.exec_plugin_server.is_empty())
+                .then(|| Servers::from_patterns(&self.exec_plugin_server))
+                .transpose()?;
+            let plugins = self
+                .allow_exec_plugin
+                .iter()
+                .map(|command| {
+                    let plugin = AllowedPlugin::new(command.clone())?
+                        .env(self.allow_exec_env.iter().cloned())?;
+                    Ok(match &servers {
+                        Some(servers) => plugin.servers(servers.clone()),
+                        None => plugin,
+                    })
+                })
+                .collect::<Result<Vec<_>, Error>>()?;
+            ExecPolicy::Allowlist(Allowlist::of(plugins)?)
         };
         Ok(KubeconfigPolicy::untrusted()
             .exec(exec)
             .local_files(self.allow_kubeconfig_files)
             .auth_providers(self.allow_auth_provider)
             .insecure_skip_tls_verify(self.allow_insecure_skip_tls_verify)
-            .proxy_url(self.allow_proxy_url))
+            .proxy_url(self.allow_proxy_url)
+            .plain_http(self.allow_plain_http))
     }
 }
 

@@ -32,7 +32,12 @@ async fn sigterm_stops_the_example_while_a_credential_plugin_hangs() {
 
     let mut example = example(&management)
         .args(["--health-address", "127.0.0.1:0"])
-        .args(["--allow-exec-plugin", plugins::TOKEN])
+        .args([
+            "--allow-exec-plugin",
+            plugins::TOKEN,
+            "--allow-exec-env",
+            "STATE_DIR",
+        ])
         .spawn()
         .expect("example");
     wait_for_copy(member.client().await.expect("client"), "settings").await;

@@ -18,7 +18,7 @@ use multicluster_provider_cluster_api::{
     CLUSTER_NAME_LABEL, ClusterApiOptions, ClusterApiProvider, ClusterApiVersion,
     PAUSED_ANNOTATION, TOPOLOGY_CLASS_PROPERTY, WATCH_FILTER_LABEL,
 };
-use multicluster_runtime::client::{ExecPolicy, KubeconfigPolicy};
+use multicluster_runtime::client::{AllowedPlugin, Allowlist, ExecPolicy, KubeconfigPolicy};
 use multicluster_runtime::controller::{Backoff, Request};
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::testing::{
@@ -196,11 +196,17 @@ async fn workload(object: &str) -> ControlPlane {
 }
 
 /// The provider's options with the test plugin allowed, as an operator
-/// allows their cloud's credential plugin (`--allow-exec-plugin`).
+/// allows their cloud's credential plugin (`--allow-exec-plugin`), with
+/// the one variable its kubeconfigs set (`--allow-exec-env STATE_DIR`).
 fn with_test_plugin_allowed() -> ClusterApiOptions {
     ClusterApiOptions::default().kubeconfig_policy(
-        KubeconfigPolicy::untrusted()
-            .exec(ExecPolicy::allowlist([plugins::TOKEN]).expect("an absolute path")),
+        KubeconfigPolicy::untrusted().exec(ExecPolicy::Allowlist(
+            Allowlist::of([AllowedPlugin::new(plugins::TOKEN)
+                .expect("an absolute path")
+                .env(["STATE_DIR"])
+                .expect("a plain variable")])
+            .expect("one plugin"),
+        )),
     )
 }
 
@@ -731,7 +737,12 @@ async fn a_cluster_whose_plugin_hangs_holds_up_only_itself() {
 async fn kubeconfig_secrets_that_would_run_read_or_dial_are_refused_with_the_default_options() {
     let (management, healthy) = tokio::join!(Management::start(&["fleet"]), workload("hello"));
     let traps = Traps::set().await.expect("traps");
-    let kubeconfigs = traps.kubeconfigs(healthy.ca_pem());
+    let panics = multicluster_envtest::panics::Panics::count();
+    let kubeconfigs = [
+        traps.kubeconfigs(healthy.ca_pem()),
+        traps.broken_credentials(healthy.ca_pem()),
+    ]
+    .concat();
     for trap in &kubeconfigs {
         management
             .add_ready("fleet", trap.name, &trap.kubeconfig)
@@ -762,6 +773,7 @@ async fn kubeconfig_secrets_that_would_run_read_or_dial_are_refused_with_the_def
     }
     assert_eq!(provider.names(), [ClusterName::from("fleet/healthy")]);
     traps.assert_untouched().await;
+    assert_eq!(panics.since(), 0, "panicked: {:?}", panics.messages());
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");

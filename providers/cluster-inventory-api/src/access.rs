@@ -24,6 +24,8 @@ use kube::config::{
 };
 use serde::{Deserialize, Serialize};
 
+use multicluster_runtime::client::{ExecPolicy, Servers};
+
 use crate::ApiVersion;
 
 /// Profile extension with extra plugin arguments. The ClusterProfile CRD
@@ -87,10 +89,57 @@ pub struct AccessProvider {
     /// What to do with a profile's additional-envs extension.
     #[serde(default)]
     pub profile_sourced_env_vars_policy: EnvVarsPolicy,
+    /// The variables a profile's additional-envs extension may set, under
+    /// a policy that reads it (this library's field; Go's reader ignores
+    /// it): any other is refused, with the profile. A list of what may
+    /// not be set always misses the next variable that steers a plugin
+    /// (its proxy, its CA, its config file); variables that change what
+    /// code it runs cannot be named.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub profile_sourced_env_var_names: Vec<String>,
+    /// The servers this provider's credentials may be sent to (this
+    /// library's field): host patterns and IP networks as
+    /// [`Servers::from_patterns`] takes them (`*.eks.amazonaws.com`,
+    /// `api.example.com:6443`, `10.0.0.0/8`). A profile naming another
+    /// server is refused before the plugin runs. Empty, with no
+    /// [`AccessProvider::server_ca_data`] either: bound to no servers (see
+    /// the crate README for what a profile can do then).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub servers: Vec<String>,
+    /// A CA bundle (base64 of PEM, as a kubeconfig's
+    /// `certificate-authority-data`) the servers must chain to; it
+    /// replaces the profile's CA (this library's field).
+    #[serde(
+        default,
+        rename = "serverCAData",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub server_ca_data: Option<String>,
 }
 
-/// Shows the plugin's command and the names of its variables: arguments and
-/// values can be credentials.
+impl AccessProvider {
+    /// The servers this provider is bound to, `None` when it is bound to
+    /// none; an error names what is wrong with the patterns or the CA.
+    pub fn binding(&self) -> Result<Option<Servers>, String> {
+        if self.servers.is_empty() && self.server_ca_data.is_none() {
+            return Ok(None);
+        }
+        let mut servers = Servers::from_patterns(&self.servers).map_err(|err| err.to_string())?;
+        if let Some(data) = &self.server_ca_data {
+            use base64::Engine;
+            let pem = base64::engine::general_purpose::STANDARD
+                .decode(data.trim())
+                .map_err(|_| "serverCAData is not base64".to_string())?;
+            servers = servers
+                .ca_bundle(String::from_utf8_lossy(&pem).into_owned())
+                .map_err(|err| err.to_string())?;
+        }
+        Ok(Some(servers))
+    }
+}
+
+/// Shows the plugin's command, the names of its variables and its servers:
+/// arguments and values can be credentials.
 impl std::fmt::Debug for AccessProvider {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let env_names: Vec<&str> = self
@@ -112,6 +161,12 @@ impl std::fmt::Debug for AccessProvider {
                 "profile_sourced_env_vars_policy",
                 &self.profile_sourced_env_vars_policy,
             )
+            .field(
+                "profile_sourced_env_var_names",
+                &self.profile_sourced_env_var_names,
+            )
+            .field("servers", &self.servers)
+            .field("server_ca_data", &self.server_ca_data.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -158,6 +213,16 @@ pub enum AccessError {
         /// `<namespace>/<name>` of the profile.
         profile: String,
         /// What is wrong.
+        reason: String,
+    },
+    /// The profile asks for what the provider file does not allow: a
+    /// server outside the provider's binding, a variable not named for it.
+    /// Counted as a refused kubeconfig.
+    #[error("ClusterProfile {profile}: {reason}")]
+    Refused {
+        /// `<namespace>/<name>` of the profile.
+        profile: String,
+        /// What is refused, and the option that would allow it.
         reason: String,
     },
 }
@@ -207,6 +272,19 @@ impl ProviderFile {
                     provider.name
                 ));
             }
+            provider
+                .binding()
+                .map_err(|reason| format!("provider {:?}: {reason}", provider.name))?;
+            if let Some(name) = provider
+                .profile_sourced_env_var_names
+                .iter()
+                .find(|name| ExecPolicy::variable_changes_code(name) || name.is_empty())
+            {
+                return Err(format!(
+                    "provider {:?}: profileSourcedEnvVarNames names {name:?}, which changes what code a plugin runs",
+                    provider.name
+                ));
+            }
         }
         Ok(())
     }
@@ -220,6 +298,10 @@ impl ProviderFile {
             profile.metadata.name.as_deref().unwrap_or_default()
         );
         let problem = |reason: String| AccessError::Profile {
+            profile: profile_name.clone(),
+            reason,
+        };
+        let refused = |reason: String| AccessError::Refused {
             profile: profile_name.clone(),
             reason,
         };
@@ -249,8 +331,28 @@ impl ProviderFile {
         if cluster.server.as_deref().is_none_or(str::is_empty) {
             return Err(problem(format!("{at}.cluster has no server")));
         }
-        let exec =
-            plugin_call(provider, &cluster).map_err(|reason| problem(format!("{at}: {reason}")))?;
+        let binding = provider
+            .binding()
+            .map_err(|reason| problem(format!("{at}: {reason}")))?;
+        let mut cluster = cluster;
+        if let Some(servers) = &binding {
+            if !servers.admits(cluster.server.as_deref().unwrap_or_default()) {
+                return Err(refused(format!(
+                    "{at}.cluster.server is not among the servers access provider {:?} may send credentials to (its servers in the provider file)",
+                    provider.name
+                )));
+            }
+            if let Some(ca) = servers.ca_data() {
+                cluster.certificate_authority_data = Some(ca);
+                cluster.certificate_authority = None;
+                cluster.insecure_skip_tls_verify = Some(false);
+            }
+        }
+        let call = plugin_call(provider, &cluster).map_err(|refusal| match refusal {
+            Refusal::Problem(reason) => problem(format!("{at}: {reason}")),
+            Refusal::Refused(reason) => refused(format!("{at}: {reason}")),
+        })?;
+        let exec = call.exec;
         let kubeconfig = Kubeconfig {
             clusters: vec![NamedCluster {
                 name: profile_name.clone(),
@@ -280,6 +382,8 @@ impl ProviderFile {
         Ok(ProfileAccess {
             provider: provider.name.clone(),
             deprecated_field: field == "credentialProviders",
+            bound: binding.is_some(),
+            input: call.profile_input,
             kubeconfig,
         })
     }
@@ -293,8 +397,29 @@ pub struct ProfileAccess {
     /// Whether the profile listed it only in the deprecated
     /// `status.credentialProviders`.
     pub deprecated_field: bool,
+    /// Whether the provider is bound to servers ([`AccessProvider::servers`]).
+    pub bound: bool,
+    /// What the profile hands the plugin beyond the provider file's
+    /// settings (the exec extension it is given as `spec.cluster.config`,
+    /// the additional arguments and variables it reads), as canonical
+    /// text with the provider's name; `None` when it hands it nothing, so
+    /// the plugin cannot tell this profile's call from another's but by
+    /// the server.
+    pub input: Option<String>,
     /// One context: the profile's cluster entry with the provider's plugin.
     pub kubeconfig: Kubeconfig,
+}
+
+impl ProfileAccess {
+    /// The server the profile names.
+    pub fn server(&self) -> &str {
+        self.kubeconfig
+            .clusters
+            .first()
+            .and_then(|named| named.cluster.as_ref())
+            .and_then(|cluster| cluster.server.as_deref())
+            .unwrap_or_default()
+    }
 }
 
 /// Shows the provider and the server only: the plugin's settings can hold
@@ -347,18 +472,45 @@ fn offered_providers(profile: &DynamicObject) -> BTreeMap<&str, (&'static str, s
     offered
 }
 
+/// Why a profile's plugin call cannot be made.
+enum Refusal {
+    /// Its extensions are malformed.
+    Problem(String),
+    /// It asks for what the provider file does not allow.
+    Refused(String),
+}
+
+impl From<String> for Refusal {
+    fn from(reason: String) -> Self {
+        Refusal::Problem(reason)
+    }
+}
+
+/// A profile's plugin call, and what the profile put into it.
+struct PluginCall {
+    exec: ExecConfig,
+    profile_input: Option<String>,
+}
+
 /// The provider's exec settings adjusted for one profile — on a copy, so
 /// one profile's extensions never reach another's plugin call.
-fn plugin_call(provider: &AccessProvider, cluster: &Cluster) -> Result<ExecConfig, String> {
+fn plugin_call(provider: &AccessProvider, cluster: &Cluster) -> Result<PluginCall, Refusal> {
     let mut exec = provider.exec_config.clone();
     // Nobody is at a terminal to answer a prompt.
     exec.interactive_mode = Some(ExecInteractiveMode::Never);
+    // What the profile hands the plugin: the exec extension (given to it
+    // with provideClusterInfo) and what the policies let it add.
+    let mut input = BTreeMap::new();
     for extension in cluster.extensions.iter().flatten() {
         match extension.name.as_str() {
+            "client.authentication.k8s.io/exec" if exec.provide_cluster_info => {
+                input.insert("config", extension.extension.clone());
+            }
             ADDITIONAL_ARGS_EXTENSION => match provider.profile_sourced_cli_args_policy {
                 ArgsPolicy::Ignore => {}
                 ArgsPolicy::Append => {
                     let extra = AdditionalArgs::read(&extension.extension)?;
+                    input.insert("args", serde_json::json!(extra));
                     exec.args.get_or_insert_default().extend(extra);
                 }
             },
@@ -371,15 +523,17 @@ fn plugin_call(provider: &AccessProvider, cluster: &Cluster) -> Result<ExecConfi
                     serde_json::from_value(extension.extension.clone()).map_err(|_| {
                         format!("extension {ADDITIONAL_ENVS_EXTENSION} is not a map of strings")
                     })?;
-                // A profile's variables are data for the plugin, never a
-                // way to change what code it runs.
-                if let Some(name) = extra.keys().find(|name| {
-                    multicluster_runtime::client::ExecPolicy::variable_changes_code(name)
-                }) {
-                    return Err(format!(
-                        "extension {ADDITIONAL_ENVS_EXTENSION} sets {name:?}, which changes what code the plugin runs; refused whatever profileSourcedEnvVarsPolicy says"
-                    ));
+                // A profile's variables are data for the plugin, and only
+                // those the operator named.
+                if let Some(name) = extra
+                    .keys()
+                    .find(|name| !provider.profile_sourced_env_var_names.contains(name))
+                {
+                    return Err(Refusal::Refused(format!(
+                        "extension {ADDITIONAL_ENVS_EXTENSION} sets {name:?}, a variable not named in the provider's profileSourcedEnvVarNames"
+                    )));
                 }
+                input.insert("env", serde_json::json!(extra));
                 let env = exec.env.get_or_insert_default();
                 for (name, value) in extra {
                     let existing = env.iter_mut().find(|var| var.get("name") == Some(&name));
@@ -398,7 +552,12 @@ fn plugin_call(provider: &AccessProvider, cluster: &Cluster) -> Result<ExecConfi
             _ => {}
         }
     }
-    Ok(exec)
+    let profile_input = (!input.is_empty())
+        .then(|| serde_json::json!({"provider": provider.name, "input": input}).to_string());
+    Ok(PluginCall {
+        exec,
+        profile_input,
+    })
 }
 
 fn quoted_list<'a>(names: impl Iterator<Item = &'a str>) -> String {

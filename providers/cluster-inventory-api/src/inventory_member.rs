@@ -58,13 +58,17 @@ fn profile_name(profile: &DynamicObject) -> ClusterName {
 enum Choice {
     /// No profile carries the id (any more).
     None,
-    /// Engage `wanted`, built from the profile `from`.
+    /// Engage `wanted`, built from the profile `from`, kept on server
+    /// `pin` once engaged (see `steering`).
     Engage {
         wanted: Box<KubeconfigCluster>,
         from: ClusterName,
+        pin: Option<String>,
     },
-    /// Ready profiles exist, none with usable credentials: why, per profile.
-    NoCredentials(Vec<String>),
+    /// Ready profiles exist, none with usable credentials: why, per
+    /// profile, and the metrics label (a refusal if any profile was
+    /// refused).
+    NoCredentials(Vec<String>, &'static str),
     /// No profile is ready.
     NotReady,
 }
@@ -93,23 +97,29 @@ impl Shared {
             return Choice::None;
         }
         let mut reasons = Vec::new();
+        let mut label = crate::NO_CREDENTIALS;
         for profile in profiles {
             match self.wanted(Some(profile), cluster) {
-                Wanted::Engage(mut wanted) => {
+                Wanted::Engage { mut wanted, pin } => {
                     wanted.source = format!("{} (inventory member {id:?})", wanted.source);
                     return Choice::Engage {
                         wanted,
                         from: profile_name(profile),
+                        pin,
                     };
                 }
-                Wanted::NoCredentials(reason) if reason.starts_with("ClusterProfile ") => {
-                    reasons.push(reason);
-                }
-                Wanted::NoCredentials(reason) => {
-                    reasons.push(format!(
-                        "ClusterProfile {}: {reason}",
-                        profile_name(profile)
-                    ));
+                Wanted::NoCredentials { reason, kind } => {
+                    if kind == crate::REFUSED {
+                        label = kind;
+                    }
+                    if reason.starts_with("ClusterProfile ") {
+                        reasons.push(reason);
+                    } else {
+                        reasons.push(format!(
+                            "ClusterProfile {}: {reason}",
+                            profile_name(profile)
+                        ));
+                    }
                 }
                 Wanted::NotReady | Wanted::Gone => {}
             }
@@ -117,7 +127,7 @@ impl Shared {
         if reasons.is_empty() {
             Choice::NotReady
         } else {
-            Choice::NoCredentials(reasons)
+            Choice::NoCredentials(reasons, label)
         }
     }
 
@@ -153,20 +163,24 @@ impl Shared {
                 &cluster,
                 "no ClusterProfile of the inventory member is ready",
             ),
-            Choice::NoCredentials(reasons) => {
+            Choice::NoCredentials(reasons, label) => {
                 self.fleet
                     .failures()
-                    .record(&cluster, reasons.join("; "), "no-credentials");
+                    .record(&cluster, reasons.join("; "), label);
             }
-            Choice::Engage { wanted, from } => {
+            Choice::Engage { wanted, from, pin } => {
                 let now = || {
                     let profiles = self.member_profiles(id);
                     match self.choose(id, &cluster, &profiles) {
-                        Choice::Engage { wanted, from: now } if now == from => Some(*wanted),
+                        Choice::Engage {
+                            wanted, from: now, ..
+                        } if now == from => Some(*wanted),
                         _ => None,
                     }
                 };
-                return self.fleet.engage(*wanted, now).await;
+                let action = self.fleet.engage(*wanted, now).await;
+                self.pin(&cluster, from.as_str(), pin);
+                return action;
             }
         }
         Ok(Action::await_change())

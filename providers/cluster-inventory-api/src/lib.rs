@@ -48,6 +48,7 @@ mod inventory_member;
 mod options;
 pub mod placement;
 mod secrets;
+mod steering;
 pub mod version;
 
 pub use options::{ClusterProfileOptions, Credentials, Readiness, control_plane_healthy};
@@ -119,6 +120,9 @@ struct Shared {
     /// Engaged clusters kept while their profile is not ready, so that
     /// this is told once, not on every status update of the profile.
     kept_unready: Mutex<std::collections::HashSet<ClusterName>>,
+    /// Where profiles of access providers bound to no servers may send
+    /// the plugin's credentials.
+    steering: steering::Steering,
 }
 
 /// What a look at a profile calls for.
@@ -127,11 +131,33 @@ enum Wanted {
     Gone,
     /// Not ready: leave the fleet as it is.
     NotReady,
-    /// Ready, but without usable credentials: recorded, waiting for a change.
-    NoCredentials(String),
-    /// Ready with credentials: engage it.
-    Engage(Box<KubeconfigCluster>),
+    /// Ready, but without usable credentials: recorded, waiting for a
+    /// change; `kind` is the reason's metrics label.
+    NoCredentials { reason: String, kind: &'static str },
+    /// Ready with credentials: engage it; `pin` is the server an access
+    /// provider bound to no servers will keep the profile on once engaged.
+    Engage {
+        wanted: Box<KubeconfigCluster>,
+        pin: Option<String>,
+    },
 }
+
+/// The metrics label of a profile whose credentials cannot be had.
+const NO_CREDENTIALS: &str = "no-credentials";
+/// The metrics label of a profile refused by a policy (the provider file's
+/// or the kubeconfig policy).
+const REFUSED: &str = "refused-kubeconfig";
+
+/// Locks `mutex`, whatever a panicking holder left in it.
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// What [`Shared::credentials`] finds for a profile: the kubeconfig text,
+/// where it came from, its policy, and the server to keep it on.
+type ProfileCredentials = (String, String, KubeconfigPolicy, Option<String>);
 
 impl ClusterProfileProvider {
     /// Watches profiles (and, for the Secret strategy, credential Secrets)
@@ -176,6 +202,7 @@ impl ClusterProfileProvider {
                 fleet: Discovered::new(options.name.as_str(), options.metrics.clone()),
                 member_ids: Mutex::default(),
                 kept_unready: Mutex::default(),
+                steering: steering::Steering::default(),
                 options,
             }),
         }
@@ -221,21 +248,38 @@ impl Shared {
     }
 
     /// The kubeconfig text for a profile, a description of where it came
-    /// from (for errors), and what it may use.
+    /// from (for errors), what it may use, and the server to keep it on
+    /// once engaged (an access provider bound to no servers); or why not,
+    /// with the reason's metrics label.
     fn credentials(
         &self,
         profile: &DynamicObject,
-    ) -> Result<(String, String, KubeconfigPolicy), String> {
+    ) -> Result<ProfileCredentials, (String, &'static str)> {
         let namespace = profile.metadata.namespace.as_deref().unwrap_or_default();
         let name = profile.metadata.name.as_deref().unwrap_or_default();
         let policy = self.options.kubeconfig_policy.clone();
         let Some(providers) = &self.providers else {
-            let (text, source) = secrets::credentials(self.hub.cache(), namespace, name)?;
-            return Ok((text, source, policy));
+            let (text, source) = secrets::credentials(self.hub.cache(), namespace, name)
+                .map_err(|reason| (reason, NO_CREDENTIALS))?;
+            return Ok((text, source, policy, None));
         };
-        let access = providers
-            .access_for(profile)
-            .map_err(|err| err.to_string())?;
+        let key = format!("{namespace}/{name}");
+        let access = providers.access_for(profile).map_err(|err| {
+            let kind = match err {
+                access::AccessError::Refused { .. } => REFUSED,
+                _ => NO_CREDENTIALS,
+            };
+            (err.to_string(), kind)
+        })?;
+        let pin = if access.bound {
+            self.steering.forget(&key);
+            None
+        } else {
+            self.steering
+                .check(&key, access.input.as_deref(), access.server())
+                .map_err(|reason| (format!("ClusterProfile {key}: {reason}"), REFUSED))?;
+            Some(access.server().to_string())
+        };
         let source = format!(
             "ClusterProfile {namespace}/{name} access provider {:?}{}",
             access.provider,
@@ -246,7 +290,12 @@ impl Shared {
             }
         );
         // The plugin is the provider file's: the operator's own.
-        Ok((access.text(), source, policy.exec(ExecPolicy::AllowAll)))
+        Ok((
+            access.text(),
+            source,
+            policy.exec(ExecPolicy::AllowAll),
+            pin,
+        ))
     }
 
     /// What `profile` calls for, engaged as `cluster`.
@@ -258,16 +307,32 @@ impl Shared {
             return Wanted::NotReady;
         }
         match self.credentials(profile) {
-            Ok((text, source, policy)) => Wanted::Engage(Box::new(KubeconfigCluster {
-                name: cluster.clone(),
-                text,
-                source,
-                policy,
-                stable_id: stable_id(profile),
-                member: self.options.members.for_member(profile),
-                inventory: inventory(profile),
-            })),
-            Err(reason) => Wanted::NoCredentials(reason),
+            Ok((text, source, policy, pin)) => Wanted::Engage {
+                wanted: Box::new(KubeconfigCluster {
+                    name: cluster.clone(),
+                    text,
+                    source,
+                    policy,
+                    stable_id: stable_id(profile),
+                    member: self.options.members.for_member(profile),
+                    inventory: inventory(profile),
+                }),
+                pin,
+            },
+            Err((reason, kind)) => Wanted::NoCredentials { reason, kind },
+        }
+    }
+
+    /// After an engagement of `cluster` built from `profile`: keeps the
+    /// profile on `pin`, its server, if the cluster now holds it.
+    fn pin(&self, cluster: &ClusterName, profile: &str, pin: Option<String>) {
+        let Some(server) = pin else {
+            return;
+        };
+        let engaged = self.fleet.clusters().get(cluster).is_ok()
+            && !self.fleet.failures().current().contains_key(cluster);
+        if engaged {
+            self.steering.engaged(profile, &server);
         }
     }
 
@@ -291,6 +356,15 @@ impl Shared {
         };
         let mut requests = vec![context.here(Some(namespace), name)];
         requests.extend(member_id.map(|id| context.here(None, id)));
+        // A change of one may lift the refusal of another handing the
+        // plugin the same input (see `steering`).
+        requests.extend(
+            self.steering
+                .sharing_input(&format!("{namespace}/{name}"))
+                .iter()
+                .filter_map(|other| other.split_once('/'))
+                .map(|(namespace, name)| context.here(Some(namespace), name)),
+        );
         requests.extend(
             before
                 .filter(|before| Some(before.as_str()) != member_id)
@@ -338,6 +412,7 @@ impl Shared {
         if profile.is_none() {
             let mut seen = self.member_ids.lock().unwrap_or_else(|e| e.into_inner());
             seen.remove(&(namespace.to_string(), request.name.clone()));
+            self.steering.forget(fleet_name.as_str());
         }
         if let Some(id) = profile.as_deref().and_then(inventory_member::id) {
             self.fleet.remove(
@@ -357,20 +432,20 @@ impl Shared {
                 .fleet
                 .remove(&fleet_name, "its ClusterProfile is deleted"),
             Wanted::NotReady => self.not_ready(&fleet_name, "its ClusterProfile is not ready"),
-            Wanted::NoCredentials(reason) => {
-                self.fleet
-                    .failures()
-                    .record(&fleet_name, reason, "no-credentials");
+            Wanted::NoCredentials { reason, kind } => {
+                self.fleet.failures().record(&fleet_name, reason, kind);
             }
-            Wanted::Engage(wanted) => {
+            Wanted::Engage { wanted, pin } => {
                 let now = || {
                     let profile = self.profiles().get(Some(namespace), &request.name);
                     match self.wanted(profile.as_deref(), &fleet_name) {
-                        Wanted::Engage(now) => Some(*now),
+                        Wanted::Engage { wanted: now, .. } => Some(*now),
                         _ => None,
                     }
                 };
-                return self.fleet.engage(*wanted, now).await;
+                let action = self.fleet.engage(*wanted, now).await;
+                self.pin(&fleet_name, fleet_name.as_str(), pin);
+                return action;
             }
         }
         Ok(Action::await_change())

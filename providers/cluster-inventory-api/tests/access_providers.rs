@@ -41,6 +41,7 @@ fn provider_file() -> ProviderFile {
             },
             "profileSourcedCLIArgsPolicy": "Append",
             "profileSourcedEnvVarsPolicy": "AppendIfNotExists",
+            "profileSourcedEnvVarNames": ["STATE_DIR", "KEEP"],
         },
         {
             "name": "refuse",
@@ -50,6 +51,7 @@ fn provider_file() -> ProviderFile {
                 "env": [{"name": "API_KEY", "value": SECRET}],
             },
             "profileSourcedEnvVarsPolicy": "Replace",
+            "profileSourcedEnvVarNames": ["STATE_DIR", "KEEP"],
         },
     ]});
     ProviderFile::from_json(&file.to_string(), "test provider file").expect("provider file")
@@ -565,13 +567,169 @@ async fn status_fields_that_would_read_files_or_dial_are_refused_with_the_defaul
     let loader = &reasons[&ClusterName::from("inventory/loader")];
     assert!(
         loader.contains(&format!(
-            "extension {ADDITIONAL_ENVS_EXTENSION} sets \"LD_PRELOAD\", which changes what code the plugin runs"
+            "extension {ADDITIONAL_ENVS_EXTENSION} sets \"LD_PRELOAD\", a variable not named in the provider's profileSourcedEnvVarNames"
         )),
         "{loader}"
     );
     assert!(!loader.contains(&ca_file), "{loader}");
+    // Each a refusal by policy, the loader's variable too.
+    let metrics = manager.metrics().encode();
+    assert!(
+        metrics.lines().any(|line| line
+            == "mcr_cluster_engagement_failures_total{provider=\"cluster-inventory-api\",reason=\"refused-kubeconfig\"} 4"),
+        "{metrics}"
+    );
     traps.assert_untouched().await;
 
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// The "token" provider of [`provider_file`], bound to `servers` when
+/// given: its plugin reads what the profile hands it (`STATE_DIR`, the
+/// exec extension), as a real plugin mints by a cluster name.
+fn steering_file(servers: Option<Vec<String>>) -> ProviderFile {
+    let mut token = json!({
+        "name": "token",
+        "execConfig": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": plugins::TOKEN,
+            "provideClusterInfo": true,
+        },
+        "profileSourcedEnvVarsPolicy": "AppendIfNotExists",
+        "profileSourcedEnvVarNames": ["STATE_DIR"],
+    });
+    if let Some(servers) = servers {
+        token["servers"] = json!(servers);
+    }
+    ProviderFile::from_json(
+        &json!({"providers": [token]}).to_string(),
+        "test provider file",
+    )
+    .expect("provider file")
+}
+
+/// The calls of the plugin that were for `server` (the plugin is given
+/// the cluster entry, server included).
+fn calls_for(state: &Path, server: &str) -> usize {
+    calls(state)
+        .iter()
+        .filter(|call| call_field(call, "info").contains(&format!("\"server\":\"{server}\"")))
+        .count()
+}
+
+/// Whoever may write ClusterProfile status writes the server the plugin's
+/// credential is sent to, and the data the plugin mints it by. A "thief"
+/// profile copies the victim's data (its `STATE_DIR` and exec extension)
+/// and names a listener of its own: with the default provider file
+/// (bound to no servers) it is refused because the victim was engaged with
+/// that input first, and the victim's own status moved to the listener is
+/// refused too (its cluster stays); bound to the victim's server, the
+/// thief is refused before its plugin runs. The plugin never runs for the
+/// listener, and the listener is never reached.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_profile_cannot_have_the_plugin_mint_another_members_credential_for_its_server() {
+    let (hub_cp, victim) = tokio::join!(ControlPlane::start(), workload("in-victim"));
+    let hub_cp = hub_cp.expect("hub");
+    let hub = common::hub(&hub_cp).await;
+    let traps = Traps::set().await.expect("traps");
+    let state = state_with_token(&victim, "victim").await;
+    let status = |server: &str| {
+        let mut entry = access(
+            "token",
+            &victim,
+            state.path(),
+            vec![
+                json!({"name": "client.authentication.k8s.io/exec", "extension": {"cluster": "victim"}}),
+            ],
+        );
+        entry["cluster"]["server"] = json!(server);
+        let mut status = json!({"accessProviders": [entry]});
+        status["conditions"] = health(true)["conditions"].clone();
+        status
+    };
+    let stranger = traps.server();
+    create_profile(&hub, "victim").await;
+    set_status(&hub, "victim", status(victim.server())).await;
+
+    // Bound to no servers (the default).
+    let provider = Arc::new(ClusterProfileProvider::new(
+        hub.clone(),
+        ClusterProfileOptions::with_access_providers(steering_file(None)),
+    ));
+    let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
+    let (shutdown, task) = run_manager(&manager);
+    let address = serve_health(&manager, shutdown.clone()).await;
+    recorder
+        .wait_for_more(&req("inventory/victim", "in-victim"), 0)
+        .await;
+    create_profile(&hub, "thief").await;
+    set_status(&hub, "thief", status(&stranger)).await;
+    let thief = ClusterName::from("inventory/thief");
+    let reasons = wait_until_unusable(&manager, address, std::slice::from_ref(&thief)).await;
+    assert!(
+        reasons[&thief].contains(
+            "same input as ClusterProfile inventory/victim, which names another server and is engaged with it"
+        ),
+        "{}",
+        reasons[&thief]
+    );
+    set_status(&hub, "victim", status(&stranger)).await;
+    eventually("the victim's move to be refused", || async {
+        provider
+            .failures()
+            .get(&ClusterName::from("inventory/victim"))
+            .is_some_and(|reason| reason.contains("other than the one it was engaged with"))
+    })
+    .await;
+    assert_eq!(provider.names(), [ClusterName::from("inventory/victim")]);
+    let metrics = manager.metrics().encode();
+    assert!(
+        metrics.lines().any(|line| line
+            == "mcr_cluster_engagement_failures_total{provider=\"cluster-inventory-api\",reason=\"refused-kubeconfig\"} 2"),
+        "{metrics}"
+    );
+    assert_eq!(
+        calls_for(state.path(), &stranger),
+        0,
+        "minted for the stranger"
+    );
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+
+    // Bound to the victim's server: the thief is refused by the binding,
+    // whoever came first.
+    set_status(&hub, "victim", status(victim.server())).await;
+    let bound = victim
+        .server()
+        .strip_prefix("https://")
+        .expect("https")
+        .to_string();
+    let provider = Arc::new(ClusterProfileProvider::new(
+        hub.clone(),
+        ClusterProfileOptions::with_access_providers(steering_file(Some(vec![bound]))),
+    ));
+    let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
+    let (shutdown, task) = run_manager(&manager);
+    let address = serve_health(&manager, shutdown.clone()).await;
+    recorder
+        .wait_for_more(&req("inventory/victim", "in-victim"), 0)
+        .await;
+    let reasons = wait_until_unusable(&manager, address, std::slice::from_ref(&thief)).await;
+    assert!(
+        reasons[&thief]
+            .contains("is not among the servers access provider \"token\" may send credentials to"),
+        "{}",
+        reasons[&thief]
+    );
+    assert!(!reasons[&thief].contains(&stranger), "{}", reasons[&thief]);
+    assert_eq!(
+        calls_for(state.path(), &stranger),
+        0,
+        "minted for the stranger"
+    );
+    assert!(calls_for(state.path(), victim.server()) >= 2);
+    traps.assert_untouched().await;
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }

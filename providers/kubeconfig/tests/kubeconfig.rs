@@ -15,7 +15,7 @@ use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_provider_kubeconfig::{
     DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider, WATCH_FILTER_LABEL,
 };
-use multicluster_runtime::client::{ExecPolicy, KubeconfigPolicy};
+use multicluster_runtime::client::{AllowedPlugin, Allowlist, ExecPolicy, KubeconfigPolicy};
 use multicluster_runtime::controller::{Backoff, Request, Watch};
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::metrics::Metrics;
@@ -28,11 +28,17 @@ use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions, Provid
 const NAMESPACE: &str = "fleet";
 
 /// The provider's options with the test plugin allowed, as an operator
-/// allows their cloud's credential plugin (`--allow-exec-plugin`).
+/// allows their cloud's credential plugin (`--allow-exec-plugin`), with
+/// the one variable its kubeconfigs set (`--allow-exec-env STATE_DIR`).
 fn with_test_plugin_allowed() -> KubeconfigOptions {
     KubeconfigOptions::default().kubeconfig_policy(
-        KubeconfigPolicy::untrusted()
-            .exec(ExecPolicy::allowlist([plugins::TOKEN]).expect("an absolute path")),
+        KubeconfigPolicy::untrusted().exec(ExecPolicy::Allowlist(
+            Allowlist::of([AllowedPlugin::new(plugins::TOKEN)
+                .expect("an absolute path")
+                .env(["STATE_DIR"])
+                .expect("a plain variable")])
+            .expect("one plugin"),
+        )),
     )
 }
 

@@ -13,7 +13,7 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use multicluster_envtest::traps::Traps;
 use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_provider_kubeconfig::{DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider};
-use multicluster_runtime::client::{ExecPolicy, KubeconfigPolicy};
+use multicluster_runtime::client::{AllowedPlugin, Allowlist, ExecPolicy, KubeconfigPolicy};
 use multicluster_runtime::controller::Request;
 use multicluster_runtime::provider::clusters::ClusterSetProvider;
 use multicluster_runtime::testing::{
@@ -77,7 +77,12 @@ fn req(cluster: &str, name: &str) -> Request {
 async fn secrets_that_would_run_read_or_dial_are_refused_with_the_default_options() {
     let (_management, member, admin) = management_and_member().await;
     let traps = Traps::set().await.expect("traps");
-    let kubeconfigs = traps.kubeconfigs(member.ca_pem());
+    let panics = multicluster_envtest::panics::Panics::count();
+    let kubeconfigs = [
+        traps.kubeconfigs(member.ca_pem()),
+        traps.broken_credentials(member.ca_pem()),
+    ]
+    .concat();
     for trap in &kubeconfigs {
         put_secret(&admin, trap.name, &trap.kubeconfig).await;
     }
@@ -118,14 +123,18 @@ async fn secrets_that_would_run_read_or_dial_are_refused_with_the_default_option
         "{metrics}"
     );
     traps.assert_untouched().await;
+    assert_eq!(panics.since(), 0, "panicked: {:?}", panics.messages());
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
 
 /// The plugin the trap ran nothing with: refused with the defaults (it
-/// never runs), then allowlisted by the operator, it runs and its cluster
-/// is engaged.
+/// never runs), then allowlisted by the operator with the one variable its
+/// kubeconfig sets, it runs and its cluster is engaged; a kubeconfig that
+/// also sets a variable the operator did not name (`HTTPS_PROXY`, which
+/// would steer the plugin's own credential traffic) is refused, and the
+/// plugin is never run for it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_allowlisted_plugin_runs_and_its_cluster_is_engaged() {
     let (_management, member, admin) = management_and_member().await;
@@ -141,6 +150,23 @@ async fn an_allowlisted_plugin_runs_and_its_cluster_is_engaged() {
         &member.exec_kubeconfig("plugged", plugins::TOKEN, state.path()),
     )
     .await;
+    let steered_state = tempfile::tempdir().expect("state");
+    plugins::set_token(steered_state.path(), &token).expect("token");
+    let mut steered = member.exec_kubeconfig("steered", plugins::TOKEN, steered_state.path());
+    steered.auth_infos[0]
+        .auth_info
+        .as_mut()
+        .and_then(|user| user.exec.as_mut())
+        .and_then(|exec| exec.env.as_mut())
+        .expect("env")
+        .push(
+            [
+                ("name".to_string(), "HTTPS_PROXY".to_string()),
+                ("value".to_string(), "http://127.0.0.1:9".to_string()),
+            ]
+            .into(),
+        );
+    put_secret(&admin, "steered", &steered).await;
 
     let run = |options: KubeconfigOptions| {
         let provider = Arc::new(KubeconfigProvider::new(admin.clone(), options));
@@ -167,15 +193,38 @@ async fn an_allowlisted_plugin_runs_and_its_cluster_is_engaged() {
     task.await.expect("task").expect("clean stop");
     assert!(plugins::calls(state.path()).is_empty(), "it ran");
 
-    let allowed = KubeconfigPolicy::untrusted()
-        .exec(ExecPolicy::allowlist([plugins::TOKEN]).expect("an absolute path"));
+    let allowed = KubeconfigPolicy::untrusted().exec(ExecPolicy::Allowlist(
+        Allowlist::of([AllowedPlugin::new(plugins::TOKEN)
+            .expect("an absolute path")
+            .env(["STATE_DIR"])
+            .expect("a plain variable")])
+        .expect("one plugin"),
+    ));
     let (provider, recorder, shutdown, task) =
         run(KubeconfigOptions::default().kubeconfig_policy(allowed));
     recorder
         .wait_for_more(&req("fleet/plugged", "hello"), 0)
         .await;
-    assert!(provider.failures().is_empty(), "{:?}", provider.failures());
+    eventually("the steered Secret to be refused", || async {
+        provider
+            .failures()
+            .contains_key(&ClusterName::from("fleet/steered"))
+    })
+    .await;
+    let failures = provider.failures();
+    assert_eq!(failures.len(), 1, "{failures:?}");
+    let reason = &failures[&ClusterName::from("fleet/steered")];
+    assert!(
+        reason.contains(r#"users["steered"].user.exec.env sets "HTTPS_PROXY""#)
+            && reason.contains("AllowedPlugin::env"),
+        "{reason}"
+    );
+    assert!(!reason.contains("127.0.0.1:9"), "{reason}");
     assert_eq!(plugins::calls(state.path()).len(), 1);
+    assert!(
+        plugins::calls(steered_state.path()).is_empty(),
+        "the plugin ran with a variable the operator did not name"
+    );
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }

@@ -21,6 +21,7 @@ fn provider(name: &str, args_policy: &str, envs_policy: &str) -> serde_json::Val
         },
         "profileSourcedCLIArgsPolicy": args_policy,
         "profileSourcedEnvVarsPolicy": envs_policy,
+        "profileSourcedEnvVarNames": ["KEEP", "REGION", "A", "B", "C", "D"],
     })
 }
 
@@ -422,4 +423,108 @@ fn bad_provider_files_are_named_and_never_quoted() {
         missing.contains("/nonexistent/providers.json: cannot be read"),
         "{missing}"
     );
+}
+
+#[test]
+fn a_profile_may_set_only_the_variables_the_provider_names() {
+    let providers = file(json!({"providers": [provider("p", "Ignore", "AppendIfNotExists")]}));
+    for name in [
+        "HTTPS_PROXY",
+        "SSL_CERT_FILE",
+        "AWS_CONFIG_FILE",
+        "LD_PRELOAD",
+    ] {
+        let steering = with_extras(json!([]), json!({ name: "http://203.0.113.9:3128" }));
+        let err = providers.access_for(&steering).expect_err(name);
+        assert!(matches!(err, AccessError::Refused { .. }), "{err}");
+        let message = err.to_string();
+        assert!(
+            message.contains(&format!("sets {name:?}"))
+                && message.contains("profileSourcedEnvVarNames"),
+            "{message}"
+        );
+        assert!(!message.contains("203.0.113.9"), "{message}");
+    }
+    let named_code = json!({"providers": [{
+        "name": "p",
+        "execConfig": {"command": "/plugins/p"},
+        "profileSourcedEnvVarNames": ["LD_PRELOAD"],
+    }]});
+    let err = ProviderFile::from_json(&named_code.to_string(), "providers.json")
+        .map(|_| ())
+        .expect_err("a variable that changes code");
+    assert!(err.to_string().contains("changes what code"), "{err}");
+}
+
+#[test]
+fn a_bound_provider_refuses_other_servers_and_its_ca_replaces_the_profiles() {
+    use base64::Engine;
+    let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
+    let mut bound = provider("p", "Ignore", "Ignore");
+    bound["servers"] = json!(["*.fleet.example", "10.0.0.0/8"]);
+    bound["serverCAData"] = json!(base64::engine::general_purpose::STANDARD.encode(pem));
+    let providers = file(json!({"providers": [bound]}));
+    let inside = profile(json!({"accessProviders": [
+        entry("p", "https://api.edge-1.fleet.example:6443", json!([])),
+    ]}));
+    let access = providers.access_for(&inside).expect("inside the binding");
+    assert!(access.bound);
+    let cluster = access.kubeconfig.clusters[0]
+        .cluster
+        .as_ref()
+        .expect("cluster");
+    assert_eq!(
+        cluster.certificate_authority_data.as_deref(),
+        Some(
+            base64::engine::general_purpose::STANDARD
+                .encode(pem)
+                .as_str()
+        ),
+        "the bundle, not the profile's CA"
+    );
+    for server in [
+        "https://203.0.113.9:6443",
+        "https://fleet.example.attacker.io",
+    ] {
+        let outside = profile(json!({"accessProviders": [entry("p", server, json!([]))]}));
+        let err = providers.access_for(&outside).expect_err(server);
+        assert!(matches!(err, AccessError::Refused { .. }), "{err}");
+        let message = err.to_string();
+        assert!(message.contains("not among the servers"), "{message}");
+        assert!(!message.contains("203.0.113.9"), "{message}");
+    }
+    let mut broken = provider("p", "Ignore", "Ignore");
+    broken["servers"] = json!(["a/b"]);
+    let err = ProviderFile::from_json(
+        &json!({"providers": [broken]}).to_string(),
+        "providers.json",
+    )
+    .map(|_| ())
+    .expect_err("bad pattern");
+    assert!(err.to_string().contains("provider \"p\""), "{err}");
+}
+
+#[test]
+fn what_a_profile_hands_the_plugin_is_its_input() {
+    let providers = file(json!({"providers": [provider("p", "Append", "Replace")]}));
+    let nothing = profile(json!({"accessProviders": [entry("p", "https://a:6443", json!([]))]}));
+    assert_eq!(providers.access_for(&nothing).expect("access").input, None);
+    let naming = |cluster: &str, server: &str| {
+        profile(json!({"accessProviders": [entry("p", server, json!([
+            {"name": "client.authentication.k8s.io/exec", "extension": {"cluster": cluster}},
+        ]))]}))
+    };
+    let a = providers
+        .access_for(&naming("a", "https://a:6443"))
+        .expect("a");
+    let copy = providers
+        .access_for(&naming("a", "https://stranger:6443"))
+        .expect("copy");
+    let b = providers
+        .access_for(&naming("b", "https://b:6443"))
+        .expect("b");
+    assert!(a.input.is_some());
+    assert_eq!(a.input, copy.input, "the server is not part of the input");
+    assert_ne!(a.input, b.input);
+    assert_eq!(copy.server(), "https://stranger:6443");
 }

@@ -303,7 +303,7 @@ fn bind(kubeconfig: &mut Kubeconfig, servers: &Servers, refused: &mut Vec<Refusa
             continue;
         };
         let server = cluster.server.as_deref().unwrap_or_default();
-        if servers.admits(server).is_err() {
+        if !servers.admits(server) {
             refused.push(Refusal::new(
                 format!("clusters[{:?}].cluster.server", named.name),
                 Refused::ServerNotBound,

@@ -57,7 +57,7 @@ struct HostPattern {
 
 /// Why a server is outside a binding, said without quoting the server.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Outside {
+enum Outside {
     /// No host pattern or network matches it.
     NotListed,
     /// It is spoken to in the clear, which a CA binding cannot check.
@@ -129,7 +129,12 @@ impl Servers {
     /// Whether `server` (a kubeconfig's `server` URL) is inside the
     /// binding, as far as can be told before connecting (the CA is
     /// checked in the TLS handshake).
-    pub(crate) fn admits(&self, server: &str) -> Result<(), Outside> {
+    pub fn admits(&self, server: &str) -> bool {
+        self.check(server).is_ok()
+    }
+
+    /// [`Servers::admits`], saying why not.
+    fn check(&self, server: &str) -> Result<(), Outside> {
         let uri: http::Uri = server.trim().parse().map_err(|_| Outside::NoHost)?;
         let plain = uri.scheme_str() == Some("http");
         if self.ca_bundle.is_some() && plain {
@@ -169,7 +174,7 @@ impl Servers {
     }
 
     /// The bundle as a kubeconfig's `certificate-authority-data`.
-    pub(crate) fn ca_data(&self) -> Option<String> {
+    pub fn ca_data(&self) -> Option<String> {
         self.ca_bundle
             .as_ref()
             .map(|pem| base64::engine::general_purpose::STANDARD.encode(pem))
@@ -250,7 +255,7 @@ mod tests {
             "https://10.1.2.3:6443",
             "https://[fd00::1]:6443",
         ] {
-            assert_eq!(servers.admits(admitted), Ok(()), "{admitted}");
+            assert_eq!(servers.check(admitted), Ok(()), "{admitted}");
         }
         for outside in [
             "https://eks.amazonaws.com",
@@ -266,21 +271,21 @@ mod tests {
                 "{outside}"
             );
         }
-        assert_eq!(servers.admits("not a url"), Err(Outside::NoHost));
+        assert_eq!(servers.check("not a url"), Err(Outside::NoHost));
     }
 
     #[test]
     fn a_ca_binding_refuses_plain_http_and_alone_admits_any_host() {
         let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
         let servers = Servers::new().ca_bundle(pem).expect("pem");
-        assert_eq!(servers.admits("https://anything.example:6443"), Ok(()));
+        assert_eq!(servers.check("https://anything.example:6443"), Ok(()));
         assert_eq!(
-            servers.admits("http://anything.example"),
+            servers.check("http://anything.example"),
             Err(Outside::PlainHttp)
         );
         assert!(servers.ca_data().is_some());
         assert_eq!(
-            Servers::new().admits("https://a.example"),
+            Servers::new().check("https://a.example"),
             Err(Outside::NotListed)
         );
     }

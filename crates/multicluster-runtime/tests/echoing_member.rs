@@ -1,0 +1,241 @@
+//! A member whose server (or a gateway in front of it) echoes the
+//! credential it was sent in its error answers, with tabs and terminal
+//! escapes besides: neither the member's token (40 hex digits, no shape
+//! to find) nor its basic-auth password reaches `/clusters` (text or
+//! JSON), the metrics or the log, and the text view cannot be given a
+//! column or a colour by what the member said. With the default options,
+//! the kubeconfig the operator's own (plain HTTP allowed, as for a
+//! `kubectl proxy`), the real API server as the local cluster.
+
+mod common;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+
+use base64::Engine;
+use common::*;
+use http_body_util::Full;
+use hyper::body::Bytes;
+use multicluster_envtest::ControlPlane;
+use multicluster_runtime::Manager;
+use multicluster_runtime::client::KubeconfigPolicy;
+use multicluster_runtime::manager::ClusterState;
+use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
+use multicluster_runtime::provider::member::MemberOptions;
+use multicluster_runtime::testing::{http_get, recording_controller, wait_for_fleet};
+
+/// A token with no shape the shape scrub knows (no JWT, base64 run or
+/// `key=value`).
+const TOKEN: &str = "0123456789abcdef0123456789abcdef01234567";
+const USER: &str = "fleet-admin";
+const PASSWORD: &str = "s3cr3t-Passw0rd!";
+
+#[derive(Clone, Default)]
+struct Logs(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Answers every request 500 with a Status whose message quotes the
+/// credential it was sent (the token bare, basic auth decoded) and
+/// forges a `/clusters` column and a terminal colour.
+async fn echoing_server() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = hyper::service::service_fn(|request: http::Request<_>| async move {
+                let sent = request
+                    .headers()
+                    .get(http::header::AUTHORIZATION)
+                    .and_then(|value| value.to_str().ok())
+                    .unwrap_or_default()
+                    .to_string();
+                let credential = match sent.split_once(' ') {
+                    Some(("Basic", encoded)) => base64::engine::general_purpose::STANDARD
+                        .decode(encoded)
+                        .map(|decoded| String::from_utf8_lossy(&decoded).replace(':', " with "))
+                        .unwrap_or_default(),
+                    Some((_, token)) => token.to_string(),
+                    None => String::new(),
+                };
+                let status = serde_json::json!({
+                    "kind": "Status",
+                    "apiVersion": "v1",
+                    "status": "Failure",
+                    "reason": "InternalError",
+                    "code": 500,
+                    "message": format!(
+                        "gateway refused {credential}\tINJECTED\tready\tsince 2026-01-01T00:00:00Z \u{1b}[31mred\u{1b}[0m"
+                    ),
+                });
+                let mut response = http::Response::new(Full::new(Bytes::from(status.to_string())));
+                *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+                response.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/json"),
+                );
+                Ok::<_, std::convert::Infallible>(response)
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+            );
+        }
+    });
+    address
+}
+
+/// A kubeconfig for `server` authenticating with `user` (YAML).
+fn kubeconfig(server: SocketAddr, user: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\ncurrent-context: echo\nclusters:\n- name: echo\n  cluster:\n    server: http://{server}\ncontexts:\n- name: echo\n  context:\n    cluster: echo\n    user: u\nusers:\n- name: u\n  user:\n{user}"
+    )
+}
+
+async fn member(name: &str, text: String) -> multicluster_runtime::Cluster {
+    KubeconfigCluster {
+        inventory: Default::default(),
+        policy: KubeconfigPolicy::trusted(),
+        name: name.into(),
+        text,
+        source: format!("the {name} kubeconfig"),
+        stable_id: None,
+        member: MemberOptions::default(),
+    }
+    .build()
+    .await
+    .expect("a cluster")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_echoed_credential_and_forged_columns_reach_neither_clusters_nor_the_log() {
+    let logs = Logs::default();
+    let writer = logs.clone();
+    tracing_subscriber::fmt()
+        .with_env_filter("debug")
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .init();
+
+    let local = ControlPlane::start().await.expect("control plane");
+    let server = echoing_server().await;
+    let provider = TestProvider::default();
+    provider
+        .clusters
+        .add(
+            "token",
+            member(
+                "token",
+                kubeconfig(server, &format!("    token: {TOKEN}\n")),
+            )
+            .await,
+        )
+        .expect("add");
+    provider
+        .clusters
+        .add(
+            "basic",
+            member(
+                "basic",
+                kubeconfig(
+                    server,
+                    &format!("    username: {USER}\n    password: {PASSWORD}\n"),
+                ),
+            )
+            .await,
+        )
+        .expect("add");
+    let manager = Manager::builder(cluster_for("local", &local).await)
+        .provider(Arc::new(provider))
+        .build();
+    let recorder = multicluster_runtime::testing::Recorder::default();
+    manager
+        .add_controller(
+            recording_controller(
+                "recorder",
+                multicluster_runtime::controller::Watch::<k8s_openapi::api::core::v1::ConfigMap>::new(),
+                &recorder,
+            )
+            .expect("controller"),
+        )
+        .expect("add");
+    let (stop, task) = run_manager(&manager);
+    let address = multicluster_runtime::testing::serve_health(&manager, stop.clone()).await;
+    let failing = |name: &str| {
+        matches!(
+            manager.cluster_state(&name.into()),
+            Some(ClusterState::Unreachable(reason) | ClusterState::Degraded(reason))
+                if reason.contains("gateway refused")
+        )
+    };
+    wait_for_fleet(
+        &manager,
+        "both members to show the gateway's answer",
+        || failing("token") && failing("basic"),
+    )
+    .await;
+
+    let (_, text) = http_get(address, "/clusters").await.expect("/clusters");
+    let (_, json) = http_get(address, "/clusters?format=json")
+        .await
+        .expect("/clusters?format=json");
+    let (_, metrics) = http_get(address, "/metrics").await.expect("/metrics");
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+    let logs =
+        String::from_utf8_lossy(&logs.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
+
+    for (what, body) in [
+        ("/clusters", &text),
+        ("JSON", &json),
+        ("/metrics", &metrics),
+        ("the log", &logs),
+    ] {
+        for secret in [TOKEN, PASSWORD] {
+            assert!(!body.contains(secret), "{what} quotes {secret}:\n{body}");
+        }
+        assert!(!body.contains('\u{1b}'), "{what} holds an escape:\n{body}");
+    }
+    assert!(text.contains("gateway refused [withheld]"), "{text}");
+    assert!(
+        text.contains(&format!("gateway refused {USER} with [withheld]")),
+        "{text}"
+    );
+    for line in text.lines().filter(|line| line.contains("gateway refused")) {
+        // The member's words stay in the state's column.
+        let columns: Vec<&str> = line.split('\t').collect();
+        assert!(
+            columns[1].contains("INJECTED") && columns[2].starts_with("since "),
+            "a forged column: {line:?}"
+        );
+        assert!(
+            line.contains("\\tINJECTED\\tready") && line.contains("\\u{1b}[31mred"),
+            "{line}"
+        );
+    }
+    let report: serde_json::Value = serde_json::from_str(&json).expect("JSON");
+    for cluster in report["clusters"].as_array().expect("clusters") {
+        if let Some(reason) = cluster["reason"].as_str() {
+            assert!(!reason.contains(['\t', '\u{1b}']), "{reason:?}");
+        }
+    }
+    assert!(
+        logs.contains("gateway refused"),
+        "the failure is logged:\n{logs}"
+    );
+}
