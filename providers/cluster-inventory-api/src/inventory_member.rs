@@ -58,12 +58,12 @@ fn profile_name(profile: &DynamicObject) -> ClusterName {
 enum Choice {
     /// No profile carries the id (any more).
     None,
-    /// Engage `wanted`, built from the profile `from`, kept on server
-    /// `pin` once engaged (see `steering`).
+    /// Engage `wanted`, built from the profile `from`, kept on its server
+    /// once engaged when `pinned` (see `steering`).
     Engage {
         wanted: Box<KubeconfigCluster>,
         from: ClusterName,
-        pin: Option<String>,
+        pinned: bool,
     },
     /// Ready profiles exist, none with usable credentials: why, per
     /// profile, and the metrics label (a refusal if any profile was
@@ -100,12 +100,12 @@ impl Shared {
         let mut label = crate::NO_CREDENTIALS;
         for profile in profiles {
             match self.wanted(Some(profile), cluster) {
-                Wanted::Engage { mut wanted, pin } => {
+                Wanted::Engage { mut wanted, pinned } => {
                     wanted.source = format!("{} (inventory member {id:?})", wanted.source);
                     return Choice::Engage {
                         wanted,
                         from: profile_name(profile),
-                        pin,
+                        pinned,
                     };
                 }
                 Wanted::NoCredentials { reason, kind } => {
@@ -168,7 +168,11 @@ impl Shared {
                     .failures()
                     .record(&cluster, reasons.join("; "), label);
             }
-            Choice::Engage { wanted, from, pin } => {
+            Choice::Engage {
+                wanted,
+                from,
+                pinned,
+            } => {
                 let now = || {
                     let profiles = self.member_profiles(id);
                     match self.choose(id, &cluster, &profiles) {
@@ -179,7 +183,7 @@ impl Shared {
                     }
                 };
                 let action = self.fleet.engage(*wanted, now).await;
-                self.pin(&cluster, from.as_str(), pin);
+                self.pin(&cluster, from.as_str(), pinned);
                 return action;
             }
         }

@@ -134,11 +134,12 @@ enum Wanted {
     /// Ready, but without usable credentials: recorded, waiting for a
     /// change; `kind` is the reason's metrics label.
     NoCredentials { reason: String, kind: &'static str },
-    /// Ready with credentials: engage it; `pin` is the server an access
-    /// provider bound to no servers will keep the profile on once engaged.
+    /// Ready with credentials: engage it; `pinned` when an access
+    /// provider bound to no servers keeps the profile on its server once
+    /// engaged (see `steering`).
     Engage {
         wanted: Box<KubeconfigCluster>,
-        pin: Option<String>,
+        pinned: bool,
     },
 }
 
@@ -156,8 +157,9 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// What [`Shared::credentials`] finds for a profile: the kubeconfig text,
-/// where it came from, its policy, and the server to keep it on.
-type ProfileCredentials = (String, String, KubeconfigPolicy, Option<String>);
+/// where it came from, its policy, and whether it is kept on its server
+/// once engaged (an access provider bound to no servers).
+type ProfileCredentials = (String, String, KubeconfigPolicy, bool);
 
 impl ClusterProfileProvider {
     /// Watches profiles (and, for the Secret strategy, credential Secrets)
@@ -248,9 +250,9 @@ impl Shared {
     }
 
     /// The kubeconfig text for a profile, a description of where it came
-    /// from (for errors), what it may use, and the server to keep it on
-    /// once engaged (an access provider bound to no servers); or why not,
-    /// with the reason's metrics label.
+    /// from (for errors), what it may use, and whether it is kept on its
+    /// server once engaged (an access provider bound to no servers); or
+    /// why not, with the reason's metrics label.
     fn credentials(
         &self,
         profile: &DynamicObject,
@@ -261,7 +263,7 @@ impl Shared {
         let Some(providers) = &self.providers else {
             let (text, source) = secrets::credentials(self.hub.cache(), namespace, name)
                 .map_err(|reason| (reason, NO_CREDENTIALS))?;
-            return Ok((text, source, policy, None));
+            return Ok((text, source, policy, false));
         };
         let key = format!("{namespace}/{name}");
         let access = providers.access_for(profile).map_err(|err| {
@@ -271,15 +273,14 @@ impl Shared {
             };
             (err.to_string(), kind)
         })?;
-        let pin = if access.bound {
-            self.steering.forget(&key);
-            None
-        } else {
+        let pinned = !access.bound;
+        if pinned {
             self.steering
                 .check(&key, access.input.as_deref(), access.server())
                 .map_err(|reason| (format!("ClusterProfile {key}: {reason}"), REFUSED))?;
-            Some(access.server().to_string())
-        };
+        } else {
+            self.steering.forget(&key);
+        }
         let source = format!(
             "ClusterProfile {namespace}/{name} access provider {:?}{}",
             access.provider,
@@ -294,7 +295,7 @@ impl Shared {
             access.text(),
             source,
             policy.exec(ExecPolicy::AllowAll),
-            pin,
+            pinned,
         ))
     }
 
@@ -307,7 +308,7 @@ impl Shared {
             return Wanted::NotReady;
         }
         match self.credentials(profile) {
-            Ok((text, source, policy, pin)) => Wanted::Engage {
+            Ok((text, source, policy, pinned)) => Wanted::Engage {
                 wanted: Box::new(KubeconfigCluster {
                     name: cluster.clone(),
                     text,
@@ -317,22 +318,21 @@ impl Shared {
                     member: self.options.members.for_member(profile),
                     inventory: inventory(profile),
                 }),
-                pin,
+                pinned,
             },
             Err((reason, kind)) => Wanted::NoCredentials { reason, kind },
         }
     }
 
-    /// After an engagement of `cluster` built from `profile`: keeps the
-    /// profile on `pin`, its server, if the cluster now holds it.
-    fn pin(&self, cluster: &ClusterName, profile: &str, pin: Option<String>) {
-        let Some(server) = pin else {
-            return;
-        };
+    /// After an engagement of `cluster` built from `profile` through an
+    /// access provider bound to no servers (`pinned`): keeps the profile
+    /// on its server, and its input on that server, if the cluster now
+    /// holds it.
+    fn pin(&self, cluster: &ClusterName, profile: &str, pinned: bool) {
         let engaged = self.fleet.clusters().get(cluster).is_ok()
             && !self.fleet.failures().current().contains_key(cluster);
-        if engaged {
-            self.steering.engaged(profile, &server);
+        if pinned && engaged {
+            self.steering.engaged(profile);
         }
     }
 
@@ -435,7 +435,7 @@ impl Shared {
             Wanted::NoCredentials { reason, kind } => {
                 self.fleet.failures().record(&fleet_name, reason, kind);
             }
-            Wanted::Engage { wanted, pin } => {
+            Wanted::Engage { wanted, pinned } => {
                 let now = || {
                     let profile = self.profiles().get(Some(namespace), &request.name);
                     match self.wanted(profile.as_deref(), &fleet_name) {
@@ -444,7 +444,7 @@ impl Shared {
                     }
                 };
                 let action = self.fleet.engage(*wanted, now).await;
-                self.pin(&fleet_name, fleet_name.as_str(), pin);
+                self.pin(&fleet_name, fleet_name.as_str(), pinned);
                 return action;
             }
         }

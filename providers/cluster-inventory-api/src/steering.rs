@@ -27,14 +27,22 @@
 //! mints for it does not depend on the profile, and only a binding keeps
 //! it from a server the profile names. The crate README says so.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
 /// A profile, `<namespace>/<name>`.
 pub(crate) type ProfileKey = String;
 
-/// The unbound profiles seen, by their input, and the servers profiles
-/// were engaged with.
+/// What a profile handed an unbound provider's plugin and where it sent
+/// the credential.
+#[derive(Clone, Debug, PartialEq, Eq)]
+struct Call {
+    input: Option<String>,
+    server: String,
+}
+
+/// The unbound profiles seen, what each was engaged with, and an index of
+/// both by input.
 #[derive(Debug, Default)]
 pub(crate) struct Steering {
     state: Mutex<State>,
@@ -42,12 +50,13 @@ pub(crate) struct Steering {
 
 #[derive(Debug, Default)]
 struct State {
-    /// The server each profile was engaged with.
-    engaged: HashMap<ProfileKey, String>,
-    /// Per input, the profiles handing it and the server each names.
-    by_input: HashMap<String, BTreeMap<ProfileKey, String>>,
-    /// The input each profile handed when last looked at.
-    input_of: HashMap<ProfileKey, String>,
+    /// What each profile asks for now.
+    current: HashMap<ProfileKey, Call>,
+    /// What each profile was engaged with: its server, and its input,
+    /// whose credential went to that server.
+    engaged: HashMap<ProfileKey, Call>,
+    /// Per input, the profiles asking for it now or engaged with it.
+    by_input: HashMap<String, BTreeSet<ProfileKey>>,
 }
 
 impl Steering {
@@ -61,19 +70,13 @@ impl Steering {
         server: &str,
     ) -> Result<(), String> {
         let mut state = crate::lock(&self.state);
-        state.leave_input(profile);
-        if let Some(input) = input {
-            state
-                .by_input
-                .entry(input.to_string())
-                .or_default()
-                .insert(profile.to_string(), server.to_string());
-            state
-                .input_of
-                .insert(profile.to_string(), input.to_string());
-        }
+        let call = Call {
+            input: input.map(str::to_string),
+            server: server.to_string(),
+        };
+        state.set_current(profile, call);
         if let Some(engaged) = state.engaged.get(profile)
-            && engaged != server
+            && engaged.server != server
         {
             return Err(
                 "its access provider is bound to no servers and the profile now names a server other than the one it was engaged with; the cluster keeps the engaged one (bind the provider with servers in the provider file, or create the profile again)"
@@ -83,74 +86,120 @@ impl Steering {
         let Some(input) = input else {
             return Ok(());
         };
-        let engaged_with =
-            |other: &str, at: &str| state.engaged.get(other).is_some_and(|held| held == at);
-        let sharing = state.by_input.get(input).into_iter().flatten();
-        let mut established = false;
-        let mut conflict = None;
-        for (other, other_server) in sharing {
-            if other_server == server {
-                established |= engaged_with(other, server);
-            } else if engaged_with(other, other_server) {
-                conflict = Some((other, true));
-                break;
-            } else {
-                conflict = conflict.or(Some((other, false)));
+        fn handed<'a>(call: Option<&'a Call>, input: &str) -> Option<&'a str> {
+            call.filter(|call| call.input.as_deref() == Some(input))
+                .map(|call| call.server.as_str())
+        }
+        // The input was engaged with this server (by this profile or
+        // another): only profiles naming another server are refused.
+        let mut established = handed(state.engaged.get(profile), input) == Some(server);
+        let mut waiting = None;
+        for other in state.by_input.get(input).into_iter().flatten() {
+            if other == profile {
+                continue;
+            }
+            match handed(state.engaged.get(other), input) {
+                Some(at) if at == server => established = true,
+                Some(_) => return Err(sharing(other, true)),
+                None => {}
+            }
+            if handed(state.current.get(other), input).is_some_and(|at| at != server) {
+                waiting = waiting.or(Some(other));
             }
         }
-        match conflict {
-            // The input was engaged with this server, and only the
-            // profiles not engaged name another: they are refused.
-            None => Ok(()),
-            Some((_, false)) if established => Ok(()),
-            Some((other, engaged)) => Err(format!(
-                "it hands its access provider's plugin the same input as ClusterProfile {other}, which names another server{}; an access provider bound to no servers sends one input's credentials to one server only (bind it with servers in the provider file)",
-                if engaged {
-                    " and is engaged with it"
-                } else {
-                    ""
-                }
-            )),
+        match waiting {
+            Some(other) if !established => Err(sharing(other, false)),
+            _ => Ok(()),
         }
     }
 
-    /// `profile` was engaged with `server`.
-    pub(crate) fn engaged(&self, profile: &str, server: &str) {
-        crate::lock(&self.state)
-            .engaged
-            .insert(profile.to_string(), server.to_string());
+    /// `profile` was engaged with what it asked for last.
+    pub(crate) fn engaged(&self, profile: &str) {
+        let mut state = crate::lock(&self.state);
+        let Some(call) = state.current.get(profile).cloned() else {
+            return;
+        };
+        if let Some(before) = state.engaged.insert(profile.to_string(), call.clone()) {
+            state.unindex(profile, before.input.as_deref());
+        }
+        state.index(profile, call.input.as_deref());
     }
 
-    /// `profile` is gone, or bound: forgets it.
+    /// `profile` is gone, or its provider bound: forgets it.
     pub(crate) fn forget(&self, profile: &str) {
         let mut state = crate::lock(&self.state);
-        state.engaged.remove(profile);
-        state.leave_input(profile);
+        for call in [state.current.remove(profile), state.engaged.remove(profile)]
+            .into_iter()
+            .flatten()
+        {
+            state.unindex(profile, call.input.as_deref());
+        }
     }
 
-    /// The other profiles handing the same input as `profile`: a change of
-    /// one may lift another's refusal.
+    /// The other profiles asking for, or engaged with, the input `profile`
+    /// asks for or was engaged with: a change of one may lift another's
+    /// refusal.
     pub(crate) fn sharing_input(&self, profile: &str) -> Vec<ProfileKey> {
         let state = crate::lock(&self.state);
-        let Some(input) = state.input_of.get(profile) else {
-            return Vec::new();
-        };
-        state.by_input[input]
-            .keys()
-            .filter(|other| other.as_str() != profile)
-            .cloned()
-            .collect()
+        let inputs = [state.current.get(profile), state.engaged.get(profile)]
+            .into_iter()
+            .flatten()
+            .filter_map(|call| call.input.as_deref());
+        let mut others = BTreeSet::new();
+        for input in inputs {
+            others.extend(
+                state.by_input[input]
+                    .iter()
+                    .filter(|other| other.as_str() != profile)
+                    .cloned(),
+            );
+        }
+        others.into_iter().collect()
     }
 }
 
+fn sharing(other: &str, engaged: bool) -> String {
+    format!(
+        "it hands its access provider's plugin the same input as ClusterProfile {other}, which {} another server; an access provider bound to no servers sends one input's credentials to one server only (bind it with servers in the provider file)",
+        if engaged { "was engaged with" } else { "names" }
+    )
+}
+
 impl State {
-    fn leave_input(&mut self, profile: &str) {
-        if let Some(input) = self.input_of.remove(profile)
-            && let Some(profiles) = self.by_input.get_mut(&input)
-        {
+    fn set_current(&mut self, profile: &str, call: Call) {
+        let input = call.input.clone();
+        if let Some(before) = self.current.insert(profile.to_string(), call) {
+            self.unindex(profile, before.input.as_deref());
+        }
+        self.index(profile, input.as_deref());
+    }
+
+    fn index(&mut self, profile: &str, input: Option<&str>) {
+        if let Some(input) = input {
+            self.by_input
+                .entry(input.to_string())
+                .or_default()
+                .insert(profile.to_string());
+        }
+    }
+
+    /// Drops `profile` from `input`'s profiles unless it still asks for it
+    /// or was engaged with it.
+    fn unindex(&mut self, profile: &str, input: Option<&str>) {
+        let Some(input) = input else {
+            return;
+        };
+        let still = [self.current.get(profile), self.engaged.get(profile)]
+            .into_iter()
+            .flatten()
+            .any(|call| call.input.as_deref() == Some(input));
+        if still {
+            return;
+        }
+        if let Some(profiles) = self.by_input.get_mut(input) {
             profiles.remove(profile);
             if profiles.is_empty() {
-                self.by_input.remove(&input);
+                self.by_input.remove(input);
             }
         }
     }
@@ -164,7 +213,7 @@ mod tests {
     fn an_engaged_profile_keeps_its_server() {
         let steering = Steering::default();
         steering.check("ns/a", None, "https://a").expect("first");
-        steering.engaged("ns/a", "https://a");
+        steering.engaged("ns/a");
         let refused = steering
             .check("ns/a", None, "https://stranger")
             .expect_err("moved");
@@ -184,13 +233,19 @@ mod tests {
         let steering = Steering::default();
         let input = Some(r#"{"input":{"config":{"cluster":"a"}},"provider":"p"}"#);
         steering.check("ns/a", input, "https://a").expect("alone");
-        steering.engaged("ns/a", "https://a");
+        steering.engaged("ns/a");
         // A copy of a's input naming another server: refused.
         let refused = steering
             .check("ns/thief", input, "https://stranger")
             .expect_err("copy");
         assert!(refused.contains("ClusterProfile ns/a"), "{refused}");
-        assert!(refused.contains("is engaged with it"), "{refused}");
+        assert!(refused.contains("was engaged with another server"), "{refused}");
+        // a moved to the thief's server, or handing another input now:
+        // the input stays with the server it was engaged with.
+        assert!(steering.check("ns/a", input, "https://stranger").is_err());
+        assert!(steering.check("ns/thief", input, "https://stranger").is_err());
+        steering.check("ns/a", Some("other"), "https://a").expect("a's own change");
+        assert!(steering.check("ns/thief", input, "https://stranger").is_err());
         // a itself stays, and one naming a's server is no threat.
         steering
             .check("ns/a", input, "https://a")

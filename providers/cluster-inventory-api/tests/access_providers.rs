@@ -597,7 +597,7 @@ fn steering_file(servers: Option<Vec<String>>) -> ProviderFile {
             "provideClusterInfo": true,
         },
         "profileSourcedEnvVarsPolicy": "AppendIfNotExists",
-        "profileSourcedEnvVarNames": ["STATE_DIR"],
+        "profileSourcedEnvVarNames": ["STATE_DIR", "KEEP"],
     });
     if let Some(servers) = servers {
         token["servers"] = json!(servers);
@@ -669,7 +669,7 @@ async fn a_profile_cannot_have_the_plugin_mint_another_members_credential_for_it
     let reasons = wait_until_unusable(&manager, address, std::slice::from_ref(&thief)).await;
     assert!(
         reasons[&thief].contains(
-            "same input as ClusterProfile inventory/victim, which names another server and is engaged with it"
+            "same input as ClusterProfile inventory/victim, which was engaged with another server"
         ),
         "{}",
         reasons[&thief]
