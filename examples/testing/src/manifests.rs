@@ -11,7 +11,10 @@ use multicluster_runtime::testing::http_get;
 use serde_json::Value;
 use tokio::process::Command;
 
-/// `kubectl kustomize` of `dir`: the YAML and its documents.
+/// `kubectl kustomize` of `dir`: the YAML and its documents. Checks on the
+/// way that no Deployment's health port (`/clusters`, `/metrics`) is open
+/// to every pod: a NetworkPolicy selects its pods and lets only selected
+/// sources reach that port.
 pub async fn render(dir: &str) -> (String, Vec<Value>) {
     let output = Command::new("kubectl")
         .args(["kustomize", dir])
@@ -25,7 +28,54 @@ pub async fn render(dir: &str) -> (String, Vec<Value>) {
     );
     let yaml = String::from_utf8(output.stdout).expect("UTF-8");
     let documents = serde_saphyr::from_multiple::<Value>(&yaml).expect("YAML documents");
+    assert_health_port_closed(dir, &documents);
     (yaml, documents)
+}
+
+/// Panics unless every Deployment among `documents` has a NetworkPolicy
+/// in its namespace selecting its pods, through which the port named
+/// `health` is reached only from the sources it names.
+fn assert_health_port_closed(dir: &str, documents: &[Value]) {
+    let of_kind = |kind: &str| {
+        documents
+            .iter()
+            .filter(move |document| document["kind"] == kind)
+    };
+    for deployment in of_kind("Deployment") {
+        let namespace = &deployment["metadata"]["namespace"];
+        let labels = deployment["spec"]["template"]["metadata"]["labels"]
+            .as_object()
+            .expect("pod labels");
+        let selects = |policy: &Value| {
+            policy["metadata"]["namespace"] == *namespace
+                && policy["spec"]["podSelector"]["matchLabels"]
+                    .as_object()
+                    .is_some_and(|wanted| {
+                        wanted
+                            .iter()
+                            .all(|(key, value)| labels.get(key) == Some(value))
+                    })
+        };
+        let policies: Vec<&Value> = of_kind("NetworkPolicy")
+            .filter(|policy| selects(policy))
+            .collect();
+        assert!(
+            !policies.is_empty(),
+            "{dir}: no NetworkPolicy selects the pods of {deployment}"
+        );
+        for policy in policies {
+            for rule in policy["spec"]["ingress"].as_array().into_iter().flatten() {
+                let ports = rule["ports"].as_array();
+                let reaches_health =
+                    ports.is_none_or(|ports| ports.iter().any(|port| port["port"] == "health"));
+                let from_anywhere = rule["from"].as_array().is_none_or(Vec::is_empty);
+                assert!(
+                    !(reaches_health && from_anywhere),
+                    "{dir}: the health port is open to every source: {rule}"
+                );
+            }
+        }
+    }
 }
 
 /// `kubectl apply` of `yaml` as the admin of `cp`.

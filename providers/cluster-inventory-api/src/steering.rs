@@ -239,13 +239,26 @@ mod tests {
             .check("ns/thief", input, "https://stranger")
             .expect_err("copy");
         assert!(refused.contains("ClusterProfile ns/a"), "{refused}");
-        assert!(refused.contains("was engaged with another server"), "{refused}");
+        assert!(
+            refused.contains("was engaged with another server"),
+            "{refused}"
+        );
         // a moved to the thief's server, or handing another input now:
         // the input stays with the server it was engaged with.
         assert!(steering.check("ns/a", input, "https://stranger").is_err());
-        assert!(steering.check("ns/thief", input, "https://stranger").is_err());
-        steering.check("ns/a", Some("other"), "https://a").expect("a's own change");
-        assert!(steering.check("ns/thief", input, "https://stranger").is_err());
+        assert!(
+            steering
+                .check("ns/thief", input, "https://stranger")
+                .is_err()
+        );
+        steering
+            .check("ns/a", Some("other"), "https://a")
+            .expect("a's own change");
+        assert!(
+            steering
+                .check("ns/thief", input, "https://stranger")
+                .is_err()
+        );
         // a itself stays, and one naming a's server is no threat.
         steering
             .check("ns/a", input, "https://a")
