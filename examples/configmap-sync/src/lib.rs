@@ -164,7 +164,7 @@ pub struct PolicyArgs {
     #[arg(long, value_name = "NAME", requires = "allow_exec_plugin")]
     pub allow_exec_env: Vec<String>,
     /// A server the allowed exec plugins' credentials may be sent to
-    /// (AllowedPlugin::servers): a host (api.example.com[:port]), *.domain,
+    /// (AllowedPlugin::servers): a host (api.example.com, api.example.com:6443), *.domain,
     /// or an IP network (10.0.0.0/8), repeated for several. Without it a
     /// kubeconfig chooses the server, so whoever writes one can have the
     /// plugin's credential sent to a server of theirs.

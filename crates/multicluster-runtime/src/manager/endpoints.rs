@@ -106,7 +106,8 @@ fn cluster_report(manager: &Manager) -> String {
                 ClusterState::Duplicate(of) => format!("duplicate of {of}"),
             };
             // Reasons are escaped already; names from files may hold anything.
-            let name = crate::redact::escape_controls(&name.to_string()).into_owned();
+            let shown = name.to_string();
+            let name = crate::redact::escape_controls(&shown);
             let mut line = format!("{name}\t{state}\tsince {}", timestamp(status.since));
             if status.failed_attempts > 0 {
                 line.push_str(&format!("\tfailed attempts: {}", status.failed_attempts));
