@@ -107,6 +107,14 @@ impl CredentialValues {
         Some(text)
     }
 
+    /// `text` with every held value replaced.
+    pub(crate) fn withhold_text(&self, text: &str) -> String {
+        match self.withhold(text.as_bytes()) {
+            Some(withheld) => String::from_utf8_lossy(&withheld).into_owned(),
+            None => text.to_string(),
+        }
+    }
+
     /// `response` with its credential values withheld from its body when
     /// it is not a success (the body read whole: kube-rs reads an error's
     /// body whole anyway).

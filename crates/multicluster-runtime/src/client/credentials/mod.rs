@@ -201,7 +201,13 @@ impl Credentials {
         if seen.fresh() {
             return Ok(seen);
         }
-        let renewed = self.plugin.run().await.map_err(|err| err.to_string());
+        // A plugin's last stderr line, when shown, may print the token it
+        // handed out before.
+        let renewed = self
+            .plugin
+            .run()
+            .await
+            .map_err(|err| self.values.withhold_text(&err.to_string()));
         let renewed = renewed.and_then(|credential| {
             credential.withheld_in(&self.values);
             Presented::of(credential, &self.connect).map_err(|err| err.to_string())
