@@ -1,4 +1,7 @@
-//! The clusters one component holds, each under its latest engagement.
+//! The clusters one component holds, each under its latest engagement:
+//! for components that implement [`Aware`](crate::Aware) outside this
+//! crate (webhooks, coordinators), the same rules as the manager's and the
+//! controllers'.
 //!
 //! Every part that receives clusters (the manager, controllers, the
 //! coordinators) and the provider-side set obey the same rules, kept here
@@ -64,25 +67,26 @@ use crate::cluster::Cluster;
 use crate::name::ClusterName;
 
 /// One cluster as a component holds it.
-pub(crate) struct Engagement<T> {
-    pub(crate) cluster: Cluster,
+pub struct Engagement<T> {
+    pub cluster: Cluster,
     /// Ends when the cluster leaves the fleet or is replaced.
-    pub(crate) lifetime: CancellationToken,
+    pub lifetime: CancellationToken,
     /// Tells this engagement from a later one under the same name.
-    pub(crate) generation: u64,
+    pub generation: u64,
     /// What the component keeps for the cluster.
-    pub(crate) data: T,
+    pub data: T,
 }
 
 impl<T> Engagement<T> {
-    pub(crate) fn is_live(&self) -> bool {
+    /// Whether its lifetime has not ended.
+    pub fn is_live(&self) -> bool {
         !self.lifetime.is_cancelled()
     }
 }
 
 /// How an engagement compares with what is held under its name.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Arrival {
+pub enum Arrival {
     /// Its lifetime ended before it arrived: ignore it.
     Stale,
     /// The instance already held under a live engagement.
@@ -92,7 +96,7 @@ pub(crate) enum Arrival {
 }
 
 /// A component's clusters by name.
-pub(crate) struct Engagements<T> {
+pub struct Engagements<T> {
     entries: BTreeMap<ClusterName, Engagement<T>>,
 }
 
@@ -107,7 +111,7 @@ impl<T> Default for Engagements<T> {
 impl<T> Engagements<T> {
     /// How `cluster`, engaged under `name` for `lifetime`, relates to what is
     /// held.
-    pub(crate) fn arrival(
+    pub fn arrival(
         &self,
         name: &ClusterName,
         cluster: &Cluster,
@@ -125,7 +129,7 @@ impl<T> Engagements<T> {
     /// Holds `cluster` under `name` with a lifetime that is a child of
     /// `lifetime` (so ending it here never ends the caller's), ending the
     /// engagement it replaces, which is returned.
-    pub(crate) fn insert(
+    pub fn insert(
         &mut self,
         name: ClusterName,
         cluster: Cluster,
@@ -143,7 +147,7 @@ impl<T> Engagements<T> {
     /// the call is stale or engages the same instance again
     /// ([`Engagements::arrival`]); returns the new engagement's lifetime and
     /// generation, for the clean-up when it ends.
-    pub(crate) fn insert_new(
+    pub fn insert_new(
         &mut self,
         name: &ClusterName,
         cluster: &Cluster,
@@ -161,7 +165,7 @@ impl<T> Engagements<T> {
     /// returned with its lifetime still running: the caller ends it once
     /// the new one has been handed on, so that nobody downstream sees the
     /// cluster leave in between.
-    pub(crate) fn insert_ending_later(
+    pub fn insert_ending_later(
         &mut self,
         name: ClusterName,
         cluster: Cluster,
@@ -183,22 +187,22 @@ impl<T> Engagements<T> {
     }
 
     /// The engagement under `name`, live or not.
-    pub(crate) fn get(&self, name: &ClusterName) -> Option<&Engagement<T>> {
+    pub fn get(&self, name: &ClusterName) -> Option<&Engagement<T>> {
         self.entries.get(name)
     }
 
     /// The engagement under `name`, live or not.
-    pub(crate) fn get_mut(&mut self, name: &ClusterName) -> Option<&mut Engagement<T>> {
+    pub fn get_mut(&mut self, name: &ClusterName) -> Option<&mut Engagement<T>> {
         self.entries.get_mut(name)
     }
 
     /// The live engagement under `name`.
-    pub(crate) fn live(&self, name: &ClusterName) -> Option<&Engagement<T>> {
+    pub fn live(&self, name: &ClusterName) -> Option<&Engagement<T>> {
         self.entries.get(name).filter(|held| held.is_live())
     }
 
     /// The engagement under `name` if it is still the one of `generation`.
-    pub(crate) fn current_mut(
+    pub fn current_mut(
         &mut self,
         name: &ClusterName,
         generation: u64,
@@ -210,20 +214,20 @@ impl<T> Engagements<T> {
 
     /// Removes the engagement of `generation` once its lifetime has ended;
     /// a newer one under the same name stays.
-    pub(crate) fn end(&mut self, name: &ClusterName, generation: u64) -> Option<Engagement<T>> {
+    pub fn end(&mut self, name: &ClusterName, generation: u64) -> Option<Engagement<T>> {
         self.current_mut(name, generation)?;
         self.entries.remove(name)
     }
 
     /// Removes the engagement under `name` and ends its lifetime.
-    pub(crate) fn remove(&mut self, name: &ClusterName) -> Option<Engagement<T>> {
+    pub fn remove(&mut self, name: &ClusterName) -> Option<Engagement<T>> {
         let removed = self.entries.remove(name)?;
         removed.lifetime.cancel();
         Some(removed)
     }
 
     /// Keeps the engagements for which `keep` is true and ends the others.
-    pub(crate) fn retain(
+    pub fn retain(
         &mut self,
         mut keep: impl FnMut(&ClusterName, &mut Engagement<T>) -> bool,
     ) {
@@ -237,30 +241,33 @@ impl<T> Engagements<T> {
     }
 
     /// Forgets engagements whose lifetime has ended.
-    pub(crate) fn prune(&mut self) {
+    pub fn prune(&mut self) {
         self.entries.retain(|_, held| held.is_live());
     }
 
     /// Names held, live or not, sorted.
-    pub(crate) fn names(&self) -> Vec<ClusterName> {
+    pub fn names(&self) -> Vec<ClusterName> {
         self.entries.keys().cloned().collect()
     }
 
-    pub(crate) fn iter(&self) -> impl Iterator<Item = (&ClusterName, &Engagement<T>)> {
+    /// The engagements held, by name.
+    pub fn iter(&self) -> impl Iterator<Item = (&ClusterName, &Engagement<T>)> {
         self.entries.iter()
     }
 
-    pub(crate) fn iter_mut(&mut self) -> impl Iterator<Item = (&ClusterName, &mut Engagement<T>)> {
+    /// The engagements held, by name, to change.
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = (&ClusterName, &mut Engagement<T>)> {
         self.entries.iter_mut()
     }
 
-    pub(crate) fn values(&self) -> impl Iterator<Item = &Engagement<T>> {
+    /// The engagements held.
+    pub fn values(&self) -> impl Iterator<Item = &Engagement<T>> {
         self.entries.values()
     }
 }
 
 /// Runs `then` once `lifetime` has ended.
-pub(crate) fn when_ended(lifetime: &CancellationToken, then: impl FnOnce() + Send + 'static) {
+pub fn when_ended(lifetime: &CancellationToken, then: impl FnOnce() + Send + 'static) {
     let lifetime = lifetime.clone();
     tokio::spawn(async move {
         lifetime.cancelled().await;

@@ -122,7 +122,7 @@ pub enum Error {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     /// An admission webhook's files or registration could not be used
-    /// (feature `webhook`); `what` names the file or the member.
+    /// (`multicluster-webhook`); `what` names the file or the member.
     #[error("webhook {what}: {reason}")]
     Webhook {
         /// The file, or the member and configuration.

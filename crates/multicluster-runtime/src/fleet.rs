@@ -40,7 +40,7 @@ pub struct FleetSummary {
     /// Inventory objects that could not become clusters.
     pub unusable: usize,
     /// Inventory objects describing a cluster the fleet already holds under
-    /// another name ([`crate::manager::ClusterState::Duplicate`]).
+    /// another name ([`crate::state::ClusterState::Duplicate`]).
     pub duplicates: usize,
     /// How many changes the fleet has seen.
     pub changes: u64,
@@ -61,9 +61,9 @@ pub(crate) struct Unusable {
 
 impl Unusable {
     /// Its status as the manager reports it.
-    pub(crate) fn status(&self) -> crate::manager::ClusterStatus {
-        crate::manager::ClusterStatus {
-            state: crate::manager::ClusterState::Unusable(self.reason.clone()),
+    pub(crate) fn status(&self) -> crate::state::ClusterStatus {
+        crate::state::ClusterStatus {
+            state: crate::state::ClusterState::Unusable(self.reason.clone()),
             since: self.since,
             failed_attempts: self.attempts,
             next_attempt: None,
@@ -85,9 +85,9 @@ pub(crate) struct Duplicate {
 
 impl Duplicate {
     /// Its status as the manager reports it.
-    pub(crate) fn status(&self) -> crate::manager::ClusterStatus {
-        crate::manager::ClusterStatus {
-            state: crate::manager::ClusterState::Duplicate(self.of.clone()),
+    pub(crate) fn status(&self) -> crate::state::ClusterStatus {
+        crate::state::ClusterStatus {
+            state: crate::state::ClusterState::Duplicate(self.of.clone()),
             since: self.since,
             failed_attempts: 0,
             next_attempt: None,

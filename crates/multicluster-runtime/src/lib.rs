@@ -25,7 +25,7 @@ pub mod client;
 mod cluster;
 pub mod controller;
 pub mod coordinator;
-mod engagements;
+pub mod engagements;
 mod error;
 pub mod fleet;
 pub mod health;
@@ -34,15 +34,13 @@ pub mod metrics;
 pub mod multicluster;
 mod name;
 pub mod process;
-pub mod propagation;
 pub mod provider;
 pub mod redact;
 mod setters;
+mod state;
 mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
-#[cfg(feature = "webhook")]
-pub mod webhook;
 
 pub use cluster::{Cluster, Inventory};
 pub use error::Error;

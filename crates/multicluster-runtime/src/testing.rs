@@ -317,8 +317,8 @@ pub async fn wait_for_state(
     manager: &crate::manager::Manager,
     cluster: &str,
     within: Duration,
-    wanted: impl Fn(Option<&crate::manager::ClusterState>) -> bool,
-) -> Option<crate::manager::ClusterState> {
+    wanted: impl Fn(Option<&crate::state::ClusterState>) -> bool,
+) -> Option<crate::state::ClusterState> {
     let name = ClusterName::from(cluster);
     let mut changes = manager.watch_fleet();
     let deadline = tokio::time::Instant::now() + within;
@@ -344,7 +344,7 @@ pub async fn wait_for_state(
 /// caches cannot sync).
 pub async fn wait_until_unreachable(manager: &crate::manager::Manager, cluster: &str) {
     wait_for_state(manager, cluster, DEFAULT_DEADLINE, |state| {
-        matches!(state, Some(crate::manager::ClusterState::Unreachable(_)))
+        matches!(state, Some(crate::state::ClusterState::Unreachable(_)))
     })
     .await;
 }
@@ -373,7 +373,7 @@ pub async fn wait_until_unusable(
     address: std::net::SocketAddr,
     names: &[ClusterName],
 ) -> std::collections::BTreeMap<ClusterName, String> {
-    use crate::manager::ClusterState;
+    use crate::state::ClusterState;
     let reasons = || {
         names
             .iter()
@@ -407,7 +407,7 @@ pub async fn wait_until_unusable(
 /// and the cluster turns ready once all of them have.
 pub async fn wait_until_ready(manager: &crate::manager::Manager, cluster: &str) {
     wait_for_state(manager, cluster, DEFAULT_DEADLINE, |state| {
-        state == Some(&crate::manager::ClusterState::Ready)
+        state == Some(&crate::state::ClusterState::Ready)
     })
     .await;
 }

@@ -9,7 +9,7 @@ use multicluster_runtime::client::{
     AllowedPlugin, Allowlist, ExecPolicy, KubeconfigPolicy, Servers,
 };
 use multicluster_runtime::controller::{Action, Controller, Filter, Request, Watch, filters};
-use multicluster_runtime::coordinator::leader_election::{LeaderElection, LeaderElectionOptions};
+use multicluster_coordinator::leader_election::{LeaderElection, LeaderElectionOptions};
 use multicluster_runtime::{Cluster, Error};
 use std::sync::Arc;
 use std::time::Duration;

@@ -6,7 +6,7 @@
 //! the hub object until then). The hub object's `fleet.example/propagation`
 //! annotation says how each member is doing.
 //!
-//! All of it is the library's `propagation::Propagation`: this example is
+//! All of it is `multicluster_propagation::Propagation`: this example is
 //! only its policy (which hub objects, what they want in a member, where
 //! their status goes).
 
@@ -18,7 +18,7 @@ use multicluster_example_configmap_sync::{
     ClientArgs, MainError, ManagerArgs, PolicyArgs, hub_copy,
 };
 use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
-use multicluster_runtime::propagation::{Desired, Propagation};
+use multicluster_propagation::{Desired, Propagation};
 use multicluster_runtime::{Cluster, Manager};
 
 /// The label that marks a hub ConfigMap to propagate.

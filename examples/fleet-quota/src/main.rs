@@ -6,7 +6,7 @@
 //! every member (`InSync`, `Failed` with the member's reason, ...) and a
 //! `Propagated` condition sums up: `kubectl get fleetquotas` shows it.
 //!
-//! The library's `propagation::Propagation` does the work; this is its
+//! `multicluster_propagation::Propagation` does the work; this is its
 //! policy: a hub type of one's own, the object it wants in a member, and a
 //! status subresource to report in.
 
@@ -23,7 +23,7 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use kube::runtime::wait::{await_condition, conditions};
 use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs, PolicyArgs};
 use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
-use multicluster_runtime::propagation::{Desired, Propagation};
+use multicluster_propagation::{Desired, Propagation};
 use multicluster_runtime::{Cluster, Manager};
 use serde::{Deserialize, Serialize};
 

@@ -11,7 +11,7 @@
 //! `fleet.example/placement-status` annotation says how each chosen
 //! cluster is doing (`InSync`, `Pending`, `NotEngaged`, ...).
 //!
-//! The library's `propagation::Propagation` does the work; this example is
+//! `multicluster_propagation::Propagation` does the work; this example is
 //! its policy and `placement::Placements` as the choice of members.
 
 use std::sync::Arc;
@@ -23,7 +23,7 @@ use multicluster_example_configmap_sync::{
 };
 use multicluster_provider_cluster_inventory_api::placement::{DecisionKey, Placements};
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
-use multicluster_runtime::propagation::{Desired, Propagation};
+use multicluster_propagation::{Desired, Propagation};
 use multicluster_runtime::{Cluster, Manager};
 
 /// The annotation naming the placement a hub ConfigMap follows.

@@ -1,7 +1,7 @@
 //! Several replicas of one controller sharing a fleet: every namespace
 //! labelled with the watch filter is a cluster, and the replicas divide the
 //! clusters among themselves through Leases (see
-//! `multicluster_runtime::coordinator::sharding`). Each copy a replica writes names it in
+//! `multicluster_coordinator::sharding`). Each copy a replica writes names it in
 //! the `multicluster.example/copied-by` annotation, so who works where shows
 //! in the cluster.
 
@@ -14,7 +14,7 @@ use clap::Parser;
 use multicluster_example_configmap_sync::{MainError, ManagerArgs, controller_on_replica, serve};
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
 use multicluster_runtime::Manager;
-use multicluster_runtime::coordinator::sharding::{FenceHold, ShardedCoordinator, ShardingOptions};
+use multicluster_coordinator::sharding::{FenceHold, ShardedCoordinator, ShardingOptions};
 use multicluster_runtime::metrics::Metrics;
 
 /// Copy labelled ConfigMaps in namespace-backed clusters, sharded over replicas.

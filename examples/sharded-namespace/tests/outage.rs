@@ -18,7 +18,7 @@ use multicluster_example_testing::replica::{Replica, ShardedArgs};
 use multicluster_example_testing::sharding::{
     LedgerFile, create_namespaces, now, owner_among, wait_settled,
 };
-use multicluster_runtime::coordinator::sharding::fence_lease_name;
+use multicluster_coordinator::sharding::fence_lease_name;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-sharded-namespace");
 const FILTER: &str = "outage";

@@ -11,7 +11,7 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_example_configmap_sync::{COPIED_BY_ANNOTATION, SYNC_LABEL};
 use multicluster_example_testing::replica::{Replica, ShardedArgs};
-use multicluster_runtime::coordinator::sharding::{Peer, fence_lease_name, owner};
+use multicluster_coordinator::sharding::{Peer, fence_lease_name, owner};
 use multicluster_runtime::testing::eventually;
 use serde_json::json;
 use tokio::process::Command;

@@ -226,7 +226,7 @@ impl Ownership {
 /// The owner of `cluster` among the replicas `live`, weight 1 each (what
 /// every replica computes by rendezvous hashing).
 pub fn owner_among(cluster: &str, live: &[&str]) -> Option<String> {
-    use multicluster_runtime::coordinator::sharding::{Peer, owner};
+    use multicluster_coordinator::sharding::{Peer, owner};
     let mut peers: Vec<Peer> = live
         .iter()
         .map(|id| Peer {

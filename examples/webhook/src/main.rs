@@ -20,7 +20,7 @@ use kube::ResourceExt;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs, PolicyArgs};
 use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
-use multicluster_runtime::webhook::{
+use multicluster_webhook::{
     Registration, RegistrationOptions, Webhook, WebhookServer, WebhookServerOptions,
 };
 use multicluster_runtime::{Cluster, Manager};

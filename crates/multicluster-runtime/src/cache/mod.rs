@@ -407,7 +407,7 @@ impl Cache {
                 name: self.inner.cluster.clone(),
                 timeout: wait,
                 reason: informer.failure().map_or_else(
-                    || crate::redact::Redacted::ours("the informer has not listed yet"),
+                    || crate::redact::Redacted::new("the informer has not listed yet"),
                     |failure| failure.reason,
                 ),
             })
@@ -430,7 +430,7 @@ impl Cache {
             .iter()
             .find_map(|(_, informer)| informer.failure())
             .map_or_else(
-                || crate::redact::Redacted::ours("informers have not listed yet"),
+                || crate::redact::Redacted::new("informers have not listed yet"),
                 |failure| failure.reason,
             );
         Err(Error::NotReady {

@@ -283,7 +283,7 @@ impl ControllerBuilder {
     /// When an engaged cluster's labels change (its provider updated its
     /// inventory in place: [`Cluster::set_inventory`](crate::Cluster::set_inventory)),
     /// queue the requests `owed` returns for it: for reconcilers that choose
-    /// clusters by their labels themselves (`propagation::Members::labelled`)
+    /// clusters by their labels themselves (`multicluster_propagation::Propagation::members_labelled`)
     /// rather than through [`Watch::cluster_labels`]. `owed` gets the
     /// cluster's name and the controller; it must not block.
     #[must_use]

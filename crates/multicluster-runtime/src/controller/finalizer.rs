@@ -320,7 +320,7 @@ async fn delete_in<K: CachedResource>(
 
 fn deletion_in_progress<K: Resource>(object: &K) -> Redacted {
     let finalizers = object.meta().finalizers.as_deref().unwrap_or_default();
-    Redacted::ours(format!(
+    Redacted::new(format!(
         "deletion in progress, waiting for finalizers [{}]",
         finalizers.join(", ")
     ))

@@ -371,7 +371,7 @@ impl WorkQueue {
                             ("error", Outcome::BackOff)
                         }
                         None => {
-                            let reason = Redacted::ours(format!(
+                            let reason = Redacted::new(format!(
                                 "it ran past its deadline ({:?})",
                                 timeout.unwrap_or_default()
                             ));

@@ -1,13 +1,13 @@
 //! Which replica works on which cluster.
 //!
 //! The manager hands every ready cluster to its [`Coordinator`], which
-//! decides whether this replica engages it:
-//!
-//! - by default, with no coordinator set: one replica works on everything;
-//! - [`leader_election::LeaderElection`]: one Lease holder works on
-//!   everything, the other replicas stand by with warm caches;
-//! - [`sharding::ShardedCoordinator`] (feature `sharding`): the replicas
-//!   share the fleet, each cluster fenced by a Lease of its own.
+//! decides whether this replica engages it. By default, with no
+//! coordinator set, one replica works on everything. The crate
+//! `multicluster-coordinator` has the others: `LeaderElection` (one Lease
+//! holder works on everything, the other replicas stand by with warm
+//! caches) and `ShardedCoordinator` (the replicas share the fleet, each
+//! cluster fenced by a Lease of its own). This module holds what they are
+//! built on: the trait, and the rules of engaging components.
 
 use std::sync::Arc;
 
@@ -18,29 +18,8 @@ use crate::error::Error;
 use crate::multicluster::Aware;
 use crate::name::ClusterName;
 
-pub(crate) mod fence;
-pub mod leader_election;
-pub(crate) mod lease;
-mod names;
-#[cfg(feature = "sharding")]
-pub mod sharding;
-
-pub(crate) use names::dns1123;
-#[cfg(feature = "sharding")]
-pub(crate) use names::lease_name;
-
-/// Annotation on a fence Lease held with its holder's peer Lease rather than
-/// renewed itself: `<peer Lease name>/<epoch>`. The fence holds while that
-/// peer Lease is live and announces that epoch.
-pub(crate) const HELD_WITH_ANNOTATION: &str = "mcr.sigs.k8s.io/held-with";
-
-/// Annotation on a peer Lease: the epoch of its replica's standing. A
-/// replica that could not renew its peer Lease in time starts a new epoch,
-/// which frees every fence it held with the old one.
-pub(crate) const EPOCH_ANNOTATION: &str = "mcr.sigs.k8s.io/epoch";
-
 /// Decides which components engage a cluster. The basic coordinator engages
-/// all of them; a sharded one ([`sharding::ShardedCoordinator`])
+/// all of them; a sharded one (`multicluster_coordinator::sharding`)
 /// engages only clusters this replica owns.
 #[async_trait::async_trait]
 pub trait Coordinator: Send + Sync {
@@ -108,7 +87,7 @@ pub trait Coordinator: Send + Sync {
 /// Adds to `held` the components of `offered` it does not have yet (a
 /// coordinator asked again for a cluster it has, as components are added
 /// later), and returns those.
-pub(crate) fn add_components(
+pub fn add_components(
     held: &mut Vec<Arc<dyn Aware>>,
     offered: &[Arc<dyn Aware>],
 ) -> Vec<Arc<dyn Aware>> {
@@ -124,7 +103,7 @@ pub(crate) fn add_components(
 /// Engages each component with `cluster` under `work`, every one of them
 /// even when an earlier one fails (one component's trouble does not keep
 /// the others from the cluster), and returns the first failure.
-pub(crate) fn engage_each(
+pub fn engage_each(
     components: &[Arc<dyn Aware>],
     work: &CancellationToken,
     name: &ClusterName,
@@ -137,6 +116,13 @@ pub(crate) fn engage_each(
         }
     }
     first.map_or(Ok(()), Err)
+}
+
+/// A child of `parent` that is also cancelled when `also` is: work that
+/// ends with its cluster's lifetime or with the hold it was started under
+/// (a fence, the leadership), whichever ends first.
+pub fn work_until(parent: &CancellationToken, also: &CancellationToken) -> CancellationToken {
+    crate::sync::child_until(parent, also)
 }
 
 /// Engages every component with every cluster: the manager's default.

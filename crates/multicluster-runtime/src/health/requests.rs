@@ -96,13 +96,13 @@ impl Requests {
         if status == http::StatusCode::UNAUTHORIZED {
             failures.credential = Some(Failure::continuing(
                 failures.credential.as_ref(),
-                Redacted::ours(what.refusal(status)),
+                Redacted::new(what.refusal(status)),
                 false,
             ));
         } else if status == http::StatusCode::FORBIDDEN {
             let key = what.key();
             let before = failures.refused.get(&key);
-            let failure = Failure::continuing(before, Redacted::ours(what.refusal(status)), false);
+            let failure = Failure::continuing(before, Redacted::new(what.refusal(status)), false);
             failures.refused.insert(key, failure);
         } else if status.is_success() {
             failures.credential = None;
@@ -246,10 +246,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_failure_keeps_its_start_until_an_answer_clears_it() {
         let requests = Requests::default();
-        requests.unreachable(Redacted::ours("no answer within 1s"));
+        requests.unreachable(Redacted::new("no answer within 1s"));
         let first = requests.failure().expect("failing").since;
         tokio::time::advance(Duration::from_secs(5)).await;
-        requests.unreachable(Redacted::ours("connection refused"));
+        requests.unreachable(Redacted::new("connection refused"));
         let failure = requests.failure().expect("failing");
         assert_eq!(failure.since, first);
         assert_eq!(failure.reason.as_str(), "connection refused");

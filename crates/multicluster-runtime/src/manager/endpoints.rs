@@ -14,7 +14,8 @@ use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
-use super::{ClusterState, Manager};
+use super::Manager;
+use crate::state::ClusterState;
 
 /// Serves the endpoints on `listener` until `shutdown` fires.
 pub(super) async fn serve(listener: TcpListener, manager: Manager, shutdown: CancellationToken) {

@@ -25,11 +25,11 @@
 mod endpoints;
 mod options;
 mod progress;
-mod state;
+
 mod tracking;
 
 pub use options::ManagerOptions;
-pub use state::{ClusterState, ClusterStatus};
+pub use crate::state::{ClusterState, ClusterStatus};
 use tracking::Tracked;
 
 use crate::sync::{lock, stop_within};
@@ -248,8 +248,7 @@ impl Manager {
 
     /// What [`Manager::is_stopping`] reads, for components the manager
     /// holds (a handle to the manager itself would keep it alive).
-    #[cfg_attr(not(feature = "webhook"), allow(dead_code))]
-    pub(crate) fn stopping_signal(&self) -> CancellationToken {
+    pub fn stopping_signal(&self) -> CancellationToken {
         self.inner.stopping.clone()
     }
 

@@ -6,7 +6,8 @@ use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
-use super::{ClusterState, ClusterStatus, ManagerOptions};
+use super::ManagerOptions;
+use crate::state::{ClusterState, ClusterStatus};
 use crate::cluster::Cluster;
 use crate::redact::Redacted;
 
@@ -118,7 +119,7 @@ impl Progress {
                 {
                     return None;
                 }
-                ClusterState::Unreachable(Redacted::ours(format!(
+                ClusterState::Unreachable(Redacted::new(format!(
                     "its watches have not listed within {:?}",
                     options.sync_timeout
                 )))

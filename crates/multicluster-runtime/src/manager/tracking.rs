@@ -8,7 +8,8 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 
 use super::progress::{Moment, Progress};
-use super::{ClusterState, Manager};
+use super::Manager;
+use crate::state::ClusterState;
 use crate::cluster::Cluster;
 use crate::engagements::{Arrival, Engagements, when_ended};
 use crate::error::Error;
@@ -177,7 +178,7 @@ impl Manager {
                 result = check => match result {
                     Ok(Ok(())) => break (cluster, lifetime),
                     Ok(Err(reason)) => reason,
-                    Err(_) => Redacted::ours(format!("no answer within {:?}", options.sync_timeout)),
+                    Err(_) => Redacted::new(format!("no answer within {:?}", options.sync_timeout)),
                 },
             };
             match told.tell(&reason, std::time::Instant::now()) {
@@ -479,7 +480,7 @@ async fn probe_server_within(
 ) -> Result<(), Redacted> {
     let mut request = http::Request::get("/version")
         .body(Vec::new())
-        .map_err(|err| Redacted::ours(format!("building the request: {err}")))?;
+        .map_err(|err| Redacted::new(format!("building the request: {err}")))?;
     if let Some(deadline) = deadline {
         request
             .extensions_mut()

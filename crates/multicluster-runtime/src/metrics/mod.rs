@@ -199,8 +199,7 @@ impl Metrics {
     }
 
     /// Whether metrics carry a `cluster` label.
-    #[cfg_attr(not(feature = "webhook"), allow(dead_code))]
-    pub(crate) fn per_cluster_labels(&self) -> bool {
+    pub fn per_cluster_labels(&self) -> bool {
         self.inner.per_cluster_labels
     }
 

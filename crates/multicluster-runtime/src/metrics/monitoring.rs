@@ -35,7 +35,7 @@ fn every_series() -> String {
     metrics.queue_depth("controller", 1);
     metrics
         .fleet()
-        .unusable("provider", &"broken".into(), Redacted::ours("no key"));
+        .unusable("provider", &"broken".into(), Redacted::new("no key"));
     metrics.report_ages(Box::new(move || {
         vec![ClusterAge {
             name: ClusterName::from("member"),

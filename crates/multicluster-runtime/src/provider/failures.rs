@@ -58,7 +58,7 @@ impl Failures {
     /// reason shown is ([`crate::redact`]): a credential in it is withheld
     /// from the log, [`Failures::current`], `/clusters` and the metrics.
     pub fn record(&self, name: &ClusterName, reason: impl Into<String>, kind: &'static str) {
-        let redacted = Redacted::ours(reason.into());
+        let redacted = Redacted::new(reason.into());
         let reason = redacted.as_str().to_string();
         let mut reasons = lock(&self.reasons);
         if reasons.get(name) == Some(&reason) {
@@ -105,7 +105,7 @@ impl Failures {
 
     /// Records `names` as the inventory objects describing the cluster held
     /// (or wanted) as `of`, replacing those recorded before; an empty set
-    /// forgets them. Shown as [`crate::manager::ClusterState::Duplicate`].
+    /// forgets them. Shown as [`crate::state::ClusterState::Duplicate`].
     pub fn set_duplicates(&self, of: &ClusterName, names: BTreeSet<ClusterName>) {
         let mut duplicates = lock(&self.duplicates);
         let before = if names.is_empty() {

@@ -68,8 +68,9 @@ impl Redacted {
         ))
     }
 
-    /// The crate's own words, which quote no client data.
-    pub(crate) fn ours(text: impl Into<String>) -> Self {
+    /// The caller's own words about a failure, which should quote no
+    /// client data: scrubbed, escaped and bounded like every other text.
+    pub fn new(text: impl Into<String>) -> Self {
         Self::bounded(text.into())
     }
 
@@ -498,14 +499,14 @@ mod tests {
 
     #[test]
     fn texts_are_one_bounded_line() {
-        let text = Redacted::ours(format!("first\nsecond\r\n{}", "x".repeat(2 * MAX_LEN)));
+        let text = Redacted::new(format!("first\nsecond\r\n{}", "x".repeat(2 * MAX_LEN)));
         assert!(text.starts_with("first second xx"), "{text}");
         assert!(text.len() <= MAX_LEN + '…'.len_utf8(), "{}", text.len());
     }
 
     #[test]
     fn control_characters_are_escaped_so_no_column_or_colour_is_forged() {
-        let text = Redacted::ours("500: INJECTED\tready\tsince 2026\u{1b}[31mred\u{0}\u{202e}");
+        let text = Redacted::new("500: INJECTED\tready\tsince 2026\u{1b}[31mred\u{0}\u{202e}");
         assert_eq!(
             text.as_str(),
             "500: INJECTED\\tready\\tsince 2026\\u{1b}[31mred\\u{0}\\u{202e}"

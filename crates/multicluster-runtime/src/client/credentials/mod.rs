@@ -224,7 +224,7 @@ impl Credentials {
                 Ok(seen)
             }
             Err(reason) => {
-                self.requests.credential_failed(Redacted::ours(&reason));
+                self.requests.credential_failed(Redacted::new(&reason));
                 Err(auth_error(&reason))
             }
         }

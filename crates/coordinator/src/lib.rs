@@ -1,0 +1,50 @@
+//! Which replica works on which cluster, for fleet controllers run as
+//! several replicas: the [`Coordinator`](multicluster_runtime::coordinator::Coordinator)s
+//! of [`multicluster-runtime`](multicluster_runtime) that need Leases.
+//!
+//! - [`leader_election::LeaderElection`]: one Lease holder works on
+//!   everything, the other replicas stand by with warm caches;
+//! - [`sharding::ShardedCoordinator`] (feature `sharding`, on by default):
+//!   the replicas share the fleet, each cluster fenced by a Lease of its
+//!   own.
+//!
+//! Give one to the manager (`Manager::builder(..).coordinator(..)`).
+
+pub(crate) mod fence;
+pub mod leader_election;
+pub(crate) mod lease;
+mod names;
+#[cfg(feature = "sharding")]
+pub mod sharding;
+
+pub(crate) use names::dns1123;
+#[cfg(feature = "sharding")]
+pub(crate) use names::lease_name;
+
+/// Annotation on a fence Lease held with its holder's peer Lease rather than
+/// renewed itself: `<peer Lease name>/<epoch>`. The fence holds while that
+/// peer Lease is live and announces that epoch.
+pub(crate) const HELD_WITH_ANNOTATION: &str = "mcr.sigs.k8s.io/held-with";
+
+/// Annotation on a peer Lease: the epoch of its replica's standing. A
+/// replica that could not renew its peer Lease in time starts a new epoch,
+/// which frees every fence it held with the old one.
+pub(crate) const EPOCH_ANNOTATION: &str = "mcr.sigs.k8s.io/epoch";
+
+/// Locks `mutex`, carrying on if a holder panicked (the data is as it was
+/// left; the panic is reported where it happened).
+pub(crate) fn lock<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// A client error as text safe to log (see `multicluster_runtime::redact`).
+pub(crate) fn kube_error(err: &kube::Error) -> String {
+    multicluster_runtime::redact::Redacted::kube(err).to_string()
+}
+
+/// A watch error as text safe to log.
+pub(crate) fn watcher_error(err: &kube::runtime::watcher::Error) -> String {
+    multicluster_runtime::redact::Redacted::watcher(err).to_string()
+}

@@ -1,0 +1,922 @@
+//! The peer registry: each replica keeps a Lease saying it is alive, and
+//! reads the others' to know who shares the fleet.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, DeleteParams, ListParams, PostParams};
+use tokio::sync::{Notify, watch};
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+
+use futures::StreamExt;
+use kube::runtime::{WatchStreamExt, watcher};
+
+use super::epochs::Epochs;
+use super::heirs::{self, HeirPeer, Record};
+use super::hrw::Peer;
+use super::wire::{LEAVING_ANNOTATION, READY_ANNOTATION, WEIGHT_ANNOTATION, is_leaving, is_ready, weight};
+use crate::EPOCH_ANNOTATION;
+use crate::fence::Standing;
+use crate::lease::{self, EpochEnd, seconds};
+use crate::lease_name;
+use crate::lock;
+
+/// How long after a peer's Lease lapses by its own times it is read again:
+/// Lease times are in milliseconds here, so the lapse has surely passed.
+const LAPSE_MARGIN: Duration = Duration::from_millis(100);
+
+/// Label every multicluster-runtime peer Lease carries.
+pub(crate) const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
+/// Label marking a Lease as a peer's.
+pub(crate) const PEER_LABEL: &str = "mcr.sigs.k8s.io/peer";
+/// Label naming the peer prefix (replica groups with other prefixes are
+/// not peers).
+pub(crate) const PREFIX_LABEL: &str = "mcr.sigs.k8s.io/prefix";
+pub(crate) struct Registry {
+    pub(crate) api: Api<Lease>,
+    pub(crate) prefix: String,
+    pub(crate) lease_name: String,
+    pub(crate) me: Peer,
+    pub(crate) duration: Duration,
+    pub(crate) renew: Duration,
+    pub(crate) peers: watch::Sender<Vec<Peer>>,
+    /// Fired once the peers have been read for the first time.
+    pub(crate) known: CancellationToken,
+    /// This replica's standing, for fences held with the peer Lease.
+    pub(crate) standing: watch::Sender<Standing>,
+    /// Woken when the standing changes.
+    pub(crate) wake: Arc<Notify>,
+    /// What the reads of the peer Leases tell of their epochs.
+    pub(crate) epochs: Arc<Mutex<Epochs>>,
+    /// Fired once this replica is ready to be handed clusters.
+    pub(crate) ready: CancellationToken,
+    /// The other peers whose Leases say they are not ready yet.
+    pub(crate) joining: watch::Sender<std::collections::BTreeSet<String>>,
+    /// Fired when this replica starts leaving: its Lease says so at once.
+    pub(crate) leave: CancellationToken,
+    /// Fired once this replica's Lease says it is leaving.
+    pub(crate) said_leaving: CancellationToken,
+    /// The other peers whose Leases say they are leaving (live ones only).
+    pub(crate) leaving: watch::Sender<Vec<Peer>>,
+    /// Whether fences are held with the peer Lease: an epoch that ends
+    /// then names heirs.
+    pub(crate) with_heirs: bool,
+    /// How many clusters the coordinator still worked on when it stopped.
+    pub(crate) left_behind: Arc<std::sync::atomic::AtomicUsize>,
+    /// Woken when a read learns of heirs named.
+    pub(crate) heirs_news: Arc<Notify>,
+    /// Since when this replica's standing has been live (`None` while it
+    /// is not).
+    pub(crate) stood_since: Mutex<Option<Instant>>,
+    /// The peer Lease as this replica last wrote it: each renewal writes
+    /// over it, so a renewal finds out when another replica ended the
+    /// epoch (or an operator deleted the Lease) in between.
+    pub(crate) written: Mutex<Option<Lease>>,
+}
+
+/// A name for a new epoch, different from every earlier one of this peer
+/// ID: the time in nanoseconds and the process.
+pub(crate) fn new_epoch() -> String {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |since| since.as_nanos());
+    format!("{nanos:x}-{:x}", std::process::id())
+}
+
+impl Registry {
+    /// Publishes this replica and reads its peers every renew interval
+    /// until `stop`, then deletes its Lease so the others take over its
+    /// clusters at once instead of after the Lease lapses.
+    ///
+    /// The standing lasts from a good renewal until one renew interval
+    /// before the Lease would lapse for the others (the interval is the
+    /// margin for clocks and a write in flight); then its epoch ends, and
+    /// the next good renewal announces a new one.
+    ///
+    /// `abandoned` (the coordinator was stopped before it could hand its
+    /// clusters back, its deadline passed) ends the standing and the
+    /// renewals but leaves the Lease to lapse: work may still be running,
+    /// and deleting the Lease would free its fences at once.
+    pub(crate) async fn run(self, stop: CancellationToken, abandoned: CancellationToken) {
+        let (good_until, mut watched) = watch::channel(None::<Instant>);
+        let news = Notify::new();
+        let rounds = async {
+            loop {
+                let sent = Instant::now();
+                let said_ready = self.ready.is_cancelled();
+                let says_leaving = self.leave.is_cancelled();
+                // A renewal that wrote an epoch which ended meanwhile
+                // counts for nothing: the next one announces the new epoch.
+                let written = self.publish().await;
+                // (The borrow ends here, before `stand` writes.)
+                let current = written.is_some_and(|epoch| self.standing.borrow().epoch == epoch);
+                if current {
+                    let until = sent + self.duration.saturating_sub(self.renew);
+                    good_until.send_replace(Some(until));
+                    self.stand();
+                    if says_leaving && !self.said_leaving.is_cancelled() {
+                        self.said_leaving.cancel();
+                        self.wake.notify_one();
+                    }
+                }
+                let next_round = Instant::now() + self.renew;
+                // Between renewals the peers are read again the moment one
+                // of them would lapse (a replica that died, by SIGKILL or
+                // with its node, is gone from the set then, not up to a
+                // renew interval later) and the moment the watch tells of
+                // a peer Lease that came, went or changed hands (a replica
+                // that left or restarted).
+                let mut lapse = self.refresh().await;
+                loop {
+                    let wake_at = lapse.filter(|at| *at < next_round).unwrap_or(next_round);
+                    tokio::select! {
+                        () = tokio::time::sleep_until(wake_at) => {}
+                        () = news.notified() => {}
+                        // Said at once, not at the next renewal.
+                        () = self.ready.cancelled(), if !said_ready => break,
+                        () = self.leave.cancelled(), if !says_leaving => break,
+                    }
+                    if Instant::now() >= next_round {
+                        break;
+                    }
+                    lapse = self.refresh().await;
+                }
+            }
+        };
+        let watching = self.watch(&news);
+        let watchdog = async {
+            loop {
+                let until = *watched.borrow_and_update();
+                let lapse = async {
+                    match until {
+                        Some(until) => tokio::time::sleep_until(until).await,
+                        None => std::future::pending().await,
+                    }
+                };
+                tokio::select! {
+                    changed = watched.changed() => if changed.is_err() { return },
+                    () = lapse => {
+                        tracing::warn!(lease = %self.lease_name, "the peer Lease was not renewed in time; stopping the work on fences held with it until it is");
+                        self.suspend();
+                        if watched.changed().await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        };
+        tokio::select! {
+            () = stop.cancelled() => {}
+            () = rounds => {}
+            () = watchdog => {}
+            () = watching => {}
+            () = abandoned.cancelled() => {
+                tracing::warn!(lease = %self.lease_name, "stopped before the clusters were handed back; the others take them when the peer Lease lapses");
+                self.fall();
+                return;
+            }
+        }
+        // Stopping: the coordinator has let go of every fence already.
+        let epoch = self.standing.borrow().epoch.clone();
+        self.fall();
+        self.end_own_epoch(&epoch).await;
+    }
+
+    /// Ends the epoch: fences held with it stop, and the next good renewal
+    /// announces a new epoch, which frees them for the others at once.
+    fn fall(&self) {
+        self.end_standing(true);
+    }
+
+    /// Stops the work on fences held with the peer Lease, which may lapse
+    /// for the others any moment now, but keeps the epoch: a renewal that
+    /// finds nobody ended it (the Lease as this replica last wrote it)
+    /// gives the fences back without a request each.
+    fn suspend(&self) {
+        self.end_standing(false);
+    }
+
+    fn end_standing(&self, new_epoch_too: bool) {
+        *lock(&self.stood_since) = None;
+        self.standing.send_modify(|standing| {
+            if let Some(token) = standing.live.take() {
+                token.cancel();
+            }
+            if new_epoch_too {
+                standing.epoch = new_epoch();
+            }
+        });
+        self.wake.notify_one();
+    }
+
+    /// After a good renewal: a new standing if the last one had ended.
+    fn stand(&self) {
+        let renewed = self.standing.send_if_modified(|standing| {
+            if standing.live().is_some() {
+                return false;
+            }
+            standing.live = Some(CancellationToken::new());
+            true
+        });
+        if renewed {
+            *lock(&self.stood_since) = Some(Instant::now());
+            self.wake.notify_one();
+        }
+    }
+
+    /// Until when peers whose Leases lapsed are kept in the set: while this
+    /// replica cannot renew its own Lease, and for one Lease duration after
+    /// it can again. When the API server was away for everyone (paused,
+    /// restarted, unreachable from every replica), every peer Lease lapsed
+    /// together; dropping the peers whose renewal has not come through yet
+    /// would hand their clusters around and back. Safety does not depend
+    /// on the set (fences do); a replica that really died meanwhile is
+    /// noticed at most one Lease duration later. `None`: none are kept.
+    fn keep_lapsed_until(&self, now: Instant) -> Option<Instant> {
+        match *lock(&self.stood_since) {
+            None => Some(now + self.renew),
+            Some(since) => Some(since + self.duration).filter(|until| *until > now),
+        }
+    }
+
+    /// Renews (or creates) this replica's peer Lease; the epoch it wrote, if
+    /// it worked. A renewal that finds its epoch ended by someone else
+    /// ends the standing and writes a new epoch.
+    async fn publish(&self) -> Option<String> {
+        let labels = BTreeMap::from([
+            (
+                PART_OF_LABEL.to_string(),
+                "multicluster-runtime".to_string(),
+            ),
+            (PEER_LABEL.to_string(), "true".to_string()),
+            (PREFIX_LABEL.to_string(), self.prefix.clone()),
+        ]);
+        // Twice at most: the epoch found ended, then the new one.
+        for _ in 0..2 {
+            let epoch = self.standing.borrow().epoch.clone();
+            let mut annotations = BTreeMap::from([
+                (WEIGHT_ANNOTATION.to_string(), self.me.weight.to_string()),
+                (EPOCH_ANNOTATION.to_string(), epoch.clone()),
+                (
+                    READY_ANNOTATION.to_string(),
+                    self.ready.is_cancelled().to_string(),
+                ),
+            ]);
+            if self.leave.is_cancelled() {
+                annotations.insert(LEAVING_ANNOTATION.to_string(), "true".to_string());
+            }
+            let last = lock(&self.written).clone();
+            let call = publish(
+                &self.api,
+                &self.lease_name,
+                &self.me.id,
+                self.duration,
+                &labels,
+                &annotations,
+                last,
+            );
+            match tokio::time::timeout(self.renew, call).await {
+                Ok(Ok(Published::Written(lease))) => {
+                    *lock(&self.written) = Some(*lease);
+                    return Some(epoch);
+                }
+                Ok(Ok(Published::EpochEnded)) => {
+                    tracing::warn!(lease = %self.lease_name, "the peer Lease lapsed and another replica ended its epoch (or it was deleted); starting a new one, so the clusters are taken again");
+                    self.fall();
+                }
+                Ok(Err(err)) => {
+                    tracing::warn!(lease = %self.lease_name, error = %crate::kube_error(&err), "could not renew the peer lease");
+                    return None;
+                }
+                Err(_) => {
+                    tracing::warn!(lease = %self.lease_name, "no answer renewing the peer lease");
+                    return None;
+                }
+            }
+        }
+        None
+    }
+
+    /// Follows the peer Leases and notifies `news` when one appears, goes,
+    /// or changes holder or epoch (renewals are no news). Only a hastener:
+    /// the rounds read the peers whatever the watch does, so a watch that
+    /// fails or hangs costs time, never correctness. Never completes.
+    async fn watch(&self, news: &Notify) {
+        let config = watcher::Config::default().labels(&self.selector());
+        let mut changes = watcher(self.api.clone(), config)
+            .backoff(multicluster_runtime::cache::WatchBackoff::default().strategy())
+            .boxed();
+        while let Some(event) = changes.next().await {
+            let is_news = match &event {
+                Ok(watcher::Event::Apply(lease)) => lock(&self.epochs).is_news(lease),
+                Ok(watcher::Event::Delete(lease)) => lease
+                    .metadata
+                    .name
+                    .as_deref()
+                    .is_some_and(|name| lock(&self.epochs).has_seen(name)),
+                // A (re)list: the rounds read the same soon enough.
+                Ok(_) => false,
+                Err(err) => {
+                    tracing::debug!(error = %crate::watcher_error(err), "watching the peer Leases failed; retrying");
+                    false
+                }
+            };
+            if is_news {
+                news.notify_one();
+            }
+        }
+        std::future::pending::<()>().await;
+    }
+
+    fn selector(&self) -> String {
+        format!("{PEER_LABEL}=true,{PREFIX_LABEL}={}", self.prefix)
+    }
+
+    /// Reads the peers; when the first of the others' Leases lapses (a
+    /// moment after, so that it has), if they were read.
+    async fn refresh(&self) -> Option<Instant> {
+        let selector = self.selector();
+        let params = ListParams::default().labels(&selector);
+        let call = self.api.list(&params);
+        let list = match tokio::time::timeout(self.renew, call).await {
+            Ok(Ok(list)) => list,
+            Ok(Err(err)) => {
+                tracing::warn!(error = %crate::kube_error(&err), "could not list peers; keeping the last known set");
+                return None;
+            }
+            Err(_) => {
+                tracing::warn!("no answer listing peers; keeping the last known set");
+                return None;
+            }
+        };
+        let now = Timestamp::now();
+        let mut heirs_named = lock(&self.epochs).record(&list.items, now);
+        let first_lapse = list
+            .items
+            .iter()
+            .filter(|lease| lease::live_holder(lease, now).is_some_and(|id| id != self.me.id))
+            .filter_map(|lease| lease::lapses_in(lease.spec.as_ref()?, now))
+            .min()
+            .map(|left| Instant::now() + left + LAPSE_MARGIN);
+        let live = |leaving: bool| {
+            list.items
+                .iter()
+                .filter(move |lease| is_leaving(lease) == leaving)
+                .filter_map(move |lease| {
+                    let id = lease::live_holder(lease, now)?;
+                    Some(Peer {
+                        id: id.to_string(),
+                        weight: weight(lease),
+                    })
+                })
+        };
+        // A leaving peer owns nothing more: it is handing its clusters over.
+        let mut peers: BTreeMap<String, Peer> =
+            live(false).map(|peer| (peer.id.clone(), peer)).collect();
+        let leaving: Vec<Peer> = live(true).filter(|peer| peer.id != self.me.id).collect();
+        // Always a peer of itself, even before its own Lease shows up.
+        peers.insert(self.me.id.clone(), self.me.clone());
+        let keep_until = self.keep_lapsed_until(Instant::now());
+        let mut next_look = first_lapse;
+        if let Some(until) = keep_until {
+            for known in self.peers.borrow().iter() {
+                if !peers.contains_key(&known.id) && lapsed_in(&list.items, &known.id, now) {
+                    peers.insert(known.id.clone(), known.clone());
+                    next_look = Some(next_look.map_or(until, |at| at.min(until)));
+                }
+            }
+        }
+        heirs_named |= self.end_lapsed(&list.items, &peers, now).await;
+        self.forget_departed(&list.items, now).await;
+        let joining: std::collections::BTreeSet<String> = list
+            .items
+            .iter()
+            .filter(|lease| !is_ready(lease) && !is_leaving(lease))
+            .filter_map(|lease| lease::live_holder(lease, now))
+            .filter(|id| *id != self.me.id)
+            .map(str::to_string)
+            .collect();
+        if self.joining.send_if_modified(|known| {
+            let modified = *known != joining;
+            *known = joining;
+            modified
+        }) {
+            self.wake.notify_one();
+        }
+        if self.leaving.send_if_modified(|known| {
+            let modified = *known != leaving;
+            *known = leaving;
+            modified
+        }) {
+            self.wake.notify_one();
+        }
+        let peers: Vec<Peer> = peers.into_values().collect();
+        self.known.cancel();
+        self.peers.send_if_modified(|known| {
+            if *known == peers {
+                return false;
+            }
+            tracing::info!(peers = ?peers.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), "peers changed");
+            *known = peers;
+            true
+        });
+        // Heirs named: the coordinator takes up what it inherits, once the
+        // peers it looks with no longer count the replica that is gone (a
+        // look woken with it still counted handed the inherited clusters
+        // back to it, and took them again with a write each).
+        if heirs_named {
+            self.heirs_news.notify_one();
+        }
+        next_look
+    }
+}
+
+impl Registry {
+    /// Ends the epochs of the peers whose Leases lapsed and that are no
+    /// longer counted (`peers`), before the others take their clusters: one
+    /// write per lapsed peer, and the takes of its fences then know the
+    /// epoch ended without reading its Lease each. Several replicas may
+    /// try at once; one write wins, and the others read what it wrote.
+    ///
+    /// Not while lapsed peers are still kept (this replica could not renew
+    /// either, lately, or has just started): after an outage every Lease
+    /// has lapsed, and ending the others' epochs then would have each take
+    /// its fences again. A take of such a peer's fence still ends its
+    /// epoch first.
+    /// Whether an end it wrote or found named heirs.
+    async fn end_lapsed(
+        &self,
+        leases: &[Lease],
+        peers: &BTreeMap<String, Peer>,
+        now: Timestamp,
+    ) -> bool {
+        if self.keep_lapsed_until(Instant::now()).is_some() {
+            return false;
+        }
+        let mut heirs_named = false;
+        for peer in leases {
+            let Some(spec) = peer.spec.as_ref() else {
+                continue;
+            };
+            let (Some(name), Some(holder), Some(epoch)) = (
+                peer.metadata.name.as_deref(),
+                lease::holder_of(peer),
+                lease::epoch_of(peer),
+            ) else {
+                continue;
+            };
+            if holder == self.me.id || peers.contains_key(holder) || !lease::expired(spec, now) {
+                continue;
+            }
+            let heirs = self.heirs(peers.values(), holder, now);
+            let record =
+                (self.with_heirs && !heirs.is_empty()).then(|| Record::new(holder, epoch, heirs));
+            let annotation = record.and_then(|record| heirs::annotation_with(peer, record, now));
+            let call = lease::end_epoch(&self.api, peer.clone(), holder, epoch, annotation);
+            match tokio::time::timeout(self.renew, call).await {
+                Ok(Ok(EpochEnd::Ended(now_lease))) => {
+                    let named = now_lease
+                        .as_deref()
+                        .is_some_and(|now| heirs::records(now).iter().any(|r| r.epoch == epoch));
+                    tracing::info!(lease = %name, %epoch, heirs = named, "a lapsed peer's epoch ended; its clusters move");
+                    let departed = Peer {
+                        id: holder.to_string(),
+                        weight: weight(peer),
+                    };
+                    let mut epochs = lock(&self.epochs);
+                    heirs_named |= epochs.ended_with(now_lease.as_deref(), now);
+                    epochs.depart(name, epoch, departed, now);
+                }
+                Ok(Ok(EpochEnd::Live)) => {}
+                Ok(Err(err)) => {
+                    tracing::debug!(lease = %name, error = %crate::kube_error(&err), "could not end a lapsed peer's epoch; its fences' takes try");
+                }
+                Err(_) => {
+                    tracing::debug!(lease = %name, "no answer ending a lapsed peer's epoch; its fences' takes try");
+                }
+            }
+        }
+        heirs_named
+    }
+
+    /// The heirs of an epoch of `gone` that ends now: the live, ready
+    /// `peers` that are not leaving, in the epochs the peer reads saw
+    /// them in (this replica in its standing, if it is live and ready).
+    fn heirs<'a>(
+        &self,
+        peers: impl Iterator<Item = &'a Peer>,
+        gone: &str,
+        now: Timestamp,
+    ) -> Vec<HeirPeer> {
+        let epochs = lock(&self.epochs);
+        peers
+            .filter(|peer| peer.id != gone)
+            .filter_map(|peer| {
+                let held_with = if peer.id == self.me.id {
+                    let standing = self.standing.borrow();
+                    let ready = self.ready.is_cancelled() && !self.leave.is_cancelled();
+                    standing.live().filter(|_| ready)?;
+                    format!("{}/{}", standing.peer_lease, standing.epoch)
+                } else {
+                    let peer_lease = lease_name(&self.prefix, &peer.id);
+                    let epoch = epochs.live_epoch(&peer_lease, &peer.id, now)?;
+                    format!("{peer_lease}/{epoch}")
+                };
+                Some(HeirPeer {
+                    id: peer.id.clone(),
+                    weight: peer.weight,
+                    held_with,
+                })
+            })
+            .collect()
+    }
+
+    /// Ends this replica's `epoch` as it stops, naming its heirs: what it
+    /// had not handed over goes to them at once, without a write each (see
+    /// `heirs`). Its work has stopped already. With nothing left behind,
+    /// no heirs, or should that write fail, the Lease is deleted, which
+    /// frees every fence held with it (heirs named by an earlier epoch's
+    /// end keep the Lease).
+    async fn end_own_epoch(&self, epoch: &str) {
+        let now = Timestamp::now();
+        let peers = self.peers.borrow().clone();
+        let heirs = self.heirs(peers.iter(), &self.me.id, now);
+        let last = lock(&self.written).clone();
+        let left_behind = self.left_behind.load(std::sync::atomic::Ordering::Relaxed) > 0;
+        let record = (self.with_heirs && left_behind && !heirs.is_empty())
+            .then(|| Record::new(&self.me.id, epoch, heirs));
+        // Heirs named by an earlier epoch's end may still work on fences
+        // held in it: the Lease that names them stays.
+        let named_before = last
+            .as_ref()
+            .is_some_and(|last| heirs::followed_on(last, now));
+        let names_heirs = record.is_some();
+        if let Some(mut last) = last.filter(|_| names_heirs || named_before) {
+            let annotation = record.and_then(|record| heirs::annotation_with(&last, record, now));
+            if let Some(annotations) = last.metadata.annotations.as_mut() {
+                annotations.remove(LEAVING_ANNOTATION);
+            }
+            let call = lease::end_epoch(&self.api, last, &self.me.id, epoch, annotation);
+            match tokio::time::timeout(self.renew, call).await {
+                Ok(Ok(EpochEnd::Ended(_))) => {
+                    tracing::info!(lease = %self.lease_name, %epoch, heirs = names_heirs, "stopped: the peer Lease's epoch ended");
+                    return;
+                }
+                Ok(Ok(EpochEnd::Live)) => {}
+                Ok(Err(err)) => {
+                    tracing::debug!(lease = %self.lease_name, error = %crate::kube_error(&err), "could not end the peer lease naming its heirs; deleting it");
+                }
+                Err(_) => {
+                    tracing::debug!(lease = %self.lease_name, "no answer ending the peer lease naming its heirs; deleting it");
+                }
+            }
+            if named_before {
+                tracing::warn!(lease = %self.lease_name, "could not end the peer lease; the others end it when it lapses");
+                return;
+            }
+        }
+        let params = DeleteParams::default();
+        let delete = self.api.delete(&self.lease_name, &params);
+        match tokio::time::timeout(self.renew, delete).await {
+            Ok(Ok(_)) => tracing::debug!(lease = %self.lease_name, "peer lease deleted"),
+            Ok(Err(err)) => {
+                tracing::warn!(lease = %self.lease_name, error = %crate::kube_error(&err), "could not delete the peer lease; the others take over when it lapses")
+            }
+            Err(_) => {
+                tracing::warn!(lease = %self.lease_name, "no answer deleting the peer lease; the others take over when it lapses")
+            }
+        }
+    }
+
+    /// Deletes the peer Leases that name no holder and no heirs still
+    /// followed, and were last renewed longer ago than heirs are followed:
+    /// replicas that left for good (a Deployment's pods are named anew at
+    /// every rollout). Written over what was read, so a replica that
+    /// comes back meanwhile keeps its Lease.
+    async fn forget_departed(&self, leases: &[Lease], now: Timestamp) {
+        for peer in leases {
+            let (Some(name), Some(version)) = (
+                peer.metadata.name.as_deref(),
+                peer.metadata.resource_version.clone(),
+            ) else {
+                continue;
+            };
+            let renewed = peer
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.renew_time.as_ref())
+                .map(|time| time.0);
+            let idle = renewed.is_none_or(|at| heirs::no_longer_followed(at, now));
+            if lease::holder_of(peer).is_some() || !idle || heirs::followed_on(peer, now) {
+                continue;
+            }
+            let params = DeleteParams {
+                preconditions: Some(kube::api::Preconditions {
+                    resource_version: Some(version),
+                    uid: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match tokio::time::timeout(self.renew, self.api.delete(name, &params)).await {
+                Ok(Ok(_)) => {
+                    tracing::debug!(lease = %name, "deleted the peer lease of a replica long gone")
+                }
+                Ok(Err(err)) => {
+                    tracing::debug!(lease = %name, error = %crate::kube_error(&err), "could not delete the peer lease of a replica long gone");
+                }
+                Err(_) => {}
+            }
+        }
+    }
+}
+
+/// Whether `leases` hold a Lease of peer `id` that has lapsed (not one
+/// that was deleted or released: that peer left).
+fn lapsed_in(leases: &[Lease], id: &str, now: Timestamp) -> bool {
+    leases.iter().any(|lease| {
+        lease.spec.as_ref().is_some_and(|spec| {
+            spec.holder_identity.as_deref() == Some(id) && lease::expired(spec, now)
+        })
+    })
+}
+
+/// What a renewal of the peer Lease did.
+enum Published {
+    /// Wrote it: the Lease as written.
+    Written(Box<Lease>),
+    /// Wrote nothing: the epoch it was to renew had been ended by another
+    /// replica, or the Lease deleted.
+    EpochEnded,
+}
+
+/// Creates or renews the peer Lease `name` for `me`, with `labels` and
+/// `annotations` (which name the epoch) set.
+///
+/// `last` is what this replica last wrote; the renewal writes over it
+/// without reading first. When the write conflicts (something else wrote
+/// since) or the Lease is gone, and `last` was in the same epoch, the epoch
+/// goes on only if the Lease read now still names `me` in it: a lost
+/// answer to this replica's own write, or another's label, changes
+/// nothing; a cleared holder (another replica ended the lapsed epoch) or a
+/// deletion ends it.
+async fn publish(
+    api: &Api<Lease>,
+    name: &str,
+    me: &str,
+    duration: Duration,
+    labels: &BTreeMap<String, String>,
+    annotations: &BTreeMap<String, String>,
+    last: Option<Lease>,
+) -> Result<Published, kube::Error> {
+    let epoch = annotations.get(EPOCH_ANNOTATION).map(String::as_str);
+    let same_epoch = last
+        .as_ref()
+        .is_some_and(|last| epoch.is_some_and(|epoch| lease::in_epoch(last, me, epoch)));
+    let mut written_over = last;
+    loop {
+        let read = written_over.is_none();
+        let mut lease = match written_over.take() {
+            Some(lease) => lease,
+            None => match api.get_opt(name).await? {
+                Some(lease) => {
+                    if same_epoch && !epoch.is_some_and(|epoch| lease::in_epoch(&lease, me, epoch))
+                    {
+                        return Ok(Published::EpochEnded);
+                    }
+                    lease
+                }
+                None if same_epoch => return Ok(Published::EpochEnded),
+                None => {
+                    let lease = Lease {
+                        metadata: ObjectMeta {
+                            name: Some(name.to_string()),
+                            labels: Some(labels.clone()),
+                            annotations: Some(annotations.clone()),
+                            ..ObjectMeta::default()
+                        },
+                        spec: Some(LeaseSpec {
+                            holder_identity: Some(me.to_string()),
+                            lease_duration_seconds: Some(seconds(duration)),
+                            renew_time: Some(MicroTime(Timestamp::now())),
+                            ..LeaseSpec::default()
+                        }),
+                    };
+                    let written = api.create(&PostParams::default(), &lease).await?;
+                    return Ok(Published::Written(Box::new(written)));
+                }
+            },
+        };
+        lease
+            .metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .extend(labels.clone());
+        let kept = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
+        // Said by an earlier run of this peer that left without deleting
+        // its Lease: this one is not leaving unless it says so.
+        kept.remove(LEAVING_ANNOTATION);
+        kept.extend(annotations.clone());
+        let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
+        spec.holder_identity = Some(me.to_string());
+        spec.lease_duration_seconds = Some(seconds(duration));
+        spec.renew_time = Some(MicroTime(Timestamp::now()));
+        match api.replace(name, &PostParams::default(), &lease).await {
+            Ok(written) => return Ok(Published::Written(Box::new(written))),
+            // Written by something else since: read it (once).
+            Err(kube::Error::Api(status))
+                if (status.code == 409 || status.code == 404) && !read => {}
+            Err(err) => return Err(err),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer Lease of `holder` in `epoch` under `prefix`, renewed
+    /// `renewed_secs_ago` with a 30 s duration.
+    fn peer_lease(prefix: &str, holder: &str, epoch: &str, renewed_secs_ago: i64) -> Lease {
+        let name = format!("{prefix}-{holder}");
+        let mut peer = lease::tests::peer_lease(&name, holder, epoch, renewed_secs_ago);
+        peer.metadata.labels = Some(BTreeMap::from([
+            (PEER_LABEL.to_string(), "true".to_string()),
+            (PREFIX_LABEL.to_string(), prefix.to_string()),
+        ]));
+        peer
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_peer_that_lapsed_and_is_no_longer_counted_has_its_epoch_ended_but_not_right_after_an_outage()
+     {
+        let cp = multicluster_envtest::ControlPlane::start()
+            .await
+            .expect("control plane");
+        let client = cp.client().await.expect("client");
+        let api: Api<Lease> = Api::namespaced(client.clone(), "default");
+        let params = PostParams::default();
+        for peer in [
+            peer_lease("mcr-peer", "gone", "e1", 60),
+            peer_lease("mcr-peer", "live", "f1", 0),
+        ] {
+            api.create(&params, &peer).await.expect("peer lease");
+        }
+        let me = Peer {
+            id: "me".to_string(),
+            weight: 1,
+        };
+        let registry = Registry {
+            api: api.clone(),
+            prefix: "mcr-peer".to_string(),
+            lease_name: "mcr-peer-me".to_string(),
+            me: me.clone(),
+            duration: Duration::from_secs(30),
+            renew: Duration::from_secs(10),
+            peers: watch::Sender::new(vec![me]),
+            known: CancellationToken::new(),
+            standing: watch::Sender::new(Standing::not_yet("mcr-peer-me".to_string(), new_epoch())),
+            wake: Arc::new(Notify::new()),
+            epochs: Arc::default(),
+            ready: CancellationToken::new(),
+            joining: watch::Sender::new(Default::default()),
+            leave: CancellationToken::new(),
+            said_leaving: CancellationToken::new(),
+            leaving: watch::Sender::new(Vec::new()),
+            with_heirs: true,
+            left_behind: Arc::default(),
+            heirs_news: Arc::default(),
+            stood_since: Mutex::default(),
+            written: Mutex::default(),
+        };
+        // Just started (it has not stood yet): lapsed peers are kept a
+        // while, and their epochs left alone.
+        registry.refresh().await;
+        let holder = |name: &'static str| {
+            let api = api.clone();
+            async move {
+                api.get(name)
+                    .await
+                    .expect("peer lease")
+                    .spec
+                    .and_then(|spec| spec.holder_identity)
+            }
+        };
+        assert_eq!(holder("mcr-peer-gone").await.as_deref(), Some("gone"));
+        // Standing for longer than a Lease duration: ended at once.
+        *lock(&registry.stood_since) = Some(Instant::now() - Duration::from_secs(31));
+        registry.refresh().await;
+        assert_eq!(
+            holder("mcr-peer-gone").await,
+            None,
+            "the lapsed epoch was not ended"
+        );
+        assert_eq!(holder("mcr-peer-live").await.as_deref(), Some("live"));
+        let ids: Vec<String> = registry
+            .peers
+            .borrow()
+            .iter()
+            .map(|p| p.id.clone())
+            .collect();
+        assert_eq!(ids, ["live", "me"]);
+        // The write that ended it named its heirs: the live, ready peers
+        // (not this replica, which has not said it is ready). Its fences
+        // are known to be theirs without reading its Lease again.
+        let records = heirs::records(&api.get("mcr-peer-gone").await.expect("peer lease"));
+        let named: Vec<(&str, &str, &str)> = records
+            .iter()
+            .flat_map(|record| {
+                record.heirs.iter().map(|heir| {
+                    (
+                        record.epoch.as_str(),
+                        heir.id.as_str(),
+                        heir.held_with.as_str(),
+                    )
+                })
+            })
+            .collect();
+        assert_eq!(named, [("e1", "live", "mcr-peer-live/f1")]);
+        let known =
+            lock(&registry.epochs).holds("mcr-peer-gone", "e1", "gone", "c", Timestamp::now());
+        assert_eq!(
+            known,
+            Some(lease::Hold::Inherited(lease::Heir {
+                id: "live".to_string(),
+                held_with: "mcr-peer-live/f1".to_string(),
+            }))
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_renewal_goes_on_in_its_epoch_only_while_nobody_else_ended_it() {
+        let cp = multicluster_envtest::ControlPlane::start()
+            .await
+            .expect("control plane");
+        let client = cp.client().await.expect("client");
+        let api: Api<Lease> = Api::namespaced(client.clone(), "default");
+        let labels = BTreeMap::from([(PEER_LABEL.to_string(), "true".to_string())]);
+        let renew = |epoch: &'static str, last: Option<Lease>| {
+            let (api, labels) = (api.clone(), labels.clone());
+            async move {
+                let annotations =
+                    BTreeMap::from([(EPOCH_ANNOTATION.to_string(), epoch.to_string())]);
+                let duration = Duration::from_secs(30);
+                publish(&api, "peer-me", "me", duration, &labels, &annotations, last)
+                    .await
+                    .expect("publish")
+            }
+        };
+        let written = |published: Published| match published {
+            Published::Written(lease) => *lease,
+            Published::EpochEnded => panic!("the epoch was found ended"),
+        };
+        let params = PostParams::default();
+
+        let first = written(renew("e1", None).await);
+        // Over the last write, without reading it.
+        let before = lease::tests::lease_reads(&client).await;
+        let second = written(renew("e1", Some(first)).await);
+        assert_eq!(lease::tests::lease_reads(&client).await, before);
+
+        // Another's label, or a lost answer to this replica's own write:
+        // the Lease still names it in e1, and the epoch goes on.
+        let mut touched = api.get("peer-me").await.expect("get");
+        touched
+            .metadata
+            .labels
+            .get_or_insert_with(BTreeMap::new)
+            .insert("touched".to_string(), "yes".to_string());
+        api.replace("peer-me", &params, &touched)
+            .await
+            .expect("touch");
+        let third = written(renew("e1", Some(second)).await);
+        assert_eq!(lease::epoch_of(&third), Some("e1"));
+
+        // Another replica ended the lapsed epoch (cleared the holder).
+        let mut ended = third.clone();
+        ended.spec.as_mut().expect("spec").holder_identity = None;
+        api.replace("peer-me", &params, &ended).await.expect("end");
+        assert!(matches!(
+            renew("e1", Some(third.clone())).await,
+            Published::EpochEnded
+        ));
+        // A new epoch is written over whatever is there.
+        let fourth = written(renew("e2", Some(third)).await);
+        assert!(lease::in_epoch(&fourth, "me", "e2"));
+
+        // Deleted (by an operator): e2 ended too; e3 creates it again.
+        api.delete("peer-me", &DeleteParams::default())
+            .await
+            .expect("delete");
+        assert!(matches!(
+            renew("e2", Some(fourth.clone())).await,
+            Published::EpochEnded
+        ));
+        let fifth = written(renew("e3", Some(fourth)).await);
+        assert!(lease::in_epoch(&fifth, "me", "e3"));
+    }
+}

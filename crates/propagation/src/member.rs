@@ -1,0 +1,416 @@
+//! A member request: apply what the hub object wants there, or remove
+//! what was made for it.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::runtime::events::{Event, EventType};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use super::status::{MemberState, Outcome};
+use super::{Conflicts, Desired, Drift, HubKey, PROPAGATION_LABEL, Shared};
+use multicluster_runtime::cache::CachedResource;
+use multicluster_runtime::Cluster;
+use multicluster_runtime::controller::{Action, ReconcileError, Request};
+use multicluster_runtime::ClusterName;
+use multicluster_runtime::redact::Redacted;
+
+/// How soon a removal waiting on a member's watch to list looks again.
+const NOT_LISTED_YET: Duration = Duration::from_secs(1);
+
+/// A failure to apply in one member, the member's reconcile fails with it
+/// (retried with backoff); its outcome is already recorded.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+struct Failed(String);
+
+impl<K> Shared<K>
+where
+    K: CachedResource + Serialize + DeserializeOwned,
+{
+    pub(super) async fn reconcile_member(
+        &self,
+        request: Request,
+        member: Cluster,
+    ) -> Result<Action, ReconcileError> {
+        let key: HubKey = (request.namespace.clone(), request.name.clone());
+        let Some(hub_cluster) = self
+            .controller
+            .get()
+            .and_then(|controller| controller.cluster(&ClusterName::local()))
+        else {
+            // Not engaged yet: once it is, its watch of the hub objects
+            // lists them and maps each to every member again.
+            return Ok(Action::await_change());
+        };
+        let hub = hub_cluster
+            .cache()
+            .get::<K>(key.0.as_deref(), &key.1)
+            .await?
+            .filter(|hub| (self.select)(hub) && hub.meta().deletion_timestamp.is_none());
+        let Some(hub) = hub else {
+            // Gone, being deleted or no longer selected: nothing to wait for.
+            return self.remove(&key, &request.cluster, &member).await;
+        };
+        if !self.members.includes(&hub, &request.cluster, &member) {
+            return self.leave(&key, &request.cluster, &member).await;
+        }
+        crate::lock(&self.leaving).remove(&(key.clone(), request.cluster.clone()));
+        let outcome = self.apply(&hub, &key, &member).await;
+        let failed = (outcome.state == MemberState::Failed).then(|| outcome.reason.clone());
+        let pending = outcome.state == MemberState::Pending;
+        self.tell(&hub, &hub_cluster, &key, &request.cluster, &outcome)
+            .await;
+        self.record(&key, &request.cluster, Some(outcome));
+        match failed {
+            Some(reason) => Err(Failed(reason.unwrap_or_default()).into()),
+            // Looked at again once the member's watches may have listed.
+            None if pending => Ok(Action::requeue(NOT_LISTED_YET)),
+            None => Ok(Action::await_change()),
+        }
+    }
+
+    /// A member out of the hub object's selection: its objects go once it
+    /// has been out for the removal grace, unless it comes back first.
+    async fn leave(
+        &self,
+        key: &HubKey,
+        name: &ClusterName,
+        member: &Cluster,
+    ) -> Result<Action, ReconcileError> {
+        // A member that never had anything for the hub object (most, when
+        // a decision chooses a few of many) has nothing to wait for.
+        let had_outcome = crate::lock(&self.outcomes)
+            .get(key)
+            .is_some_and(|members| members.contains_key(name));
+        if !had_outcome && self.holds_nothing(key, member) {
+            return Ok(Action::await_change());
+        }
+        let since = *crate::lock(&self.leaving)
+            .entry((key.clone(), name.clone()))
+            .or_insert_with(Instant::now);
+        let left = since.elapsed();
+        if left < self.removal_grace {
+            return Ok(Action::requeue(self.removal_grace - left));
+        }
+        let action = self.remove(key, name, member).await?;
+        crate::lock(&self.leaving).remove(&(key.clone(), name.clone()));
+        Ok(action)
+    }
+
+    /// Deletes every object made for `key` in `member`.
+    async fn remove(
+        &self,
+        key: &HubKey,
+        name: &ClusterName,
+        member: &Cluster,
+    ) -> Result<Action, ReconcileError> {
+        match self.delete_unwanted(key, member, &[]).await? {
+            true => {
+                self.record(key, name, None);
+                Ok(Action::await_change())
+            }
+            false => Ok(Action::requeue(NOT_LISTED_YET)),
+        }
+    }
+
+    /// Whether `member`'s watches have listed and hold no object made for
+    /// `key`.
+    pub(super) fn holds_nothing(&self, key: &HubKey, member: &Cluster) -> bool {
+        let ours = |meta: &ObjectMeta| self.hub_of(meta).as_ref() == Some(key);
+        self.kinds.iter().all(|kind| {
+            kind.find(member, &ours)
+                .is_some_and(|found| found.is_empty())
+        })
+    }
+
+    /// The propagated types whose watch in `member` has not listed yet.
+    fn unlisted(&self, member: &Cluster) -> String {
+        let anything = |_: &ObjectMeta| false;
+        let kinds: Vec<&str> = self
+            .kinds
+            .iter()
+            .filter(|kind| kind.find(member, &anything).is_none())
+            .map(|kind| kind.resource.plural.as_str())
+            .collect();
+        kinds.join(", ")
+    }
+
+    /// Deletes the objects made for `key` in `member` that are not in
+    /// `keep` (type, namespace, name). False when a type's watch has not
+    /// listed yet, so not everything could be looked at.
+    async fn delete_unwanted(
+        &self,
+        key: &HubKey,
+        member: &Cluster,
+        keep: &[(ApiResource, Option<String>, String)],
+    ) -> Result<bool, ReconcileError> {
+        let mut complete = true;
+        for kind in &self.kinds {
+            let ours = |meta: &ObjectMeta| self.hub_of(meta).as_ref() == Some(key);
+            let Some(found) = kind.find(member, &ours) else {
+                complete = false;
+                continue;
+            };
+            for meta in found {
+                let Some(name) = meta.name.as_deref() else {
+                    continue;
+                };
+                let kept = keep.iter().any(|(resource, namespace, kept)| {
+                    kind.is(resource) && *namespace == meta.namespace && kept == name
+                });
+                if kept || meta.deletion_timestamp.is_some() {
+                    continue;
+                }
+                let api = api_for(member, &kind.resource, meta.namespace.as_deref());
+                match api.delete(name, &DeleteParams::background()).await {
+                    Ok(_) => {}
+                    Err(kube::Error::Api(status)) if status.code == 404 => {}
+                    Err(err) => return Err(err.into()),
+                }
+            }
+        }
+        Ok(complete)
+    }
+
+    /// Applies every object `hub` wants in `member`, and deletes those it
+    /// made before and no longer wants.
+    async fn apply(&self, hub: &K, key: &HubKey, member: &Cluster) -> Outcome {
+        let generation = hub.meta().generation;
+        let failed = |state: MemberState, reason: String| {
+            Outcome::failed(state, Some(Redacted::new(reason).as_str().to_string()))
+        };
+        let desired = match (self.desired)(hub, member) {
+            Ok(desired) => desired,
+            Err(err) => {
+                return failed(
+                    MemberState::Failed,
+                    format!(
+                        "desired objects: {}",
+                        Redacted::error(err.as_ref()).as_str()
+                    ),
+                );
+            }
+        };
+        let owner = Request::new(ClusterName::local(), key.0.as_deref(), key.1.as_str());
+        let mut keep = Vec::new();
+        let mut reported = BTreeMap::new();
+        let mut worst: Option<(MemberState, String)> = None;
+        for object in desired {
+            let Some(name) = object.name().map(str::to_string) else {
+                return failed(
+                    MemberState::Failed,
+                    format!("a desired {} has no name", object.resource.kind),
+                );
+            };
+            let namespace = object.namespace().map(str::to_string);
+            let described = match &namespace {
+                Some(namespace) => format!("{} {namespace}/{name}", object.resource.kind),
+                None => format!("{} {name}", object.resource.kind),
+            };
+            let Some(kind) = self.kinds.iter().find(|kind| kind.is(&object.resource)) else {
+                return failed(
+                    MemberState::Failed,
+                    format!("{described}: its type is not registered with `propagates`"),
+                );
+            };
+            keep.push((kind.resource.clone(), namespace.clone(), name.clone()));
+            let api = api_for(member, &object.resource, namespace.as_deref());
+            let ours = match self
+                .lookup(kind, member, &api, namespace.as_deref(), &name)
+                .await
+            {
+                Ok(existing) => existing.map(|meta| self.hub_of(&meta).as_ref() == Some(key)),
+                Err(err) => {
+                    worst = worse(worst, MemberState::Failed, described, &err);
+                    continue;
+                }
+            };
+            let force = match ours {
+                None => false,
+                Some(true) => self.drift == Drift::Repair,
+                Some(false) => self.conflicts == Conflicts::TakeOver,
+            };
+            let stamped = self.stamp(object, &owner);
+            let mut params = PatchParams::apply(&self.name);
+            if force {
+                params = params.force();
+            }
+            match api.patch(&name, &params, &Patch::Apply(&stamped)).await {
+                Ok(applied) => {
+                    if let Some(value) = self.report.as_ref().and_then(|report| report(&applied)) {
+                        reported.insert(described.clone(), value);
+                    }
+                }
+                Err(err) if matches!(&err, kube::Error::Api(status) if status.code == 409) => {
+                    // Our own object changed under another manager is
+                    // drift; someone else's object is a conflict.
+                    let state = if ours == Some(true) {
+                        MemberState::Drifted
+                    } else {
+                        MemberState::Conflict
+                    };
+                    worst = worse(worst, state, described, &err);
+                }
+                Err(err) => worst = worse(worst, MemberState::Failed, described, &err),
+            }
+        }
+        if worst.is_none() {
+            match self.delete_unwanted(key, member, &keep).await {
+                Ok(true) => {}
+                // What it made before may still be there: not in sync yet.
+                Ok(false) => {
+                    return Outcome::failed(
+                        MemberState::Pending,
+                        Some(format!(
+                            "applied; waiting for the member's watch of {} to list before removing what is no longer desired",
+                            self.unlisted(member)
+                        )),
+                    );
+                }
+                Err(err) => {
+                    worst = worse(
+                        worst,
+                        MemberState::Failed,
+                        "removing what is no longer desired".into(),
+                        err.as_ref(),
+                    );
+                }
+            }
+        }
+        match worst {
+            Some((state, reason)) => Outcome::failed(state, Some(reason)),
+            None => Outcome {
+                state: MemberState::InSync,
+                reason: None,
+                applied_generation: generation,
+                reported,
+            },
+        }
+    }
+
+    /// The metadata of an object as the member's watch has it, or as the
+    /// server says while that watch has not listed yet.
+    async fn lookup(
+        &self,
+        kind: &super::kinds::Kind,
+        member: &Cluster,
+        api: &Api<DynamicObject>,
+        namespace: Option<&str>,
+        name: &str,
+    ) -> Result<Option<ObjectMeta>, kube::Error> {
+        let this = |meta: &ObjectMeta| {
+            meta.name.as_deref() == Some(name) && meta.namespace.as_deref() == namespace
+        };
+        match kind.find(member, &this) {
+            Some(found) => Ok(found.into_iter().next()),
+            None => Ok(api
+                .get_metadata_opt(name)
+                .await?
+                .map(|object| object.metadata)),
+        }
+    }
+
+    /// `object` labelled as this propagation's and pointing at `owner`.
+    fn stamp(&self, object: Desired, owner: &Request) -> serde_json::Value {
+        let mut value = object.object;
+        let metadata = &mut value["metadata"];
+        metadata["labels"][PROPAGATION_LABEL] = self.name.clone().into();
+        for (annotation, text) in owner.owner_annotations() {
+            metadata["annotations"][annotation] = text.into();
+        }
+        value
+    }
+
+    /// Tells a member's new failure, conflict or drift in a Warning Event
+    /// on the hub object (one series per member and reason).
+    async fn tell(
+        &self,
+        hub: &K,
+        hub_cluster: &Cluster,
+        key: &HubKey,
+        name: &ClusterName,
+        outcome: &Outcome,
+    ) {
+        let reason = match outcome.state {
+            MemberState::Failed => "PropagationFailed",
+            MemberState::Conflict => "PropagationConflict",
+            MemberState::Drifted => "PropagationDrifted",
+            _ => return,
+        };
+        let before = crate::lock(&self.outcomes)
+            .get(key)
+            .and_then(|members| members.get(name))
+            .cloned();
+        if !self.events || before.as_ref() == Some(outcome) {
+            return;
+        }
+        let note = format!(
+            "member {name}: {}",
+            outcome.reason.as_deref().unwrap_or(outcome.state.as_str())
+        );
+        let event = Event {
+            type_: EventType::Warning,
+            reason: reason.into(),
+            note: Some(note.chars().take(1024).collect()),
+            action: "Propagate".into(),
+            // The series key: one per member.
+            secondary: Some(ObjectReference {
+                kind: Some("Cluster".into()),
+                name: Some(name.as_str().to_string()),
+                ..ObjectReference::default()
+            }),
+        };
+        let reference = hub.object_ref(&());
+        if let Err(err) = hub_cluster
+            .recorder(self.name.clone())
+            .publish(&event, &reference)
+            .await
+        {
+            if !self.events_refused.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    propagation = %self.name,
+                    error = %Redacted::kube(&err),
+                    "cannot publish Events on hub objects; later refusals are logged at debug level"
+                );
+            } else {
+                tracing::debug!(propagation = %self.name, error = %Redacted::kube(&err), "Event refused");
+            }
+        }
+    }
+}
+
+/// The worse of `worst` and `state` for `described`: the first reason of
+/// the worst state is kept.
+fn worse(
+    worst: Option<(MemberState, String)>,
+    state: MemberState,
+    described: String,
+    err: &(dyn std::error::Error + 'static),
+) -> Option<(MemberState, String)> {
+    let reason = Redacted::error(err)
+        .with_context(&described)
+        .as_str()
+        .to_string();
+    match worst {
+        Some((current, _)) if current >= state => worst,
+        _ => Some((state, reason)),
+    }
+}
+
+/// The API of `resource` in `member`, in `namespace` when given.
+fn api_for(
+    member: &Cluster,
+    resource: &ApiResource,
+    namespace: Option<&str>,
+) -> Api<DynamicObject> {
+    match namespace {
+        Some(namespace) => Api::namespaced_with(member.client(), namespace, resource),
+        None => Api::all_with(member.client(), resource),
+    }
+}

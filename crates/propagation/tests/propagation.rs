@@ -1,0 +1,730 @@
+//! `propagation::Propagation` on real control planes: a hub and two
+//! members whose identity may only read and write ResourceQuotas in
+//! `default` (least privilege: no Events, no ConfigMaps, nothing else).
+//! A labelled hub ConfigMap becomes a ResourceQuota in each member, kept
+//! as desired; its status is an annotation on the hub object.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::core::v1::{ConfigMap, Event, ResourceQuota, ResourceQuotaSpec};
+use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
+use multicluster_envtest::ControlPlane;
+use multicluster_runtime::cache::{Cache, CacheOptions};
+use multicluster_runtime::manager::ClusterState;
+use multicluster_propagation::{
+    Conflicts, Desired, Drift, PROPAGATION_LABEL, Propagation,
+};
+use multicluster_runtime::testing::{TestProvider, eventually, run_manager, wait_until_ready};
+use multicluster_runtime::{Cluster, ClusterName, Manager};
+use serde_json::{Value, json};
+
+/// A cluster built from a control plane's admin kubeconfig.
+async fn cluster_for(name: &str, cp: &ControlPlane) -> Cluster {
+    Cluster::new(name, cp.client().await.expect("client"))
+}
+
+/// The value of one series (name and labels as the text format writes
+/// them) of `manager`'s metrics, if it has one.
+fn series(manager: &Manager, series: &str) -> Option<f64> {
+    manager
+        .metrics()
+        .encode()
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+const LABEL: &str = "example.com/quota";
+const STATUS: &str = "example.com/propagation";
+
+/// What the member identity may do: ResourceQuotas in `default`.
+fn quota_rules() -> Vec<PolicyRule> {
+    vec![PolicyRule {
+        api_groups: Some(vec![String::new()]),
+        resources: Some(vec!["resourcequotas".into()]),
+        verbs: ["get", "list", "watch", "create", "patch", "delete"]
+            .map(String::from)
+            .to_vec(),
+        ..PolicyRule::default()
+    }]
+}
+
+/// `cp` as a member reached as `robot`, allowed only [`quota_rules`], its
+/// cache restricted to `default` as its rights are.
+async fn least_privileged(name: &str, cp: &ControlPlane) -> Cluster {
+    cp.grant_in_namespace("default", "robot", quota_rules())
+        .await
+        .expect("grant");
+    let client =
+        multicluster_envtest::client_for(&cp.user_kubeconfig("robot", None).expect("kubeconfig"))
+            .await
+            .expect("client");
+    Cluster::with_cache(
+        name,
+        client.clone(),
+        Cache::with_options(
+            name,
+            client,
+            CacheOptions::default().namespace(Some("default".to_string())),
+        ),
+    )
+}
+
+/// Replaces what `robot` may do in `cp` (the Role [`least_privileged`]
+/// made).
+async fn set_rules(cp: &ControlPlane, rules: Vec<PolicyRule>) {
+    Api::<Role>::namespaced(cp.client().await.expect("client"), "default")
+        .patch(
+            "robot",
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "rules": rules })),
+        )
+        .await
+        .expect("rules");
+}
+
+/// The quota a hub ConfigMap asks for: `pods` from its data.
+fn quota_for(hub: &ConfigMap) -> ResourceQuota {
+    let pods = hub
+        .data
+        .as_ref()
+        .and_then(|data| data.get("pods"))
+        .cloned()
+        .unwrap_or_else(|| "10".into());
+    ResourceQuota {
+        metadata: ObjectMeta {
+            name: hub.metadata.name.clone(),
+            namespace: Some("default".into()),
+            ..ObjectMeta::default()
+        },
+        spec: Some(ResourceQuotaSpec {
+            hard: Some(BTreeMap::from([("pods".to_string(), Quantity(pods))])),
+            ..ResourceQuotaSpec::default()
+        }),
+        ..ResourceQuota::default()
+    }
+}
+
+fn labelled(hub: &ConfigMap, value: &str) -> bool {
+    hub.metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(LABEL))
+        .is_some_and(|have| have == value)
+}
+
+/// A propagation of the hub ConfigMaps labelled `LABEL=<value>`.
+fn quotas(name: &str, value: &'static str) -> Propagation<ConfigMap> {
+    Propagation::<ConfigMap>::new(name)
+        .select(move |hub| labelled(hub, value))
+        .propagates::<ResourceQuota>()
+        .desired(|hub, _member| Ok(vec![Desired::new(&quota_for(hub))?]))
+        .status_annotation(STATUS)
+}
+
+async fn hub_config_map(hub: &ControlPlane, name: &str, value: &str, pods: &str) {
+    let object = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": "default", "labels": {LABEL: value}},
+        "data": {"pods": pods},
+    });
+    Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
+        .patch(name, &PatchParams::apply("test"), &Patch::Apply(&object))
+        .await
+        .expect("hub object");
+}
+
+/// The `pods` of the member's quota `name`, if it exists.
+async fn pods_in(member: &ControlPlane, name: &str) -> Option<String> {
+    Api::<ResourceQuota>::namespaced(member.client().await.expect("client"), "default")
+        .get_opt(name)
+        .await
+        .expect("get")
+        .and_then(|quota| quota.spec?.hard?.get("pods").map(|pods| pods.0.clone()))
+}
+
+/// Each member's state as the hub object's status annotation says.
+async fn member_states(hub: &ControlPlane, name: &str) -> BTreeMap<String, (String, String)> {
+    let Some(object) = Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
+        .get_opt(name)
+        .await
+        .expect("get")
+    else {
+        return BTreeMap::new();
+    };
+    let Some(text) = object
+        .metadata
+        .annotations
+        .and_then(|a| a.get(STATUS).cloned())
+    else {
+        return BTreeMap::new();
+    };
+    let status: Value = serde_json::from_str(&text).expect("status JSON");
+    status["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|entry| {
+            (
+                entry["cluster"].as_str().unwrap_or_default().to_string(),
+                (
+                    entry["state"].as_str().unwrap_or_default().to_string(),
+                    entry["reason"].as_str().unwrap_or_default().to_string(),
+                ),
+            )
+        })
+        .collect()
+}
+
+fn states_are(states: &BTreeMap<String, (String, String)>, wanted: &[(&str, &str)]) -> bool {
+    states.len() == wanted.len()
+        && wanted
+            .iter()
+            .all(|(member, state)| states.get(*member).is_some_and(|(have, _)| have == state))
+}
+
+async fn fleet(
+    hub: &ControlPlane,
+    members: &[(&str, &ControlPlane)],
+    propagations: Vec<Propagation<ConfigMap>>,
+) -> (
+    Manager,
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<Result<(), multicluster_runtime::Error>>,
+) {
+    let provider = TestProvider::default();
+    for (name, cp) in members {
+        provider
+            .clusters
+            .add(*name, least_privileged(name, cp).await)
+            .expect("add");
+    }
+    let manager = Manager::builder(cluster_for("hub", hub).await)
+        .provider(Arc::new(provider))
+        .build();
+    for propagation in propagations {
+        manager
+            .add_controller(propagation.build().expect("propagation"))
+            .expect("add");
+    }
+    let (stop, task) = run_manager(&manager);
+    for (name, _) in members {
+        wait_until_ready(&manager, name).await;
+    }
+    (manager, stop, task)
+}
+
+/// Create, update, drift repaired, a member refused (shown on the hub
+/// object and in an Event there, never `degraded`), and delete held by the
+/// finalizer until every member's copy is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hub_object_is_applied_kept_reported_and_removed() {
+    let (hub, a, b) = tokio::join!(
+        ControlPlane::start(),
+        ControlPlane::start(),
+        ControlPlane::start()
+    );
+    let (hub, a, b) = (hub.expect("hub"), a.expect("a"), b.expect("b"));
+    let (manager, stop, task) = fleet(
+        &hub,
+        &[("a", &a), ("b", &b)],
+        vec![quotas("fleet-quota", "on")],
+    )
+    .await;
+
+    hub_config_map(&hub, "team", "on", "4").await;
+    eventually("both members to get the quota", || async {
+        pods_in(&a, "team").await.as_deref() == Some("4")
+            && pods_in(&b, "team").await.as_deref() == Some("4")
+    })
+    .await;
+    let quota = Api::<ResourceQuota>::namespaced(a.client().await.expect("client"), "default")
+        .get("team")
+        .await
+        .expect("quota");
+    let labels = quota.metadata.labels.unwrap_or_default();
+    assert_eq!(
+        labels.get(PROPAGATION_LABEL).map(String::as_str),
+        Some("fleet-quota")
+    );
+    eventually("the hub object to show both members in sync", || async {
+        states_are(
+            &member_states(&hub, "team").await,
+            &[("a", "InSync"), ("b", "InSync")],
+        )
+    })
+    .await;
+
+    // An update on the hub reaches both members; hub objects of the type
+    // that the propagation does not select cause no member reconcile.
+    let reconciles = || {
+        series(
+            &manager,
+            r#"controller_runtime_reconcile_total{controller="fleet-quota",result="success"}"#,
+        )
+        .unwrap_or_default()
+    };
+    let before = reconciles();
+    for i in 0..10 {
+        hub.create_config_map(&format!("unselected-{i}"), &[]).await.expect("config map");
+    }
+    hub_config_map(&hub, "team", "on", "6").await;
+    eventually("both members to follow the update", || async {
+        pods_in(&a, "team").await.as_deref() == Some("6")
+            && pods_in(&b, "team").await.as_deref() == Some("6")
+    })
+    .await;
+    let spent = reconciles() - before;
+    eprintln!("{spent} reconciles for 10 unselected hub objects and one update");
+    assert!(
+        spent < 25.0,
+        "{spent} reconciles: the unselected objects made member requests"
+    );
+
+    // Drift: someone edits the quota in a member; it is put back.
+    Api::<ResourceQuota>::namespaced(a.client().await.expect("client"), "default")
+        .patch(
+            "team",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"hard": {"pods": "99"}}})),
+        )
+        .await
+        .expect("edit in the member");
+    eventually("the drift to be repaired", || async {
+        pods_in(&a, "team").await.as_deref() == Some("6")
+    })
+    .await;
+
+    // A member that refuses: b's identity loses its rights to write.
+    set_rules(
+        &b,
+        vec![PolicyRule {
+            api_groups: Some(vec![String::new()]),
+            resources: Some(vec!["resourcequotas".into()]),
+            verbs: ["get", "list", "watch"].map(String::from).to_vec(),
+            ..PolicyRule::default()
+        }],
+    )
+    .await;
+    hub_config_map(&hub, "team", "on", "8").await;
+    eventually("b to be reported failed with its 403", || async {
+        let states = member_states(&hub, "team").await;
+        states.get("a").is_some_and(|(state, _)| state == "InSync")
+            && states
+                .get("b")
+                .is_some_and(|(state, reason)| state == "Failed" && reason.contains("403"))
+    })
+    .await;
+    let events = Api::<Event>::namespaced(hub.client().await.expect("client"), "default")
+        .list(&ListParams::default().fields("involvedObject.name=team"))
+        .await
+        .expect("events");
+    assert!(
+        events
+            .items
+            .iter()
+            .any(|event| event.reason.as_deref() == Some("PropagationFailed")
+                && event
+                    .message
+                    .as_deref()
+                    .is_some_and(|message| message.starts_with("member b:"))),
+        "a Warning Event on the hub object names the member: {:?}",
+        events
+            .items
+            .iter()
+            .map(|event| (&event.reason, &event.message))
+            .collect::<Vec<_>>()
+    );
+    for member in ["a", "b"] {
+        assert_eq!(
+            manager.cluster_state(&ClusterName::from(member)),
+            Some(ClusterState::Ready),
+            "{member} is not degraded by the propagation"
+        );
+    }
+    set_rules(&b, quota_rules()).await;
+    eventually("b to catch up once allowed", || async {
+        pods_in(&b, "team").await.as_deref() == Some("8")
+    })
+    .await;
+
+    // Deleting the hub object removes every copy before the finalizer goes.
+    Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
+        .delete("team", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually("the copies and then the hub object to be gone", || async {
+        pods_in(&a, "team").await.is_none()
+            && pods_in(&b, "team").await.is_none()
+            && Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
+                .get_opt("team")
+                .await
+                .expect("get")
+                .is_none()
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// Drift reported instead of repaired, and a quota someone else made:
+/// reported as a conflict by one propagation, taken over by another.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drift_and_conflicts_are_reported_or_taken_over_as_chosen() {
+    let (hub, a) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, a) = (hub.expect("hub"), a.expect("a"));
+    // Quotas someone else applied first, with their own field manager.
+    for name in ["theirs", "taken"] {
+        let mut quota = quota_for(&ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            data: Some(BTreeMap::from([("pods".to_string(), "1".to_string())])),
+            ..ConfigMap::default()
+        });
+        quota.metadata.namespace = Some("default".into());
+        let mut value = serde_json::to_value(&quota).expect("json");
+        value["apiVersion"] = "v1".into();
+        value["kind"] = "ResourceQuota".into();
+        Api::<ResourceQuota>::namespaced(a.client().await.expect("client"), "default")
+            .patch(
+                name,
+                &PatchParams::apply("someone-else"),
+                &Patch::Apply(&value),
+            )
+            .await
+            .expect("their quota");
+    }
+    let reporting = quotas("reporting", "report")
+        .drift(Drift::Report)
+        .conflicts(Conflicts::Report);
+    let taking = quotas("taking", "take").conflicts(Conflicts::TakeOver);
+    let (_manager, stop, task) = fleet(&hub, &[("a", &a)], vec![reporting, taking]).await;
+
+    hub_config_map(&hub, "theirs", "report", "4").await;
+    hub_config_map(&hub, "taken", "take", "4").await;
+    eventually(
+        "their quota to be reported a conflict, and left alone",
+        || async {
+            member_states(&hub, "theirs")
+                .await
+                .get("a")
+                .is_some_and(|(state, reason)| {
+                    state == "Conflict" && reason.contains("someone-else")
+                })
+        },
+    )
+    .await;
+    assert_eq!(pods_in(&a, "theirs").await.as_deref(), Some("1"));
+    eventually("the other to be taken over", || async {
+        pods_in(&a, "taken").await.as_deref() == Some("4")
+            && states_are(&member_states(&hub, "taken").await, &[("a", "InSync")])
+    })
+    .await;
+
+    // A quota of the reporting propagation's own, edited in the member:
+    // drift is reported and the edit left in place.
+    hub_config_map(&hub, "ours", "report", "5").await;
+    eventually("our quota to be applied", || async {
+        pods_in(&a, "ours").await.as_deref() == Some("5")
+    })
+    .await;
+    Api::<ResourceQuota>::namespaced(a.client().await.expect("client"), "default")
+        .patch(
+            "ours",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"hard": {"pods": "99"}}})),
+        )
+        .await
+        .expect("edit in the member");
+    eventually("the drift to be reported", || async {
+        member_states(&hub, "ours")
+            .await
+            .get("a")
+            .is_some_and(|(state, _)| state == "Drifted")
+    })
+    .await;
+    assert_eq!(
+        pods_in(&a, "ours").await.as_deref(),
+        Some("99"),
+        "left in place"
+    );
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+const CHOSEN: &str = "example.com/members";
+
+/// The members a hub object names in its `CHOSEN` annotation: a decision
+/// of the simplest kind.
+fn chosen(hub: &ConfigMap) -> Vec<ClusterName> {
+    hub.metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get(CHOSEN))
+        .map(|names| {
+            names
+                .split(',')
+                .filter(|name| !name.is_empty())
+                .map(ClusterName::from)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+async fn choose(hub: &ControlPlane, names: &str) {
+    Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
+        .patch(
+            "team",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {CHOSEN: names}}})),
+        )
+        .await
+        .expect("choose");
+}
+
+async fn uid_in(member: &ControlPlane, name: &str) -> Option<String> {
+    Api::<ResourceQuota>::namespaced(member.client().await.expect("client"), "default")
+        .get_opt(name)
+        .await
+        .expect("get")
+        .and_then(|quota| quota.metadata.uid)
+}
+
+/// With the default removal grace: a chosen member that is not engaged is
+/// `NotEngaged`, a member that joins later and is chosen gets the quota, a
+/// member moved out and back within the grace keeps its quota (the same
+/// object), one left out loses it after the grace, and a member that
+/// leaves the fleet while chosen shows `NotEngaged`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chosen_members_join_move_without_deletion_and_leave() {
+    let (hub, a, b) = tokio::join!(
+        ControlPlane::start(),
+        ControlPlane::start(),
+        ControlPlane::start()
+    );
+    let (hub, a, b) = (hub.expect("hub"), a.expect("a"), b.expect("b"));
+    let provider = TestProvider::default();
+    provider
+        .clusters
+        .add("a", least_privileged("a", &a).await)
+        .expect("add");
+    let manager = Manager::builder(cluster_for("hub", &hub).await)
+        .provider(Arc::new(provider.clone()))
+        .build();
+    let propagation = quotas("chosen-quota", "on").members_chosen_by(chosen);
+    manager
+        .add_controller(propagation.build().expect("propagation"))
+        .expect("add");
+    let (stop, task) = run_manager(&manager);
+    wait_until_ready(&manager, "a").await;
+
+    hub_config_map(&hub, "team", "on", "4").await;
+    choose(&hub, "a,b").await;
+    eventually("a to be in sync and b not engaged", || async {
+        pods_in(&a, "team").await.as_deref() == Some("4")
+            && states_are(
+                &member_states(&hub, "team").await,
+                &[("a", "InSync"), ("b", "NotEngaged")],
+            )
+    })
+    .await;
+
+    provider
+        .clusters
+        .add("b", least_privileged("b", &b).await)
+        .expect("add b");
+    eventually("b, once engaged, to get the quota", || async {
+        pods_in(&b, "team").await.as_deref() == Some("4")
+            && states_are(
+                &member_states(&hub, "team").await,
+                &[("a", "InSync"), ("b", "InSync")],
+            )
+    })
+    .await;
+
+    // a moves out and straight back; b moves out for good after it.
+    let before = uid_in(&a, "team").await.expect("a's quota");
+    choose(&hub, "b").await;
+    choose(&hub, "a").await;
+    eventually("b's quota to go once its grace has passed", || async {
+        pods_in(&b, "team").await.is_none()
+    })
+    .await;
+    assert_eq!(
+        uid_in(&a, "team").await,
+        Some(before),
+        "a's quota was never deleted: its grace began before b's"
+    );
+    eventually("the hub object to list only a", || async {
+        states_are(&member_states(&hub, "team").await, &[("a", "InSync")])
+    })
+    .await;
+
+    // a leaves the fleet while chosen.
+    provider.clusters.remove(&ClusterName::from("a"));
+    eventually("a to be shown not engaged", || async {
+        states_are(&member_states(&hub, "team").await, &[("a", "NotEngaged")])
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// A cluster-scoped type (a Namespace per hub object) in members reached
+/// as admin, and `report`: each member's `status.phase`, set by its API
+/// server, is written back under the member on the hub object.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reported_status_field_reaches_the_hub_object() {
+    use k8s_openapi::api::core::v1::Namespace;
+    let (hub, a) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, a) = (hub.expect("hub"), a.expect("a"));
+    let provider = TestProvider::default();
+    provider
+        .clusters
+        .add("a", cluster_for("a", &a).await)
+        .expect("add");
+    let manager = Manager::builder(cluster_for("hub", &hub).await)
+        .provider(Arc::new(provider))
+        .build();
+    let namespaces = Propagation::<ConfigMap>::new("team-namespaces")
+        .select(|hub| labelled(hub, "namespace"))
+        .propagates::<Namespace>()
+        .desired(|hub, _member| {
+            let namespace = Namespace {
+                metadata: ObjectMeta {
+                    name: hub.metadata.name.clone(),
+                    ..ObjectMeta::default()
+                },
+                ..Namespace::default()
+            };
+            Ok(vec![Desired::new(&namespace)?])
+        })
+        .report(|applied| applied.data.pointer("/status/phase").cloned())
+        .status_annotation(STATUS);
+    manager
+        .add_controller(namespaces.build().expect("propagation"))
+        .expect("add");
+    let (stop, task) = run_manager(&manager);
+    hub_config_map(&hub, "team-x", "namespace", "1").await;
+    eventually("the member's namespace phase on the hub object", || async {
+        let Some(object) =
+            Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
+                .get_opt("team-x")
+                .await
+                .expect("get")
+        else {
+            return false;
+        };
+        let Some(text) = object
+            .metadata
+            .annotations
+            .and_then(|a| a.get(STATUS).cloned())
+        else {
+            return false;
+        };
+        let status: Value = serde_json::from_str(&text).expect("JSON");
+        status["members"][0]["reported"]["Namespace team-x"] == "Active"
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// `Propagation::members_labelled`: a member whose cluster labels stop matching loses
+/// its quota (after the grace) without any other event, and gets it back
+/// when they match again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn labelled_members_follow_their_cluster_labels() {
+    use kube::core::{Expression, Selector};
+    use multicluster_runtime::Inventory;
+    let (hub, a) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, a) = (hub.expect("hub"), a.expect("a"));
+    let member = least_privileged("a", &a).await;
+    let labelled_as =
+        |env: &str| Inventory::labelled(BTreeMap::from([("env".to_string(), env.to_string())]));
+    member.set_inventory(labelled_as("prod"));
+    let provider = TestProvider::default();
+    provider.clusters.add("a", member.clone()).expect("add");
+    let manager = Manager::builder(cluster_for("hub", &hub).await)
+        .provider(Arc::new(provider))
+        .build();
+    let prod: Selector = Expression::Equal("env".into(), "prod".into()).into();
+    let propagation = quotas("prod-quota", "on").members_labelled(prod);
+    manager
+        .add_controller(propagation.build().expect("propagation"))
+        .expect("add");
+    let (stop, task) = run_manager(&manager);
+    wait_until_ready(&manager, "a").await;
+    hub_config_map(&hub, "team", "on", "4").await;
+    eventually("the prod member to get the quota", || async {
+        pods_in(&a, "team").await.as_deref() == Some("4")
+    })
+    .await;
+
+    member.set_inventory(labelled_as("dev"));
+    eventually(
+        "the quota to go once the member is no longer prod",
+        || async { pods_in(&a, "team").await.is_none() },
+    )
+    .await;
+    member.set_inventory(labelled_as("prod"));
+    eventually("the quota back once it is prod again", || async {
+        pods_in(&a, "team").await.as_deref() == Some("4")
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// A member whose watch of a propagated type cannot list (its identity
+/// may write quotas but not list or watch them) is `Pending`, not
+/// `InSync`: what is no longer desired there could not be looked for. Once
+/// it may list, it is in sync.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_watch_has_not_listed_is_pending_not_in_sync() {
+    let (hub, a) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, a) = (hub.expect("hub"), a.expect("a"));
+    let member = least_privileged("a", &a).await;
+    let write_only = vec![PolicyRule {
+        api_groups: Some(vec![String::new()]),
+        resources: Some(vec!["resourcequotas".into()]),
+        verbs: ["get", "create", "patch", "delete"]
+            .map(String::from)
+            .to_vec(),
+        ..PolicyRule::default()
+    }];
+    set_rules(&a, write_only).await;
+    let provider = TestProvider::default();
+    provider.clusters.add("a", member).expect("add");
+    let manager = Manager::builder(cluster_for("hub", &hub).await)
+        .provider(Arc::new(provider))
+        .build();
+    manager
+        .add_controller(quotas("quotas", "on").build().expect("propagation"))
+        .expect("add");
+    let (stop, task) = run_manager(&manager);
+    hub_config_map(&hub, "limits", "on", "5").await;
+
+    // Pending at first is also what a member not reconciled yet shows (with
+    // no reason): wait for the pending that names the watch it waits for.
+    eventually("a pending on its watch of resourcequotas", || async {
+        let states = member_states(&hub, "limits").await;
+        states_are(&states, &[("a", "Pending")]) && states["a"].1.contains("resourcequotas")
+    })
+    .await;
+    // Applied all the same.
+    assert_eq!(pods_in(&a, "limits").await.as_deref(), Some("5"));
+
+    set_rules(&a, quota_rules()).await;
+    eventually("a in sync once it may list", || async {
+        states_are(&member_states(&hub, "limits").await, &[("a", "InSync")])
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
