@@ -86,6 +86,7 @@ async fn the_example_copies_configmaps_in_a_profiles_cluster() {
             "env": [{"name": "STATE_DIR", "value": state.path()}],
         },
         "profileSourcedEnvVarsPolicy": "Replace",
+        "profileSourcedEnvVarNames": ["STATE_DIR"],
     }]});
     std::fs::write(&provider_file, providers.to_string()).expect("provider file");
 
