@@ -24,10 +24,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, ObjectMeta, PostParams};
+use multicluster_coordinator::leader_election::{LeaderElection, LeaderElectionOptions};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
-use multicluster_coordinator::leader_election::{LeaderElection, LeaderElectionOptions};
 use multicluster_runtime::testing::TestProvider;
 use multicluster_runtime::{Cluster, Manager};
 use tokio::io::{AsyncBufReadExt, BufReader, Lines};

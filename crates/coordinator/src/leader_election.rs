@@ -3,7 +3,7 @@
 //!
 //! Every replica runs the provider and sees every cluster. The replica that
 //! holds the Lease `<namespace>/<lease name>` engages its components (its
-//! controllers reconcile); the others only [warm](crate::Aware::warm) each
+//! controllers reconcile); the others only [warm](multicluster_runtime::Aware::warm) each
 //! cluster, which starts the informers their controllers read and keeps
 //! them in sync. A takeover therefore costs one Lease write and a replay of
 //! caches already in memory, not a cold list of the whole fleet.
@@ -28,7 +28,7 @@
 //! Lease so that it can take it the moment it is released).
 //!
 //! To share the work instead of keeping replicas idle, see
-//! [`sharding`](crate::coordinator::sharding).
+//! [`sharding`](crate::sharding).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -42,16 +42,16 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::{Notify, watch};
 use tokio_util::sync::CancellationToken;
 
-use multicluster_runtime::Cluster;
 use crate::fence::{Attempt, Fence, Timing};
 use crate::lease::live_holder;
+use crate::lock;
+use multicluster_runtime::Aware;
+use multicluster_runtime::Cluster;
+use multicluster_runtime::ClusterName;
+use multicluster_runtime::Error;
+use multicluster_runtime::coordinator::work_until as child_until;
 use multicluster_runtime::coordinator::{Coordinator, add_components, engage_each};
 use multicluster_runtime::engagements::{Arrival, Engagements};
-use multicluster_runtime::Error;
-use multicluster_runtime::Aware;
-use multicluster_runtime::ClusterName;
-use crate::lock;
-use multicluster_runtime::coordinator::work_until as child_until;
 
 /// Leader election settings: [`LeaderElectionOptions::new`], then the
 /// setters. The durations are client-go's defaults.
@@ -513,12 +513,12 @@ mod tests {
 
     #[test]
     fn a_lease_named_for_the_program_is_valid() {
-        // The test binary is `multicluster_runtime-<hash>`: an underscore
-        // no object name may hold.
+        // The test binary is `multicluster_coordinator-<hash>`: an
+        // underscore no object name may hold.
         let options = LeaderElectionOptions::for_program();
         assert!(options.check().is_ok(), "{:?}", options.lease_name);
         assert!(
-            options.lease_name.starts_with("multicluster-runtime-"),
+            options.lease_name.starts_with("multicluster-coordinator-"),
             "{:?}",
             options.lease_name
         );

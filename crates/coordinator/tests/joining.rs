@@ -8,25 +8,26 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use multicluster_runtime::testing::{eventually, run_manager, wait_until_ready};
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
-use multicluster_envtest::ControlPlane;
-use multicluster_runtime::ClusterName;
-use multicluster_runtime::coordinator::Coordinator;
 use multicluster_coordinator::sharding::{
     FenceHold, Peer, ShardedCoordinator, ShardingOptions, owner,
 };
+use multicluster_envtest::ControlPlane;
+use multicluster_runtime::ClusterName;
+use multicluster_runtime::coordinator::Coordinator;
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::testing::{eventually, run_manager, wait_until_ready};
 use multicluster_runtime::{Manager, ProviderContext, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 /// A cluster built from a control plane's admin kubeconfig.
-async fn cluster_for(name: &str, cp: &multicluster_envtest::ControlPlane) -> multicluster_runtime::Cluster {
+async fn cluster_for(
+    name: &str,
+    cp: &multicluster_envtest::ControlPlane,
+) -> multicluster_runtime::Cluster {
     multicluster_runtime::Cluster::new(name, cp.client().await.expect("client"))
 }
-
 
 const MEMBERS: [&str; 8] = ["m0", "m1", "m2", "m3", "m4", "m5", "m6", "m7"];
 

@@ -6,22 +6,24 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use multicluster_runtime::testing::{TestProvider, eventually, run_manager};
+use multicluster_coordinator::leader_election::{LeaderElection, LeaderElectionOptions};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::coordinator::Coordinator;
-use multicluster_coordinator::leader_election::{LeaderElection, LeaderElectionOptions};
 use multicluster_runtime::testing::recording_manager_from;
+use multicluster_runtime::testing::{TestProvider, eventually, run_manager};
 use multicluster_runtime::{Cluster, Manager};
 
 /// A cluster built from a control plane's admin kubeconfig.
-async fn cluster_for(name: &str, cp: &multicluster_envtest::ControlPlane) -> multicluster_runtime::Cluster {
+async fn cluster_for(
+    name: &str,
+    cp: &multicluster_envtest::ControlPlane,
+) -> multicluster_runtime::Cluster {
     multicluster_runtime::Cluster::new(name, cp.client().await.expect("client"))
 }
 
 fn req(cluster: &str, name: &str) -> multicluster_runtime::controller::Request {
     multicluster_runtime::controller::Request::new(cluster, Some("default"), name)
 }
-
 
 const LEASE_DURATION: Duration = Duration::from_secs(8);
 
@@ -38,7 +40,10 @@ fn options() -> LeaderElectionOptions {
 async fn a_leader_whose_api_server_hangs_stops_working_before_its_lease_lapses() {
     let management = ControlPlane::start().await.expect("management");
     let member = ControlPlane::start().await.expect("member");
-    member.create_config_map("before", &[]).await.expect("config map");
+    member
+        .create_config_map("before", &[])
+        .await
+        .expect("config map");
     let provider = TestProvider::default();
     provider
         .clusters
@@ -77,7 +82,10 @@ async fn a_leader_whose_api_server_hangs_stops_working_before_its_lease_lapses()
 
     // Back: the Lease still names this replica, which leads again and
     // catches up with what changed in the member meanwhile.
-    member.create_config_map("meanwhile", &[]).await.expect("config map");
+    member
+        .create_config_map("meanwhile", &[])
+        .await
+        .expect("config map");
     management.resume_api_server().expect("resume");
     recorder.wait_for_more(&req("m1", "meanwhile"), 0).await;
     assert!(election.is_leader());

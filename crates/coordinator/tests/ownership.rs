@@ -9,21 +9,23 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use multicluster_runtime::testing::{TestProvider, eventually, run_manager};
 use futures::future::BoxFuture;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
+use multicluster_coordinator::sharding::{FenceHold, ShardedCoordinator, ShardingOptions};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::coordinator::Coordinator;
-use multicluster_coordinator::sharding::{FenceHold, ShardedCoordinator, ShardingOptions};
+use multicluster_runtime::testing::{TestProvider, eventually, run_manager};
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Manager, ManagerOptions};
 use tokio_util::sync::CancellationToken;
 
 /// A cluster built from a control plane's admin kubeconfig.
-async fn cluster_for(name: &str, cp: &multicluster_envtest::ControlPlane) -> multicluster_runtime::Cluster {
+async fn cluster_for(
+    name: &str,
+    cp: &multicluster_envtest::ControlPlane,
+) -> multicluster_runtime::Cluster {
     multicluster_runtime::Cluster::new(name, cp.client().await.expect("client"))
 }
-
 
 const MEMBERS: [&str; 6] = ["m0", "m1", "m2", "m3", "m4", "m5"];
 

@@ -68,6 +68,7 @@ use crate::name::ClusterName;
 
 /// One cluster as a component holds it.
 pub struct Engagement<T> {
+    /// The cluster.
     pub cluster: Cluster,
     /// Ends when the cluster leaves the fleet or is replaced.
     pub lifetime: CancellationToken,
@@ -227,10 +228,7 @@ impl<T> Engagements<T> {
     }
 
     /// Keeps the engagements for which `keep` is true and ends the others.
-    pub fn retain(
-        &mut self,
-        mut keep: impl FnMut(&ClusterName, &mut Engagement<T>) -> bool,
-    ) {
+    pub fn retain(&mut self, mut keep: impl FnMut(&ClusterName, &mut Engagement<T>) -> bool) {
         self.entries.retain(|name, held| {
             let kept = keep(name, held);
             if !kept {

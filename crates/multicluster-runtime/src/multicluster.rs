@@ -55,7 +55,7 @@ pub trait Aware: Send + Sync {
     /// Gets ready to work on `cluster` without doing any work: starts the
     /// informers the component will read, so that a later
     /// [`engage`](Aware::engage) finds synced caches. A standby replica
-    /// under [leader election](crate::coordinator::leader_election) warms every cluster
+    /// under leader election (`multicluster-coordinator`) warms every cluster
     /// it would work on if it led. Must not block; the default does
     /// nothing.
     fn warm(&self, name: &ClusterName, cluster: &Cluster) {

@@ -11,10 +11,10 @@ use serde_json::json;
 
 use super::status::{self, MemberState, Outcome};
 use super::{HubKey, Members, STATUS_COALESCE, Shared, StatusTarget};
-use multicluster_runtime::cache::CachedResource;
 use multicluster_runtime::Cluster;
-use multicluster_runtime::controller::{Action, ReconcileError, Request, finalizer};
 use multicluster_runtime::ClusterName;
+use multicluster_runtime::cache::CachedResource;
+use multicluster_runtime::controller::{Action, ReconcileError, Request, finalizer};
 
 /// How soon a hub object whose members still hold its objects is looked
 /// at again (their removal also queues it).

@@ -10,8 +10,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, PartialObjectMeta};
 use kube::core::Resource;
 
-use multicluster_runtime::cache::CachedResource;
 use multicluster_runtime::Cluster;
+use multicluster_runtime::cache::CachedResource;
 use multicluster_runtime::controller::{ControllerBuilder, MapContext, Request, Watch};
 
 /// Maps a member object's metadata to the requests it causes.

@@ -55,7 +55,6 @@
 //! object that does not exist yet needs `create`) is served fully and never
 //! turned `degraded` by the propagation.
 
-
 mod hub;
 mod kinds;
 mod member;
@@ -71,15 +70,15 @@ use kube::core::{Resource, Selector, SelectorExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use multicluster_runtime::cache::{CacheEvent, CachedResource};
+use kinds::Kind;
 use multicluster_runtime::Cluster;
+use multicluster_runtime::ClusterName;
+use multicluster_runtime::Error;
+use multicluster_runtime::cache::{CacheEvent, CachedResource};
 use multicluster_runtime::controller::{
     ClusterScope, Controller, ControllerBuilder, MapContext, ReconcileError, Request, Watch,
     filters, map,
 };
-use multicluster_runtime::Error;
-use multicluster_runtime::ClusterName;
-use kinds::Kind;
 use status::Outcome;
 
 /// Locks `mutex`, carrying on if a holder panicked (the data is as it was

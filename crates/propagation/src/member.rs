@@ -14,10 +14,10 @@ use serde::de::DeserializeOwned;
 
 use super::status::{MemberState, Outcome};
 use super::{Conflicts, Desired, Drift, HubKey, PROPAGATION_LABEL, Shared};
-use multicluster_runtime::cache::CachedResource;
 use multicluster_runtime::Cluster;
-use multicluster_runtime::controller::{Action, ReconcileError, Request};
 use multicluster_runtime::ClusterName;
+use multicluster_runtime::cache::CachedResource;
+use multicluster_runtime::controller::{Action, ReconcileError, Request};
 use multicluster_runtime::redact::Redacted;
 
 /// How soon a removal waiting on a member's watch to list looks again.

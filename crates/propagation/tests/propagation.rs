@@ -12,11 +12,9 @@ use k8s_openapi::api::rbac::v1::{PolicyRule, Role};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::{Api, DeleteParams, ListParams, ObjectMeta, Patch, PatchParams};
 use multicluster_envtest::ControlPlane;
+use multicluster_propagation::{Conflicts, Desired, Drift, PROPAGATION_LABEL, Propagation};
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::manager::ClusterState;
-use multicluster_propagation::{
-    Conflicts, Desired, Drift, PROPAGATION_LABEL, Propagation,
-};
 use multicluster_runtime::testing::{TestProvider, eventually, run_manager, wait_until_ready};
 use multicluster_runtime::{Cluster, ClusterName, Manager};
 use serde_json::{Value, json};
@@ -269,7 +267,9 @@ async fn a_hub_object_is_applied_kept_reported_and_removed() {
     };
     let before = reconciles();
     for i in 0..10 {
-        hub.create_config_map(&format!("unselected-{i}"), &[]).await.expect("config map");
+        hub.create_config_map(&format!("unselected-{i}"), &[])
+            .await
+            .expect("config map");
     }
     hub_config_map(&hub, "team", "on", "6").await;
     eventually("both members to follow the update", || async {

@@ -19,10 +19,10 @@ use kube::api::{Api, DeleteParams, ObjectMeta, PostParams};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use multicluster_envtest::{ControlPlane, ServingFiles};
 use multicluster_runtime::testing::{TestProvider, eventually, run_manager};
+use multicluster_runtime::{Cluster, Manager};
 use multicluster_webhook::{
     Registration, RegistrationOptions, Webhook, WebhookServer, WebhookServerOptions,
 };
-use multicluster_runtime::{Cluster, Manager};
 
 #[derive(Debug, thiserror::Error)]
 #[error("never")]

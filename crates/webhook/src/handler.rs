@@ -182,7 +182,11 @@ where
         let answer = handler(cluster, request);
         async move {
             let response = answer.await.map_err(|err| {
-                Unanswered::Failed(multicluster_runtime::redact::Redacted::error(&err).as_str().to_string())
+                Unanswered::Failed(
+                    multicluster_runtime::redact::Redacted::error(&err)
+                        .as_str()
+                        .to_string(),
+                )
             })?;
             let allowed = response.allowed;
             let body = serde_json::to_vec(&response.into_review()).map_err(|err| {

@@ -28,7 +28,6 @@
 //! with a `cluster` label too when the manager's metrics have per-cluster
 //! labels.
 
-
 mod handler;
 mod registration;
 mod server;

@@ -19,13 +19,13 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::{WebhookKind, WebhookServer, path};
+use crate::lock;
+use multicluster_runtime::Aware;
 use multicluster_runtime::Cluster;
-use multicluster_runtime::engagements::{Engagements, when_ended};
+use multicluster_runtime::ClusterName;
 use multicluster_runtime::Error;
 use multicluster_runtime::Manager;
-use multicluster_runtime::Aware;
-use multicluster_runtime::ClusterName;
-use crate::lock;
+use multicluster_runtime::engagements::{Engagements, when_ended};
 
 /// How the webhooks are registered in each member.
 #[derive(Clone, Debug)]
@@ -351,7 +351,10 @@ impl Registration {
             Ok(Ok(())) => Ok(()),
             Ok(Err(err)) => Err(Error::Webhook {
                 what: what(),
-                reason: format!("not deleted: {}", multicluster_runtime::redact::Redacted::kube(&err)),
+                reason: format!(
+                    "not deleted: {}",
+                    multicluster_runtime::redact::Redacted::kube(&err)
+                ),
                 source: Some(Box::new(err)),
             }),
             Err(_) => Err(Error::Webhook {

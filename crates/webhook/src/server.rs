@@ -24,13 +24,13 @@ use tokio_util::sync::CancellationToken;
 use super::handler::{Unanswered, Webhook};
 use super::parse_path;
 use super::tls::CertificateFiles;
-use multicluster_runtime::Cluster;
-use multicluster_runtime::engagements::{Engagements, when_ended};
-use multicluster_runtime::Error;
-use multicluster_runtime::metrics::Metrics;
-use multicluster_runtime::Aware;
-use multicluster_runtime::ClusterName;
 use crate::lock;
+use multicluster_runtime::Aware;
+use multicluster_runtime::Cluster;
+use multicluster_runtime::ClusterName;
+use multicluster_runtime::Error;
+use multicluster_runtime::engagements::{Engagements, when_ended};
+use multicluster_runtime::metrics::Metrics;
 
 /// How long a client may take over its TLS handshake.
 const HANDSHAKE_DEADLINE: Duration = Duration::from_secs(10);

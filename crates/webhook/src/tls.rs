@@ -13,8 +13,8 @@ use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert};
 use rustls::sign::CertifiedKey;
 
-use multicluster_runtime::Error;
 use crate::lock;
+use multicluster_runtime::Error;
 
 /// What identifies a file's contents without reading them: a replaced
 /// file (or a swapped symlink) has another inode or modification time.

@@ -13,10 +13,10 @@ use kube::api::{Api, ObjectMeta, PostParams};
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use multicluster_envtest::{ControlPlane, ServingFiles};
 use multicluster_runtime::testing::{TestProvider, eventually, run_manager};
+use multicluster_runtime::{Cluster, ClusterName, Manager};
 use multicluster_webhook::{
     Registration, RegistrationOptions, Webhook, WebhookServer, WebhookServerOptions,
 };
-use multicluster_runtime::{Cluster, ClusterName, Manager};
 
 /// A cluster built from a control plane's admin kubeconfig.
 async fn cluster_for(name: &str, cp: &ControlPlane) -> Cluster {

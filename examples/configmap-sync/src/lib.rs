@@ -5,11 +5,11 @@
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use multicluster_coordinator::leader_election::{LeaderElection, LeaderElectionOptions};
 use multicluster_runtime::client::{
     AllowedPlugin, Allowlist, ExecPolicy, KubeconfigPolicy, Servers,
 };
 use multicluster_runtime::controller::{Action, Controller, Filter, Request, Watch, filters};
-use multicluster_coordinator::leader_election::{LeaderElection, LeaderElectionOptions};
 use multicluster_runtime::{Cluster, Error};
 use std::sync::Arc;
 use std::time::Duration;

@@ -17,8 +17,8 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_example_configmap_sync::{
     ClientArgs, MainError, ManagerArgs, PolicyArgs, hub_copy,
 };
-use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
 use multicluster_propagation::{Desired, Propagation};
+use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
 use multicluster_runtime::{Cluster, Manager};
 
 /// The label that marks a hub ConfigMap to propagate.

@@ -22,8 +22,8 @@ use kube::CustomResource;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use kube::runtime::wait::{await_condition, conditions};
 use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs, PolicyArgs};
-use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
 use multicluster_propagation::{Desired, Propagation};
+use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
 use multicluster_runtime::{Cluster, Manager};
 use serde::{Deserialize, Serialize};
 

@@ -21,9 +21,9 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_example_configmap_sync::{
     ClientArgs, MainError, ManagerArgs, PolicyArgs, hub_copy,
 };
+use multicluster_propagation::{Desired, Propagation};
 use multicluster_provider_cluster_inventory_api::placement::{DecisionKey, Placements};
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
-use multicluster_propagation::{Desired, Propagation};
 use multicluster_runtime::{Cluster, Manager};
 
 /// The annotation naming the placement a hub ConfigMap follows.

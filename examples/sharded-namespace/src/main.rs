@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::Parser;
+use multicluster_coordinator::sharding::{FenceHold, ShardedCoordinator, ShardingOptions};
 use multicluster_example_configmap_sync::{MainError, ManagerArgs, controller_on_replica, serve};
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
 use multicluster_runtime::Manager;
-use multicluster_coordinator::sharding::{FenceHold, ShardedCoordinator, ShardingOptions};
 use multicluster_runtime::metrics::Metrics;
 
 /// Copy labelled ConfigMaps in namespace-backed clusters, sharded over replicas.

@@ -13,12 +13,12 @@ use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::{Api, ListParams};
+use multicluster_coordinator::sharding::fence_lease_name;
 use multicluster_envtest::ControlPlane;
 use multicluster_example_testing::replica::{Replica, ShardedArgs};
 use multicluster_example_testing::sharding::{
     LedgerFile, create_namespaces, now, owner_among, wait_settled,
 };
-use multicluster_coordinator::sharding::fence_lease_name;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-sharded-namespace");
 const FILTER: &str = "outage";

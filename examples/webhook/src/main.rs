@@ -20,10 +20,10 @@ use kube::ResourceExt;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
 use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs, PolicyArgs};
 use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
+use multicluster_runtime::{Cluster, Manager};
 use multicluster_webhook::{
     Registration, RegistrationOptions, Webhook, WebhookServer, WebhookServerOptions,
 };
-use multicluster_runtime::{Cluster, Manager};
 use tokio_util::sync::CancellationToken;
 
 /// The label every ConfigMap in a member must carry.

@@ -30,8 +30,8 @@ use tokio::time::Instant;
 
 use crate::fence::{self, Standing};
 use crate::lease::{self, HANDED_TO_LABEL};
-use multicluster_runtime::ClusterName;
 use crate::lock;
+use multicluster_runtime::ClusterName;
 
 use super::{ShardedCoordinator, engage_or_hand_back, hold, owner_but};
 

@@ -50,11 +50,11 @@ use serde::{Deserialize, Serialize};
 use super::hrw::{self, Peer};
 use super::{ShardedCoordinator, engage_or_hand_back, hold};
 use crate::fence;
-use crate::lease::{self, Heir, Hold, Knowledge};
-use multicluster_runtime::health::repeats::Telling;
-use multicluster_runtime::ClusterName;
-use multicluster_runtime::redact::Redacted;
+use crate::lease::{self, Heir, Hold};
 use crate::lock;
+use multicluster_runtime::ClusterName;
+use multicluster_runtime::health::repeats::Telling;
+use multicluster_runtime::redact::Redacted;
 
 /// How long an heir works on a fence it inherited without having written
 /// it as its own. Writing 10,000 at a few hundred per look takes well
@@ -129,7 +129,7 @@ impl Record {
     }
 
     /// Whether the record is still followed at `now`.
-    fn followed_at(&self, now: Timestamp) -> bool {
+    pub(crate) fn followed_at(&self, now: Timestamp) -> bool {
         self.at()
             .and_then(|at| at.checked_add(FOLLOWED_FOR).ok())
             .is_some_and(|until| now < until)

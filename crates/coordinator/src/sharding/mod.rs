@@ -81,15 +81,15 @@ use tokio::sync::{Notify, watch};
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-use multicluster_runtime::Cluster;
+use crate::lock;
 use crate::{dns1123, fence, lease, lease_name};
+use multicluster_runtime::Aware;
+use multicluster_runtime::Cluster;
+use multicluster_runtime::ClusterName;
+use multicluster_runtime::Error;
+use multicluster_runtime::coordinator::work_until as child_until;
 use multicluster_runtime::coordinator::{Coordinator, add_components, engage_each};
 use multicluster_runtime::engagements::{Arrival, Engagement, Engagements, when_ended};
-use multicluster_runtime::Error;
-use multicluster_runtime::Aware;
-use multicluster_runtime::ClusterName;
-use crate::lock;
-use multicluster_runtime::coordinator::work_until as child_until;
 
 pub use hrw::Peer;
 pub(crate) use hrw::owner as owner_of;

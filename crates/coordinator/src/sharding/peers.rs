@@ -19,7 +19,9 @@ use kube::runtime::{WatchStreamExt, watcher};
 use super::epochs::Epochs;
 use super::heirs::{self, HeirPeer, Record};
 use super::hrw::Peer;
-use super::wire::{LEAVING_ANNOTATION, READY_ANNOTATION, WEIGHT_ANNOTATION, is_leaving, is_ready, weight};
+use super::wire::{
+    LEAVING_ANNOTATION, READY_ANNOTATION, WEIGHT_ANNOTATION, is_leaving, is_ready, weight,
+};
 use crate::EPOCH_ANNOTATION;
 use crate::fence::Standing;
 use crate::lease::{self, EpochEnd, seconds};

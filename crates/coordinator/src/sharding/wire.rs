@@ -21,7 +21,6 @@ pub(crate) const READY_ANNOTATION: &str = "mcr.sigs.k8s.io/ready";
 /// its epoch, and every fence held with it, holds until its Lease goes.
 pub(crate) const LEAVING_ANNOTATION: &str = "mcr.sigs.k8s.io/leaving";
 
-
 /// Whether a peer Lease says its replica is ready to be handed clusters
 /// (missing: ready, as replicas that never say).
 pub(crate) fn is_ready(lease: &Lease) -> bool {
@@ -50,4 +49,3 @@ pub(crate) fn weight(lease: &Lease) -> u32 {
         .filter(|w| *w > 0)
         .unwrap_or(1)
 }
-

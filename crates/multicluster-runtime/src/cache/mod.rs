@@ -243,7 +243,7 @@ impl Cache {
     /// The informer for `K` if something started it in this cache: for a
     /// look that must not start a watch (a cluster the type is not watched
     /// in may well refuse one).
-    pub(crate) fn started_informer<K>(&self) -> Option<Arc<Informer<K>>>
+    pub fn started_informer<K>(&self) -> Option<Arc<Informer<K>>>
     where
         K: CachedResource,
     {

@@ -157,7 +157,7 @@ impl WatchBackoff {
     /// The delays for a watch of our own that is not an informer's (the
     /// Lease watch of leader election): those of a server that cannot be
     /// reached.
-    pub(crate) fn strategy(self) -> watcher::ExponentialBackoff {
+    pub fn strategy(self) -> watcher::ExponentialBackoff {
         backon::ExponentialBuilder::default()
             .with_min_delay(self.initial)
             .with_max_delay(self.max.max(self.initial))

@@ -5,7 +5,7 @@
 
 use kube::config::Kubeconfig;
 
-use crate::error::Error;
+use crate::client::Error;
 
 /// The contexts of a kubeconfig, each a cluster to a provider that reads
 /// kubeconfig files.

@@ -25,7 +25,6 @@ use std::time::Duration;
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use secrecy::ExposeSecret;
 
-use crate::error::Error;
 use crate::health::{BoundedLayer, Requests};
 use budget::{Budget, BudgetLayer};
 use credentials::Plugin;
@@ -34,6 +33,7 @@ use kubeconfig::{context_only, invalid};
 pub mod budget;
 mod connection;
 pub mod credentials;
+mod error;
 pub mod kubeconfig;
 mod options;
 pub(crate) mod policy;
@@ -41,6 +41,7 @@ mod proxy;
 mod resend;
 mod withhold;
 
+pub use error::Error;
 pub use options::ClientOptions;
 pub use policy::{
     AllowedPlugin, Allowlist, ExecPolicy, KubeconfigPolicy, Refusal, Refused, Servers,

@@ -69,7 +69,7 @@ impl Request {
     }
 
     /// The owner that `meta`'s annotations name, if any.
-    pub(crate) fn owner_in(meta: &ObjectMeta) -> Option<Request> {
+    pub fn owner_in(meta: &ObjectMeta) -> Option<Request> {
         let annotations = meta.annotations.as_ref()?;
         let key = annotations.get(Self::OWNER_ANNOTATION)?;
         let cluster = annotations

@@ -24,7 +24,7 @@
 //! deadline. Clusters with clients of their own are judged by their watches.
 
 mod bounded;
-pub(crate) mod repeats;
+pub mod repeats;
 mod requests;
 
 use std::error::Error as StdError;

@@ -10,11 +10,11 @@ use crate::redact::Redacted;
 
 /// How long the same failure may go on before it is told again at the
 /// default level.
-pub(crate) const REMIND_EVERY: Duration = Duration::from_secs(300);
+pub const REMIND_EVERY: Duration = Duration::from_secs(300);
 
 /// How a failure is to be told.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) enum Telling {
+pub enum Telling {
     /// A warning: the first failure since the last success, or another
     /// reason.
     New,
@@ -26,14 +26,14 @@ pub(crate) enum Telling {
 
 /// What was told of one thing's failures so far.
 #[derive(Debug, Default)]
-pub(crate) struct Repeats {
+pub struct Repeats {
     /// The reason last warned about, when, and the failures since.
     current: Option<(Redacted, Instant, u64)>,
 }
 
 impl Repeats {
     /// How to tell a failure for `reason` seen at `now`.
-    pub(crate) fn tell(&mut self, reason: &Redacted, now: Instant) -> Telling {
+    pub fn tell(&mut self, reason: &Redacted, now: Instant) -> Telling {
         match &mut self.current {
             Some((told, at, attempts)) if told == reason => {
                 *attempts += 1;
@@ -52,7 +52,7 @@ impl Repeats {
     }
 
     /// It worked: the failures told since, if any.
-    pub(crate) fn succeeded(&mut self) -> Option<u64> {
+    pub fn succeeded(&mut self) -> Option<u64> {
         self.current.take().map(|(_, _, attempts)| attempts)
     }
 }

@@ -28,8 +28,8 @@ mod progress;
 
 mod tracking;
 
-pub use options::ManagerOptions;
 pub use crate::state::{ClusterState, ClusterStatus};
+pub use options::ManagerOptions;
 use tracking::Tracked;
 
 use crate::sync::{lock, stop_within};
@@ -113,8 +113,8 @@ impl ManagerBuilder {
 
     /// Who engages which cluster with the components (by default every
     /// replica engages every cluster):
-    /// [`LeaderElection`](crate::coordinator::leader_election::LeaderElection)
-    /// or [`ShardedCoordinator`](crate::coordinator::sharding::ShardedCoordinator)
+    /// `multicluster_coordinator::leader_election::LeaderElection`
+    /// or `multicluster_coordinator::sharding::ShardedCoordinator`
     /// for several replicas.
     pub fn coordinator(mut self, coordinator: Arc<dyn Coordinator>) -> Self {
         self.coordinator = coordinator;
@@ -240,9 +240,11 @@ impl Manager {
         self.inner.stopping.is_cancelled()
     }
 
-    /// How many handles to this manager exist.
-    #[cfg(test)]
-    pub(crate) fn handles(&self) -> usize {
+    /// How many handles to this manager exist: for tests that a component
+    /// the manager holds does not keep the manager alive (feature
+    /// `testing`).
+    #[cfg(feature = "testing")]
+    pub fn handles(&self) -> usize {
         Arc::strong_count(&self.inner)
     }
 

@@ -7,9 +7,9 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use super::ManagerOptions;
-use crate::state::{ClusterState, ClusterStatus};
 use crate::cluster::Cluster;
 use crate::redact::Redacted;
+use crate::state::{ClusterState, ClusterStatus};
 
 /// A moment by the runtime's clock (to measure) and the wall clock (to show).
 #[derive(Clone, Copy, Debug)]

@@ -7,9 +7,8 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use super::progress::{Moment, Progress};
 use super::Manager;
-use crate::state::ClusterState;
+use super::progress::{Moment, Progress};
 use crate::cluster::Cluster;
 use crate::engagements::{Arrival, Engagements, when_ended};
 use crate::error::Error;
@@ -18,6 +17,7 @@ use crate::metrics::{ClusterAge, Metrics};
 use crate::multicluster::Aware;
 use crate::name::ClusterName;
 use crate::redact::Redacted;
+use crate::state::ClusterState;
 use crate::sync::lock;
 
 /// How often engaged clusters' health is looked at.

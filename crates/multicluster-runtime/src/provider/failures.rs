@@ -81,13 +81,14 @@ impl Failures {
     /// with `err`: counted under `credentials` when another attempt may
     /// work ([`Error::is_retryable`]: a credential plugin failed), under
     /// `refused-kubeconfig` when its policy refused it
-    /// ([`Error::KubeconfigRefused`]), else under `invalid-kubeconfig`.
+    /// ([`client::Error::KubeconfigRefused`](crate::client::Error::KubeconfigRefused)),
+    /// else under `invalid-kubeconfig`.
     /// Returns whether to try again later.
     pub fn record_build_error(&self, name: &ClusterName, err: &Error) -> bool {
         let retry = err.is_retryable();
         let kind = match err {
             _ if retry => "credentials",
-            Error::KubeconfigRefused { .. } => "refused-kubeconfig",
+            Error::Client(crate::client::Error::KubeconfigRefused { .. }) => "refused-kubeconfig",
             _ => "invalid-kubeconfig",
         };
         self.record(name, err.to_string(), kind);
@@ -231,7 +232,7 @@ mod tests {
     fn build_errors_are_told_apart_by_whether_a_retry_may_help() {
         let failures = Failures::new("test", None);
         let name = ClusterName::from("a");
-        let plugin = Error::Credentials {
+        let plugin = Error::from(crate::client::Error::Credentials {
             origin: "Secret s".into(),
             user: "context \"c\", user \"u\"".into(),
             source: crate::client::credentials::PluginError::Unusable {
@@ -239,13 +240,13 @@ mod tests {
                 reason: "no status".into(),
             }
             .into(),
-        };
+        });
         assert!(failures.record_build_error(&name, &plugin));
         assert_eq!(failures.current()[&name], plugin.to_string());
-        let wrong = Error::InvalidKubeconfig {
+        let wrong = Error::from(crate::client::Error::InvalidKubeconfig {
             origin: "Secret s".into(),
             reason: "no contexts".into(),
-        };
+        });
         assert!(!failures.record_build_error(&name, &wrong));
         assert_eq!(failures.current()[&name], wrong.to_string());
     }

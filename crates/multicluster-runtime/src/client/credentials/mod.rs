@@ -40,7 +40,7 @@ use secrecy::{ExposeSecret, SecretString};
 use tokio::time::Instant;
 
 use super::withhold::CredentialValues;
-use crate::error::Error;
+use crate::client::Error;
 use crate::health::Requests;
 use crate::redact::Redacted;
 

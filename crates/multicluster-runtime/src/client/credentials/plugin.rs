@@ -44,7 +44,7 @@ pub(crate) enum PluginError {
     Unusable { command: String, reason: String },
 }
 
-/// Why a credential plugin gave no credential, as [`Error::Credentials`](crate::Error::Credentials)
+/// Why a credential plugin gave no credential, as [`Error::Credentials`](crate::client::Error::Credentials)
 /// carries it: its command, and how it failed (could not be started, timed
 /// out, exited with a failure, printed nothing usable). Never its arguments,
 /// environment or output.

@@ -34,7 +34,7 @@ use std::net::IpAddr;
 
 use base64::Engine;
 
-use crate::error::Error;
+use crate::client::Error;
 
 /// The servers a plugin's credentials may be sent to (see the module notes).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]
