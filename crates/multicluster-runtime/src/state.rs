@@ -3,8 +3,6 @@
 use std::time::SystemTime;
 
 use crate::redact::Redacted;
-#[allow(unused_imports)]
-use crate::fleet::FleetSummary;
 
 /// A cluster's state with its recent history, as
 /// [`Manager::cluster_states`](crate::Manager::cluster_states) and
