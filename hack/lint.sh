@@ -14,7 +14,7 @@ for manifest in crates/*/Cargo.toml providers/*/Cargo.toml; do
 done
 # The core's optional parts (features health, testing) each build alone and
 # without the others; the coordinators without sharding.
-for features in "" health testing; do
+for features in "" health kubeconfig testing; do
     cargo clippy -p multicluster-runtime --lib \
         --no-default-features --features "$features" -- -D warnings
 done

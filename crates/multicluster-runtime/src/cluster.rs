@@ -7,10 +7,10 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::cache::Cache;
-use crate::name::ClusterName;
 use kube::runtime::events::{Recorder, Reporter};
+use multicluster_core::ClusterName;
 
-use crate::health::{Failure, Health, Requests};
+use multicluster_core::health::{Failure, Health, Requests};
 
 /// A cluster as providers hand it out and reconcilers receive it.
 ///
@@ -116,6 +116,7 @@ impl Cluster {
     }
 
     /// This cluster, judged also by how `requests` (its client's) end.
+    #[cfg(feature = "kubeconfig")]
     pub(crate) fn watching_requests(self, requests: Requests) -> Self {
         let inner = &self.inner;
         Self {
@@ -200,7 +201,7 @@ impl Cluster {
     /// ```
     pub fn recorder(&self, reporter: impl Into<Reporter>) -> Recorder {
         let reporter = reporter.into();
-        crate::sync::lock(&self.inner.recorders)
+        multicluster_core::lock(&self.inner.recorders)
             .entry(reporter.clone())
             .or_insert_with(|| Recorder::new(self.inner.client.clone(), reporter))
             .clone()

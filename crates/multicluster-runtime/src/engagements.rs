@@ -64,7 +64,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use tokio_util::sync::CancellationToken;
 
 use crate::cluster::Cluster;
-use crate::name::ClusterName;
+use multicluster_core::ClusterName;
 
 /// One cluster as a component holds it.
 pub struct Engagement<T> {

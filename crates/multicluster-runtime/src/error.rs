@@ -1,6 +1,6 @@
 //! Errors of the core crate.
 
-use crate::name::ClusterName;
+use multicluster_core::ClusterName;
 
 /// What can go wrong in providers, clusters and the manager. New variants
 /// may come: match with a wildcard arm.
@@ -26,15 +26,15 @@ pub enum Error {
         /// How long was waited.
         timeout: std::time::Duration,
         /// The last failure seen.
-        reason: crate::redact::Redacted,
+        reason: multicluster_core::redact::Redacted,
     },
     /// A provider or component was started twice.
     #[error("{0} already started")]
     AlreadyStarted(&'static str),
     /// A call to a cluster's API server failed. The message goes through
-    /// [`crate::redact::Redacted::kube`], so a failed credential plugin's
+    /// [`multicluster_core::redact::Redacted::kube`], so a failed credential plugin's
     /// settings never show.
-    #[error("cluster {cluster}: {}", crate::redact::kube_error(source))]
+    #[error("cluster {cluster}: {}", multicluster_core::redact::kube_error(source))]
     Kube {
         /// The cluster the call went to.
         cluster: ClusterName,
@@ -44,9 +44,10 @@ pub enum Error {
     },
     /// A member client could not be built from a kubeconfig: it is
     /// invalid, its policy refused it, or its credentials could not be
-    /// obtained ([`crate::client::Error`]; the message is its own).
+    /// obtained ([`multicluster_client::Error`]; the message is its own).
+    #[cfg(feature = "kubeconfig")]
     #[error(transparent)]
-    Client(#[from] crate::client::Error),
+    Client(#[from] multicluster_client::Error),
     /// Settings that cannot work: the message names the component, the
     /// field and what is wrong with it.
     #[error("{component}: {reason}")]
@@ -59,6 +60,7 @@ pub enum Error {
     /// A provider of that name is already present (multi provider).
     #[error("provider {0:?} already added")]
     ProviderExists(String),
+    #[cfg(feature = "kubeconfig")]
     /// An external command (a CLI such as `kind`) could not be run, failed
     /// or printed something unusable.
     #[error("`{command}` {reason}")]
@@ -70,7 +72,7 @@ pub enum Error {
         /// The error it came from, if any (starting or waiting for the
         /// command).
         #[source]
-        source: Option<crate::process::ProcessError>,
+        source: Option<multicluster_client::process::ProcessError>,
     },
     /// A watch a component depends on could not start or ended.
     #[error("watching {what}: {source}")]
@@ -121,6 +123,8 @@ impl Error {
     /// A kubeconfig that is simply wrong is not: it needs a change.
     pub fn is_retryable(&self) -> bool {
         match self {
+            #[cfg(feature = "kubeconfig")]
+            #[cfg(feature = "kubeconfig")]
             Self::Client(err) => err.is_retryable(),
             Self::Kube { .. } | Self::NotReady { .. } => true,
             _ => false,

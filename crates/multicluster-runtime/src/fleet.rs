@@ -18,9 +18,9 @@ use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use tokio::sync::watch;
 
-use crate::name::ClusterName;
-use crate::redact::Redacted;
-use crate::sync::lock;
+use multicluster_core::ClusterName;
+use multicluster_core::lock;
+use multicluster_core::redact::Redacted;
 
 /// How many clusters are in each state. Subscribers are told of every
 /// change ([`FleetSummary::changes`] moves even when the counts stay, as
@@ -40,7 +40,7 @@ pub struct FleetSummary {
     /// Inventory objects that could not become clusters.
     pub unusable: usize,
     /// Inventory objects describing a cluster the fleet already holds under
-    /// another name ([`crate::state::ClusterState::Duplicate`]).
+    /// another name ([`multicluster_core::ClusterState::Duplicate`]).
     pub duplicates: usize,
     /// How many changes the fleet has seen.
     pub changes: u64,
@@ -61,13 +61,13 @@ pub(crate) struct Unusable {
 
 impl Unusable {
     /// Its status as the manager reports it.
-    pub(crate) fn status(&self) -> crate::state::ClusterStatus {
-        crate::state::ClusterStatus {
-            state: crate::state::ClusterState::Unusable(self.reason.clone()),
-            since: self.since,
-            failed_attempts: self.attempts,
-            next_attempt: None,
-        }
+    pub(crate) fn status(&self) -> multicluster_core::ClusterStatus {
+        multicluster_core::ClusterStatus::from_parts(
+            multicluster_core::ClusterState::Unusable(self.reason.clone()),
+            self.since,
+            self.attempts,
+            None,
+        )
     }
 }
 
@@ -85,13 +85,13 @@ pub(crate) struct Duplicate {
 
 impl Duplicate {
     /// Its status as the manager reports it.
-    pub(crate) fn status(&self) -> crate::state::ClusterStatus {
-        crate::state::ClusterStatus {
-            state: crate::state::ClusterState::Duplicate(self.of.clone()),
-            since: self.since,
-            failed_attempts: 0,
-            next_attempt: None,
-        }
+    pub(crate) fn status(&self) -> multicluster_core::ClusterStatus {
+        multicluster_core::ClusterStatus::from_parts(
+            multicluster_core::ClusterState::Duplicate(self.of.clone()),
+            self.since,
+            0,
+            None,
+        )
     }
 }
 

@@ -21,7 +21,6 @@
 #![doc = include_str!("../README.md")]
 
 pub mod cache;
-pub mod client;
 mod cluster;
 pub mod controller;
 pub mod coordinator;
@@ -32,12 +31,8 @@ pub mod health;
 pub mod manager;
 pub mod metrics;
 pub mod multicluster;
-mod name;
-pub mod process;
+mod open_files;
 pub mod provider;
-pub mod redact;
-mod setters;
-mod state;
 mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -46,4 +41,8 @@ pub use cluster::{Cluster, Inventory};
 pub use error::Error;
 pub use manager::{Manager, ManagerBuilder, ManagerOptions};
 pub use multicluster::{Aware, Provider, ProviderContext, RunnableProvider};
-pub use name::ClusterName;
+#[cfg(feature = "kubeconfig")]
+pub use multicluster_client as client;
+#[cfg(feature = "kubeconfig")]
+pub use multicluster_client::process;
+pub use multicluster_core::{ClusterName, option_setters, redact};

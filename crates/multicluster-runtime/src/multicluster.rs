@@ -13,7 +13,7 @@ use crate::cache::FieldIndex;
 use crate::cluster::Cluster;
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::name::ClusterName;
+use multicluster_core::ClusterName;
 
 /// Something that wants to know about every cluster of the fleet: the
 /// manager, controllers, other cluster-aware components.

@@ -1,6 +1,5 @@
 //! Small synchronisation helpers shared across the crate.
 
-use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
 use tokio::task::{JoinError, JoinSet};
@@ -9,15 +8,6 @@ use tokio::time::Instant;
 /// How long tasks aborted at a stop deadline get to unwind (an abort takes
 /// effect at their next await point).
 const ABORT_WAIT: Duration = Duration::from_secs(1);
-
-/// Locks `mutex`, carrying on if a holder panicked: a panic inside one of
-/// the crate's short critical sections is reported where it happened, and
-/// the fleet keeps working with the data as it was left.
-pub fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-}
 
 /// A child of `parent` that is also cancelled when `also` is: work that
 /// ends with its cluster's lifetime or with the hold it was started under

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::cache::CachedResource;
 use crate::controller::{Action, Controller, Request, Watch};
 use crate::error::Error;
-use crate::name::ClusterName;
+use multicluster_core::ClusterName;
 
 /// How long [`eventually`] waits by default.
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
@@ -53,7 +53,7 @@ pub struct EngagedNames {
 impl EngagedNames {
     /// The names engaged so far, sorted.
     pub fn names(&self) -> Vec<ClusterName> {
-        let mut names = crate::sync::lock(&self.names).clone();
+        let mut names = multicluster_core::lock(&self.names).clone();
         names.sort();
         names
     }
@@ -66,7 +66,7 @@ impl crate::multicluster::Aware for EngagedNames {
         name: ClusterName,
         _cluster: crate::cluster::Cluster,
     ) -> Result<(), Error> {
-        crate::sync::lock(&self.names).push(name);
+        multicluster_core::lock(&self.names).push(name);
         Ok(())
     }
 }
@@ -128,7 +128,7 @@ pub struct Recorder {
 
 impl Recorder {
     fn seen(&self) -> std::sync::MutexGuard<'_, Vec<(Request, Instant)>> {
-        crate::sync::lock(&self.seen)
+        multicluster_core::lock(&self.seen)
     }
 
     /// Notes a reconcile of `request` now.
@@ -317,8 +317,8 @@ pub async fn wait_for_state(
     manager: &crate::manager::Manager,
     cluster: &str,
     within: Duration,
-    wanted: impl Fn(Option<&crate::state::ClusterState>) -> bool,
-) -> Option<crate::state::ClusterState> {
+    wanted: impl Fn(Option<&multicluster_core::ClusterState>) -> bool,
+) -> Option<multicluster_core::ClusterState> {
     let name = ClusterName::from(cluster);
     let mut changes = manager.watch_fleet();
     let deadline = tokio::time::Instant::now() + within;
@@ -344,7 +344,7 @@ pub async fn wait_for_state(
 /// caches cannot sync).
 pub async fn wait_until_unreachable(manager: &crate::manager::Manager, cluster: &str) {
     wait_for_state(manager, cluster, DEFAULT_DEADLINE, |state| {
-        matches!(state, Some(crate::state::ClusterState::Unreachable(_)))
+        matches!(state, Some(multicluster_core::ClusterState::Unreachable(_)))
     })
     .await;
 }
@@ -373,7 +373,7 @@ pub async fn wait_until_unusable(
     address: std::net::SocketAddr,
     names: &[ClusterName],
 ) -> std::collections::BTreeMap<ClusterName, String> {
-    use crate::state::ClusterState;
+    use multicluster_core::ClusterState;
     let reasons = || {
         names
             .iter()
@@ -407,7 +407,7 @@ pub async fn wait_until_unusable(
 /// and the cluster turns ready once all of them have.
 pub async fn wait_until_ready(manager: &crate::manager::Manager, cluster: &str) {
     wait_for_state(manager, cluster, DEFAULT_DEADLINE, |state| {
-        state == Some(&crate::state::ClusterState::Ready)
+        state == Some(&multicluster_core::ClusterState::Ready)
     })
     .await;
 }
@@ -542,5 +542,5 @@ pub async fn http_get(
 /// many connections without a manager. Returns the soft limit before and
 /// after.
 pub fn raise_open_files_limit() -> std::io::Result<(Option<u64>, Option<u64>)> {
-    crate::process::raise_open_files_limit()
+    crate::open_files::raise_open_files_limit()
 }

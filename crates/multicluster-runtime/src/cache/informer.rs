@@ -20,9 +20,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::cache::index::Indexes;
 use crate::cache::retry::RetryState;
-use crate::health::repeats::{Repeats, Telling};
-use crate::health::{FailingFlag, Failure};
-use crate::name::ClusterName;
+use multicluster_core::ClusterName;
+use multicluster_core::health::repeats::{Repeats, Telling};
+use multicluster_core::health::{FailingFlag, Failure};
 
 /// A change seen by an informer.
 #[derive(Debug)]
@@ -142,7 +142,7 @@ where
     failure: Option<Failure>,
 }
 
-/// Tells a watch's failures as [`crate::health::repeats`] says: a member
+/// Tells a watch's failures as [`multicluster_core::health::repeats`] says: a member
 /// that stays down is one warning, then a reminder every five minutes, not
 /// one warning per retry. The manager says the cluster's change of state
 /// once besides.
@@ -154,7 +154,7 @@ impl FailureLog {
         &mut self,
         cluster: &ClusterName,
         kind: &str,
-        reason: &crate::redact::Redacted,
+        reason: &multicluster_core::redact::Redacted,
         retry_in: Option<std::time::Duration>,
     ) {
         match self.0.tell(reason, std::time::Instant::now()) {
@@ -233,8 +233,8 @@ where
                         }
                     }
                     Err(err) => {
-                        let unreachable = crate::health::is_unreachable(&err);
-                        let reason = crate::redact::Redacted::watcher(&err)
+                        let unreachable = multicluster_core::health::is_unreachable(&err);
+                        let reason = multicluster_core::redact::Redacted::watcher(&err)
                             .with_context(&format!("watching {plural}"));
                         let retry_in = retries.as_ref().and_then(RetryState::delay);
                         told.failed(&cluster, &kind, &reason, retry_in);
@@ -259,7 +259,7 @@ where
     fn lock(&self) -> std::sync::MutexGuard<'_, State<K>> {
         // The state stays consistent even if a holder panicked: every update
         // is applied to the store before anything else can fail.
-        crate::sync::lock(&self.state)
+        multicluster_core::lock(&self.state)
     }
 
     /// Applies one watcher event; returns true when an initial list or relist

@@ -16,7 +16,7 @@ mod retry;
 mod scope;
 mod scoped;
 
-use crate::sync::lock;
+use multicluster_core::lock;
 use std::any::{Any, TypeId};
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -38,8 +38,8 @@ pub use options::{CacheOptions, WatchBackoff};
 pub(crate) use scope::WatchScope;
 
 use crate::error::Error;
-use crate::name::ClusterName;
 use index::Indexes;
+use multicluster_core::ClusterName;
 
 /// How long a read through a cache waits for its informer's first list by
 /// default ([`CacheOptions::sync_wait`]), and the manager's default
@@ -129,7 +129,7 @@ trait ErasedInformer: Send + Sync {
     fn into_any(self: Arc<Self>) -> Arc<dyn Any + Send + Sync>;
     fn is_ready(&self) -> bool;
     fn ready(&self) -> tokio::sync::watch::Receiver<bool>;
-    fn failure(&self) -> Option<crate::health::Failure>;
+    fn failure(&self) -> Option<multicluster_core::health::Failure>;
     fn add_index(&self, index: &FieldIndex);
 }
 
@@ -147,7 +147,7 @@ where
     fn ready(&self) -> tokio::sync::watch::Receiver<bool> {
         self.ready.clone()
     }
-    fn failure(&self) -> Option<crate::health::Failure> {
+    fn failure(&self) -> Option<multicluster_core::health::Failure> {
         Informer::failure(self)
     }
     fn add_index(&self, index: &FieldIndex) {
@@ -407,7 +407,7 @@ impl Cache {
                 name: self.inner.cluster.clone(),
                 timeout: wait,
                 reason: informer.failure().map_or_else(
-                    || crate::redact::Redacted::new("the informer has not listed yet"),
+                    || multicluster_core::redact::Redacted::new("the informer has not listed yet"),
                     |failure| failure.reason,
                 ),
             })
@@ -430,7 +430,7 @@ impl Cache {
             .iter()
             .find_map(|(_, informer)| informer.failure())
             .map_or_else(
-                || crate::redact::Redacted::new("informers have not listed yet"),
+                || multicluster_core::redact::Redacted::new("informers have not listed yet"),
                 |failure| failure.reason,
             );
         Err(Error::NotReady {
@@ -461,7 +461,7 @@ impl Cache {
     /// The oldest failure among the cache's watches, if any is failing; a
     /// watch that cannot reach the server comes before one the server
     /// refuses.
-    pub(crate) fn failure(&self) -> Option<crate::health::Failure> {
+    pub(crate) fn failure(&self) -> Option<multicluster_core::health::Failure> {
         // A failure lasts until its watch delivers again: every failed
         // watch starts over with a list, whose first result shows it works.
         lock(&self.inner.informers)
@@ -471,9 +471,11 @@ impl Cache {
     }
 
     /// How the cache's watches are doing: see [`crate::health`].
-    pub fn health(&self) -> crate::health::Health {
+    pub fn health(&self) -> multicluster_core::health::Health {
         self.failure()
-            .map_or(crate::health::Health::Healthy, |failure| failure.health())
+            .map_or(multicluster_core::health::Health::Healthy, |failure| {
+                failure.health()
+            })
     }
 
     /// The number of informers (watches) this cache runs.

@@ -49,7 +49,7 @@ pub struct CacheOptions {
     pub sync_wait: std::time::Duration,
 }
 
-crate::option_setters!(CacheOptions {
+multicluster_core::option_setters!(CacheOptions {
     namespace: impl Into<Option<String>>,
     strip_managed_fields: bool,
     streaming_lists: bool,
@@ -135,7 +135,7 @@ pub struct WatchBackoff {
     pub refused_max: Duration,
 }
 
-crate::option_setters!(WatchBackoff {
+multicluster_core::option_setters!(WatchBackoff {
     initial: Duration,
     max: Duration,
     refused_initial: Duration,

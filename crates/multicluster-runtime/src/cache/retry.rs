@@ -27,7 +27,7 @@ use kube::runtime::utils::Backoff;
 use kube::runtime::watcher;
 
 use crate::cache::WatchBackoff;
-use crate::sync::lock;
+use multicluster_core::lock;
 
 type Events<K> = Pin<Box<dyn Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Send>>;
 
@@ -108,7 +108,7 @@ impl RetryState {
             Ok(watcher::Event::Init) => {}
             Ok(_) => outcomes.delivered = true,
             Err(err) => {
-                outcomes.failed = Some(if crate::health::is_unreachable(err) {
+                outcomes.failed = Some(if multicluster_core::health::is_unreachable(err) {
                     Kind::Unreachable
                 } else {
                     Kind::Refused

@@ -23,7 +23,7 @@ use crate::cluster::Cluster;
 use crate::engagements::Engagements;
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::name::ClusterName;
+use multicluster_core::ClusterName;
 
 /// Which clusters and events a watch covers; used with the builder's
 /// `for_resource`, `owns` and `watches`.

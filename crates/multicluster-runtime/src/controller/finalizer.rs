@@ -25,8 +25,8 @@ use serde_json::json;
 use super::{Action, Controller, ReconcileError};
 use crate::cache::{CachedResource, WatchScope};
 use crate::cluster::Cluster;
-use crate::name::ClusterName;
-use crate::redact::Redacted;
+use multicluster_core::ClusterName;
+use multicluster_core::redact::Redacted;
 
 /// What [`finalizer`] asks the reconciler to do.
 #[derive(Debug)]

@@ -23,7 +23,7 @@ use kube::core::{Selector, SelectorExt};
 
 use super::{Controller, MapContext, Request};
 use crate::cache::CachedResource;
-use crate::name::ClusterName;
+use multicluster_core::ClusterName;
 
 /// Maps an object to the same namespace and name in every engaged cluster
 /// but the one it was seen in and the local cluster: a hub object to its

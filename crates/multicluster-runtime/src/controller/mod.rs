@@ -65,7 +65,7 @@ pub use builder::{ControllerBuilder, Watch};
 pub use request::{Action, Request};
 
 use crate::engagements::{Engagements, when_ended};
-use crate::sync::lock;
+use multicluster_core::lock;
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex};
@@ -84,8 +84,8 @@ use crate::cluster::Cluster;
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::multicluster::Aware;
-use crate::name::ClusterName;
 use builder::Owed;
+use multicluster_core::ClusterName;
 use source::Source;
 
 /// How long a reconcile may run by default before it is cancelled.

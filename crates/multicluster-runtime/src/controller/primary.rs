@@ -12,8 +12,8 @@ use kube::runtime::events::{Event, EventType, Reporter};
 use super::{ReconcileError, Request};
 use crate::cache::CachedResource;
 use crate::cluster::Cluster;
-use crate::name::ClusterName;
-use crate::redact::Redacted;
+use multicluster_core::ClusterName;
+use multicluster_core::redact::Redacted;
 
 /// A cluster's cached primary objects, as (namespace, name).
 type ListFn = dyn Fn(&Cluster) -> Vec<(Option<String>, String)> + Send + Sync;
@@ -92,7 +92,7 @@ impl Primary {
             .publish(&event, &regarding)
             .await
         {
-            let first = crate::sync::lock(&self.refused).insert(request.cluster.clone());
+            let first = multicluster_core::lock(&self.refused).insert(request.cluster.clone());
             let error = Redacted::kube(&err);
             if first {
                 tracing::warn!(

@@ -22,7 +22,7 @@ use tokio::time::Instant;
 
 use super::Request;
 use super::settings::FixedOnce;
-use crate::name::ClusterName;
+use multicluster_core::ClusterName;
 
 /// Per-request exponential backoff after errors.
 #[derive(Clone, Copy, Debug)]
@@ -127,7 +127,7 @@ impl Queue {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        crate::sync::lock(&self.state)
+        multicluster_core::lock(&self.state)
     }
 
     /// The clusters whose requests are taken, sorted.

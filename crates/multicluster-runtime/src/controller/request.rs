@@ -7,7 +7,7 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::Resource;
 
-use crate::name::ClusterName;
+use multicluster_core::ClusterName;
 
 /// What to reconcile: an object in a cluster.
 #[derive(Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]

@@ -11,7 +11,7 @@ use tokio_util::sync::CancellationToken;
 use super::Controller;
 use super::source::Source;
 use crate::cluster::{Cluster, Inventory};
-use crate::name::ClusterName;
+use multicluster_core::ClusterName;
 
 /// What runs for one engaged cluster.
 pub(super) struct Selection {

@@ -39,7 +39,7 @@ impl Default for ControllerSettings {
     }
 }
 
-crate::option_setters!(ControllerSettings {
+multicluster_core::option_setters!(ControllerSettings {
     max_concurrent_reconciles: usize,
     max_concurrent_reconciles_total: Option<usize>,
     reconcile_timeout: Option<Duration>,

@@ -12,8 +12,8 @@ use tokio_util::sync::CancellationToken;
 use super::{Controller, Request};
 use crate::cache::{CacheEvent, CachedResource};
 use crate::cluster::Cluster;
-use crate::name::ClusterName;
 use kube::core::Selector;
+use multicluster_core::ClusterName;
 
 /// Which clusters a source watches, by where they are and by name (a
 /// selection by the clusters' labels is [`super::Watch::cluster_labels`]).

@@ -9,7 +9,7 @@ use futures::stream::BoxStream;
 use tokio_util::sync::CancellationToken;
 
 use super::{Controller, Request};
-use crate::name::ClusterName;
+use multicluster_core::ClusterName;
 
 /// The trigger streams a controller was built with, taken when it runs.
 #[derive(Default)]

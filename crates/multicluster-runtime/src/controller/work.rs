@@ -26,10 +26,10 @@ use tracing::Instrument;
 use super::queue::{Outcome, Queue};
 use super::settings::{Chosen, ControllerSettings, FixedOnce};
 use super::{Action, Backoff, ReconcileError, Request};
-use crate::health::repeats::{Repeats, Telling};
 use crate::metrics::Metrics;
-use crate::redact::Redacted;
-use crate::sync::lock;
+use multicluster_core::health::repeats::{Repeats, Telling};
+use multicluster_core::lock;
+use multicluster_core::redact::Redacted;
 
 /// A queue of keyed work and its runner. Cheap to clone; clones share the
 /// queue.
@@ -50,7 +50,7 @@ struct Inner {
     metrics: OnceLock<Metrics>,
     /// What was logged of each failing key's failures since it last
     /// succeeded: a key that keeps failing for one reason is a warning,
-    /// then a reminder every five minutes ([`crate::health::repeats`]), not
+    /// then a reminder every five minutes ([`multicluster_core::health::repeats`]), not
     /// a warning per retry.
     told: Mutex<HashMap<Request, Repeats>>,
 }
@@ -233,7 +233,7 @@ impl WorkQueue {
 
     /// `cluster` left: its keys are dropped, and what was told of their
     /// failures with them.
-    pub(crate) fn disengage(&self, cluster: &crate::name::ClusterName) {
+    pub(crate) fn disengage(&self, cluster: &multicluster_core::ClusterName) {
         self.inner.queue.disengage(cluster);
         lock(&self.inner.told).retain(|key, _| key.cluster != *cluster);
     }

@@ -16,7 +16,7 @@ use tokio_util::sync::CancellationToken;
 use crate::cluster::Cluster;
 use crate::error::Error;
 use crate::multicluster::Aware;
-use crate::name::ClusterName;
+use multicluster_core::ClusterName;
 
 /// Decides which components engage a cluster. The basic coordinator engages
 /// all of them; a sharded one (`multicluster_coordinator::sharding`)

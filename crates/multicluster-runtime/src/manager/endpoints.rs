@@ -15,7 +15,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 use super::Manager;
-use crate::state::ClusterState;
+use multicluster_core::ClusterState;
 
 /// Serves the endpoints on `listener` until `shutdown` fires.
 pub(super) async fn serve(listener: TcpListener, manager: Manager, shutdown: CancellationToken) {
@@ -105,10 +105,12 @@ fn cluster_report(manager: &Manager) -> String {
                 ClusterState::Unreachable(reason) => format!("unreachable: {reason}"),
                 ClusterState::Unusable(reason) => format!("unusable: {reason}"),
                 ClusterState::Duplicate(of) => format!("duplicate of {of}"),
+                // A state of a later multicluster-core, by its label.
+                other => other.label().to_string(),
             };
             // Reasons are escaped already; names from files may hold anything.
             let shown = name.to_string();
-            let name = crate::redact::escape_controls(&shown);
+            let name = multicluster_core::redact::escape_controls(&shown);
             let mut line = format!("{name}\t{state}\tsince {}", timestamp(status.since));
             if status.failed_attempts > 0 {
                 line.push_str(&format!("\tfailed attempts: {}", status.failed_attempts));
@@ -137,7 +139,7 @@ fn cluster_json(manager: &Manager) -> String {
                 ClusterState::Degraded(reason)
                 | ClusterState::Unreachable(reason)
                 | ClusterState::Unusable(reason) => Some(reason.as_str()),
-                ClusterState::Syncing | ClusterState::Ready | ClusterState::Duplicate(_) => None,
+                _ => None,
             };
             let mut cluster = serde_json::json!({
                 "name": name.to_string(),
@@ -165,7 +167,7 @@ fn cluster_json(manager: &Manager) -> String {
 /// on all of them (a set: a fleet's report asks it once per cluster).
 fn worked_on_here(
     manager: &Manager,
-) -> Option<std::collections::BTreeSet<crate::name::ClusterName>> {
+) -> Option<std::collections::BTreeSet<multicluster_core::ClusterName>> {
     manager
         .coordinator()
         .working_on()

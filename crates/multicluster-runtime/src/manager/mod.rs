@@ -28,11 +28,12 @@ mod progress;
 
 mod tracking;
 
-pub use crate::state::{ClusterState, ClusterStatus};
+pub use multicluster_core::{ClusterState, ClusterStatus};
 pub use options::ManagerOptions;
 use tracking::Tracked;
 
-use crate::sync::{lock, stop_within};
+use crate::sync::stop_within;
+use multicluster_core::lock;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -47,7 +48,7 @@ use crate::coordinator::{Coordinator, EngageAll};
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::multicluster::{Aware, Provider, ProviderContext, RunnableProvider};
-use crate::name::ClusterName;
+use multicluster_core::ClusterName;
 
 /// How long the coordinator and the provider may take to stop after the
 /// shutdown grace period.
@@ -388,7 +389,7 @@ impl Manager {
     /// within the shutdown grace period and a short allowance.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
         if self.inner.options.raise_open_files_limit {
-            match crate::process::raise_open_files_limit() {
+            match crate::open_files::raise_open_files_limit() {
                 Ok((before, after)) if before != after => {
                     tracing::info!(?before, ?after, "raised the open-files limit");
                 }

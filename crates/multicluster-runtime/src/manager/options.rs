@@ -45,7 +45,7 @@ pub struct ManagerOptions {
     pub controller_defaults: ControllerSettings,
 }
 
-crate::option_setters!(ManagerOptions {
+multicluster_core::option_setters!(ManagerOptions {
     sync_timeout: Duration,
     retry_delay: Duration,
     max_retry_delay: Duration,

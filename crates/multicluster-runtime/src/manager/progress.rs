@@ -8,8 +8,8 @@ use tokio::time::Instant;
 
 use super::ManagerOptions;
 use crate::cluster::Cluster;
-use crate::redact::Redacted;
-use crate::state::{ClusterState, ClusterStatus};
+use multicluster_core::redact::Redacted;
+use multicluster_core::{ClusterState, ClusterStatus};
 
 /// A moment by the runtime's clock (to measure) and the wall clock (to show).
 #[derive(Clone, Copy, Debug)]
@@ -154,16 +154,13 @@ impl Progress {
                 let retry = failure.and_then(|failure| failure.retry_at);
                 (attempts, retry.into_iter().chain(probe).min())
             }
-            ClusterState::Syncing
-            | ClusterState::Ready
-            | ClusterState::Unusable(_)
-            | ClusterState::Duplicate(_) => (0, None),
+            _ => (0, None),
         };
-        ClusterStatus {
-            state: self.state.clone(),
-            since: self.entered.wall,
+        ClusterStatus::from_parts(
+            self.state.clone(),
+            self.entered.wall,
             failed_attempts,
-            next_attempt: next.map(|at| now.wall_time_of(at)),
-        }
+            next.map(|at| now.wall_time_of(at)),
+        )
     }
 }

@@ -12,13 +12,13 @@ use super::progress::{Moment, Progress};
 use crate::cluster::Cluster;
 use crate::engagements::{Arrival, Engagements, when_ended};
 use crate::error::Error;
-use crate::health::repeats::{Repeats, Telling};
 use crate::metrics::{ClusterAge, Metrics};
 use crate::multicluster::Aware;
-use crate::name::ClusterName;
-use crate::redact::Redacted;
-use crate::state::ClusterState;
-use crate::sync::lock;
+use multicluster_core::ClusterName;
+use multicluster_core::ClusterState;
+use multicluster_core::health::repeats::{Repeats, Telling};
+use multicluster_core::lock;
+use multicluster_core::redact::Redacted;
 
 /// How often engaged clusters' health is looked at.
 const HEALTH_CHECK_INTERVAL: Duration = Duration::from_secs(1);
@@ -370,7 +370,7 @@ impl Manager {
         let options = &self.inner.options;
         let now = tokio::time::Instant::now();
         // Read before the walk: a change during it moves the number again.
-        let changes = crate::health::failure_changes();
+        let changes = multicluster_core::health::failure_changes();
         let mut guard = lock(&self.inner.clusters);
         let tracked = &mut *guard;
         if tracked.quiet_at == Some(changes) {
@@ -484,7 +484,7 @@ async fn probe_server_within(
     if let Some(deadline) = deadline {
         request
             .extensions_mut()
-            .insert(crate::health::RequestDeadline(deadline));
+            .insert(multicluster_core::health::RequestDeadline(deadline));
     }
     cluster
         .client()

@@ -12,8 +12,8 @@ use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::gauge::ConstGauge;
 
 use crate::fleet::FleetView;
-use crate::name::ClusterName;
-use crate::sync::lock;
+use multicluster_core::ClusterName;
+use multicluster_core::lock;
 
 /// One cluster as a scrape sees it.
 pub(crate) struct ClusterAge {

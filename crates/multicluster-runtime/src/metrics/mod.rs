@@ -39,8 +39,8 @@ use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 use prometheus_client::registry::Registry;
 
-use crate::name::ClusterName;
 pub(crate) use ages::{AgeSource, ClusterAge};
+use multicluster_core::ClusterName;
 
 type Labels = Vec<(&'static str, String)>;
 
@@ -186,13 +186,13 @@ impl Metrics {
 
     /// Runs `register` on the registry, to add the application's own metrics.
     pub fn register(&self, register: impl FnOnce(&mut Registry)) {
-        register(&mut crate::sync::lock(&self.inner.registry));
+        register(&mut multicluster_core::lock(&self.inner.registry));
     }
 
     /// The metrics in the Prometheus text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        let registry = crate::sync::lock(&self.inner.registry);
+        let registry = multicluster_core::lock(&self.inner.registry);
         // Writing into a String cannot fail.
         let _ = encode(&mut out, &registry);
         out
@@ -305,7 +305,7 @@ impl Metrics {
     /// Reads the engaged clusters' time in state and failed attempts from
     /// `source` at each scrape (the manager that uses this registry).
     pub(crate) fn report_ages(&self, source: AgeSource) {
-        *crate::sync::lock(&self.inner.ages) = Some(source);
+        *multicluster_core::lock(&self.inner.ages) = Some(source);
     }
 
     /// The fleet's summary and unusable inventory, shared with providers.

@@ -13,8 +13,8 @@ use std::process::Command;
 use std::time::Duration;
 
 use super::{ClusterAge, Metrics};
-use crate::name::ClusterName;
-use crate::redact::Redacted;
+use multicluster_core::ClusterName;
+use multicluster_core::redact::Redacted;
 
 fn repository() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")

@@ -14,7 +14,7 @@ use crate::cluster::Cluster;
 use crate::engagements::Engagements;
 use crate::error::Error;
 use crate::multicluster::{Aware, Provider};
-use crate::name::ClusterName;
+use multicluster_core::ClusterName;
 
 /// Called with errors that have no caller to return to (an engagement that
 /// failed while the provider was adding clusters in the background).
@@ -78,7 +78,7 @@ impl Clusters {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
-        crate::sync::lock(&self.inner)
+        multicluster_core::lock(&self.inner)
     }
 
     /// Engages every cluster added so far and every one added later through

@@ -25,10 +25,11 @@ use crate::controller::{Action, Backoff, ControllerBuilder, Request};
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::multicluster::{Aware, ProviderContext};
-use crate::name::ClusterName;
 use crate::provider::clusters::Clusters;
 use crate::provider::failures::Failures;
+#[cfg(feature = "kubeconfig")]
 use crate::provider::kubeconfig::KubeconfigCluster;
+use multicluster_core::ClusterName;
 
 /// What a discovering provider keeps: the clusters it engaged, why others
 /// could not be, and how it builds clients.
@@ -90,6 +91,7 @@ impl Discovered {
     /// wanted now: when the object changed meanwhile, the stale cluster is
     /// not engaged (the queue reconciles the object again, since it
     /// changed).
+    #[cfg(feature = "kubeconfig")]
     pub async fn engage(
         &self,
         wanted: KubeconfigCluster,

@@ -12,11 +12,12 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, OnceLock};
 
+#[cfg(feature = "kubeconfig")]
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::name::ClusterName;
-use crate::redact::Redacted;
-use crate::sync::lock;
+use multicluster_core::ClusterName;
+use multicluster_core::lock;
+use multicluster_core::redact::Redacted;
 
 /// The current failure reason per cluster of one provider.
 #[derive(Debug)]
@@ -77,18 +78,21 @@ impl Failures {
         reasons.insert(name.clone(), reason);
     }
 
+    #[cfg(feature = "kubeconfig")]
     /// Records that building `name`'s cluster from its kubeconfig failed
     /// with `err`: counted under `credentials` when another attempt may
     /// work ([`Error::is_retryable`]: a credential plugin failed), under
     /// `refused-kubeconfig` when its policy refused it
-    /// ([`client::Error::KubeconfigRefused`](crate::client::Error::KubeconfigRefused)),
+    /// ([`client::Error::KubeconfigRefused`](multicluster_client::Error::KubeconfigRefused)),
     /// else under `invalid-kubeconfig`.
     /// Returns whether to try again later.
     pub fn record_build_error(&self, name: &ClusterName, err: &Error) -> bool {
         let retry = err.is_retryable();
         let kind = match err {
             _ if retry => "credentials",
-            Error::Client(crate::client::Error::KubeconfigRefused { .. }) => "refused-kubeconfig",
+            Error::Client(multicluster_client::Error::KubeconfigRefused { .. }) => {
+                "refused-kubeconfig"
+            }
             _ => "invalid-kubeconfig",
         };
         self.record(name, err.to_string(), kind);
@@ -106,7 +110,7 @@ impl Failures {
 
     /// Records `names` as the inventory objects describing the cluster held
     /// (or wanted) as `of`, replacing those recorded before; an empty set
-    /// forgets them. Shown as [`crate::state::ClusterState::Duplicate`].
+    /// forgets them. Shown as [`multicluster_core::ClusterState::Duplicate`].
     pub fn set_duplicates(&self, of: &ClusterName, names: BTreeSet<ClusterName>) {
         let mut duplicates = lock(&self.duplicates);
         let before = if names.is_empty() {
@@ -229,21 +233,19 @@ mod tests {
     }
 
     #[test]
+    #[cfg(feature = "kubeconfig")]
     fn build_errors_are_told_apart_by_whether_a_retry_may_help() {
         let failures = Failures::new("test", None);
         let name = ClusterName::from("a");
-        let plugin = Error::from(crate::client::Error::Credentials {
-            origin: "Secret s".into(),
-            user: "context \"c\", user \"u\"".into(),
-            source: crate::client::credentials::PluginError::Unusable {
-                command: "plugin".into(),
-                reason: "no status".into(),
-            }
-            .into(),
-        });
+        // Retryable, as a credential plugin that failed is.
+        let plugin = Error::NotReady {
+            name: name.clone(),
+            timeout: std::time::Duration::from_secs(1),
+            reason: multicluster_core::redact::Redacted::new("the plugin timed out"),
+        };
         assert!(failures.record_build_error(&name, &plugin));
         assert_eq!(failures.current()[&name], plugin.to_string());
-        let wrong = Error::from(crate::client::Error::InvalidKubeconfig {
+        let wrong = Error::from(multicluster_client::Error::InvalidKubeconfig {
             origin: "Secret s".into(),
             reason: "no contexts".into(),
         });

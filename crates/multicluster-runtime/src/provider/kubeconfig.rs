@@ -3,12 +3,12 @@
 use std::hash::{Hash, Hasher};
 
 use crate::cache::Cache;
-use crate::client::kubeconfig::parse;
-use crate::client::{KubeconfigPolicy, client_with_requests};
 use crate::cluster::{Cluster, Inventory};
 use crate::error::Error;
-use crate::name::ClusterName;
 use crate::provider::member::MemberOptions;
+use multicluster_client::kubeconfig::parse;
+use multicluster_client::{KubeconfigPolicy, client_with_requests};
+use multicluster_core::ClusterName;
 
 /// A cluster to build from kubeconfig text: what a provider found, before
 /// the (possibly slow) client is built. Building runs exec credential
@@ -56,7 +56,7 @@ impl KubeconfigCluster {
     /// built again (kube-rs keeps exec `env` entries in hash maps, whose
     /// order changes from one map to the next).
     pub fn text_of(kubeconfig: &kube::config::Kubeconfig) -> String {
-        crate::client::kubeconfig::canonical_text(kubeconfig)
+        multicluster_client::kubeconfig::canonical_text(kubeconfig)
     }
 
     /// A digest of the text, stable ID, policy and member options: equal
@@ -71,7 +71,7 @@ impl KubeconfigCluster {
 
     /// Parses the text and builds the cluster's client and cache with its
     /// policy and member options (running its credential plugin once, if
-    /// it has one and the policy allows it: see [`crate::client::build`]).
+    /// it has one and the policy allows it: see [`multicluster_client::build`]).
     pub async fn build(&self) -> Result<Cluster, Error> {
         let parsed = parse(&self.text, &self.source)?;
         let (client, requests) = client_with_requests(
@@ -101,7 +101,7 @@ mod tests {
 
     use super::*;
     use crate::cache::CacheOptions;
-    use crate::client::{ClientOptions, ExecPolicy};
+    use multicluster_client::{ClientOptions, ExecPolicy};
 
     fn wanted() -> KubeconfigCluster {
         KubeconfigCluster {
@@ -135,8 +135,9 @@ mod tests {
             ("stable id", |c| c.stable_id = Some("id".into())),
             ("policy", |c| c.policy.exec = ExecPolicy::AllowAll),
             ("request budget", |c| {
-                c.member.client = ClientOptions::default()
-                    .request_budget(Some(crate::client::budget::RequestBudget::new(5.5, 10)));
+                c.member.client = ClientOptions::default().request_budget(Some(
+                    multicluster_client::budget::RequestBudget::new(5.5, 10),
+                ));
             }),
             ("cache namespace", |c| {
                 c.member.cache = CacheOptions::default().namespace("ns".to_string());

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use kube::runtime::watcher;
 
 use crate::cache::CacheOptions;
-use crate::client::ClientOptions;
+use multicluster_client::ClientOptions;
 
 /// The options a member is built with.
 #[derive(Clone, Debug, Default)]
@@ -32,35 +32,18 @@ pub struct MemberOptions {
     pub cache: CacheOptions,
 }
 
-crate::option_setters!(MemberOptions {
+multicluster_core::option_setters!(MemberOptions {
     client: ClientOptions,
     cache: CacheOptions,
 });
 
-/// Every setting counts, each field by name (a field added to the options
-/// or to kube-runtime's `watcher::Config` fails to compile here until it is
-/// hashed too), so a member whose options change is built again.
+/// Every setting counts, each field by name (a field added to the cache
+/// options or to kube-runtime's `watcher::Config` fails to compile here
+/// until it is hashed too; `ClientOptions` hashes its own the same way),
+/// so a member whose options change is built again.
 impl Hash for MemberOptions {
     fn hash<H: Hasher>(&self, state: &mut H) {
-        let ClientOptions {
-            plugin_timeout,
-            connect_timeout,
-            request_timeout,
-            http2,
-            plugin_stderr,
-            request_budget,
-        } = &self.client;
-        (
-            plugin_timeout,
-            connect_timeout,
-            request_timeout,
-            http2,
-            plugin_stderr,
-        )
-            .hash(state);
-        request_budget
-            .map(|budget| (budget.qps.to_bits(), budget.burst))
-            .hash(state);
+        self.client.hash(state);
         let CacheOptions {
             namespace,
             strip_managed_fields,

@@ -20,11 +20,13 @@
 pub mod clusters;
 pub mod discovery;
 pub mod failures;
+#[cfg(feature = "kubeconfig")]
 pub mod kubeconfig;
+#[cfg(feature = "kubeconfig")]
 pub mod member;
 pub mod watch_filter;
 
 /// Locks a `std::sync::Mutex`, carrying on with the data as it was left if
 /// a holder panicked: what every provider of this workspace uses for its
 /// short critical sections.
-pub use crate::sync::lock;
+pub use multicluster_core::lock;

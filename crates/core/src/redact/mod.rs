@@ -20,7 +20,7 @@
 //! URLs, `key=value` pairs whose key names a secret, JSON Web Tokens and
 //! long random-looking strings are replaced by `[withheld]`. So an error
 //! of a type this module does not know, or a provider's own words about
-//! an object ([`crate::provider::failures::Failures::record`]), cannot
+//! an object (`multicluster_runtime::provider::failures::Failures::record`), cannot
 //! carry a credential to a log or to `/clusters` either: there is no public
 //! way to mark text as safe without it.
 
@@ -40,7 +40,8 @@ pub struct Redacted(String);
 
 /// The longest text a [`Redacted`] holds, in bytes (longer ones are cut,
 /// ending in `…`).
-pub(crate) const MAX_LEN: usize = 600;
+#[doc(hidden)]
+pub const MAX_LEN: usize = 600;
 
 impl Redacted {
     /// A client error: an API error as code, reason and message on one line, other errors with their causes, credential plugin failures by command and status.
@@ -163,7 +164,8 @@ fn said_plainly(err: &(dyn StdError + 'static), text: String) -> String {
 
 /// Whether `err` (or a cause) is `EMFILE` or `ENFILE`: no file descriptor
 /// was left for a new connection.
-pub(crate) fn out_of_descriptors(err: &(dyn StdError + 'static)) -> bool {
+#[doc(hidden)]
+pub fn out_of_descriptors(err: &(dyn StdError + 'static)) -> bool {
     let limits = [
         rustix::io::Errno::MFILE.raw_os_error(),
         rustix::io::Errno::NFILE.raw_os_error(),
@@ -185,7 +187,8 @@ pub(crate) fn out_of_descriptors(err: &(dyn StdError + 'static)) -> bool {
 const STDERR_LIMIT: usize = 300;
 
 /// Describes a kube error without credentials.
-pub(crate) fn kube_error(err: &kube::Error) -> String {
+#[doc(hidden)]
+pub fn kube_error(err: &kube::Error) -> String {
     match err {
         // kube-rs appends the Debug dump of the whole status.
         kube::Error::Api(status) => status_text(status),
@@ -246,7 +249,8 @@ fn causes(mut head: String, err: &(dyn StdError + 'static)) -> String {
 
 /// `uri` without user information (`https://user:pass@host` is allowed in
 /// a kubeconfig's server), as reasons may name it.
-pub(crate) fn without_userinfo(uri: &http::Uri) -> String {
+#[doc(hidden)]
+pub fn without_userinfo(uri: &http::Uri) -> String {
     format!(
         "{}://{}",
         uri.scheme_str().unwrap_or("?"),
@@ -258,7 +262,8 @@ pub(crate) fn without_userinfo(uri: &http::Uri) -> String {
 
 /// Describes any error and its causes without credentials: kube-rs errors
 /// through [`kube_error`], others by their messages, each cause once.
-pub(crate) fn error_chain(err: &(dyn StdError + 'static)) -> String {
+#[doc(hidden)]
+pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
     let mut text = String::new();
     let mut current: Option<&(dyn StdError + 'static)> = Some(err);
     while let Some(err) = current {
@@ -284,7 +289,8 @@ pub(crate) fn error_chain(err: &(dyn StdError + 'static)) -> String {
 }
 
 /// Describes a watcher error without credentials.
-pub(crate) fn watcher_error(err: &watcher::Error) -> String {
+#[doc(hidden)]
+pub fn watcher_error(err: &watcher::Error) -> String {
     match err {
         watcher::Error::InitialListFailed(inner) => {
             format!(
@@ -303,7 +309,8 @@ pub(crate) fn watcher_error(err: &watcher::Error) -> String {
 }
 
 /// Describes a client authentication error without credentials.
-pub(crate) fn auth_error(err: &AuthError) -> String {
+#[doc(hidden)]
+pub fn auth_error(err: &AuthError) -> String {
     match err {
         AuthError::AuthExecRun { out, .. } => format!(
             "the credential plugin failed ({}); {STDERR_WITHHELD}",
@@ -335,12 +342,14 @@ fn auth_error_in(err: &kube::Error) -> Option<&AuthError> {
 
 /// What a failed credential plugin's description says instead of its
 /// stderr.
-pub(crate) const STDERR_WITHHELD: &str = "its stderr is withheld, as it may print secrets (ClientOptions::plugin_stderr shows its last line)";
+#[doc(hidden)]
+pub const STDERR_WITHHELD: &str = "its stderr is withheld, as it may print secrets (ClientOptions::plugin_stderr shows its last line)";
 
 /// The last non-empty line of `text`, shortened to a few hundred bytes:
 /// how a failed plugin or command explains itself, without the rest of
 /// what it printed.
-pub(crate) fn last_line(text: &str) -> Option<String> {
+#[doc(hidden)]
+pub fn last_line(text: &str) -> Option<String> {
     let line = text.lines().map(str::trim).rfind(|line| !line.is_empty())?;
     Some(cut(line.to_string(), STDERR_LIMIT))
 }

@@ -30,7 +30,7 @@ pub(crate) enum PluginError {
     },
     /// It ran and exited with a failure.
     #[error("the credential plugin {command:?} failed ({status}){}", match stderr {
-        Stderr::Withheld => format!("; {}", crate::redact::STDERR_WITHHELD),
+        Stderr::Withheld => format!("; {}", multicluster_core::redact::STDERR_WITHHELD),
         Stderr::Empty => String::new(),
         Stderr::LastLine(line) => format!(": {line}"),
     })]
@@ -44,7 +44,7 @@ pub(crate) enum PluginError {
     Unusable { command: String, reason: String },
 }
 
-/// Why a credential plugin gave no credential, as [`Error::Credentials`](crate::client::Error::Credentials)
+/// Why a credential plugin gave no credential, as [`Error::Credentials`](crate::Error::Credentials)
 /// carries it: its command, and how it failed (could not be started, timed
 /// out, exited with a failure, printed nothing usable). Never its arguments,
 /// environment or output.
@@ -99,7 +99,7 @@ pub(crate) enum Credential {
 impl Credential {
     /// Adds its secret parts to the values a member's error answers are
     /// cleared of.
-    pub(crate) fn withheld_in(&self, values: &crate::client::withhold::CredentialValues) {
+    pub(crate) fn withheld_in(&self, values: &crate::withhold::CredentialValues) {
         use secrecy::ExposeSecret;
         match self {
             Credential::Token { token, .. } => values.add(token.expose_secret()),
@@ -146,7 +146,7 @@ impl Plugin {
     /// This plugin, showing the last line of its stderr when it fails
     /// (see [`ClientOptions::plugin_stderr`] for the risk).
     ///
-    /// [`ClientOptions::plugin_stderr`]: crate::client::ClientOptions::plugin_stderr
+    /// [`ClientOptions::plugin_stderr`]: crate::ClientOptions::plugin_stderr
     pub(crate) fn showing_stderr(mut self, show: bool) -> Self {
         self.show_stderr = show;
         self
@@ -187,7 +187,7 @@ impl Plugin {
         })?;
         if !output.status.success() {
             let stderr = if self.show_stderr {
-                crate::redact::last_line(&String::from_utf8_lossy(&output.stderr))
+                multicluster_core::redact::last_line(&String::from_utf8_lossy(&output.stderr))
                     .map_or(Stderr::Empty, Stderr::LastLine)
             } else {
                 Stderr::Withheld

@@ -34,7 +34,7 @@ use std::net::IpAddr;
 
 use base64::Engine;
 
-use crate::client::Error;
+use crate::Error;
 
 /// The servers a plugin's credentials may be sent to (see the module notes).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Hash)]

@@ -55,11 +55,11 @@
 //!   (tower-http's `TraceLayer`, without headers, its failures at debug
 //!   level: the cluster's health reports them);
 //! - replaced: kube's connector read and write timeouts (none by default)
-//!   by the request deadline of [`crate::health`] and, for a connection as a
+//!   by the request deadline of [`crate::bounded`] and, for a connection as a
 //!   whole, HTTP/2 pings;
 //! - not used: gzip decompression, which kube-rs enables only with its
 //!   `gzip` feature (off in this workspace), and kube's own handling of
-//!   exec-plugin certificates, which [`crate::client::credentials`] does.
+//!   exec-plugin certificates, which [`crate::credentials`] does.
 
 use std::pin::Pin;
 use std::sync::OnceLock;

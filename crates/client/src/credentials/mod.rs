@@ -25,7 +25,7 @@
 //! stderr is withheld too (a plugin may print its environment when it
 //! fails) unless [`ClientOptions::plugin_stderr`] asks for its last line.
 //!
-//! [`ClientOptions::plugin_stderr`]: crate::client::ClientOptions::plugin_stderr
+//! [`ClientOptions::plugin_stderr`]: crate::ClientOptions::plugin_stderr
 
 mod plugin;
 
@@ -40,14 +40,12 @@ use secrecy::{ExposeSecret, SecretString};
 use tokio::time::Instant;
 
 use super::withhold::CredentialValues;
-use crate::client::Error;
-use crate::health::Requests;
-use crate::redact::Redacted;
+use crate::Error;
+use multicluster_core::health::Requests;
+use multicluster_core::redact::Redacted;
 
 pub use plugin::CredentialError;
 pub(crate) use plugin::DEFAULT_PLUGIN_TIMEOUT;
-#[cfg(test)]
-pub(crate) use plugin::PluginError;
 pub(crate) use plugin::{Credential, Plugin};
 
 /// A token is renewed this long before it expires (or halfway through its
@@ -181,7 +179,7 @@ impl Current {
 
 impl Credentials {
     fn current(&self) -> Current {
-        crate::sync::lock(&self.current).clone()
+        multicluster_core::lock(&self.current).clone()
     }
 
     /// The credential to present now, renewed first if it is stale.
@@ -215,7 +213,7 @@ impl Credentials {
         match renewed {
             Ok(presented) => {
                 let renewed = Current::new(presented, seen.generation + 1);
-                *crate::sync::lock(&self.current) = renewed.clone();
+                *multicluster_core::lock(&self.current) = renewed.clone();
                 Ok(renewed)
             }
             // Renewing early failed: the old credential still works for now.
@@ -233,7 +231,7 @@ impl Credentials {
     /// The server refused the credential of `generation`: the next request
     /// renews it, unless it was renewed meanwhile.
     fn refused(&self, generation: u64) {
-        let mut current = crate::sync::lock(&self.current);
+        let mut current = multicluster_core::lock(&self.current);
         if current.generation == generation {
             current.refused = true;
         }
@@ -297,7 +295,8 @@ mod tests {
 
     /// A client that is never asked anything here.
     fn offline() -> kube::Client {
-        crate::testing::offline_cluster("offline").client()
+        let config = kube::Config::new(http::Uri::from_static("https://127.0.0.1:1"));
+        kube::Client::try_from(config).expect("a client that sends nothing until asked")
     }
 
     fn token(value: &str) -> Presented {

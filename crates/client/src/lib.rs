@@ -17,7 +17,7 @@
 //! 5. the client is stacked: the HTTP/2 connection with pings and a
 //!    connect deadline, retries of throttled requests and of reads whose
 //!    connection broke, the request deadline and health record
-//!    ([`crate::health`]), and the request budget ([`budget`]).
+//!    (`bounded`, read into the cluster's health), and the request budget ([`budget`]).
 
 use std::io::IsTerminal;
 use std::time::Duration;
@@ -25,11 +25,13 @@ use std::time::Duration;
 use kube::config::{AuthInfo, KubeConfigOptions, Kubeconfig};
 use secrecy::ExposeSecret;
 
-use crate::health::{BoundedLayer, Requests};
+use crate::bounded::BoundedLayer;
 use budget::{Budget, BudgetLayer};
 use credentials::Plugin;
 use kubeconfig::{context_only, invalid};
+use multicluster_core::health::Requests;
 
+mod bounded;
 pub mod budget;
 mod connection;
 pub mod credentials;
@@ -37,6 +39,7 @@ mod error;
 pub mod kubeconfig;
 mod options;
 pub(crate) mod policy;
+pub mod process;
 mod proxy;
 mod resend;
 mod withhold;
@@ -71,9 +74,9 @@ pub async fn build(
     )
 }
 
-/// [`build`], and the record of how its requests end (for the cluster's
-/// health).
-pub(crate) async fn client_with_requests(
+/// [`build`], and the record of how its requests end, which the runtime
+/// reads into the cluster's health.
+pub async fn client_with_requests(
     kubeconfig: &Kubeconfig,
     context: Option<&str>,
     source: &str,
@@ -142,7 +145,8 @@ pub(crate) async fn client_with_requests(
     let requests = Requests::default();
     let values = withhold::CredentialValues::default();
     held_values(&config.auth_info, &values);
-    let server: std::sync::Arc<str> = crate::redact::without_userinfo(&config.cluster_url).into();
+    let server: std::sync::Arc<str> =
+        multicluster_core::redact::without_userinfo(&config.cluster_url).into();
     let (source_text, context_text) = (source.to_string(), context_name.clone());
     let (timeout, http2, recorded) = (options.request_timeout, options.http2, requests.clone());
     let sent = values.clone();
@@ -175,7 +179,7 @@ pub(crate) async fn client_with_requests(
                     &source_text,
                     &format!(
                         "context {context_text:?}: {}",
-                        crate::redact::kube_error(&err)
+                        multicluster_core::redact::kube_error(&err)
                     ),
                 )
             })

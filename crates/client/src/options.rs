@@ -37,7 +37,7 @@ pub struct ClientOptions {
     /// How long a request that is not long-running may wait for the
     /// response's head, and then for each piece of its body (default
     /// `DEFAULT_REQUEST_TIMEOUT`, 30 s); `None` waits forever. A request that times out fails with
-    /// [`crate::health::RequestTimedOut`] and marks the cluster unreachable
+    /// [`multicluster_core::health::RequestTimedOut`] and marks the cluster unreachable
     /// until one is answered again.
     pub request_timeout: Option<Duration>,
     /// Whether to offer HTTP/2 (default `true`): every request and watch
@@ -79,7 +79,7 @@ impl Default for ClientOptions {
     }
 }
 
-crate::option_setters!(ClientOptions {
+multicluster_core::option_setters!(ClientOptions {
     plugin_timeout: Duration,
     connect_timeout: Option<Duration>,
     request_timeout: Option<Duration>,
@@ -87,3 +87,30 @@ crate::option_setters!(ClientOptions {
     plugin_stderr: bool,
     request_budget: Option<RequestBudget>,
 });
+
+/// Every setting counts, each field by name (a field added fails to
+/// compile here until it is hashed too): a provider builds a member again
+/// when its options change.
+impl std::hash::Hash for ClientOptions {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        let ClientOptions {
+            plugin_timeout,
+            connect_timeout,
+            request_timeout,
+            http2,
+            plugin_stderr,
+            request_budget,
+        } = self;
+        (
+            plugin_timeout,
+            connect_timeout,
+            request_timeout,
+            http2,
+            plugin_stderr,
+        )
+            .hash(state);
+        request_budget
+            .map(|budget| (budget.qps.to_bits(), budget.burst))
+            .hash(state);
+    }
+}

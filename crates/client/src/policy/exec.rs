@@ -7,7 +7,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 
 use super::servers::Servers;
-use crate::client::Error;
+use crate::Error;
 
 /// Which exec credential plugins a kubeconfig may run (client-go's
 /// `PluginPolicy`).

@@ -8,18 +8,18 @@ use http::Request;
 use tokio::time::Instant;
 
 use super::{FailingFlag, Failure};
+use crate::lock;
 use crate::redact::Redacted;
-use crate::sync::lock;
 
 /// How long a refused request counts against its cluster when no request
 /// of the same kind is made again: a reconciler that gave up, or backs off
 /// for long, leaves its last refusal on the record this long.
-pub(crate) const REFUSAL_MEMORY: Duration = Duration::from_secs(300);
+pub const REFUSAL_MEMORY: Duration = Duration::from_secs(300);
 
 /// How the requests of one client have ended lately. Shared by the
 /// client's layers and its cluster.
 #[derive(Clone, Debug, Default)]
-pub(crate) struct Requests(Arc<RequestOutcomes>);
+pub struct Requests(Arc<RequestOutcomes>);
 
 #[derive(Debug, Default)]
 struct RequestOutcomes {
@@ -58,7 +58,7 @@ impl RequestFailures {
 impl Requests {
     /// The failure that says most about the cluster: unreachable first,
     /// then a credential that does not work, then the oldest refusal.
-    pub(crate) fn failure(&self) -> Option<Failure> {
+    pub fn failure(&self) -> Option<Failure> {
         if !self.0.failing.get() {
             return None;
         }
@@ -83,7 +83,7 @@ impl Requests {
     }
 
     /// The server answered `what` with `status`.
-    pub(super) fn answered(&self, what: &RequestKind, status: http::StatusCode) {
+    pub fn answered(&self, what: &RequestKind, status: http::StatusCode) {
         let refused = matches!(
             status,
             http::StatusCode::UNAUTHORIZED | http::StatusCode::FORBIDDEN
@@ -112,7 +112,7 @@ impl Requests {
     }
 
     /// An answer came over `version` of HTTP.
-    pub(super) fn answered_over(&self, version: http::Version) {
+    pub fn answered_over(&self, version: http::Version) {
         self.0.over_http2.store(
             version == http::Version::HTTP_2,
             std::sync::atomic::Ordering::Relaxed,
@@ -120,12 +120,12 @@ impl Requests {
     }
 
     /// Whether the latest answer came over HTTP/2 (false before any).
-    pub(crate) fn over_http2(&self) -> bool {
+    pub fn over_http2(&self) -> bool {
         self.0.over_http2.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// A request got no answer: `reason` says why.
-    pub(super) fn unreachable(&self, reason: Redacted) {
+    pub fn unreachable(&self, reason: Redacted) {
         let mut failures = lock(&self.0.failures);
         failures.unreachable = Some(Failure::continuing(
             failures.unreachable.as_ref(),
@@ -137,7 +137,7 @@ impl Requests {
 
     /// No credential could be obtained for a request (a credential plugin
     /// failed): `reason` says why.
-    pub(crate) fn credential_failed(&self, reason: Redacted) {
+    pub fn credential_failed(&self, reason: Redacted) {
         let mut failures = lock(&self.0.failures);
         failures.credential = Some(Failure::continuing(
             failures.credential.as_ref(),
@@ -151,7 +151,7 @@ impl Requests {
 /// What a request asked for, as RBAC sees it: verb, resource (with its
 /// group) and namespace, read from its method and path.
 #[derive(Debug, PartialEq, Eq)]
-pub(crate) struct RequestKind {
+pub struct RequestKind {
     verb: &'static str,
     /// `configmaps`, `deployments.apps`, `pods/log`; or the path, for
     /// requests outside the resource API (`/version`).
@@ -160,7 +160,8 @@ pub(crate) struct RequestKind {
 }
 
 impl RequestKind {
-    pub(crate) fn of<B>(request: &Request<B>) -> Self {
+    /// The kind of `request`: its verb, resource and namespace.
+    pub fn of<B>(request: &Request<B>) -> Self {
         let path = request.uri().path();
         let parts: Vec<&str> = path.split('/').filter(|part| !part.is_empty()).collect();
         // `/api/v1/...` or `/apis/<group>/<version>/...`.

@@ -169,7 +169,9 @@ mod tests {
             !retried(&mut policy, Method::GET, refused),
             "the server is not there"
         );
-        let timed_out: BoxError = Box::new(crate::health::RequestTimedOut(Duration::from_secs(30)));
+        let timed_out: BoxError = Box::new(multicluster_core::health::RequestTimedOut(
+            Duration::from_secs(30),
+        ));
         assert!(!retried(&mut policy, Method::GET, timed_out));
         let reset: BoxError = Box::new(h2::Error::from(h2::Reason::INTERNAL_ERROR));
         assert!(

@@ -12,7 +12,7 @@
 //! as a bearer token to a server of their choosing.
 //!
 //! A [`KubeconfigPolicy`] says which of these a kubeconfig may use.
-//! [`crate::client::build`] checks the context it is about to use (its
+//! [`crate::build`] checks the context it is about to use (its
 //! cluster and its user) against the policy first; a kubeconfig that uses
 //! anything the policy does not allow is refused as a whole with
 //! [`Error::KubeconfigRefused`], which names each refused field and the
@@ -72,7 +72,7 @@ pub struct KubeconfigPolicy {
     pub plain_http: bool,
 }
 
-crate::option_setters!(KubeconfigPolicy {
+multicluster_core::option_setters!(KubeconfigPolicy {
     exec: ExecPolicy,
     local_files: bool,
     auth_providers: bool,
@@ -324,7 +324,7 @@ fn is_set(value: &Option<String>) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::client::kubeconfig::parse;
+    use crate::kubeconfig::parse;
 
     const EVERYTHING: &str = "apiVersion: v1\nkind: Config\ncurrent-context: ctx\nclusters:\n- name: c\n  cluster:\n    server: https://203.0.113.1:6443\n    certificate-authority: /etc/ca.pem\n    insecure-skip-tls-verify: true\n    proxy-url: http://203.0.113.9:3128\ncontexts:\n- name: ctx\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user:\n    tokenFile: /var/run/secrets/kubernetes.io/serviceaccount/token\n    client-certificate: /etc/cert.pem\n    client-key: /etc/key.pem\n    auth-provider:\n      name: oidc\n      config:\n        id-token: x\n    exec:\n      apiVersion: client.authentication.k8s.io/v1\n      command: /bin/sh\n      args: [\"-c\", \"id > /tmp/mark\"]\n";
 
@@ -379,8 +379,8 @@ mod tests {
             .admit(kubeconfig.clone())
             .expect("admitted");
         assert_eq!(
-            crate::client::kubeconfig::canonical_text(&admitted),
-            crate::client::kubeconfig::canonical_text(&kubeconfig)
+            crate::kubeconfig::canonical_text(&admitted),
+            crate::kubeconfig::canonical_text(&kubeconfig)
         );
     }
 

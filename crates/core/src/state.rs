@@ -1,11 +1,12 @@
-//! Where a cluster stands, as the manager reports it ([`crate::manager`] re-exports it), and how it got there.
+//! Where a cluster stands, as the manager reports it (`multicluster_runtime::manager`
+//! re-exports it), and how it got there.
 
 use std::time::SystemTime;
 
 use crate::redact::Redacted;
 
 /// A cluster's state with its recent history, as
-/// [`Manager::cluster_states`](crate::Manager::cluster_states) and
+/// `Manager::cluster_states` and
 /// `/clusters` report it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -69,6 +70,25 @@ pub enum ClusterState {
     Duplicate(crate::name::ClusterName),
 }
 
+impl ClusterStatus {
+    /// A status of `state` since `since`, after `failed_attempts`, tried
+    /// next at `next_attempt`: for the runtime's reports.
+    #[doc(hidden)]
+    pub fn from_parts(
+        state: ClusterState,
+        since: SystemTime,
+        failed_attempts: u32,
+        next_attempt: Option<SystemTime>,
+    ) -> Self {
+        Self {
+            state,
+            since,
+            failed_attempts,
+            next_attempt,
+        }
+    }
+}
+
 impl ClusterState {
     /// The state's name as `/clusters` and `mcr_clusters{state}` show it.
     pub fn label(&self) -> &'static str {
@@ -83,9 +103,10 @@ impl ClusterState {
     }
 
     /// The state's place in the engaged clusters' counts (the order of
-    /// [`crate::metrics`]'s `cluster_states`); an engaged cluster is never
+    /// the runtime's metrics' `cluster_states`); an engaged cluster is never
     /// unusable or a duplicate.
-    pub(super) fn index(&self) -> usize {
+    #[doc(hidden)]
+    pub fn index(&self) -> usize {
         match self {
             ClusterState::Syncing => 0,
             ClusterState::Ready => 1,

@@ -20,14 +20,10 @@ use http_body_util::Either;
 use kube::client::Body;
 use tower_http::timeout::TimeoutBody;
 
-use super::is_unreachable;
-use super::requests::{RequestKind, Requests};
-use crate::redact::Redacted;
-
-/// A request that is not long-running got no answer within its deadline.
-#[derive(Debug, thiserror::Error)]
-#[error("no answer within {0:?}")]
-pub struct RequestTimedOut(pub Duration);
+use multicluster_core::health::{
+    RequestDeadline, RequestKind, RequestTimedOut, Requests, is_unreachable,
+};
+use multicluster_core::redact::Redacted;
 
 /// Whether a request runs for as long as its caller wants: a watch, a
 /// followed log, an exec, attach or port-forward session. Those get no
@@ -66,12 +62,6 @@ impl<S> tower::Layer<S> for BoundedLayer {
         }
     }
 }
-
-/// A deadline of its own for one request (an extension of the request),
-/// in place of the client's: the manager's liveness probes take 15 s, as
-/// an HTTP/2 ping may.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct RequestDeadline(pub(crate) Duration);
 
 /// Gives each request that is not long-running a deadline, and records
 /// how requests end: unanswered, refused, or answered.

@@ -1,7 +1,7 @@
 //! A member's own credential values, withheld from what its server
 //! answers when a request fails.
 //!
-//! The redaction of [`crate::redact`] goes by shape: JSON Web Tokens,
+//! The redaction of [`multicluster_core::redact`] goes by shape: JSON Web Tokens,
 //! base64 runs, PEM blocks. A server (or a gateway in front of it) that
 //! echoes the credential it was sent in an error message can still hand
 //! back a 40-hex token or a password such as `s3cr3t-Passw0rd!`, which
@@ -66,7 +66,7 @@ impl CredentialValues {
             .and_then(|rest| rest.strip_suffix('"'))
             .unwrap_or_default()
             .to_string();
-        let mut values = crate::sync::lock(&self.values);
+        let mut values = multicluster_core::lock(&self.values);
         for value in [value.to_string(), escaped] {
             if value.len() >= MIN_LEN && !values.iter().any(|held| held.expose_secret() == value) {
                 values.push(value.into());
@@ -81,7 +81,7 @@ impl CredentialValues {
     /// `text` with every held value replaced, or `None` when it holds
     /// none.
     pub(crate) fn withhold(&self, text: &[u8]) -> Option<Vec<u8>> {
-        let values = crate::sync::lock(&self.values);
+        let values = multicluster_core::lock(&self.values);
         // Longest first: a value that holds another is withheld whole.
         let mut found: Vec<&[u8]> = values
             .iter()
@@ -166,7 +166,7 @@ mod tests {
         for n in 0..100 {
             values.add(&format!("token-number-{n:04}"));
         }
-        let held = crate::sync::lock(&values.values).len();
+        let held = multicluster_core::lock(&values.values).len();
         assert!(held <= 2 * KEPT, "{held}");
         assert!(values.withhold(b"token-number-0099").is_some());
         assert!(values.withhold(b"token-number-0000").is_none());

@@ -26,7 +26,7 @@
 ///     pub timeout: Option<Duration>,
 /// }
 ///
-/// multicluster_runtime::option_setters!(ExampleOptions {
+/// multicluster_core::option_setters!(ExampleOptions {
 ///     namespace: impl Into<Option<String>>,
 ///     limit: usize,
 ///     timeout: Option<Duration>,

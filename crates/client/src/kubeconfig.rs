@@ -5,7 +5,7 @@
 
 use kube::config::Kubeconfig;
 
-use crate::client::Error;
+use crate::Error;
 
 /// The contexts of a kubeconfig, each a cluster to a provider that reads
 /// kubeconfig files.
@@ -47,11 +47,11 @@ impl Contexts {
     /// What `context` resolves to — the context (made current), its
     /// cluster and its user, extensions and exec settings included — as
     /// canonical text (JSON with object keys sorted, as
-    /// [`KubeconfigCluster::text_of`](crate::provider::kubeconfig::KubeconfigCluster::text_of)
+    /// [`KubeconfigCluster::text_of`](crate::kubeconfig::canonical_text)
     /// gives). A change elsewhere in the kubeconfig leaves it
     /// alone, so it tells whether that context changed. Fails, naming the
     /// source, the context and the missing piece, as
-    /// [`crate::client::build`] would.
+    /// [`crate::build`] would.
     pub fn text(&self, context: &str) -> Result<String, Error> {
         let source = format!("{} context {context:?}", self.source);
         Ok(canonical_text(&context_only(
@@ -67,7 +67,7 @@ impl Contexts {
 ///
 /// Parser messages are not passed on: they can quote the offending value,
 /// which may be a token or a key.
-pub(crate) fn parse(text: &str, source: &str) -> Result<Kubeconfig, Error> {
+pub fn parse(text: &str, source: &str) -> Result<Kubeconfig, Error> {
     if text.trim().is_empty() {
         return Err(invalid(source, "it is empty"));
     }
@@ -160,7 +160,8 @@ pub(crate) fn context_only(
 /// `kubeconfig` as JSON text (which is also YAML) with object keys sorted,
 /// so equal settings always give equal text. kube-rs keeps exec `env`
 /// entries in hash maps, whose order changes from one map to the next.
-pub(crate) fn canonical_text(kubeconfig: &Kubeconfig) -> String {
+#[doc(hidden)]
+pub fn canonical_text(kubeconfig: &Kubeconfig) -> String {
     fn sorted(value: serde_json::Value) -> serde_json::Value {
         match value {
             serde_json::Value::Object(map) => {

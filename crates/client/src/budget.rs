@@ -2,7 +2,7 @@
 //! burst, shared by every client and controller of that member (client-go's
 //! `QPS` and `Burst`).
 //!
-//! Off by default ([`crate::client::ClientOptions::request_budget`]):
+//! Off by default ([`crate::ClientOptions::request_budget`]):
 //! API servers protect themselves with API Priority and Fairness (on by
 //! default since Kubernetes 1.20, GA in 1.29) and answer 429 with a
 //! `Retry-After`, which these clients honour; and each cluster runs one
@@ -88,7 +88,7 @@ impl Budget {
     fn reserve(&self) -> Duration {
         let cells = &self.0;
         let now = Instant::now();
-        let mut next = crate::sync::lock(&cells.next);
+        let mut next = multicluster_core::lock(&cells.next);
         let start = next.map_or(now, |next| next.max(now));
         *next = Some(start + cells.interval);
         start.saturating_duration_since(now + cells.ahead)
