@@ -91,99 +91,19 @@ pub async fn client_with_requests(
             .filter(|name| !name.is_empty())
             .ok_or_else(|| invalid(source, "it has no current-context"))?,
     };
-    // Checked first so that the error names the missing piece.
-    let only = context_only(kubeconfig, &context_name, source)?;
-    let only = policy
-        .admit(only)
-        .map_err(|refused| Error::KubeconfigRefused {
-            origin: source.to_string(),
-            context: context_name.clone(),
-            refused,
-        })?;
-    let proxy_url = only
-        .clusters
-        .first()
-        .and_then(|named| named.cluster.as_ref())
-        .and_then(|cluster| cluster.proxy_url.clone());
-    let user = only
-        .auth_infos
-        .first()
-        .map(|named| named.name.clone())
-        .unwrap_or_default();
-    let kube_options = KubeConfigOptions {
-        context: Some(context_name.clone()),
-        ..KubeConfigOptions::default()
+    let at = Origin {
+        source,
+        context: &context_name,
     };
-    let mut config = kube::Config::from_custom_kubeconfig(only, &kube_options)
-        .await
-        .map_err(|err| invalid(source, &format!("context {context_name:?}: {err}")))?;
-    if runs_command_unattended(&config.auth_info) {
-        return Err(invalid(
-            source,
-            &format!(
-                "context {context_name:?} (user {user:?}): the gcp auth provider's cmd-path runs a command that cannot be given a deadline or stopped; use an exec credential plugin (gke-gcloud-auth-plugin) instead, as client-go has required since Kubernetes 1.26"
-            ),
-        ));
-    }
-    // kube-rs matches NO_PROXY against the proxy, not the member.
-    config.proxy_url = proxy::for_server(&config.cluster_url, proxy_url.as_deref())
-        .map_err(|reason| invalid(source, &format!("context {context_name:?}: {reason}")))?;
+    let (only, user) = at.admitted(kubeconfig, policy)?;
+    let mut config = at.config(only, &user).await?;
     config.connect_timeout = options.connect_timeout;
     let plugin = plugin_of(&mut config.auth_info, options.plugin_timeout)
         .map(|plugin| plugin.showing_stderr(options.plugin_stderr));
-    let budget = match options.request_budget {
-        Some(budget) if !budget.is_valid() => {
-            return Err(Error::InvalidOptions {
-                component: "client options".to_string(),
-                reason: format!(
-                    "a request budget needs a positive qps and a burst of at least 1, not {budget:?}"
-                ),
-            });
-        }
-        budget => budget.map(|budget| BudgetLayer(Budget::new(budget))),
-    };
     let requests = Requests::default();
     let values = withhold::CredentialValues::default();
     held_values(&config.auth_info, &values);
-    let server: std::sync::Arc<str> =
-        multicluster_core::redact::without_userinfo(&config.cluster_url).into();
-    let (source_text, context_text) = (source.to_string(), context_name.clone());
-    let (timeout, http2, recorded) = (options.request_timeout, options.http2, requests.clone());
-    let sent = values.clone();
-    // Builds the client, with a client certificate from the plugin when it
-    // hands out one (again at each renewal).
-    let connect: credentials::Connect = std::sync::Arc::new(move |certificate| {
-        let mut config = config.clone();
-        if let Some((certificate, key)) = certificate {
-            use base64::Engine;
-            let encode = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
-            config.auth_info.client_certificate_data = Some(encode(certificate));
-            config.auth_info.client_key_data = Some(encode(key.expose_secret()).into());
-        }
-        let layer = BoundedLayer {
-            timeout,
-            requests: recorded.clone(),
-            server: server.clone(),
-        };
-        // Outside the deadline: waiting for the budget is not the server's
-        // slowness.
-        connection::builder(config, http2, sent.clone())
-            .map(|builder| {
-                builder
-                    .with_layer(&layer)
-                    .with_layer(&tower::util::option_layer(budget.clone()))
-                    .build()
-            })
-            .map_err(|err| {
-                invalid(
-                    &source_text,
-                    &format!(
-                        "context {context_text:?}: {}",
-                        multicluster_core::redact::kube_error(&err)
-                    ),
-                )
-            })
-    });
+    let connect = at.connector(config, options, requests.clone(), values.clone())?;
     let Some(plugin) = plugin else {
         return Ok((connect(None)?, requests));
     };
@@ -197,6 +117,133 @@ pub async fn client_with_requests(
             user: format!("context {context_name:?}, user {user:?}"),
             source: err.into(),
         }),
+    }
+}
+
+/// Where a kubeconfig came from and the context it is used through: what
+/// every error of a build names.
+struct Origin<'a> {
+    source: &'a str,
+    context: &'a str,
+}
+
+impl Origin<'_> {
+    fn invalid(&self, reason: impl std::fmt::Display) -> Error {
+        invalid(
+            self.source,
+            &format!("context {:?}: {reason}", self.context),
+        )
+    }
+
+    /// The context cut out of `kubeconfig` (its cluster and its user,
+    /// checked first so that the error names a missing piece) and admitted
+    /// by `policy`, and the user's name.
+    fn admitted(
+        &self,
+        kubeconfig: &Kubeconfig,
+        policy: &KubeconfigPolicy,
+    ) -> Result<(Kubeconfig, String), Error> {
+        let only = context_only(kubeconfig, self.context, self.source)?;
+        let only = policy
+            .admit(only)
+            .map_err(|refused| Error::KubeconfigRefused {
+                origin: self.source.to_string(),
+                context: self.context.to_string(),
+                refused,
+            })?;
+        let user = only
+            .auth_infos
+            .first()
+            .map(|named| named.name.clone())
+            .unwrap_or_default();
+        Ok((only, user))
+    }
+
+    /// kube-rs's config of the admitted context (reading the files the
+    /// policy allowed), with the proxy picked as client-go picks it.
+    async fn config(&self, only: Kubeconfig, user: &str) -> Result<kube::Config, Error> {
+        let proxy_url = only
+            .clusters
+            .first()
+            .and_then(|named| named.cluster.as_ref())
+            .and_then(|cluster| cluster.proxy_url.clone());
+        let kube_options = KubeConfigOptions {
+            context: Some(self.context.to_string()),
+            ..KubeConfigOptions::default()
+        };
+        let mut config = kube::Config::from_custom_kubeconfig(only, &kube_options)
+            .await
+            .map_err(|err| self.invalid(err))?;
+        if runs_command_unattended(&config.auth_info) {
+            return Err(invalid(
+                self.source,
+                &format!(
+                    "context {:?} (user {user:?}): the gcp auth provider's cmd-path runs a command that cannot be given a deadline or stopped; use an exec credential plugin (gke-gcloud-auth-plugin) instead, as client-go has required since Kubernetes 1.26",
+                    self.context
+                ),
+            ));
+        }
+        // kube-rs matches NO_PROXY against the proxy, not the member.
+        config.proxy_url = proxy::for_server(&config.cluster_url, proxy_url.as_deref())
+            .map_err(|reason| self.invalid(reason))?;
+        Ok(config)
+    }
+
+    /// What builds the client from `config`, with a client certificate
+    /// from the plugin when it hands out one (again at each renewal): the
+    /// connection, the request deadline and health record, the budget.
+    fn connector(
+        &self,
+        config: kube::Config,
+        options: &ClientOptions,
+        requests: Requests,
+        values: withhold::CredentialValues,
+    ) -> Result<credentials::Connect, Error> {
+        let budget = match options.request_budget {
+            Some(budget) if !budget.is_valid() => {
+                return Err(Error::InvalidOptions {
+                    component: "client options".to_string(),
+                    reason: format!(
+                        "a request budget needs a positive qps and a burst of at least 1, not {budget:?}"
+                    ),
+                });
+            }
+            budget => budget.map(|budget| BudgetLayer(Budget::new(budget))),
+        };
+        let server: std::sync::Arc<str> =
+            multicluster_core::redact::without_userinfo(&config.cluster_url).into();
+        let (source, context) = (self.source.to_string(), self.context.to_string());
+        let (timeout, http2) = (options.request_timeout, options.http2);
+        Ok(std::sync::Arc::new(move |certificate| {
+            let mut config = config.clone();
+            if let Some((certificate, key)) = certificate {
+                use base64::Engine;
+                let encode = |pem: &str| base64::engine::general_purpose::STANDARD.encode(pem);
+                config.auth_info.client_certificate_data = Some(encode(certificate));
+                config.auth_info.client_key_data = Some(encode(key.expose_secret()).into());
+            }
+            let layer = BoundedLayer {
+                timeout,
+                requests: requests.clone(),
+                server: server.clone(),
+            };
+            // Outside the deadline: waiting for the budget is not the
+            // server's slowness.
+            connection::builder(config, http2, values.clone())
+                .map(|builder| {
+                    builder
+                        .with_layer(&layer)
+                        .with_layer(&tower::util::option_layer(budget.clone()))
+                        .build()
+                })
+                .map_err(|err| {
+                    Origin {
+                        source: &source,
+                        context: &context,
+                    }
+                    .invalid(multicluster_core::redact::kube_error(&err))
+                })
+        }))
     }
 }
 

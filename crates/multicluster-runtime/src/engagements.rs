@@ -22,18 +22,26 @@
 //!    (`Clusters::add`, `add_or_replace`; providers that discover from
 //!    objects do it from `provider/discovery.rs`, `Discovered::engage`);
 //!    the set hands it to the manager in order (`Clusters::hand_over`).
-//! 2. `manager/tracking.rs`: `Manager::engage` holds it as syncing and
-//!    `Manager::bring_up` waits for its API server and cache (retrying an
-//!    unreachable one), then marks it ready; every change of its state
-//!    goes through `States::move_to` (counts, gauges, the state-change
-//!    counter, the log line), the rule of the next state being
-//!    `Progress::due` (`manager/progress.rs`).
-//! 3. `coordinator/mod.rs` (or `leader_election.rs`, `sharding/`): the
-//!    coordinator decides whether this replica works on it and engages the
-//!    components (`engage_each`).
+//! 2. `manager/tracking.rs`: `Manager::engage` holds it as syncing (a
+//!    replaced instance's lifetime ends here) and spawns
+//!    `Manager::bring_up`, which, in this order: probes its API server
+//!    (`probe_server`; unreachable meanwhile, retried with backoff); hands
+//!    it to the coordinator (`Manager::hand_over`, step 3), whose
+//!    components start their watches before it returns; waits up to
+//!    `sync_timeout` for those watches to list (`Cache::synced`); and
+//!    moves it to the state `Progress::due` gives (`manager/progress.rs`:
+//!    ready once every watch listed, degraded or unreachable by a failing
+//!    one). Every change of its state goes through `States::move_to`
+//!    (counts, gauges, the state-change counter, the log line).
+//! 3. `coordinator/mod.rs` (or a coordinator of `multicluster-coordinator`:
+//!    `leader_election.rs`, `sharding/`): the coordinator decides whether
+//!    this replica works on it and engages the components (`engage_each`).
 //! 4. `controller/mod.rs`: `Controller::engage` takes the cluster's
 //!    requests from now on and starts its sources (`controller/source.rs`),
-//!    which subscribe to the cluster's informers (`cache/`).
+//!    which subscribe to the cluster's informers (`cache/`): the informer is
+//!    created on the first subscription (`Cache::informer`), and a
+//!    subscriber that comes late gets the store's contents first
+//!    (`Informer::subscribe`).
 //!
 //! The lifetimes form a tree of cancellation tokens; ending one ends
 //! everything under it:

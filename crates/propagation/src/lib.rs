@@ -76,8 +76,8 @@ use multicluster_runtime::ClusterName;
 use multicluster_runtime::Error;
 use multicluster_runtime::cache::{CacheEvent, CachedResource};
 use multicluster_runtime::controller::{
-    ClusterScope, Controller, ControllerBuilder, MapContext, ReconcileError, Request, Watch,
-    filters, map,
+    Action, ClusterScope, Controller, ControllerBuilder, MapContext, ReconcileError, Request,
+    Watch, filters, map,
 };
 use status::Outcome;
 
@@ -466,19 +466,30 @@ where
     /// cluster) keep the finalizer and the status, member requests apply
     /// and remove.
     pub fn build(self) -> Result<Controller, Error> {
+        let (shared, reselect, configure) = self.into_shared()?;
+        let mut builder = Controller::builder(shared.name.clone());
+        builder = hub_sources(builder, &shared);
+        builder = member_sources(builder, &shared);
+        builder = reselect_sources(builder, &shared, reselect);
+        for configure in configure {
+            builder = configure(builder);
+        }
+        let controller = builder.build(reconciler(shared.clone()))?;
+        let _ = shared.controller.set(controller.clone());
+        Ok(controller)
+    }
+
+    /// Checks the settings and turns them into what reconciles share, with
+    /// the sources and configuration the builder still adds.
+    #[allow(clippy::type_complexity)]
+    fn into_shared(
+        self,
+    ) -> Result<(Arc<Shared<K>>, Vec<(ApiResource, Concerns)>, Vec<Configure>), Error> {
         let invalid = |reason: String| Error::InvalidOptions {
             component: format!("propagation {:?}", self.name),
             reason,
         };
-        if self.name.is_empty()
-            || self.name.len() > 63
-            || !self
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
-            || !self.name.starts_with(|c: char| c.is_ascii_alphanumeric())
-            || !self.name.ends_with(|c: char| c.is_ascii_alphanumeric())
-        {
+        if !is_label_value(&self.name) {
             return Err(invalid(
                 "its name must be a valid label value (1-63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)".into(),
             ));
@@ -511,112 +522,7 @@ where
             events_refused: AtomicBool::new(false),
             controller: OnceLock::new(),
         });
-        let mut builder = Controller::builder(shared.name.clone())
-            .for_resource(Watch::<K>::new().clusters(ClusterScope::Local))
-            // A hub object's change is a request in every member it has or
-            // may have objects in; not a change of only what this
-            // propagation writes on it (its status), or every status write
-            // would apply again in every member.
-            .watches(
-                Watch::<K>::new()
-                    .clusters(ClusterScope::Local)
-                    .filter(filters::custom({
-                        let status = shared.status.clone();
-                        move |event: &CacheEvent<K>| match event {
-                            CacheEvent::Applied {
-                                old: Some(old),
-                                new,
-                            } => {
-                                beyond_status(old.as_ref(), &status)
-                                    != beyond_status(new.as_ref(), &status)
-                            }
-                            _ => true,
-                        }
-                    })),
-                {
-                    let shared = shared.clone();
-                    move |context, hub: &K| {
-                        if !shared.concerns(hub) {
-                            return Vec::new();
-                        }
-                        shared.member_requests(context.engaged_clusters(), &key_of(hub))
-                    }
-                },
-            )
-            // A member joining gets every hub object's request; one leaving
-            // makes every hub object's status drop it.
-            .owed_on_engage(map::local_objects::<K>({
-                let shared = shared.clone();
-                move |hub| shared.concerns(hub)
-            }))
-            .owed_on_disengage(map::local_requests::<K>({
-                let shared = shared.clone();
-                move |hub| shared.concerns(hub)
-            }));
-        // Members chosen by a function of the cluster (its labels) are
-        // decided again when its labels change.
-        if matches!(shared.members, Members::Matching(_)) {
-            builder = builder.owed_on_relabel(map::local_objects::<K>({
-                let shared = shared.clone();
-                move |hub| shared.concerns(hub)
-            }));
-        }
-        for kind in shared.kinds.clone() {
-            let shared = shared.clone();
-            builder = kind.watched_by(
-                builder,
-                Arc::new(move |context, meta| {
-                    shared
-                        .hub_of(meta)
-                        .map(|(namespace, name)| vec![context.here(namespace.as_deref(), name)])
-                        .unwrap_or_default()
-                }),
-            );
-        }
-        for (resource, concerns) in self.reselect {
-            let shared = shared.clone();
-            builder = builder.watches_dynamic(
-                resource,
-                Watch::new().clusters(ClusterScope::Local),
-                move |context, object| {
-                    let mut hubs: Vec<HubKey> = concerns(context, object)
-                        .into_iter()
-                        .map(|request| (request.namespace, request.name))
-                        .collect();
-                    hubs.sort();
-                    hubs.dedup();
-                    hubs.into_iter()
-                        .flat_map(|key| {
-                            let hub = Request::new(
-                                ClusterName::local(),
-                                key.0.as_deref(),
-                                key.1.as_str(),
-                            );
-                            shared
-                                .member_requests(context.engaged_clusters(), &key)
-                                .into_iter()
-                                .chain(std::iter::once(hub))
-                        })
-                        .collect()
-                },
-            );
-        }
-        for configure in self.configure {
-            builder = configure(builder);
-        }
-        let reconciling = shared.clone();
-        let controller = builder.build(move |request, cluster| {
-            let shared = reconciling.clone();
-            async move {
-                if request.cluster.is_local() {
-                    shared.reconcile_hub(request, cluster).await
-                } else {
-                    shared.reconcile_member(request, cluster).await
-                }
-            }
-        })?;
-        let _ = shared.controller.set(controller.clone());
-        Ok(controller)
+        Ok((shared, self.reselect, self.configure))
     }
 }
 
@@ -735,6 +641,152 @@ where
 /// What of a hub object its members' objects may depend on: all of it
 /// but what the server keeps (`resourceVersion`, `managedFields`) and what
 /// the propagation writes (`status`).
+/// Whether `name` is a valid label value: 1-63 letters, digits, `-`, `_`
+/// or `.`, starting and ending with a letter or digit.
+fn is_label_value(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 63
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+/// The hub's sources: the hub objects themselves, and a change of one as a
+/// request in every member it has or may have objects in (not a change of
+/// only what this propagation writes on it, its status, or every status
+/// write would apply again in every member); a member joining gets every
+/// hub object's request, one leaving makes every status drop it, and
+/// members chosen by their labels are decided again when those change.
+fn hub_sources<K>(builder: ControllerBuilder, shared: &Arc<Shared<K>>) -> ControllerBuilder
+where
+    K: CachedResource + Serialize,
+{
+    let concerned = || {
+        let shared = shared.clone();
+        move |hub: &K| shared.concerns(hub)
+    };
+    let changed_beyond_status = filters::custom({
+        let status = shared.status.clone();
+        move |event: &CacheEvent<K>| match event {
+            CacheEvent::Applied {
+                old: Some(old),
+                new,
+            } => beyond_status(old.as_ref(), &status) != beyond_status(new.as_ref(), &status),
+            _ => true,
+        }
+    });
+    let to_members = {
+        let shared = shared.clone();
+        move |context: &MapContext<'_>, hub: &K| {
+            if !shared.concerns(hub) {
+                return Vec::new();
+            }
+            shared.member_requests(context.engaged_clusters(), &key_of(hub))
+        }
+    };
+    let builder = builder
+        .for_resource(Watch::<K>::new().clusters(ClusterScope::Local))
+        .watches(
+            Watch::<K>::new()
+                .clusters(ClusterScope::Local)
+                .filter(changed_beyond_status),
+            to_members,
+        )
+        .owed_on_engage(map::local_objects::<K>(concerned()))
+        .owed_on_disengage(map::local_requests::<K>(concerned()));
+    if matches!(shared.members, Members::Matching(_)) {
+        builder.owed_on_relabel(map::local_objects::<K>(concerned()))
+    } else {
+        builder
+    }
+}
+
+/// The members' sources: each propagated type, watched in members
+/// (metadata only), mapped back to the hub object it was made for.
+fn member_sources<K>(mut builder: ControllerBuilder, shared: &Arc<Shared<K>>) -> ControllerBuilder
+where
+    K: CachedResource + Serialize,
+{
+    for kind in shared.kinds.clone() {
+        let shared = shared.clone();
+        builder = kind.watched_by(
+            builder,
+            Arc::new(move |context, meta| {
+                shared
+                    .hub_of(meta)
+                    .map(|(namespace, name)| vec![context.here(namespace.as_deref(), name)])
+                    .unwrap_or_default()
+            }),
+        );
+    }
+    builder
+}
+
+/// What else decides the members of a hub object (`reselect_on`): a change
+/// of it is a request for the hub objects it concerns, in the hub and in
+/// every member they have or may have objects in.
+fn reselect_sources<K>(
+    mut builder: ControllerBuilder,
+    shared: &Arc<Shared<K>>,
+    reselect: Vec<(ApiResource, Concerns)>,
+) -> ControllerBuilder
+where
+    K: CachedResource + Serialize,
+{
+    for (resource, concerns) in reselect {
+        let shared = shared.clone();
+        builder = builder.watches_dynamic(
+            resource,
+            Watch::new().clusters(ClusterScope::Local),
+            move |context, object| {
+                let mut hubs: Vec<HubKey> = concerns(context, object)
+                    .into_iter()
+                    .map(|request| (request.namespace, request.name))
+                    .collect();
+                hubs.sort();
+                hubs.dedup();
+                hubs.into_iter()
+                    .flat_map(|key| {
+                        let hub =
+                            Request::new(ClusterName::local(), key.0.as_deref(), key.1.as_str());
+                        shared
+                            .member_requests(context.engaged_clusters(), &key)
+                            .into_iter()
+                            .chain(std::iter::once(hub))
+                    })
+                    .collect()
+            },
+        );
+    }
+    builder
+}
+
+/// One reconcile of the propagation, under way.
+type Reconciling =
+    std::pin::Pin<Box<dyn std::future::Future<Output = Result<Action, ReconcileError>> + Send>>;
+
+/// The reconciler: a hub object's request reconciles it on the hub (its
+/// finalizer and status), a member's applies what it wants there.
+fn reconciler<K>(
+    shared: Arc<Shared<K>>,
+) -> impl Fn(Request, Cluster) -> Reconciling + Send + Sync + 'static
+where
+    K: CachedResource + Serialize,
+{
+    move |request, cluster| {
+        let shared = shared.clone();
+        Box::pin(async move {
+            if request.cluster.is_local() {
+                shared.reconcile_hub(request, cluster).await
+            } else {
+                shared.reconcile_member(request, cluster).await
+            }
+        })
+    }
+}
+
 fn beyond_status<K: Serialize>(hub: &K, status: &StatusTarget) -> Option<serde_json::Value> {
     let mut value = serde_json::to_value(hub).ok()?;
     if let Some(metadata) = value.get_mut("metadata").and_then(|m| m.as_object_mut()) {

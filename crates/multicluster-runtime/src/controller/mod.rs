@@ -30,24 +30,40 @@
 //!
 //! # One event, end to end
 //!
-//! 1. `cache/informer.rs`: the cluster's informer for the type
-//!    (`Informer::spawn`) reads kube-runtime's `watcher` (restarted and
-//!    backed off by `cache/retry.rs`), applies each event to its store and
-//!    field indexes (`Informer::apply`), then sends it to every subscriber.
+//! 1. `cache/mod.rs`: the first source that asks for a type in a cluster
+//!    creates the cluster's informer for it (`Cache::informer`, one per
+//!    cluster and type, shared by every controller); `cache/informer.rs`:
+//!    the informer (`Informer::spawn`) reads kube-runtime's `watcher`
+//!    (restarted and backed off by `cache/retry.rs`, its failures recorded
+//!    for the cluster's health), applies each event to its store and field
+//!    indexes (`Informer::apply`), then sends it to every subscriber; one
+//!    that subscribes late gets the store's contents first
+//!    (`Informer::subscribe`).
 //! 2. `controller/source.rs`: each source the controller's builder made
 //!    (`InformerSource`) subscribed when its cluster was engaged
-//!    (`Source::start`); it filters the event and maps it to [`Request`]s,
-//!    in its own cluster or, for a mapper that reaches across, any engaged
-//!    cluster.
+//!    (`Source::start`), if the source's clusters include that one
+//!    (`controller/selection.rs`: the fleet, the local cluster, names,
+//!    labels); it filters the event (`Filter`, `filters`) and maps it to
+//!    [`Request`]s, in its own cluster or, for a mapper that reaches
+//!    across, any engaged cluster (`MapContext`). Requests also come from
+//!    outside the watches: `controller/triggers.rs` (`reconcile_on`,
+//!    `reconcile_all_on`), and what a cluster is owed when it joins,
+//!    leaves or is relabelled (the builder's `owed_on_engage`,
+//!    `owed_on_disengage`, `owed_on_relabel`, run by
+//!    `Controller::engage`).
 //! 3. `controller/queue.rs`: `Queue::add` collapses duplicates and marks a
 //!    running request dirty; `Queue::next` serves clusters in turn, each
 //!    within its own slots.
 //! 4. `controller/work.rs`: `WorkQueue::drive` takes the next request,
-//!    spawns its reconcile under the deadline, and reports the outcome back
-//!    (`Queue::done`: backoff, requeue, the dirty run once more).
+//!    spawns its reconcile under the deadline
+//!    (`ControllerSettings::reconcile_timeout`), and reports the outcome
+//!    back (`Queue::done`: per-request backoff after an error, the
+//!    requeue an `Action` asks for, the dirty run once more); a request
+//!    whose reconciles keep failing is logged once, then reminded of.
 //! 5. This file: `Controller::run` turns a request into its reconcile with
 //!    the cluster it names (`Inner::start_reconcile`), or drops it if that
-//!    cluster left meanwhile.
+//!    cluster left meanwhile (its queued requests were dropped when it
+//!    did: `Controller::engage`'s lifetime).
 
 mod builder;
 pub mod finalizer;

@@ -25,6 +25,7 @@
 mod endpoints;
 mod options;
 mod progress;
+mod run;
 
 mod tracking;
 
@@ -32,7 +33,6 @@ pub use multicluster_core::{ClusterState, ClusterStatus};
 pub use options::ManagerOptions;
 use tracking::Tracked;
 
-use crate::sync::stop_within;
 use multicluster_core::lock;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -47,7 +47,7 @@ use crate::controller::Controller;
 use crate::coordinator::{Coordinator, EngageAll};
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::multicluster::{Aware, Provider, ProviderContext, RunnableProvider};
+use crate::multicluster::{Aware, Provider, RunnableProvider};
 use multicluster_core::ClusterName;
 
 /// How long the coordinator and the provider may take to stop after the
@@ -388,145 +388,23 @@ impl Manager {
     /// then stops taking work and lets running reconciles finish, all
     /// within the shutdown grace period and a short allowance.
     pub async fn run(&self, shutdown: CancellationToken) -> Result<(), Error> {
-        if self.inner.options.raise_open_files_limit {
-            match crate::open_files::raise_open_files_limit() {
-                Ok((before, after)) if before != after => {
-                    tracing::info!(?before, ?after, "raised the open-files limit");
-                }
-                Ok(_) => {}
-                Err(err) => {
-                    tracing::warn!(error = %err, "could not raise the open-files limit");
-                }
-            }
-        }
+        self.raise_open_files_limit();
         if let Some(address) = self.inner.options.health_address {
             self.bind_health(address, &shutdown).await?;
         }
-        // `stop` ends reconciling (on shutdown, or when the provider fails;
-        // with a coordinator that hands clusters over as it leaves, once it
-        // has); `components_stop` ends cluster lifetimes and the provider,
-        // only after running reconciles have finished with their clusters.
-        let coordinator = self.coordinator();
-        let stop = if coordinator.hands_over_on_leave() {
-            CancellationToken::new()
-        } else {
-            shutdown.child_token()
-        };
-        let components_stop = CancellationToken::new();
-        let coordinator_stop = components_stop.clone();
-        let mut coordinator_task = tokio::task::JoinSet::new();
-        coordinator_task.spawn(async move { coordinator.run(coordinator_stop).await });
-        self.engage(
-            components_stop.child_token(),
-            ClusterName::local(),
-            self.inner.local.clone(),
-        )?;
-
-        let mut tasks = tokio::task::JoinSet::new();
-        let grace = self.inner.options.shutdown_grace;
-        // Controllers added from now on come through `late` (taken under the
-        // same lock, so none is missed or run twice).
-        let (start_late, mut late) = tokio::sync::mpsc::unbounded_channel();
-        let controllers = {
-            let mut controllers = lock(&self.inner.controllers);
-            controllers.start = Some(start_late);
-            controllers.added.clone()
-        };
-        for controller in controllers {
-            let stop = stop.clone();
-            tasks.spawn(async move { controller.run(stop, grace).await });
-        }
-        let mut provider_task = tokio::task::JoinSet::new();
-        if let Some(provider) = self.inner.runnable.clone() {
-            let context = ProviderContext::new(
-                components_stop.clone(),
-                Arc::new(self.clone()),
-                self.inner.metrics.clone(),
-            );
-            // The coordinator hears of it once every cluster the provider
-            // engaged by then was also checked: handed to the coordinator,
-            // or found unreachable.
-            let (told, manager) = (context.clone(), self.clone());
-            tokio::spawn(async move {
-                let engaged = async {
-                    told.when_inventory_engaged().await;
-                    manager.all_checked().await;
-                };
-                tokio::select! {
-                    () = engaged => manager.coordinator().inventory_engaged(),
-                    () = told.shutdown.cancelled() => {}
-                }
-            });
-            provider_task.spawn(async move { provider.start(context).await });
-        } else {
-            self.coordinator().inventory_engaged();
-        }
-        tokio::spawn(self.clone().watch_health(components_stop.clone()));
-        self.inner.started.store(true, Ordering::Release);
-
-        // A provider that ends on its own (it failed, or gave up) ends the
-        // manager: carrying on without a fleet would hide the failure.
-        let provider_ended = loop {
-            let provider_ends = async {
-                match provider_task.join_next().await {
-                    Some(result) => result,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::select! {
-                () = shutdown.cancelled() => break None,
-                result = provider_ends => break Some(result),
-                Some(controller) = late.recv() => {
-                    let stop = stop.clone();
-                    tasks.spawn(async move { controller.run(stop, grace).await });
-                }
-            }
-        };
+        let mut running = self.start(&shutdown)?;
+        let provider_ended = running.serve(&shutdown).await;
         lock(&self.inner.controllers).start = None;
         // Nothing extends the shutdown past this: reconciles get the grace
         // period, the coordinator and the provider a little more.
+        let grace = self.inner.options.shutdown_grace;
         let deadline = tokio::time::Instant::now() + grace + STOP_ALLOWANCE;
         if provider_ended.is_some() {
             tracing::error!("the provider stopped; shutting down");
         } else {
-            // While the controllers still work on what is not handed yet
-            // (a sharded replica's clusters go to the others one by one);
-            // taken out of the grace period.
-            let leave = self.coordinator();
-            if tokio::time::timeout(grace, leave.leave()).await.is_err() {
-                tracing::warn!(
-                    ?grace,
-                    "the coordinator did not finish handing clusters over within the shutdown grace"
-                );
-            }
+            self.leave(grace).await;
         }
-        stop.cancel();
-        tracing::info!("shutting down: no new reconciles; waiting for running ones");
-        stop_within(&mut tasks, deadline, "the controllers").await;
-        self.inner.stopping.cancel();
-        components_stop.cancel();
-        match stop_within(&mut coordinator_task, deadline, "the coordinator")
-            .await
-            .pop()
-        {
-            Some(Ok(Ok(()))) | None => {}
-            Some(Ok(Err(err))) => tracing::error!(error = %err, "the coordinator failed"),
-            Some(Err(err)) => tracing::error!(error = %err, "the coordinator task failed"),
-        }
-        let provider_result = match provider_ended {
-            Some(result) => result,
-            None => stop_within(&mut provider_task, deadline, "the provider")
-                .await
-                .pop()
-                .unwrap_or(Ok(Ok(()))),
-        };
-        match provider_result {
-            Ok(result) => result,
-            Err(source) => Err(Error::TaskFailed {
-                task: "the provider",
-                source,
-            }),
-        }
+        running.stop(self, provider_ended, deadline).await
     }
 
     #[cfg(feature = "health")]
