@@ -184,6 +184,7 @@ impl Traps {
     /// provider, skip TLS verification, go through a proxy. Each names
     /// [`Traps::server`] and has the inline CA data of `ca_pem`, so that
     /// everything but the trap is as a real member's kubeconfig would be.
+    // Long by design: a table of traps, one entry each.
     pub fn kubeconfigs(&self, ca_pem: &str) -> Vec<Trap> {
         let file = |name: &str| self.dir.path().join(name).display().to_string();
         let token = || Some(SecretString::from("inline-token".to_string()));

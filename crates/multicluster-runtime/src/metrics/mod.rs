@@ -78,6 +78,8 @@ impl Default for Metrics {
 impl Metrics {
     /// A fresh registry. With `per_cluster_labels`, reconcile metrics also
     /// carry a `cluster` label.
+    // Long by design: every metric the library exports is registered here,
+    // one after another, so their names and help texts read as one list.
     pub fn new(per_cluster_labels: bool) -> Self {
         let mut registry = Registry::default();
         let engaged_clusters = Gauge::default();
