@@ -14,11 +14,13 @@ use crate::redact::Redacted;
 /// How long a refused request counts against its cluster when no request
 /// of the same kind is made again: a reconciler that gave up, or backs off
 /// for long, leaves its last refusal on the record this long.
+#[doc(hidden)]
 pub const REFUSAL_MEMORY: Duration = Duration::from_secs(300);
 
 /// How the requests of one client have ended lately. Shared by the
 /// client's layers and its cluster.
 #[derive(Clone, Debug, Default)]
+#[doc(hidden)]
 pub struct Requests(Arc<RequestOutcomes>);
 
 #[derive(Debug, Default)]
@@ -151,6 +153,7 @@ impl Requests {
 /// What a request asked for, as RBAC sees it: verb, resource (with its
 /// group) and namespace, read from its method and path.
 #[derive(Debug, PartialEq, Eq)]
+#[doc(hidden)]
 pub struct RequestKind {
     verb: &'static str,
     /// `configmaps`, `deployments.apps`, `pods/log`; or the path, for
