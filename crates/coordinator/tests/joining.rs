@@ -48,8 +48,8 @@ impl ClusterSetProvider for Holding {
 #[async_trait::async_trait]
 impl RunnableProvider for Holding {
     async fn start(&self, context: ProviderContext) -> Result<(), multicluster_runtime::Error> {
-        self.clusters
-            .start(context.shutdown.clone(), context.aware.clone())?;
+        // Says its inventory is engaged only when the test lets it.
+        self.clusters.start_discovering(&context)?;
         if let Some(said) = &self.said {
             tokio::select! {
                 () = said.cancelled() => context.inventory_engaged(),

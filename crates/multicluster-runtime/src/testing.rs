@@ -32,10 +32,9 @@ impl crate::provider::clusters::ClusterSetProvider for TestProvider {
 #[async_trait::async_trait]
 impl crate::multicluster::RunnableProvider for TestProvider {
     async fn start(&self, context: crate::multicluster::ProviderContext) -> Result<(), Error> {
-        self.clusters
-            .start(context.shutdown.clone(), context.aware.clone())?;
-        // The clusters are added by the test, before or after the start.
-        context.inventory_engaged();
+        // The clusters are added by the test, before or after the start:
+        // the inventory is what the set holds when it starts.
+        self.clusters.start(&context)?;
         context.shutdown.cancelled().await;
         Ok(())
     }

@@ -53,13 +53,11 @@ impl ClusterSetProvider for ClustersProvider {
 #[async_trait::async_trait]
 impl RunnableProvider for ClustersProvider {
     async fn start(&self, context: ProviderContext) -> Result<(), Error> {
-        let shutdown = context.shutdown.clone();
-        self.clusters
-            .start(shutdown.clone(), context.aware.clone())?;
         // Its clusters are the program's to add: those added before the
-        // start are engaged now, and nothing more is to be found.
-        context.inventory_engaged();
-        shutdown.cancelled().await;
+        // start are engaged now (and the inventory said engaged), and
+        // nothing more is to be found.
+        self.clusters.start(&context)?;
+        context.shutdown.cancelled().await;
         Ok(())
     }
 }

@@ -13,7 +13,7 @@ use crate::cache::FieldIndex;
 use crate::cluster::Cluster;
 use crate::engagements::Engagements;
 use crate::error::Error;
-use crate::multicluster::{Aware, Provider};
+use crate::multicluster::{Aware, Provider, ProviderContext};
 use multicluster_core::ClusterName;
 
 /// Called with errors that have no caller to return to (an engagement that
@@ -81,8 +81,16 @@ impl Clusters {
         multicluster_core::lock(&self.inner)
     }
 
-    /// Engages every cluster added so far and every one added later through
-    /// `aware`, with lifetimes that end at the latest with `shutdown`.
+    /// Engages every cluster added so far and every one added later with
+    /// `context.aware`, with lifetimes that end at the latest with
+    /// `context.shutdown`, and says that the inventory is engaged
+    /// ([`ProviderContext::inventory_engaged`]) once the clusters it holds
+    /// now are handed over: a provider whose inventory is what it added
+    /// before starting the set needs nothing more. A provider that finds
+    /// its inventory after starting the set calls
+    /// [`Clusters::start_discovering`] instead, and says so itself when its
+    /// first read is engaged ([`crate::provider::discovery::Discovered`]
+    /// does).
     ///
     /// `aware` is called after the set's lock is released, so it may look
     /// clusters up (or change the set) from `engage`. It is called once at a
@@ -91,7 +99,16 @@ impl Clusters {
     /// so `aware` never sees the name leave in between. An engagement whose
     /// lifetime has already ended when it arrives (the cluster was removed
     /// meanwhile) is stale, and [`Aware`] implementations ignore it.
-    pub fn start(&self, shutdown: CancellationToken, aware: Arc<dyn Aware>) -> Result<(), Error> {
+    pub fn start(&self, context: &ProviderContext) -> Result<(), Error> {
+        self.start_discovering(context)?;
+        context.inventory_engaged();
+        Ok(())
+    }
+
+    /// [`Clusters::start`], without saying that the inventory is engaged:
+    /// for a provider that finds its inventory after starting the set.
+    pub fn start_discovering(&self, context: &ProviderContext) -> Result<(), Error> {
+        let (shutdown, aware) = (context.shutdown.clone(), context.aware.clone());
         {
             let mut state = self.lock();
             if state.started.is_some() {
@@ -350,6 +367,29 @@ mod tests {
         crate::testing::offline_cluster(name)
     }
 
+    fn context(shutdown: CancellationToken, aware: Arc<dyn Aware>) -> ProviderContext {
+        ProviderContext::new(shutdown, aware, crate::metrics::Metrics::new(false))
+    }
+
+    /// A set started by a provider whose inventory is what it added before
+    /// says the inventory is engaged once that is handed over; one started
+    /// to discover more leaves saying it to the provider.
+    #[tokio::test]
+    async fn a_started_set_says_its_inventory_is_engaged_and_a_discovering_one_does_not() {
+        let aware: Arc<Recording> = Arc::new(Recording::default());
+        let set = Clusters::new();
+        set.add("a", cluster("a")).expect("add");
+        let given = context(CancellationToken::new(), aware.clone());
+        set.start(&given).expect("start");
+        assert!(given.is_inventory_engaged());
+        assert!(aware.0.lock().expect("lock").contains_key(&ClusterName::from("a")));
+
+        let discovering = Clusters::new();
+        let found = context(CancellationToken::new(), aware);
+        discovering.start_discovering(&found).expect("start");
+        assert!(!found.is_inventory_engaged());
+    }
+
     /// Looks the cluster up in the set from `engage`, as a component that
     /// wants the provider's view of it would.
     struct LooksUp(Clusters, Mutex<Vec<ClusterName>>);
@@ -374,7 +414,7 @@ mod tests {
             let (set, aware) = (set.clone(), aware.clone());
             move || {
                 let _entered = runtime.enter();
-                set.start(CancellationToken::new(), aware).expect("start");
+                set.start_discovering(&context(CancellationToken::new(), aware)).expect("start");
                 set.add("after", cluster("after")).expect("add");
                 set.add_or_replace("after", cluster("after"), "v2");
                 let _ = done_tx.send(());
@@ -417,7 +457,7 @@ mod tests {
     async fn a_replacement_is_engaged_before_the_replaced_lifetime_ends() {
         let set = Clusters::new();
         let aware = Arc::new(ReplacementOrder::default());
-        set.start(CancellationToken::new(), aware.clone())
+        set.start_discovering(&context(CancellationToken::new(), aware.clone()))
             .expect("start");
         assert!(set.add_or_replace("c", cluster("c"), "v1"));
         let first = aware.1.lock().expect("lock").clone().expect("engaged");
@@ -463,9 +503,9 @@ mod tests {
         let set = Clusters::new();
         let aware = Arc::new(Recording::default());
         let shutdown = CancellationToken::new();
-        set.start(shutdown.clone(), aware.clone()).expect("start");
+        set.start_discovering(&context(shutdown.clone(), aware.clone())).expect("start");
         assert!(matches!(
-            set.start(shutdown.clone(), aware.clone()),
+            set.start_discovering(&context(shutdown.clone(), aware.clone())),
             Err(Error::AlreadyStarted(_))
         ));
 

@@ -195,12 +195,12 @@ impl Discovered {
 
     /// Starts the cluster set with what the provider was started with:
     /// clusters are engaged with `context.aware` until `context.shutdown`
-    /// ([`Clusters::start`]), and failures and duplicates are recorded in
+    /// ([`Clusters::start_discovering`]; [`Discovered::run`] says when the
+    /// inventory is engaged), and failures and duplicates are recorded in
     /// `context.metrics` unless it was given a registry of its own,
     /// so they show on the manager's `/clusters`.
     pub fn start(&self, context: &ProviderContext) -> Result<(), Error> {
         self.failures.use_metrics(&context.metrics);
-        self.clusters
-            .start(context.shutdown.clone(), context.aware.clone())
+        self.clusters.start_discovering(context)
     }
 }
