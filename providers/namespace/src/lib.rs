@@ -119,8 +119,9 @@ impl ClusterSetProvider for NamespaceProvider {
 impl RunnableProvider for NamespaceProvider {
     async fn start(&self, context: ProviderContext) -> Result<(), Error> {
         let shutdown = context.shutdown.clone();
-        self.clusters
-            .start(shutdown.clone(), context.aware.clone())?;
+        // It says the inventory is engaged itself, once the host's
+        // namespaces are listed.
+        self.clusters.start_discovering(&context)?;
         let informer = self.host.cache().informer::<Namespace>();
         let mut namespaces = informer.subscribe();
         loop {

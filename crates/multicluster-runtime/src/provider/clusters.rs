@@ -382,7 +382,13 @@ mod tests {
         let given = context(CancellationToken::new(), aware.clone());
         set.start(&given).expect("start");
         assert!(given.is_inventory_engaged());
-        assert!(aware.0.lock().expect("lock").contains_key(&ClusterName::from("a")));
+        assert!(
+            aware
+                .0
+                .lock()
+                .expect("lock")
+                .contains_key(&ClusterName::from("a"))
+        );
 
         let discovering = Clusters::new();
         let found = context(CancellationToken::new(), aware);
@@ -414,7 +420,8 @@ mod tests {
             let (set, aware) = (set.clone(), aware.clone());
             move || {
                 let _entered = runtime.enter();
-                set.start_discovering(&context(CancellationToken::new(), aware)).expect("start");
+                set.start_discovering(&context(CancellationToken::new(), aware))
+                    .expect("start");
                 set.add("after", cluster("after")).expect("add");
                 set.add_or_replace("after", cluster("after"), "v2");
                 let _ = done_tx.send(());
@@ -503,7 +510,8 @@ mod tests {
         let set = Clusters::new();
         let aware = Arc::new(Recording::default());
         let shutdown = CancellationToken::new();
-        set.start_discovering(&context(shutdown.clone(), aware.clone())).expect("start");
+        set.start_discovering(&context(shutdown.clone(), aware.clone()))
+            .expect("start");
         assert!(matches!(
             set.start_discovering(&context(shutdown.clone(), aware.clone())),
             Err(Error::AlreadyStarted(_))
