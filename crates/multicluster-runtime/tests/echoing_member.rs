@@ -9,9 +9,8 @@
 
 mod common;
 
-use std::io::Write;
 use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use base64::Engine;
 use common::*;
@@ -30,23 +29,6 @@ use multicluster_runtime::testing::{http_get, recording_controller, wait_for_fle
 const TOKEN: &str = "0123456789abcdef0123456789abcdef01234567";
 const USER: &str = "fleet-admin";
 const PASSWORD: &str = "s3cr3t-Passw0rd!";
-
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 /// Answers every request 500 with a Status whose message quotes the
 /// credential it was sent (the token bare, basic auth decoded) and
@@ -197,8 +179,7 @@ async fn an_echoed_credential_and_forged_columns_reach_neither_clusters_nor_the_
     let (_, metrics) = http_get(address, "/metrics").await.expect("/metrics");
     stop.cancel();
     task.await.expect("task").expect("clean stop");
-    let logs =
-        String::from_utf8_lossy(&logs.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned();
+    let logs = logs.text();
 
     for (what, body) in [
         ("/clusters", &text),

@@ -7,8 +7,7 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
@@ -23,30 +22,6 @@ use multicluster_runtime::provider::member::MemberOptions;
 
 const SECRET_ENV: &str = "api-key-that-must-not-leak";
 const SECRET_ARG: &str = "password-that-must-not-leak";
-
-/// Everything the process logs, at debug level for this crate.
-#[derive(Clone, Default)]
-struct Logs(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Logs {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        self.0
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Logs {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
-    }
-}
 
 fn assert_no_secret(what: &str, text: &str) {
     for secret in [SECRET_ENV, SECRET_ARG] {

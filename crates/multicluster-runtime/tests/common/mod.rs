@@ -89,3 +89,29 @@ pub fn times_entered(manager: &multicluster_runtime::Manager, state: &str) -> u6
     let name = format!("mcr_cluster_state_changes_total{{state=\"{state}\"}}");
     series(manager, &name).map_or(0, |count| count as u64)
 }
+
+/// Everything the process logs, for tests that install a subscriber writing
+/// into it (`tracing_subscriber::fmt().with_writer(move || logs.clone())`).
+#[derive(Clone, Default)]
+pub struct Logs(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logs {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Logs {
+    /// What was logged so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
+    }
+}
