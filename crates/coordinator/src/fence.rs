@@ -114,15 +114,14 @@ impl Fence {
         timing: Timing,
         on_lost: Arc<Notify>,
     ) -> Attempt {
-        let call = lease::take(
+        let taking = lease::Taking {
             api,
-            &name,
+            name: &name,
             me,
-            timing.duration,
-            None,
-            &lease::NothingKnown,
-            None,
-        );
+            duration: timing.duration,
+            held_with: None,
+        };
+        let call = lease::take(&taking, &lease::NothingKnown, None);
         let written = match tokio::time::timeout(timing.call_timeout(), call).await {
             Err(_) => return Attempt::Failed("no answer from the API server".to_string()),
             Ok(Err(err)) => return Attempt::Failed(crate::kube_error(&err)),
@@ -170,15 +169,14 @@ impl Fence {
             return Attempt::Failed("this replica's peer Lease is not renewed".to_string());
         };
         let held_with = format!("{}/{}", standing.peer_lease, standing.epoch);
-        let call = lease::take_guessing(
+        let taking = lease::Taking {
             api,
-            &name,
+            name: &name,
             me,
-            timing.duration,
-            Some(&held_with),
-            known,
-            prior,
-        );
+            duration: timing.duration,
+            held_with: Some(&held_with),
+        };
+        let call = lease::take_guessing(&taking, known, prior);
         match tokio::time::timeout(timing.call_timeout(), call).await {
             Err(_) => Attempt::Failed("no answer from the API server".to_string()),
             Ok(Err(err)) => Attempt::Failed(crate::kube_error(&err)),

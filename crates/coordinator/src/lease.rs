@@ -10,7 +10,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, Patch, PatchParams, PostParams};
 
-use super::{EPOCH_ANNOTATION, HELD_WITH_ANNOTATION};
+use crate::wire;
 
 /// What an attempt to take a Lease found.
 #[derive(Debug)]
@@ -72,21 +72,6 @@ pub(crate) struct EndedHold {
     pub(crate) held_with: String,
 }
 
-/// Label on a fence Lease handed straight to its next holder (see
-/// [`Next`]): a hash of `<its peer Lease>/<its epoch>`, which that replica
-/// watches for, so it finds the fences handed to it without a request each.
-pub(crate) const HANDED_TO_LABEL: &str = "mcr.sigs.k8s.io/handed-to";
-
-/// Annotation on a fence Lease handed straight over: the cluster it is
-/// for (fence names of long or unusual cluster names are hashed).
-pub(crate) const CLUSTER_ANNOTATION: &str = "mcr.sigs.k8s.io/cluster";
-
-/// Annotation on a fence Lease handed straight over: the replica that
-/// handed it. The receiver does not count that replica as the cluster's
-/// owner: it let the cluster go (a replica that leaves hands its clusters
-/// over before the others have all read that it leaves).
-pub(crate) const HANDED_BY_ANNOTATION: &str = "mcr.sigs.k8s.io/handed-by";
-
 /// Who a fence held with the peer Lease goes to straight from its holder,
 /// instead of being cleared for its next owner to take: one write in all,
 /// where a release and a take are two or three, and no moment in which
@@ -104,18 +89,8 @@ pub(crate) struct Next {
     pub(crate) cluster: String,
 }
 
-/// Label on every fence Lease held with a peer Lease: [`label_for`] its
-/// `<peer Lease>/<epoch>`. When that epoch ends naming heirs, each heir
-/// lists the fences it inherits by this label: one request, where taking
-/// them was a write each.
-pub(crate) const HELD_WITH_LABEL: &str = "mcr.sigs.k8s.io/held-with";
-
-/// Annotation on a fence Lease an heir wrote as its own: the replica whose
-/// ended epoch it inherited the fence from.
-pub(crate) const INHERITED_FROM_ANNOTATION: &str = "mcr.sigs.k8s.io/inherited-from";
-
 /// The label value for fences held with `held_with` (`<peer Lease>/<epoch>`)
-/// ([`HELD_WITH_LABEL`], [`HANDED_TO_LABEL`]): label values are short,
+/// ([`wire::HELD_WITH_LABEL`], [`wire::HANDED_TO_LABEL`]): label values are short,
 /// peer IDs need not be.
 pub(crate) fn label_for(held_with: &str) -> String {
     format!("{:016x}", super::names::fnv1a(held_with))
@@ -310,7 +285,7 @@ pub(crate) enum EpochEnd {
 /// Ends the lapsed `peer` Lease's `epoch` by clearing its holder, written
 /// over the copy read (so a renewal that came first wins); with `heirs`,
 /// the value of the annotation naming who inherits its fences
-/// ([`HEIRS_ANNOTATION`]), set in the same write. Fences held with an
+/// ([`wire::HEIRS_ANNOTATION`]), set in the same write. Fences held with an
 /// epoch are free (or their heirs') only once it has ended by a write: a
 /// replica resumes its epoch only by writing over its own last write,
 /// which this write makes fail.
@@ -331,7 +306,7 @@ pub(crate) async fn end_epoch(
         peer.metadata
             .annotations
             .get_or_insert_with(BTreeMap::new)
-            .insert(HEIRS_ANNOTATION.to_string(), heirs);
+            .insert(wire::HEIRS_ANNOTATION.to_string(), heirs);
     }
     match api.replace(&name, &PostParams::default(), &peer).await {
         Ok(written) => Ok(EpochEnd::Ended(Some(Box::new(written)))),
@@ -344,16 +319,12 @@ pub(crate) async fn end_epoch(
     }
 }
 
-/// Annotation on a peer Lease whose epoch ended naming heirs: who inherits
-/// the fences held with that epoch (see `sharding::heirs`).
-pub(crate) const HEIRS_ANNOTATION: &str = "mcr.sigs.k8s.io/heirs";
-
 /// The epoch a peer Lease announces.
 pub(crate) fn epoch_of(peer: &Lease) -> Option<&str> {
     peer.metadata
         .annotations
         .as_ref()?
-        .get(EPOCH_ANNOTATION)
+        .get(wire::EPOCH_ANNOTATION)
         .map(String::as_str)
 }
 
@@ -371,18 +342,30 @@ pub(crate) fn epoch_of(peer: &Lease) -> Option<&str> {
 /// once. Its resourceVersion guards the write; a Lease changed since is
 /// read.
 pub(crate) async fn take(
-    api: &Api<Lease>,
-    name: &str,
-    me: &str,
-    duration: Duration,
-    held_with: Option<&str>,
+    taking: &Taking<'_>,
     known: KnownPeers<'_>,
     last: Option<Lease>,
 ) -> Result<Taken, kube::Error> {
     let prior = Prior { last, ended: None };
-    take_guessing(api, name, me, duration, held_with, known, prior)
+    take_guessing(taking, known, prior)
         .await
         .map(|(taken, _)| taken)
+}
+
+/// Who takes which fence, and how: what every take is given.
+#[derive(Clone, Copy)]
+pub(crate) struct Taking<'a> {
+    /// The Leases of the fence namespace.
+    pub(crate) api: &'a Api<Lease>,
+    /// The fence Lease's name.
+    pub(crate) name: &'a str,
+    /// The replica taking it.
+    pub(crate) me: &'a str,
+    /// The fence's duration, as written.
+    pub(crate) duration: Duration,
+    /// `<peer Lease>/<epoch>` for a fence held with the peer Lease; `None`
+    /// for a fence renewed itself.
+    pub(crate) held_with: Option<&'a str>,
 }
 
 /// What a replica knows of a fence before taking it, each of which spares
@@ -402,20 +385,23 @@ pub(crate) struct Prior {
 /// caller can guess the next fence of that epoch right (a restarted
 /// replica knows its earlier epoch from the first of its fences it reads).
 pub(crate) async fn take_guessing(
-    api: &Api<Lease>,
-    name: &str,
-    me: &str,
-    duration: Duration,
-    held_with: Option<&str>,
+    taking: &Taking<'_>,
     known: KnownPeers<'_>,
     prior: Prior,
 ) -> Result<(Taken, Option<EndedHold>), kube::Error> {
+    let Taking {
+        api,
+        name,
+        me,
+        duration,
+        held_with,
+    } = *taking;
     let Prior { last, ended } = prior;
     let now = Timestamp::now();
     if last.is_none()
         && let (Some(held_with), Some(ended)) = (held_with, &ended)
     {
-        match take_over_ended(api, name, me, duration, held_with, ended, now).await {
+        match take_over_ended(taking, held_with, ended, now).await {
             Ok(written) => return Ok((Taken::Yes(Box::new(written)), None)),
             // Not as thought (another holder, released, gone): read it. Or
             // not allowed (a Role without `patch` on Leases): read it too.
@@ -438,10 +424,14 @@ pub(crate) async fn take_guessing(
         }
     }
     let annotations = held_with.map(|peer_lease| {
-        BTreeMap::from([(HELD_WITH_ANNOTATION.to_string(), peer_lease.to_string())])
+        BTreeMap::from([(
+            wire::HELD_WITH_ANNOTATION.to_string(),
+            peer_lease.to_string(),
+        )])
     });
-    let labels = held_with
-        .map(|held_with| BTreeMap::from([(HELD_WITH_LABEL.to_string(), label_for(held_with))]));
+    let labels = held_with.map(|held_with| {
+        BTreeMap::from([(wire::HELD_WITH_LABEL.to_string(), label_for(held_with))])
+    });
     let Some(mut lease) = api.get_opt(name).await? else {
         let lease = Lease {
             metadata: ObjectMeta {
@@ -503,7 +493,7 @@ pub(crate) async fn take_guessing(
             .metadata
             .annotations
             .get_or_insert_with(BTreeMap::new)
-            .insert(INHERITED_FROM_ANNOTATION.to_string(), from);
+            .insert(wire::INHERITED_FROM_ANNOTATION.to_string(), from);
     }
     match api.replace(name, &PostParams::default(), &lease).await {
         Ok(written) => Ok((Taken::Yes(Box::new(written)), found)),
@@ -519,21 +509,30 @@ pub(crate) async fn take_guessing(
 /// it applies the rest. Its `leaseTransitions` stays as it was (a patch
 /// cannot add one to it); nothing reads it.
 async fn take_over_ended(
-    api: &Api<Lease>,
-    name: &str,
-    me: &str,
-    duration: Duration,
+    taking: &Taking<'_>,
     held_with: &str,
     ended: &EndedHold,
     now: Timestamp,
 ) -> Result<Lease, kube::Error> {
+    let Taking {
+        api,
+        name,
+        me,
+        duration,
+        ..
+    } = *taking;
     let annotation = format!(
         "/metadata/annotations/{}",
-        HELD_WITH_ANNOTATION.replace('~', "~0").replace('/', "~1")
+        wire::HELD_WITH_ANNOTATION
+            .replace('~', "~0")
+            .replace('/', "~1")
     );
     let now = serde_json::to_value(MicroTime(now)).map_err(kube::Error::SerdeError)?;
     let mut labels = serde_json::Map::new();
-    labels.insert(HELD_WITH_LABEL.to_string(), label_for(held_with).into());
+    labels.insert(
+        wire::HELD_WITH_LABEL.to_string(),
+        label_for(held_with).into(),
+    );
     let operations = serde_json::json!([
         {"op": "test", "path": "/spec/holderIdentity", "value": ended.holder},
         {"op": "test", "path": annotation, "value": ended.held_with},
@@ -557,7 +556,7 @@ pub(crate) fn held_with_of(lease: &Lease) -> Option<&str> {
         .metadata
         .annotations
         .as_ref()?
-        .get(HELD_WITH_ANNOTATION)
+        .get(wire::HELD_WITH_ANNOTATION)
         .map(String::as_str)
 }
 
@@ -585,18 +584,21 @@ fn prepare_taken(
     // and the label finds it by epoch.
     let labels = lease.metadata.labels.get_or_insert_with(BTreeMap::new);
     // A take is no hand-over: the replica the label names is not woken.
-    labels.remove(HANDED_TO_LABEL);
+    labels.remove(wire::HANDED_TO_LABEL);
     let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
-    annotations.remove(HANDED_BY_ANNOTATION);
-    annotations.remove(INHERITED_FROM_ANNOTATION);
+    annotations.remove(wire::HANDED_BY_ANNOTATION);
+    annotations.remove(wire::INHERITED_FROM_ANNOTATION);
     match held_with {
         Some(held_with) => {
-            annotations.insert(HELD_WITH_ANNOTATION.to_string(), held_with.to_string());
-            labels.insert(HELD_WITH_LABEL.to_string(), label_for(held_with));
+            annotations.insert(
+                wire::HELD_WITH_ANNOTATION.to_string(),
+                held_with.to_string(),
+            );
+            labels.insert(wire::HELD_WITH_LABEL.to_string(), label_for(held_with));
         }
         None => {
-            annotations.remove(HELD_WITH_ANNOTATION);
-            labels.remove(HELD_WITH_LABEL);
+            annotations.remove(wire::HELD_WITH_ANNOTATION);
+            labels.remove(wire::HELD_WITH_LABEL);
         }
     }
     let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
@@ -701,14 +703,17 @@ pub(crate) async fn release(
                     .metadata
                     .labels
                     .get_or_insert_with(BTreeMap::new)
-                    .insert(HANDED_TO_LABEL.to_string(), label_for(&next.held_with));
+                    .insert(
+                        wire::HANDED_TO_LABEL.to_string(),
+                        label_for(&next.held_with),
+                    );
                 let annotations = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
-                annotations.insert(CLUSTER_ANNOTATION.to_string(), next.cluster.clone());
-                annotations.insert(HANDED_BY_ANNOTATION.to_string(), me.to_string());
+                annotations.insert(wire::CLUSTER_ANNOTATION.to_string(), next.cluster.clone());
+                annotations.insert(wire::HANDED_BY_ANNOTATION.to_string(), me.to_string());
             }
             None => {
                 if let Some(labels) = lease.metadata.labels.as_mut() {
-                    labels.remove(HANDED_TO_LABEL);
+                    labels.remove(wire::HANDED_TO_LABEL);
                 }
                 if let Some(spec) = lease.spec.as_mut() {
                     spec.holder_identity = None;
@@ -753,7 +758,7 @@ pub(crate) async fn inherit(
         .metadata
         .annotations
         .get_or_insert_with(BTreeMap::new)
-        .insert(INHERITED_FROM_ANNOTATION.to_string(), from);
+        .insert(wire::INHERITED_FROM_ANNOTATION.to_string(), from);
     match api.replace(&name, &PostParams::default(), &inherited).await {
         Ok(written) => Ok(Some(written)),
         // Written since: by a take of this replica's (it found itself the
@@ -829,9 +834,19 @@ pub(crate) mod tests {
         let api: Api<Lease> = Api::namespaced(client.clone(), "default");
         let duration = Duration::from_secs(20);
         assert!(matches!(
-            take(&api, "fence", "me", duration, None, &NothingKnown, None)
-                .await
-                .expect("take"),
+            take(
+                &Taking {
+                    api: &api,
+                    name: "fence",
+                    me: "me",
+                    duration,
+                    held_with: None
+                },
+                &NothingKnown,
+                None
+            )
+            .await
+            .expect("take"),
             Taken::Yes(_)
         ));
         let mut last = None;
@@ -900,9 +915,19 @@ pub(crate) mod tests {
         let take_one = |name: &'static str| {
             let api = api.clone();
             async move {
-                match take(&api, name, "me", duration, None, &NothingKnown, None)
-                    .await
-                    .expect("take")
+                match take(
+                    &Taking {
+                        api: &api,
+                        name,
+                        me: "me",
+                        duration,
+                        held_with: None,
+                    },
+                    &NothingKnown,
+                    None,
+                )
+                .await
+                .expect("take")
                 {
                     Taken::Yes(written) => *written,
                     Taken::HeldBy(other) => panic!("{name} held by {other:?}"),
@@ -963,9 +988,19 @@ pub(crate) mod tests {
         let take_with = |name: &'static str, epoch: &'static str, last: Option<Lease>| {
             let api = api.clone();
             async move {
-                take(&api, name, "me", duration, Some(epoch), &NothingKnown, last)
-                    .await
-                    .expect("take")
+                take(
+                    &Taking {
+                        api: &api,
+                        name,
+                        me: "me",
+                        duration,
+                        held_with: Some(epoch),
+                    },
+                    &NothingKnown,
+                    last,
+                )
+                .await
+                .expect("take")
             }
         };
         let held_with = |lease: &Lease| {
@@ -973,7 +1008,7 @@ pub(crate) mod tests {
                 .metadata
                 .annotations
                 .as_ref()
-                .and_then(|a| a.get(HELD_WITH_ANNOTATION).cloned())
+                .and_then(|a| a.get(wire::HELD_WITH_ANNOTATION).cloned())
         };
         let Taken::Yes(first) = take_with("quiet", "peer/e1", None).await else {
             panic!("not taken");
@@ -995,7 +1030,7 @@ pub(crate) mod tests {
             .metadata
             .annotations
             .get_or_insert_with(Default::default)
-            .remove(HELD_WITH_ANNOTATION);
+            .remove(wire::HELD_WITH_ANNOTATION);
         api.replace("quiet", &PostParams::default(), &taken)
             .await
             .expect("take over");
@@ -1024,7 +1059,7 @@ pub(crate) mod tests {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
                 annotations: Some(BTreeMap::from([(
-                    EPOCH_ANNOTATION.to_string(),
+                    wire::EPOCH_ANNOTATION.to_string(),
                     epoch.to_string(),
                 )])),
                 ..ObjectMeta::default()
@@ -1052,11 +1087,13 @@ pub(crate) mod tests {
         // Two fences of replica `p`, held with its peer Lease in epoch e1.
         for fence in ["one", "two"] {
             let taken = take(
-                &api,
-                fence,
-                "p",
-                duration,
-                Some("peer-p/e1"),
+                &Taking {
+                    api: &api,
+                    name: fence,
+                    me: "p",
+                    duration,
+                    held_with: Some("peer-p/e1"),
+                },
                 &NothingKnown,
                 None,
             )
@@ -1070,11 +1107,13 @@ pub(crate) mod tests {
             .await
             .expect("peer lease");
         let answer = take(
-            &api,
-            "one",
-            "me",
-            duration,
-            Some("peer-me/e7"),
+            &Taking {
+                api: &api,
+                name: "one",
+                me: "me",
+                duration,
+                held_with: Some("peer-me/e7"),
+            },
             &NothingKnown,
             None,
         )
@@ -1094,11 +1133,13 @@ pub(crate) mod tests {
             .await
             .expect("lapse");
         let answer = take(
-            &api,
-            "one",
-            "me",
-            duration,
-            Some("peer-me/e7"),
+            &Taking {
+                api: &api,
+                name: "one",
+                me: "me",
+                duration,
+                held_with: Some("peer-me/e7"),
+            },
             &NothingKnown,
             None,
         )
@@ -1110,11 +1151,13 @@ pub(crate) mod tests {
         // Ended: the other fence is free without another write to it.
         let version = peer.metadata.resource_version.clone();
         let answer = take(
-            &api,
-            "two",
-            "me",
-            duration,
-            Some("peer-me/e7"),
+            &Taking {
+                api: &api,
+                name: "two",
+                me: "me",
+                duration,
+                held_with: Some("peer-me/e7"),
+            },
             &NothingKnown,
             None,
         )
@@ -1129,11 +1172,13 @@ pub(crate) mod tests {
             .await
             .expect("peer lease");
         take(
-            &api,
-            "three",
-            "q",
-            duration,
-            Some("peer-q/f1"),
+            &Taking {
+                api: &api,
+                name: "three",
+                me: "q",
+                duration,
+                held_with: Some("peer-q/f1"),
+            },
             &NothingKnown,
             None,
         )
@@ -1176,11 +1221,13 @@ pub(crate) mod tests {
         let api: Api<Lease> = Api::namespaced(client.clone(), "default");
         let duration = Duration::from_secs(20);
         let Taken::Yes(written) = take(
-            &api,
-            "fence",
-            "me",
-            duration,
-            Some("peer-me/e1"),
+            &Taking {
+                api: &api,
+                name: "fence",
+                me: "me",
+                duration,
+                held_with: Some("peer-me/e1"),
+            },
             &NothingKnown,
             None,
         )
@@ -1191,11 +1238,13 @@ pub(crate) mod tests {
         let version = written.metadata.resource_version.clone();
         let before = lease_reads(&client).await;
         let Taken::Yes(again) = take(
-            &api,
-            "fence",
-            "me",
-            duration,
-            Some("peer-me/e1"),
+            &Taking {
+                api: &api,
+                name: "fence",
+                me: "me",
+                duration,
+                held_with: Some("peer-me/e1"),
+            },
             &NothingKnown,
             Some(*written),
         )
@@ -1222,11 +1271,13 @@ pub(crate) mod tests {
         let api: Api<Lease> = Api::namespaced(client.clone(), "default");
         let duration = Duration::from_secs(20);
         let Taken::Yes(written) = take(
-            &api,
-            "fence",
-            "before",
-            duration,
-            Some("peer-before/b1"),
+            &Taking {
+                api: &api,
+                name: "fence",
+                me: "before",
+                duration,
+                held_with: Some("peer-before/b1"),
+            },
             &NothingKnown,
             None,
         )
@@ -1251,21 +1302,23 @@ pub(crate) mod tests {
                 .metadata
                 .labels
                 .as_ref()
-                .and_then(|labels| labels.get(HANDED_TO_LABEL))
+                .and_then(|labels| labels.get(wire::HANDED_TO_LABEL))
                 .map(String::as_str),
             Some(label_for("peer-me/e1").as_str())
         );
         // Taken by "me" without knowing it was handed: read, not written.
         let take_in = |held_with: &'static str| {
-            take(
-                &api,
-                "fence",
-                "me",
-                duration,
-                Some(held_with),
-                &NothingKnown,
-                None,
-            )
+            let api = api.clone();
+            async move {
+                let taking = Taking {
+                    api: &api,
+                    name: "fence",
+                    me: "me",
+                    duration,
+                    held_with: Some(held_with),
+                };
+                take(&taking, &NothingKnown, None).await
+            }
         };
         assert!(matches!(take_in("peer-me/e1").await, Ok(Taken::Yes(_))));
         let stored = api.get("fence").await.expect("get");
@@ -1276,11 +1329,13 @@ pub(crate) mod tests {
         // In a later epoch of "me" (it restarted) it is written, the label
         // goes, and the take tells of the earlier epoch it found.
         let (taken, found) = take_guessing(
-            &api,
-            "fence",
-            "me",
-            duration,
-            Some("peer-me/e2"),
+            &Taking {
+                api: &api,
+                name: "fence",
+                me: "me",
+                duration,
+                held_with: Some("peer-me/e2"),
+            },
             &NothingKnown,
             Prior::default(),
         )
@@ -1301,7 +1356,7 @@ pub(crate) mod tests {
                 .metadata
                 .labels
                 .as_ref()
-                .is_none_or(|labels| !labels.contains_key(HANDED_TO_LABEL)),
+                .is_none_or(|labels| !labels.contains_key(wire::HANDED_TO_LABEL)),
             "a take left the hand-over label"
         );
     }
@@ -1317,11 +1372,13 @@ pub(crate) mod tests {
         let duration = Duration::from_secs(20);
         for (fence, holder, held_with) in [("one", "p", "peer-p/e1"), ("two", "q", "peer-q/f1")] {
             let taken = take(
-                &api,
-                fence,
-                holder,
-                duration,
-                Some(held_with),
+                &Taking {
+                    api: &api,
+                    name: fence,
+                    me: holder,
+                    duration,
+                    held_with: Some(held_with),
+                },
                 &NothingKnown,
                 None,
             )
@@ -1337,11 +1394,13 @@ pub(crate) mod tests {
             let api = api.clone();
             async move {
                 take_guessing(
-                    &api,
-                    fence,
-                    "me",
-                    duration,
-                    Some("peer-me/m1"),
+                    &Taking {
+                        api: &api,
+                        name: fence,
+                        me: "me",
+                        duration,
+                        held_with: Some("peer-me/m1"),
+                    },
                     &NothingKnown,
                     Prior {
                         last: None,
@@ -1397,11 +1456,13 @@ pub(crate) mod tests {
             .await
             .expect("peer lease");
         let taken = take(
-            &api,
-            "four",
-            "p",
-            duration,
-            Some("peer-p/e2"),
+            &Taking {
+                api: &api,
+                name: "four",
+                me: "p",
+                duration,
+                held_with: Some("peer-p/e2"),
+            },
             &NothingKnown,
             None,
         )
@@ -1444,11 +1505,13 @@ pub(crate) mod tests {
             "default",
         );
         let taken = take(
-            &api,
-            "five",
-            "p",
-            duration,
-            Some("peer-p/e1"),
+            &Taking {
+                api: &api,
+                name: "five",
+                me: "p",
+                duration,
+                held_with: Some("peer-p/e1"),
+            },
             &NothingKnown,
             None,
         )
@@ -1456,11 +1519,13 @@ pub(crate) mod tests {
         .expect("take");
         assert!(matches!(taken, Taken::Yes(_)));
         let answer = take_guessing(
-            &restricted,
-            "five",
-            "me",
-            duration,
-            Some("peer-me/m1"),
+            &Taking {
+                api: &restricted,
+                name: "five",
+                me: "me",
+                duration,
+                held_with: Some("peer-me/m1"),
+            },
             &NothingKnown,
             Prior {
                 last: None,

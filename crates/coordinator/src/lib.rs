@@ -16,20 +16,11 @@ pub(crate) mod lease;
 mod names;
 #[cfg(feature = "sharding")]
 pub mod sharding;
+pub(crate) mod wire;
 
 pub(crate) use names::dns1123;
 #[cfg(feature = "sharding")]
 pub(crate) use names::lease_name;
-
-/// Annotation on a fence Lease held with its holder's peer Lease rather than
-/// renewed itself: `<peer Lease name>/<epoch>`. The fence holds while that
-/// peer Lease is live and announces that epoch.
-pub(crate) const HELD_WITH_ANNOTATION: &str = "mcr.sigs.k8s.io/held-with";
-
-/// Annotation on a peer Lease: the epoch of its replica's standing. A
-/// replica that could not renew its peer Lease in time starts a new epoch,
-/// which frees every fence it held with the old one.
-pub(crate) const EPOCH_ANNOTATION: &str = "mcr.sigs.k8s.io/epoch";
 
 /// Locks `mutex`, carrying on if a holder panicked (the data is as it was
 /// left; the panic is reported where it happened).

@@ -30,6 +30,7 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 use super::hrw::{self, Peer};
 use crate::lease::{self, EndedHold, Heir, Hold, Knowledge, epoch_of};
 use crate::lock;
+use crate::wire;
 
 /// Ended epochs remembered; the oldest are forgotten first (a forgotten
 /// one is read from the API server again, as any unknown one).
@@ -98,9 +99,9 @@ impl Epochs {
                     .and_then(|spec| lease::lapses_in(spec, now))
                     .and_then(|left| SignedDuration::try_from(left).ok())
                     .and_then(|left| now.checked_add(left).ok()),
-                weight: super::wire::weight(peer),
-                ready: super::wire::is_ready(peer),
-                leaving: super::wire::is_leaving(peer),
+                weight: wire::weight(peer),
+                ready: wire::is_ready(peer),
+                leaving: wire::is_leaving(peer),
             };
             if let Some(epoch) = &entry.epoch
                 && entry.holder.as_deref().is_none_or(str::is_empty)
@@ -309,8 +310,8 @@ impl Epochs {
                 .as_ref()
                 .and_then(|s| s.holder_identity.as_deref())
             || seen.epoch.as_deref() != epoch_of(peer)
-            || seen.ready != super::wire::is_ready(peer)
-            || seen.leaving != super::wire::is_leaving(peer)
+            || seen.ready != wire::is_ready(peer)
+            || seen.leaving != wire::is_leaving(peer)
     }
 
     /// Whether the last read saw a Lease named `name`.
@@ -348,14 +349,13 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 
     use super::*;
-    use crate::EPOCH_ANNOTATION;
 
     fn peer(name: &str, epoch: &str, renewed_secs_ago: i64, now: Timestamp) -> Lease {
         Lease {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
                 annotations: Some(BTreeMap::from([(
-                    EPOCH_ANNOTATION.to_string(),
+                    wire::EPOCH_ANNOTATION.to_string(),
                     epoch.to_string(),
                 )])),
                 ..ObjectMeta::default()

@@ -3,7 +3,7 @@
 //! A replica that hands a cluster to a ready peer (with fences held with
 //! the peer Lease) does not clear the fence for that peer to take: it
 //! writes the fence as held by the peer in the peer's current epoch, with
-//! a label the peer watches for (`lease::HANDED_TO_LABEL`, a hash of its
+//! a label the peer watches for (`wire::HANDED_TO_LABEL`, a hash of its
 //! peer Lease and epoch). One write instead of a release, a read and a
 //! write; and the new owner, which learns of it from its watch, starts
 //! without a request. When a restarted replica became ready at 100,000
@@ -28,9 +28,11 @@ use kube::runtime::{WatchStreamExt, watcher};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use super::lifecycle::Phase;
 use crate::fence::{self, Standing};
-use crate::lease::{self, HANDED_TO_LABEL};
+use crate::lease;
 use crate::lock;
+use crate::wire;
 use multicluster_runtime::ClusterName;
 
 use super::{ShardedCoordinator, engage_or_hand_back, hold, owner_but};
@@ -112,7 +114,7 @@ impl ShardedCoordinator {
             .metadata
             .annotations
             .as_ref()
-            .and_then(|annotations| annotations.get(lease::CLUSTER_ANNOTATION))
+            .and_then(|annotations| annotations.get(wire::CLUSTER_ANNOTATION))
             .map(|cluster| ClusterName::from(cluster.as_str()))
             .filter(|name| self.fence_name(name) == fence_name)
         else {
@@ -130,7 +132,7 @@ impl ShardedCoordinator {
         };
         let look = self.look();
         let me = &self.inner.me.id;
-        if self.inner.said_leaving.is_cancelled() {
+        if self.inner.lifecycle.reached(Phase::SaidLeaving) {
             // Handed by a replica that had not read yet that this one
             // leaves: on to the next owner.
             let next = look.hand_over_to(&name, me);
@@ -144,7 +146,7 @@ impl ShardedCoordinator {
             .metadata
             .annotations
             .as_ref()
-            .and_then(|annotations| annotations.get(lease::HANDED_BY_ANNOTATION))
+            .and_then(|annotations| annotations.get(wire::HANDED_BY_ANNOTATION))
             .cloned()
             .unwrap_or_default();
         let owner = owner_but(name.as_str(), &look.peers, &handed_by);
@@ -161,13 +163,13 @@ impl ShardedCoordinator {
             return;
         }
         let start = {
-            let mut clusters = lock(&self.inner.clusters);
+            let mut clusters = lock(&self.inner.working.clusters);
             match clusters.get_mut(&name) {
                 // Taken up already (a take read it first).
                 Some(entry) if entry.is_live() && entry.data.held.is_some() => return,
                 // Handing everything back: what was collected to hand back
                 // would not include it (it goes with the peer Lease).
-                Some(_) if self.inner.stopping.is_cancelled() => return,
+                Some(_) if self.inner.lifecycle.reached(Phase::Stopping) => return,
                 Some(entry) if entry.is_live() => {
                     let fence = fence::Fence::handed(fence_name.clone(), live, handed);
                     Ok(hold(entry, fence))
@@ -202,7 +204,7 @@ pub(super) async fn watch(
             format!("{}/{}", standing.peer_lease, standing.epoch)
         };
         handed.clear();
-        let selector = format!("{HANDED_TO_LABEL}={}", label_for(&held_with));
+        let selector = format!("{}={}", wire::HANDED_TO_LABEL, label_for(&held_with));
         let config = watcher::Config::default().labels(&selector);
         let mut events = watcher(api.clone(), config)
             .backoff(multicluster_runtime::cache::WatchBackoff::default().strategy())

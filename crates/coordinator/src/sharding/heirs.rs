@@ -11,13 +11,13 @@
 //! and a look.
 //!
 //! Now the write that ends an epoch also names its heirs
-//! ([`lease::HEIRS_ANNOTATION`] on the peer Lease): the live, ready peers
+//! ([`wire::HEIRS_ANNOTATION`] on the peer Lease): the live, ready peers
 //! with their epochs, as the writer saw them. A fence held in that epoch
 //! belongs to the owner among the heirs (rendezvous hashing, as always),
 //! for as long as that heir's epoch lives. Every replica follows the same
 //! record, so a take of such a fence by anyone else finds it held by the
 //! heir. Each heir finds the fences of the ended epoch by their label
-//! ([`lease::HELD_WITH_LABEL`]) in what its watch of the namespace's
+//! ([`wire::HELD_WITH_LABEL`]) in what its watch of the namespace's
 //! Leases shows ([`super::mirror`]), or with one list when the watch has
 //! not shown the record yet, and works on its share at once. It writes
 //! each fence as its own later, a few hundred per look
@@ -48,10 +48,12 @@ use kube::api::ListParams;
 use serde::{Deserialize, Serialize};
 
 use super::hrw::{self, Peer};
+use super::lifecycle::Phase;
 use super::{ShardedCoordinator, engage_or_hand_back, hold};
 use crate::fence;
 use crate::lease::{self, Heir, Hold};
 use crate::lock;
+use crate::wire;
 use multicluster_runtime::ClusterName;
 use multicluster_runtime::health::repeats::Telling;
 use multicluster_runtime::redact::Redacted;
@@ -160,7 +162,7 @@ pub(crate) fn records(peer: &Lease) -> Vec<Record> {
     peer.metadata
         .annotations
         .as_ref()
-        .and_then(|annotations| annotations.get(lease::HEIRS_ANNOTATION))
+        .and_then(|annotations| annotations.get(wire::HEIRS_ANNOTATION))
         .and_then(|value| serde_json::from_str(value).ok())
         .unwrap_or_default()
 }
@@ -340,10 +342,10 @@ impl ShardedCoordinator {
     pub(super) async fn keep_inheriting(self) {
         loop {
             tokio::select! {
-                () = self.inner.heirs_news.notified() => {}
+                () = self.inner.inheritance.news.notified() => {}
                 () = tokio::time::sleep(self.inner.options.probe_interval) => {}
             }
-            if !self.inner.said_leaving.is_cancelled() {
+            if !self.inner.lifecycle.reached(Phase::SaidLeaving) {
                 self.inherit().await;
             }
         }
@@ -359,7 +361,7 @@ impl ShardedCoordinator {
         let mine = format!("{}/{}", standing.peer_lease, standing.epoch);
         let lately = SignedDuration::try_from(self.inner.options.peer_renew_interval)
             .unwrap_or(SignedDuration::ZERO);
-        lock(&self.inner.epochs)
+        lock(&self.inner.view.epochs)
             .heirs
             .awaits_listing(&mine, Timestamp::now(), lately)
     }
@@ -378,9 +380,10 @@ impl ShardedCoordinator {
         let mine = format!("{}/{}", standing.peer_lease, standing.epoch);
         let held_with = lease::held_with_of(last)?;
         let now = Timestamp::now();
-        let (heir, until) = lock(&self.inner.epochs)
-            .heirs
-            .chain(held_with, name.as_str(), now)?;
+        let (heir, until) =
+            lock(&self.inner.view.epochs)
+                .heirs
+                .chain(held_with, name.as_str(), now)?;
         if heir.held_with != mine || now >= until {
             return None;
         }
@@ -400,22 +403,23 @@ impl ShardedCoordinator {
             return;
         };
         let mine = format!("{}/{}", standing.peer_lease, standing.epoch);
-        let records = lock(&self.inner.epochs)
+        let records = lock(&self.inner.view.epochs)
             .heirs
             .unlisted_for(&mine, Timestamp::now());
         if records.is_empty() {
             return;
         }
-        let names: std::collections::HashMap<String, ClusterName> = lock(&self.inner.clusters)
-            .names()
-            .into_iter()
-            .map(|name| (self.fence_name(&name), name))
-            .collect();
+        let names: std::collections::HashMap<String, ClusterName> =
+            lock(&self.inner.working.clusters)
+                .names()
+                .into_iter()
+                .map(|name| (self.fence_name(&name), name))
+                .collect();
         // Every epoch whose fences may have come to this replica, listed at
         // once: one after another they took seconds each at 100,000
         // clusters while two restarted replicas started up.
         let sources: Vec<(String, Vec<String>)> = {
-            let epochs = lock(&self.inner.epochs);
+            let epochs = lock(&self.inner.view.epochs);
             records
                 .iter()
                 .map(|(key, _)| (key.clone(), epochs.heirs.sources_of(key)))
@@ -437,7 +441,7 @@ impl ShardedCoordinator {
         }
         for (key, of) in &sources {
             if !of.iter().any(|source| failed.contains(source)) {
-                lock(&self.inner.epochs).heirs.listed(key);
+                lock(&self.inner.view.epochs).heirs.listed(key);
             }
         }
         let from: Vec<&str> = records
@@ -451,7 +455,7 @@ impl ShardedCoordinator {
             "inherited the clusters of replicas that are gone"
         );
         // The looks took nothing while this listed: the rest is theirs now.
-        self.inner.wake.notify_one();
+        self.inner.working.wake.notify_one();
     }
 
     /// The fences held with each of `epochs` (ended, with records of
@@ -464,12 +468,19 @@ impl ShardedCoordinator {
         epochs: &[&'a String],
     ) -> (Vec<(&'a String, Option<Vec<Lease>>)>, usize) {
         let patience = self.inner.options.probe_interval;
-        if let Some(shown) = self.inner.mirror.wait_for(epochs, patience).await {
+        if let Some(shown) = self
+            .inner
+            .inheritance
+            .mirror
+            .wait_for(epochs, patience)
+            .await
+        {
             let fences = epochs.iter().copied().zip(shown.into_iter().map(Some));
             return (fences.collect(), 0);
         }
         self.inner
-            .inheritance_lists
+            .inheritance
+            .lists
             .fetch_add(epochs.len(), std::sync::atomic::Ordering::Relaxed);
         let lists =
             futures::future::join_all(epochs.iter().map(|held_with| async move {
@@ -483,7 +494,7 @@ impl ShardedCoordinator {
     /// the list failed (tried again at the next look; until then a look's
     /// take of such a fence finds this replica the heir and writes it).
     async fn list_held_with(&self, held_with: &str) -> Option<Vec<Lease>> {
-        let selector = format!("{}={}", lease::HELD_WITH_LABEL, lease::label_for(held_with));
+        let selector = format!("{}={}", wire::HELD_WITH_LABEL, lease::label_for(held_with));
         let params = ListParams::default().labels(&selector);
         let call = self.inner.leases.list(&params);
         // A peer Lease's duration, not a renew interval: the API server
@@ -493,7 +504,7 @@ impl ShardedCoordinator {
         let reason = match tokio::time::timeout(self.inner.options.peer_lease_duration, call).await
         {
             Ok(Ok(list)) => {
-                if let Some(failures) = lock(&self.inner.inherit_failures).succeeded() {
+                if let Some(failures) = lock(&self.inner.inheritance.list_failures).succeeded() {
                     tracing::info!(failures, "listed the fences inherited again");
                 }
                 return Some(list.items);
@@ -503,7 +514,7 @@ impl ShardedCoordinator {
         };
         // Tried again every look while a record names this replica: told
         // once, not at each try.
-        match lock(&self.inner.inherit_failures).tell(&reason, std::time::Instant::now()) {
+        match lock(&self.inner.inheritance.list_failures).tell(&reason, std::time::Instant::now()) {
             Telling::New => {
                 tracing::warn!(error = %reason, "could not list the fences inherited from a replica that is gone; trying again");
             }
@@ -542,14 +553,14 @@ impl ShardedCoordinator {
             let Some(name) = names.get(&fence_name) else {
                 continue;
             };
-            let chain = lock(&self.inner.epochs)
+            let chain = lock(&self.inner.view.epochs)
                 .heirs
                 .chain(held_with, name.as_str(), now);
             let Some((heir, until)) = chain.filter(|(heir, _)| heir.held_with == mine) else {
                 continue;
             };
             let start = {
-                let mut clusters = lock(&self.inner.clusters);
+                let mut clusters = lock(&self.inner.working.clusters);
                 match clusters.get_mut(name) {
                     Some(entry) if entry.is_live() && entry.data.held.is_none() => {
                         let held = fence::Fence::handed(fence_name.clone(), live, fence);
@@ -590,7 +601,7 @@ mod tests {
             metadata: kube::api::ObjectMeta {
                 name: Some("mcr-peer-gone".to_string()),
                 annotations: Some(BTreeMap::from([(
-                    lease::HEIRS_ANNOTATION.to_string(),
+                    wire::HEIRS_ANNOTATION.to_string(),
                     value,
                 )])),
                 ..Default::default()
@@ -704,7 +715,7 @@ mod tests {
     fn unreadable_records_name_no_heirs() {
         let mut lease = peer_lease(&[]);
         lease.metadata.annotations = Some(BTreeMap::from([(
-            lease::HEIRS_ANNOTATION.to_string(),
+            wire::HEIRS_ANNOTATION.to_string(),
             "{not json".to_string(),
         )]));
         assert!(records(&lease).is_empty());

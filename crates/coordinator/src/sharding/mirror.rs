@@ -221,7 +221,7 @@ impl Mirror {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::HELD_WITH_ANNOTATION;
+    use crate::wire;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
     fn fence(name: &str, held_with: &str) -> Lease {
@@ -229,7 +229,11 @@ mod tests {
             metadata: ObjectMeta {
                 name: Some(name.to_string()),
                 annotations: Some(
-                    [(HELD_WITH_ANNOTATION.to_string(), held_with.to_string())].into(),
+                    [(
+                        wire::HELD_WITH_ANNOTATION.to_string(),
+                        held_with.to_string(),
+                    )]
+                    .into(),
                 ),
                 managed_fields: Some(vec![Default::default()]),
                 ..ObjectMeta::default()
@@ -245,7 +249,7 @@ mod tests {
                 name: Some(peer_lease.to_string()),
                 annotations: Some(
                     [(
-                        lease::HEIRS_ANNOTATION.to_string(),
+                        wire::HEIRS_ANNOTATION.to_string(),
                         serde_json::to_string(&[record]).expect("json"),
                     )]
                     .into(),

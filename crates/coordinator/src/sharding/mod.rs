@@ -66,10 +66,17 @@ mod epochs;
 mod handover;
 mod heirs;
 mod hrw;
+mod inheritance;
+mod lifecycle;
+mod look;
 mod mirror;
 mod options;
 mod peers;
-mod wire;
+mod working_set;
+
+use look::{Look, Step, owner_but};
+
+use working_set::{HandedBack, Held, Share, hold};
 
 use std::sync::Arc;
 
@@ -77,7 +84,7 @@ use futures::StreamExt;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::Api;
-use tokio::sync::{Notify, watch};
+use tokio::sync::watch;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
@@ -87,12 +94,12 @@ use multicluster_runtime::Aware;
 use multicluster_runtime::Cluster;
 use multicluster_runtime::ClusterName;
 use multicluster_runtime::Error;
-use multicluster_runtime::coordinator::work_until as child_until;
 use multicluster_runtime::coordinator::{Coordinator, add_components, engage_each};
-use multicluster_runtime::engagements::{Arrival, Engagement, Engagements, when_ended};
+use multicluster_runtime::engagements::{Arrival, when_ended};
 
 pub use hrw::Peer;
 pub(crate) use hrw::owner as owner_of;
+use lifecycle::Phase;
 
 /// Which of `peers` owns `cluster` (rendezvous hashing by weight): for
 /// tests and benches that check a fleet's split (feature `testing`).
@@ -114,69 +121,27 @@ pub use options::{FenceHold, ShardingOptions};
 /// [module documentation](self).
 #[derive(Clone)]
 pub struct ShardedCoordinator {
-    inner: Arc<Inner>,
+    inner: Arc<Replica>,
 }
 
-struct Inner {
+/// One replica's coordinator: each concept's state in a type of its own.
+struct Replica {
     leases: Api<Lease>,
     options: ShardingOptions,
     me: Peer,
-    peers: watch::Sender<Vec<Peer>>,
-    clusters: std::sync::Mutex<Engagements<Share>>,
-    wake: Arc<Notify>,
+    /// Where this replica is in its life (joining, ready, leaving, handed
+    /// over, stopping, stopped).
+    lifecycle: lifecycle::Lifecycle,
+    /// What the reads of the peer Leases tell (written by the registry).
+    view: peers::PeersView,
     /// This replica's standing with its peer Lease (fences held with it).
     standing: watch::Sender<fence::Standing>,
-    /// Fences held with the peer Lease whose release failed, tried again
-    /// at every look: unlike a renewed fence, such a fence does not lapse.
-    unreleased: std::sync::Mutex<Vec<fence::Fence>>,
-    /// The others' epochs as the peer reads found them.
-    epochs: Arc<std::sync::Mutex<epochs::Epochs>>,
-    /// Fired once the provider has engaged the inventory it first found
-    /// (or `inventory_wait` passed): the peer Lease then says this replica
-    /// is ready to be handed clusters.
-    inventory: CancellationToken,
-    /// The peers whose Leases say they are not ready yet: a cluster one of
-    /// them owns stays with the replica working on it until it is.
-    joining: watch::Sender<std::collections::BTreeSet<String>>,
+    /// The clusters of the fleet and which of them this replica works on.
+    working: working_set::WorkingSet,
     /// Fences handed straight to this replica, not taken up yet.
     handed: Arc<handover::Handed>,
-    /// The joining peers this replica may stand in for, as the last look
-    /// found them (logged when that changes).
-    standing_in: watch::Sender<std::collections::BTreeSet<String>>,
-    /// Fired when this replica starts handing everything back: a fence
-    /// handed to it from then on is not taken up (it is freed with the
-    /// peer Lease).
-    stopping: CancellationToken,
-    /// The other peers whose Leases say they are leaving: they hand their
-    /// clusters over, so their next owners wait for that rather than ask.
-    leaving: watch::Sender<Vec<Peer>>,
-    /// Fired when this replica starts leaving (its Lease is to say so).
-    leave: CancellationToken,
-    /// Fired once its Lease says it is leaving.
-    said_leaving: CancellationToken,
-    /// Fired once a look of this leaving replica found nothing more to
-    /// hand over.
-    handed_all: CancellationToken,
-    /// Fired when `run` has returned (or was dropped): nothing hands
-    /// clusters over any more.
-    ran: CancellationToken,
-    /// How many clusters this replica still worked on when it stopped
-    /// (fences held with the peer Lease): its peer Lease then names heirs.
-    left_behind: Arc<std::sync::atomic::AtomicUsize>,
-    /// Woken when the peer reads learn of heirs named: what this replica
-    /// inherits is listed at once, not after the look under way.
-    heirs_news: Arc<Notify>,
-    /// The fences of the namespace as a watch shows them (fences held with
-    /// the peer Lease): what an heir inherits, without a list.
-    mirror: Arc<mirror::Mirror>,
-    /// Fired by the first look, once this replica is ready, that had
-    /// nothing to take or hand back: its share of the fleet has settled.
-    settled: CancellationToken,
-    /// How many lists of inherited fences this replica needed (none while
-    /// its mirror shows them).
-    inheritance_lists: std::sync::atomic::AtomicUsize,
-    /// Lists of inherited fences that failed in a row, told once.
-    inherit_failures: std::sync::Mutex<multicluster_runtime::health::repeats::Repeats>,
+    /// What this replica leaves to heirs and inherits from others.
+    inheritance: inheritance::Inheritance,
 }
 
 /// How many fences one look takes or hands back at once. A hand-over of
@@ -196,191 +161,13 @@ const LEAVING_STEPS: usize = 64;
 /// starts following the fences anyway.
 const MIRROR_UNSETTLED: std::time::Duration = std::time::Duration::from_secs(120);
 
-/// What this replica keeps for each cluster of the fleet.
-struct Share {
-    components: Vec<Arc<dyn Aware>>,
-    held: Option<Held>,
-    retry_at: Option<Instant>,
-    /// Attempts in a row that found the fence held by another replica.
-    busy: u32,
-    /// The fence as this replica last wrote it, from a hold that ended
-    /// with its epoch: taken again by writing over it.
-    last_written: Option<Lease>,
-}
-
-/// A cluster this replica works on: its fence and the work's lifetime.
-struct Held {
-    fence: fence::Fence,
-    work: CancellationToken,
-    /// For a fence inherited from an ended epoch and not yet written as
-    /// this replica's own: until when it may be worked on so.
-    inherited_until: Option<Timestamp>,
-}
-
-impl Held {
-    /// Work under `fence` that ends with the fence or the cluster.
-    fn new(fence: fence::Fence, lifetime: &CancellationToken) -> Self {
-        let work = child_until(lifetime, fence.lost());
-        Self {
-            fence,
-            work,
-            inherited_until: None,
-        }
-    }
-
-    fn is_lost(&self) -> bool {
-        self.fence.lost().is_cancelled()
-    }
-}
-
-/// What engaging a cluster under a fence just held takes: the work's
-/// token, the cluster and its components.
-type Start = (CancellationToken, Cluster, Vec<Arc<dyn Aware>>);
-
-/// Holds `fence` for `entry`'s cluster from now on; the work under it
-/// starts with what this returns.
-fn hold(entry: &mut Engagement<Share>, fence: fence::Fence) -> Start {
-    let held = Held::new(fence, &entry.lifetime);
-    let start = (
-        held.work.clone(),
-        entry.cluster.clone(),
-        entry.data.components.clone(),
-    );
-    entry.data.held = Some(held);
-    entry.data.retry_at = None;
-    entry.data.busy = 0;
-    start
-}
-
-/// A cluster handed back at shutdown: its fence and the components whose
-/// work must settle first.
-type HandedBack = (ClusterName, Held, Vec<Arc<dyn Aware>>);
-
-/// What one look at a cluster decided.
-enum Step {
-    Nothing,
-    Take {
-        generation: u64,
-    },
-    Release {
-        held: Held,
-        why: String,
-        /// Components whose running work must end before the fence goes.
-        settle: Vec<Arc<dyn Aware>>,
-        /// The next owner, to hand the fence to straight away.
-        next: Option<Box<lease::Next>>,
-    },
-    /// Write an inherited fence, as listed, as this replica's own.
-    Rewrite {
-        generation: u64,
-        inherited: Box<Lease>,
-    },
-}
-
-/// The peers as one look at the fleet sees them, worked out once for all
-/// its clusters.
-#[derive(Default)]
-struct Look {
-    /// The live peers, this replica included.
-    peers: Vec<Peer>,
-    /// Those whose Leases say they are not ready yet.
-    joining: std::collections::BTreeSet<String>,
-    /// Those of `joining` that left lately and came back (they restarted),
-    /// if this replica is ready itself: it may stand in for them.
-    came_back: std::collections::BTreeSet<String>,
-    /// The peers that are ready.
-    ready: Vec<Peer>,
-    /// What a fence handed to each ready peer says (fences held with the
-    /// peer Lease only; a peer whose epoch is not known live is absent).
-    next: std::collections::HashMap<String, lease::Next>,
-    /// The peers leaving (not in `peers`): they hand their clusters over.
-    leaving: std::collections::BTreeSet<String>,
-    /// `peers` and the leaving peers, sorted by ID.
-    with_leaving: Vec<Peer>,
-    /// How many more inherited fences this look writes as this replica's
-    /// own (see `heirs`).
-    rewrites_left: std::sync::atomic::AtomicUsize,
-    /// Whether heirs named lately include this replica and their fences
-    /// are being listed: the look takes nothing meanwhile.
-    inheriting: bool,
-    /// How many clusters this look took or handed back (or tried to).
-    moves: std::sync::atomic::AtomicUsize,
-}
-
-impl Look {
-    /// Whether `cluster` is most likely held by a leaving peer, which hands
-    /// it over: asking for its fence meanwhile finds it busy, thousands of
-    /// requests that slow the hand-over down.
-    fn awaits_hand_over(&self, cluster: &str) -> bool {
-        !self.leaving.is_empty()
-            && owner_of(cluster, &self.with_leaving)
-                .is_some_and(|peer| self.leaving.contains(&peer.id))
-    }
-
-    /// Where `me`, leaving, hands `cluster`: to its owner among the
-    /// others, or if that one is not ready yet, to the ready peer that
-    /// keeps it until it is ([`Look::keeper`]).
-    fn hand_over_to(&self, cluster: &ClusterName, me: &str) -> Option<lease::Next> {
-        let owner = owner_but(cluster.as_str(), &self.peers, me)?;
-        if !self.joining.contains(&owner.id) {
-            return self.next_for(Some(owner), cluster);
-        }
-        self.next_for(self.keeper(cluster.as_str(), me), cluster)
-    }
-
-    /// Who keeps `cluster` for an owner that is not ready yet when the
-    /// replica `leaving` lets it go: the owner among the other ready peers.
-    fn keeper(&self, cluster: &str, leaving: &str) -> Option<&Peer> {
-        owner_but(cluster, &self.ready, leaving)
-    }
-
-    /// What `cluster`'s fence says handed straight to `owner`, if it can be.
-    fn next_for(&self, owner: Option<&Peer>, cluster: &ClusterName) -> Option<lease::Next> {
-        let next = self.next.get(&owner?.id)?;
-        Some(lease::Next {
-            // Its name as it is (the local cluster's is empty), not as
-            // shown.
-            cluster: cluster.as_str().to_string(),
-            ..next.clone()
-        })
-    }
-
-    /// Whether replica `me` works on `cluster` until its `owner`, a peer
-    /// that came back lately (it restarted) and is not ready yet, is: the
-    /// clusters it left were being taken over when it came back, and those
-    /// nobody had taken yet would otherwise wait for its provider. The one
-    /// that stands in is the owner among the ready peers. (At a cold start
-    /// nobody came back: each cluster waits for its owner, and no ready
-    /// replica claims the fleet to hand it back.)
-    fn stands_in_for(&self, cluster: &str, owner: Option<&Peer>, me: &str) -> bool {
-        owner.is_some_and(|owner| self.came_back.contains(&owner.id))
-            && owner_of(cluster, &self.ready).is_some_and(|peer| peer.id == me)
-    }
-
-    /// Whether this look may write one more inherited fence.
-    fn may_rewrite(&self) -> bool {
-        use std::sync::atomic::Ordering;
-        self.rewrites_left
-            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |left| {
-                left.checked_sub(1)
-            })
-            .is_ok()
-    }
-}
-
-/// The owner of `cluster` among `peers` but `let_go`, a replica that let
-/// it go (it leaves, or handed it over).
-fn owner_but<'a>(cluster: &str, peers: &'a [Peer], let_go: &str) -> Option<&'a Peer> {
-    owner_of(cluster, peers.iter().filter(|p| p.id != let_go))
-}
-
 impl ShardedCoordinator {
     /// Whether this replica follows the fences with a watch that has
     /// listed them (fences held with the peer Lease; it starts once the
     /// replica's share has settled): for tests (feature `testing`).
     #[cfg(feature = "testing")]
     pub fn follows_fences(&self) -> bool {
-        self.inner.mirror.synced()
+        self.inner.inheritance.mirror.synced()
     }
 
     /// How many lists of inherited fences this replica needed, rather than
@@ -388,7 +175,8 @@ impl ShardedCoordinator {
     #[cfg(feature = "testing")]
     pub fn inheritance_lists(&self) -> usize {
         self.inner
-            .inheritance_lists
+            .inheritance
+            .lists
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
@@ -409,32 +197,18 @@ impl ShardedCoordinator {
         let standing =
             fence::Standing::not_yet(lease_name(&options.peer_prefix, &me.id), peers::new_epoch());
         Ok(Self {
-            inner: Arc::new(Inner {
+            inner: Arc::new(Replica {
                 leases: Api::namespaced(client, &options.namespace),
-                peers: watch::Sender::new(vec![me.clone()]),
+                lifecycle: lifecycle::Lifecycle::new(
+                    options.fence_hold == FenceHold::WithPeer && !options.leave_handover.is_zero(),
+                ),
+                view: peers::PeersView::new(me.clone()),
                 standing: watch::Sender::new(standing),
-                unreleased: std::sync::Mutex::default(),
-                epochs: Arc::default(),
-                inventory: CancellationToken::new(),
-                joining: watch::Sender::new(std::collections::BTreeSet::new()),
+                working: working_set::WorkingSet::default(),
                 handed: Arc::default(),
-                standing_in: watch::Sender::new(std::collections::BTreeSet::new()),
-                stopping: CancellationToken::new(),
-                leaving: watch::Sender::new(Vec::new()),
-                leave: CancellationToken::new(),
-                said_leaving: CancellationToken::new(),
-                handed_all: CancellationToken::new(),
-                ran: CancellationToken::new(),
-                left_behind: Arc::default(),
-                heirs_news: Arc::default(),
-                mirror: Arc::default(),
-                inherit_failures: std::sync::Mutex::default(),
-                settled: CancellationToken::new(),
-                inheritance_lists: 0.into(),
+                inheritance: inheritance::Inheritance::default(),
                 me,
                 options,
-                clusters: std::sync::Mutex::default(),
-                wake: Arc::new(Notify::new()),
             }),
         })
     }
@@ -446,7 +220,7 @@ impl ShardedCoordinator {
 
     /// The live peers as last read, this replica included, sorted by ID.
     pub fn peers(&self) -> Vec<Peer> {
-        self.inner.peers.borrow().clone()
+        self.inner.view.peers.borrow().clone()
     }
 
     /// The fence Lease name for a cluster.
@@ -474,9 +248,9 @@ impl ShardedCoordinator {
         // left to the next look, which starts at once. Looks at 100,000
         // clusters lasted tens of seconds, and a peer that left meanwhile
         // had its clusters wait for them.
-        let peers_then = self.inner.peers.subscribe();
-        let joining_then = self.inner.joining.subscribe();
-        let leaving_then = self.inner.leaving.subscribe();
+        let peers_then = self.inner.view.peers.subscribe();
+        let joining_then = self.inner.view.joining.subscribe();
+        let leaving_then = self.inner.view.leaving.subscribe();
         let outdated = || {
             [
                 peers_then.has_changed(),
@@ -486,7 +260,7 @@ impl ShardedCoordinator {
             .into_iter()
             .any(|changed| changed.unwrap_or(false))
         };
-        let leaving = self.inner.said_leaving.is_cancelled();
+        let leaving = self.inner.lifecycle.reached(Phase::SaidLeaving);
         // A leaving replica hands its clusters over as the look sees the
         // peers: once another peer is seen leaving too, the clusters still
         // to go would be handed to it, and passed on again.
@@ -495,7 +269,7 @@ impl ShardedCoordinator {
             inheriting: self.inheriting(),
             ..self.look()
         };
-        let names = lock(&self.inner.clusters).names();
+        let names = lock(&self.inner.working.clusters).names();
         let handed = std::sync::atomic::AtomicUsize::new(0);
         let steps = if leaving {
             LEAVING_STEPS
@@ -516,8 +290,8 @@ impl ShardedCoordinator {
             })
             .await;
         self.give_back_unclaimed().await;
-        if look.moves.into_inner() == 0 && self.inner.inventory.is_cancelled() && !leaving {
-            self.inner.settled.cancel();
+        if look.moves.into_inner() == 0 && self.inner.lifecycle.reached(Phase::Ready) && !leaving {
+            self.inner.working.settled.cancel();
         }
         (!cut_short()).then(|| handed.into_inner())
     }
@@ -525,10 +299,10 @@ impl ShardedCoordinator {
     /// The peers as one look sees them.
     fn look(&self) -> Look {
         let peers = self.peers();
-        let joining = self.inner.joining.borrow().clone();
+        let joining = self.inner.view.joining.borrow().clone();
         // Only a ready replica stands in, and only for peers that came back.
-        let came_back = if self.inner.inventory.is_cancelled() {
-            let epochs = lock(&self.inner.epochs);
+        let came_back = if self.inner.lifecycle.reached(Phase::Ready) {
+            let epochs = lock(&self.inner.view.epochs);
             let now = Timestamp::now();
             joining
                 .iter()
@@ -538,7 +312,7 @@ impl ShardedCoordinator {
         } else {
             std::collections::BTreeSet::new()
         };
-        self.inner.standing_in.send_if_modified(|before| {
+        self.inner.working.standing_in.send_if_modified(|before| {
             if *before == came_back {
                 return false;
             }
@@ -552,7 +326,7 @@ impl ShardedCoordinator {
             .cloned()
             .collect();
         let next = if self.inner.options.fence_hold == FenceHold::WithPeer {
-            let epochs = lock(&self.inner.epochs);
+            let epochs = lock(&self.inner.view.epochs);
             let now = Timestamp::now();
             let options = &self.inner.options;
             ready
@@ -574,7 +348,7 @@ impl ShardedCoordinator {
         } else {
             std::collections::HashMap::new()
         };
-        let leaving = self.inner.leaving.borrow().clone();
+        let leaving = self.inner.view.leaving.borrow().clone();
         let mut with_leaving = peers.clone();
         with_leaving.extend(leaving.iter().cloned());
         with_leaving.sort_by(|a, b| a.id.cmp(&b.id));
@@ -655,7 +429,7 @@ impl ShardedCoordinator {
 
     /// What to do with `name` now, as `look` sees the peers.
     fn decide(&self, name: &ClusterName, look: &Look) -> Step {
-        let mut clusters = lock(&self.inner.clusters);
+        let mut clusters = lock(&self.inner.working.clusters);
         let Some(entry) = clusters.get_mut(name) else {
             return Step::Nothing;
         };
@@ -694,7 +468,7 @@ impl ShardedCoordinator {
             return Step::Nothing;
         }
         let me = &self.inner.me.id;
-        if self.inner.said_leaving.is_cancelled() {
+        if self.inner.lifecycle.reached(Phase::SaidLeaving) {
             // Leaving: every cluster goes to its next owner, one by one,
             // while the controllers work on those not handed yet. One with
             // nobody ready to take it is freed with the peer Lease.
@@ -782,7 +556,7 @@ impl ShardedCoordinator {
                     fence_name.clone(),
                     &self.inner.me.id,
                     self.timing(),
-                    self.inner.wake.clone(),
+                    self.inner.working.wake.clone(),
                 )
                 .await
             }
@@ -794,12 +568,12 @@ impl ShardedCoordinator {
                     self.retry_later(name, generation);
                     return;
                 }
-                let epochs = &self.inner.epochs;
+                let epochs = &self.inner.view.epochs;
                 let known = epochs::TakeKnowledge {
                     epochs,
                     cluster: name.as_str(),
                 };
-                let last = lock(&self.inner.clusters)
+                let last = lock(&self.inner.working.clusters)
                     .current_mut(name, generation)
                     .and_then(|entry| entry.data.last_written.take());
                 // Inherited and not written yet when its work stopped (the
@@ -839,7 +613,7 @@ impl ShardedCoordinator {
                         .iter()
                         .find(|peer| peer.id == found.holder)
                         .map_or(1, |peer| peer.weight);
-                    lock(&self.inner.epochs).learn(&found, weight, Timestamp::now());
+                    lock(&self.inner.view.epochs).learn(&found, weight, Timestamp::now());
                 }
                 fence
             }
@@ -868,7 +642,7 @@ impl ShardedCoordinator {
         inherited_until: Option<Timestamp>,
     ) {
         let start = {
-            let mut clusters = lock(&self.inner.clusters);
+            let mut clusters = lock(&self.inner.working.clusters);
             match clusters.current_mut(name, generation) {
                 Some(entry) if entry.data.held.is_none() && entry.is_live() => {
                     let start = hold(entry, fence);
@@ -900,7 +674,7 @@ impl ShardedCoordinator {
             }
             Err(fence) => {
                 self.release(fence, None).await;
-                self.inner.wake.notify_one();
+                self.inner.working.wake.notify_one();
             }
         }
     }
@@ -925,7 +699,7 @@ impl ShardedCoordinator {
         );
         let outcome = tokio::time::timeout(options.fence_renew_interval, call).await;
         let fence_name = self.fence_name(name);
-        let mut clusters = lock(&self.inner.clusters);
+        let mut clusters = lock(&self.inner.working.clusters);
         let Some(entry) = clusters.current_mut(name, generation) else {
             return;
         };
@@ -968,7 +742,7 @@ impl ShardedCoordinator {
             .release(&self.inner.leases, &self.inner.me.id, timeout, next)
             .await
         {
-            lock(&self.inner.unreleased).push(unreleased);
+            lock(&self.inner.working.unreleased).push(unreleased);
         }
     }
 
@@ -979,9 +753,9 @@ impl ShardedCoordinator {
     /// in it, so none is taken while this looks (a fence handed over is
     /// one another replica held, never one of these).
     async fn release_again(&self) {
-        let unreleased = std::mem::take(&mut *lock(&self.inner.unreleased));
+        let unreleased = std::mem::take(&mut *lock(&self.inner.working.unreleased));
         for fence in unreleased {
-            let taken_again = lock(&self.inner.clusters).values().any(|entry| {
+            let taken_again = lock(&self.inner.working.clusters).values().any(|entry| {
                 entry
                     .data
                     .held
@@ -995,7 +769,7 @@ impl ShardedCoordinator {
     }
 
     fn retry_later(&self, name: &ClusterName, generation: u64) {
-        if let Some(entry) = lock(&self.inner.clusters).current_mut(name, generation) {
+        if let Some(entry) = lock(&self.inner.working.clusters).current_mut(name, generation) {
             entry.data.retry_at = Some(Instant::now() + self.inner.options.fence_retry_delay);
         }
     }
@@ -1008,7 +782,7 @@ impl ShardedCoordinator {
     /// retry delay would load the API server the releases go through.
     fn retry_busy_later(&self, name: &ClusterName, generation: u64) {
         let options = &self.inner.options;
-        if let Some(entry) = lock(&self.inner.clusters).current_mut(name, generation) {
+        if let Some(entry) = lock(&self.inner.working.clusters).current_mut(name, generation) {
             let share = &mut entry.data;
             let delay = options
                 .fence_retry_delay
@@ -1023,7 +797,7 @@ impl ShardedCoordinator {
     /// fence may be tried again.
     fn next_look(&self) -> Instant {
         let probe = Instant::now() + self.inner.options.probe_interval;
-        lock(&self.inner.clusters)
+        lock(&self.inner.working.clusters)
             .values()
             .filter(|entry| entry.data.held.is_none())
             .filter_map(|entry| entry.data.retry_at)
@@ -1037,7 +811,7 @@ impl ShardedCoordinator {
     /// request (or, should that fail, when the Lease lapses, as after a
     /// crash).
     async fn release_all(&self) {
-        let held: Vec<HandedBack> = lock(&self.inner.clusters)
+        let held: Vec<HandedBack> = lock(&self.inner.working.clusters)
             .iter_mut()
             .filter_map(|(name, entry)| {
                 let held = entry.data.held.take()?;
@@ -1046,6 +820,7 @@ impl ShardedCoordinator {
             .collect();
         let count = held.len();
         self.inner
+            .inheritance
             .left_behind
             .store(count, std::sync::atomic::Ordering::Relaxed);
         tracing::info!(clusters = count, peer = %self.inner.me.id, "shutting down: handing every cluster back");
@@ -1071,7 +846,7 @@ impl ShardedCoordinator {
             );
         }
         let timeout = self.inner.options.fence_renew_interval;
-        let unreleased = std::mem::take(&mut *lock(&self.inner.unreleased));
+        let unreleased = std::mem::take(&mut *lock(&self.inner.working.unreleased));
         // What a release leaves unreleased is freed when the peer Lease goes.
         futures::stream::iter(renewed.into_iter().chain(unreleased))
             .for_each_concurrent(CONCURRENT_STEPS, |fence| async move {
@@ -1108,7 +883,7 @@ impl Coordinator for ShardedCoordinator {
         components: &[Arc<dyn Aware>],
     ) -> Result<(), Error> {
         let start = {
-            let mut clusters = lock(&self.inner.clusters);
+            let mut clusters = lock(&self.inner.working.clusters);
             match clusters.arrival(&name, &cluster, &lifetime) {
                 Arrival::Stale => return Ok(()),
                 Arrival::Again => {
@@ -1138,7 +913,7 @@ impl Coordinator for ShardedCoordinator {
                     };
                     let (entry, replaced) =
                         clusters.insert(name.clone(), cluster.clone(), &lifetime, share);
-                    let wake = self.inner.wake.clone();
+                    let wake = self.inner.working.wake.clone();
                     when_ended(&entry.lifetime, move || wake.notify_one());
                     let kept = replaced
                         .and_then(|old| old.data.held)
@@ -1155,12 +930,12 @@ impl Coordinator for ShardedCoordinator {
         if let Some((work, cluster, components)) = start {
             engage_or_hand_back(&components, &work, &name, &cluster);
         }
-        self.inner.wake.notify_one();
+        self.inner.working.wake.notify_one();
         Ok(())
     }
 
     fn owns(&self, name: &ClusterName) -> bool {
-        lock(&self.inner.clusters)
+        lock(&self.inner.working.clusters)
             .live(name)
             .and_then(|entry| entry.data.held.as_ref())
             .is_some_and(|held| !held.work.is_cancelled())
@@ -1170,7 +945,7 @@ impl Coordinator for ShardedCoordinator {
     /// sorted.
     fn working_on(&self) -> Option<Vec<ClusterName>> {
         Some({
-            lock(&self.inner.clusters)
+            lock(&self.inner.working.clusters)
                 .iter()
                 .filter(|(_, entry)| {
                     entry
@@ -1185,7 +960,7 @@ impl Coordinator for ShardedCoordinator {
     }
 
     fn inventory_engaged(&self) {
-        self.inner.inventory.cancel();
+        self.inner.lifecycle.advance(Phase::Ready);
     }
 
     /// Hands every cluster over one by one (fences held with the peer
@@ -1204,16 +979,11 @@ impl Coordinator for ShardedCoordinator {
         }
         let options = &self.inner.options;
         let began = Instant::now();
-        self.inner.leave.cancel();
+        self.inner.lifecycle.advance(Phase::Leaving);
         tracing::info!(peer = %self.inner.me.id, "leaving: handing the clusters over to the others");
-        let done = async {
-            tokio::select! {
-                () = self.inner.handed_all.cancelled() => {}
-                // No longer balancing (it failed or ended): nothing
-                // would hand anything over.
-                () = self.inner.ran.cancelled() => {}
-            }
-        };
+        // Or no longer balancing (it failed or ended): nothing would hand
+        // anything over.
+        let done = self.inner.lifecycle.until(Phase::HandedOver);
         match tokio::time::timeout(options.leave_handover, done).await {
             Ok(()) => {
                 tracing::info!(peer = %self.inner.me.id, took = ?began.elapsed(), "leaving: handed over every cluster a ready peer could take");
@@ -1226,23 +996,23 @@ impl Coordinator for ShardedCoordinator {
     }
 
     async fn run(&self, stop: CancellationToken) -> Result<(), Error> {
-        let _ran = self.inner.ran.clone().drop_guard();
+        let _stopped = self.inner.lifecycle.stops_on_drop();
         let options = &self.inner.options;
         // Until its provider has engaged the inventory, this replica's
         // peer Lease says it is not ready, and the others keep the clusters
         // it owns (a restarted replica was handed thousands it could not
         // work on yet, at 100,000 clusters for a minute).
-        let inventory = self.inner.inventory.clone();
+        let lifecycle = self.inner.lifecycle.clone();
         let wait = options.inventory_wait;
         let waiting = stop.child_token();
         let _stop_waiting = waiting.clone().drop_guard();
         tokio::spawn(async move {
             tokio::select! {
                 () = waiting.cancelled() => {}
-                () = inventory.cancelled() => {}
+                () = lifecycle.until(Phase::Ready) => {}
                 () = tokio::time::sleep(wait) => {
                     tracing::info!(?wait, "the provider has not said its inventory is engaged; this replica says it is ready anyway");
-                    inventory.cancel();
+                    lifecycle.advance(Phase::Ready);
                 }
             }
         });
@@ -1253,19 +1023,14 @@ impl Coordinator for ShardedCoordinator {
             me: self.inner.me.clone(),
             duration: options.peer_lease_duration,
             renew: options.peer_renew_interval,
-            peers: self.inner.peers.clone(),
+            view: self.inner.view.clone(),
             known: CancellationToken::new(),
             standing: self.inner.standing.clone(),
-            wake: self.inner.wake.clone(),
-            epochs: self.inner.epochs.clone(),
-            ready: self.inner.inventory.clone(),
-            joining: self.inner.joining.clone(),
-            leave: self.inner.leave.clone(),
-            said_leaving: self.inner.said_leaving.clone(),
+            wake: self.inner.working.wake.clone(),
+            lifecycle: self.inner.lifecycle.clone(),
             with_heirs: options.fence_hold == FenceHold::WithPeer,
-            left_behind: self.inner.left_behind.clone(),
-            heirs_news: self.inner.heirs_news.clone(),
-            leaving: self.inner.leaving.clone(),
+            left_behind: self.inner.inheritance.left_behind.clone(),
+            heirs_news: self.inner.inheritance.news.clone(),
             stood_since: std::sync::Mutex::default(),
             written: std::sync::Mutex::default(),
         };
@@ -1283,8 +1048,14 @@ impl Coordinator for ShardedCoordinator {
         if options.fence_hold == FenceHold::WithPeer {
             let handed = handover::watch(self.clone(), self.inner.standing.subscribe());
             let inheriting = self.clone().keep_inheriting();
-            let (mirror, api) = (self.inner.mirror.clone(), self.inner.leases.clone());
-            let (ready, settled) = (self.inner.inventory.clone(), self.inner.settled.clone());
+            let (mirror, api) = (
+                self.inner.inheritance.mirror.clone(),
+                self.inner.leases.clone(),
+            );
+            let (lifecycle, settled) = (
+                self.inner.lifecycle.clone(),
+                self.inner.working.settled.clone(),
+            );
             // Only ready replicas are named heirs, and until the mirror has
             // listed an heir lists instead. Following every fence while the
             // fleet's fences are written (a cold start: 100,000 writes, each
@@ -1292,7 +1063,7 @@ impl Coordinator for ShardedCoordinator {
             // quarter slower on the benchmark machine. A share that never
             // settles (a fence busy for good) waits a while, not for ever.
             let mirroring = async move {
-                ready.cancelled().await;
+                lifecycle.until(Phase::Ready).await;
                 tokio::select! {
                     () = settled.cancelled() => {}
                     () = tokio::time::sleep(MIRROR_UNSETTLED) => {}
@@ -1312,7 +1083,7 @@ impl Coordinator for ShardedCoordinator {
             }
         }
         tracing::info!(peer = %self.inner.me.id, namespace = %options.namespace, "sharding the fleet");
-        let mut peers = self.inner.peers.subscribe();
+        let mut peers = self.inner.view.peers.subscribe();
         // Until the others are known this replica would own every cluster;
         // claiming them all only to hand most back is churn.
         tokio::select! {
@@ -1321,22 +1092,22 @@ impl Coordinator for ShardedCoordinator {
         }
         while !stop.is_cancelled() {
             let handed = self.balance(&stop).await;
-            if self.inner.said_leaving.is_cancelled() {
+            if self.inner.lifecycle.reached(Phase::SaidLeaving) {
                 if handed != Some(0) {
                     // Until a whole look finds nothing more to hand over.
                     continue;
                 }
-                self.inner.handed_all.cancel();
+                self.inner.lifecycle.advance(Phase::HandedOver);
             }
             let next = self.next_look();
             tokio::select! {
                 () = stop.cancelled() => break,
-                () = self.inner.wake.notified() => {}
+                () = self.inner.working.wake.notified() => {}
                 _ = peers.changed() => {}
                 () = tokio::time::sleep_until(next) => {}
             }
         }
-        self.inner.stopping.cancel();
+        self.inner.lifecycle.advance(Phase::Stopping);
         self.release_all().await;
         registry_stop.cancel();
         registry_task.await.map_err(|source| Error::TaskFailed {
@@ -1358,6 +1129,8 @@ impl std::fmt::Debug for ShardedCoordinator {
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    use crate::wire;
 
     use super::*;
 
@@ -1405,13 +1178,13 @@ mod tests {
     fn handed_fence(held_with: &str, cluster: &str, by: Option<&str>) -> Lease {
         let mut annotations = std::collections::BTreeMap::from([
             (
-                crate::HELD_WITH_ANNOTATION.to_string(),
+                wire::HELD_WITH_ANNOTATION.to_string(),
                 held_with.to_string(),
             ),
-            (lease::CLUSTER_ANNOTATION.to_string(), cluster.to_string()),
+            (wire::CLUSTER_ANNOTATION.to_string(), cluster.to_string()),
         ]);
         if let Some(by) = by {
-            annotations.insert(lease::HANDED_BY_ANNOTATION.to_string(), by.to_string());
+            annotations.insert(wire::HANDED_BY_ANNOTATION.to_string(), by.to_string());
         }
         Lease {
             metadata: kube::api::ObjectMeta {
@@ -1481,7 +1254,7 @@ mod tests {
             .arrived(coordinator.fence_name(&one), handed_for("one"))
             .await;
         assert_eq!(coordinator.working_on(), Some(vec![one]));
-        coordinator.inner.stopping.cancel();
+        coordinator.inner.lifecycle.advance(Phase::Stopping);
         let two = ClusterName::from("two");
         coordinator
             .arrived(coordinator.fence_name(&two), handed_for("two"))
@@ -1503,7 +1276,7 @@ mod tests {
             .expect("engage");
         // A take that failed while this replica still thought it owned the
         // cluster (before it knew its peers, say).
-        let generation = lock(&coordinator.inner.clusters)
+        let generation = lock(&coordinator.inner.working.clusters)
             .get(&name)
             .expect("held")
             .generation;
@@ -1560,13 +1333,13 @@ mod tests {
                 &[],
             )
             .expect("engage");
-        let generation = lock(&coordinator.inner.clusters)
+        let generation = lock(&coordinator.inner.working.clusters)
             .get(&name)
             .expect("held")
             .generation;
         let delay = |coordinator: &ShardedCoordinator| {
             coordinator.retry_busy_later(&name, generation);
-            let retry_at = lock(&coordinator.inner.clusters)
+            let retry_at = lock(&coordinator.inner.working.clusters)
                 .get(&name)
                 .and_then(|entry| entry.data.retry_at)
                 .expect("a retry");
@@ -1616,10 +1389,10 @@ mod tests {
         // taken again since and is worked on here.
         for name in [&again, &other] {
             let fence = fence::Fence::held_with_peer(&coordinator.fence_name(name), &standing);
-            lock(&coordinator.inner.unreleased).push(fence);
+            lock(&coordinator.inner.working.unreleased).push(fence);
         }
         {
-            let mut clusters = lock(&coordinator.inner.clusters);
+            let mut clusters = lock(&coordinator.inner.working.clusters);
             let entry = clusters.get_mut(&again).expect("held");
             let fence = fence::Fence::held_with_peer(&coordinator.fence_name(&again), &standing);
             entry.data.held = Some(Held::new(fence, &entry.lifetime));
@@ -1627,7 +1400,7 @@ mod tests {
         coordinator.release_again().await;
         // The API server is unreachable, so a release that is tried fails
         // and comes back; the one taken again must not have been tried.
-        let left: Vec<String> = lock(&coordinator.inner.unreleased)
+        let left: Vec<String> = lock(&coordinator.inner.working.unreleased)
             .iter()
             .map(|fence| fence.name.clone())
             .collect();
@@ -1674,11 +1447,13 @@ mod tests {
             engage_offline(&coordinator, cluster);
             let fence = coordinator.fence_name(&ClusterName::from(cluster.as_str()));
             let taken = lease::take(
-                &api,
-                &fence,
-                "gone",
-                Duration::from_secs(30),
-                Some("mcr-peer-gone/e1"),
+                &lease::Taking {
+                    api: &api,
+                    name: &fence,
+                    me: "gone",
+                    duration: Duration::from_secs(30),
+                    held_with: Some("mcr-peer-gone/e1"),
+                },
                 &lease::NothingKnown,
                 None,
             )
@@ -1719,7 +1494,7 @@ mod tests {
         gone.metadata
             .annotations
             .get_or_insert_default()
-            .insert(lease::HEIRS_ANNOTATION.to_string(), value);
+            .insert(wire::HEIRS_ANNOTATION.to_string(), value);
         Inheritance {
             _cp: cp,
             coordinator,
@@ -1735,7 +1510,8 @@ mod tests {
     fn lists(coordinator: &ShardedCoordinator) -> usize {
         coordinator
             .inner
-            .inheritance_lists
+            .inheritance
+            .lists
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
@@ -1761,7 +1537,7 @@ mod tests {
             mine_to_inherit,
             gone,
         } = inheritance().await;
-        assert!(lock(&coordinator.inner.epochs).record(&[gone], Timestamp::now()));
+        assert!(lock(&coordinator.inner.view.epochs).record(&[gone], Timestamp::now()));
 
         let holder_of = |cluster: &str| {
             let (api, fence) = (
@@ -1818,7 +1594,7 @@ mod tests {
                 .metadata
                 .annotations
                 .as_ref()
-                .and_then(|annotations| annotations.get(lease::INHERITED_FROM_ANNOTATION))
+                .and_then(|annotations| annotations.get(wire::INHERITED_FROM_ANNOTATION))
                 .cloned();
             if mine_to_inherit.contains(cluster) {
                 assert_eq!(lease::holder_of(&fence), Some("me"), "{cluster}");
@@ -1839,7 +1615,7 @@ mod tests {
     async fn an_heir_finds_what_it_inherits_in_its_watch_of_the_leases_without_a_list() {
         let inheritance = inheritance().await;
         let (coordinator, api) = (&inheritance.coordinator, &inheritance.api);
-        let mirror = coordinator.inner.mirror.clone();
+        let mirror = coordinator.inner.inheritance.mirror.clone();
         let following = tokio::spawn({
             let (mirror, api) = (mirror.clone(), api.clone());
             async move { mirror.follow(api).await }
@@ -1858,7 +1634,7 @@ mod tests {
             .create(&kube::api::PostParams::default(), &inheritance.gone)
             .await
             .expect("the end of gone's epoch");
-        assert!(lock(&coordinator.inner.epochs).record(&[gone], Timestamp::now()));
+        assert!(lock(&coordinator.inner.view.epochs).record(&[gone], Timestamp::now()));
 
         coordinator.inherit().await;
         assert_eq!(lists(coordinator), 0);
@@ -1887,7 +1663,7 @@ mod tests {
             )
             .expect("engage");
         {
-            let mut clusters = lock(&coordinator.inner.clusters);
+            let mut clusters = lock(&coordinator.inner.working.clusters);
             let entry = clusters.get_mut(&one).expect("engaged");
             let fence = fence::Fence::held_with_peer(&coordinator.fence_name(&one), &live);
             drop(hold(entry, fence));
@@ -1900,7 +1676,7 @@ mod tests {
             .balance_one(&one, &Look::default(), &|| false, &stop)
             .await;
         assert!(!handed);
-        let held = lock(&coordinator.inner.clusters)
+        let held = lock(&coordinator.inner.working.clusters)
             .get_mut(&one)
             .is_some_and(|entry| entry.data.held.is_some());
         assert!(
@@ -1940,6 +1716,7 @@ mod tests {
         // As far as this replica has read, "x" is a peer like any other.
         coordinator
             .inner
+            .view
             .peers
             .send_replace(vec![peer("me"), peer("x")]);
         let of_x = owned_by("x", &[peer("me"), peer("x")]);
@@ -1959,7 +1736,7 @@ mod tests {
             .find(|name| owner_of(name, &[peer("me"), peer("x")]).is_some_and(|p| p.id == "x"))
             .expect("some cluster");
         engage_offline(&coordinator, &another);
-        coordinator.inner.said_leaving.cancel();
+        coordinator.inner.lifecycle.advance(Phase::SaidLeaving);
         let name = ClusterName::from(another.as_str());
         coordinator
             .arrived(coordinator.fence_name(&name), handed_by_x(&another))

@@ -77,7 +77,7 @@ pub enum FenceHold {
     #[default]
     Renewed,
     /// A fence holds while its holder's peer Lease is live in the epoch the
-    /// fence was taken in (`HELD_WITH_ANNOTATION`);
+    /// fence was taken in (`crate::wire::HELD_WITH_ANNOTATION`);
     /// nothing renews it. Steady cost: one peer Lease renewal per replica
     /// per interval, whatever the fleet's size. A replica that cannot renew
     /// its peer Lease until one `peer_renew_interval` before it would

@@ -19,52 +19,64 @@ use kube::runtime::{WatchStreamExt, watcher};
 use super::epochs::Epochs;
 use super::heirs::{self, HeirPeer, Record};
 use super::hrw::Peer;
-use super::wire::{
-    LEAVING_ANNOTATION, READY_ANNOTATION, WEIGHT_ANNOTATION, is_leaving, is_ready, weight,
-};
-use crate::EPOCH_ANNOTATION;
+use super::lifecycle::{LeaseSays, Lifecycle, Phase};
 use crate::fence::Standing;
 use crate::lease::{self, EpochEnd, seconds};
 use crate::lease_name;
 use crate::lock;
+use crate::wire;
 
 /// How long after a peer's Lease lapses by its own times it is read again:
 /// Lease times are in milliseconds here, so the lapse has surely passed.
 const LAPSE_MARGIN: Duration = Duration::from_millis(100);
 
-/// Label every multicluster-runtime peer Lease carries.
-pub(crate) const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
-/// Label marking a Lease as a peer's.
-pub(crate) const PEER_LABEL: &str = "mcr.sigs.k8s.io/peer";
-/// Label naming the peer prefix (replica groups with other prefixes are
-/// not peers).
-pub(crate) const PREFIX_LABEL: &str = "mcr.sigs.k8s.io/prefix";
+/// What the reads of the peer Leases tell, as the registry last wrote it:
+/// what the looks decide by.
+#[derive(Clone)]
+pub(crate) struct PeersView {
+    /// The live peers, this replica included, sorted by ID.
+    pub(crate) peers: watch::Sender<Vec<Peer>>,
+    /// The other peers whose Leases say they are not ready yet: a cluster
+    /// one of them owns stays with the replica working on it until it is.
+    pub(crate) joining: watch::Sender<std::collections::BTreeSet<String>>,
+    /// The other peers whose Leases say they are leaving (live ones only):
+    /// they hand their clusters over, so their next owners wait for that
+    /// rather than ask.
+    pub(crate) leaving: watch::Sender<Vec<Peer>>,
+    /// What the reads tell of the peers' epochs.
+    pub(crate) epochs: Arc<Mutex<Epochs>>,
+}
+
+impl PeersView {
+    /// What a replica knows before its first read: itself.
+    pub(crate) fn new(me: Peer) -> Self {
+        Self {
+            peers: watch::Sender::new(vec![me]),
+            joining: watch::Sender::default(),
+            leaving: watch::Sender::default(),
+            epochs: Arc::default(),
+        }
+    }
+}
+
 pub(crate) struct Registry {
+    /// What its reads tell, for the looks.
+    pub(crate) view: PeersView,
     pub(crate) api: Api<Lease>,
     pub(crate) prefix: String,
     pub(crate) lease_name: String,
     pub(crate) me: Peer,
     pub(crate) duration: Duration,
     pub(crate) renew: Duration,
-    pub(crate) peers: watch::Sender<Vec<Peer>>,
     /// Fired once the peers have been read for the first time.
     pub(crate) known: CancellationToken,
     /// This replica's standing, for fences held with the peer Lease.
     pub(crate) standing: watch::Sender<Standing>,
     /// Woken when the standing changes.
     pub(crate) wake: Arc<Notify>,
-    /// What the reads of the peer Leases tell of their epochs.
-    pub(crate) epochs: Arc<Mutex<Epochs>>,
-    /// Fired once this replica is ready to be handed clusters.
-    pub(crate) ready: CancellationToken,
-    /// The other peers whose Leases say they are not ready yet.
-    pub(crate) joining: watch::Sender<std::collections::BTreeSet<String>>,
-    /// Fired when this replica starts leaving: its Lease says so at once.
-    pub(crate) leave: CancellationToken,
-    /// Fired once this replica's Lease says it is leaving.
-    pub(crate) said_leaving: CancellationToken,
-    /// The other peers whose Leases say they are leaving (live ones only).
-    pub(crate) leaving: watch::Sender<Vec<Peer>>,
+    /// Where this replica is in its life: what its Lease says (ready,
+    /// leaving) follows it.
+    pub(crate) lifecycle: Lifecycle,
     /// Whether fences are held with the peer Lease: an epoch that ends
     /// then names heirs.
     pub(crate) with_heirs: bool,
@@ -110,19 +122,17 @@ impl Registry {
         let rounds = async {
             loop {
                 let sent = Instant::now();
-                let said_ready = self.ready.is_cancelled();
-                let says_leaving = self.leave.is_cancelled();
+                let says = self.lifecycle.lease_says(self.lifecycle.now());
                 // A renewal that wrote an epoch which ended meanwhile
                 // counts for nothing: the next one announces the new epoch.
-                let written = self.publish().await;
+                let written = self.publish(says).await;
                 // (The borrow ends here, before `stand` writes.)
                 let current = written.is_some_and(|epoch| self.standing.borrow().epoch == epoch);
                 if current {
                     let until = sent + self.duration.saturating_sub(self.renew);
                     good_until.send_replace(Some(until));
                     self.stand();
-                    if says_leaving && !self.said_leaving.is_cancelled() {
-                        self.said_leaving.cancel();
+                    if says.leaving && self.lifecycle.advance(Phase::SaidLeaving) {
                         self.wake.notify_one();
                     }
                 }
@@ -140,8 +150,7 @@ impl Registry {
                         () = tokio::time::sleep_until(wake_at) => {}
                         () = news.notified() => {}
                         // Said at once, not at the next renewal.
-                        () = self.ready.cancelled(), if !said_ready => break,
-                        () = self.leave.cancelled(), if !says_leaving => break,
+                        () = self.lifecycle.until_that(|now| self.lifecycle.lease_says(now) != says) => break,
                     }
                     if Instant::now() >= next_round {
                         break;
@@ -248,29 +257,30 @@ impl Registry {
 
     /// Renews (or creates) this replica's peer Lease; the epoch it wrote, if
     /// it worked. A renewal that finds its epoch ended by someone else
-    /// ends the standing and writes a new epoch.
-    async fn publish(&self) -> Option<String> {
+    /// ends the standing and writes a new epoch. The Lease says what
+    /// `says` does of this replica.
+    async fn publish(&self, says: LeaseSays) -> Option<String> {
         let labels = BTreeMap::from([
             (
-                PART_OF_LABEL.to_string(),
+                wire::PART_OF_LABEL.to_string(),
                 "multicluster-runtime".to_string(),
             ),
-            (PEER_LABEL.to_string(), "true".to_string()),
-            (PREFIX_LABEL.to_string(), self.prefix.clone()),
+            (wire::PEER_LABEL.to_string(), "true".to_string()),
+            (wire::PREFIX_LABEL.to_string(), self.prefix.clone()),
         ]);
         // Twice at most: the epoch found ended, then the new one.
         for _ in 0..2 {
             let epoch = self.standing.borrow().epoch.clone();
             let mut annotations = BTreeMap::from([
-                (WEIGHT_ANNOTATION.to_string(), self.me.weight.to_string()),
-                (EPOCH_ANNOTATION.to_string(), epoch.clone()),
                 (
-                    READY_ANNOTATION.to_string(),
-                    self.ready.is_cancelled().to_string(),
+                    wire::WEIGHT_ANNOTATION.to_string(),
+                    self.me.weight.to_string(),
                 ),
+                (wire::EPOCH_ANNOTATION.to_string(), epoch.clone()),
+                (wire::READY_ANNOTATION.to_string(), says.ready.to_string()),
             ]);
-            if self.leave.is_cancelled() {
-                annotations.insert(LEAVING_ANNOTATION.to_string(), "true".to_string());
+            if says.leaving {
+                annotations.insert(wire::LEAVING_ANNOTATION.to_string(), "true".to_string());
             }
             let last = lock(&self.written).clone();
             let call = publish(
@@ -315,12 +325,12 @@ impl Registry {
             .boxed();
         while let Some(event) = changes.next().await {
             let is_news = match &event {
-                Ok(watcher::Event::Apply(lease)) => lock(&self.epochs).is_news(lease),
+                Ok(watcher::Event::Apply(lease)) => lock(&self.view.epochs).is_news(lease),
                 Ok(watcher::Event::Delete(lease)) => lease
                     .metadata
                     .name
                     .as_deref()
-                    .is_some_and(|name| lock(&self.epochs).has_seen(name)),
+                    .is_some_and(|name| lock(&self.view.epochs).has_seen(name)),
                 // A (re)list: the rounds read the same soon enough.
                 Ok(_) => false,
                 Err(err) => {
@@ -336,7 +346,12 @@ impl Registry {
     }
 
     fn selector(&self) -> String {
-        format!("{PEER_LABEL}=true,{PREFIX_LABEL}={}", self.prefix)
+        format!(
+            "{}=true,{}={}",
+            wire::PEER_LABEL,
+            wire::PREFIX_LABEL,
+            self.prefix
+        )
     }
 
     /// Reads the peers; when the first of the others' Leases lapses (a
@@ -357,7 +372,7 @@ impl Registry {
             }
         };
         let now = Timestamp::now();
-        let mut heirs_named = lock(&self.epochs).record(&list.items, now);
+        let mut heirs_named = lock(&self.view.epochs).record(&list.items, now);
         let first_lapse = list
             .items
             .iter()
@@ -368,12 +383,12 @@ impl Registry {
         let live = |leaving: bool| {
             list.items
                 .iter()
-                .filter(move |lease| is_leaving(lease) == leaving)
+                .filter(move |lease| wire::is_leaving(lease) == leaving)
                 .filter_map(move |lease| {
                     let id = lease::live_holder(lease, now)?;
                     Some(Peer {
                         id: id.to_string(),
-                        weight: weight(lease),
+                        weight: wire::weight(lease),
                     })
                 })
         };
@@ -386,7 +401,7 @@ impl Registry {
         let keep_until = self.keep_lapsed_until(Instant::now());
         let mut next_look = first_lapse;
         if let Some(until) = keep_until {
-            for known in self.peers.borrow().iter() {
+            for known in self.view.peers.borrow().iter() {
                 if !peers.contains_key(&known.id) && lapsed_in(&list.items, &known.id, now) {
                     peers.insert(known.id.clone(), known.clone());
                     next_look = Some(next_look.map_or(until, |at| at.min(until)));
@@ -398,19 +413,19 @@ impl Registry {
         let joining: std::collections::BTreeSet<String> = list
             .items
             .iter()
-            .filter(|lease| !is_ready(lease) && !is_leaving(lease))
+            .filter(|lease| !wire::is_ready(lease) && !wire::is_leaving(lease))
             .filter_map(|lease| lease::live_holder(lease, now))
             .filter(|id| *id != self.me.id)
             .map(str::to_string)
             .collect();
-        if self.joining.send_if_modified(|known| {
+        if self.view.joining.send_if_modified(|known| {
             let modified = *known != joining;
             *known = joining;
             modified
         }) {
             self.wake.notify_one();
         }
-        if self.leaving.send_if_modified(|known| {
+        if self.view.leaving.send_if_modified(|known| {
             let modified = *known != leaving;
             *known = leaving;
             modified
@@ -419,7 +434,7 @@ impl Registry {
         }
         let peers: Vec<Peer> = peers.into_values().collect();
         self.known.cancel();
-        self.peers.send_if_modified(|known| {
+        self.view.peers.send_if_modified(|known| {
             if *known == peers {
                 return false;
             }
@@ -488,9 +503,9 @@ impl Registry {
                     tracing::info!(lease = %name, %epoch, heirs = named, "a lapsed peer's epoch ended; its clusters move");
                     let departed = Peer {
                         id: holder.to_string(),
-                        weight: weight(peer),
+                        weight: wire::weight(peer),
                     };
-                    let mut epochs = lock(&self.epochs);
+                    let mut epochs = lock(&self.view.epochs);
                     heirs_named |= epochs.ended_with(now_lease.as_deref(), now);
                     epochs.depart(name, epoch, departed, now);
                 }
@@ -515,14 +530,13 @@ impl Registry {
         gone: &str,
         now: Timestamp,
     ) -> Vec<HeirPeer> {
-        let epochs = lock(&self.epochs);
+        let epochs = lock(&self.view.epochs);
         peers
             .filter(|peer| peer.id != gone)
             .filter_map(|peer| {
                 let held_with = if peer.id == self.me.id {
                     let standing = self.standing.borrow();
-                    let ready = self.ready.is_cancelled() && !self.leave.is_cancelled();
-                    standing.live().filter(|_| ready)?;
+                    standing.live().filter(|_| self.lifecycle.may_inherit())?;
                     format!("{}/{}", standing.peer_lease, standing.epoch)
                 } else {
                     let peer_lease = lease_name(&self.prefix, &peer.id);
@@ -546,7 +560,7 @@ impl Registry {
     /// end keep the Lease).
     async fn end_own_epoch(&self, epoch: &str) {
         let now = Timestamp::now();
-        let peers = self.peers.borrow().clone();
+        let peers = self.view.peers.borrow().clone();
         let heirs = self.heirs(peers.iter(), &self.me.id, now);
         let last = lock(&self.written).clone();
         let left_behind = self.left_behind.load(std::sync::atomic::Ordering::Relaxed) > 0;
@@ -561,7 +575,7 @@ impl Registry {
         if let Some(mut last) = last.filter(|_| names_heirs || named_before) {
             let annotation = record.and_then(|record| heirs::annotation_with(&last, record, now));
             if let Some(annotations) = last.metadata.annotations.as_mut() {
-                annotations.remove(LEAVING_ANNOTATION);
+                annotations.remove(wire::LEAVING_ANNOTATION);
             }
             let call = lease::end_epoch(&self.api, last, &self.me.id, epoch, annotation);
             match tokio::time::timeout(self.renew, call).await {
@@ -675,7 +689,7 @@ async fn publish(
     annotations: &BTreeMap<String, String>,
     last: Option<Lease>,
 ) -> Result<Published, kube::Error> {
-    let epoch = annotations.get(EPOCH_ANNOTATION).map(String::as_str);
+    let epoch = annotations.get(wire::EPOCH_ANNOTATION).map(String::as_str);
     let same_epoch = last
         .as_ref()
         .is_some_and(|last| epoch.is_some_and(|epoch| lease::in_epoch(last, me, epoch)));
@@ -721,7 +735,7 @@ async fn publish(
         let kept = lease.metadata.annotations.get_or_insert_with(BTreeMap::new);
         // Said by an earlier run of this peer that left without deleting
         // its Lease: this one is not leaving unless it says so.
-        kept.remove(LEAVING_ANNOTATION);
+        kept.remove(wire::LEAVING_ANNOTATION);
         kept.extend(annotations.clone());
         let spec = lease.spec.get_or_insert_with(LeaseSpec::default);
         spec.holder_identity = Some(me.to_string());
@@ -747,8 +761,8 @@ mod tests {
         let name = format!("{prefix}-{holder}");
         let mut peer = lease::tests::peer_lease(&name, holder, epoch, renewed_secs_ago);
         peer.metadata.labels = Some(BTreeMap::from([
-            (PEER_LABEL.to_string(), "true".to_string()),
-            (PREFIX_LABEL.to_string(), prefix.to_string()),
+            (wire::PEER_LABEL.to_string(), "true".to_string()),
+            (wire::PREFIX_LABEL.to_string(), prefix.to_string()),
         ]));
         peer
     }
@@ -779,16 +793,11 @@ mod tests {
             me: me.clone(),
             duration: Duration::from_secs(30),
             renew: Duration::from_secs(10),
-            peers: watch::Sender::new(vec![me]),
+            view: PeersView::new(me.clone()),
             known: CancellationToken::new(),
             standing: watch::Sender::new(Standing::not_yet("mcr-peer-me".to_string(), new_epoch())),
             wake: Arc::new(Notify::new()),
-            epochs: Arc::default(),
-            ready: CancellationToken::new(),
-            joining: watch::Sender::new(Default::default()),
-            leave: CancellationToken::new(),
-            said_leaving: CancellationToken::new(),
-            leaving: watch::Sender::new(Vec::new()),
+            lifecycle: Lifecycle::new(true),
             with_heirs: true,
             left_behind: Arc::default(),
             heirs_news: Arc::default(),
@@ -819,6 +828,7 @@ mod tests {
         );
         assert_eq!(holder("mcr-peer-live").await.as_deref(), Some("live"));
         let ids: Vec<String> = registry
+            .view
             .peers
             .borrow()
             .iter()
@@ -843,7 +853,7 @@ mod tests {
             .collect();
         assert_eq!(named, [("e1", "live", "mcr-peer-live/f1")]);
         let known =
-            lock(&registry.epochs).holds("mcr-peer-gone", "e1", "gone", "c", Timestamp::now());
+            lock(&registry.view.epochs).holds("mcr-peer-gone", "e1", "gone", "c", Timestamp::now());
         assert_eq!(
             known,
             Some(lease::Hold::Inherited(lease::Heir {
@@ -860,12 +870,12 @@ mod tests {
             .expect("control plane");
         let client = cp.client().await.expect("client");
         let api: Api<Lease> = Api::namespaced(client.clone(), "default");
-        let labels = BTreeMap::from([(PEER_LABEL.to_string(), "true".to_string())]);
+        let labels = BTreeMap::from([(wire::PEER_LABEL.to_string(), "true".to_string())]);
         let renew = |epoch: &'static str, last: Option<Lease>| {
             let (api, labels) = (api.clone(), labels.clone());
             async move {
                 let annotations =
-                    BTreeMap::from([(EPOCH_ANNOTATION.to_string(), epoch.to_string())]);
+                    BTreeMap::from([(wire::EPOCH_ANNOTATION.to_string(), epoch.to_string())]);
                 let duration = Duration::from_secs(30);
                 publish(&api, "peer-me", "me", duration, &labels, &annotations, last)
                     .await
