@@ -279,11 +279,11 @@ async fn a_ready_peer_stands_in_for_one_that_restarted_until_it_is_ready() {
             owner(name, &peers).is_some_and(|peer| peer.id == "r1")
         })
         .expect("a name r1 owns");
-    for clusters in [&r0_clusters, &r1_clusters] {
-        clusters
-            .add(late.as_str(), cluster_for(&late, &cp).await)
-            .expect("add");
-    }
+    // r0 learns of it first: had r1 (which owns it, and takes what nobody
+    // works on) learnt of it as early, either could have taken it first.
+    r0_clusters
+        .add(late.as_str(), cluster_for(&late, &cp).await)
+        .expect("add");
     eventually("r0 works on the new cluster for r1", || async {
         r0.working_on()
             .unwrap_or_default()
@@ -291,6 +291,9 @@ async fn a_ready_peer_stands_in_for_one_that_restarted_until_it_is_ready() {
             .any(|name| name.as_str() == late)
     })
     .await;
+    r1_clusters
+        .add(late.as_str(), cluster_for(&late, &cp).await)
+        .expect("add");
     said.cancel();
     eventually("r1 works on it once ready", || async {
         r1.working_on()
