@@ -395,6 +395,7 @@ mod tests {
         };
         let taken = renewed(&read().await);
         let before = lease::tests::lease_reads(&client).await;
+        // Polled: the renewal shows only on the API server.
         let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
         while renewed(&read().await) == taken {
             assert!(tokio::time::Instant::now() < deadline, "never renewed");

@@ -384,6 +384,10 @@ pub(crate) struct Prior {
 /// that it found and wrote over after reading the fence, if it did: the
 /// caller can guess the next fence of that epoch right (a restarted
 /// replica knows its earlier epoch from the first of its fences it reads).
+///
+/// Long on purpose: the three ways to a fence in the order tried (the guessed
+/// hold of an ended epoch, this replica's own last write, a read and a write),
+/// each falling through to the next with the same arguments.
 pub(crate) async fn take_guessing(
     taking: &Taking<'_>,
     known: KnownPeers<'_>,

@@ -30,25 +30,31 @@
 use k8s_openapi::api::coordination::v1::Lease;
 
 /// Label every multicluster-runtime peer Lease carries.
+#[cfg_attr(not(feature = "sharding"), allow(dead_code))]
 pub(crate) const PART_OF_LABEL: &str = "app.kubernetes.io/part-of";
 /// Label marking a Lease as a peer's.
+#[cfg_attr(not(feature = "sharding"), allow(dead_code))]
 pub(crate) const PEER_LABEL: &str = "mcr.sigs.k8s.io/peer";
 /// Label naming the peer prefix (replica groups with other prefixes are
 /// not peers).
+#[cfg_attr(not(feature = "sharding"), allow(dead_code))]
 pub(crate) const PREFIX_LABEL: &str = "mcr.sigs.k8s.io/prefix";
 /// Annotation on a peer Lease: the epoch of its replica's standing. A
 /// replica that could not renew its peer Lease in time starts a new epoch,
 /// which frees every fence it held with the old one.
 pub(crate) const EPOCH_ANNOTATION: &str = "mcr.sigs.k8s.io/epoch";
 /// Annotation holding a peer's weight.
+#[cfg_attr(not(feature = "sharding"), allow(dead_code))]
 pub(crate) const WEIGHT_ANNOTATION: &str = "mcr.sigs.k8s.io/weight";
 /// Annotation saying whether a peer is ready to be handed clusters
 /// (`"false"` until its provider has engaged the inventory it first found;
 /// missing means ready).
+#[cfg_attr(not(feature = "sharding"), allow(dead_code))]
 pub(crate) const READY_ANNOTATION: &str = "mcr.sigs.k8s.io/ready";
 /// Annotation saying a peer is leaving (`"true"`): it hands its clusters
 /// to the others one by one and is no longer counted as their owner, but
 /// its epoch, and every fence held with it, holds until its Lease goes.
+#[cfg_attr(not(feature = "sharding"), allow(dead_code))]
 pub(crate) const LEAVING_ANNOTATION: &str = "mcr.sigs.k8s.io/leaving";
 /// Annotation on a peer Lease whose epoch ended naming heirs: who inherits
 /// the fences held with that epoch (see `sharding::heirs`).

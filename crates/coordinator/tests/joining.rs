@@ -17,8 +17,8 @@ use multicluster_envtest::ControlPlane;
 use multicluster_runtime::ClusterName;
 use multicluster_runtime::coordinator::Coordinator;
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
-use multicluster_runtime::testing::{eventually, run_manager, wait_until_ready};
-use multicluster_runtime::{Manager, ProviderContext, RunnableProvider};
+use multicluster_runtime::testing::{eventually, run_manager, wait_on, wait_until_ready};
+use multicluster_runtime::{InventoryEngaged, Manager, ProviderContext, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
 /// A cluster built from a control plane's admin kubeconfig.
@@ -47,17 +47,19 @@ impl ClusterSetProvider for Holding {
 
 #[async_trait::async_trait]
 impl RunnableProvider for Holding {
-    async fn start(&self, context: ProviderContext) -> Result<(), multicluster_runtime::Error> {
+    async fn start(
+        &self,
+        context: ProviderContext,
+    ) -> Result<InventoryEngaged, multicluster_runtime::Error> {
         // Says its inventory is engaged only when the test lets it.
         self.clusters.start_discovering(&context)?;
-        if let Some(said) = &self.said {
-            tokio::select! {
-                () = said.cancelled() => context.inventory_engaged(),
-                () = context.shutdown.cancelled() => {}
-            }
-        }
+        let said = self.said.clone().unwrap_or_default();
+        let engaged = tokio::select! {
+            () = said.cancelled() => context.inventory_engaged(),
+            () = context.shutdown.cancelled() => return Ok(context.stopped_before_engaged()),
+        };
         context.shutdown.cancelled().await;
-        Ok(())
+        Ok(engaged)
     }
 }
 
@@ -98,6 +100,28 @@ fn working_on(coordinator: &ShardedCoordinator) -> Vec<String> {
         .working_on()
         .unwrap_or_default()
         .into_iter()
+        .map(|name| name.to_string())
+        .filter(|name| MEMBERS.contains(&name.as_str()))
+        .collect()
+}
+
+/// Waits until the members `coordinator` works on satisfy `that`, as its
+/// working set tells (no polling).
+async fn until_members(
+    coordinator: &ShardedCoordinator,
+    what: &str,
+    mut that: impl FnMut(&[String]) -> bool,
+) {
+    wait_on(what, &mut coordinator.working_set(), |names| {
+        that(&members(names))
+    })
+    .await;
+}
+
+/// The members among `names`.
+fn members(names: &[ClusterName]) -> Vec<String> {
+    names
+        .iter()
         .map(|name| name.to_string())
         .filter(|name| MEMBERS.contains(&name.as_str()))
         .collect()
@@ -151,8 +175,12 @@ async fn split_by_two(
     let (second, r1, _) = replica(cp, "r1", Some(ready), second).await;
     let (first_stop, first_task) = run_manager(&first);
     let (second_stop, second_task) = run_manager(&second);
-    eventually("r0 and r1 split the members", || async {
-        working_on(&r0) == share_of("r0") && working_on(&r1) == share_of("r1")
+    until_members(&r0, "r0 and r1 split the members", |on| {
+        on == share_of("r0")
+    })
+    .await;
+    until_members(&r1, "r0 and r1 split the members", |on| {
+        on == share_of("r1")
     })
     .await;
     assert!(!share_of("r0").is_empty(), "r0 owns no member");
@@ -168,8 +196,8 @@ async fn a_replica_is_handed_clusters_only_once_its_inventory_is_engaged() {
     ready.cancel();
     let (first, r0, _) = replica(&cp, "r0", Some(ready), ShardingOptions::default()).await;
     let (first_stop, first_task) = run_manager(&first);
-    eventually("r0 works on every member", || async {
-        working_on(&r0).len() == MEMBERS.len()
+    until_members(&r0, "r0 works on every member", |on| {
+        on.len() == MEMBERS.len()
     })
     .await;
 
@@ -181,8 +209,8 @@ async fn a_replica_is_handed_clusters_only_once_its_inventory_is_engaged() {
     for name in MEMBERS {
         wait_until_ready(&second, name).await;
     }
-    eventually("r0 counts r1 as a peer", || async {
-        r0.peers().iter().any(|peer| peer.id == "r1")
+    wait_on("r0 counts r1 as a peer", &mut r0.peer_set(), |peers| {
+        peers.iter().any(|peer| peer.id == "r1")
     })
     .await;
     assert_eq!(said_ready(&cp, "r1").await, Some(Some("false".to_string())));
@@ -194,8 +222,12 @@ async fn a_replica_is_handed_clusters_only_once_its_inventory_is_engaged() {
     }
 
     said.cancel();
-    eventually("r1 works on its share, r0 on the rest", || async {
-        working_on(&r1) == r1_share && working_on(&r0) == share_of("r0")
+    until_members(&r1, "r1 works on its share, r0 on the rest", |on| {
+        on == r1_share
+    })
+    .await;
+    until_members(&r0, "r1 works on its share, r0 on the rest", |on| {
+        on == share_of("r0")
     })
     .await;
     assert_eq!(said_ready(&cp, "r1").await, Some(Some("true".to_string())));
@@ -212,8 +244,8 @@ async fn a_provider_that_never_says_delays_the_hand_over_by_the_inventory_wait()
     ready.cancel();
     let (first, r0, _) = replica(&cp, "r0", Some(ready), ShardingOptions::default()).await;
     let (first_stop, first_task) = run_manager(&first);
-    eventually("r0 works on every member", || async {
-        working_on(&r0).len() == MEMBERS.len()
+    until_members(&r0, "r0 works on every member", |on| {
+        on.len() == MEMBERS.len()
     })
     .await;
     let (second, r1, _) = replica(
@@ -224,8 +256,8 @@ async fn a_provider_that_never_says_delays_the_hand_over_by_the_inventory_wait()
     )
     .await;
     let (second_stop, second_task) = run_manager(&second);
-    eventually("r1 works on its share after the wait", || async {
-        working_on(&r1) == share_of("r1")
+    until_members(&r1, "r1 works on its share after the wait", |on| {
+        on == share_of("r1")
     })
     .await;
     assert_eq!(said_ready(&cp, "r1").await, Some(Some("true".to_string())));
@@ -248,24 +280,23 @@ async fn a_ready_peer_stands_in_for_one_that_restarted_until_it_is_ready() {
     let (first_stop, first_task) = run_manager(&first);
     let (second, _, _) = replica(&cp, "r1", Some(ready), ShardingOptions::default()).await;
     let (second_stop, second_task) = run_manager(&second);
-    eventually("r0 works on its share", || async {
-        working_on(&r0) == share_of("r0")
-    })
-    .await;
+    until_members(&r0, "r0 works on its share", |on| on == share_of("r0")).await;
     // r1 stops (its peer Lease goes) and comes back, not ready yet.
     second_stop.cancel();
     second_task.await.expect("manager task").expect("manager");
-    eventually("r0 works on every member", || async {
-        working_on(&r0).len() == MEMBERS.len()
+    until_members(&r0, "r0 works on every member", |on| {
+        on.len() == MEMBERS.len()
     })
     .await;
     let said = CancellationToken::new();
     let (again, r1, r1_clusters) =
         replica(&cp, "r1", Some(said.clone()), ShardingOptions::default()).await;
     let (again_stop, again_task) = run_manager(&again);
-    eventually("r0 counts r1 as a peer again", || async {
-        r0.peers().iter().any(|peer| peer.id == "r1")
-    })
+    wait_on(
+        "r0 counts r1 as a peer again",
+        &mut r0.peer_set(),
+        |peers| peers.iter().any(|peer| peer.id == "r1"),
+    )
     .await;
     // A cluster of r1's joins the fleet now: nobody works on it, and r1 is
     // not ready; r0 stands in.
@@ -284,22 +315,18 @@ async fn a_ready_peer_stands_in_for_one_that_restarted_until_it_is_ready() {
     r0_clusters
         .add(late.as_str(), cluster_for(&late, &cp).await)
         .expect("add");
-    eventually("r0 works on the new cluster for r1", || async {
-        r0.working_on()
-            .unwrap_or_default()
-            .iter()
-            .any(|name| name.as_str() == late)
-    })
+    wait_on(
+        "r0 works on the new cluster for r1",
+        &mut r0.working_set(),
+        |on| on.iter().any(|name| name.as_str() == late),
+    )
     .await;
     r1_clusters
         .add(late.as_str(), cluster_for(&late, &cp).await)
         .expect("add");
     said.cancel();
-    eventually("r1 works on it once ready", || async {
-        r1.working_on()
-            .unwrap_or_default()
-            .iter()
-            .any(|name| name.as_str() == late)
+    wait_on("r1 works on it once ready", &mut r1.working_set(), |on| {
+        on.iter().any(|name| name.as_str() == late)
     })
     .await;
     for (stop, task) in [(again_stop, again_task), (first_stop, first_task)] {
@@ -323,8 +350,8 @@ async fn a_cluster_goes_straight_from_its_holder_to_a_ready_owner() {
     ready.cancel();
     let (first, r0, _) = replica(&cp, "r0", Some(ready.clone()), with_peer()).await;
     let (first_stop, first_task) = run_manager(&first);
-    eventually("r0 works on every member", || async {
-        working_on(&r0).len() == MEMBERS.len()
+    until_members(&r0, "r0 works on every member", |on| {
+        on.len() == MEMBERS.len()
     })
     .await;
 
@@ -353,6 +380,8 @@ async fn a_cluster_goes_straight_from_its_holder_to_a_ready_owner() {
             }
         })
     };
+    // Polled: the recording is the test's own watch of the API
+    // server; nothing in the replicas tells of it.
     eventually(
         "the recording sees r0 hold each fence of r1's share",
         || async {
@@ -368,10 +397,16 @@ async fn a_cluster_goes_straight_from_its_holder_to_a_ready_owner() {
 
     let (second, r1, _) = replica(&cp, "r1", Some(ready), with_peer()).await;
     let (second_stop, second_task) = run_manager(&second);
-    eventually("r1 works on its share, r0 on the rest", || async {
-        working_on(&r1) == share_of("r1") && working_on(&r0) == share_of("r0")
+    until_members(&r1, "r1 works on its share, r0 on the rest", |on| {
+        on == share_of("r1")
     })
     .await;
+    until_members(&r0, "r1 works on its share, r0 on the rest", |on| {
+        on == share_of("r0")
+    })
+    .await;
+    // Polled: the recording is the test's own watch of the API
+    // server; nothing in the replicas tells of it.
     eventually(
         "the recording sees r1 hold each fence of its share",
         || async {
@@ -424,6 +459,8 @@ async fn a_cluster_goes_straight_from_its_holder_to_a_ready_owner() {
         .create(&Default::default(), &stray)
         .await
         .expect("create the stray fence");
+    // Polled: what is asked is the Lease on the API server, which
+    // nothing in the process follows.
     eventually(
         "r1 clears the fence of a cluster it does not know",
         || async {
@@ -483,6 +520,8 @@ async fn a_stopping_replica_hands_each_cluster_to_its_next_owner_before_its_leas
             }
         })
     };
+    // Polled: the recording is the test's own watch of the API
+    // server; nothing in the replicas tells of it.
     eventually("the recording sees r0's peer Lease", || async {
         events
             .lock()
@@ -494,10 +533,12 @@ async fn a_stopping_replica_hands_each_cluster_to_its_next_owner_before_its_leas
 
     first_stop.cancel();
     first_task.await.expect("manager task").expect("manager");
-    eventually("r1 works on every member", || async {
-        working_on(&r1).len() == MEMBERS.len()
+    until_members(&r1, "r1 works on every member", |on| {
+        on.len() == MEMBERS.len()
     })
     .await;
+    // Polled: the recording is the test's own watch of the API
+    // server; nothing in the replicas tells of it.
     eventually("the recording sees r0's peer Lease deleted", || async {
         events
             .lock()
@@ -564,12 +605,14 @@ async fn a_replica_that_stops_before_handing_over_leaves_its_clusters_to_its_hei
     let ((r0, first_stop, first_task), (r1, second_stop, second_task)) =
         split_by_two(&cp, no_hand_over, with_peer).await;
     // Once its share settled, r1 follows the fences with a watch.
-    eventually("r1 follows the fences", || async { r1.follows_fences() }).await;
+    tokio::time::timeout(Duration::from_secs(60), r1.until_following_fences())
+        .await
+        .expect("r1 follows the fences within a minute");
 
     first_stop.cancel();
     first_task.await.expect("manager task").expect("manager");
-    eventually("r1 works on every member", || async {
-        working_on(&r1).len() == MEMBERS.len()
+    until_members(&r1, "r1 works on every member", |on| {
+        on.len() == MEMBERS.len()
     })
     .await;
     // It found what it inherited in what it follows: no list.
@@ -599,6 +642,8 @@ async fn a_replica_that_stops_before_handing_over_leaves_its_clusters_to_its_hei
     // a freed fence would not.
     for name in share_of("r0") {
         let fence = r0.fence_name(&ClusterName::from(name.as_str()));
+        // Polled: what is asked is the Lease on the API server, which
+        // nothing in the process follows.
         eventually("r1 writes the inherited fence as its own", || async {
             let lease = leases.get(&fence).await.expect("fence");
             let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());

@@ -67,6 +67,7 @@ async fn a_leader_whose_api_server_hangs_stops_working_before_its_lease_lapses()
     // The management API server hangs: no renewal answers.
     management.pause_api_server().expect("pause");
     let paused = Instant::now();
+    // Polled: leader election tells of its standing by `is_leader` only.
     eventually("the leader to stop working", || async {
         !election.is_leader() && election.working_on() == Some(Vec::new())
     })

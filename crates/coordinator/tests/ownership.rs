@@ -15,7 +15,7 @@ use kube::api::Api;
 use multicluster_coordinator::sharding::{FenceHold, ShardedCoordinator, ShardingOptions};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::coordinator::Coordinator;
-use multicluster_runtime::testing::{TestProvider, eventually, run_manager};
+use multicluster_runtime::testing::{TestProvider, run_manager, wait_on};
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Manager, ManagerOptions};
 use tokio_util::sync::CancellationToken;
 
@@ -93,14 +93,14 @@ async fn a_replica_hands_out_only_the_clusters_it_owns() {
 
     // Both replicas see each other and split the fleet: every member owned
     // by exactly one of them.
-    eventually("the fleet to be split between the replicas", || async {
-        // The local cluster is sharded like any other; only members count.
-        let mine = |coordinator: &ShardedCoordinator| {
-            let mut owned = coordinator.working_on().unwrap_or_default();
-            owned.retain(|name| !name.is_local());
-            owned
-        };
-        let (a_owns, b_owns) = (mine(&a_coordinator), mine(&b_coordinator));
+    // The local cluster is sharded like any other; only members count.
+    let members = |set: &[ClusterName]| -> Vec<ClusterName> {
+        set.iter()
+            .filter(|name| !name.is_local())
+            .cloned()
+            .collect()
+    };
+    let split = |a_owns: &[ClusterName], b_owns: &[ClusterName]| {
         !a_owns.is_empty()
             && !b_owns.is_empty()
             && a_owns.len() + b_owns.len() == MEMBERS.len()
@@ -108,8 +108,26 @@ async fn a_replica_hands_out_only_the_clusters_it_owns() {
                 let name = ClusterName::from(*name);
                 a_owns.contains(&name) != b_owns.contains(&name)
             })
-    })
-    .await;
+    };
+    let (mut a_set, mut b_set) = (a_coordinator.working_set(), b_coordinator.working_set());
+    let waiting = async {
+        loop {
+            let (a_owns, b_owns) = (
+                members(&a_set.borrow_and_update()),
+                members(&b_set.borrow_and_update()),
+            );
+            if split(&a_owns, &b_owns) {
+                return;
+            }
+            tokio::select! {
+                changed = a_set.changed() => changed.expect("a's working set"),
+                changed = b_set.changed() => changed.expect("b's working set"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), waiting)
+        .await
+        .expect("the fleet to be split between the replicas within a minute");
     for name in MEMBERS {
         let cluster = ClusterName::from(name);
         let answers = (answer(&a, name).await, answer(&b, name).await);
@@ -139,12 +157,15 @@ async fn a_replica_hands_out_only_the_clusters_it_owns() {
 }
 
 async fn wait_working_on_every_member(coordinator: &ShardedCoordinator) {
-    eventually("the replica to work on every member", || async {
-        let owned = coordinator.working_on().unwrap_or_default();
-        MEMBERS
-            .iter()
-            .all(|name| owned.contains(&ClusterName::from(*name)))
-    })
+    wait_on(
+        "the replica to work on every member",
+        &mut coordinator.working_set(),
+        |owned| {
+            MEMBERS
+                .iter()
+                .all(|name| owned.contains(&ClusterName::from(*name)))
+        },
+    )
     .await;
 }
 
@@ -190,15 +211,13 @@ async fn a_stopping_replica_hands_its_clusters_over_only_once_their_work_settled
     assert_eq!(engaged, MEMBERS.len());
 
     stop.cancel();
-    eventually("the members' lifetimes to end", || async {
-        lingering
-            .lifetimes
-            .lock()
-            .expect("lifetimes")
-            .iter()
-            .all(CancellationToken::is_cancelled)
-    })
-    .await;
+    let lifetimes: Vec<CancellationToken> = lingering.lifetimes.lock().expect("lifetimes").clone();
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        futures::future::join_all(lifetimes.iter().map(CancellationToken::cancelled)),
+    )
+    .await
+    .expect("the members' lifetimes to end within a minute");
     // The work has not settled: the peer Lease (and with it every fence)
     // stays for as long as it does not; two seconds are looked at.
     let leases: Api<Lease> = Api::namespaced(cp.client().await.expect("client"), "kube-system");

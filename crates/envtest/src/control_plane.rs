@@ -124,6 +124,9 @@ impl ControlPlane {
         Self::builder().start().await
     }
 
+    /// Long on purpose: the control plane's start in order (certificates, etcd,
+    /// the API server, the kubeconfigs, readiness), one step after another with
+    /// nothing to choose between.
     async fn start_once(options: &ControlPlaneBuilder, binaries: &Binaries) -> Result<Self, Error> {
         let dir = tempfile::Builder::new()
             .prefix("multicluster-envtest-")

@@ -40,7 +40,7 @@ pub mod testing;
 pub use cluster::{Cluster, Inventory};
 pub use error::Error;
 pub use manager::{Manager, ManagerBuilder, ManagerOptions};
-pub use multicluster::{Aware, Provider, ProviderContext, RunnableProvider};
+pub use multicluster::{Aware, InventoryEngaged, Provider, ProviderContext, RunnableProvider};
 #[cfg(feature = "kubeconfig")]
 pub use multicluster_client as client;
 #[cfg(feature = "kubeconfig")]

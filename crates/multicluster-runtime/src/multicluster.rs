@@ -85,8 +85,25 @@ pub trait RunnableProvider: Provider {
     /// [`Discovered::start`](crate::provider::discovery::Discovered::start), which
     /// does all three: its unusable inventory then shows on `/clusters`
     /// without further wiring.
-    async fn start(&self, context: ProviderContext) -> Result<(), Error>;
+    ///
+    /// It returns what [`ProviderContext::inventory_engaged`] gave it (or,
+    /// stopped before that, [`ProviderContext::stopped_before_engaged`]):
+    /// a provider cannot compile without saying when the inventory it first
+    /// found is engaged, which a sharded replica waits for before it is
+    /// handed clusters. [`Clusters::start`](crate::provider::clusters::Clusters::start)
+    /// and [`Discovered::run`](crate::provider::discovery::Discovered::run)
+    /// say it for providers built on them.
+    async fn start(&self, context: ProviderContext) -> Result<InventoryEngaged, Error>;
 }
+
+/// What [`RunnableProvider::start`] returns: that the provider said its
+/// inventory is engaged ([`ProviderContext::inventory_engaged`]), or
+/// stopped before it could ([`ProviderContext::stopped_before_engaged`]).
+/// Only a [`ProviderContext`] makes one, so a provider cannot forget the
+/// call and leave a sharded replica waiting for its `inventory_wait`
+/// (300 s by default) before it is handed any cluster.
+#[derive(Debug)]
+pub struct InventoryEngaged(());
 
 /// What a provider is handed when it is started: when to stop, whom to
 /// engage clusters with, and where to record. Cheap to clone.
@@ -139,8 +156,20 @@ impl ProviderContext {
     /// A sharded replica says it is ready to be handed clusters only then
     /// (or after its `ShardingOptions::inventory_wait`): handed over
     /// earlier, they would sit unworked until the provider got to them.
-    pub fn inventory_engaged(&self) {
+    ///
+    /// The [`InventoryEngaged`] it returns is what
+    /// [`RunnableProvider::start`] returns in the end.
+    pub fn inventory_engaged(&self) -> InventoryEngaged {
         self.inventory_engaged.cancel();
+        InventoryEngaged(())
+    }
+
+    /// For a provider stopping (its `shutdown` fired, or it failed) before
+    /// it could say its inventory is engaged: what
+    /// [`RunnableProvider::start`] returns then. Says nothing: nobody waits
+    /// for the inventory of a provider that stopped.
+    pub fn stopped_before_engaged(&self) -> InventoryEngaged {
+        InventoryEngaged(())
     }
 
     /// Completes once [`ProviderContext::inventory_engaged`] was called.

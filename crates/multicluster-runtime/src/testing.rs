@@ -31,12 +31,15 @@ impl crate::provider::clusters::ClusterSetProvider for TestProvider {
 
 #[async_trait::async_trait]
 impl crate::multicluster::RunnableProvider for TestProvider {
-    async fn start(&self, context: crate::multicluster::ProviderContext) -> Result<(), Error> {
+    async fn start(
+        &self,
+        context: crate::multicluster::ProviderContext,
+    ) -> Result<crate::multicluster::InventoryEngaged, Error> {
         // The clusters are added by the test, before or after the start:
         // the inventory is what the set holds when it starts.
-        self.clusters.start(&context)?;
+        let engaged = self.clusters.start(&context)?;
         context.shutdown.cancelled().await;
-        Ok(())
+        Ok(engaged)
     }
 }
 
@@ -109,7 +112,7 @@ where
     );
     let task = tokio::spawn({
         let context = context.clone();
-        async move { provider.start(context).await }
+        async move { provider.start(context).await.map(drop) }
     });
     let said = tokio::time::timeout(DEFAULT_DEADLINE, context.when_inventory_engaged()).await;
     assert!(
@@ -245,6 +248,22 @@ where
     Fut: Future<Output = bool>,
 {
     eventually_within(DEFAULT_DEADLINE, what, check).await;
+}
+
+/// Waits until the value `receiver` follows satisfies `that` (up to the
+/// default deadline of [`eventually`]), for state the process tells
+/// through a `watch`: nothing is polled, and the wait ends the moment it
+/// holds.
+pub async fn wait_on<T>(
+    what: &str,
+    receiver: &mut tokio::sync::watch::Receiver<T>,
+    that: impl FnMut(&T) -> bool,
+) {
+    match tokio::time::timeout(DEFAULT_DEADLINE, receiver.wait_for(that)).await {
+        Ok(Ok(_)) => {}
+        Ok(Err(_)) => panic!("{what}: nothing tells of it any more"),
+        Err(_) => panic!("timed out after {DEFAULT_DEADLINE:?} waiting for {what}"),
+    }
 }
 
 /// Like [`eventually`] with a deadline of `within`, for behaviour that

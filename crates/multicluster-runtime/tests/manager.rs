@@ -186,7 +186,10 @@ impl multicluster_runtime::provider::clusters::ClusterSetProvider for StuckProvi
 
 #[async_trait::async_trait]
 impl multicluster_runtime::RunnableProvider for StuckProvider {
-    async fn start(&self, _context: multicluster_runtime::ProviderContext) -> Result<(), Error> {
+    async fn start(
+        &self,
+        _context: multicluster_runtime::ProviderContext,
+    ) -> Result<multicluster_runtime::InventoryEngaged, Error> {
         std::future::pending().await
     }
 }
@@ -480,15 +483,19 @@ impl multicluster_runtime::provider::clusters::ClusterSetProvider for ToolkitPro
 
 #[async_trait::async_trait]
 impl multicluster_runtime::RunnableProvider for ToolkitProvider {
-    async fn start(&self, context: multicluster_runtime::ProviderContext) -> Result<(), Error> {
+    async fn start(
+        &self,
+        context: multicluster_runtime::ProviderContext,
+    ) -> Result<multicluster_runtime::InventoryEngaged, Error> {
         self.fleet.start(&context)?;
         self.fleet.failures().record(
             &ClusterName::from("inventory/broken"),
             "Secret inventory/broken has no key \"kubeconfig\"",
             "invalid-kubeconfig",
         );
+        let engaged = context.inventory_engaged();
         context.shutdown.cancelled().await;
-        Ok(())
+        Ok(engaged)
     }
 }
 

@@ -222,6 +222,8 @@ impl Registration {
         }
     }
 
+    /// Long on purpose: the registration object, built field by field from the
+    /// webhooks, then one write with a deadline.
     async fn register(
         &self,
         name: &ClusterName,

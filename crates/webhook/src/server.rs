@@ -301,6 +301,9 @@ impl WebhookServer {
         let _ = tokio::time::timeout(grace, connection).await;
     }
 
+    /// Long on purpose: an admission request's way from its path to its answer
+    /// (route, method, webhook, cluster, size, deadline), each step its own
+    /// status code.
     async fn respond(&self, request: http::Request<Incoming>) -> Response<Full<Bytes>> {
         let path = request.uri().path().to_string();
         if path == "/healthz" {

@@ -53,7 +53,7 @@ use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::provider::watch_filter::WatchFilter;
 use multicluster_runtime::{
-    Cluster, ClusterName, Error, Inventory, ProviderContext, RunnableProvider,
+    Cluster, ClusterName, Error, Inventory, InventoryEngaged, ProviderContext, RunnableProvider,
 };
 
 /// The label key of the watch-filter convention (`cluster.x-k8s.io/watch-filter`).
@@ -374,7 +374,7 @@ impl ClusterSetProvider for ClusterApiProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for ClusterApiProvider {
-    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
+    async fn start(&self, context: ProviderContext) -> Result<InventoryEngaged, Error> {
         let shared = &self.shared;
         shared.fleet.start(&context)?;
         let shutdown = context.shutdown.clone();
@@ -382,7 +382,7 @@ impl RunnableProvider for ClusterApiProvider {
         // look instead of being reported without one.
         let secrets = shared.management.cache().informer::<Secret>();
         tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
+            () = shutdown.cancelled() => return Ok(context.stopped_before_engaged()),
             () = secrets.wait_ready() => {}
         }
         let builder = Controller::builder(format!("{}-provider", shared.options.name))

@@ -291,6 +291,9 @@ impl ProviderFile {
 
     /// The access to `profile`: the first provider in file order that the
     /// profile offers, with its plugin call adjusted for the profile.
+    ///
+    /// Long on purpose: the checks on a profile in the order they apply, each
+    /// with its own error naming the field it refuses.
     pub fn access_for(&self, profile: &DynamicObject) -> Result<ProfileAccess, AccessError> {
         let profile_name = format!(
             "{}/{}",

@@ -68,7 +68,7 @@ use multicluster_runtime::provider::discovery::Discovered;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::watch_filter::WatchFilter;
 use multicluster_runtime::{
-    Cluster, ClusterName, Error, Inventory, ProviderContext, RunnableProvider,
+    Cluster, ClusterName, Error, Inventory, InventoryEngaged, ProviderContext, RunnableProvider,
 };
 
 /// The label naming the consumer a credentials Secret is for.
@@ -494,13 +494,13 @@ impl ClusterSetProvider for ClusterProfileProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for ClusterProfileProvider {
-    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
+    async fn start(&self, context: ProviderContext) -> Result<InventoryEngaged, Error> {
         let shared = &self.shared;
         shared.fleet.start(&context)?;
         let shutdown = context.shutdown.clone();
         let Some(version) = ApiVersion::decide(&shared.hub.client(), PLURAL, &shutdown).await
         else {
-            return Ok(());
+            return Ok(context.stopped_before_engaged());
         };
         let version = *shared.version.get_or_init(|| version);
         let mapper = shared.clone();
@@ -525,7 +525,7 @@ impl RunnableProvider for ClusterProfileProvider {
             let secrets = shared.hub.cache().informer::<Secret>();
             tracing::debug!("waiting for the credentials Secrets to be listed");
             tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
+                () = shutdown.cancelled() => return Ok(context.stopped_before_engaged()),
                 () = secrets.wait_ready() => {}
             }
             let mapper = shared.clone();

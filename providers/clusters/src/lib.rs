@@ -7,7 +7,9 @@
 //! instance that was added. Starting twice is an error.
 
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
-use multicluster_runtime::{Cluster, ClusterName, Error, ProviderContext, RunnableProvider};
+use multicluster_runtime::{
+    Cluster, ClusterName, Error, InventoryEngaged, ProviderContext, RunnableProvider,
+};
 
 /// Clusters managed by the caller.
 #[derive(Clone, Debug, Default)]
@@ -52,12 +54,12 @@ impl ClusterSetProvider for ClustersProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for ClustersProvider {
-    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
+    async fn start(&self, context: ProviderContext) -> Result<InventoryEngaged, Error> {
         // Its clusters are the program's to add: those added before the
         // start are engaged now (and the inventory said engaged), and
         // nothing more is to be found.
-        self.clusters.start(&context)?;
+        let engaged = self.clusters.start(&context)?;
         context.shutdown.cancelled().await;
-        Ok(())
+        Ok(engaged)
     }
 }

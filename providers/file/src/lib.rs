@@ -53,7 +53,9 @@ use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::discovery::Discovered;
 use multicluster_runtime::provider::lock;
 use multicluster_runtime::provider::member::Members;
-use multicluster_runtime::{ClusterName, Error, ProviderContext, RunnableProvider};
+use multicluster_runtime::{
+    ClusterName, Error, InventoryEngaged, ProviderContext, RunnableProvider,
+};
 use notify::Watcher;
 use tokio_util::sync::CancellationToken;
 
@@ -439,7 +441,7 @@ impl ClusterSetProvider for FileProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for FileProvider {
-    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
+    async fn start(&self, context: ProviderContext) -> Result<InventoryEngaged, Error> {
         self.shared.fleet.start(&context)?;
         let shutdown = context.shutdown.clone();
         let shared = self.shared.clone();
@@ -459,19 +461,30 @@ impl RunnableProvider for FileProvider {
         let first_pass = async {
             self.shared.read_once.cancelled().await;
             self.shared.builds.idle().await;
-            context.inventory_engaged();
-            std::future::pending::<()>().await
         };
-        tokio::select! {
-            () = first_pass => Ok(()),
-            watched = self.shared.watch(shutdown) => {
+        let watching = self.shared.watch(shutdown);
+        tokio::pin!(watching);
+        let engaged = tokio::select! {
+            () = first_pass => context.inventory_engaged(),
+            watched = &mut watching => {
                 stop_builds.cancel();
                 builds.await;
-                watched
+                watched?;
+                return Ok(context.stopped_before_engaged());
             }
             // Only at shutdown.
-            () = &mut builds => Ok(()),
+            () = &mut builds => return Ok(context.stopped_before_engaged()),
+        };
+        tokio::select! {
+            watched = watching => {
+                stop_builds.cancel();
+                builds.await;
+                watched?;
+            }
+            // Only at shutdown.
+            () = &mut builds => {}
         }
+        Ok(engaged)
     }
 }
 

@@ -31,7 +31,9 @@ use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::discovery::Discovered;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::Members;
-use multicluster_runtime::{ClusterName, Error, ProviderContext, RunnableProvider};
+use multicluster_runtime::{
+    ClusterName, Error, InventoryEngaged, ProviderContext, RunnableProvider,
+};
 
 /// Options of the kind provider.
 #[derive(Clone, Debug)]
@@ -218,19 +220,19 @@ impl ClusterSetProvider for KindProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for KindProvider {
-    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
+    async fn start(&self, context: ProviderContext) -> Result<InventoryEngaged, Error> {
         let shared = &self.shared;
         shared.fleet.start(&context)?;
         let shutdown = context.shutdown.clone();
         tokio::select! {
-            () = shutdown.cancelled() => return Ok(()),
+            () = shutdown.cancelled() => return Ok(context.stopped_before_engaged()),
             first = shared.poll() => first?,
         }
         // The first list queued every cluster: once each was tried, the
         // inventory is engaged.
         let first_pass = async {
             shared.refreshes.idle().await;
-            context.inventory_engaged();
+            context.inventory_engaged()
         };
         let refresher = shared.clone();
         // Calls still running at shutdown are stopped at once.
@@ -254,7 +256,7 @@ impl RunnableProvider for KindProvider {
                 }
             }
         };
-        tokio::join!(refreshes, polls, first_pass);
-        Ok(())
+        let ((), (), engaged) = tokio::join!(refreshes, polls, first_pass);
+        Ok(engaged)
     }
 }

@@ -55,7 +55,7 @@ use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::provider::watch_filter::WatchFilter;
 use multicluster_runtime::{
-    Cluster, ClusterName, Error, Inventory, ProviderContext, RunnableProvider,
+    Cluster, ClusterName, Error, Inventory, InventoryEngaged, ProviderContext, RunnableProvider,
 };
 
 /// The default label marking kubeconfig Secrets (value `true`).
@@ -263,7 +263,7 @@ impl ClusterSetProvider for KubeconfigProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for KubeconfigProvider {
-    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
+    async fn start(&self, context: ProviderContext) -> Result<InventoryEngaged, Error> {
         let shared = &self.shared;
         shared.fleet.start(&context)?;
         let builder = Controller::builder(format!("{}-provider", self.shared.options.name))

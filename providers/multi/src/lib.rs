@@ -15,7 +15,8 @@ use std::sync::{Arc, Mutex};
 
 use multicluster_runtime::cache::FieldIndex;
 use multicluster_runtime::{
-    Aware, Cluster, ClusterName, Error, Provider, ProviderContext, RunnableProvider,
+    Aware, Cluster, ClusterName, Error, InventoryEngaged, Provider, ProviderContext,
+    RunnableProvider,
 };
 use tokio_util::sync::CancellationToken;
 
@@ -222,7 +223,7 @@ impl Provider for MultiProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for MultiProvider {
-    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
+    async fn start(&self, context: ProviderContext) -> Result<InventoryEngaged, Error> {
         let shutdown = context.shutdown.clone();
         let mut first = Vec::new();
         {
@@ -251,14 +252,13 @@ impl RunnableProvider for MultiProvider {
             for provider in &first {
                 provider.when_inventory_engaged().await;
             }
-            context.inventory_engaged();
-            std::future::pending::<()>().await
         };
-        tokio::select! {
-            () = shutdown.cancelled() => {}
-            () = first_pass => {}
-        }
-        Ok(())
+        let engaged = tokio::select! {
+            () = shutdown.cancelled() => return Ok(context.stopped_before_engaged()),
+            () = first_pass => context.inventory_engaged(),
+        };
+        shutdown.cancelled().await;
+        Ok(engaged)
     }
 }
 

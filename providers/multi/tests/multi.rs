@@ -305,16 +305,17 @@ impl multicluster_runtime::provider::clusters::ClusterSetProvider for Held {
 
 #[async_trait::async_trait]
 impl multicluster_runtime::RunnableProvider for Held {
-    async fn start(&self, context: multicluster_runtime::ProviderContext) -> Result<(), Error> {
-        tokio::select! {
-            () = self.release.cancelled() => {
-                context.inventory_engaged();
-                self.said.cancel();
-            }
-            () = context.shutdown.cancelled() => return Ok(()),
-        }
+    async fn start(
+        &self,
+        context: multicluster_runtime::ProviderContext,
+    ) -> Result<multicluster_runtime::InventoryEngaged, Error> {
+        let engaged = tokio::select! {
+            () = self.release.cancelled() => context.inventory_engaged(),
+            () = context.shutdown.cancelled() => return Ok(context.stopped_before_engaged()),
+        };
+        self.said.cancel();
         context.shutdown.cancelled().await;
-        Ok(())
+        Ok(engaged)
     }
 }
 

@@ -170,6 +170,8 @@ impl tower::Service<Request<Body>> for Scoped {
 }
 
 impl Scoped {
+    /// Long on purpose: one request's way through the scoped client in order
+    /// (route, body rewritten, sent, answer rewritten for lists and watches).
     async fn handle(self, request: Request<Body>) -> Result<Response<ResponseBody>, BoxError> {
         if request.method() == http::Method::GET && request.uri().path() == "/version" {
             return self.discovery.version(&self.host).await;

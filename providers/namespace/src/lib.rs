@@ -26,7 +26,7 @@ use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions};
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::watch_filter::WatchFilter;
 use multicluster_runtime::{
-    Cluster, ClusterName, Error, Inventory, ProviderContext, RunnableProvider,
+    Cluster, ClusterName, Error, Inventory, InventoryEngaged, ProviderContext, RunnableProvider,
 };
 
 /// The namespace each virtual cluster shows its host namespace as.
@@ -117,24 +117,27 @@ impl ClusterSetProvider for NamespaceProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for NamespaceProvider {
-    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
+    async fn start(&self, context: ProviderContext) -> Result<InventoryEngaged, Error> {
         let shutdown = context.shutdown.clone();
         // It says the inventory is engaged itself, once the host's
         // namespaces are listed.
         self.clusters.start_discovering(&context)?;
         let informer = self.host.cache().informer::<Namespace>();
         let mut namespaces = informer.subscribe();
+        let mut engaged = None;
         loop {
             let event = tokio::select! {
-                () = shutdown.cancelled() => return Ok(()),
+                () = shutdown.cancelled() => {
+                    return Ok(engaged.unwrap_or_else(|| context.stopped_before_engaged()));
+                }
                 // Once the host's namespaces are listed, those wanted are
                 // engaged from the store at once (their events, still on
                 // the way, then change nothing), and the inventory is.
-                () = informer.wait_ready(), if !context.is_inventory_engaged() => {
+                () = informer.wait_ready(), if engaged.is_none() => {
                     for namespace in informer.store().state() {
                         self.applied(&namespace);
                     }
-                    context.inventory_engaged();
+                    engaged = Some(context.inventory_engaged());
                     continue;
                 }
                 event = namespaces.next() => event,

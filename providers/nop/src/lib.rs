@@ -6,7 +6,7 @@
 
 use multicluster_runtime::cache::FieldIndex;
 use multicluster_runtime::{
-    Cluster, ClusterName, Error, Provider, ProviderContext, RunnableProvider,
+    Cluster, ClusterName, Error, InventoryEngaged, Provider, ProviderContext, RunnableProvider,
 };
 
 /// The provider with no clusters.
@@ -26,10 +26,10 @@ impl Provider for NopProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for NopProvider {
-    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
+    async fn start(&self, context: ProviderContext) -> Result<InventoryEngaged, Error> {
         // Nothing to engage: the inventory is engaged at once.
-        context.inventory_engaged();
+        let engaged = context.inventory_engaged();
         context.shutdown.cancelled().await;
-        Ok(())
+        Ok(engaged)
     }
 }

@@ -9,7 +9,7 @@ use std::sync::Mutex;
 
 use multicluster_runtime::cache::FieldIndex;
 use multicluster_runtime::{
-    Cluster, ClusterName, Error, Provider, ProviderContext, RunnableProvider,
+    Cluster, ClusterName, Error, InventoryEngaged, Provider, ProviderContext, RunnableProvider,
 };
 
 /// One named cluster.
@@ -54,7 +54,7 @@ impl Provider for SingleProvider {
 
 #[async_trait::async_trait]
 impl RunnableProvider for SingleProvider {
-    async fn start(&self, context: ProviderContext) -> Result<(), Error> {
+    async fn start(&self, context: ProviderContext) -> Result<InventoryEngaged, Error> {
         let (shutdown, aware) = (context.shutdown.clone(), context.aware.clone());
         {
             let mut started = lock(&self.started);
@@ -68,8 +68,8 @@ impl RunnableProvider for SingleProvider {
             self.name.clone(),
             self.cluster.clone(),
         )?;
-        context.inventory_engaged();
+        let engaged = context.inventory_engaged();
         shutdown.cancelled().await;
-        Ok(())
+        Ok(engaged)
     }
 }

@@ -181,6 +181,7 @@ impl ShardedCoordinator {
             Ok((work, cluster, components)) => {
                 tracing::info!(cluster = %name, peer = %self.inner.me.id, lease = %fence_name, "working on the cluster (handed over)");
                 engage_or_hand_back(&components, &work, &name, &cluster);
+                self.inner.working.show();
             }
             Err(handed) => self.inner.handed.arrive(fence_name, handed),
         }

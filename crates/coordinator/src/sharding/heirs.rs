@@ -579,6 +579,9 @@ impl ShardedCoordinator {
                 inherited += 1;
             }
         }
+        if inherited > 0 {
+            self.inner.working.show();
+        }
         inherited
     }
 }

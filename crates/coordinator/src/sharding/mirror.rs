@@ -117,6 +117,18 @@ impl Mirror {
         lock(&self.state).synced
     }
 
+    /// Completes once the watch has listed the Leases once.
+    pub(crate) async fn until_synced(&self) {
+        loop {
+            // Registered before the check: a list taken in between wakes it.
+            let changed = self.changed.notified();
+            if self.synced() {
+                return;
+            }
+            changed.await;
+        }
+    }
+
     /// The fences held with each of `epochs` (`<peer Lease>/<epoch>`, each
     /// ended by a record of heirs), if the watch has shown every one of
     /// those records: then nothing written before them is missing.

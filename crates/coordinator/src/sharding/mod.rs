@@ -72,6 +72,7 @@ mod look;
 mod mirror;
 mod options;
 mod peers;
+mod run;
 mod working_set;
 
 use look::{Look, Step, owner_but};
@@ -170,6 +171,14 @@ impl ShardedCoordinator {
         self.inner.inheritance.mirror.synced()
     }
 
+    /// Completes once this replica follows the fences with a watch that
+    /// has listed them ([`ShardedCoordinator::follows_fences`]): for tests
+    /// (feature `testing`).
+    #[cfg(feature = "testing")]
+    pub async fn until_following_fences(&self) {
+        self.inner.inheritance.mirror.until_synced().await;
+    }
+
     /// How many lists of inherited fences this replica needed, rather than
     /// finding them in what it follows: for tests (feature `testing`).
     #[cfg(feature = "testing")]
@@ -221,6 +230,20 @@ impl ShardedCoordinator {
     /// The live peers as last read, this replica included, sorted by ID.
     pub fn peers(&self) -> Vec<Peer> {
         self.inner.view.peers.borrow().clone()
+    }
+
+    /// Follows the clusters this replica works on, sorted (what
+    /// [`Coordinator::working_on`] lists), told after every look, hand-over
+    /// and inheritance: wait on it (`wait_for`) rather than poll
+    /// `working_on`.
+    pub fn working_set(&self) -> watch::Receiver<Vec<ClusterName>> {
+        self.inner.working.follow()
+    }
+
+    /// Follows the live peers as the reads find them, this replica
+    /// included, sorted by ID ([`ShardedCoordinator::peers`]).
+    pub fn peer_set(&self) -> watch::Receiver<Vec<Peer>> {
+        self.inner.view.peers.subscribe()
     }
 
     /// The fence Lease name for a cluster.
@@ -290,6 +313,7 @@ impl ShardedCoordinator {
             })
             .await;
         self.give_back_unclaimed().await;
+        self.inner.working.show();
         if look.moves.into_inner() == 0 && self.inner.lifecycle.reached(Phase::Ready) && !leaving {
             self.inner.working.settled.cancel();
         }
@@ -428,6 +452,10 @@ impl ShardedCoordinator {
     }
 
     /// What to do with `name` now, as `look` sees the peers.
+    ///
+    /// Long on purpose: one rule per case, in the order they apply (gone,
+    /// inherited and overdue, leaving, kept for a joiner, rewrite, release,
+    /// take); split up, that order would be spread over several functions.
     fn decide(&self, name: &ClusterName, look: &Look) -> Step {
         let mut clusters = lock(&self.inner.working.clusters);
         let Some(entry) = clusters.get_mut(name) else {
@@ -547,6 +575,8 @@ impl ShardedCoordinator {
         }
     }
 
+    /// Long on purpose: the take for each way of holding fences, and what each
+    /// answer means for the cluster.
     async fn take(&self, name: &ClusterName, generation: u64, peers: &[Peer]) {
         let fence_name = self.fence_name(name);
         let taken = match self.inner.options.fence_hold {
@@ -818,6 +848,7 @@ impl ShardedCoordinator {
                 Some((name.clone(), held, entry.data.components.clone()))
             })
             .collect();
+        self.inner.working.show();
         let count = held.len();
         self.inner
             .inheritance
@@ -944,19 +975,7 @@ impl Coordinator for ShardedCoordinator {
     /// The clusters this replica works on now (it holds their fences),
     /// sorted.
     fn working_on(&self) -> Option<Vec<ClusterName>> {
-        Some({
-            lock(&self.inner.working.clusters)
-                .iter()
-                .filter(|(_, entry)| {
-                    entry
-                        .data
-                        .held
-                        .as_ref()
-                        .is_some_and(|held| !held.work.is_cancelled())
-                })
-                .map(|(name, _)| name.clone())
-                .collect()
-        })
+        Some(self.inner.working.working_on())
     }
 
     fn inventory_engaged(&self) {
@@ -995,45 +1014,14 @@ impl Coordinator for ShardedCoordinator {
         }
     }
 
+    /// Runs the replica as a list of steps (each in `run.rs`): ready at
+    /// the latest after `inventory_wait`, the peer registry, the fences
+    /// followed (held with the peer Lease), the looks until `stop`, then
+    /// everything handed back before the peer Lease goes.
     async fn run(&self, stop: CancellationToken) -> Result<(), Error> {
         let _stopped = self.inner.lifecycle.stops_on_drop();
-        let options = &self.inner.options;
-        // Until its provider has engaged the inventory, this replica's
-        // peer Lease says it is not ready, and the others keep the clusters
-        // it owns (a restarted replica was handed thousands it could not
-        // work on yet, at 100,000 clusters for a minute).
-        let lifecycle = self.inner.lifecycle.clone();
-        let wait = options.inventory_wait;
-        let waiting = stop.child_token();
-        let _stop_waiting = waiting.clone().drop_guard();
-        tokio::spawn(async move {
-            tokio::select! {
-                () = waiting.cancelled() => {}
-                () = lifecycle.until(Phase::Ready) => {}
-                () = tokio::time::sleep(wait) => {
-                    tracing::info!(?wait, "the provider has not said its inventory is engaged; this replica says it is ready anyway");
-                    lifecycle.advance(Phase::Ready);
-                }
-            }
-        });
-        let registry = peers::Registry {
-            api: self.inner.leases.clone(),
-            prefix: options.peer_prefix.clone(),
-            lease_name: lease_name(&options.peer_prefix, &self.inner.me.id),
-            me: self.inner.me.clone(),
-            duration: options.peer_lease_duration,
-            renew: options.peer_renew_interval,
-            view: self.inner.view.clone(),
-            known: CancellationToken::new(),
-            standing: self.inner.standing.clone(),
-            wake: self.inner.working.wake.clone(),
-            lifecycle: self.inner.lifecycle.clone(),
-            with_heirs: options.fence_hold == FenceHold::WithPeer,
-            left_behind: self.inner.inheritance.left_behind.clone(),
-            heirs_news: self.inner.inheritance.news.clone(),
-            stood_since: std::sync::Mutex::default(),
-            written: std::sync::Mutex::default(),
-        };
+        let _stop_waiting = self.ready_after_the_inventory_wait(&stop);
+        let registry = self.registry();
         let known = registry.known.clone();
         let registry_stop = CancellationToken::new();
         // Should this future be dropped before the end (the manager's stop
@@ -1042,71 +1030,9 @@ impl Coordinator for ShardedCoordinator {
         let abandoned = CancellationToken::new();
         let _abandon_when_dropped = abandoned.clone().drop_guard();
         let registry_task = tokio::spawn(registry.run(registry_stop.clone(), abandoned));
-        // Ends with this future, however it ends.
-        let watching = CancellationToken::new();
-        let _stop_watching = watching.clone().drop_guard();
-        if options.fence_hold == FenceHold::WithPeer {
-            let handed = handover::watch(self.clone(), self.inner.standing.subscribe());
-            let inheriting = self.clone().keep_inheriting();
-            let (mirror, api) = (
-                self.inner.inheritance.mirror.clone(),
-                self.inner.leases.clone(),
-            );
-            let (lifecycle, settled) = (
-                self.inner.lifecycle.clone(),
-                self.inner.working.settled.clone(),
-            );
-            // Only ready replicas are named heirs, and until the mirror has
-            // listed an heir lists instead. Following every fence while the
-            // fleet's fences are written (a cold start: 100,000 writes, each
-            // sent to every replica) made the start at 100,000 clusters a
-            // quarter slower on the benchmark machine. A share that never
-            // settles (a fence busy for good) waits a while, not for ever.
-            let mirroring = async move {
-                lifecycle.until(Phase::Ready).await;
-                tokio::select! {
-                    () = settled.cancelled() => {}
-                    () = tokio::time::sleep(MIRROR_UNSETTLED) => {}
-                }
-                mirror.follow(api).await;
-            };
-            let tasks: [futures::future::BoxFuture<'static, ()>; 3] =
-                [Box::pin(handed), Box::pin(inheriting), Box::pin(mirroring)];
-            for task in tasks {
-                let watching = watching.clone();
-                tokio::spawn(async move {
-                    tokio::select! {
-                        () = watching.cancelled() => {}
-                        () = task => {}
-                    }
-                });
-            }
-        }
-        tracing::info!(peer = %self.inner.me.id, namespace = %options.namespace, "sharding the fleet");
-        let mut peers = self.inner.view.peers.subscribe();
-        // Until the others are known this replica would own every cluster;
-        // claiming them all only to hand most back is churn.
-        tokio::select! {
-            () = stop.cancelled() => {}
-            () = known.cancelled() => {}
-        }
-        while !stop.is_cancelled() {
-            let handed = self.balance(&stop).await;
-            if self.inner.lifecycle.reached(Phase::SaidLeaving) {
-                if handed != Some(0) {
-                    // Until a whole look finds nothing more to hand over.
-                    continue;
-                }
-                self.inner.lifecycle.advance(Phase::HandedOver);
-            }
-            let next = self.next_look();
-            tokio::select! {
-                () = stop.cancelled() => break,
-                () = self.inner.working.wake.notified() => {}
-                _ = peers.changed() => {}
-                () = tokio::time::sleep_until(next) => {}
-            }
-        }
+        let _stop_following = self.follow_fences();
+        tracing::info!(peer = %self.inner.me.id, namespace = %self.inner.options.namespace, "sharding the fleet");
+        self.look_until(&stop, &known).await;
         self.inner.lifecycle.advance(Phase::Stopping);
         self.release_all().await;
         registry_stop.cancel();
@@ -1577,6 +1503,8 @@ mod tests {
         });
         coordinator.balance(&stop).await;
         assert_eq!(coordinator.working_on().unwrap_or_default(), Vec::new());
+        // The test drives the looks itself (no `run`): each one is a step
+        // of the replica, and the standing comes back with the next read.
         let deadline = Instant::now() + Duration::from_secs(30);
         while working() != mine_to_inherit {
             assert!(Instant::now() < deadline, "not resumed: {:?}", working());
@@ -1620,14 +1548,9 @@ mod tests {
             let (mirror, api) = (mirror.clone(), api.clone());
             async move { mirror.follow(api).await }
         });
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !mirror.synced() {
-            assert!(
-                Instant::now() < deadline,
-                "the watch never listed the Leases"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        tokio::time::timeout(Duration::from_secs(30), mirror.until_synced())
+            .await
+            .expect("the watch lists the Leases within 30 s");
         // The end is written, and the peer read learns of it from what the
         // write answered: the watch shows it a moment later.
         let gone = api

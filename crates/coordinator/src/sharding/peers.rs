@@ -116,6 +116,9 @@ impl Registry {
     /// clusters back, its deadline passed) ends the standing and the
     /// renewals but leaves the Lease to lapse: work may still be running,
     /// and deleting the Lease would free its fences at once.
+    ///
+    /// Long on purpose: the renewal loop and the two tasks beside it (the watch
+    /// and the watchdog) share its locals.
     pub(crate) async fn run(self, stop: CancellationToken, abandoned: CancellationToken) {
         let (good_until, mut watched) = watch::channel(None::<Instant>);
         let news = Notify::new();
@@ -356,6 +359,9 @@ impl Registry {
 
     /// Reads the peers; when the first of the others' Leases lapses (a
     /// moment after, so that it has), if they were read.
+    ///
+    /// Long on purpose: one read of the peer Leases and all the view learns
+    /// from it, published together so a look never sees half of it.
     async fn refresh(&self) -> Option<Instant> {
         let selector = self.selector();
         let params = ListParams::default().labels(&selector);

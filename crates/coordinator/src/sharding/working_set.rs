@@ -36,6 +36,46 @@ pub(super) struct WorkingSet {
     /// Fences held with the peer Lease whose release failed, tried again
     /// at every look: unlike a renewed fence, such a fence does not lapse.
     pub(super) unreleased: Mutex<Vec<fence::Fence>>,
+    /// The clusters worked on, as of the last look, hand-over or
+    /// inheritance: what `ShardedCoordinator::working_set` follows.
+    shown: watch::Sender<Vec<ClusterName>>,
+}
+
+impl WorkingSet {
+    /// The clusters this replica works on now (it holds their fences and
+    /// the work under them goes on), sorted.
+    pub(super) fn working_on(&self) -> Vec<ClusterName> {
+        crate::lock(&self.clusters)
+            .iter()
+            .filter(|(_, entry)| {
+                entry
+                    .data
+                    .held
+                    .as_ref()
+                    .is_some_and(|held| !held.work.is_cancelled())
+            })
+            .map(|(name, _)| name.clone())
+            .collect()
+    }
+
+    /// Tells the followers of the working set what it is now. Every change
+    /// ends with a look (a fence lost or a cluster gone wakes one) or one
+    /// of the hand-over, inheritance and shutdown paths, which call this.
+    pub(super) fn show(&self) {
+        let now = self.working_on();
+        self.shown.send_if_modified(|shown| {
+            let changed = *shown != now;
+            if changed {
+                *shown = now;
+            }
+            changed
+        });
+    }
+
+    /// Follows the working set as [`WorkingSet::show`] tells it.
+    pub(super) fn follow(&self) -> watch::Receiver<Vec<ClusterName>> {
+        self.shown.subscribe()
+    }
 }
 
 /// What this replica keeps for each cluster of the fleet.

@@ -283,6 +283,74 @@ impl WorkQueue {
         .await;
     }
 
+    /// What a reconcile of `key` that ended with `result` (`None`: it ran
+    /// past `timeout`) means: the metrics label, and what the queue does
+    /// with the key next. Failures are logged by the once-then-reminder
+    /// rule.
+    fn judge(
+        &self,
+        key: &Request,
+        result: Option<std::thread::Result<Result<Action, ReconcileError>>>,
+        timeout: Option<Duration>,
+        elapsed: Duration,
+        policy: Option<ErrorPolicy>,
+    ) -> (&'static str, Outcome) {
+        match result {
+            Some(Ok(Ok(action))) => {
+                tracing::debug!(?elapsed, ?action, "reconciled");
+                self.settled(key);
+                ("success", Outcome::Finished(action.requeue_after()))
+            }
+            Some(Ok(Err(err))) if is_terminal(err.as_ref()) => {
+                // With every cause: a wrapper (the finalizer
+                // helper's, say) says little by itself.
+                let error = Redacted::error(err.as_ref());
+                tracing::error!(%error, "reconcile failed; not retried until queued again");
+                self.settled(key);
+                ("terminal", Outcome::Finished(None))
+            }
+            Some(Ok(Err(err))) => {
+                let error = Redacted::error(err.as_ref());
+                match self.tell_failure(key, &error) {
+                    Telling::New => tracing::warn!(%error, "reconcile failed"),
+                    Telling::Reminder(attempts) => {
+                        tracing::warn!(%error, attempts, "reconcile still failing");
+                    }
+                    Telling::Repeat(attempts) => {
+                        tracing::debug!(%error, attempts, "reconcile failed again");
+                    }
+                }
+                match policy.and_then(|policy| (policy.0)(key, &err)) {
+                    Some(action) => ("error", Outcome::Finished(action.requeue_after())),
+                    None => ("error", Outcome::BackOff),
+                }
+            }
+            Some(Err(_)) => {
+                tracing::error!("reconciler panicked");
+                ("error", Outcome::BackOff)
+            }
+            None => {
+                let reason = Redacted::new(format!(
+                    "it ran past its deadline ({:?})",
+                    timeout.unwrap_or_default()
+                ));
+                match self.tell_failure(key, &reason) {
+                    Telling::New | Telling::Reminder(_) => {
+                        tracing::warn!(?elapsed, "reconcile cancelled: it ran past its deadline");
+                    }
+                    Telling::Repeat(attempts) => {
+                        tracing::debug!(
+                            ?elapsed,
+                            attempts,
+                            "reconcile cancelled again: it ran past its deadline"
+                        );
+                    }
+                }
+                ("timeout", Outcome::BackOff)
+            }
+        }
+    }
+
     /// The runner behind [`WorkQueue::run`] and the controller: `start`
     /// turns a key into its work, or `None` to drop the key (its cluster
     /// left the fleet).
@@ -336,56 +404,7 @@ impl WorkQueue {
                         None => Some(work.await),
                     };
                     let elapsed = started.elapsed();
-                    let (label, outcome) = match result {
-                        Some(Ok(Ok(action))) => {
-                            tracing::debug!(?elapsed, ?action, "reconciled");
-                            this.settled(&key);
-                            ("success", Outcome::Finished(action.requeue_after()))
-                        }
-                        Some(Ok(Err(err))) if is_terminal(err.as_ref()) => {
-                            // With every cause: a wrapper (the finalizer
-                            // helper's, say) says little by itself.
-                            let error = Redacted::error(err.as_ref());
-                            tracing::error!(%error, "reconcile failed; not retried until queued again");
-                            this.settled(&key);
-                            ("terminal", Outcome::Finished(None))
-                        }
-                        Some(Ok(Err(err))) => {
-                            let error = Redacted::error(err.as_ref());
-                            match this.tell_failure(&key, &error) {
-                                Telling::New => tracing::warn!(%error, "reconcile failed"),
-                                Telling::Reminder(attempts) => {
-                                    tracing::warn!(%error, attempts, "reconcile still failing");
-                                }
-                                Telling::Repeat(attempts) => {
-                                    tracing::debug!(%error, attempts, "reconcile failed again");
-                                }
-                            }
-                            match policy.and_then(|policy| (policy.0)(&key, &err)) {
-                                Some(action) => ("error", Outcome::Finished(action.requeue_after())),
-                                None => ("error", Outcome::BackOff),
-                            }
-                        }
-                        Some(Err(_)) => {
-                            tracing::error!("reconciler panicked");
-                            ("error", Outcome::BackOff)
-                        }
-                        None => {
-                            let reason = Redacted::new(format!(
-                                "it ran past its deadline ({:?})",
-                                timeout.unwrap_or_default()
-                            ));
-                            match this.tell_failure(&key, &reason) {
-                                Telling::New | Telling::Reminder(_) => {
-                                    tracing::warn!(?elapsed, "reconcile cancelled: it ran past its deadline");
-                                }
-                                Telling::Repeat(attempts) => {
-                                    tracing::debug!(?elapsed, attempts, "reconcile cancelled again: it ran past its deadline");
-                                }
-                            }
-                            ("timeout", Outcome::BackOff)
-                        }
-                    };
+                    let (label, outcome) = this.judge(&key, result, timeout, elapsed, policy);
                     let metrics = this.metrics();
                     metrics.reconciled(this.name(), &key.cluster, label, elapsed);
                     this.inner.queue.done(&key, outcome);

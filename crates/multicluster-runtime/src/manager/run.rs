@@ -122,7 +122,7 @@ impl Manager {
         });
         running
             .provider
-            .spawn(async move { provider.start(context).await });
+            .spawn(async move { provider.start(context).await.map(drop) });
     }
 
     /// While the controllers still work on what is not handed yet (a

@@ -13,7 +13,7 @@ use crate::cache::FieldIndex;
 use crate::cluster::Cluster;
 use crate::engagements::Engagements;
 use crate::error::Error;
-use crate::multicluster::{Aware, Provider, ProviderContext};
+use crate::multicluster::{Aware, InventoryEngaged, Provider, ProviderContext};
 use multicluster_core::ClusterName;
 
 /// Called with errors that have no caller to return to (an engagement that
@@ -99,10 +99,9 @@ impl Clusters {
     /// so `aware` never sees the name leave in between. An engagement whose
     /// lifetime has already ended when it arrives (the cluster was removed
     /// meanwhile) is stale, and [`Aware`] implementations ignore it.
-    pub fn start(&self, context: &ProviderContext) -> Result<(), Error> {
+    pub fn start(&self, context: &ProviderContext) -> Result<InventoryEngaged, Error> {
         self.start_discovering(context)?;
-        context.inventory_engaged();
-        Ok(())
+        Ok(context.inventory_engaged())
     }
 
     /// [`Clusters::start`], without saying that the inventory is engaged:

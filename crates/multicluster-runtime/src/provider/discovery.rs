@@ -24,7 +24,7 @@ use crate::cluster::Cluster;
 use crate::controller::{Action, Backoff, ControllerBuilder, Request};
 use crate::error::Error;
 use crate::metrics::Metrics;
-use crate::multicluster::{Aware, ProviderContext};
+use crate::multicluster::{Aware, InventoryEngaged, ProviderContext};
 use crate::provider::clusters::Clusters;
 use crate::provider::failures::Failures;
 #[cfg(feature = "kubeconfig")]
@@ -167,7 +167,7 @@ impl Discovered {
         management: Cluster,
         context: &ProviderContext,
         reconcile: F,
-    ) -> Result<(), Error>
+    ) -> Result<InventoryEngaged, Error>
     where
         F: Fn(Request) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<Action, Error>> + Send + 'static,
@@ -183,14 +183,15 @@ impl Discovered {
         let first_pass = async {
             controller.caught_up(&management_name).await;
             controller.idle().await;
-            context.inventory_engaged();
-            std::future::pending::<()>().await
         };
-        tokio::select! {
-            () = controller.run(shutdown, Duration::ZERO) => {}
-            () = first_pass => {}
-        }
-        Ok(())
+        let running = controller.run(shutdown, Duration::ZERO);
+        tokio::pin!(running);
+        let engaged = tokio::select! {
+            () = &mut running => return Ok(context.stopped_before_engaged()),
+            () = first_pass => context.inventory_engaged(),
+        };
+        running.await;
+        Ok(engaged)
     }
 
     /// Starts the cluster set with what the provider was started with:
