@@ -28,6 +28,16 @@
 //!   [`PROPAGATION_LABEL`]`=<name>` and pointing at the hub object with
 //!   [`Request::owner_annotations`].
 //!   An object that is no longer desired is deleted.
+//! - **In waves** (see `waves`: Namespaces and definitions, then RBAC,
+//!   then configuration, then the rest; [`WAVE_ANNOTATION`] places an
+//!   object elsewhere): each wave once every object of the one before is
+//!   available, so the order `desired` lists them in does not matter. A
+//!   wave waiting is `Progressing`, never `Failed`.
+//! - **Health**: whether each applied object works ([`Health`]: built-in
+//!   rules for Deployments, StatefulSets, DaemonSets, Jobs, definitions,
+//!   Namespaces, claims, and anything with a `Ready` or `Available`
+//!   condition; [`Propagation::health`] for a type of yours). A member is
+//!   `InSync` only once everything is available.
 //! - **Drift**: the member watch of each propagated type (metadata only)
 //!   sees a change made in a member; by [`Drift`], the object is applied
 //!   again (taking its fields back) or reported `Drifted` and left alone.
@@ -42,9 +52,10 @@
 //!   (a move between two decision slices is no deletion); one that comes
 //!   back within it keeps them.
 //! - **The hub object** holds a finalizer until every engaged member is
-//!   cleaned up; its status says, per member, `InSync`, `Drifted`,
-//!   `Conflict`, `Failed` (with a short redacted reason), `Pending` or
-//!   `NotEngaged`, and a `Propagated` condition sums up. Writes are
+//!   cleaned up; its status says, per member, `InSync`, `Progressing`,
+//!   `Drifted`, `Conflict`, `Degraded`, `Failed` (with a short redacted
+//!   reason), `Pending` or `NotEngaged`, and a `Propagated` condition sums
+//!   up. Writes are
 //!   coalesced: members changing together cause about one write a
 //!   second. A member that fails is told in a Warning Event on the hub
 //!   object, where its owner looks, never in the member.
@@ -55,10 +66,12 @@
 //! object that does not exist yet needs `create`) is served fully and never
 //! turned `degraded` by the propagation.
 
+mod health;
 mod hub;
 mod kinds;
 mod member;
 mod status;
+mod waves;
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::AtomicBool;
@@ -88,7 +101,9 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+pub use health::Health;
 pub use status::{CONDITION_TYPE, MemberState};
+pub use waves::WAVE_ANNOTATION;
 
 /// The label on every object a propagation makes: the propagation's name.
 pub const PROPAGATION_LABEL: &str = "mcr.sigs.k8s.io/propagation";
@@ -267,6 +282,7 @@ pub struct Propagation<K> {
     status: StatusTarget,
     events: bool,
     report: Option<Report>,
+    health: Vec<(ApiResource, health::Rule)>,
     reselect: Vec<(ApiResource, Concerns)>,
     configure: Vec<Configure>,
 }
@@ -291,6 +307,7 @@ where
             status: StatusTarget::None,
             events: true,
             report: None,
+            health: Vec::new(),
             reselect: Vec::new(),
             configure: Vec::new(),
         }
@@ -425,6 +442,34 @@ where
         self
     }
 
+    /// How an applied object of type `T` is doing, instead of the built-in
+    /// rule for its type (see [`Health`]): `rule` gets the object as the
+    /// member's API server answered the apply, status included, and again
+    /// whenever the member's watch sees it change. A member is `InSync`
+    /// once every object is [`Health::Available`]; until then
+    /// `Progressing`, or `Degraded` if one says so.
+    #[must_use]
+    pub fn health<T>(mut self, rule: impl Fn(&T) -> Health + Send + Sync + 'static) -> Self
+    where
+        T: Resource<DynamicType = ()> + DeserializeOwned,
+    {
+        let resource = ApiResource::erase::<T>(&());
+        let kind = resource.kind.clone();
+        let rule: health::Rule =
+            Arc::new(move |object: &DynamicObject| {
+                match serde_json::to_value(object).and_then(serde_json::from_value::<T>) {
+                    Ok(typed) => rule(&typed),
+                    Err(err) => {
+                        Health::Degraded(format!("the member's {kind} could not be read: {err}"))
+                    }
+                }
+            });
+        self.health
+            .retain(|(known, _)| known.group != resource.group || known.kind != resource.kind);
+        self.health.push((resource, rule));
+        self
+    }
+
     /// Whether a member's failure, conflict or drift is told in a Warning
     /// Event on the hub object (default `true`; one series per member and
     /// reason).
@@ -516,6 +561,7 @@ where
             status: self.status,
             events: self.events,
             report: self.report,
+            health: self.health,
             outcomes: Mutex::new(HashMap::new()),
             status_written: Mutex::new(HashMap::new()),
             leaving: Mutex::new(HashMap::new()),
@@ -544,6 +590,8 @@ struct Shared<K> {
     status: StatusTarget,
     events: bool,
     report: Option<Report>,
+    /// The users' health rules, by type.
+    health: Vec<(ApiResource, health::Rule)>,
     /// Each hub object's members and how they are doing.
     outcomes: Mutex<HashMap<HubKey, BTreeMap<ClusterName, Outcome>>>,
     /// When each hub object's status was last written.

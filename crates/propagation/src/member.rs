@@ -13,7 +13,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::status::{MemberState, Outcome};
-use super::{Conflicts, Desired, Drift, HubKey, PROPAGATION_LABEL, Shared};
+use super::{Conflicts, Desired, Drift, Health, HubKey, PROPAGATION_LABEL, Shared};
 use multicluster_runtime::Cluster;
 use multicluster_runtime::ClusterName;
 use multicluster_runtime::cache::CachedResource;
@@ -198,10 +198,10 @@ where
             }
         };
         let owner = Request::new(ClusterName::local(), key.0.as_deref(), key.1.as_str());
+        // Every desired object is kept, applied yet or not: a wave that
+        // waits must not have the objects of later waves removed.
         let mut keep = Vec::new();
-        let mut reported = BTreeMap::new();
-        let mut worst: Option<(MemberState, String)> = None;
-        for object in desired {
+        for object in &desired {
             let Some(name) = object.name().map(str::to_string) else {
                 return failed(
                     MemberState::Failed,
@@ -209,58 +209,42 @@ where
                 );
             };
             let namespace = object.namespace().map(str::to_string);
-            let described = match &namespace {
-                Some(namespace) => format!("{} {namespace}/{name}", object.resource.kind),
-                None => format!("{} {name}", object.resource.kind),
-            };
             let Some(kind) = self.kinds.iter().find(|kind| kind.is(&object.resource)) else {
                 return failed(
                     MemberState::Failed,
-                    format!("{described}: its type is not registered with `propagates`"),
+                    format!(
+                        "{}: its type is not registered with `propagates`",
+                        describe(object)
+                    ),
                 );
             };
-            keep.push((kind.resource.clone(), namespace.clone(), name.clone()));
-            let api = api_for(member, &object.resource, namespace.as_deref());
-            let ours = match self
-                .lookup(kind, member, &api, namespace.as_deref(), &name)
-                .await
-            {
-                Ok(existing) => existing.map(|meta| self.hub_of(&meta).as_ref() == Some(key)),
-                Err(err) => {
-                    worst = worse(worst, MemberState::Failed, described, &err);
-                    continue;
-                }
-            };
-            let force = match ours {
-                None => false,
-                Some(true) => self.drift == Drift::Repair,
-                Some(false) => self.conflicts == Conflicts::TakeOver,
-            };
-            let stamped = self.stamp(object, &owner);
-            let mut params = PatchParams::apply(&self.name);
-            if force {
-                params = params.force();
+            keep.push((kind.resource.clone(), namespace, name));
+        }
+        let mut applied = Applied::default();
+        let waves = crate::waves::in_waves(desired);
+        let count = waves.len();
+        for (at, wave) in waves.into_iter().enumerate() {
+            for object in wave {
+                self.apply_one(key, member, &owner, object, &mut applied)
+                    .await;
             }
-            match api.patch(&name, &params, &Patch::Apply(&stamped)).await {
-                Ok(applied) => {
-                    if let Some(value) = self.report.as_ref().and_then(|report| report(&applied)) {
-                        reported.insert(described.clone(), value);
-                    }
+            if applied.worst.is_some() {
+                break;
+            }
+            if let Some((_, reason)) = applied.waiting.as_mut() {
+                // The next wave waits for this one to be available.
+                if at + 1 < count {
+                    reason.push_str("; later objects wait for it");
                 }
-                Err(err) if matches!(&err, kube::Error::Api(status) if status.code == 409) => {
-                    // Our own object changed under another manager is
-                    // drift; someone else's object is a conflict.
-                    let state = if ours == Some(true) {
-                        MemberState::Drifted
-                    } else {
-                        MemberState::Conflict
-                    };
-                    worst = worse(worst, state, described, &err);
-                }
-                Err(err) => worst = worse(worst, MemberState::Failed, described, &err),
+                break;
             }
         }
-        if worst.is_none() {
+        let Applied {
+            reported,
+            mut worst,
+            waiting,
+        } = applied;
+        if worst.is_none() && waiting.is_none() {
             match self.delete_unwanted(key, member, &keep).await {
                 Ok(true) => {}
                 // What it made before may still be there: not in sync yet.
@@ -283,14 +267,108 @@ where
                 }
             }
         }
-        match worst {
-            Some((state, reason)) => Outcome::failed(state, Some(reason)),
-            None => Outcome {
+        match (worst, waiting) {
+            (Some((state, reason)), _) => Outcome::failed(state, Some(reason)),
+            (None, Some((state, reason))) => Outcome {
+                state,
+                reason: Some(Redacted::new(reason).as_str().to_string()),
+                applied_generation: None,
+                reported,
+            },
+            (None, None) => Outcome {
                 state: MemberState::InSync,
                 reason: None,
                 applied_generation: generation,
                 reported,
             },
+        }
+    }
+
+    /// Applies `object` in `member` for the hub object `key`, and notes in
+    /// `applied` what came of it: what was reported, the worst failure,
+    /// and whether it is not available yet.
+    async fn apply_one(
+        &self,
+        key: &HubKey,
+        member: &Cluster,
+        owner: &Request,
+        object: Desired,
+        applied: &mut Applied,
+    ) {
+        let described = describe(&object);
+        // Checked by the caller.
+        let (Some(name), Some(kind)) = (
+            object.name().map(str::to_string),
+            self.kinds.iter().find(|kind| kind.is(&object.resource)),
+        ) else {
+            return;
+        };
+        let namespace = object.namespace().map(str::to_string);
+        let api = api_for(member, &object.resource, namespace.as_deref());
+        let ours = match self
+            .lookup(kind, member, &api, namespace.as_deref(), &name)
+            .await
+        {
+            Ok(existing) => existing.map(|meta| self.hub_of(&meta).as_ref() == Some(key)),
+            Err(err) => {
+                applied.worst = worse(applied.worst.take(), MemberState::Failed, described, &err);
+                return;
+            }
+        };
+        let force = match ours {
+            None => false,
+            Some(true) => self.drift == Drift::Repair,
+            Some(false) => self.conflicts == Conflicts::TakeOver,
+        };
+        let resource = object.resource.clone();
+        let stamped = self.stamp(object, owner);
+        let mut params = PatchParams::apply(&self.name);
+        if force {
+            params = params.force();
+        }
+        match api.patch(&name, &params, &Patch::Apply(&stamped)).await {
+            Ok(answer) => {
+                if let Some(value) = self.report.as_ref().and_then(|report| report(&answer)) {
+                    applied.reported.insert(described.clone(), value);
+                }
+                let health =
+                    match self.health.iter().find(|(known, _)| {
+                        known.group == resource.group && known.kind == resource.kind
+                    }) {
+                        Some((_, rule)) => rule(&answer),
+                        None => crate::health::built_in(&resource, &answer),
+                    };
+                let waiting = match health {
+                    Health::Available => None,
+                    Health::Progressing(why) => {
+                        Some((MemberState::Progressing, format!("{described}: {why}")))
+                    }
+                    Health::Degraded(why) => {
+                        Some((MemberState::Degraded, format!("{described}: {why}")))
+                    }
+                };
+                if let Some((state, reason)) = waiting
+                    && applied
+                        .waiting
+                        .as_ref()
+                        .is_none_or(|(worst, _)| state > *worst)
+                {
+                    applied.waiting = Some((state, reason));
+                }
+            }
+            Err(err) if matches!(&err, kube::Error::Api(status) if status.code == 409) => {
+                // Our own object changed under another manager is drift;
+                // someone else's object is a conflict.
+                let state = if ours == Some(true) {
+                    MemberState::Drifted
+                } else {
+                    MemberState::Conflict
+                };
+                applied.worst = worse(applied.worst.take(), state, described, &err);
+            }
+            Err(err) => {
+                applied.worst = worse(applied.worst.take(), MemberState::Failed, described, &err);
+            }
         }
     }
 
@@ -341,6 +419,7 @@ where
             MemberState::Failed => "PropagationFailed",
             MemberState::Conflict => "PropagationConflict",
             MemberState::Drifted => "PropagationDrifted",
+            MemberState::Degraded => "PropagationDegraded",
             _ => return,
         };
         let before = crate::lock(&self.outcomes)
@@ -400,6 +479,27 @@ fn worse(
     match worst {
         Some((current, _)) if current >= state => worst,
         _ => Some((state, reason)),
+    }
+}
+
+/// What applying a member's objects came to so far.
+#[derive(Default)]
+struct Applied {
+    /// What `Propagation::report` took, by object.
+    reported: BTreeMap<String, serde_json::Value>,
+    /// The worst failure (failed, drift, conflict) and its reason.
+    worst: Option<(MemberState, String)>,
+    /// The worst object applied but not available (progressing or
+    /// degraded), and why.
+    waiting: Option<(MemberState, String)>,
+}
+
+/// `<Kind> <namespace>/<name>` or `<Kind> <name>`.
+fn describe(object: &Desired) -> String {
+    let name = object.name().unwrap_or_default();
+    match object.namespace() {
+        Some(namespace) => format!("{} {namespace}/{name}", object.resource.kind),
+        None => format!("{} {name}", object.resource.kind),
     }
 }
 

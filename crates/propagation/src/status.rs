@@ -14,8 +14,13 @@ use multicluster_runtime::ClusterName;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 #[non_exhaustive]
 pub enum MemberState {
-    /// Every object applied as desired.
+    /// Every object applied as desired and available (see
+    /// [`Health`](super::Health)): done.
     InSync,
+    /// Applied, but an object is not available yet (a Deployment rolling
+    /// out, a definition not established), or a later wave waits for it;
+    /// the reason names the object and what it waits for.
+    Progressing,
     /// Selected, not yet applied (its reconcile has not run yet), or
     /// applied while the member's watch of a propagated type has not
     /// listed, so what is no longer desired there could not be looked for
@@ -31,6 +36,10 @@ pub enum MemberState {
     /// owned by another field manager
     /// ([`Conflicts::Report`](super::Conflicts::Report)).
     Conflict,
+    /// Applied, but an object reports failure (a Job that failed, a
+    /// rollout past its deadline); the reason names it. Looked at again
+    /// when it changes.
+    Degraded,
     /// Applying failed (refused, invalid, unreachable); retried with
     /// backoff.
     Failed,
@@ -46,6 +55,8 @@ impl MemberState {
             MemberState::Conflict => "Conflict",
             MemberState::Failed => "Failed",
             MemberState::NotEngaged => "NotEngaged",
+            MemberState::Progressing => "Progressing",
+            MemberState::Degraded => "Degraded",
         }
     }
 }
@@ -126,10 +137,12 @@ pub(super) fn render(
     let mut message = format!("{in_sync} of {} members in sync", outcomes.len());
     for state in [
         MemberState::Failed,
+        MemberState::Degraded,
         MemberState::Conflict,
         MemberState::Drifted,
         MemberState::NotEngaged,
         MemberState::Pending,
+        MemberState::Progressing,
     ] {
         let names: Vec<&str> = outcomes
             .iter()

@@ -728,3 +728,263 @@ async fn a_member_whose_watch_has_not_listed_is_pending_not_in_sync() {
     stop.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// A custom resource of the test's own, propagated with its definition.
+#[derive(
+    kube::CustomResource, serde::Serialize, serde::Deserialize, Clone, Debug, Default, PartialEq,
+)]
+#[kube(
+    group = "test.example.com",
+    version = "v1",
+    kind = "Widget",
+    namespaced,
+    schema = "disabled"
+)]
+struct WidgetSpec {
+    size: i64,
+}
+
+/// The definition of [`Widget`], as a user would ship it.
+fn widget_definition()
+-> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
+    serde_json::from_value(json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "widgets.test.example.com"},
+        "spec": {
+            "group": "test.example.com",
+            "scope": "Namespaced",
+            "names": {"plural": "widgets", "singular": "widget", "kind": "Widget", "listKind": "WidgetList"},
+            "versions": [{
+                "name": "v1", "served": true, "storage": true,
+                "schema": {"openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": true}},
+            }],
+        },
+    }))
+    .expect("definition")
+}
+
+/// Warning Events on the hub object `name` with `reason`.
+async fn warnings(hub: &ControlPlane, name: &str, reason: &str) -> usize {
+    Api::<Event>::namespaced(hub.client().await.expect("client"), "default")
+        .list(&ListParams::default())
+        .await
+        .expect("events")
+        .items
+        .into_iter()
+        .filter(|event| {
+            event.involved_object.name.as_deref() == Some(name)
+                && event.reason.as_deref() == Some(reason)
+        })
+        .count()
+}
+
+/// Objects that depend on each other, listed in the worst order (the
+/// custom resource and the quota before their definition and namespace),
+/// reach a fresh member in waves: each wave once the one before is
+/// available, so the member is never `Failed` and no Warning is told.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_definition_a_namespace_and_what_needs_them_reach_a_fresh_member_in_waves() {
+    use k8s_openapi::api::core::v1::Namespace;
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    let (hub, a) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, a) = (hub.expect("hub"), a.expect("a"));
+    let provider = TestProvider::default();
+    provider
+        .clusters
+        .add("a", cluster_for("a", &a).await)
+        .expect("add");
+    let manager = Manager::builder(cluster_for("hub", &hub).await)
+        .provider(Arc::new(provider))
+        .build();
+    let tenants = Propagation::<ConfigMap>::new("tenants")
+        .select(|hub| labelled(hub, "tenant"))
+        .propagates::<CustomResourceDefinition>()
+        .propagates::<Namespace>()
+        .propagates::<ResourceQuota>()
+        .propagates::<Widget>()
+        .desired(|hub, _member| {
+            let name = hub.metadata.name.clone().unwrap_or_default();
+            let mut widget = Widget::new("w", WidgetSpec { size: 3 });
+            widget.metadata.namespace = Some(name.clone());
+            let mut quota = quota_for(hub);
+            quota.metadata.namespace = Some(name.clone());
+            let namespace = Namespace {
+                metadata: ObjectMeta {
+                    name: Some(name),
+                    ..ObjectMeta::default()
+                },
+                ..Namespace::default()
+            };
+            Ok(vec![
+                Desired::new(&widget)?,
+                Desired::new(&quota)?,
+                Desired::new(&namespace)?,
+                Desired::new(&widget_definition())?,
+            ])
+        })
+        .status_annotation(STATUS);
+    manager
+        .add_controller(tenants.build().expect("propagation"))
+        .expect("add");
+    // Not waited for to be ready: the member's watch of widgets cannot
+    // start before their definition is there (it is `degraded` until).
+    let (stop, task) = run_manager(&manager);
+    hub_config_map(&hub, "tenant-x", "tenant", "4").await;
+    // Polled: the state is written to the hub object on the API server.
+    multicluster_runtime::testing::eventually_within(
+        std::time::Duration::from_secs(120),
+        "the member in sync",
+        || async { states_are(&member_states(&hub, "tenant-x").await, &[("a", "InSync")]) },
+    )
+    .await;
+    let widget = Api::<Widget>::namespaced(a.client().await.expect("client"), "tenant-x")
+        .get("w")
+        .await
+        .expect("the widget in the member");
+    assert_eq!(widget.spec, WidgetSpec { size: 3 });
+    assert!(
+        Api::<ResourceQuota>::namespaced(a.client().await.expect("client"), "tenant-x")
+            .get_opt("tenant-x")
+            .await
+            .expect("get")
+            .is_some(),
+        "the quota in its namespace"
+    );
+    assert_eq!(
+        warnings(&hub, "tenant-x", "PropagationFailed").await,
+        0,
+        "a wave was applied before the one it needs"
+    );
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// A Deployment applied in a member is `Progressing` until its controller
+/// says it rolled out (the test plays the Deployment controller: members
+/// here run none), then `InSync`; a user rule replaces the built-in one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_is_in_sync_only_once_what_it_got_is_available() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use multicluster_propagation::Health;
+    let (hub, a) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, a) = (hub.expect("hub"), a.expect("a"));
+    let provider = TestProvider::default();
+    provider
+        .clusters
+        .add("a", cluster_for("a", &a).await)
+        .expect("add");
+    let manager = Manager::builder(cluster_for("hub", &hub).await)
+        .provider(Arc::new(provider))
+        .build();
+    let web = |hub: &ConfigMap| -> Deployment {
+        serde_json::from_value(json!({
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {"name": hub.metadata.name, "namespace": "default"},
+            "spec": {
+                "replicas": 2,
+                "selector": {"matchLabels": {"app": "web"}},
+                "template": {
+                    "metadata": {"labels": {"app": "web"}},
+                    "spec": {"containers": [{"name": "web", "image": "registry.k8s.io/pause:3.10"}]},
+                },
+            },
+        }))
+        .expect("deployment")
+    };
+    let workloads = Propagation::<ConfigMap>::new("workloads")
+        .select(|hub| labelled(hub, "web"))
+        .propagates::<Deployment>()
+        .desired(move |hub, _member| Ok(vec![Desired::new(&web(hub))?]))
+        .status_annotation(STATUS);
+    manager
+        .add_controller(workloads.build().expect("propagation"))
+        .expect("add");
+    let (stop, task) = run_manager(&manager);
+    wait_until_ready(&manager, "a").await;
+    hub_config_map(&hub, "web", "web", "1").await;
+    eventually(
+        "the member progressing with the Deployment named",
+        || async {
+            let states = member_states(&hub, "web").await;
+            states.get("a").is_some_and(|(state, reason)| {
+                state == "Progressing" && reason.contains("Deployment default/web")
+            })
+        },
+    )
+    .await;
+    assert!(
+        Api::<Deployment>::namespaced(a.client().await.expect("client"), "default")
+            .get_opt("web")
+            .await
+            .expect("get")
+            .is_some(),
+        "progressing means applied"
+    );
+    // The Deployment controller's report, as the real one writes it.
+    let deployments = Api::<Deployment>::namespaced(a.client().await.expect("client"), "default");
+    let generation = deployments
+        .get("web")
+        .await
+        .expect("get")
+        .metadata
+        .generation
+        .expect("generation");
+    deployments
+        .patch_status(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "observedGeneration": generation,
+                "replicas": 2,
+                "updatedReplicas": 2,
+                "readyReplicas": 2,
+                "availableReplicas": 2,
+                "conditions": [
+                    {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable", "message": "Deployment has minimum availability."},
+                    {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable", "message": "ReplicaSet \"web-1\" has successfully progressed."},
+                ],
+            }})),
+        )
+        .await
+        .expect("status");
+    eventually(
+        "the member in sync once the Deployment is available",
+        || async { states_are(&member_states(&hub, "web").await, &[("a", "InSync")]) },
+    )
+    .await;
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+
+    // A user's rule instead: this one never finds a Deployment available.
+    let manager = Manager::builder(cluster_for("hub", &hub).await)
+        .provider(Arc::new({
+            let provider = TestProvider::default();
+            provider
+                .clusters
+                .add("a", cluster_for("a", &a).await)
+                .expect("add");
+            provider
+        }))
+        .build();
+    let strict = Propagation::<ConfigMap>::new("workloads")
+        .select(|hub| labelled(hub, "web"))
+        .propagates::<Deployment>()
+        .desired(move |hub, _member| Ok(vec![Desired::new(&web(hub))?]))
+        .health::<Deployment>(|_| Health::Degraded("never good enough".to_string()))
+        .status_annotation(STATUS);
+    manager
+        .add_controller(strict.build().expect("propagation"))
+        .expect("add");
+    let (stop, task) = run_manager(&manager);
+    eventually("the member degraded by the user's rule", || async {
+        let states = member_states(&hub, "web").await;
+        states.get("a").is_some_and(|(state, reason)| {
+            state == "Degraded" && reason.contains("never good enough")
+        })
+    })
+    .await;
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
