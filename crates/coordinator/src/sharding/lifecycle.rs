@@ -93,11 +93,13 @@ impl Lifecycle {
         let _ = self.phase.subscribe().wait_for(|now| that(*now)).await;
     }
 
-    /// What the peer Lease says of this replica in `phase`: whether it is
-    /// ready, and whether it leaves.
-    pub(crate) fn lease_says(&self, phase: Phase) -> LeaseSays {
+    /// What the peer Lease says of this replica in `phase`, after it said
+    /// `before`: whether it is ready, and whether it leaves. A replica that
+    /// stops before its Lease ever said it was ready (phases may be
+    /// skipped) does not say so on its way out.
+    pub(crate) fn lease_says(&self, phase: Phase, before: LeaseSays) -> LeaseSays {
         LeaseSays {
-            ready: phase >= Phase::Ready,
+            ready: phase >= Phase::Ready && (phase < Phase::Stopping || before.ready),
             leaving: self.hands_over && phase >= Phase::Leaving,
         }
     }
@@ -116,7 +118,7 @@ impl Lifecycle {
 }
 
 /// What a peer Lease says of its replica.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub(crate) struct LeaseSays {
     /// Ready to be handed clusters.
     pub(crate) ready: bool,
@@ -155,16 +157,29 @@ mod tests {
         let not = Lifecycle::new(false);
         for lifecycle in [&handing, &not] {
             assert_eq!(
-                lifecycle.lease_says(Phase::Joining),
+                lifecycle.lease_says(Phase::Joining, LeaseSays::default()),
                 LeaseSays {
                     ready: false,
                     leaving: false
                 }
             );
         }
-        assert!(handing.lease_says(Phase::Leaving).leaving);
-        assert!(!not.lease_says(Phase::Stopping).leaving);
-        assert!(not.lease_says(Phase::Stopping).ready);
+        let ready = LeaseSays {
+            ready: true,
+            leaving: false,
+        };
+        assert!(handing.lease_says(Phase::Leaving, ready).leaving);
+        assert!(!not.lease_says(Phase::Stopping, ready).leaving);
+        assert!(not.lease_says(Phase::Stopping, ready).ready);
+    }
+
+    #[test]
+    fn a_replica_stopped_before_it_said_it_was_ready_never_says_so() {
+        let lifecycle = Lifecycle::new(true);
+        let joining = lifecycle.lease_says(Phase::Joining, LeaseSays::default());
+        let stopping = lifecycle.lease_says(Phase::Stopping, joining);
+        assert!(!stopping.ready);
+        assert!(stopping.leaving, "it still says it leaves");
     }
 
     #[tokio::test]

@@ -123,9 +123,13 @@ impl Registry {
         let (good_until, mut watched) = watch::channel(None::<Instant>);
         let news = Notify::new();
         let rounds = async {
+            // What the last renewal said: a replica stopping before it ever
+            // said it was ready does not say so on its way out.
+            let mut said = LeaseSays::default();
             loop {
                 let sent = Instant::now();
-                let says = self.lifecycle.lease_says(self.lifecycle.now());
+                let says = self.lifecycle.lease_says(self.lifecycle.now(), said);
+                said = says;
                 // A renewal that wrote an epoch which ended meanwhile
                 // counts for nothing: the next one announces the new epoch.
                 let written = self.publish(says).await;
@@ -153,7 +157,7 @@ impl Registry {
                         () = tokio::time::sleep_until(wake_at) => {}
                         () = news.notified() => {}
                         // Said at once, not at the next renewal.
-                        () = self.lifecycle.until_that(|now| self.lifecycle.lease_says(now) != says) => break,
+                        () = self.lifecycle.until_that(|now| self.lifecycle.lease_says(now, said) != says) => break,
                     }
                     if Instant::now() >= next_round {
                         break;
