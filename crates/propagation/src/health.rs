@@ -64,36 +64,45 @@ fn int(data: &Value, pointer: &str) -> Option<i64> {
     data.pointer(pointer).and_then(Value::as_i64)
 }
 
-/// The condition of `kind` in `status.conditions`: its status and message.
-fn condition<'a>(data: &'a Value, kind: &str) -> Option<(&'a str, &'a str)> {
-    data.pointer("/status/conditions")?
+/// A condition as `status.conditions` holds it.
+struct Condition<'a> {
+    status: &'a str,
+    reason: &'a str,
+    /// Its message, or its reason when it has none.
+    message: &'a str,
+}
+
+/// The condition of `kind` in `status.conditions`.
+fn condition<'a>(data: &'a Value, kind: &str) -> Option<Condition<'a>> {
+    let found = data
+        .pointer("/status/conditions")?
         .as_array()?
         .iter()
-        .find(|condition| condition["type"] == kind)
-        .map(|condition| {
-            (
-                condition["status"].as_str().unwrap_or_default(),
-                condition["message"]
-                    .as_str()
-                    .or_else(|| condition["reason"].as_str())
-                    .unwrap_or_default(),
-            )
-        })
+        .find(|condition| condition["type"] == kind)?;
+    let reason = found["reason"].as_str().unwrap_or_default();
+    Some(Condition {
+        status: found["status"].as_str().unwrap_or_default(),
+        reason,
+        message: found["message"].as_str().unwrap_or(reason),
+    })
+}
+
+/// Whether the condition of `kind` has status `status`; its message if so.
+fn is<'a>(data: &'a Value, kind: &str, status: &str) -> Option<&'a str> {
+    condition(data, kind)
+        .filter(|condition| condition.status == status)
+        .map(|condition| condition.message)
 }
 
 fn deployment(data: &Value) -> Health {
-    if let Some(("False", message)) = condition(data, "Progressing")
-        && data
-            .pointer("/status/conditions")
-            .is_some_and(|conditions| {
-                conditions.as_array().is_some_and(|all| {
-                    all.iter().any(|c| {
-                        c["type"] == "Progressing" && c["reason"] == "ProgressDeadlineExceeded"
-                    })
-                })
-            })
+    if let Some(progressing) = condition(data, "Progressing")
+        && progressing.status == "False"
+        && progressing.reason == "ProgressDeadlineExceeded"
     {
-        return Health::Degraded(format!("its rollout passed its deadline: {message}"));
+        return Health::Degraded(format!(
+            "its rollout passed its deadline: {}",
+            progressing.message
+        ));
     }
     if data.pointer("/status/observedGeneration").is_none() {
         return Health::Progressing("its controller has not looked at it yet".to_string());
@@ -156,20 +165,20 @@ fn daemon_set(data: &Value) -> Health {
 }
 
 fn job(data: &Value) -> Health {
-    if let Some(("True", _)) = condition(data, "Complete") {
+    if is(data, "Complete", "True").is_some() {
         return Health::Available;
     }
-    if let Some(("True", message)) = condition(data, "Failed") {
+    if let Some(message) = is(data, "Failed", "True") {
         return Health::Degraded(format!("the Job failed: {message}"));
     }
     Health::Progressing("the Job has not completed".to_string())
 }
 
 fn definition(data: &Value) -> Health {
-    if let Some(("True", _)) = condition(data, "Established") {
+    if is(data, "Established", "True").is_some() {
         return Health::Available;
     }
-    if let Some(("False", message)) = condition(data, "NamesAccepted") {
+    if let Some(message) = is(data, "NamesAccepted", "False") {
         return Health::Degraded(format!("its names were not accepted: {message}"));
     }
     Health::Progressing("not established yet".to_string())
@@ -191,11 +200,13 @@ fn phase(data: &Value, available: &str, failed: &[&str]) -> Health {
 fn generic(data: &Value) -> Health {
     for kind in ["Ready", "Available"] {
         match condition(data, kind) {
-            Some(("True", _)) => return Health::Available,
-            Some((_, "")) => {
+            Some(condition) if condition.status == "True" => return Health::Available,
+            Some(Condition { message: "", .. }) => {
                 return Health::Progressing(format!("not {kind} yet"));
             }
-            Some((_, message)) => return Health::Progressing(format!("not {kind}: {message}")),
+            Some(condition) => {
+                return Health::Progressing(format!("not {kind}: {}", condition.message));
+            }
             None => {}
         }
     }

@@ -24,6 +24,19 @@ async fn cluster_for(name: &str, cp: &ControlPlane) -> Cluster {
     Cluster::new(name, cp.client().await.expect("client"))
 }
 
+/// A manager on `hub` with one member, `name`, reached with `member`'s
+/// admin kubeconfig.
+async fn with_member(hub: &ControlPlane, name: &str, member: &ControlPlane) -> Manager {
+    let provider = TestProvider::default();
+    provider
+        .clusters
+        .add(name, cluster_for(name, member).await)
+        .expect("add");
+    Manager::builder(cluster_for("hub", hub).await)
+        .provider(Arc::new(provider))
+        .build()
+}
+
 /// The value of one series (name and labels as the text format writes
 /// them) of `manager`'s metrics, if it has one.
 fn series(manager: &Manager, series: &str) -> Option<f64> {
@@ -583,14 +596,7 @@ async fn a_reported_status_field_reaches_the_hub_object() {
     use k8s_openapi::api::core::v1::Namespace;
     let (hub, a) = tokio::join!(ControlPlane::start(), ControlPlane::start());
     let (hub, a) = (hub.expect("hub"), a.expect("a"));
-    let provider = TestProvider::default();
-    provider
-        .clusters
-        .add("a", cluster_for("a", &a).await)
-        .expect("add");
-    let manager = Manager::builder(cluster_for("hub", &hub).await)
-        .provider(Arc::new(provider))
-        .build();
+    let manager = with_member(&hub, "a", &a).await;
     let namespaces = Propagation::<ConfigMap>::new("team-namespaces")
         .select(|hub| labelled(hub, "namespace"))
         .propagates::<Namespace>()
@@ -789,14 +795,7 @@ async fn a_definition_a_namespace_and_what_needs_them_reach_a_fresh_member_in_wa
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
     let (hub, a) = tokio::join!(ControlPlane::start(), ControlPlane::start());
     let (hub, a) = (hub.expect("hub"), a.expect("a"));
-    let provider = TestProvider::default();
-    provider
-        .clusters
-        .add("a", cluster_for("a", &a).await)
-        .expect("add");
-    let manager = Manager::builder(cluster_for("hub", &hub).await)
-        .provider(Arc::new(provider))
-        .build();
+    let manager = with_member(&hub, "a", &a).await;
     let tenants = Propagation::<ConfigMap>::new("tenants")
         .select(|hub| labelled(hub, "tenant"))
         .propagates::<CustomResourceDefinition>()
@@ -869,14 +868,7 @@ async fn a_member_is_in_sync_only_once_what_it_got_is_available() {
     use multicluster_propagation::Health;
     let (hub, a) = tokio::join!(ControlPlane::start(), ControlPlane::start());
     let (hub, a) = (hub.expect("hub"), a.expect("a"));
-    let provider = TestProvider::default();
-    provider
-        .clusters
-        .add("a", cluster_for("a", &a).await)
-        .expect("add");
-    let manager = Manager::builder(cluster_for("hub", &hub).await)
-        .provider(Arc::new(provider))
-        .build();
+    let manager = with_member(&hub, "a", &a).await;
     let web = |hub: &ConfigMap| -> Deployment {
         serde_json::from_value(json!({
             "apiVersion": "apps/v1",
@@ -958,16 +950,7 @@ async fn a_member_is_in_sync_only_once_what_it_got_is_available() {
     task.await.expect("task").expect("clean stop");
 
     // A user's rule instead: this one never finds a Deployment available.
-    let manager = Manager::builder(cluster_for("hub", &hub).await)
-        .provider(Arc::new({
-            let provider = TestProvider::default();
-            provider
-                .clusters
-                .add("a", cluster_for("a", &a).await)
-                .expect("add");
-            provider
-        }))
-        .build();
+    let manager = with_member(&hub, "a", &a).await;
     let strict = Propagation::<ConfigMap>::new("workloads")
         .select(|hub| labelled(hub, "web"))
         .propagates::<Deployment>()

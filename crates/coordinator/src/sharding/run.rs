@@ -2,7 +2,6 @@
 //! after the inventory wait, the peer registry, the fences it follows, and
 //! the looks.
 
-use tokio::time::Instant;
 use tokio_util::sync::{CancellationToken, DropGuard};
 
 use super::lifecycle::Phase;
@@ -125,7 +124,7 @@ impl ShardedCoordinator {
                 }
                 self.inner.lifecycle.advance(Phase::HandedOver);
             }
-            let next: Instant = self.next_look();
+            let next = self.next_look();
             tokio::select! {
                 () = stop.cancelled() => break,
                 () = self.inner.working.wake.notified() => {}
