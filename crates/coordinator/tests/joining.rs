@@ -5,6 +5,7 @@
 //! that never says so delays the hand-over by `inventory_wait`. A replica
 //! that stops hands its clusters straight to their next owners.
 
+use multicluster_runtime::testing::Polled;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -383,6 +384,7 @@ async fn a_cluster_goes_straight_from_its_holder_to_a_ready_owner() {
     // Polled: the recording is the test's own watch of the API
     // server; nothing in the replicas tells of it.
     eventually(
+        Polled::ApiServer,
         "the recording sees r0 hold each fence of r1's share",
         || async {
             let holders = holders.lock().expect("holders");
@@ -408,6 +410,7 @@ async fn a_cluster_goes_straight_from_its_holder_to_a_ready_owner() {
     // Polled: the recording is the test's own watch of the API
     // server; nothing in the replicas tells of it.
     eventually(
+        Polled::ApiServer,
         "the recording sees r1 hold each fence of its share",
         || async {
             let holders = holders.lock().expect("holders");
@@ -462,6 +465,7 @@ async fn a_cluster_goes_straight_from_its_holder_to_a_ready_owner() {
     // Polled: what is asked is the Lease on the API server, which
     // nothing in the process follows.
     eventually(
+        Polled::ApiServer,
         "r1 clears the fence of a cluster it does not know",
         || async {
             leases
@@ -522,13 +526,17 @@ async fn a_stopping_replica_hands_each_cluster_to_its_next_owner_before_its_leas
     };
     // Polled: the recording is the test's own watch of the API
     // server; nothing in the replicas tells of it.
-    eventually("the recording sees r0's peer Lease", || async {
-        events
-            .lock()
-            .expect("events")
-            .iter()
-            .any(|(name, lease)| name == "mcr-peer-r0" && lease.is_some())
-    })
+    eventually(
+        Polled::ApiServer,
+        "the recording sees r0's peer Lease",
+        || async {
+            events
+                .lock()
+                .expect("events")
+                .iter()
+                .any(|(name, lease)| name == "mcr-peer-r0" && lease.is_some())
+        },
+    )
     .await;
 
     first_stop.cancel();
@@ -539,13 +547,17 @@ async fn a_stopping_replica_hands_each_cluster_to_its_next_owner_before_its_leas
     .await;
     // Polled: the recording is the test's own watch of the API
     // server; nothing in the replicas tells of it.
-    eventually("the recording sees r0's peer Lease deleted", || async {
-        events
-            .lock()
-            .expect("events")
-            .iter()
-            .any(|(name, lease)| name == "mcr-peer-r0" && lease.is_none())
-    })
+    eventually(
+        Polled::ApiServer,
+        "the recording sees r0's peer Lease deleted",
+        || async {
+            events
+                .lock()
+                .expect("events")
+                .iter()
+                .any(|(name, lease)| name == "mcr-peer-r0" && lease.is_none())
+        },
+    )
     .await;
     recording.abort();
     let events = events.lock().expect("events").clone();
@@ -644,16 +656,20 @@ async fn a_replica_that_stops_before_handing_over_leaves_its_clusters_to_its_hei
         let fence = r0.fence_name(&ClusterName::from(name.as_str()));
         // Polled: what is asked is the Lease on the API server, which
         // nothing in the process follows.
-        eventually("r1 writes the inherited fence as its own", || async {
-            let lease = leases.get(&fence).await.expect("fence");
-            let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
-            let from = lease
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get("mcr.sigs.k8s.io/inherited-from").cloned());
-            holder.as_deref() == Some("r1") && from.as_deref() == Some("r0")
-        })
+        eventually(
+            Polled::ApiServer,
+            "r1 writes the inherited fence as its own",
+            || async {
+                let lease = leases.get(&fence).await.expect("fence");
+                let holder = lease.spec.as_ref().and_then(|s| s.holder_identity.clone());
+                let from = lease
+                    .metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(|a| a.get("mcr.sigs.k8s.io/inherited-from").cloned());
+                holder.as_deref() == Some("r1") && from.as_deref() == Some("r0")
+            },
+        )
         .await;
     }
     second_stop.cancel();

@@ -10,7 +10,7 @@ use multicluster_coordinator::leader_election::{LeaderElection, LeaderElectionOp
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::coordinator::Coordinator;
 use multicluster_runtime::testing::recording_manager_from;
-use multicluster_runtime::testing::{TestProvider, eventually, run_manager};
+use multicluster_runtime::testing::{TestProvider, run_manager, wait_on};
 use multicluster_runtime::{Cluster, Manager};
 
 /// A cluster built from a control plane's admin kubeconfig.
@@ -67,8 +67,9 @@ async fn a_leader_whose_api_server_hangs_stops_working_before_its_lease_lapses()
     // The management API server hangs: no renewal answers.
     management.pause_api_server().expect("pause");
     let paused = Instant::now();
-    // Polled: leader election tells of its standing by `is_leader` only.
-    eventually("the leader to stop working", || async {
+    // It tells of standing down by letting go of the leader it shows.
+    let mut leader = election.watch_leader();
+    wait_on("the leader to stop working", &mut leader, |_| {
         !election.is_leader() && election.working_on() == Some(Vec::new())
     })
     .await;

@@ -3,7 +3,11 @@
 //! behind when it is dropped.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+mod common;
+
+use std::time::Duration;
+
+use common::eventually;
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
@@ -22,22 +26,6 @@ fn config_map(name: &str, value: &str) -> ConfigMap {
         },
         data: Some(BTreeMap::from([("key".to_string(), value.to_string())])),
         ..ConfigMap::default()
-    }
-}
-
-/// Polls `check` until it returns `Some` or the deadline passes.
-async fn eventually<T, F, Fut>(what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + DEADLINE;
-    loop {
-        if let Some(value) = check().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
 
@@ -216,7 +204,7 @@ async fn service_account_tokens_authenticate_until_the_account_is_deleted() {
     .expect("delete service account");
     // Revocation is checked per request; poll because the authenticator
     // caches briefly.
-    eventually("the token to be rejected", || {
+    eventually(DEADLINE, "the token to be rejected", || {
         let robot = robot.clone();
         async move {
             match Api::<ConfigMap>::namespaced(robot, "default")
@@ -256,7 +244,7 @@ async fn a_restarted_api_server_keeps_its_data_and_port() {
 
     cp.start_api_server().await.expect("restart");
     assert_eq!(cp.server(), server);
-    let after = eventually("the object after restart", || {
+    let after = eventually(DEADLINE, "the object after restart", || {
         let api = api.clone();
         async move { api.get("durable").await.ok() }
     })
@@ -375,8 +363,8 @@ async fn helper_start_then_abort() {
     std::process::abort();
 }
 
-#[test]
-fn a_killed_test_process_takes_its_control_plane_with_it() {
+#[tokio::test]
+async fn a_killed_test_process_takes_its_control_plane_with_it() {
     let output = std::process::Command::new(std::env::current_exe().expect("test binary"))
         .args([
             "--exact",
@@ -393,14 +381,18 @@ fn a_killed_test_process_takes_its_control_plane_with_it() {
         .find_map(|line| line.strip_prefix("ADDRESS="))
         .unwrap_or_else(|| panic!("helper printed its address: {stdout}"))
         .to_string();
-    let deadline = Instant::now() + DEADLINE;
-    while std::net::TcpStream::connect(&address).is_ok() {
-        assert!(
-            Instant::now() < deadline,
-            "kube-apiserver on {address} outlived its parent"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    // The orphaned API server is another process: polled until its port
+    // refuses.
+    eventually(DEADLINE, "kube-apiserver to exit with its parent", || {
+        let address = address.clone();
+        async move {
+            tokio::net::TcpStream::connect(&address)
+                .await
+                .is_err()
+                .then_some(())
+        }
+    })
+    .await;
     // The aborted process could not remove its data directory; tidy up.
     if let Some(dir) = stdout
         .lines()

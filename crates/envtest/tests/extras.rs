@@ -1,6 +1,10 @@
 //! CRD installation and the optional kube-controller-manager.
 
-use std::time::{Duration, Instant};
+mod common;
+
+use std::time::Duration;
+
+use common::eventually;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::Resource;
@@ -48,18 +52,6 @@ spec:
       schema:
         openAPIV3Schema: {type: object, x-kubernetes-preserve-unknown-fields: true}
 "#;
-
-async fn eventually<F, Fut>(what: &str, mut check: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + DEADLINE;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
 
 #[tokio::test]
 async fn installed_crds_are_served_immediately() {
@@ -139,9 +131,9 @@ async fn the_controller_manager_finalizes_namespaces_and_collects_garbage() {
         .delete("owner", &DeleteParams::default())
         .await
         .expect("delete owner");
-    eventually("the dependent to be collected", || {
+    eventually(DEADLINE, "the dependent to be collected", || {
         let config_maps = config_maps.clone();
-        async move { matches!(config_maps.get_opt("dependent").await, Ok(None)) }
+        async move { matches!(config_maps.get_opt("dependent").await, Ok(None)).then_some(()) }
     })
     .await;
 
@@ -177,9 +169,9 @@ async fn the_controller_manager_finalizes_namespaces_and_collects_garbage() {
         .delete("doomed", &DeleteParams::default())
         .await
         .expect("delete namespace");
-    eventually("the namespace to be finalized", || {
+    eventually(DEADLINE, "the namespace to be finalized", || {
         let namespaces = namespaces.clone();
-        async move { matches!(namespaces.get_opt("doomed").await, Ok(None)) }
+        async move { matches!(namespaces.get_opt("doomed").await, Ok(None)).then_some(()) }
     })
     .await;
 }

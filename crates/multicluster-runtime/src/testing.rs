@@ -1,6 +1,8 @@
 //! Helpers for testing controllers and providers across several clusters
 //! in tests of your own: a recorder of reconciles, a controller
-//! that records, and polling with a deadline instead of sleeps.
+//! that records, waits on what the process tells ([`wait_for_fleet`],
+//! [`wait_on`], [`Recorder::wait_until`]) and, for state that lives
+//! elsewhere, polling with a deadline ([`eventually`], which asks where).
 
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -122,10 +124,55 @@ where
     (engaged.names(), StartedProvider { shutdown, task })
 }
 
-/// Every reconcile a recording controller saw, in order, with the time.
+/// A change counter for state a test keeps itself (what its reconciler
+/// saw, what its log layer caught): whoever changes that state calls
+/// [`Changes::tell`] after each change, and the test waits with
+/// [`Changes::wait_until`] rather than polling it.
+#[derive(Clone, Debug)]
+pub struct Changes(Arc<tokio::sync::watch::Sender<u64>>);
+
+impl Default for Changes {
+    fn default() -> Self {
+        Self(Arc::new(tokio::sync::watch::Sender::new(0)))
+    }
+}
+
+impl Changes {
+    /// Tells every waiter that the state changed.
+    pub fn tell(&self) {
+        self.0.send_modify(|count| *count = count.wrapping_add(1));
+    }
+
+    /// Waits until `that` holds, looking again after each
+    /// [`Changes::tell`]; panics naming `what` after [`DEFAULT_DEADLINE`].
+    pub async fn wait_until(&self, what: &str, that: impl FnMut() -> bool) {
+        self.wait_until_within(DEFAULT_DEADLINE, what, that).await;
+    }
+
+    /// Like [`Changes::wait_until`] with a deadline of `within`, for
+    /// behaviour that promises a bound.
+    pub async fn wait_until_within(
+        &self,
+        within: Duration,
+        what: &str,
+        mut that: impl FnMut() -> bool,
+    ) {
+        let mut changes = self.0.subscribe();
+        match tokio::time::timeout(within, changes.wait_for(|_| that())).await {
+            Ok(Ok(_)) => {}
+            // The sender lives as long as `self`.
+            Ok(Err(_)) => unreachable!("the counter outlives its own wait"),
+            Err(_) => panic!("timed out after {within:?} waiting for {what}"),
+        }
+    }
+}
+
+/// Every reconcile a recording controller saw, in order, with the time;
+/// a test waits on it with [`Recorder::wait_until`].
 #[derive(Clone, Default)]
 pub struct Recorder {
     seen: Arc<Mutex<Vec<(Request, Instant)>>>,
+    recorded: Changes,
 }
 
 impl Recorder {
@@ -136,6 +183,7 @@ impl Recorder {
     /// Notes a reconcile of `request` now.
     pub fn record(&self, request: &Request) {
         self.seen().push((request.clone(), Instant::now()));
+        self.recorded.tell();
     }
 
     /// How often `request` was reconciled.
@@ -176,10 +224,30 @@ impl Recorder {
     /// Waits until `request` has been reconciled more than `before` times;
     /// panics after [`DEFAULT_DEADLINE`].
     pub async fn wait_for_more(&self, request: &Request, before: usize) {
-        eventually(&format!("a reconcile of {request}"), || async {
-            self.count(request) > before
+        self.wait_until(&format!("a reconcile of {request}"), |recorder| {
+            recorder.count(request) > before
         })
         .await;
+    }
+
+    /// Waits until what was recorded satisfies `that`, looking again at
+    /// each new recording (no clock); panics naming `what` after
+    /// [`DEFAULT_DEADLINE`].
+    pub async fn wait_until(&self, what: &str, that: impl FnMut(&Recorder) -> bool) {
+        self.wait_until_within(DEFAULT_DEADLINE, what, that).await;
+    }
+
+    /// Like [`Recorder::wait_until`] with a deadline of `within`, for
+    /// behaviour that promises a bound.
+    pub async fn wait_until_within(
+        &self,
+        within: Duration,
+        what: &str,
+        mut that: impl FnMut(&Recorder) -> bool,
+    ) {
+        self.recorded
+            .wait_until_within(within, what, || that(self))
+            .await;
     }
 }
 
@@ -240,14 +308,40 @@ pub fn recording_manager_from(
     (manager, recorder)
 }
 
-/// Polls `check` every 50 ms until it holds; panics naming `what` after
-/// [`DEFAULT_DEADLINE`].
-pub async fn eventually<F, Fut>(what: &str, check: F)
+/// Where the state a test waits for lives, when nothing in the test's
+/// process tells of its changes: the reason [`eventually`] polls it
+/// rather than waiting on a signal. State the process does tell of is
+/// waited on instead: the fleet with [`wait_for_fleet`] and
+/// [`wait_for_state`], reconciles with [`Recorder::wait_until`], anything
+/// behind a `watch` with [`wait_on`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Polled {
+    /// On an API server: objects and their status written by a controller
+    /// or by the API server's own controllers, RBAC taking effect, a
+    /// Lease, Events, a webhook registration. The test does not watch
+    /// them, and a watch would only move the polling into the test.
+    ApiServer,
+    /// In another process: an example binary (its HTTP endpoints or its
+    /// output), a credential plugin or CLI stand-in (the calls it writes
+    /// down), the API server's audit log.
+    OtherProcess,
+    /// In the kernel: the sockets open to a port.
+    Kernel,
+    /// In this process, but told of nowhere: a metric in the registry,
+    /// what a client sends or a server answers over the network. The call
+    /// says in a comment why no signal fits.
+    Unsignalled,
+}
+
+/// Polls `check` every 50 ms until it holds, for state that lives where
+/// `polled` says; panics naming `what` after [`DEFAULT_DEADLINE`].
+pub async fn eventually<F, Fut>(polled: Polled, what: &str, check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
-    eventually_within(DEFAULT_DEADLINE, what, check).await;
+    eventually_within(DEFAULT_DEADLINE, polled, what, check).await;
 }
 
 /// Waits until the value `receiver` follows satisfies `that` (up to the
@@ -268,16 +362,42 @@ pub async fn wait_on<T>(
 
 /// Like [`eventually`] with a deadline of `within`, for behaviour that
 /// promises a bound (a cluster engaged within seconds of an outage's end).
-pub async fn eventually_within<F, Fut>(within: Duration, what: &str, mut check: F)
+pub async fn eventually_within<F, Fut>(within: Duration, polled: Polled, what: &str, mut check: F)
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = bool>,
 {
+    poll_until_some(within, polled, what, || {
+        let holds = check();
+        async move { holds.await.then_some(()) }
+    })
+    .await;
+}
+
+/// Like [`eventually`] for a check that finds something (the error a
+/// request finally gets): polls until `find` returns `Some`, and returns
+/// what it found.
+pub async fn eventually_some<T, F, Fut>(polled: Polled, what: &str, find: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    poll_until_some(DEFAULT_DEADLINE, polled, what, find).await
+}
+
+async fn poll_until_some<T, F, Fut>(within: Duration, polled: Polled, what: &str, mut find: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
     let deadline = Instant::now() + within;
-    while !check().await {
+    loop {
+        if let Some(found) = find().await {
+            return found;
+        }
         assert!(
             Instant::now() < deadline,
-            "timed out after {within:?} waiting for {what}"
+            "timed out after {within:?} waiting for {what} ({polled:?}, polled)"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -324,6 +444,31 @@ pub async fn wait_for_fleet_within(
         assert!(
             matches!(changed, Ok(Ok(()))),
             "timed out after {within:?} waiting for {what}"
+        );
+    }
+}
+
+/// Like [`wait_for_fleet`] for a check that awaits (a provider's `get`,
+/// a cluster's cache).
+pub async fn wait_for_fleet_async<F, Fut>(
+    manager: &crate::manager::Manager,
+    what: &str,
+    mut check: F,
+) where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let mut changes = manager.watch_fleet();
+    let deadline = tokio::time::Instant::now() + DEFAULT_DEADLINE;
+    loop {
+        changes.borrow_and_update();
+        if check().await {
+            return;
+        }
+        let changed = tokio::time::timeout_at(deadline, changes.changed()).await;
+        assert!(
+            matches!(changed, Ok(Ok(()))),
+            "timed out after {DEFAULT_DEADLINE:?} waiting for {what}"
         );
     }
 }

@@ -8,6 +8,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret, ServiceAccount};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::Cluster;
 use multicluster_runtime::client::{self, ClientOptions};
+use multicluster_runtime::testing::Polled;
 use multicluster_runtime::testing::{connections_to, eventually};
 
 /// A cluster over a client built from `cp`'s kubeconfig, with three
@@ -47,7 +48,7 @@ async fn port_once_quiet(cp: &ControlPlane) -> u16 {
         .next()
         .and_then(|port| port.trim_end_matches('/').parse().ok())
         .expect("port");
-    eventually("start-up connections to close", || async {
+    eventually(Polled::Kernel, "start-up connections to close", || async {
         connections_to(port) == 0
     })
     .await;
@@ -61,21 +62,25 @@ async fn http2_shares_one_connection_per_cluster_http1_holds_one_per_watch() {
     let before = 0;
 
     let shared = watching_three_types(&cp, &ClientOptions::default()).await;
-    eventually("one connection for lists and three watches", || async {
-        connections_to(port) == before + 1
-    })
+    eventually(
+        Polled::Kernel,
+        "one connection for lists and three watches",
+        || async { connections_to(port) == before + 1 },
+    )
     .await;
     shared.cache().stop();
     drop(shared);
-    eventually("the HTTP/2 connection to close", || async {
+    eventually(Polled::Kernel, "the HTTP/2 connection to close", || async {
         connections_to(port) == before
     })
     .await;
 
     let separate = watching_three_types(&cp, &ClientOptions::default().http2(false)).await;
-    eventually("a connection per watch over HTTP/1.1", || async {
-        connections_to(port) >= before + 3
-    })
+    eventually(
+        Polled::Kernel,
+        "a connection per watch over HTTP/1.1",
+        || async { connections_to(port) >= before + 3 },
+    )
     .await;
     separate.cache().stop();
 }
@@ -93,9 +98,11 @@ async fn a_request_after_a_quiet_spell_goes_over_the_watching_connection() {
     let cp = ControlPlane::start().await.expect("control plane");
     let port = port_once_quiet(&cp).await;
     let cluster = watching_three_types(&cp, &ClientOptions::default()).await;
-    eventually("one connection for lists and three watches", || async {
-        connections_to(port) == 1
-    })
+    eventually(
+        Polled::Kernel,
+        "one connection for lists and three watches",
+        || async { connections_to(port) == 1 },
+    )
     .await;
 
     // The quiet spell is what is tested: nothing is sent meanwhile.
@@ -123,7 +130,7 @@ async fn a_server_without_http2_is_reached_over_http1_and_a_burst_leaves_two_idl
         .expect("control plane");
     let port = port_once_quiet(&cp).await;
     let cluster = watching_three_types(&cp, &ClientOptions::default()).await;
-    eventually("a connection per watch", || async {
+    eventually(Polled::Kernel, "a connection per watch", || async {
         connections_to(port) == 3
     })
     .await;
@@ -131,9 +138,11 @@ async fn a_server_without_http2_is_reached_over_http1_and_a_burst_leaves_two_idl
     let client = cluster.client();
     let burst = futures::future::join_all((0..10).map(|_| client.apiserver_version())).await;
     assert!(burst.iter().all(Result::is_ok), "{burst:?}");
-    eventually("the burst's extra connections to close", || async {
-        connections_to(port) <= 3 + 2
-    })
+    eventually(
+        Polled::Kernel,
+        "the burst's extra connections to close",
+        || async { connections_to(port) <= 3 + 2 },
+    )
     .await;
     cluster.cache().stop();
 }

@@ -6,6 +6,7 @@
 
 mod common;
 
+use multicluster_runtime::testing::Polled;
 use std::time::Duration;
 
 use common::*;
@@ -89,23 +90,33 @@ async fn a_plugin_that_switches_from_a_token_to_a_certificate_keeps_its_cluster(
         .expect("revoke the token");
 
     // A refused request (401) makes the next one run the plugin again.
-    eventually("requests to work with the certificate", || async {
-        user_of(&client)
-            .await
-            .is_ok_and(|user| user == "plugged-by-certificate")
-    })
+    eventually(
+        Polled::ApiServer,
+        "requests to work with the certificate",
+        || async {
+            user_of(&client)
+                .await
+                .is_ok_and(|user| user == "plugged-by-certificate")
+        },
+    )
     .await;
     Api::<ConfigMap>::namespaced(client.clone(), "default")
         .create(&PostParams::default(), &config_map("written-after", &[]))
         .await
         .expect("a write with the certificate");
-    eventually("the cache to see the write", || async {
-        cluster
-            .cache()
-            .get::<ConfigMap>(Some("default"), "written-after")
-            .await
-            .is_ok_and(|found| found.is_some())
-    })
+    // A cache tells the controllers watching it of new objects, not a
+    // reader.
+    eventually(
+        Polled::Unsignalled,
+        "the cache to see the write",
+        || async {
+            cluster
+                .cache()
+                .get::<ConfigMap>(Some("default"), "written-after")
+                .await
+                .is_ok_and(|found| found.is_some())
+        },
+    )
     .await;
 }
 

@@ -15,6 +15,7 @@ use kube::runtime::events::{Event, EventType};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::Cluster;
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
+use multicluster_runtime::testing::Polled;
 
 /// The Events about ConfigMap `name` in `default` of `cp`.
 async fn events_about(cp: &ControlPlane, name: &str) -> Vec<K8sEvent> {
@@ -136,13 +137,17 @@ async fn a_failed_reconcile_leaves_a_warning_in_the_objects_cluster() {
     let (stop, task) = run_manager(&manager);
     recorder.wait_for_more(&req("member", "fine"), 0).await;
 
-    eventually("a warning about the failing object", || async {
-        events_about(&member, "failing").await.iter().any(|event| {
-            event.type_.as_deref() == Some("Warning")
-                && event.reason.as_deref() == Some("ReconcileFailed")
-                && event.note.as_deref() == Some("the widget service answered 503")
-        })
-    })
+    eventually(
+        Polled::ApiServer,
+        "a warning about the failing object",
+        || async {
+            events_about(&member, "failing").await.iter().any(|event| {
+                event.type_.as_deref() == Some("Warning")
+                    && event.reason.as_deref() == Some("ReconcileFailed")
+                    && event.note.as_deref() == Some("the widget service answered 503")
+            })
+        },
+    )
     .await;
     assert!(
         events_about(&member, "fine").await.is_empty(),
@@ -253,10 +258,11 @@ async fn warning_events_start_no_watch_in_a_cluster_the_primary_is_not_watched_i
         )
         .await
         .expect("quota");
-    eventually("the member's reconcile to fail three times", || async {
-        recorder.count(&req("member", "failing")) >= 3
-    })
-    .await;
+    recorder
+        .wait_until("the member's reconcile to fail three times", |recorder| {
+            recorder.count(&req("member", "failing")) >= 3
+        })
+        .await;
     // A health check a second: a refused watch would show within two.
     multicluster_runtime::testing::wait_until_ready(&manager, "member").await;
     assert_eq!(

@@ -8,6 +8,7 @@
 
 mod common;
 
+use multicluster_runtime::testing::{Changes, Polled};
 use std::sync::{Arc, Mutex};
 
 use common::*;
@@ -27,6 +28,8 @@ struct Failures(
     Arc<Mutex<usize>>,
     /// Warnings that a warning Event could not be published.
     Arc<Mutex<usize>>,
+    /// Told of each line caught.
+    Changes,
 );
 
 struct Fields {
@@ -66,7 +69,10 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Failures {
                 .starts_with("cannot publish the warning Event")
         {
             *self.2.lock().expect("lock") += 1;
+        } else {
+            return;
         }
+        self.3.tell();
     }
 }
 
@@ -147,10 +153,12 @@ async fn a_refused_write_inside_a_finalizer_is_logged_with_its_cause() {
         .build();
     manager.add_controller(controller).expect("add controller");
     let (shutdown, task) = run_manager(&manager);
-    eventually("a refused reconcile to be logged", || async {
-        !failures.0.lock().expect("lock").is_empty()
-    })
-    .await;
+    failures
+        .3
+        .wait_until("a refused reconcile to be logged", || {
+            !failures.0.lock().expect("lock").is_empty()
+        })
+        .await;
 
     let logged = failures.0.lock().expect("lock")[0].clone();
     assert!(
@@ -159,13 +167,18 @@ async fn a_refused_write_inside_a_finalizer_is_logged_with_its_cause() {
         "{logged}"
     );
     // Retried after 5 ms doubling: eight failures within a couple of
-    // seconds, one warning among them.
-    eventually("the reconcile to fail eight times", || async {
-        series(
-            &manager,
-            r#"controller_runtime_reconcile_errors_total{controller="guarded"}"#,
-        ) >= Some(8.0)
-    })
+    // seconds, one warning among them. The count is read from the metrics
+    // registry, which tells no one of a change.
+    eventually(
+        Polled::Unsignalled,
+        "the reconcile to fail eight times",
+        || async {
+            series(
+                &manager,
+                r#"controller_runtime_reconcile_errors_total{controller="guarded"}"#,
+            ) >= Some(8.0)
+        },
+    )
     .await;
     assert_eq!(failures.0.lock().expect("lock").len(), 1);
     assert!(*failures.1.lock().expect("lock") >= 7);

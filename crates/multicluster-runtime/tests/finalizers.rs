@@ -5,6 +5,7 @@
 
 mod common;
 
+use multicluster_runtime::testing::{Changes, Polled};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -69,6 +70,8 @@ struct Seen {
     cleanups_done: AtomicUsize,
     /// Clean-ups that fail before one succeeds.
     fail_first: AtomicUsize,
+    /// Told of each apply and clean-up seen.
+    changes: Changes,
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -100,6 +103,7 @@ async fn a_finalizer_is_added_before_work_and_removed_only_after_clean_up() {
                             match event {
                                 Event::Apply(object) => {
                                     lock(&seen.applied_with).push(object.finalizers().to_vec());
+                                    seen.changes.tell();
                                     Ok(Action::await_change())
                                 }
                                 Event::Cleanup(_) => {
@@ -110,6 +114,7 @@ async fn a_finalizer_is_added_before_work_and_removed_only_after_clean_up() {
                                         return Err(NotYet);
                                     }
                                     seen.cleanups_done.fetch_add(1, Ordering::SeqCst);
+                                    seen.changes.tell();
                                     Ok(Action::await_change())
                                 }
                             }
@@ -131,15 +136,20 @@ async fn a_finalizer_is_added_before_work_and_removed_only_after_clean_up() {
         .create(&PostParams::default(), &object("held", &[OTHERS]))
         .await
         .expect("create");
-    eventually("the finalizer to be added in the member", || async {
-        finalizers_of(&in_member, "held").await
-            == Some(vec![OTHERS.to_string(), FINALIZER.to_string()])
-    })
+    eventually(
+        Polled::ApiServer,
+        "the finalizer to be added in the member",
+        || async {
+            finalizers_of(&in_member, "held").await
+                == Some(vec![OTHERS.to_string(), FINALIZER.to_string()])
+        },
+    )
     .await;
-    eventually("the object to be applied", || async {
-        !lock(&seen.applied_with).is_empty()
-    })
-    .await;
+    seen.changes
+        .wait_until("the object to be applied", || {
+            !lock(&seen.applied_with).is_empty()
+        })
+        .await;
     assert!(
         lock(&seen.applied_with)
             .iter()
@@ -160,20 +170,23 @@ async fn a_finalizer_is_added_before_work_and_removed_only_after_clean_up() {
         .delete("held", &DeleteParams::default())
         .await
         .expect("delete");
-    eventually("the clean-up to succeed", || async {
-        seen.cleanups_done.load(Ordering::SeqCst) == 1
-    })
-    .await;
+    seen.changes
+        .wait_until("the clean-up to succeed", || {
+            seen.cleanups_done.load(Ordering::SeqCst) == 1
+        })
+        .await;
     assert!(
         seen.cleanups_tried.load(Ordering::SeqCst) >= 3,
         "the failed clean-ups were not retried"
     );
-    eventually("our finalizer to be removed, the other kept", || async {
-        finalizers_of(&in_member, "held").await == Some(vec![OTHERS.to_string()])
-    })
+    eventually(
+        Polled::ApiServer,
+        "our finalizer to be removed, the other kept",
+        || async { finalizers_of(&in_member, "held").await == Some(vec![OTHERS.to_string()]) },
+    )
     .await;
     drop_finalizers(&in_member, "held").await;
-    eventually("the object to be gone", || async {
+    eventually(Polled::ApiServer, "the object to be gone", || async {
         finalizers_of(&in_member, "held").await.is_none()
     })
     .await;
@@ -184,7 +197,7 @@ async fn a_finalizer_is_added_before_work_and_removed_only_after_clean_up() {
         .create(&PostParams::default(), &object("unwanted", &[]))
         .await
         .expect("create");
-    eventually("the finalizer to be added", || async {
+    eventually(Polled::ApiServer, "the finalizer to be added", || async {
         finalizers_of(&in_member, "unwanted").await == Some(vec![FINALIZER.to_string()])
     })
     .await;
@@ -193,9 +206,11 @@ async fn a_finalizer_is_added_before_work_and_removed_only_after_clean_up() {
         .patch("unwanted", &PatchParams::default(), &Patch::Merge(unlabel))
         .await
         .expect("unlabel");
-    eventually("the finalizer to be released", || async {
-        finalizers_of(&in_member, "unwanted").await == Some(Vec::new())
-    })
+    eventually(
+        Polled::ApiServer,
+        "the finalizer to be released",
+        || async { finalizers_of(&in_member, "unwanted").await == Some(Vec::new()) },
+    )
     .await;
 
     stop.cancel();
@@ -211,9 +226,10 @@ async fn a_hub_object_is_held_until_its_copies_in_every_member_are_gone() {
     );
     let (hub_cp, m1, m2) = (hub_cp.expect("hub"), m1.expect("m1"), m2.expect("m2"));
     let refusals: Arc<Mutex<Vec<String>>> = Arc::default();
+    let refused = Changes::default();
     let this: Arc<OnceLock<Controller>> = Arc::new(OnceLock::new());
     let controller = {
-        let (refusals, this) = (refusals.clone(), this.clone());
+        let (refusals, refused, this) = (refusals.clone(), refused.clone(), this.clone());
         Controller::builder("fleet-finalizer")
             .for_resource(
                 Watch::<ConfigMap>::new()
@@ -223,7 +239,8 @@ async fn a_hub_object_is_held_until_its_copies_in_every_member_are_gone() {
             // A copy that changes or goes: its hub object is looked at again.
             .watches(Watch::<ConfigMap>::new(), map::to_owner())
             .build(move |request: Request, cluster: Cluster| {
-                let (refusals, controller) = (refusals.clone(), this.get().cloned());
+                let (refusals, refused, controller) =
+                    (refusals.clone(), refused.clone(), this.get().cloned());
                 async move {
                     let (Some(object), Some(controller)) = (
                         cluster
@@ -249,6 +266,7 @@ async fn a_hub_object_is_held_until_its_copies_in_every_member_are_gone() {
                                     .await;
                                     if let Err(still) = &removed {
                                         lock(&refusals).push(still.to_string());
+                                        refused.tell();
                                     }
                                     removed.map(|()| Action::await_change())
                                 }
@@ -288,7 +306,7 @@ async fn a_hub_object_is_held_until_its_copies_in_every_member_are_gone() {
     hub.create(&PostParams::default(), &object("shared", &[]))
         .await
         .expect("hub object");
-    eventually("the hub object to be held", || async {
+    eventually(Polled::ApiServer, "the hub object to be held", || async {
         finalizers_of(&hub, "shared").await == Some(vec![FINALIZER.to_string()])
     })
     .await;
@@ -296,7 +314,7 @@ async fn a_hub_object_is_held_until_its_copies_in_every_member_are_gone() {
     hub.delete("shared", &DeleteParams::default())
         .await
         .expect("delete");
-    eventually("m2's copy to be deleted", || async {
+    eventually(Polled::ApiServer, "m2's copy to be deleted", || async {
         in_m2
             .get_opt("shared")
             .await
@@ -305,11 +323,11 @@ async fn a_hub_object_is_held_until_its_copies_in_every_member_are_gone() {
             .is_some_and(|copy| copy.metadata.deletion_timestamp.is_some())
     })
     .await;
-    eventually(
-        "the clean-up to be refused while m2's copy remains",
-        || async { lock(&refusals).len() >= 2 },
-    )
-    .await;
+    refused
+        .wait_until("the clean-up to be refused while m2's copy remains", || {
+            lock(&refusals).len() >= 2
+        })
+        .await;
     let refusal = lock(&refusals).last().cloned().unwrap_or_default();
     assert!(
         refusal
@@ -325,7 +343,7 @@ async fn a_hub_object_is_held_until_its_copies_in_every_member_are_gone() {
 
     // m2's copy goes: the hub object follows.
     drop_finalizers(&in_m2, "shared").await;
-    eventually("the hub object to be gone", || async {
+    eventually(Polled::ApiServer, "the hub object to be gone", || async {
         finalizers_of(&hub, "shared").await.is_none()
     })
     .await;

@@ -6,6 +6,7 @@
 
 mod common;
 
+use multicluster_runtime::testing::Polled;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -151,17 +152,23 @@ async fn a_controller_reconciles_across_a_changing_fleet() {
     create_config_map(&a, "also-blue", &[("color", "blue")]).await;
     let cluster_a = provider.get(&ClusterName::from("a")).await.expect("a");
     let cluster_c = provider.get(&ClusterName::from("c")).await.expect("c");
-    eventually("both blue objects in a's index", || {
-        let cluster_a = cluster_a.clone();
-        async move {
-            let blue = cluster_a
-                .cache()
-                .by_index::<ConfigMap>("data.color", "blue", Some("default"))
-                .await
-                .expect("query");
-            blue.len() == 2
-        }
-    })
+    // A cache tells the controllers watching it of new objects, not a
+    // reader of its index.
+    eventually(
+        Polled::Unsignalled,
+        "both blue objects in a's index",
+        || {
+            let cluster_a = cluster_a.clone();
+            async move {
+                let blue = cluster_a
+                    .cache()
+                    .by_index::<ConfigMap>("data.color", "blue", Some("default"))
+                    .await
+                    .expect("query");
+                blue.len() == 2
+            }
+        },
+    )
     .await;
     let blue_in_c = cluster_c
         .cache()
@@ -199,7 +206,8 @@ async fn a_controller_reconciles_across_a_changing_fleet() {
     // b is never reconciled, while one created later in a is.
     assert!(provider.clusters.remove(&ClusterName::from("b")));
     wait_until_left(&manager, "b").await;
-    eventually("b to leave the controller", || async {
+    // The controller lets go of b after the fleet did, and tells no one.
+    eventually(Polled::Unsignalled, "b to leave the controller", || async {
         !controller
             .engaged_clusters()
             .contains(&ClusterName::from("b"))

@@ -6,6 +6,7 @@
 
 mod common;
 
+use multicluster_runtime::testing::Polled;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -203,6 +204,7 @@ async fn a_member_that_may_not_read_a_watched_type_is_degraded_and_asked_rarely(
     // up to as much again at random, never shortened).
     eventually_within(
         Duration::from_secs(45),
+        Polled::OtherProcess,
         "four refused watches in the member's audit log",
         || async { refused_config_map_watches(&audit_log).len() >= 4 },
     )

@@ -19,8 +19,7 @@ use multicluster_runtime::controller::{Action, Controller, Request, Watch};
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
 use multicluster_runtime::provider::member::MemberOptions;
-use multicluster_runtime::testing::eventually_within;
-use multicluster_runtime::testing::{wait_for_fleet, wait_for_state};
+use multicluster_runtime::testing::{Polled, wait_for_fleet, wait_for_state, wait_on};
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
 
 /// The copy a reconcile writes of a source ConfigMap.
@@ -34,14 +33,15 @@ fn copy_of(name: &str) -> String {
 #[derive(Clone)]
 struct Gate {
     open: Arc<tokio::sync::watch::Sender<bool>>,
-    waiting: Arc<std::sync::atomic::AtomicUsize>,
+    /// How many reconciles wait at the gate.
+    waiting: Arc<tokio::sync::watch::Sender<usize>>,
 }
 
 impl Gate {
     fn new() -> Self {
         Self {
             open: Arc::new(tokio::sync::watch::channel(false).0),
-            waiting: Arc::default(),
+            waiting: Arc::new(tokio::sync::watch::channel(0).0),
         }
     }
 
@@ -49,14 +49,19 @@ impl Gate {
         if !request.name.starts_with("burst-") {
             return;
         }
-        use std::sync::atomic::Ordering;
-        self.waiting.fetch_add(1, Ordering::SeqCst);
+        self.waiting.send_modify(|waiting| *waiting += 1);
         let _ = self.open.subscribe().wait_for(|open| *open).await;
-        self.waiting.fetch_sub(1, Ordering::SeqCst);
+        self.waiting.send_modify(|waiting| *waiting -= 1);
     }
 
-    fn waiting(&self) -> usize {
-        self.waiting.load(std::sync::atomic::Ordering::SeqCst)
+    /// Waits until at least `count` reconciles wait at the gate.
+    async fn until_waiting(&self, count: usize) {
+        wait_on(
+            &format!("{count} reconciles at the gate"),
+            &mut self.waiting.subscribe(),
+            |waiting| *waiting >= count,
+        )
+        .await;
     }
 }
 
@@ -182,10 +187,7 @@ async fn a_hung_member_does_not_stall_the_others_and_is_reported() {
     for i in 0..20 {
         create_config_map(&m1, &format!("burst-{i}"), &[]).await;
     }
-    eventually("m1's reconcile to be running", || async {
-        gate.waiting() >= 1
-    })
-    .await;
+    gate.until_waiting(1).await;
     m1.pause_api_server().expect("SIGSTOP");
     gate.open.send_replace(true);
 
@@ -193,12 +195,13 @@ async fn a_hung_member_does_not_stall_the_others_and_is_reported() {
     // stays stopped (and before any of its requests times out).
     for (name, cp) in [("m2", &m2), ("m3", &m3)] {
         create_config_map(cp, "during", &[]).await;
-        eventually_within(
-            Duration::from_secs(5),
-            &format!("the change in {name} to be reconciled while m1 hangs"),
-            || async { recorder.count(&req(name, "during")) > 0 },
-        )
-        .await;
+        recorder
+            .wait_until_within(
+                Duration::from_secs(5),
+                &format!("the change in {name} to be reconciled while m1 hangs"),
+                |recorder| recorder.count(&req(name, "during")) > 0,
+            )
+            .await;
     }
     // A request on an open connection gets no answer; a new connection
     // gets no TLS handshake (the connect timeout).
@@ -227,9 +230,11 @@ async fn a_hung_member_does_not_stall_the_others_and_is_reported() {
     m1.resume_api_server().expect("SIGCONT");
     for i in 0..20 {
         let name = format!("burst-{i}");
-        eventually(&format!("{name} to be copied in m1"), || async {
-            copy_exists(&m1, &name).await
-        })
+        eventually(
+            Polled::ApiServer,
+            &format!("{name} to be copied in m1"),
+            || async { copy_exists(&m1, &name).await },
+        )
         .await;
     }
     wait_for_fleet(&manager, "m1 to be ready again", || {
@@ -400,12 +405,13 @@ async fn with_default_options_a_member_whose_reconciles_hang_holds_up_no_other()
         let name = format!("later-{round}");
         create_config_map(&cp, &name, &[]).await;
         for member in ["m2", "m3"] {
-            eventually_within(
-                Duration::from_secs(5),
-                &format!("{member}'s {name} to be reconciled"),
-                || async { recorder.count(&req(member, &name)) > 0 },
-            )
-            .await;
+            recorder
+                .wait_until_within(
+                    Duration::from_secs(5),
+                    &format!("{member}'s {name} to be reconciled"),
+                    |recorder| recorder.count(&req(member, &name)) > 0,
+                )
+                .await;
         }
     }
     // The others did not get their turn by the hung reconcile being let
@@ -462,11 +468,8 @@ async fn with_default_options_three_paused_members_of_five_hold_up_no_healthy_on
             create_config_map(cp, &format!("burst-{i}"), &[]).await;
         }
     }
-    eventually(
-        "a reconcile of each member to be paused to be running",
-        || async { gate.waiting() >= 3 },
-    )
-    .await;
+    // A reconcile of each member to be paused.
+    gate.until_waiting(3).await;
     for cp in &planes[..3] {
         cp.pause_api_server().expect("SIGSTOP");
     }
@@ -476,12 +479,13 @@ async fn with_default_options_three_paused_members_of_five_hold_up_no_healthy_on
         let name = format!("during-{round}");
         for (member, cp) in names[3..].iter().zip(&planes[3..]) {
             create_config_map(cp, &name, &[]).await;
-            eventually_within(
-                Duration::from_secs(5),
-                &format!("{member}'s {name} to be copied while three members hang"),
-                || async { recorder.count(&req(member, &name)) > 0 },
-            )
-            .await;
+            recorder
+                .wait_until_within(
+                    Duration::from_secs(5),
+                    &format!("{member}'s {name} to be copied while three members hang"),
+                    |recorder| recorder.count(&req(member, &name)) > 0,
+                )
+                .await;
         }
     }
 
@@ -491,9 +495,11 @@ async fn with_default_options_three_paused_members_of_five_hold_up_no_healthy_on
     for (member, cp) in names[..3].iter().zip(&planes[..3]) {
         for i in 0..5 {
             let name = format!("burst-{i}");
-            eventually(&format!("{member}'s {name} to be copied"), || async {
-                copy_exists(cp, &name).await
-            })
+            eventually(
+                Polled::ApiServer,
+                &format!("{member}'s {name} to be copied"),
+                || async { copy_exists(cp, &name).await },
+            )
             .await;
         }
     }

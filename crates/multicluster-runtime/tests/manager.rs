@@ -328,6 +328,7 @@ async fn a_controller_given_to_add_runs_too() {
 struct Departures {
     manager: std::sync::OnceLock<Manager>,
     ended: Arc<std::sync::Mutex<Vec<(ClusterName, bool)>>>,
+    told: multicluster_runtime::testing::Changes,
 }
 
 impl multicluster_runtime::Aware for Departures {
@@ -338,13 +339,14 @@ impl multicluster_runtime::Aware for Departures {
         _cluster: multicluster_runtime::Cluster,
     ) -> Result<(), Error> {
         let manager = self.manager.get().expect("set").clone();
-        let ended = self.ended.clone();
+        let (ended, told) = (self.ended.clone(), self.told.clone());
         tokio::spawn(async move {
             lifetime.cancelled().await;
             ended
                 .lock()
                 .expect("lock")
                 .push((name, manager.is_stopping()));
+            told.tell();
         });
         Ok(())
     }
@@ -378,10 +380,12 @@ async fn leaving_the_fleet_and_stopping_are_told_apart() {
     })
     .await;
     provider.clusters.remove(&ClusterName::from("leaves"));
-    eventually("the departure to be seen", || async {
-        !departures.ended.lock().expect("lock").is_empty()
-    })
-    .await;
+    departures
+        .told
+        .wait_until("the departure to be seen", || {
+            !departures.ended.lock().expect("lock").is_empty()
+        })
+        .await;
     stop.cancel();
     task.await.expect("task").expect("clean stop");
     let mut ended = departures.ended.lock().expect("lock").clone();

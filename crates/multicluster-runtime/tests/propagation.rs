@@ -7,6 +7,7 @@
 
 mod common;
 
+use multicluster_runtime::testing::Polled;
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
@@ -209,11 +210,11 @@ async fn a_hub_object_reaches_every_member_including_one_that_joins_later() {
         .await
         .expect("hub object");
 
-    eventually("the copy in m1", || async {
+    eventually(Polled::ApiServer, "the copy in m1", || async {
         copy_data(&m1, "shared").await == data("1")
     })
     .await;
-    eventually("the hub to count m1", || async {
+    eventually(Polled::ApiServer, "the hub to count m1", || async {
         in_sync(&hub_client, "shared").await.as_deref() == Some("1")
     })
     .await;
@@ -223,7 +224,7 @@ async fn a_hub_object_reaches_every_member_including_one_that_joins_later() {
         .patch("shared", &PatchParams::default(), &Patch::Merge(update))
         .await
         .expect("update");
-    eventually("m1 to follow the update", || async {
+    eventually(Polled::ApiServer, "m1 to follow the update", || async {
         copy_data(&m1, "shared").await == data("2")
     })
     .await;
@@ -233,13 +234,15 @@ async fn a_hub_object_reaches_every_member_including_one_that_joins_later() {
         .clusters
         .add("m2", cluster_for("m2", &m2).await)
         .expect("add");
-    eventually("the copy in m2", || async {
+    eventually(Polled::ApiServer, "the copy in m2", || async {
         copy_data(&m2, "shared").await == data("2")
     })
     .await;
-    eventually("the hub to count both members", || async {
-        in_sync(&hub_client, "shared").await.as_deref() == Some("2")
-    })
+    eventually(
+        Polled::ApiServer,
+        "the hub to count both members",
+        || async { in_sync(&hub_client, "shared").await.as_deref() == Some("2") },
+    )
     .await;
     assert_eq!(
         copy_data(&m2, "private").await,
@@ -252,9 +255,11 @@ async fn a_hub_object_reaches_every_member_including_one_that_joins_later() {
         .delete("shared", &DeleteParams::default())
         .await
         .expect("delete copy");
-    eventually("the copy in m1 to be restored", || async {
-        copy_data(&m1, "shared").await == data("2")
-    })
+    eventually(
+        Polled::ApiServer,
+        "the copy in m1 to be restored",
+        || async { copy_data(&m1, "shared").await == data("2") },
+    )
     .await;
 
     // Deleted on the hub: gone from every member.
@@ -262,7 +267,7 @@ async fn a_hub_object_reaches_every_member_including_one_that_joins_later() {
         .delete("shared", &DeleteParams::default())
         .await
         .expect("delete");
-    eventually("the copies to be removed", || async {
+    eventually(Polled::ApiServer, "the copies to be removed", || async {
         copy_data(&m1, "shared").await.is_none() && copy_data(&m2, "shared").await.is_none()
     })
     .await;

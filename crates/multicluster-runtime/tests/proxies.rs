@@ -282,10 +282,11 @@ async fn members_behind_https_and_socks5_proxies_are_reconciled_over_one_tunnel_
     create_config_map(&cp, "through-a-proxy", &[]).await;
     for name in ["behind-https", "behind-socks"] {
         wait_until_ready(&manager, name).await;
-        eventually("the member's object to be reconciled", || async {
-            recorder.count(&req(name, "through-a-proxy")) > 0
-        })
-        .await;
+        recorder
+            .wait_until("the member's object to be reconciled", |recorder| {
+                recorder.count(&req(name, "through-a-proxy")) > 0
+            })
+            .await;
     }
 
     // A request while the watch is open: over HTTP/1.1 it would need a

@@ -7,8 +7,8 @@
 
 mod common;
 
+use multicluster_runtime::testing::{Polled, eventually_some};
 use std::sync::Arc;
-use std::time::Duration;
 
 use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -112,25 +112,24 @@ async fn a_failing_credential_plugin_leaks_nothing_anywhere() {
     // cluster is degraded, its reason naming the plugin, not its output.
     std::fs::remove_file(state.path().join("token")).expect("no more token");
     let api = Api::<ConfigMap>::namespaced(client, "default");
-    // Polled: the token's expiry is the API server's business, not an
-    // event of this process.
-    let err = tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            match api.list(&ListParams::default()).await {
-                Ok(_) => tokio::time::sleep(Duration::from_millis(200)).await,
-                Err(err) => break err,
-            }
-        }
-    })
-    .await
-    .expect("a request refused within a minute of the token's removal");
+    // The token's expiry is the API server's business, not an event of
+    // this process.
+    let err = eventually_some(
+        Polled::ApiServer,
+        "a request refused once the token is removed",
+        || async { api.list(&ListParams::default()).await.err() },
+    )
+    .await;
     assert_no_secret("the error", &err.to_string());
     assert_no_secret("the error's Debug form", &format!("{err:?}"));
     assert_no_secret(
         "the redacted error",
         &multicluster_runtime::redact::Redacted::kube(&err),
     );
+    // Each look sends the request that makes the client run its plugin
+    // again: the state waited for comes from asking, not from a signal.
     eventually(
+        Polled::Unsignalled,
         "the member to be degraded by its failing plugin",
         || async {
             let _ = api.list(&ListParams::default()).await;

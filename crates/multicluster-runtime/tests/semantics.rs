@@ -15,6 +15,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::controller::{Action, Backoff, Controller, Request, Watch};
+use multicluster_runtime::testing::wait_on;
 use multicluster_runtime::{ClusterName, Manager};
 use tokio::sync::Notify;
 
@@ -118,13 +119,14 @@ async fn concurrency_is_limited_and_a_request_never_runs_twice_at_once() {
     let (manager, _provider) = fleet_of(&cp, &["a", "b"], controller).await;
     let (shutdown, task) = run_manager(&manager);
 
-    eventually("every object reconciled in both clusters", || async {
-        (0..10).all(|i| {
-            recorder.count(&req("a", &format!("cm-{i}"))) > 0
-                && recorder.count(&req("b", &format!("cm-{i}"))) > 0
+    recorder
+        .wait_until("every object reconciled in both clusters", |recorder| {
+            (0..10).all(|i| {
+                recorder.count(&req("a", &format!("cm-{i}"))) > 0
+                    && recorder.count(&req("b", &format!("cm-{i}"))) > 0
+            })
         })
-    })
-    .await;
+        .await;
     recorder.wait_for_more(&req("a", "cm-0"), 1).await;
 
     assert!(
@@ -219,7 +221,8 @@ async fn a_disengaged_cluster_has_its_queue_dropped() {
         create_config_map(&cp, &format!("cm-{i}"), &[]).await;
     }
     let release = Arc::new(Notify::new());
-    let blocked = Arc::new(AtomicBool::new(false));
+    // Whether the first reconcile has started.
+    let blocked = Arc::new(tokio::sync::watch::Sender::new(false));
     let recorder = Recorder::default();
     let controller = {
         let (release, blocked, recorder) = (release.clone(), blocked.clone(), recorder.clone());
@@ -231,7 +234,7 @@ async fn a_disengaged_cluster_has_its_queue_dropped() {
                 async move {
                     // The first reconcile holds the only slot until released,
                     // so everything else stays queued.
-                    if !blocked.swap(true, Ordering::SeqCst) {
+                    if !blocked.send_replace(true) {
                         release.notified().await;
                     }
                     recorder.record(&request);
@@ -243,9 +246,11 @@ async fn a_disengaged_cluster_has_its_queue_dropped() {
     let (manager, provider) = fleet_of(&cp, &["doomed"], controller).await;
     let (shutdown, task) = run_manager(&manager);
 
-    eventually("the first reconcile to start", || async {
-        blocked.load(Ordering::SeqCst)
-    })
+    wait_on(
+        "the first reconcile to start",
+        &mut blocked.subscribe(),
+        |started| *started,
+    )
     .await;
     assert!(provider.clusters.remove(&ClusterName::from("doomed")));
     wait_until_left(&manager, "doomed").await;
@@ -255,10 +260,11 @@ async fn a_disengaged_cluster_has_its_queue_dropped() {
         .expect("add");
     release.notify_one();
 
-    eventually("the survivor's objects", || async {
-        (0..5).all(|i| recorder.count(&req("survivor", &format!("cm-{i}"))) > 0)
-    })
-    .await;
+    recorder
+        .wait_until("the survivor's objects", |recorder| {
+            (0..5).all(|i| recorder.count(&req("survivor", &format!("cm-{i}"))) > 0)
+        })
+        .await;
     assert!(
         recorder.for_cluster("doomed") <= 1,
         "only the reconcile already running finished; queued ones were dropped"

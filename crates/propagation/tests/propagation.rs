@@ -4,6 +4,7 @@
 //! A labelled hub ConfigMap becomes a ResourceQuota in each member, kept
 //! as desired; its status is an annotation on the hub object.
 
+use multicluster_runtime::testing::Polled;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -247,10 +248,14 @@ async fn a_hub_object_is_applied_kept_reported_and_removed() {
     .await;
 
     hub_config_map(&hub, "team", "on", "4").await;
-    eventually("both members to get the quota", || async {
-        pods_in(&a, "team").await.as_deref() == Some("4")
-            && pods_in(&b, "team").await.as_deref() == Some("4")
-    })
+    eventually(
+        Polled::ApiServer,
+        "both members to get the quota",
+        || async {
+            pods_in(&a, "team").await.as_deref() == Some("4")
+                && pods_in(&b, "team").await.as_deref() == Some("4")
+        },
+    )
     .await;
     let quota = Api::<ResourceQuota>::namespaced(a.client().await.expect("client"), "default")
         .get("team")
@@ -261,12 +266,16 @@ async fn a_hub_object_is_applied_kept_reported_and_removed() {
         labels.get(PROPAGATION_LABEL).map(String::as_str),
         Some("fleet-quota")
     );
-    eventually("the hub object to show both members in sync", || async {
-        states_are(
-            &member_states(&hub, "team").await,
-            &[("a", "InSync"), ("b", "InSync")],
-        )
-    })
+    eventually(
+        Polled::ApiServer,
+        "the hub object to show both members in sync",
+        || async {
+            states_are(
+                &member_states(&hub, "team").await,
+                &[("a", "InSync"), ("b", "InSync")],
+            )
+        },
+    )
     .await;
 
     // An update on the hub reaches both members; hub objects of the type
@@ -285,10 +294,14 @@ async fn a_hub_object_is_applied_kept_reported_and_removed() {
             .expect("config map");
     }
     hub_config_map(&hub, "team", "on", "6").await;
-    eventually("both members to follow the update", || async {
-        pods_in(&a, "team").await.as_deref() == Some("6")
-            && pods_in(&b, "team").await.as_deref() == Some("6")
-    })
+    eventually(
+        Polled::ApiServer,
+        "both members to follow the update",
+        || async {
+            pods_in(&a, "team").await.as_deref() == Some("6")
+                && pods_in(&b, "team").await.as_deref() == Some("6")
+        },
+    )
     .await;
     let spent = reconciles() - before;
     eprintln!("{spent} reconciles for 10 unselected hub objects and one update");
@@ -306,7 +319,7 @@ async fn a_hub_object_is_applied_kept_reported_and_removed() {
         )
         .await
         .expect("edit in the member");
-    eventually("the drift to be repaired", || async {
+    eventually(Polled::ApiServer, "the drift to be repaired", || async {
         pods_in(&a, "team").await.as_deref() == Some("6")
     })
     .await;
@@ -323,13 +336,17 @@ async fn a_hub_object_is_applied_kept_reported_and_removed() {
     )
     .await;
     hub_config_map(&hub, "team", "on", "8").await;
-    eventually("b to be reported failed with its 403", || async {
-        let states = member_states(&hub, "team").await;
-        states.get("a").is_some_and(|(state, _)| state == "InSync")
-            && states
-                .get("b")
-                .is_some_and(|(state, reason)| state == "Failed" && reason.contains("403"))
-    })
+    eventually(
+        Polled::ApiServer,
+        "b to be reported failed with its 403",
+        || async {
+            let states = member_states(&hub, "team").await;
+            states.get("a").is_some_and(|(state, _)| state == "InSync")
+                && states
+                    .get("b")
+                    .is_some_and(|(state, reason)| state == "Failed" && reason.contains("403"))
+        },
+    )
     .await;
     let events = Api::<Event>::namespaced(hub.client().await.expect("client"), "default")
         .list(&ListParams::default().fields("involvedObject.name=team"))
@@ -359,7 +376,7 @@ async fn a_hub_object_is_applied_kept_reported_and_removed() {
         );
     }
     set_rules(&b, quota_rules()).await;
-    eventually("b to catch up once allowed", || async {
+    eventually(Polled::ApiServer, "b to catch up once allowed", || async {
         pods_in(&b, "team").await.as_deref() == Some("8")
     })
     .await;
@@ -369,15 +386,19 @@ async fn a_hub_object_is_applied_kept_reported_and_removed() {
         .delete("team", &DeleteParams::default())
         .await
         .expect("delete");
-    eventually("the copies and then the hub object to be gone", || async {
-        pods_in(&a, "team").await.is_none()
-            && pods_in(&b, "team").await.is_none()
-            && Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
-                .get_opt("team")
-                .await
-                .expect("get")
-                .is_none()
-    })
+    eventually(
+        Polled::ApiServer,
+        "the copies and then the hub object to be gone",
+        || async {
+            pods_in(&a, "team").await.is_none()
+                && pods_in(&b, "team").await.is_none()
+                && Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
+                    .get_opt("team")
+                    .await
+                    .expect("get")
+                    .is_none()
+        },
+    )
     .await;
     stop.cancel();
     task.await.expect("task").expect("clean stop");
@@ -421,6 +442,7 @@ async fn drift_and_conflicts_are_reported_or_taken_over_as_chosen() {
     hub_config_map(&hub, "theirs", "report", "4").await;
     hub_config_map(&hub, "taken", "take", "4").await;
     eventually(
+        Polled::ApiServer,
         "their quota to be reported a conflict, and left alone",
         || async {
             member_states(&hub, "theirs")
@@ -433,7 +455,7 @@ async fn drift_and_conflicts_are_reported_or_taken_over_as_chosen() {
     )
     .await;
     assert_eq!(pods_in(&a, "theirs").await.as_deref(), Some("1"));
-    eventually("the other to be taken over", || async {
+    eventually(Polled::ApiServer, "the other to be taken over", || async {
         pods_in(&a, "taken").await.as_deref() == Some("4")
             && states_are(&member_states(&hub, "taken").await, &[("a", "InSync")])
     })
@@ -442,7 +464,7 @@ async fn drift_and_conflicts_are_reported_or_taken_over_as_chosen() {
     // A quota of the reporting propagation's own, edited in the member:
     // drift is reported and the edit left in place.
     hub_config_map(&hub, "ours", "report", "5").await;
-    eventually("our quota to be applied", || async {
+    eventually(Polled::ApiServer, "our quota to be applied", || async {
         pods_in(&a, "ours").await.as_deref() == Some("5")
     })
     .await;
@@ -454,7 +476,7 @@ async fn drift_and_conflicts_are_reported_or_taken_over_as_chosen() {
         )
         .await
         .expect("edit in the member");
-    eventually("the drift to be reported", || async {
+    eventually(Polled::ApiServer, "the drift to be reported", || async {
         member_states(&hub, "ours")
             .await
             .get("a")
@@ -538,49 +560,61 @@ async fn chosen_members_join_move_without_deletion_and_leave() {
 
     hub_config_map(&hub, "team", "on", "4").await;
     choose(&hub, "a,b").await;
-    eventually("a to be in sync and b not engaged", || async {
-        pods_in(&a, "team").await.as_deref() == Some("4")
-            && states_are(
-                &member_states(&hub, "team").await,
-                &[("a", "InSync"), ("b", "NotEngaged")],
-            )
-    })
+    eventually(
+        Polled::ApiServer,
+        "a to be in sync and b not engaged",
+        || async {
+            pods_in(&a, "team").await.as_deref() == Some("4")
+                && states_are(
+                    &member_states(&hub, "team").await,
+                    &[("a", "InSync"), ("b", "NotEngaged")],
+                )
+        },
+    )
     .await;
 
     provider
         .clusters
         .add("b", least_privileged("b", &b).await)
         .expect("add b");
-    eventually("b, once engaged, to get the quota", || async {
-        pods_in(&b, "team").await.as_deref() == Some("4")
-            && states_are(
-                &member_states(&hub, "team").await,
-                &[("a", "InSync"), ("b", "InSync")],
-            )
-    })
+    eventually(
+        Polled::ApiServer,
+        "b, once engaged, to get the quota",
+        || async {
+            pods_in(&b, "team").await.as_deref() == Some("4")
+                && states_are(
+                    &member_states(&hub, "team").await,
+                    &[("a", "InSync"), ("b", "InSync")],
+                )
+        },
+    )
     .await;
 
     // a moves out and straight back; b moves out for good after it.
     let before = uid_in(&a, "team").await.expect("a's quota");
     choose(&hub, "b").await;
     choose(&hub, "a").await;
-    eventually("b's quota to go once its grace has passed", || async {
-        pods_in(&b, "team").await.is_none()
-    })
+    eventually(
+        Polled::ApiServer,
+        "b's quota to go once its grace has passed",
+        || async { pods_in(&b, "team").await.is_none() },
+    )
     .await;
     assert_eq!(
         uid_in(&a, "team").await,
         Some(before),
         "a's quota was never deleted: its grace began before b's"
     );
-    eventually("the hub object to list only a", || async {
-        states_are(&member_states(&hub, "team").await, &[("a", "InSync")])
-    })
+    eventually(
+        Polled::ApiServer,
+        "the hub object to list only a",
+        || async { states_are(&member_states(&hub, "team").await, &[("a", "InSync")]) },
+    )
     .await;
 
     // a leaves the fleet while chosen.
     provider.clusters.remove(&ClusterName::from("a"));
-    eventually("a to be shown not engaged", || async {
+    eventually(Polled::ApiServer, "a to be shown not engaged", || async {
         states_are(&member_states(&hub, "team").await, &[("a", "NotEngaged")])
     })
     .await;
@@ -617,25 +651,29 @@ async fn a_reported_status_field_reaches_the_hub_object() {
         .expect("add");
     let (stop, task) = run_manager(&manager);
     hub_config_map(&hub, "team-x", "namespace", "1").await;
-    eventually("the member's namespace phase on the hub object", || async {
-        let Some(object) =
-            Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
-                .get_opt("team-x")
-                .await
-                .expect("get")
-        else {
-            return false;
-        };
-        let Some(text) = object
-            .metadata
-            .annotations
-            .and_then(|a| a.get(STATUS).cloned())
-        else {
-            return false;
-        };
-        let status: Value = serde_json::from_str(&text).expect("JSON");
-        status["members"][0]["reported"]["Namespace team-x"] == "Active"
-    })
+    eventually(
+        Polled::ApiServer,
+        "the member's namespace phase on the hub object",
+        || async {
+            let Some(object) =
+                Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
+                    .get_opt("team-x")
+                    .await
+                    .expect("get")
+            else {
+                return false;
+            };
+            let Some(text) = object
+                .metadata
+                .annotations
+                .and_then(|a| a.get(STATUS).cloned())
+            else {
+                return false;
+            };
+            let status: Value = serde_json::from_str(&text).expect("JSON");
+            status["members"][0]["reported"]["Namespace team-x"] == "Active"
+        },
+    )
     .await;
     stop.cancel();
     task.await.expect("task").expect("clean stop");
@@ -667,21 +705,26 @@ async fn labelled_members_follow_their_cluster_labels() {
     let (stop, task) = run_manager(&manager);
     wait_until_ready(&manager, "a").await;
     hub_config_map(&hub, "team", "on", "4").await;
-    eventually("the prod member to get the quota", || async {
-        pods_in(&a, "team").await.as_deref() == Some("4")
-    })
+    eventually(
+        Polled::ApiServer,
+        "the prod member to get the quota",
+        || async { pods_in(&a, "team").await.as_deref() == Some("4") },
+    )
     .await;
 
     member.set_inventory(labelled_as("dev"));
     eventually(
+        Polled::ApiServer,
         "the quota to go once the member is no longer prod",
         || async { pods_in(&a, "team").await.is_none() },
     )
     .await;
     member.set_inventory(labelled_as("prod"));
-    eventually("the quota back once it is prod again", || async {
-        pods_in(&a, "team").await.as_deref() == Some("4")
-    })
+    eventually(
+        Polled::ApiServer,
+        "the quota back once it is prod again",
+        || async { pods_in(&a, "team").await.as_deref() == Some("4") },
+    )
     .await;
     stop.cancel();
     task.await.expect("task").expect("clean stop");
@@ -718,16 +761,20 @@ async fn a_member_whose_watch_has_not_listed_is_pending_not_in_sync() {
 
     // Pending at first is also what a member not reconciled yet shows (with
     // no reason): wait for the pending that names the watch it waits for.
-    eventually("a pending on its watch of resourcequotas", || async {
-        let states = member_states(&hub, "limits").await;
-        states_are(&states, &[("a", "Pending")]) && states["a"].1.contains("resourcequotas")
-    })
+    eventually(
+        Polled::ApiServer,
+        "a pending on its watch of resourcequotas",
+        || async {
+            let states = member_states(&hub, "limits").await;
+            states_are(&states, &[("a", "Pending")]) && states["a"].1.contains("resourcequotas")
+        },
+    )
     .await;
     // Applied all the same.
     assert_eq!(pods_in(&a, "limits").await.as_deref(), Some("5"));
 
     set_rules(&a, quota_rules()).await;
-    eventually("a in sync once it may list", || async {
+    eventually(Polled::ApiServer, "a in sync once it may list", || async {
         states_are(&member_states(&hub, "limits").await, &[("a", "InSync")])
     })
     .await;
@@ -833,6 +880,7 @@ async fn a_definition_a_namespace_and_what_needs_them_reach_a_fresh_member_in_wa
     // Polled: the state is written to the hub object on the API server.
     multicluster_runtime::testing::eventually_within(
         std::time::Duration::from_secs(120),
+        Polled::ApiServer,
         "the member in sync",
         || async { states_are(&member_states(&hub, "tenant-x").await, &[("a", "InSync")]) },
     )
@@ -897,6 +945,7 @@ async fn a_member_is_in_sync_only_once_what_it_got_is_available() {
     wait_until_ready(&manager, "a").await;
     hub_config_map(&hub, "web", "web", "1").await;
     eventually(
+        Polled::ApiServer,
         "the member progressing with the Deployment named",
         || async {
             let states = member_states(&hub, "web").await;
@@ -942,6 +991,7 @@ async fn a_member_is_in_sync_only_once_what_it_got_is_available() {
         .await
         .expect("status");
     eventually(
+        Polled::ApiServer,
         "the member in sync once the Deployment is available",
         || async { states_are(&member_states(&hub, "web").await, &[("a", "InSync")]) },
     )
@@ -961,12 +1011,16 @@ async fn a_member_is_in_sync_only_once_what_it_got_is_available() {
         .add_controller(strict.build().expect("propagation"))
         .expect("add");
     let (stop, task) = run_manager(&manager);
-    eventually("the member degraded by the user's rule", || async {
-        let states = member_states(&hub, "web").await;
-        states.get("a").is_some_and(|(state, reason)| {
-            state == "Degraded" && reason.contains("never good enough")
-        })
-    })
+    eventually(
+        Polled::ApiServer,
+        "the member degraded by the user's rule",
+        || async {
+            let states = member_states(&hub, "web").await;
+            states.get("a").is_some_and(|(state, reason)| {
+                state == "Degraded" && reason.contains("never good enough")
+            })
+        },
+    )
     .await;
     stop.cancel();
     task.await.expect("task").expect("clean stop");

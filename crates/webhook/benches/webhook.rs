@@ -10,6 +10,7 @@
 //!
 //! Run with `make bench` or `cargo bench -p multicluster-runtime --bench webhook`.
 
+use multicluster_runtime::testing::Polled;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -125,22 +126,26 @@ async fn main() {
         async move { server.serve(listener, shutdown).await }
     });
     let configurations = Api::<ValidatingWebhookConfiguration>::all(client.clone());
-    eventually("the webhook registered and answering", || async {
-        configurations
-            .get_opt("multicluster-runtime-webhooks")
-            .await
-            .ok()
-            .flatten()
-            .is_some()
-            && manager
-                .metrics()
-                .encode()
-                .contains(r#"mcr_webhook_requests_total{webhook="allow",result="allowed"}"#)
-            || {
-                let _ = creates(&client, 1).await;
-                false
-            }
-    })
+    eventually(
+        Polled::ApiServer,
+        "the webhook registered and answering",
+        || async {
+            configurations
+                .get_opt("multicluster-runtime-webhooks")
+                .await
+                .ok()
+                .flatten()
+                .is_some()
+                && manager
+                    .metrics()
+                    .encode()
+                    .contains(r#"mcr_webhook_requests_total{webhook="allow",result="allowed"}"#)
+                || {
+                    let _ = creates(&client, 1).await;
+                    false
+                }
+        },
+    )
     .await;
 
     let with = creates(&client, count).await;

@@ -3,6 +3,7 @@
 //! cluster, registers itself in members as they join and leave, follows a
 //! replaced certificate, and answers a hung handler within its deadline.
 
+use multicluster_runtime::testing::Polled;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -179,9 +180,15 @@ async fn one_server_answers_every_member_with_its_own_cluster() {
     // Registered in both members; a refused in a with the handler's
     // message; an owned one admitted and stamped with its cluster.
     let hub_client = hub.client().await.expect("hub");
-    eventually("registration in a, b and the hub", || async {
-        registered(&a_client).await && registered(&b_client).await && registered(&hub_client).await
-    })
+    eventually(
+        Polled::ApiServer,
+        "registration in a, b and the hub",
+        || async {
+            registered(&a_client).await
+                && registered(&b_client).await
+                && registered(&hub_client).await
+        },
+    )
     .await;
     let refused = try_create(&hub_client, &config_map("plain", None))
         .await
@@ -211,11 +218,15 @@ async fn one_server_answers_every_member_with_its_own_cluster() {
         .create(&PostParams::default(), &config_map(EXEMPTION, Some("team")))
         .await
         .expect("exemption");
-    eventually("an unowned ConfigMap admitted in b", || async {
-        try_create(&b_client, &config_map("plain", None))
-            .await
-            .is_ok_and(|cm| cm.labels().get("stamped-by").map(String::as_str) == Some("b"))
-    })
+    eventually(
+        Polled::ApiServer,
+        "an unowned ConfigMap admitted in b",
+        || async {
+            try_create(&b_client, &config_map("plain", None))
+                .await
+                .is_ok_and(|cm| cm.labels().get("stamped-by").map(String::as_str) == Some("b"))
+        },
+    )
     .await;
 
     // A hung handler is answered at the default deadline (9 s, 503): the
@@ -238,7 +249,10 @@ async fn one_server_answers_every_member_with_its_own_cluster() {
         .clusters
         .add("c", cluster_for("c", &c).await)
         .expect("add c");
-    eventually("registration in c", || registered(&c_client)).await;
+    eventually(Polled::ApiServer, "registration in c", || {
+        registered(&c_client)
+    })
+    .await;
     let refused = try_create(&c_client, &config_map("plain", None))
         .await
         .expect_err("an unowned ConfigMap in c");
@@ -247,14 +261,14 @@ async fn one_server_answers_every_member_with_its_own_cluster() {
         "{refused}"
     );
     provider.clusters.remove(&ClusterName::from("c"));
-    eventually("no registration in c", || async {
+    eventually(Polled::ApiServer, "no registration in c", || async {
         !registered(&c_client).await
     })
     .await;
     // The API server follows webhook configurations through a watch of
     // its own: it may call the webhook for a moment after the removal
     // (and our server, no longer serving c, answers 404 meanwhile).
-    eventually("c no longer checked", || async {
+    eventually(Polled::ApiServer, "c no longer checked", || async {
         try_create(&c_client, &config_map("plain", None))
             .await
             .is_ok()
@@ -268,7 +282,7 @@ async fn one_server_answers_every_member_with_its_own_cluster() {
     ServingFiles::generate(certificates.path()).expect("new certificates");
     let new_ca = std::fs::read(&files.ca).expect("CA");
     assert_ne!(old_ca, new_ca);
-    eventually("the new CA registered in a", || async {
+    eventually(Polled::ApiServer, "the new CA registered in a", || async {
         Api::<ValidatingWebhookConfiguration>::all(a_client.clone())
             .get(CONFIGURATION)
             .await
@@ -284,11 +298,15 @@ async fn one_server_answers_every_member_with_its_own_cluster() {
             })
     })
     .await;
-    eventually("the handler answering with the new certificate", || async {
-        try_create(&a_client, &config_map("plain", None))
-            .await
-            .is_err_and(|err| err.contains("in cluster a has no owner label"))
-    })
+    eventually(
+        Polled::ApiServer,
+        "the handler answering with the new certificate",
+        || async {
+            try_create(&a_client, &config_map("plain", None))
+                .await
+                .is_err_and(|err| err.contains("in cluster a has no owner label"))
+        },
+    )
     .await;
 
     let metrics = manager.metrics().encode();
@@ -502,7 +520,9 @@ async fn requests_outside_admission_get_the_documented_answers() {
 
     // A cluster whose lifetime ended is no longer answered.
     lifetime.cancel();
-    eventually("team/a no longer served", || async {
+    // The server forgets the cluster when its lifetime ends and tells
+    // no one: asked again until it answers 404.
+    eventually(Polled::Unsignalled, "team/a no longer served", || async {
         call("POST", &path, review.clone()).await.0 == 404
     })
     .await;
@@ -567,7 +587,10 @@ async fn a_member_held_to_a_namespace_is_registered_for_it_and_cleaned_up_on_req
     })
     .await;
 
-    eventually("registration in the member", || registered(&admin)).await;
+    eventually(Polled::ApiServer, "registration in the member", || {
+        registered(&admin)
+    })
+    .await;
     let configuration = Api::<ValidatingWebhookConfiguration>::all(admin.clone())
         .get(CONFIGURATION)
         .await

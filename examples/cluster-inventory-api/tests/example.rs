@@ -2,6 +2,7 @@
 //! access provider is envtest's token plugin, and the copy controller doing
 //! its work in the member.
 
+use multicluster_runtime::testing::Polled;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -127,6 +128,7 @@ async fn the_example_copies_configmaps_in_a_profiles_cluster() {
         .await
         .expect("source");
     eventually(
+        Polled::ApiServer,
         "the example to copy the ConfigMap in the member",
         || async {
             configmaps

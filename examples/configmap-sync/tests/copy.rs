@@ -3,6 +3,7 @@
 //! its label (the update that removes it reaches the reconciler) or is
 //! deleted.
 
+use multicluster_runtime::testing::Polled;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -42,9 +43,11 @@ async fn a_source_that_loses_its_label_loses_its_copy() {
             .create(&PostParams::default(), &source)
             .await
             .expect("source");
-        eventually(&format!("{name} to be copied"), || async {
-            copy(&configmaps, name).await.is_some()
-        })
+        eventually(
+            Polled::ApiServer,
+            &format!("{name} to be copied"),
+            || async { copy(&configmaps, name).await.is_some() },
+        )
         .await;
     }
 
@@ -62,9 +65,11 @@ async fn a_source_that_loses_its_label_loses_its_copy() {
         .await
         .expect("delete");
     for name in ["unlabelled", "deleted"] {
-        eventually(&format!("the copy of {name} to go"), || async {
-            copy(&configmaps, name).await.is_none()
-        })
+        eventually(
+            Polled::ApiServer,
+            &format!("the copy of {name} to go"),
+            || async { copy(&configmaps, name).await.is_none() },
+        )
         .await;
     }
 

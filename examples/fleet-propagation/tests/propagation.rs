@@ -6,6 +6,7 @@
 //! the hub (whose finalizer then lets it go) or no longer labelled (the
 //! finalizer is let go at once).
 
+use multicluster_runtime::testing::Polled;
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
@@ -113,13 +114,15 @@ async fn hub_objects_are_propagated_counted_and_cleaned_up_as_members_come_and_g
         .await
         .expect("hub object");
 
-    eventually("copies in m1 and m2", || async {
+    eventually(Polled::ApiServer, "copies in m1 and m2", || async {
         copy_of(&m1).await == data("1") && copy_of(&m2).await == data("1")
     })
     .await;
-    eventually("the hub object to show two members in sync", || async {
-        counted(&hub).await == Some((2, 2))
-    })
+    eventually(
+        Polled::ApiServer,
+        "the hub object to show two members in sync",
+        || async { counted(&hub).await == Some((2, 2)) },
+    )
     .await;
     let finalizers = hub_object(&hub).await.and_then(|o| o.metadata.finalizers);
     assert_eq!(
@@ -137,20 +140,22 @@ async fn hub_objects_are_propagated_counted_and_cleaned_up_as_members_come_and_g
         )
         .await
         .expect("update");
-    eventually("the copies to follow", || async {
+    eventually(Polled::ApiServer, "the copies to follow", || async {
         copy_of(&m1).await == data("2") && copy_of(&m2).await == data("2")
     })
     .await;
 
     // A member joins: it gets the copy without any change on the hub.
     join(&hub, "m3", &m3).await;
-    eventually("the copy in m3", || async {
+    eventually(Polled::ApiServer, "the copy in m3", || async {
         copy_of(&m3).await == data("2")
     })
     .await;
-    eventually("the hub object to show three members in sync", || async {
-        counted(&hub).await == Some((3, 3))
-    })
+    eventually(
+        Polled::ApiServer,
+        "the hub object to show three members in sync",
+        || async { counted(&hub).await == Some((3, 3)) },
+    )
     .await;
 
     // A member leaves (its Secret is deleted): it is no longer counted.
@@ -158,9 +163,11 @@ async fn hub_objects_are_propagated_counted_and_cleaned_up_as_members_come_and_g
         .delete("m2", &DeleteParams::default())
         .await
         .expect("delete Secret");
-    eventually("the hub object to show two members again", || async {
-        counted(&hub).await == Some((2, 2))
-    })
+    eventually(
+        Polled::ApiServer,
+        "the hub object to show two members again",
+        || async { counted(&hub).await == Some((2, 2)) },
+    )
     .await;
 
     // No longer labelled: its copies go and its finalizer is let go while
@@ -171,9 +178,11 @@ async fn hub_objects_are_propagated_counted_and_cleaned_up_as_members_come_and_g
         .create(&PostParams::default(), &other)
         .await
         .expect("second hub object");
-    eventually("the second object's copy in m3", || async {
-        copy_named(&m3, "unlabelled-later").await.is_some()
-    })
+    eventually(
+        Polled::ApiServer,
+        "the second object's copy in m3",
+        || async { copy_named(&m3, "unlabelled-later").await.is_some() },
+    )
     .await;
     configmaps
         .patch(
@@ -183,16 +192,20 @@ async fn hub_objects_are_propagated_counted_and_cleaned_up_as_members_come_and_g
         )
         .await
         .expect("unlabel");
-    eventually("its copies gone and its finalizer released", || async {
-        copy_named(&m1, "unlabelled-later").await.is_none()
-            && copy_named(&m3, "unlabelled-later").await.is_none()
-            && configmaps
-                .get_opt("unlabelled-later")
-                .await
-                .ok()
-                .flatten()
-                .is_some_and(|o| o.metadata.finalizers.unwrap_or_default().is_empty())
-    })
+    eventually(
+        Polled::ApiServer,
+        "its copies gone and its finalizer released",
+        || async {
+            copy_named(&m1, "unlabelled-later").await.is_none()
+                && copy_named(&m3, "unlabelled-later").await.is_none()
+                && configmaps
+                    .get_opt("unlabelled-later")
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|o| o.metadata.finalizers.unwrap_or_default().is_empty())
+        },
+    )
     .await;
 
     // Deleted on the hub: the finalizer holds it until every member's copy
@@ -201,11 +214,15 @@ async fn hub_objects_are_propagated_counted_and_cleaned_up_as_members_come_and_g
         .delete("shared", &DeleteParams::default())
         .await
         .expect("delete");
-    eventually("the copies and then the hub object to go", || async {
-        copy_of(&m1).await.is_none()
-            && copy_of(&m3).await.is_none()
-            && hub_object(&hub).await.is_none()
-    })
+    eventually(
+        Polled::ApiServer,
+        "the copies and then the hub object to go",
+        || async {
+            copy_of(&m1).await.is_none()
+                && copy_of(&m3).await.is_none()
+                && hub_object(&hub).await.is_none()
+        },
+    )
     .await;
     assert!(
         example.try_wait().expect("status").is_none(),

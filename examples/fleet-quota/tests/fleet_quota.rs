@@ -5,6 +5,7 @@
 //! member's identity may only read quotas, then `InSync` once it may write
 //! them. Deleting the FleetQuota removes every quota first.
 
+use multicluster_runtime::testing::Polled;
 use std::process::Stdio;
 use std::time::Duration;
 
@@ -118,28 +119,33 @@ async fn a_fleet_quota_is_in_every_member_and_its_status_says_how_each_is_doing(
     let mut quota = DynamicObject::new("team", &fleet_quotas()).within("default");
     quota.data = json!({"spec": {"hard": {"pods": "4"}}});
     eventually(
+        Polled::ApiServer,
         "the example to install its CRD, and the FleetQuota made",
         || async { quotas.create(&PostParams::default(), &quota).await.is_ok() },
     )
     .await;
 
-    eventually("a in sync, b failed with its 403", || async {
-        let Some(status) = status(&hub).await else {
-            return false;
-        };
-        let members = members(&status);
-        pods_in(&a).await.as_deref() == Some("4")
-            && members.len() == 2
-            && members[0].0 == "a"
-            && members[0].1 == "InSync"
-            && status["members"][0]["appliedGeneration"] == 1
-            && members[1].0 == "b"
-            && members[1].1 == "Failed"
-            && members[1].2.contains("403")
-            && status["conditions"][0]["type"] == "Propagated"
-            && status["conditions"][0]["status"] == "False"
-            && status["conditions"][0]["reason"] == "Failed"
-    })
+    eventually(
+        Polled::ApiServer,
+        "a in sync, b failed with its 403",
+        || async {
+            let Some(status) = status(&hub).await else {
+                return false;
+            };
+            let members = members(&status);
+            pods_in(&a).await.as_deref() == Some("4")
+                && members.len() == 2
+                && members[0].0 == "a"
+                && members[0].1 == "InSync"
+                && status["members"][0]["appliedGeneration"] == 1
+                && members[1].0 == "b"
+                && members[1].1 == "Failed"
+                && members[1].2.contains("403")
+                && status["conditions"][0]["type"] == "Propagated"
+                && status["conditions"][0]["status"] == "False"
+                && status["conditions"][0]["reason"] == "Failed"
+        },
+    )
     .await;
 
     Api::<ClusterRole>::all(b.client().await.expect("client"))
@@ -150,27 +156,35 @@ async fn a_fleet_quota_is_in_every_member_and_its_status_says_how_each_is_doing(
         )
         .await
         .expect("allow b to write");
-    eventually("b in sync too, and the condition true", || async {
-        let Some(status) = status(&hub).await else {
-            return false;
-        };
-        pods_in(&b).await.as_deref() == Some("4")
-            && members(&status)
-                .iter()
-                .all(|(_, state, _)| state == "InSync")
-            && status["conditions"][0]["status"] == "True"
-    })
+    eventually(
+        Polled::ApiServer,
+        "b in sync too, and the condition true",
+        || async {
+            let Some(status) = status(&hub).await else {
+                return false;
+            };
+            pods_in(&b).await.as_deref() == Some("4")
+                && members(&status)
+                    .iter()
+                    .all(|(_, state, _)| state == "InSync")
+                && status["conditions"][0]["status"] == "True"
+        },
+    )
     .await;
 
     quotas
         .delete("team", &DeleteParams::default())
         .await
         .expect("delete");
-    eventually("every quota and then the FleetQuota gone", || async {
-        pods_in(&a).await.is_none()
-            && pods_in(&b).await.is_none()
-            && quotas.get_opt("team").await.expect("get").is_none()
-    })
+    eventually(
+        Polled::ApiServer,
+        "every quota and then the FleetQuota gone",
+        || async {
+            pods_in(&a).await.is_none()
+                && pods_in(&b).await.is_none()
+                && quotas.get_opt("team").await.expect("get").is_none()
+        },
+    )
     .await;
     let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
     assert!(status.success(), "{status}");

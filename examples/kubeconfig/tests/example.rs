@@ -2,6 +2,7 @@
 //! it copies in the member while another Secret's credential plugin hangs,
 //! and SIGTERM stops it within its grace period, plugin included.
 
+use multicluster_runtime::testing::Polled;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -159,12 +160,16 @@ async fn the_secret_script_grants_what_the_example_needs_and_no_more() {
         .delete("settings", &kube::api::DeleteParams::default())
         .await
         .expect("delete");
-    eventually("the copy to be deleted by the example", || async {
-        configmaps
-            .get_opt("settings-copy")
-            .await
-            .is_ok_and(|copy| copy.is_none())
-    })
+    eventually(
+        Polled::ApiServer,
+        "the copy to be deleted by the example",
+        || async {
+            configmaps
+                .get_opt("settings-copy")
+                .await
+                .is_ok_and(|copy| copy.is_none())
+        },
+    )
     .await;
 
     // Its warning Events, and no more: not Secrets, not other kinds.

@@ -4,6 +4,7 @@
 //! running; a killed leader is replaced once its Lease lapses, a stopped
 //! one hands over at once.
 
+use multicluster_runtime::testing::Polled;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -179,6 +180,7 @@ async fn new_leader(
     since: Instant,
 ) -> (usize, Duration) {
     eventually(
+        Polled::ApiServer,
         "a replica other than the last leader to take the Lease",
         || async { fleet.holder().await.is_some_and(|holder| holder != not) },
     )
@@ -207,9 +209,11 @@ async fn leads(fleet: &Fleet, replicas: &[Replica], leader: usize, round: u32) {
     }
     fleet.touch(round).await;
     let id = &replicas[leader].id;
-    eventually(&format!("{id} to copy round {round}"), || {
-        fleet.copied(round, id)
-    })
+    eventually(
+        Polled::ApiServer,
+        &format!("{id} to copy round {round}"),
+        || fleet.copied(round, id),
+    )
     .await;
     for (replica, before) in others.iter().zip(before) {
         assert_eq!(
@@ -233,7 +237,7 @@ async fn one_replica_leads_the_others_stand_by_warm_and_take_over() {
         .collect();
     let (first, _) = new_leader(&fleet, &replicas, "", Instant::now()).await;
     let first_id = replicas[first].id.clone();
-    eventually("the leader to copy every source", || {
+    eventually(Polled::ApiServer, "the leader to copy every source", || {
         fleet.copied(0, &first_id)
     })
     .await;
@@ -246,15 +250,19 @@ async fn one_replica_leads_the_others_stand_by_warm_and_take_over() {
         } else {
             "ready, left to another replica"
         };
-        eventually(&format!("{} to report {expected}", replica.id), || {
-            reports_all(replica, expected)
-        })
+        eventually(
+            Polled::OtherProcess,
+            &format!("{} to report {expected}", replica.id),
+            || reports_all(replica, expected),
+        )
         .await;
     }
     // Warm: each standby holds its own ConfigMap watch, as the leader does.
-    eventually("every replica to watch ConfigMaps", || async {
-        fleet.configmap_watches().await == watches_before + 3
-    })
+    eventually(
+        Polled::ApiServer,
+        "every replica to watch ConfigMaps",
+        || async { fleet.configmap_watches().await == watches_before + 3 },
+    )
     .await;
     leads(&fleet, &replicas, first, 1).await;
 

@@ -10,7 +10,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ObjectMeta, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_example_testing::manifests::{
-    apply, can_i, container, containers, engaged, render, run_as_deployed,
+    apply, can_i, container, containers, render, run_as_deployed, wait_until_engaged,
 };
 use multicluster_example_testing::{GRACE, terminate, wait_for_copy_in};
 use multicluster_provider_namespace::WATCH_FILTER_LABEL;
@@ -80,20 +80,11 @@ async fn the_manifests_deploy_with_the_least_privilege_and_instances_stay_apart(
     }
     wait_for_copy_in(admin.clone(), "team-a", "for-a").await;
     wait_for_copy_in(admin, "team-b", "for-b").await;
-    let apart = tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            let seen = (engaged(running[0].1).await, engaged(running[1].1).await);
-            if seen.0 == ["team-a"] && seen.1 == ["team-b"] {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
-        }
-    })
+    wait_until_engaged(&[
+        (running[0].1, vec!["team-a".to_string()]),
+        (running[1].1, vec!["team-b".to_string()]),
+    ])
     .await;
-    assert!(
-        apart.is_ok(),
-        "each instance engages exactly its own namespaces"
-    );
     for (child, _) in &mut running {
         let status = terminate(child, GRACE + Duration::from_secs(5)).await;
         assert!(status.success(), "{status}");

@@ -3,6 +3,7 @@
 //! decision, a cluster moved from one slice to another keeps its copy (the
 //! same object), and the hub object reports each chosen cluster.
 
+use multicluster_runtime::testing::Polled;
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
@@ -196,10 +197,14 @@ async fn the_copy_follows_the_placement_decision() {
         .spawn()
         .expect("example");
 
-    eventually("the copy in east, reported in sync", || async {
-        copy_of(&east_client).await.as_deref() == Some("blue")
-            && report(&hub).await == states(&[("inventory/east", "InSync")])
-    })
+    eventually(
+        Polled::ApiServer,
+        "the copy in east, reported in sync",
+        || async {
+            copy_of(&east_client).await.as_deref() == Some("blue")
+                && report(&hub).await == states(&[("inventory/east", "InSync")])
+        },
+    )
     .await;
     assert_eq!(copy_of(&west_client).await, None, "west was not chosen");
     let east_copy = uid_of_copy(&east_client).await.expect("east's copy");
@@ -221,11 +226,15 @@ async fn the_copy_follows_the_placement_decision() {
         .create(&PostParams::default(), &second)
         .await
         .expect("east into slice 1");
-    eventually("both copies, reported in sync", || async {
-        copy_of(&west_client).await.as_deref() == Some("blue")
-            && report(&hub).await
-                == states(&[("inventory/east", "InSync"), ("inventory/west", "InSync")])
-    })
+    eventually(
+        Polled::ApiServer,
+        "both copies, reported in sync",
+        || async {
+            copy_of(&west_client).await.as_deref() == Some("blue")
+                && report(&hub).await
+                    == states(&[("inventory/east", "InSync"), ("inventory/west", "InSync")])
+        },
+    )
     .await;
 
     // West leaves the decision: its copy goes once the grace has passed,
@@ -238,10 +247,14 @@ async fn the_copy_follows_the_placement_decision() {
         )
         .await
         .expect("west out");
-    eventually("west's copy gone, east alone reported", || async {
-        copy_of(&west_client).await.is_none()
-            && report(&hub).await == states(&[("inventory/east", "InSync")])
-    })
+    eventually(
+        Polled::ApiServer,
+        "west's copy gone, east alone reported",
+        || async {
+            copy_of(&west_client).await.is_none()
+                && report(&hub).await == states(&[("inventory/east", "InSync")])
+        },
+    )
     .await;
     assert_eq!(
         uid_of_copy(&east_client).await,

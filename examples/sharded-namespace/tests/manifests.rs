@@ -5,6 +5,7 @@
 //! share the fleet; the second instance, with its own namespace and watch
 //! filter, works only on its clusters and is never the first one's peer.
 
+use multicluster_runtime::testing::Polled;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
@@ -125,6 +126,7 @@ async fn the_manifests_deploy_with_the_least_privilege_and_instances_stay_apart(
         .map(|t| t.to_string())
         .collect();
     eventually(
+        Polled::OtherProcess,
         "the first instance's replicas to split its fleet",
         || async {
             let (one, two) = (
@@ -138,9 +140,11 @@ async fn the_manifests_deploy_with_the_least_privilege_and_instances_stay_apart(
         },
     )
     .await;
-    eventually("the second instance to work on team-b alone", || async {
-        working_on(other_address).await == BTreeSet::from(["team-b".to_string()])
-    })
+    eventually(
+        Polled::OtherProcess,
+        "the second instance to work on team-b alone",
+        || async { working_on(other_address).await == BTreeSet::from(["team-b".to_string()]) },
+    )
     .await;
 
     // And no more: no Secrets, no Leases outside its own namespace.

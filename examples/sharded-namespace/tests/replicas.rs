@@ -3,6 +3,7 @@
 //! cluster's fence, who wrote each copy and whose reconcile counters move
 //! must all name the one owner rendezvous hashing picks.
 
+use multicluster_runtime::testing::Polled;
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::coordination::v1::Lease;
@@ -239,6 +240,7 @@ async fn wait_until_working(replicas: &[&Replica], owners: &BTreeMap<String, Str
             .map(|(cluster, _)| cluster.clone())
             .collect();
         eventually(
+            Polled::OtherProcess,
             "each replica at work on exactly its own clusters",
             || async { working_on(replica).await.as_ref() == Some(&mine) },
         )
@@ -272,23 +274,29 @@ async fn share_and_hand_over(hold: &str) {
         3,
         "the fleet is too small to reach all three: {owners:?}"
     );
-    eventually("each cluster's fence held by its owner", || async {
-        fleet.holders().await == owners
-    })
+    eventually(
+        Polled::ApiServer,
+        "each cluster's fence held by its owner",
+        || async { fleet.holders().await == owners },
+    )
     .await;
     wait_until_working(&[&r0, &r1, &r2], &owners).await;
-    eventually("every copy written by its owner", || async {
-        fleet.copied(0, &owners).await
-    })
+    eventually(
+        Polled::ApiServer,
+        "every copy written by its owner",
+        || async { fleet.copied(0, &owners).await },
+    )
     .await;
     // Replicas starting together may each see too few peers at first and
     // take a cluster they hand back a moment later: from here on only the
     // owners may reconcile.
     let before = counts(&[&r0, &r1, &r2]).await;
     fleet.touch(1).await;
-    eventually("every changed source copied by its owner", || async {
-        fleet.copied(1, &owners).await
-    })
+    eventually(
+        Polled::ApiServer,
+        "every changed source copied by its owner",
+        || async { fleet.copied(1, &owners).await },
+    )
     .await;
     let after = counts(&[&r0, &r1, &r2]).await;
     only_owners_reconciled(&before, &after, &owners);
@@ -300,7 +308,7 @@ async fn share_and_hand_over(hold: &str) {
     r2.process.wait().await.expect("r2 gone");
     let killed = tokio::time::Instant::now();
     let owners = expected(&[&r0, &r1]);
-    eventually("r2's clusters taken over", || async {
+    eventually(Polled::ApiServer, "r2's clusters taken over", || async {
         fleet.holders().await == owners
     })
     .await;
@@ -329,9 +337,11 @@ async fn share_and_hand_over(hold: &str) {
     wait_until_working(&[&r0, &r1], &owners).await;
     let before = counts(&[&r0, &r1]).await;
     fleet.touch(2).await;
-    eventually("every source copied by its new owner", || async {
-        fleet.copied(2, &owners).await
-    })
+    eventually(
+        Polled::ApiServer,
+        "every source copied by its new owner",
+        || async { fleet.copied(2, &owners).await },
+    )
     .await;
     only_owners_reconciled(&before, &counts(&[&r0, &r1]).await, &owners);
 
@@ -339,7 +349,7 @@ async fn share_and_hand_over(hold: &str) {
     let fences_before = fleet.fences().await;
     let r3 = start(&cp, "r3", hold);
     let owners = expected(&[&r0, &r1, &r3]);
-    eventually("r3's share handed over", || async {
+    eventually(Polled::ApiServer, "r3's share handed over", || async {
         fleet.holders().await == owners
     })
     .await;
@@ -359,9 +369,11 @@ async fn share_and_hand_over(hold: &str) {
     wait_until_working(&[&r0, &r1, &r3], &owners).await;
     let before = counts(&[&r0, &r1, &r3]).await;
     fleet.touch(3).await;
-    eventually("every source copied by its owner", || async {
-        fleet.copied(3, &owners).await
-    })
+    eventually(
+        Polled::ApiServer,
+        "every source copied by its owner",
+        || async { fleet.copied(3, &owners).await },
+    )
     .await;
     only_owners_reconciled(&before, &counts(&[&r0, &r1, &r3]).await, &owners);
 
@@ -399,7 +411,7 @@ async fn share_and_hand_over(hold: &str) {
         }
     }
     let owners = expected(&[&r0, &r1]);
-    eventually("r3's clusters taken over", || async {
+    eventually(Polled::ApiServer, "r3's clusters taken over", || async {
         fleet.holders().await == owners
     })
     .await;
@@ -423,9 +435,11 @@ async fn stop_without_the_api_server(hold: &str) {
     let fleet = Fleet::create(&cp).await;
     let replicas = [start(&cp, "r0", hold), start(&cp, "r1", hold)];
     let owners = expected(&[&replicas[0], &replicas[1]]);
-    eventually("each cluster's fence held by its owner", || async {
-        fleet.holders().await == owners
-    })
+    eventually(
+        Polled::ApiServer,
+        "each cluster's fence held by its owner",
+        || async { fleet.holders().await == owners },
+    )
     .await;
     wait_until_working(&[&replicas[0], &replicas[1]], &owners).await;
 
@@ -434,9 +448,11 @@ async fn stop_without_the_api_server(hold: &str) {
     cp.stop_api_server();
     let stopped = tokio::time::Instant::now();
     for replica in &replicas {
-        eventually("the replica to stop all work", || async {
-            working_on(replica).await == Some(Vec::new())
-        })
+        eventually(
+            Polled::OtherProcess,
+            "the replica to stop all work",
+            || async { working_on(replica).await == Some(Vec::new()) },
+        )
         .await;
     }
     eprintln!(
@@ -448,8 +464,10 @@ async fn stop_without_the_api_server(hold: &str) {
     cp.start_api_server().await.expect("API server back");
     wait_until_working(&[&replicas[0], &replicas[1]], &owners).await;
     fleet.touch(1).await;
-    eventually("every changed source copied by its owner", || async {
-        fleet.copied(1, &owners).await
-    })
+    eventually(
+        Polled::ApiServer,
+        "every changed source copied by its owner",
+        || async { fleet.copied(1, &owners).await },
+    )
     .await;
 }

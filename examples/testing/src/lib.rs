@@ -6,6 +6,7 @@ pub mod manifests;
 pub mod replica;
 pub mod sharding;
 
+use multicluster_runtime::testing::Polled;
 use std::time::Duration;
 
 use k8s_openapi::ByteString;
@@ -52,15 +53,19 @@ pub async fn wait_for_copy_in(member: kube::Client, namespace: &str, name: &str)
         .create(&PostParams::default(), &source)
         .await
         .unwrap_or_else(|err| panic!("creating {name}: {err}"));
-    multicluster_runtime::testing::eventually(&format!("the example to copy {name}"), || async {
-        configmaps
-            .get_opt(&copy_name(name))
-            .await
-            .ok()
-            .flatten()
-            .and_then(|copy| copy.data)
-            .is_some_and(|data| data.get("colour").map(String::as_str) == Some("blue"))
-    })
+    multicluster_runtime::testing::eventually(
+        Polled::ApiServer,
+        &format!("the example to copy {name}"),
+        || async {
+            configmaps
+                .get_opt(&copy_name(name))
+                .await
+                .ok()
+                .flatten()
+                .and_then(|copy| copy.data)
+                .is_some_and(|data| data.get("colour").map(String::as_str) == Some("blue"))
+        },
+    )
     .await;
 }
 

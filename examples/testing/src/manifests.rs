@@ -274,6 +274,9 @@ pub async fn engaged(address: std::net::SocketAddr) -> Vec<String> {
 
 /// Waits (60 s at most) until each example at `address` lists exactly its
 /// `expected` clusters on `/clusters`; panics with what they listed last.
+/// Polled, as [`multicluster_runtime::testing::eventually`] does for
+/// [`Polled::OtherProcess`](multicluster_runtime::testing::Polled): the
+/// examples are other processes; what they listed is kept for the panic.
 pub async fn wait_until_engaged(instances: &[(std::net::SocketAddr, Vec<String>)]) {
     let mut seen = Vec::new();
     let apart = tokio::time::timeout(Duration::from_secs(60), async {

@@ -5,6 +5,7 @@
 //! exempt), the policy holds while the server is down, and `kube-system`
 //! stays writable.
 
+use multicluster_runtime::testing::Polled;
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
@@ -100,7 +101,10 @@ async fn members_refuse_unowned_config_maps_once_registered() {
         .spawn()
         .expect("example");
 
-    eventually("the first member registered", || registered(&first_client)).await;
+    eventually(Polled::ApiServer, "the first member registered", || {
+        registered(&first_client)
+    })
+    .await;
     let refused = create(&first_client, "plain", None)
         .await
         .expect_err("an unowned ConfigMap");
@@ -122,7 +126,7 @@ async fn members_refuse_unowned_config_maps_once_registered() {
         )
         .await
         .expect("secret");
-    eventually("the second member registered", || {
+    eventually(Polled::ApiServer, "the second member registered", || {
         registered(&second_client)
     })
     .await;

@@ -5,6 +5,7 @@
 //! registers itself in the member and refuses what it should there — and
 //! neither identity may do more.
 
+use multicluster_runtime::testing::Polled;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
@@ -94,19 +95,23 @@ async fn the_manifests_deploy_with_the_least_privilege_on_hub_and_member() {
 
     // It works with that RBAC: registered in the member, refusing there.
     let member_admin = member.client().await.expect("member");
-    eventually("an unowned ConfigMap refused in the member", || async {
-        let object = ConfigMap {
-            metadata: ObjectMeta {
-                name: Some("plain".into()),
-                ..ObjectMeta::default()
-            },
-            ..ConfigMap::default()
-        };
-        Api::<ConfigMap>::namespaced(member_admin.clone(), "default")
-            .create(&PostParams::default(), &object)
-            .await
-            .is_err_and(|err| err.to_string().contains("has no fleet.example/owner label"))
-    })
+    eventually(
+        Polled::ApiServer,
+        "an unowned ConfigMap refused in the member",
+        || async {
+            let object = ConfigMap {
+                metadata: ObjectMeta {
+                    name: Some("plain".into()),
+                    ..ObjectMeta::default()
+                },
+                ..ConfigMap::default()
+            };
+            Api::<ConfigMap>::namespaced(member_admin.clone(), "default")
+                .create(&PostParams::default(), &object)
+                .await
+                .is_err_and(|err| err.to_string().contains("has no fleet.example/owner label"))
+        },
+    )
     .await;
 
     // And no more. On the hub: reading its own Secrets.

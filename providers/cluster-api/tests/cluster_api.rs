@@ -2,6 +2,7 @@
 //! Cluster CRD and real workload control planes behind kubeconfig Secrets.
 
 use multicluster_runtime::provider::clusters::ClusterSetProvider;
+use multicluster_runtime::testing::Polled;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,8 +23,8 @@ use multicluster_runtime::client::{AllowedPlugin, Allowlist, ExecPolicy, Kubecon
 use multicluster_runtime::controller::{Backoff, Request};
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::testing::{
-    Recorder, eventually, recording_manager, run_manager, serve_health, wait_until_left,
-    wait_until_unreachable, wait_until_unusable,
+    Recorder, eventually, recording_manager, run_manager, serve_health, wait_for_fleet, wait_on,
+    wait_until_left, wait_until_unreachable, wait_until_unusable,
 };
 use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
 
@@ -311,15 +312,18 @@ async fn ready_clusters_are_engaged_and_follow_their_kubeconfig_secrets() {
         )
         .await
         .expect("label and topology");
-    eventually("two's label and topology class", || async {
-        let inventory = two.inventory();
-        inventory.labels.get("env").map(String::as_str) == Some("production")
-            && inventory
-                .properties
-                .get(TOPOLOGY_CLASS_PROPERTY)
-                .map(String::as_str)
-                == Some("quick-start")
-    })
+    wait_on(
+        "two's label and topology class",
+        &mut two.inventory_changes(),
+        |inventory| {
+            inventory.labels.get("env").map(String::as_str) == Some("production")
+                && inventory
+                    .properties
+                    .get(TOPOLOGY_CLASS_PROPERTY)
+                    .map(String::as_str)
+                    == Some("quick-start")
+        },
+    )
     .await;
     assert!(
         manager
@@ -359,10 +363,11 @@ async fn ready_clusters_are_engaged_and_follow_their_kubeconfig_secrets() {
     management.put_kubeconfig("team-a", "three", &first).await;
     // The rotated Secret of an unpaused cluster is the synchronisation point.
     management.put_kubeconfig("team-a", "one", &first).await;
-    eventually("one to move back to the first workload", || async {
-        recorder.count(&req("team-a/one", "in-first")) >= 2
-    })
-    .await;
+    recorder
+        .wait_until("one to move back to the first workload", |recorder| {
+            recorder.count(&req("team-a/one", "in-first")) >= 2
+        })
+        .await;
     assert!(
         manager
             .get_cluster(&ClusterName::from("team-a/three"))
@@ -467,13 +472,16 @@ async fn watch_filters_split_clusters_between_instances_and_v1beta1_readiness_wo
     );
     let (x_stop, x_task) = run_manager(&x_manager);
     let (y_stop, y_task) = run_manager(&y_manager);
-    eventually("each instance's clusters", || async {
+    wait_for_fleet(&x_manager, "x's clusters", || {
         x.names()
             == [
                 ClusterName::from("fleet/x-one"),
                 ClusterName::from("fleet/x-two"),
             ]
-            && y.names() == [ClusterName::from("fleet/y-one")]
+    })
+    .await;
+    wait_for_fleet(&y_manager, "y's clusters", || {
+        y.names() == [ClusterName::from("fleet/y-one")]
     })
     .await;
     assert!(
@@ -612,9 +620,11 @@ async fn a_cluster_whose_credential_plugin_fails_at_first_is_engaged_once_it_wor
     ));
     let (manager, recorder) = manager_for(&management, provider.clone());
     let (shutdown, task) = run_manager(&manager);
-    eventually("the failing plugin to be tried again", || async {
-        plugins::calls(state.path()).len() >= 3
-    })
+    eventually(
+        Polled::OtherProcess,
+        "the failing plugin to be tried again",
+        || async { plugins::calls(state.path()).len() >= 3 },
+    )
     .await;
     assert!(provider.names().is_empty());
 

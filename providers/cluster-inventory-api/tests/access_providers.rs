@@ -5,6 +5,9 @@
 mod common;
 
 use multicluster_runtime::provider::clusters::ClusterSetProvider;
+use multicluster_runtime::testing::Polled;
+use multicluster_runtime::testing::wait_for_fleet;
+use multicluster_runtime::testing::wait_for_fleet_async;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -194,9 +197,11 @@ async fn profiles_are_engaged_through_the_first_access_provider_in_file_order() 
 
     // gamma's plugin fails: named, retried, nothing leaked; delta has no
     // provider in common with the file. Neither holds up the others.
-    eventually("gamma's plugin to be retried", || async {
-        calls(gamma_state.path()).len() >= 3
-    })
+    eventually(
+        Polled::OtherProcess,
+        "gamma's plugin to be retried",
+        || async { calls(gamma_state.path()).len() >= 3 },
+    )
     .await;
     let failures = provider.failures();
     let gamma = &failures[&ClusterName::from("inventory/gamma")];
@@ -250,7 +255,7 @@ async fn profiles_are_engaged_through_the_first_access_provider_in_file_order() 
 
     // Changed access (another profile-sourced argument) replaces the cluster.
     set_status(&hub, "alpha", alpha_access("us-2")).await;
-    eventually("alpha to be replaced", || async {
+    wait_for_fleet_async(&manager, "alpha to be replaced", || async {
         manager
             .get_cluster(&ClusterName::from("inventory/alpha"))
             .await
@@ -265,7 +270,7 @@ async fn profiles_are_engaged_through_the_first_access_provider_in_file_order() 
         .delete("gamma", &DeleteParams::default())
         .await
         .expect("delete");
-    eventually("gamma's failure to go", || async {
+    wait_for_fleet(&manager, "gamma's failure to go", || {
         !provider
             .failures()
             .contains_key(&ClusterName::from("inventory/gamma"))
@@ -316,16 +321,21 @@ async fn an_expiring_token_is_refreshed_by_running_the_plugin_again() {
     let revoked = multicluster_envtest::client_for(&member.token_kubeconfig("old", first_token))
         .await
         .expect("client");
-    eventually("the first token to be rejected", || async {
-        Api::<ConfigMap>::namespaced(revoked.clone(), "default")
-            .list(&ListParams::default())
-            .await
-            .is_err()
-    })
+    eventually(
+        Polled::ApiServer,
+        "the first token to be rejected",
+        || async {
+            Api::<ConfigMap>::namespaced(revoked.clone(), "default")
+                .list(&ListParams::default())
+                .await
+                .is_err()
+        },
+    )
     .await;
 
     // The engaged client keeps working: it fetched the new token itself.
     eventually(
+        Polled::ApiServer,
         "the engaged client to work with a refreshed token",
         || async {
             Api::<ConfigMap>::namespaced(edge.client(), "default")
@@ -389,9 +399,11 @@ async fn a_slow_plugin_holds_up_only_its_own_profile() {
     ));
     let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
     let (shutdown, task) = run_manager(&manager);
-    eventually("the slow plugin to be called", || async {
-        !calls(slow_state.path()).is_empty()
-    })
+    eventually(
+        Polled::OtherProcess,
+        "the slow plugin to be called",
+        || async { !calls(slow_state.path()).is_empty() },
+    )
     .await;
 
     create_profile(&hub, "fast").await;
@@ -415,11 +427,15 @@ async fn a_slow_plugin_holds_up_only_its_own_profile() {
     recorder
         .wait_for_more(&req("inventory/slow", "in-member"), 0)
         .await;
-    eventually("a build with the new settings", || async {
-        calls(slow_state.path())
-            .iter()
-            .any(|call| call_field(call, "args") == "--base --region us-2")
-    })
+    eventually(
+        Polled::OtherProcess,
+        "a build with the new settings",
+        || async {
+            calls(slow_state.path())
+                .iter()
+                .any(|call| call_field(call, "args") == "--base --region us-2")
+        },
+    )
     .await;
 
     shutdown.cancel();
@@ -675,7 +691,7 @@ async fn a_profile_cannot_have_the_plugin_mint_another_members_credential_for_it
         reasons[&thief]
     );
     set_status(&hub, "victim", status(&stranger)).await;
-    eventually("the victim's move to be refused", || async {
+    wait_for_fleet(&manager, "the victim's move to be refused", || {
         provider
             .failures()
             .get(&ClusterName::from("inventory/victim"))

@@ -4,6 +4,7 @@
 mod common;
 
 use multicluster_runtime::provider::clusters::ClusterSetProvider;
+use multicluster_runtime::testing::wait_for_fleet;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -20,7 +21,7 @@ use multicluster_provider_cluster_inventory_api::{
 };
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::testing::{
-    eventually, run_manager, serve_health, wait_until_left, wait_until_unreachable,
+    run_manager, serve_health, wait_on, wait_until_left, wait_until_unreachable,
     wait_until_unusable,
 };
 use multicluster_runtime::{ClusterName, ManagerOptions};
@@ -172,9 +173,11 @@ async fn ready_profiles_are_engaged_with_their_consumers_secret() {
         )
         .await
         .expect("relabel");
-    eventually("alpha's new label", || async {
-        alpha.labels().get("env").map(String::as_str) == Some("production")
-    })
+    wait_on(
+        "alpha's new label",
+        &mut alpha.inventory_changes(),
+        |inventory| inventory.labels.get("env").map(String::as_str) == Some("production"),
+    )
     .await;
     // A ready profile turning unhealthy stays engaged.
     set_health(&hub, "alpha", false, Some("id-alpha")).await;
@@ -296,12 +299,16 @@ async fn bad_credentials_affect_only_their_own_profile() {
 
     // Clients are built concurrently: a failure lands when its build ends.
     let failing: Vec<_> = cases.iter().filter(|case| !case.2.is_empty()).collect();
-    eventually("every bad profile's failure to be recorded", || async {
-        let failures = provider.failures();
-        failing.iter().all(|(profile, _, _)| {
-            failures.contains_key(&ClusterName::from(format!("{NS}/{profile}")))
-        })
-    })
+    wait_for_fleet(
+        &manager,
+        "every bad profile's failure to be recorded",
+        || {
+            let failures = provider.failures();
+            failing.iter().all(|(profile, _, _)| {
+                failures.contains_key(&ClusterName::from(format!("{NS}/{profile}")))
+            })
+        },
+    )
     .await;
     let failures = provider.failures();
     for (profile, _, expected) in failing {

@@ -19,9 +19,7 @@ use multicluster_provider_cluster_inventory_api::{
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::provider::clusters::ClusterSetProvider;
 use multicluster_runtime::testing::wait_for_fleet;
-use multicluster_runtime::testing::{
-    eventually, http_get, run_manager, serve_health, wait_until_left,
-};
+use multicluster_runtime::testing::{http_get, run_manager, serve_health, wait_until_left};
 use multicluster_runtime::{ClusterName, ManagerOptions};
 use serde_json::json;
 
@@ -237,9 +235,11 @@ async fn profiles_of_one_inventory_member_engage_one_cluster_and_hand_over() {
         .delete("capi-member", &DeleteParams::default())
         .await
         .expect("delete the chosen profile");
-    eventually("the member engaged from the other profile", || async {
-        managed_by().as_deref() == Some("ocm")
-    })
+    wait_for_fleet(
+        &manager,
+        "the member engaged from the other profile",
+        || managed_by().as_deref() == Some("ocm"),
+    )
     .await;
     assert_eq!(
         disengagements(&manager),

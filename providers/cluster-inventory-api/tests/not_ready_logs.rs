@@ -16,13 +16,14 @@ use kube::api::{Api, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
 use multicluster_runtime::ManagerOptions;
-use multicluster_runtime::testing::{eventually, run_manager};
+use multicluster_runtime::testing::{Changes, run_manager, wait_on};
 
 /// The provider's "not ready" lines about one cluster, by level.
 #[derive(Clone, Default)]
 struct NotReadyLines {
     warnings: Arc<Mutex<Vec<String>>>,
     debug: Arc<Mutex<usize>>,
+    caught: Changes,
 }
 
 impl NotReadyLines {
@@ -69,8 +70,9 @@ impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for NotReadyLines {
         match *event.metadata().level() {
             tracing::Level::WARN => self.warnings.lock().expect("lock").push(fields.message),
             tracing::Level::DEBUG => *self.debug.lock().expect("lock") += 1,
-            _ => {}
+            _ => return,
         }
+        self.caught.tell();
     }
 }
 
@@ -108,10 +110,10 @@ async fn a_cluster_kept_while_its_profile_is_not_ready_is_warned_about_once_unti
     // Unhealthy, then five heartbeats of the cluster manager: each status
     // update is reconciled (and logged) again.
     set_health(&hub, "alpha", false, None).await;
-    eventually("the unready profile to be looked at", || async {
-        lines.total() >= 1
-    })
-    .await;
+    lines
+        .caught
+        .wait_until("the unready profile to be looked at", || lines.total() >= 1)
+        .await;
     for beat in 0..5 {
         let before = lines.total();
         set_status(
@@ -120,10 +122,10 @@ async fn a_cluster_kept_while_its_profile_is_not_ready_is_warned_about_once_unti
             serde_json::json!({"properties": [{"name": "heartbeat", "value": beat.to_string()}]}),
         )
         .await;
-        eventually("the heartbeat to be looked at", || async {
-            lines.total() > before
-        })
-        .await;
+        lines
+            .caught
+            .wait_until("the heartbeat to be looked at", || lines.total() > before)
+            .await;
     }
     assert!(lines.total() >= 6, "{} looks", lines.total());
     assert_eq!(
@@ -149,21 +151,20 @@ async fn a_cluster_kept_while_its_profile_is_not_ready_is_warned_about_once_unti
     let mut ready = common::health(true);
     ready["properties"] = serde_json::json!([{"name": "heartbeat", "value": "ready"}]);
     set_status(&hub, "alpha", ready).await;
-    eventually("the ready profile to be looked at", || async {
-        alpha
-            .inventory()
-            .properties
-            .get("heartbeat")
-            .map(String::as_str)
-            == Some("ready")
-    })
+    wait_on(
+        "the ready profile to be looked at",
+        &mut alpha.inventory_changes(),
+        |inventory| inventory.properties.get("heartbeat").map(String::as_str) == Some("ready"),
+    )
     .await;
     assert_eq!(lines.warnings(), 1);
     set_health(&hub, "alpha", false, None).await;
-    eventually("the second spell to be warned about", || async {
-        lines.warnings() == 2
-    })
-    .await;
+    lines
+        .caught
+        .wait_until("the second spell to be warned about", || {
+            lines.warnings() == 2
+        })
+        .await;
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }

@@ -6,6 +6,7 @@
 
 mod common;
 
+use multicluster_runtime::testing::Polled;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -236,7 +237,7 @@ async fn a_decision_over_two_slices_places_copies_and_follows_its_changes() {
     let (shutdown, task) = run_manager(&manager);
 
     // Both slices' clusters, merged in the decision's order; not gamma.
-    eventually("copies in alpha and beta", || async {
+    eventually(Polled::ApiServer, "copies in alpha and beta", || async {
         has_copy(&members["alpha"]).await && has_copy(&members["beta"]).await
     })
     .await;
@@ -259,7 +260,10 @@ async fn a_decision_over_two_slices_places_copies_and_follows_its_changes() {
         )
         .await
         .expect("add gamma");
-    eventually("a copy in gamma", || has_copy(&members["gamma"])).await;
+    eventually(Polled::ApiServer, "a copy in gamma", || {
+        has_copy(&members["gamma"])
+    })
+    .await;
     assert_eq!(
         placements.clusters(Some(NS), &key),
         [
@@ -280,7 +284,7 @@ async fn a_decision_over_two_slices_places_copies_and_follows_its_changes() {
         )
         .await
         .expect("remove alpha");
-    eventually("alpha's copy removed", || async {
+    eventually(Polled::ApiServer, "alpha's copy removed", || async {
         !has_copy(&members["alpha"]).await
     })
     .await;
@@ -291,9 +295,11 @@ async fn a_decision_over_two_slices_places_copies_and_follows_its_changes() {
         .delete("p1-b", &DeleteParams::default())
         .await
         .expect("delete slice");
-    eventually("beta's and gamma's copies removed", || async {
-        !has_copy(&members["beta"]).await && !has_copy(&members["gamma"]).await
-    })
+    eventually(
+        Polled::ApiServer,
+        "beta's and gamma's copies removed",
+        || async { !has_copy(&members["beta"]).await && !has_copy(&members["gamma"]).await },
+    )
     .await;
 
     shutdown.cancel();

@@ -2,7 +2,9 @@
 //! from the file system, bad files skipped, unreachable servers harmless.
 
 use multicluster_runtime::provider::clusters::ClusterSetProvider;
+use multicluster_runtime::testing::Polled;
 use multicluster_runtime::testing::wait_for_fleet;
+use multicluster_runtime::testing::wait_for_fleet_async;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -121,7 +123,7 @@ async fn contexts_of_watched_files_come_and_go_with_the_files() {
     recorder
         .wait_for_more(&req(&name(&explicit, "four")), 0)
         .await;
-    eventually("context one to be removed", || async {
+    wait_for_fleet(&manager, "context one to be removed", || {
         !provider.names().contains(&name(&explicit, "one"))
     })
     .await;
@@ -154,9 +156,9 @@ async fn missing_paths_are_skipped_until_they_appear() {
         .provider(provider.clone())
         .build();
     let (shutdown, task) = run_manager(&manager);
-    eventually("the manager to start", || async { manager.is_started() }).await;
+    manager.started().await;
     write(&later, &with_contexts(cp.kubeconfig(), &["ctx"]));
-    eventually("the file's context", || async {
+    wait_for_fleet(&manager, "the file's context", || {
         provider.names() == [name(&later, "ctx")]
     })
     .await;
@@ -266,9 +268,11 @@ async fn credential_plugins_run_again_only_for_failed_or_changed_contexts() {
         ManagerOptions::default(),
     );
     let (shutdown, task) = run_manager(&manager);
-    eventually("the failing plugin to be tried again", || async {
-        plugins::calls(state.path()).len() >= 3
-    })
+    eventually(
+        Polled::OtherProcess,
+        "the failing plugin to be tried again",
+        || async { plugins::calls(state.path()).len() >= 3 },
+    )
     .await;
     assert!(provider.names().is_empty());
 
@@ -370,7 +374,7 @@ async fn an_idle_provider_reads_no_file() {
 
     // A real change is read once.
     write(&file, &with_contexts(cp.kubeconfig(), &["one", "two"]));
-    eventually("the new context", || async {
+    wait_for_fleet(&manager, "the new context", || {
         provider.names().contains(&name(&file, "two"))
     })
     .await;
@@ -441,7 +445,7 @@ async fn editing_one_context_re_engages_only_that_context() {
         context.user = Some("edited".into());
     }
     write(&file, &merged(&[plugged, steady, edited]));
-    eventually("the edited context to be replaced", || async {
+    wait_for_fleet_async(&manager, "the edited context to be replaced", || async {
         !instance("edited").await.same_instance(&edited_before)
     })
     .await;
@@ -494,7 +498,7 @@ async fn a_file_written_in_two_steps_keeps_its_clusters() {
         context.user = Some("second-user".into());
     }
     write(&file, &merged(&[first.clone(), half.clone()]));
-    eventually("the half-written context to be reported", || async {
+    wait_for_fleet(&manager, "the half-written context to be reported", || {
         provider
             .failures()
             .get(&second_name)
@@ -513,7 +517,7 @@ async fn a_file_written_in_two_steps_keeps_its_clusters() {
     let mut complete = half;
     complete.auth_infos = new_user.auth_infos.clone();
     write(&file, &merged(&[first, complete]));
-    eventually("the completed context to be engaged", || async {
+    wait_for_fleet_async(&manager, "the completed context to be engaged", || async {
         provider
             .get(&second_name)
             .await
@@ -604,7 +608,7 @@ async fn a_listed_pipe_is_refused_and_the_other_files_are_read() {
     let request = Request::new(name(&good, "good"), Some("default"), "hello");
     recorder.wait_for_more(&request, 0).await;
     let pipe_key = ClusterName::from(format!("file {}", pipe.display()));
-    eventually("the pipe to be reported", || async {
+    wait_for_fleet(&manager, "the pipe to be reported", || {
         provider.failures().get(&pipe_key).is_some_and(|reason| {
             reason.contains(&pipe.display().to_string()) && reason.contains("not a regular file")
         })
@@ -721,10 +725,14 @@ async fn member_options_are_chosen_per_file_and_context() {
         }
     };
     let suffix = "fleet.kubeconfig".len();
-    eventually("both members built with their own options", || async {
-        namespace_of("team-a").await == Some(format!("team-a-{suffix}"))
-            && namespace_of("team-b").await == Some(format!("team-b-{suffix}"))
-    })
+    wait_for_fleet_async(
+        &manager,
+        "both members built with their own options",
+        || async {
+            namespace_of("team-a").await == Some(format!("team-a-{suffix}"))
+                && namespace_of("team-b").await == Some(format!("team-b-{suffix}"))
+        },
+    )
     .await;
 
     shutdown.cancel();

@@ -2,6 +2,7 @@
 //! clusters from a directory and prints kubeconfigs for a real control plane.
 
 use multicluster_runtime::provider::clusters::ClusterSetProvider;
+use multicluster_runtime::testing::Polled;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -150,7 +151,7 @@ async fn kind_clusters_are_engaged_added_filtered_and_removed() {
 
     // A failing CLI later on is logged; the fleet stays as it was.
     kind.failing(true);
-    eventually("three failed polls", || async {
+    eventually(Polled::OtherProcess, "three failed polls", || async {
         std::fs::read_to_string(kind.path("failures")).is_ok_and(|calls| calls.lines().count() >= 3)
     })
     .await;
@@ -252,7 +253,7 @@ async fn a_cluster_whose_kind_call_hangs_holds_up_only_itself() {
             .ok()
             .and_then(|pid| pid.trim().parse::<u32>().ok())
     };
-    eventually("the hanging call to run", || async {
+    eventually(Polled::OtherProcess, "the hanging call to run", || async {
         hung_pid().is_some_and(multicluster_envtest::plugins::is_running)
     })
     .await;

@@ -3,6 +3,8 @@
 //! member relabelled into the selection gets its copy, one relabelled out
 //! of it loses its copy, and neither is built again for it.
 
+use multicluster_runtime::testing::Polled;
+use multicluster_runtime::testing::wait_for_fleet;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -212,11 +214,11 @@ async fn members_relabelled_in_and_out_of_a_selector_gain_and_lose_the_copies() 
     };
 
     // Only the production member gets the copy.
-    eventually("the copy in east", || async {
+    eventually(Polled::ApiServer, "the copy in east", || async {
         value_in(&east_client, "settings").await.as_deref() == Some("one")
     })
     .await;
-    eventually("both members engaged", || async {
+    wait_for_fleet(&manager, "both members engaged", || {
         provider.names().len() == 2
     })
     .await;
@@ -230,7 +232,7 @@ async fn members_relabelled_in_and_out_of_a_selector_gain_and_lose_the_copies() 
     // West relabelled into production: its copy is made (it is owed the
     // hub's objects), with its client and cache as they were.
     relabel(&secrets, "west", "production").await;
-    eventually("the copy in west", || async {
+    eventually(Polled::ApiServer, "the copy in west", || async {
         value_in(&west_client, "settings").await.as_deref() == Some("one")
     })
     .await;
@@ -246,7 +248,7 @@ async fn members_relabelled_in_and_out_of_a_selector_gain_and_lose_the_copies() 
     // East relabelled out: its copy is removed, and a change on the hub
     // reaches west only.
     relabel(&secrets, "east", "staging").await;
-    eventually("the copy in east removed", || async {
+    eventually(Polled::ApiServer, "the copy in east removed", || async {
         value_in(&east_client, "settings").await.is_none()
     })
     .await;
@@ -259,7 +261,7 @@ async fn members_relabelled_in_and_out_of_a_selector_gain_and_lose_the_copies() 
         )
         .await
         .expect("hub update");
-    eventually("the update in west", || async {
+    eventually(Polled::ApiServer, "the update in west", || async {
         value_in(&west_client, "settings").await.as_deref() == Some("two")
     })
     .await;

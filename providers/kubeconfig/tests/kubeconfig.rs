@@ -3,7 +3,9 @@
 //! removal, bad Secrets ignored while the rest of the fleet works.
 
 use multicluster_runtime::provider::clusters::ClusterSetProvider;
+use multicluster_runtime::testing::Polled;
 use multicluster_runtime::testing::wait_for_fleet;
+use multicluster_runtime::testing::wait_for_fleet_async;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -289,7 +291,7 @@ async fn kubeconfig_secrets_engage_rotate_and_remove_member_clusters() {
         )
         .await
         .expect("rotate");
-    eventually("c to be replaced by a new instance", || async {
+    wait_for_fleet_async(&manager, "c to be replaced by a new instance", || async {
         manager
             .get_cluster(&ClusterName::from("c"))
             .await
@@ -370,7 +372,7 @@ async fn every_namespace_is_watched_when_none_is_given_and_a_watch_filter_splits
     let (shutdown, task) = run_manager(&manager);
     let (other_shutdown, other_task) = run_manager(&other_manager);
     // Without a filter every labelled Secret counts; with one, only its own.
-    eventually("all three namespaced clusters", || async {
+    wait_for_fleet(&manager, "all three namespaced clusters", || {
         provider.names()
             == [
                 ClusterName::from("east/prod"),
@@ -379,7 +381,7 @@ async fn every_namespace_is_watched_when_none_is_given_and_a_watch_filter_splits
             ]
     })
     .await;
-    eventually("the filtered instance's cluster", || async {
+    wait_for_fleet(&other_manager, "the filtered instance's cluster", || {
         other.names() == [ClusterName::from("east/staging")]
     })
     .await;
@@ -632,9 +634,11 @@ async fn a_secret_whose_credential_plugin_fails_at_first_is_engaged_once_it_work
         ManagerOptions::default(),
     );
     let (shutdown, task) = run_manager(&manager);
-    eventually("the failing plugin to be tried again", || async {
-        plugins::calls(state.path()).len() >= 3
-    })
+    eventually(
+        Polled::OtherProcess,
+        "the failing plugin to be tried again",
+        || async { plugins::calls(state.path()).len() >= 3 },
+    )
     .await;
     assert!(provider.names().is_empty());
 
@@ -795,9 +799,11 @@ async fn the_credential_plugin_runs_once_per_client_build() {
         .patch("plugged", &PatchParams::default(), &Patch::Merge(&data))
         .await
         .expect("new data");
-    eventually("the new kubeconfig to be built", || async {
-        plugins::calls(state.path()).len() == 2
-    })
+    eventually(
+        Polled::OtherProcess,
+        "the new kubeconfig to be built",
+        || async { plugins::calls(state.path()).len() == 2 },
+    )
     .await;
     recorder
         .wait_for_more(&req("plugged", "hello"), before)
@@ -846,12 +852,13 @@ async fn discovery_resumes_at_once_when_the_management_api_server_is_back() {
         )
         .await
         .expect("secret");
-    multicluster_runtime::testing::eventually_within(
-        Duration::from_secs(5),
-        "the new Secret's cluster to be reconciled",
-        || async { recorder.count(&req("second", "hello")) > 0 },
-    )
-    .await;
+    recorder
+        .wait_until_within(
+            Duration::from_secs(5),
+            "the new Secret's cluster to be reconciled",
+            |recorder| recorder.count(&req("second", "hello")) > 0,
+        )
+        .await;
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");

@@ -16,9 +16,7 @@ use multicluster_provider_kubeconfig::{DEFAULT_LABEL, KubeconfigOptions, Kubecon
 use multicluster_runtime::controller::{Request, Watch};
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::provider::member::Members;
-use multicluster_runtime::testing::{
-    Recorder, eventually, eventually_within, recording_controller, run_manager,
-};
+use multicluster_runtime::testing::{Recorder, recording_controller, run_manager};
 use multicluster_runtime::{Cluster, Manager};
 
 const FLEET: &str = "fleet";
@@ -143,10 +141,7 @@ async fn a_member_with_rbac_for_one_namespace_works_when_held_to_it() {
     recorder
         .wait_for_more(&Request::new("whole", Some("team-b"), "elsewhere"), 0)
         .await;
-    eventually("the restricted member to be ready", || async {
-        state("team-a") == Some(ClusterState::Ready)
-    })
-    .await;
+    multicluster_runtime::testing::wait_until_ready(&manager, "team-a").await;
     // A change in team-a reaches it; team-b was never its business (the
     // unrestricted member, fed by the same API server, saw team-b first).
     create_config_map(&member_admin, "team-a", "second").await;
@@ -172,10 +167,11 @@ async fn a_member_with_rbac_for_one_namespace_works_when_held_to_it() {
         )
         .await
         .expect("patch");
-    eventually_within(
+    multicluster_runtime::testing::wait_for_state(
+        &manager,
+        "team-a",
         Duration::from_secs(30),
-        "the unrestricted member to be degraded",
-        || async { matches!(state("team-a"), Some(ClusterState::Degraded(_))) },
+        |state| matches!(state, Some(ClusterState::Degraded(_))),
     )
     .await;
     let Some(ClusterState::Degraded(reason)) = state("team-a") else {

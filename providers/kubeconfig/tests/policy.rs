@@ -4,6 +4,7 @@
 //! file of the controller's, use an auth provider, skip TLS verification or
 //! pick a proxy until the operator allows it.
 
+use multicluster_runtime::testing::wait_for_fleet;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
@@ -17,7 +18,7 @@ use multicluster_runtime::client::{AllowedPlugin, Allowlist, ExecPolicy, Kubecon
 use multicluster_runtime::controller::Request;
 use multicluster_runtime::provider::clusters::ClusterSetProvider;
 use multicluster_runtime::testing::{
-    eventually, recording_manager, run_manager, serve_health, wait_until_unusable,
+    recording_manager, run_manager, serve_health, wait_until_unusable,
 };
 use multicluster_runtime::{Cluster, ClusterName, ManagerOptions};
 
@@ -176,11 +177,11 @@ async fn an_allowlisted_plugin_runs_and_its_cluster_is_engaged() {
             ManagerOptions::default(),
         );
         let (shutdown, task) = run_manager(&manager);
-        (provider, recorder, shutdown, task)
+        (provider, manager, recorder, shutdown, task)
     };
 
-    let (provider, _, shutdown, task) = run(KubeconfigOptions::default());
-    eventually("the Secret to be refused", || async {
+    let (provider, manager, _, shutdown, task) = run(KubeconfigOptions::default());
+    wait_for_fleet(&manager, "the Secret to be refused", || {
         !provider.failures().is_empty()
     })
     .await;
@@ -200,12 +201,12 @@ async fn an_allowlisted_plugin_runs_and_its_cluster_is_engaged() {
             .expect("a plain variable")])
         .expect("one plugin"),
     ));
-    let (provider, recorder, shutdown, task) =
+    let (provider, manager, recorder, shutdown, task) =
         run(KubeconfigOptions::default().kubeconfig_policy(allowed));
     recorder
         .wait_for_more(&req("fleet/plugged", "hello"), 0)
         .await;
-    eventually("the steered Secret to be refused", || async {
+    wait_for_fleet(&manager, "the steered Secret to be refused", || {
         provider
             .failures()
             .contains_key(&ClusterName::from("fleet/steered"))

@@ -1,6 +1,7 @@
 //! Several providers under one fleet: prefixed names, providers added and
 //! removed at runtime, indexes reaching providers added later.
 
+use multicluster_runtime::testing::Polled;
 use std::sync::Arc;
 
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -255,7 +256,8 @@ async fn two_instances_of_one_provider_keep_their_figures_apart() {
     recorder
         .wait_for_more(&req("team-b#good", "hello"), 0)
         .await;
-    multicluster_runtime::testing::eventually("team-a's broken Secret to be counted", || async {
+    // The metrics registry tells no one of a change.
+    multicluster_runtime::testing::eventually(Polled::Unsignalled, "team-a's broken Secret to be counted", || async {
         manager.metrics().encode().lines().any(|line| {
             line == "mcr_cluster_engagement_failures_total{provider=\"team-a\",reason=\"invalid-kubeconfig\"} 1"
         })

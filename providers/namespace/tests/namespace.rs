@@ -2,6 +2,8 @@
 //! and every patch type through the scoped client, watches, index queries,
 //! namespaces created and deleted while running, and refusals.
 
+use multicluster_runtime::testing::Polled;
+use multicluster_runtime::testing::wait_for_fleet_async;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -136,7 +138,7 @@ async fn namespaces_are_clusters_with_scoped_clients_and_caches() {
     for ns in ["team-a", "team-b", "team-c"] {
         recorder.wait_for_more(&req(ns, "existing"), 0).await;
         let copies = Api::<ConfigMap>::namespaced(admin.clone(), ns);
-        eventually(&format!("the copy in {ns}"), || {
+        eventually(Polled::ApiServer, &format!("the copy in {ns}"), || {
             let copies = copies.clone();
             async move {
                 copies
@@ -364,7 +366,7 @@ async fn a_watch_filter_splits_namespaces_between_instances() {
     ));
     let manager = Manager::builder(host).provider(one.clone()).build();
     let (shutdown, task) = run_manager(&manager);
-    eventually("the labelled namespace", || async {
+    wait_for_fleet(&manager, "the labelled namespace", || {
         one.names() == [ClusterName::from("mine")]
     })
     .await;
@@ -377,7 +379,7 @@ async fn a_watch_filter_splits_namespaces_between_instances() {
         )
         .await
         .expect("label");
-    eventually("the newly labelled namespace", || async {
+    wait_for_fleet(&manager, "the newly labelled namespace", || {
         one.names() == [ClusterName::from("mine"), ClusterName::from("nobodys")]
     })
     .await;
@@ -392,7 +394,7 @@ async fn a_watch_filter_splits_namespaces_between_instances() {
     ));
     let everything = Manager::builder(host).provider(all.clone()).build();
     let (everything_shutdown, everything_task) = run_manager(&everything);
-    eventually("every namespace under an empty filter", || async {
+    wait_for_fleet(&everything, "every namespace under an empty filter", || {
         ["mine", "theirs", "nobodys", "default"]
             .iter()
             .all(|name| all.names().contains(&ClusterName::from(*name)))
@@ -503,7 +505,7 @@ async fn a_crd_added_to_a_known_group_version_is_found() {
     let team_a = {
         let provider = provider.clone();
         let name = ClusterName::from("team-a");
-        eventually("team-a to be a cluster", || async {
+        wait_for_fleet_async(&manager, "team-a to be a cluster", || async {
             provider.get(&name).await.is_ok()
         })
         .await;
@@ -521,12 +523,16 @@ async fn a_crd_added_to_a_known_group_version_is_found() {
     cp.install_crds(&crd("gadgets", "Gadget"))
         .await
         .expect("gadgets");
-    eventually("gadgets to be known to the virtual cluster", || async {
-        Api::<DynamicObject>::all_with(team_a.client(), &resource("Gadget"))
-            .list(&Default::default())
-            .await
-            .is_ok()
-    })
+    eventually(
+        Polled::ApiServer,
+        "gadgets to be known to the virtual cluster",
+        || async {
+            Api::<DynamicObject>::all_with(team_a.client(), &resource("Gadget"))
+                .list(&Default::default())
+                .await
+                .is_ok()
+        },
+    )
     .await;
 
     shutdown.cancel();
@@ -600,7 +606,7 @@ async fn events_of_a_virtual_cluster_land_in_its_namespace() {
         .provider(provider.clone())
         .build();
     let (shutdown, task) = run_manager(&manager);
-    eventually("the namespace to be a cluster", || async {
+    wait_for_fleet_async(&manager, "the namespace to be a cluster", || async {
         provider.get(&ClusterName::from("team-a")).await.is_ok()
     })
     .await;

@@ -35,7 +35,6 @@ use tracking::Tracked;
 
 use multicluster_core::lock;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -70,7 +69,8 @@ struct Inner {
     components: Mutex<Vec<Arc<dyn Aware>>>,
     controllers: Mutex<Controllers>,
     clusters: Mutex<Tracked>,
-    started: AtomicBool,
+    /// Whether [`Manager::run`] has started everything (it never goes back).
+    started: tokio::sync::watch::Sender<bool>,
     /// Cancelled when the manager ends every cluster's lifetime because it
     /// stops: those clusters are released, not gone from the fleet.
     stopping: CancellationToken,
@@ -150,7 +150,7 @@ impl ManagerBuilder {
                 components: Mutex::new(Vec::new()),
                 controllers: Mutex::default(),
                 clusters: Mutex::new(Tracked::new(metrics)),
-                started: AtomicBool::new(false),
+                started: tokio::sync::watch::Sender::new(false),
                 stopping: CancellationToken::new(),
             }),
         };
@@ -379,7 +379,14 @@ impl Manager {
     /// Whether [`Manager::run`] has engaged the local cluster and started
     /// the provider (the readiness endpoint reports this).
     pub fn is_started(&self) -> bool {
-        self.inner.started.load(Ordering::Acquire)
+        *self.inner.started.borrow()
+    }
+
+    /// Completes once [`Manager::is_started`] holds (at once if it does).
+    pub async fn started(&self) {
+        let mut started = self.inner.started.subscribe();
+        // The sender lives as long as the manager borrowed here.
+        let _ = started.wait_for(|started| *started).await;
     }
 
     /// Runs until `shutdown` fires: engages the local cluster, starts the

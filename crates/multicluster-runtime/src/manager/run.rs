@@ -10,7 +10,6 @@
 //! clusters.
 
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -92,7 +91,7 @@ impl Manager {
         }
         self.start_provider(&mut running);
         tokio::spawn(self.clone().watch_health(running.components_stop.clone()));
-        self.inner.started.store(true, Ordering::Release);
+        self.inner.started.send_replace(true);
         Ok(running)
     }
 

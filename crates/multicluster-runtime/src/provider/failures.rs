@@ -71,11 +71,14 @@ impl Failures {
             return;
         }
         tracing::warn!(cluster = %name, %reason, "cannot add the cluster to the fleet");
+        reasons.insert(name.clone(), reason);
+        // Recorded before the fleet is told, so that whoever is told finds
+        // the reason here.
+        drop(reasons);
         if let Some(metrics) = self.metrics.get() {
             metrics.engagement_failed(&self.provider, kind);
             metrics.fleet().unusable(&self.provider, name, redacted);
         }
-        reasons.insert(name.clone(), reason);
     }
 
     #[cfg(feature = "kubeconfig")]

@@ -3,6 +3,7 @@
 //! example started against it as a Deployment starts it.
 #![allow(dead_code, unreachable_pub)]
 
+use multicluster_runtime::testing::Polled;
 use std::process::Stdio;
 
 use k8s_openapi::api::core::v1::Secret;
@@ -69,9 +70,11 @@ pub async fn clusters_line(address: std::net::SocketAddr, prefix: &str) -> Strin
                     .map(str::to_string)
             })
     };
-    multicluster_runtime::testing::eventually(&format!("/clusters to show {prefix:?}"), || async {
-        line().await.is_some()
-    })
+    multicluster_runtime::testing::eventually(
+        Polled::OtherProcess,
+        &format!("/clusters to show {prefix:?}"),
+        || async { line().await.is_some() },
+    )
     .await;
     line().await.expect("shown")
 }
