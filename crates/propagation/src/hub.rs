@@ -37,6 +37,8 @@ where
         else {
             crate::lock(&self.outcomes).remove(&key);
             crate::lock(&self.status_written).remove(&key);
+            crate::lock(&self.slots).remove(&key);
+            crate::lock(&self.available_since).retain(|(hub, _), _| *hub != key);
             return Ok(Action::await_change());
         };
         let wanted = (self.select)(&hub) && hub.meta().deletion_timestamp.is_none();
@@ -51,6 +53,12 @@ where
         let action = finalizer::finalizer(&hub_cluster, &self.finalizer, hub, |event| async {
             match event {
                 finalizer::Event::Apply(hub) => {
+                    // A paced rollout's step is not coalesced: a freed slot
+                    // goes to the next member at once.
+                    let step_due = self.step_rollout(&hub_cluster, &key, hub.as_ref()).await?;
+                    let sooner = |after: Duration| {
+                        Action::requeue(step_due.map_or(after, |due| due.min(after)))
+                    };
                     // At most one status write a second per hub object: its
                     // own write is an event too, and would chain writes
                     // while members come in.
@@ -58,12 +66,14 @@ where
                         .get(&key)
                         .map(|at| at.elapsed());
                     if let Some(since) = since.filter(|since| *since < STATUS_COALESCE) {
-                        return Ok(Action::requeue(STATUS_COALESCE - since));
+                        return Ok(sooner(STATUS_COALESCE - since));
                     }
                     if self.write_status(&hub_cluster, &key, hub.as_ref()).await? {
                         crate::lock(&self.status_written).insert(key.clone(), Instant::now());
                     }
-                    Ok::<_, ReconcileError>(Action::await_change())
+                    Ok::<_, ReconcileError>(
+                        step_due.map_or_else(Action::await_change, Action::requeue),
+                    )
                 }
                 // Not reached: a hub object being deleted is handled above.
                 finalizer::Event::Cleanup(_) => Ok(Action::requeue(CLEANUP_RECHECK)),
@@ -134,7 +144,15 @@ where
             return Ok(false);
         }
         let outcomes = self.member_outcomes(key, hub);
-        let (members, mut condition) = status::render(&outcomes, hub.meta().generation);
+        let status::Rendered {
+            members,
+            counts,
+            mut condition,
+        } = status::render(
+            &outcomes,
+            hub.meta().generation,
+            self.rollout_summary(key, hub),
+        );
         let resource = ApiResource::erase::<K>(&());
         let api: Api<DynamicObject> = match &key.0 {
             Some(namespace) => Api::namespaced_with(hub_cluster.client(), namespace, &resource),
@@ -168,14 +186,16 @@ where
                     });
                 condition["lastTransitionTime"] = since;
                 let mut patch = identity;
-                patch["status"] = json!({ "members": members, "conditions": [condition] });
+                patch["status"] =
+                    json!({ "members": members, "counts": counts, "conditions": [condition] });
                 api.patch_status(&key.1, &params, &Patch::Apply(&patch))
                     .await?;
                 Ok(true)
             }
             StatusTarget::Annotation(annotation) => {
-                let text =
-                    serde_json::to_string(&json!({ "members": members, "condition": condition }))?;
+                let text = serde_json::to_string(
+                    &json!({ "members": members, "counts": counts, "condition": condition }),
+                )?;
                 let current = hub
                     .meta()
                     .annotations

@@ -51,6 +51,11 @@
 //!   selection loses the objects after [`Propagation::removal_grace`]
 //!   (a move between two decision slices is no deletion); one that comes
 //!   back within it keeps them.
+//! - **Rollout**: a new revision of the hub object reaches every selected
+//!   member at once, or paced ([`Propagation::rollout`]: a few members
+//!   at a time, stage after stage, with approvals, a failure budget and a
+//!   pause), its state kept on the hub object so that restarts and
+//!   several controllers keep the bound.
 //! - **The hub object** holds a finalizer until every engaged member is
 //!   cleaned up; its status says, per member, `InSync`, `Progressing`,
 //!   `Drifted`, `Conflict`, `Degraded`, `Failed` (with a short redacted
@@ -70,6 +75,8 @@ mod health;
 mod hub;
 mod kinds;
 mod member;
+mod paced;
+mod rollout;
 mod status;
 mod waves;
 
@@ -78,6 +85,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{ApiResource, DynamicObject, PartialObjectMeta};
 use kube::core::{Resource, Selector, SelectorExt};
 use serde::Serialize;
@@ -102,6 +110,9 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 pub use health::Health;
+pub use rollout::{
+    APPROVAL_ANNOTATION, MaxUnavailable, PAUSE_ANNOTATION, REVISION_ANNOTATION, Rollout, Stage,
+};
 pub use status::{CONDITION_TYPE, MemberState};
 pub use waves::WAVE_ANNOTATION;
 
@@ -262,10 +273,24 @@ enum StatusTarget {
     Annotation(String),
 }
 
+impl StatusTarget {
+    /// The annotation holding a paced rollout's state, in annotation mode.
+    fn rollout_annotation(&self) -> Option<String> {
+        match self {
+            StatusTarget::Annotation(key) => Some(format!("{key}-rollout")),
+            _ => None,
+        }
+    }
+}
+
 type DesiredFn<K> = Arc<dyn Fn(&K, &Cluster) -> Result<Vec<Desired>, ReconcileError> + Send + Sync>;
 type Configure = Box<dyn FnOnce(ControllerBuilder) -> ControllerBuilder + Send>;
 type Report = Arc<dyn Fn(&DynamicObject) -> Option<serde_json::Value> + Send + Sync>;
 type Concerns = Arc<dyn Fn(&MapContext<'_>, &DynamicObject) -> Vec<Request> + Send + Sync>;
+/// Whether a hub object's rollout is paused.
+type Pause<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
+/// Whether a stage (by name) is approved for a revision of a hub object.
+type Approve<K> = Arc<dyn Fn(&K, &str, &str) -> bool + Send + Sync>;
 
 /// Keeps what hub objects of type `K` (in the local cluster) ask for
 /// applied in members, and reports back on them. Built like a controller;
@@ -285,6 +310,9 @@ pub struct Propagation<K> {
     health: Vec<(ApiResource, health::Rule)>,
     reselect: Vec<(ApiResource, Concerns)>,
     configure: Vec<Configure>,
+    rollout: Rollout,
+    pause: Option<Pause<K>>,
+    approve: Option<Approve<K>>,
 }
 
 impl<K> Propagation<K>
@@ -310,6 +338,9 @@ where
             health: Vec::new(),
             reselect: Vec::new(),
             configure: Vec::new(),
+            rollout: Rollout::default(),
+            pause: None,
+            approve: None,
         }
     }
 
@@ -379,6 +410,22 @@ where
     #[must_use]
     pub fn members_labelled(self, selector: Selector) -> Self {
         self.members_matching(move |_, cluster| selector.matches(&cluster.labels()))
+    }
+
+    /// Propagates only to the engaged members whose cluster labels match
+    /// the label selector `selector` reads from the hub object (a
+    /// placement's `clusterSelector`, say); an empty selector takes every
+    /// member, one the API would refuse (an unknown operator) takes none.
+    /// A member whose labels change is decided again.
+    #[must_use]
+    pub fn members_selected_by(
+        self,
+        selector: impl Fn(&K) -> &LabelSelector + Send + Sync + 'static,
+    ) -> Self {
+        self.members_matching(move |hub, cluster| {
+            Selector::try_from(selector(hub).clone())
+                .is_ok_and(|selector| selector.matches(&cluster.labels()))
+        })
     }
 
     /// What to do about drift (default: repair).
@@ -470,6 +517,38 @@ where
         self
     }
 
+    /// How a new revision of a hub object reaches its members (default:
+    /// [`Rollout::all_at_once`]). A paced rollout keeps its state on the
+    /// hub object, so it needs a status target
+    /// ([`Propagation::status_subresource`] or
+    /// [`Propagation::status_annotation`]); see [`Rollout`].
+    #[must_use]
+    pub fn rollout(mut self, rollout: Rollout) -> Self {
+        self.rollout = rollout;
+        self
+    }
+
+    /// Pauses a hub object's paced rollout while `pause` says so, besides
+    /// [`PAUSE_ANNOTATION`]: no member is given a slot; those holding one
+    /// go on.
+    #[must_use]
+    pub fn pause_when(mut self, pause: impl Fn(&K) -> bool + Send + Sync + 'static) -> Self {
+        self.pause = Some(Arc::new(pause));
+        self
+    }
+
+    /// Approves a stage that [needs approval](Stage::needs_approval) when
+    /// `approve` says so for the hub object, the stage's name and the
+    /// revision rolled out, besides [`APPROVAL_ANNOTATION`].
+    #[must_use]
+    pub fn approve_with(
+        mut self,
+        approve: impl Fn(&K, &str, &str) -> bool + Send + Sync + 'static,
+    ) -> Self {
+        self.approve = Some(Arc::new(approve));
+        self
+    }
+
     /// Whether a member's failure, conflict or drift is told in a Warning
     /// Event on the hub object (default `true`; one series per member and
     /// reason).
@@ -547,6 +626,11 @@ where
         if self.kinds.is_empty() {
             return Err(invalid("it needs at least one `propagates::<T>()`".into()));
         }
+        if self.rollout.is_paced() && self.status == StatusTarget::None {
+            return Err(invalid(
+                "a paced rollout keeps its state on the hub object: it needs `status_subresource` or `status_annotation`".into(),
+            ));
+        }
         let shared = Arc::new(Shared {
             finalizer: format!("propagation.mcr.sigs.k8s.io/{}", self.name),
             status_manager: format!("{}-status", self.name),
@@ -562,6 +646,11 @@ where
             events: self.events,
             report: self.report,
             health: self.health,
+            rollout: self.rollout,
+            pause: self.pause,
+            approve: self.approve,
+            slots: Mutex::new(HashMap::new()),
+            available_since: Mutex::new(HashMap::new()),
             outcomes: Mutex::new(HashMap::new()),
             status_written: Mutex::new(HashMap::new()),
             leaving: Mutex::new(HashMap::new()),
@@ -592,6 +681,15 @@ struct Shared<K> {
     report: Option<Report>,
     /// The users' health rules, by type.
     health: Vec<(ApiResource, health::Rule)>,
+    rollout: Rollout,
+    pause: Option<Pause<K>>,
+    approve: Option<Approve<K>>,
+    /// Each hub object's rollout as this process last wrote or read it:
+    /// a member given a slot here goes on before the hub cache shows it.
+    slots: Mutex<HashMap<HubKey, rollout::Record>>,
+    /// Since when a member has been available with a revision (for the
+    /// soak time).
+    available_since: Mutex<HashMap<(HubKey, ClusterName), (String, Instant)>>,
     /// Each hub object's members and how they are doing.
     outcomes: Mutex<HashMap<HubKey, BTreeMap<ClusterName, Outcome>>>,
     /// When each hub object's status was last written.
@@ -846,6 +944,9 @@ fn beyond_status<K: Serialize>(hub: &K, status: &StatusTarget) -> Option<serde_j
                 .and_then(|a| a.as_object_mut())
         {
             annotations.remove(key);
+            if let Some(rollout) = status.rollout_annotation() {
+                annotations.remove(&rollout);
+            }
         }
     }
     if let Some(object) = value.as_object_mut() {

@@ -61,7 +61,14 @@ where
             return self.leave(&key, &request.cluster, &member).await;
         }
         crate::lock(&self.leaving).remove(&(key.clone(), request.cluster.clone()));
-        let outcome = self.apply(&hub, &key, &member).await;
+        let revision = crate::rollout::revision_of(&serde_json::to_value(hub.as_ref())?);
+        if let Some(waiting) =
+            self.wait_for_slot(hub.as_ref(), &key, &request.cluster, &member, &revision)
+        {
+            self.record(&key, &request.cluster, Some(waiting));
+            return Ok(Action::requeue(crate::paced::SLOT_RECHECK));
+        }
+        let outcome = self.apply(&hub, &key, &member, &revision).await;
         let failed = (outcome.state == MemberState::Failed).then(|| outcome.reason.clone());
         let pending = outcome.state == MemberState::Pending;
         self.tell(&hub, &hub_cluster, &key, &request.cluster, &outcome)
@@ -180,7 +187,7 @@ where
 
     /// Applies every object `hub` wants in `member`, and deletes those it
     /// made before and no longer wants.
-    async fn apply(&self, hub: &K, key: &HubKey, member: &Cluster) -> Outcome {
+    async fn apply(&self, hub: &K, key: &HubKey, member: &Cluster, revision: &str) -> Outcome {
         let generation = hub.meta().generation;
         let failed = |state: MemberState, reason: String| {
             Outcome::failed(state, Some(Redacted::new(reason).as_str().to_string()))
@@ -225,7 +232,7 @@ where
         let count = waves.len();
         for (at, wave) in waves.into_iter().enumerate() {
             for object in wave {
-                self.apply_one(key, member, &owner, object, &mut applied)
+                self.apply_one(key, member, &owner, revision, object, &mut applied)
                     .await;
             }
             if applied.worst.is_some() {
@@ -273,12 +280,14 @@ where
                 state,
                 reason: Some(Redacted::new(reason).as_str().to_string()),
                 applied_generation: None,
+                revision: None,
                 reported,
             },
             (None, None) => Outcome {
                 state: MemberState::InSync,
                 reason: None,
                 applied_generation: generation,
+                revision: Some(revision.to_string()),
                 reported,
             },
         }
@@ -292,6 +301,7 @@ where
         key: &HubKey,
         member: &Cluster,
         owner: &Request,
+        revision: &str,
         object: Desired,
         applied: &mut Applied,
     ) {
@@ -321,7 +331,7 @@ where
             Some(false) => self.conflicts == Conflicts::TakeOver,
         };
         let resource = object.resource.clone();
-        let stamped = self.stamp(object, owner);
+        let stamped = self.stamp(object, owner, revision);
         let mut params = PatchParams::apply(&self.name);
         if force {
             params = params.force();
@@ -394,14 +404,16 @@ where
         }
     }
 
-    /// `object` labelled as this propagation's and pointing at `owner`.
-    fn stamp(&self, object: Desired, owner: &Request) -> serde_json::Value {
+    /// `object` labelled as this propagation's, pointing at `owner` and
+    /// saying the revision it is applied at.
+    fn stamp(&self, object: Desired, owner: &Request, revision: &str) -> serde_json::Value {
         let mut value = object.object;
         let metadata = &mut value["metadata"];
         metadata["labels"][PROPAGATION_LABEL] = self.name.clone().into();
         for (annotation, text) in owner.owner_annotations() {
             metadata["annotations"][annotation] = text.into();
         }
+        metadata["annotations"][crate::REVISION_ANNOTATION] = revision.into();
         value
     }
 

@@ -70,6 +70,9 @@ pub(super) struct Outcome {
     /// The hub object's `metadata.generation` the member was last brought
     /// in line with.
     pub(super) applied_generation: Option<i64>,
+    /// The hub object's revision (see `rollout`) the member is in sync
+    /// with, once it is.
+    pub(super) revision: Option<String>,
     /// What [`Propagation::report`](super::Propagation::report) took from
     /// each applied object, by object (`<Kind> <namespace>/<name>`).
     pub(super) reported: BTreeMap<String, Value>,
@@ -81,6 +84,7 @@ impl Outcome {
             state: MemberState::Pending,
             reason: None,
             applied_generation: None,
+            revision: None,
             reported: BTreeMap::new(),
         }
     }
@@ -91,6 +95,7 @@ impl Outcome {
             state,
             reason,
             applied_generation: None,
+            revision: None,
             reported: BTreeMap::new(),
         }
     }
@@ -99,15 +104,31 @@ impl Outcome {
 /// The type of the condition written to a hub object's status.
 pub const CONDITION_TYPE: &str = "Propagated";
 
+/// How many members a hub object's status names at most. Past it, those
+/// not in sync come first (the worst first) and the rest are only
+/// counted (`counts`, by state), so the status of a hub object over
+/// 10,000 members stays far below the API server's object size limit.
+pub(super) const LISTED_AT_MOST: usize = 100;
+
 /// The members' part of a hub object's status, as JSON: `members` (one
-/// entry per member, by name) and the `Propagated` condition (without its
-/// `lastTransitionTime`, which the writer adds).
+/// entry per member, by name, at most [`LISTED_AT_MOST`]), `counts` (how
+/// many members are in each state) and the `Propagated` condition
+/// (without its `lastTransitionTime`, which the writer adds). `rollout` (a
+/// paced rollout's summary) ends the condition's message.
 pub(super) fn render(
     outcomes: &BTreeMap<ClusterName, Outcome>,
     generation: Option<i64>,
-) -> (Value, Value) {
-    let members: Vec<Value> = outcomes
-        .iter()
+    rollout: Option<String>,
+) -> Rendered {
+    let mut listed: Vec<(&ClusterName, &Outcome)> = outcomes.iter().collect();
+    if listed.len() > LISTED_AT_MOST {
+        // The worst first; by name within a state.
+        listed.sort_by(|a, b| b.1.state.cmp(&a.1.state).then_with(|| a.0.cmp(b.0)));
+        listed.truncate(LISTED_AT_MOST);
+        listed.sort_by(|a, b| a.0.cmp(b.0));
+    }
+    let members: Vec<Value> = listed
+        .into_iter()
         .map(|(cluster, outcome)| {
             let mut entry = json!({
                 "cluster": cluster.as_str(),
@@ -154,6 +175,9 @@ pub(super) fn render(
             message.push_str(&format!("; {}: {}", state.as_str(), names.join(", ")));
         }
     }
+    if let Some(rollout) = rollout {
+        message.push_str(&format!("; {rollout}"));
+    }
     let mut condition = json!({
         "type": CONDITION_TYPE,
         "status": if worst == MemberState::InSync { "True" } else { "False" },
@@ -163,7 +187,23 @@ pub(super) fn render(
     if let Some(generation) = generation {
         condition["observedGeneration"] = json!(generation);
     }
-    (Value::Array(members), condition)
+    let mut counts = serde_json::Map::new();
+    for outcome in outcomes.values() {
+        let count = counts.entry(outcome.state.as_str()).or_insert(json!(0));
+        *count = json!(count.as_u64().unwrap_or_default() + 1);
+    }
+    Rendered {
+        members: Value::Array(members),
+        counts: Value::Object(counts),
+        condition,
+    }
+}
+
+/// A hub object's status, rendered.
+pub(super) struct Rendered {
+    pub(super) members: Value,
+    pub(super) counts: Value,
+    pub(super) condition: Value,
 }
 
 /// The `Propagated` condition in a hub object's status, if any.
@@ -191,6 +231,7 @@ mod tests {
             state,
             reason: reason.map(str::to_string),
             applied_generation: Some(2),
+            revision: None,
             reported: BTreeMap::new(),
         }
     }
@@ -205,8 +246,13 @@ mod tests {
             ),
             (ClusterName::from("c"), outcome(MemberState::Pending, None)),
         ]);
-        let (members, condition) = render(&outcomes, Some(2));
+        let Rendered {
+            members,
+            condition,
+            counts,
+        } = render(&outcomes, Some(2), None);
         assert_eq!(members.as_array().map(Vec::len), Some(3));
+        assert_eq!(counts, json!({"InSync": 1, "Failed": 1, "Pending": 1}));
         assert_eq!(members[1]["reason"], "403 Forbidden");
         assert_eq!(condition["status"], "False");
         assert_eq!(condition["reason"], "Failed");
@@ -215,8 +261,47 @@ mod tests {
             "1 of 3 members in sync; Failed: b; Pending: c"
         );
         let all = BTreeMap::from([(ClusterName::from("a"), outcome(MemberState::InSync, None))]);
-        let (_, condition) = render(&all, Some(2));
+        let condition = render(&all, Some(2), None).condition;
         assert_eq!(condition["status"], "True");
         assert_eq!(condition["reason"], "InSync");
+    }
+
+    #[test]
+    fn a_large_fleet_lists_the_worst_members_and_counts_the_rest() {
+        let mut outcomes: BTreeMap<ClusterName, Outcome> = (0..10_000)
+            .map(|i| {
+                (
+                    ClusterName::from(format!("member-{i:05}")),
+                    outcome(MemberState::InSync, None),
+                )
+            })
+            .collect();
+        for i in [17, 4242, 9999] {
+            outcomes.insert(
+                ClusterName::from(format!("member-{i:05}")),
+                outcome(
+                    MemberState::Failed,
+                    Some("403 Forbidden: a long enough reason"),
+                ),
+            );
+        }
+        let rendered = render(&outcomes, Some(2), None);
+        let members = rendered.members.as_array().expect("members");
+        assert_eq!(members.len(), LISTED_AT_MOST);
+        let failed: Vec<&str> = members
+            .iter()
+            .filter(|member| member["state"] == "Failed")
+            .filter_map(|member| member["cluster"].as_str())
+            .collect();
+        assert_eq!(failed, ["member-00017", "member-04242", "member-09999"]);
+        assert_eq!(rendered.counts, json!({"InSync": 9997, "Failed": 3}));
+        let size = serde_json::to_string(&json!({
+            "members": rendered.members,
+            "counts": rendered.counts,
+            "conditions": [rendered.condition],
+        }))
+        .expect("json")
+        .len();
+        assert!(size < 256 * 1024, "{size} bytes");
     }
 }

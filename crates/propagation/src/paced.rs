@@ -1,0 +1,327 @@
+//! A paced rollout as the reconciles take part in it: a member's reconcile
+//! waits for a slot before it applies a new revision, and the hub
+//! object's reconcile takes the rollout a step further (frees the slots
+//! of members that are done, gives free ones to the next) and writes it
+//! on the hub object, with its `resourceVersion` as a precondition.
+
+use std::time::{Duration, Instant};
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::{Value, json};
+
+use super::rollout::{self, Look, Member, Record};
+use super::status::{MemberState, Outcome};
+use super::{HubKey, REVISION_ANNOTATION, Shared};
+use multicluster_runtime::Cluster;
+use multicluster_runtime::ClusterName;
+use multicluster_runtime::cache::CachedResource;
+use multicluster_runtime::controller::{ReconcileError, Request};
+
+/// How soon a member waiting for a slot looks again, besides being asked
+/// when one is given to it here (a slot given by another replica is seen
+/// this way).
+pub(super) const SLOT_RECHECK: Duration = Duration::from_secs(5);
+
+/// How soon a step whose write lost a race (another writer changed the
+/// hub object since the cache saw it) is tried again.
+const RACE_RETRY: Duration = Duration::from_millis(200);
+
+impl<K> Shared<K>
+where
+    K: CachedResource + Serialize + DeserializeOwned,
+{
+    /// `None` when `name` may apply `revision` now: the rollout is not
+    /// paced, the member has the revision already, or it holds a slot.
+    /// Otherwise what it waits for, as its outcome; the hub object is
+    /// asked to take the rollout a step further.
+    pub(super) fn wait_for_slot(
+        &self,
+        hub: &K,
+        key: &HubKey,
+        name: &ClusterName,
+        member: &Cluster,
+        revision: &str,
+    ) -> Option<Outcome> {
+        if !self.rollout.is_paced() || self.at_revision(key, member, revision) {
+            return None;
+        }
+        let known = crate::lock(&self.slots).get(key).cloned();
+        let written = serde_json::to_value(hub)
+            .ok()
+            .and_then(|hub| self.read_record(&hub));
+        if [&known, &written].iter().any(|record| {
+            record
+                .as_ref()
+                .is_some_and(|record| record.holds_slot(name))
+        }) {
+            return None;
+        }
+        let mut reason = format!("waiting for a slot in the rollout of revision {revision}");
+        if let Some(record) = known.or(written) {
+            if let Some(halted) = &record.halted {
+                reason.push_str(&format!("; halted: {halted}"));
+            } else if let Some(waiting) = &record.waiting {
+                reason.push_str(&format!("; {waiting}"));
+            }
+        }
+        Some(Outcome::failed(MemberState::Pending, Some(reason)))
+    }
+
+    /// Whether `member` holds objects made for `key` and every one was
+    /// applied at `revision` (as far as its watches have listed).
+    pub(super) fn at_revision(&self, key: &HubKey, member: &Cluster, revision: &str) -> bool {
+        let ours = |meta: &ObjectMeta| self.hub_of(meta).as_ref() == Some(key);
+        let mut any = false;
+        for kind in &self.kinds {
+            let Some(found) = kind.find(member, &ours) else {
+                return false;
+            };
+            for meta in found {
+                any = true;
+                let stamped = meta
+                    .annotations
+                    .as_ref()
+                    .and_then(|annotations| annotations.get(REVISION_ANNOTATION));
+                if stamped.map(String::as_str) != Some(revision) {
+                    return false;
+                }
+            }
+        }
+        any
+    }
+
+    /// The rollout's state as written on `hub` (JSON), if any.
+    fn read_record(&self, hub: &Value) -> Option<Record> {
+        let written = match self.status.rollout_annotation() {
+            Some(annotation) => serde_json::from_str(
+                hub.pointer("/metadata/annotations")?
+                    .get(&annotation)?
+                    .as_str()?,
+            ),
+            None => serde_json::from_value(hub.pointer("/status/rollout")?.clone()),
+        };
+        written.ok()
+    }
+
+    /// The summary of `hub`'s rollout for its condition, if it is paced.
+    pub(super) fn rollout_summary(&self, key: &HubKey, hub: &K) -> Option<String> {
+        if !self.rollout.is_paced() {
+            return None;
+        }
+        let known = crate::lock(&self.slots).get(key).cloned();
+        known
+            .or_else(|| self.read_record(&serde_json::to_value(hub).ok()?))
+            .map(|record| record.summary())
+    }
+
+    /// Takes `hub`'s rollout a step further and writes it if it changed.
+    /// Returns how soon to look again, if a step may be due before any
+    /// change tells (a member soaking, a lost race).
+    pub(super) async fn step_rollout(
+        &self,
+        hub_cluster: &Cluster,
+        key: &HubKey,
+        hub: &K,
+    ) -> Result<Option<Duration>, ReconcileError> {
+        let Some(controller) = self.controller.get() else {
+            return Ok(None);
+        };
+        if !self.rollout.is_paced() {
+            return Ok(None);
+        }
+        let value = serde_json::to_value(hub)?;
+        let revision = rollout::revision_of(&value);
+        let mut soon = None;
+        let mut members = Vec::new();
+        let mut stage_names: Vec<Option<String>> = Vec::new();
+        for name in controller.engaged_clusters() {
+            let Some(cluster) = controller.cluster(&name).filter(|_| !name.is_local()) else {
+                continue;
+            };
+            if !self.members.includes(hub, &name, &cluster) {
+                continue;
+            }
+            let (stage, stage_name) = self.rollout.stage_of(&name, &cluster.labels());
+            if stage_names.len() <= stage {
+                stage_names.resize(stage + 1, None);
+            }
+            stage_names[stage] = stage_name.map(str::to_string);
+            let at_revision = self.at_revision(key, &cluster, &revision);
+            let outcome = crate::lock(&self.outcomes)
+                .get(key)
+                .and_then(|members| members.get(&name))
+                .cloned();
+            let available = at_revision
+                && outcome.as_ref().is_some_and(|outcome| {
+                    outcome.state == MemberState::InSync
+                        && outcome.revision.as_deref() == Some(revision.as_str())
+                });
+            let soaking = self.soaking(key, &name, &revision, available);
+            if let Some(left) = soaking {
+                soon = Some(soon.map_or(left, |soon: Duration| soon.min(left)));
+            }
+            let failing = outcome
+                .filter(|outcome| {
+                    matches!(outcome.state, MemberState::Degraded | MemberState::Failed)
+                })
+                .map(|outcome| {
+                    outcome
+                        .reason
+                        .unwrap_or_else(|| outcome.state.as_str().to_string())
+                });
+            members.push(Member {
+                name,
+                stage,
+                at_revision,
+                done: available && soaking.is_none(),
+                failing,
+            });
+        }
+        members.sort_by(|a, b| (a.stage, &a.name).cmp(&(b.stage, &b.name)));
+        let before = self.read_record(&value);
+        let approved = |stage: usize| {
+            let Some(name) = stage_names.get(stage).cloned().flatten() else {
+                return true;
+            };
+            rollout::approved_by_annotation(&value, &name, &revision)
+                || self
+                    .approve
+                    .as_ref()
+                    .is_some_and(|approve| approve(hub, &name, &revision))
+        };
+        let paused = rollout::paused_by_annotation(&value)
+            || self.pause.as_ref().is_some_and(|pause| pause(hub));
+        let record = rollout::step(
+            &Look {
+                rollout: &self.rollout,
+                revision: &revision,
+                now: k8s_openapi::jiff::Timestamp::now(),
+                members: &members,
+                stage_names: &stage_names,
+                paused,
+                approved: &approved,
+            },
+            before.as_ref(),
+        );
+        if before.as_ref() != Some(&record) {
+            match self.write_record(hub_cluster, key, &value, &record).await {
+                Ok(()) => {}
+                Err(WriteError::Race) => return Ok(Some(RACE_RETRY)),
+                Err(WriteError::Failed(err)) => return Err(err),
+            }
+        }
+        let given: Vec<String> = record
+            .updating
+            .iter()
+            .filter(|slot| {
+                !before.as_ref().is_some_and(|before| {
+                    before.holds_slot(&ClusterName::from(slot.cluster.as_str()))
+                })
+            })
+            .map(|slot| slot.cluster.clone())
+            .collect();
+        crate::lock(&self.slots).insert(key.clone(), record);
+        for member in given {
+            controller.enqueue(Request::new(member, key.0.as_deref(), key.1.as_str()));
+        }
+        Ok(soon)
+    }
+
+    /// For a member `available` with `revision`: how long it still has to
+    /// stay so before its slot is freed (`None`: soaked, or not available).
+    fn soaking(
+        &self,
+        key: &HubKey,
+        name: &ClusterName,
+        revision: &str,
+        available: bool,
+    ) -> Option<Duration> {
+        let mut since = crate::lock(&self.available_since);
+        let entry = (key.clone(), name.clone());
+        if !available {
+            since.remove(&entry);
+            return None;
+        }
+        let at = match since.get(&entry) {
+            Some((known, at)) if known == revision => *at,
+            _ => {
+                let now = Instant::now();
+                since.insert(entry, (revision.to_string(), now));
+                now
+            }
+        };
+        let soak = self.rollout.soak_time();
+        let held = at.elapsed();
+        (held < soak).then(|| soak - held)
+    }
+
+    /// Writes `record` on the hub object (`hub`, as the cache has it), if
+    /// the hub object is still as the cache saw it.
+    async fn write_record(
+        &self,
+        hub_cluster: &Cluster,
+        key: &HubKey,
+        hub: &Value,
+        record: &Record,
+    ) -> Result<(), WriteError> {
+        let resource = ApiResource::erase::<K>(&());
+        let api: Api<DynamicObject> = match &key.0 {
+            Some(namespace) => Api::namespaced_with(hub_cluster.client(), namespace, &resource),
+            None => Api::all_with(hub_cluster.client(), &resource),
+        };
+        let mut patch = json!({
+            "apiVersion": resource.api_version,
+            "kind": resource.kind,
+            "metadata": {
+                "name": key.1,
+                "namespace": key.0,
+                // The precondition: no other writer came in between.
+                "resourceVersion": hub.pointer("/metadata/resourceVersion"),
+            },
+        });
+        let params = PatchParams::apply(&format!("{}-rollout", self.name)).force();
+        let answer = match self.status.rollout_annotation() {
+            Some(annotation) => {
+                let text =
+                    serde_json::to_string(record).map_err(|err| WriteError::Failed(err.into()))?;
+                patch["metadata"]["annotations"] = json!({ annotation: text });
+                api.patch(&key.1, &params, &Patch::Apply(&patch)).await
+            }
+            None => {
+                patch["status"] = json!({ "rollout": record });
+                api.patch_status(&key.1, &params, &Patch::Apply(&patch))
+                    .await
+            }
+        };
+        let answer = match answer {
+            Ok(answer) => answer,
+            Err(kube::Error::Api(status)) if status.code == 409 => return Err(WriteError::Race),
+            Err(err) => return Err(WriteError::Failed(err.into())),
+        };
+        // A status schema without `rollout` drops it without a word; a
+        // rollout that cannot keep its state would hand out slots again.
+        let kept = serde_json::to_value(&answer)
+            .ok()
+            .and_then(|answer| self.read_record(&answer));
+        if kept.as_ref() != Some(record) {
+            return Err(WriteError::Failed(
+                format!(
+                    "the rollout's state was not kept on {} {}: the hub type's status schema must keep `status.rollout` (x-kubernetes-preserve-unknown-fields, or the schema of `RolloutStatus`)",
+                    resource.kind, key.1
+                )
+                .into(),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Why a rollout's state was not written.
+enum WriteError {
+    /// The hub object changed since the cache saw it.
+    Race,
+    Failed(ReconcileError),
+}

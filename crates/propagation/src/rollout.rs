@@ -1,0 +1,694 @@
+//! Paced rollouts: how a new revision of a hub object reaches its members.
+//! All at once (the default), or a few members at a time
+//! ([`Rollout::rolling`]), stage after stage ([`Rollout::staged`]): a
+//! member gets the new revision only once it is given a slot, and keeps
+//! the slot until what it got is available and has stayed so for the
+//! soak time.
+//!
+//! The state is on the hub object (`status.rollout`, or the annotation
+//! `<status annotation>-rollout`): the revision rolled out and the members
+//! holding a slot, each since when. A slot is given by writing it there
+//! with the hub object's `resourceVersion` as a precondition, so however
+//! many controllers take part (one restarted, a new leader, shards), no
+//! more slots are out than the rollout allows. Every applied object
+//! carries the revision it was applied at ([`REVISION_ANNOTATION`]), so a
+//! member that has the new revision is known as such after a restart.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use k8s_openapi::jiff::Timestamp;
+use kube::core::{Selector, SelectorExt};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use multicluster_runtime::ClusterName;
+
+/// Annotation on every object the propagation applies: the revision of the
+/// hub object it was applied at (its `metadata.generation`, or a digest of
+/// it for types without one).
+pub const REVISION_ANNOTATION: &str = "propagation.mcr.sigs.k8s.io/revision";
+
+/// Annotation on a hub object that pauses its rollout while it is `"true"`:
+/// no member is given a slot; those holding one go on.
+pub const PAUSE_ANNOTATION: &str = "propagation.mcr.sigs.k8s.io/paused";
+
+/// Annotation on a hub object approving stages of its rollout: a
+/// comma-separated list of `<stage>@<revision>` (the revision the hub
+/// object's status names), so an approval never carries over to the next
+/// revision.
+pub const APPROVAL_ANNOTATION: &str = "propagation.mcr.sigs.k8s.io/approved";
+
+/// How long a member may hold a slot without what it got becoming
+/// available, by default (the Deployment controller's own default).
+const DEFAULT_PROGRESS_DEADLINE: Duration = Duration::from_secs(600);
+
+/// How many members may be changing at once: given the new revision and
+/// not yet available with it (and soaked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MaxUnavailable {
+    /// At most this many (at least one).
+    Count(usize),
+    /// This share of the selected members, rounded down, at least one.
+    Percent(u8),
+}
+
+impl MaxUnavailable {
+    /// The slots for a rollout over `members` members.
+    fn slots(self, members: usize) -> usize {
+        let slots = match self {
+            MaxUnavailable::Count(count) => count,
+            MaxUnavailable::Percent(percent) => members * usize::from(percent.min(100)) / 100,
+        };
+        slots.max(1)
+    }
+}
+
+/// A stage of a staged rollout: the members it holds, and whether it waits
+/// for an approval before its first member is given a slot.
+#[derive(Clone, Debug)]
+pub struct Stage {
+    name: String,
+    members: StageMembers,
+    approval: bool,
+}
+
+#[derive(Clone, Debug)]
+enum StageMembers {
+    Labelled(Selector),
+    Named(BTreeSet<ClusterName>),
+}
+
+impl Stage {
+    /// The members whose cluster labels `selector` matches.
+    pub fn labelled(name: impl Into<String>, selector: Selector) -> Self {
+        Self {
+            name: name.into(),
+            members: StageMembers::Labelled(selector),
+            approval: false,
+        }
+    }
+
+    /// The members named.
+    pub fn named(
+        name: impl Into<String>,
+        members: impl IntoIterator<Item = impl Into<ClusterName>>,
+    ) -> Self {
+        Self {
+            name: name.into(),
+            members: StageMembers::Named(members.into_iter().map(Into::into).collect()),
+            approval: false,
+        }
+    }
+
+    /// The stage starts only once approved, for the revision rolled out:
+    /// by [`APPROVAL_ANNOTATION`] on the hub object, or by the propagation's
+    /// [`approve_with`](crate::Propagation::approve_with).
+    #[must_use]
+    pub fn needs_approval(mut self) -> Self {
+        self.approval = true;
+        self
+    }
+
+    fn holds(
+        &self,
+        name: &ClusterName,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> bool {
+        match &self.members {
+            StageMembers::Labelled(selector) => selector.matches(labels),
+            StageMembers::Named(names) => names.contains(name),
+        }
+    }
+}
+
+/// How a new revision of a hub object reaches its members
+/// ([`Propagation::rollout`](crate::Propagation::rollout)).
+#[derive(Clone, Debug)]
+pub struct Rollout {
+    pace: Pace,
+    soak: Duration,
+    progress_deadline: Duration,
+    failure_budget: usize,
+}
+
+#[derive(Clone, Debug)]
+enum Pace {
+    AllAtOnce,
+    Paced {
+        max_unavailable: MaxUnavailable,
+        stages: Vec<Stage>,
+    },
+}
+
+impl Default for Rollout {
+    fn default() -> Self {
+        Self::all_at_once()
+    }
+}
+
+impl Rollout {
+    /// Every selected member gets a new revision at once (the default).
+    pub fn all_at_once() -> Self {
+        Self {
+            pace: Pace::AllAtOnce,
+            soak: Duration::ZERO,
+            progress_deadline: DEFAULT_PROGRESS_DEADLINE,
+            failure_budget: 0,
+        }
+    }
+
+    /// At most `max_unavailable` members changing at once, in the order of
+    /// their names.
+    pub fn rolling(max_unavailable: MaxUnavailable) -> Self {
+        Self::staged(Vec::new(), max_unavailable)
+    }
+
+    /// Stage after stage, each rolling with at most `max_unavailable`
+    /// members changing at once; a stage starts once every member of the
+    /// stages before has the revision, available (an approval may be
+    /// needed too). A member is in the first stage that holds it; members
+    /// in none form a last stage of their own.
+    pub fn staged(
+        stages: impl IntoIterator<Item = Stage>,
+        max_unavailable: MaxUnavailable,
+    ) -> Self {
+        Self {
+            pace: Pace::Paced {
+                max_unavailable,
+                stages: stages.into_iter().collect(),
+            },
+            ..Self::all_at_once()
+        }
+    }
+
+    /// How long a member must stay available with the new revision before
+    /// its slot goes to the next (default: none).
+    #[must_use]
+    pub fn soak(mut self, soak: Duration) -> Self {
+        self.soak = soak;
+        self
+    }
+
+    /// How long a member may hold a slot without becoming available before
+    /// it counts as failed (default ten minutes).
+    #[must_use]
+    pub fn progress_deadline(mut self, deadline: Duration) -> Self {
+        self.progress_deadline = deadline;
+        self
+    }
+
+    /// How many members holding a slot may fail (degraded, failed, or past
+    /// the progress deadline) before the rollout halts (default none: the
+    /// first failure halts it). A halted rollout gives no slot until
+    /// enough of them recover or a new revision comes.
+    #[must_use]
+    pub fn failure_budget(mut self, failures: usize) -> Self {
+        self.failure_budget = failures;
+        self
+    }
+
+    pub(crate) fn is_paced(&self) -> bool {
+        matches!(self.pace, Pace::Paced { .. })
+    }
+
+    /// The stage of a member (an index into the stages, the members in
+    /// none last) and its name, if stages were given.
+    pub(crate) fn stage_of(
+        &self,
+        name: &ClusterName,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> (usize, Option<&str>) {
+        let Pace::Paced { stages, .. } = &self.pace else {
+            return (0, None);
+        };
+        match stages.iter().position(|stage| stage.holds(name, labels)) {
+            Some(at) => (at, Some(stages[at].name.as_str())),
+            None if stages.is_empty() => (0, None),
+            None => (stages.len(), Some("unstaged")),
+        }
+    }
+
+    /// Whether the stage at `at` waits for an approval.
+    pub(crate) fn needs_approval(&self, at: usize) -> bool {
+        match &self.pace {
+            Pace::Paced { stages, .. } => stages.get(at).is_some_and(|stage| stage.approval),
+            Pace::AllAtOnce => false,
+        }
+    }
+
+    pub(crate) fn soak_time(&self) -> Duration {
+        self.soak
+    }
+}
+
+/// The rollout's state, as kept on the hub object.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Record {
+    /// The revision being rolled out (or rolled out).
+    pub(crate) revision: String,
+    /// The members holding a slot.
+    #[serde(default)]
+    pub(crate) updating: Vec<Updating>,
+    /// How many members have the revision and hold no slot.
+    #[serde(default)]
+    pub(crate) updated: usize,
+    /// How many selected members have not been given the revision yet.
+    #[serde(default)]
+    pub(crate) remaining: usize,
+    /// The stage under way, if the rollout is staged.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) stage: Option<String>,
+    /// Why no slot is given: halted by failures.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) halted: Option<String>,
+    /// Why no slot is given otherwise: paused, or a stage waiting for its
+    /// approval.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) waiting: Option<String>,
+}
+
+/// A member holding a slot.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub(crate) struct Updating {
+    pub(crate) cluster: String,
+    /// When it was given the slot.
+    pub(crate) since: Time,
+    /// Why it counts as failed, if it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) failed: Option<String>,
+}
+
+impl Record {
+    /// Whether `name` holds a slot.
+    pub(crate) fn holds_slot(&self, name: &ClusterName) -> bool {
+        self.updating
+            .iter()
+            .any(|updating| updating.cluster == name.as_str())
+    }
+
+    /// One line for the hub object's condition.
+    pub(crate) fn summary(&self) -> String {
+        let mut summary = format!(
+            "rollout of revision {}: {} updated, {} updating, {} to go",
+            self.revision,
+            self.updated,
+            self.updating.len(),
+            self.remaining
+        );
+        if let Some(stage) = &self.stage {
+            summary.push_str(&format!(", stage {stage}"));
+        }
+        if let Some(halted) = &self.halted {
+            summary.push_str(&format!(", halted: {halted}"));
+        } else if let Some(waiting) = &self.waiting {
+            summary.push_str(&format!(", {waiting}"));
+        }
+        summary
+    }
+}
+
+/// One selected member as the rollout sees it.
+#[derive(Clone, Debug)]
+pub(crate) struct Member {
+    pub(crate) name: ClusterName,
+    /// Its stage (see [`Rollout::stage_of`]).
+    pub(crate) stage: usize,
+    /// Whether every object it holds was applied at the revision.
+    pub(crate) at_revision: bool,
+    /// Whether it is available with the revision, soaked.
+    pub(crate) done: bool,
+    /// Why it fails now (degraded or failed), if it does.
+    pub(crate) failing: Option<String>,
+}
+
+/// What one step of a rollout looks at.
+pub(crate) struct Look<'a> {
+    pub(crate) rollout: &'a Rollout,
+    pub(crate) revision: &'a str,
+    pub(crate) now: Timestamp,
+    /// The selected members, in rollout order (stage, then name).
+    pub(crate) members: &'a [Member],
+    /// The names of the stages, by index.
+    pub(crate) stage_names: &'a [Option<String>],
+    pub(crate) paused: bool,
+    /// Whether the stage at an index is approved for the revision.
+    pub(crate) approved: &'a dyn Fn(usize) -> bool,
+}
+
+/// The rollout's next state: slots of members that are done (or gone)
+/// freed, failures noted, and free slots given to the next members of the
+/// stage under way, unless halted, paused or waiting for an approval.
+pub(crate) fn step(look: &Look<'_>, before: Option<&Record>) -> Record {
+    let Pace::Paced {
+        max_unavailable, ..
+    } = &look.rollout.pace
+    else {
+        return Record::default();
+    };
+    let member = |name: &str| look.members.iter().find(|m| m.name.as_str() == name);
+    // A member keeps its slot across revisions until it is done: it is
+    // still changing.
+    let mut updating: Vec<Updating> = before
+        .map(|record| record.updating.clone())
+        .unwrap_or_default();
+    updating.retain(|slot| member(&slot.cluster).is_some_and(|m| !m.done));
+    for slot in &mut updating {
+        let failing = member(&slot.cluster).and_then(|m| m.failing.clone());
+        let held = Duration::try_from(look.now.duration_since(slot.since.0)).unwrap_or_default();
+        slot.failed = failing.or_else(|| {
+            (held > look.rollout.progress_deadline).then(|| {
+                format!(
+                    "not available within its progress deadline of {}s",
+                    look.rollout.progress_deadline.as_secs()
+                )
+            })
+        });
+    }
+    let failed: Vec<&Updating> = updating
+        .iter()
+        .filter(|slot| slot.failed.is_some())
+        .collect();
+    let halted = (failed.len() > look.rollout.failure_budget).then(|| {
+        let first = failed[0];
+        format!(
+            "{} failed, more than its failure budget of {} ({}: {})",
+            failed.len(),
+            look.rollout.failure_budget,
+            first.cluster,
+            first.failed.as_deref().unwrap_or_default()
+        )
+    });
+    let holds = |name: &ClusterName, updating: &[Updating]| {
+        updating.iter().any(|slot| slot.cluster == name.as_str())
+    };
+    // The stage under way: the first with a member still to change.
+    let current = look
+        .members
+        .iter()
+        .filter(|m| !m.at_revision || holds(&m.name, &updating))
+        .map(|m| m.stage)
+        .min();
+    let mut waiting = None;
+    if halted.is_none() {
+        if look.paused {
+            waiting = Some(format!("paused ({PAUSE_ANNOTATION})"));
+        } else if let Some(stage) = current {
+            if look.rollout.needs_approval(stage) && !(look.approved)(stage) {
+                let name = look
+                    .stage_names
+                    .get(stage)
+                    .cloned()
+                    .flatten()
+                    .unwrap_or_default();
+                waiting = Some(format!(
+                    "stage {name} waits for its approval: {APPROVAL_ANNOTATION}={name}@{}",
+                    look.revision
+                ));
+            } else {
+                let free = max_unavailable
+                    .slots(look.members.len())
+                    .saturating_sub(updating.len());
+                let next: Vec<Updating> = look
+                    .members
+                    .iter()
+                    .filter(|m| m.stage == stage && !m.at_revision && !holds(&m.name, &updating))
+                    .take(free)
+                    .map(|m| Updating {
+                        cluster: m.name.as_str().to_string(),
+                        since: Time(look.now),
+                        failed: None,
+                    })
+                    .collect();
+                updating.extend(next);
+            }
+        }
+    }
+    let updated = look
+        .members
+        .iter()
+        .filter(|m| m.at_revision && !holds(&m.name, &updating))
+        .count();
+    let remaining = look
+        .members
+        .iter()
+        .filter(|m| !m.at_revision && !holds(&m.name, &updating))
+        .count();
+    Record {
+        revision: look.revision.to_string(),
+        updating,
+        updated,
+        remaining,
+        stage: current.and_then(|stage| look.stage_names.get(stage).cloned().flatten()),
+        halted,
+        waiting,
+    }
+}
+
+/// The revision of a hub object: its `metadata.generation`, or for a type
+/// the API server keeps none for (a ConfigMap) a digest of its labels and
+/// of everything outside its metadata and status.
+pub(crate) fn revision_of(hub: &Value) -> String {
+    if let Some(generation) = hub.pointer("/metadata/generation").and_then(Value::as_i64) {
+        return generation.to_string();
+    }
+    let mut content = hub.clone();
+    if let Some(object) = content.as_object_mut() {
+        let labels = object
+            .get("metadata")
+            .and_then(|metadata| metadata.get("labels"))
+            .cloned();
+        object.remove("status");
+        object.insert("metadata".into(), serde_json::json!({ "labels": labels }));
+    }
+    // serde_json keeps maps sorted (no `preserve_order`), so the text is
+    // the same for the same content in every process.
+    format!("{:016x}", fnv1a(content.to_string().as_bytes()))
+}
+
+/// FNV-1a, 64 bits: a digest that is the same in every process and
+/// release (std's hasher promises neither), written out as it is six lines.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+    for byte in bytes {
+        hash ^= u64::from(*byte);
+        hash = hash.wrapping_mul(0x0100_0000_01b3);
+    }
+    hash
+}
+
+/// Whether `hub`'s annotations pause its rollout.
+pub(crate) fn paused_by_annotation(hub: &Value) -> bool {
+    hub.pointer("/metadata/annotations")
+        .and_then(|annotations| annotations.get(PAUSE_ANNOTATION))
+        .and_then(Value::as_str)
+        .is_some_and(|value| value.trim() == "true")
+}
+
+/// Whether `hub`'s annotations approve `stage` at `revision`.
+pub(crate) fn approved_by_annotation(hub: &Value, stage: &str, revision: &str) -> bool {
+    hub.pointer("/metadata/annotations")
+        .and_then(|annotations| annotations.get(APPROVAL_ANNOTATION))
+        .and_then(Value::as_str)
+        .is_some_and(|approved| {
+            approved
+                .split(',')
+                .any(|entry| entry.trim() == format!("{stage}@{revision}"))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn member(name: &str, stage: usize, at_revision: bool, done: bool) -> Member {
+        Member {
+            name: ClusterName::from(name),
+            stage,
+            at_revision,
+            done,
+            failing: None,
+        }
+    }
+
+    fn look<'a>(
+        rollout: &'a Rollout,
+        members: &'a [Member],
+        now: Timestamp,
+        approved: &'a dyn Fn(usize) -> bool,
+    ) -> Look<'a> {
+        Look {
+            rollout,
+            revision: "2",
+            now,
+            members,
+            stage_names: &[],
+            paused: false,
+            approved,
+        }
+    }
+
+    fn holders(record: &Record) -> Vec<&str> {
+        record
+            .updating
+            .iter()
+            .map(|slot| slot.cluster.as_str())
+            .collect()
+    }
+
+    #[test]
+    fn slots_go_in_order_and_come_back_once_done() {
+        let rollout = Rollout::rolling(MaxUnavailable::Count(2));
+        let now = Timestamp::now();
+        let mut members: Vec<Member> = ["a", "b", "c", "d"]
+            .iter()
+            .map(|name| member(name, 0, false, false))
+            .collect();
+        let first = step(&look(&rollout, &members, now, &|_| true), None);
+        assert_eq!(holders(&first), ["a", "b"]);
+        assert_eq!((first.updated, first.remaining), (0, 2));
+        // a has the revision but is not available yet: nothing moves.
+        members[0].at_revision = true;
+        let second = step(&look(&rollout, &members, now, &|_| true), Some(&first));
+        assert_eq!(holders(&second), ["a", "b"]);
+        // a is done: c takes its slot.
+        members[0].done = true;
+        let third = step(&look(&rollout, &members, now, &|_| true), Some(&second));
+        assert_eq!(holders(&third), ["b", "c"]);
+        assert_eq!((third.updated, third.remaining), (1, 1));
+    }
+
+    #[test]
+    fn a_failure_beyond_the_budget_halts_and_a_recovery_resumes() {
+        let rollout = Rollout::rolling(MaxUnavailable::Count(2));
+        let now = Timestamp::now();
+        let mut members: Vec<Member> = ["a", "b", "c"]
+            .iter()
+            .map(|name| member(name, 0, false, false))
+            .collect();
+        let first = step(&look(&rollout, &members, now, &|_| true), None);
+        members[0].at_revision = true;
+        members[0].failing = Some("Deployment default/web: its rollout passed its deadline".into());
+        members[1].at_revision = true;
+        members[1].done = true;
+        let halted = step(&look(&rollout, &members, now, &|_| true), Some(&first));
+        assert_eq!(holders(&halted), ["a"], "no slot for c while halted");
+        let reason = halted.halted.clone().expect("halted");
+        assert!(reason.contains("a: Deployment default/web"), "{reason}");
+        members[0].failing = None;
+        let resumed = step(&look(&rollout, &members, now, &|_| true), Some(&halted));
+        assert_eq!(holders(&resumed), ["a", "c"]);
+        assert_eq!(resumed.halted, None);
+        // A budget of one lets one failure pass.
+        members[0].failing = Some("degraded".into());
+        let tolerant = rollout.clone().failure_budget(1);
+        let record = step(&look(&tolerant, &members, now, &|_| true), Some(&halted));
+        assert_eq!(record.halted, None);
+    }
+
+    #[test]
+    fn a_slot_held_past_the_progress_deadline_counts_as_failed() {
+        let rollout =
+            Rollout::rolling(MaxUnavailable::Count(1)).progress_deadline(Duration::from_secs(60));
+        let then = Timestamp::now();
+        let members = [member("a", 0, false, false), member("b", 0, false, false)];
+        let first = step(&look(&rollout, &members, then, &|_| true), None);
+        let later = then
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(61))
+            .expect("time");
+        let record = step(&look(&rollout, &members, later, &|_| true), Some(&first));
+        assert!(
+            record
+                .halted
+                .as_deref()
+                .is_some_and(|h| h.contains("progress deadline"))
+        );
+        assert_eq!(holders(&record), ["a"]);
+    }
+
+    #[test]
+    fn stages_go_in_turn_and_wait_for_their_approval() {
+        let rollout = Rollout::staged(
+            [
+                Stage::named("canary", ["a"]),
+                Stage::named("prod", ["b", "c"]).needs_approval(),
+            ],
+            MaxUnavailable::Count(5),
+        );
+        let names = [Some("canary".to_string()), Some("prod".to_string())];
+        let now = Timestamp::now();
+        let mut members = vec![
+            member("a", 0, false, false),
+            member("b", 1, false, false),
+            member("c", 1, false, false),
+        ];
+        let mut looked = look(&rollout, &members, now, &|_| false);
+        looked.stage_names = &names;
+        let first = step(&looked, None);
+        assert_eq!(holders(&first), ["a"], "prod waits for canary");
+        assert_eq!(first.stage.as_deref(), Some("canary"));
+        members[0].at_revision = true;
+        members[0].done = true;
+        let mut looked = look(&rollout, &members, now, &|_| false);
+        looked.stage_names = &names;
+        let waiting = step(&looked, Some(&first));
+        assert!(holders(&waiting).is_empty());
+        assert_eq!(
+            waiting.waiting.as_deref(),
+            Some("stage prod waits for its approval: propagation.mcr.sigs.k8s.io/approved=prod@2")
+        );
+        let mut looked = look(&rollout, &members, now, &|stage| stage == 1);
+        looked.stage_names = &names;
+        assert_eq!(holders(&step(&looked, Some(&waiting))), ["b", "c"]);
+    }
+
+    #[test]
+    fn paused_gives_no_slot_and_keeps_those_given() {
+        let rollout = Rollout::rolling(MaxUnavailable::Count(1));
+        let now = Timestamp::now();
+        let members = [member("a", 0, false, false), member("b", 0, false, false)];
+        let first = step(&look(&rollout, &members, now, &|_| true), None);
+        let mut looked = look(&rollout, &members, now, &|_| true);
+        looked.paused = true;
+        let paused = step(&looked, Some(&first));
+        assert_eq!(holders(&paused), ["a"]);
+        assert!(
+            paused
+                .waiting
+                .as_deref()
+                .is_some_and(|w| w.starts_with("paused"))
+        );
+    }
+
+    #[test]
+    fn a_percentage_rounds_down_to_at_least_one() {
+        assert_eq!(MaxUnavailable::Percent(25).slots(6), 1);
+        assert_eq!(MaxUnavailable::Percent(25).slots(8), 2);
+        assert_eq!(MaxUnavailable::Percent(10).slots(3), 1);
+        assert_eq!(MaxUnavailable::Count(0).slots(3), 1);
+    }
+
+    #[test]
+    fn the_revision_is_the_generation_or_a_stable_digest() {
+        let typed = serde_json::json!({"metadata": {"name": "x", "generation": 7}});
+        assert_eq!(revision_of(&typed), "7");
+        let config = |data: &str, annotation: &str| {
+            serde_json::json!({
+                "metadata": {"name": "x", "resourceVersion": annotation, "annotations": {"a": annotation}},
+                "data": {"k": data},
+            })
+        };
+        assert_eq!(
+            revision_of(&config("1", "x")),
+            revision_of(&config("1", "y"))
+        );
+        assert_ne!(
+            revision_of(&config("1", "x")),
+            revision_of(&config("2", "x"))
+        );
+    }
+}

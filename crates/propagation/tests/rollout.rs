@@ -1,0 +1,544 @@
+//! Paced rollouts on real control planes: a hub, and one member API
+//! server whose namespaces `m0` to `m5` are six members (each a cluster
+//! whose cache and objects stay in its namespace). A hub ConfigMap
+//! becomes a Deployment in each member. The members run no Deployment
+//! controller: the test plays it, as the real one writes its status, a
+//! moment after it sees a new spec, and keeps the timeline of what it
+//! saw. The bound is checked on that timeline (what the member API
+//! server served), not on the propagation's own status.
+
+use std::collections::{BTreeMap, BTreeSet, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
+use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use multicluster_envtest::ControlPlane;
+use multicluster_propagation::{
+    APPROVAL_ANNOTATION, Desired, MaxUnavailable, PAUSE_ANNOTATION, Propagation, Rollout, Stage,
+};
+use multicluster_runtime::cache::{Cache, CacheOptions};
+use multicluster_runtime::testing::{Polled, TestProvider, eventually, run_manager};
+use multicluster_runtime::{Cluster, Manager};
+use serde_json::{Value, json};
+
+const LABEL: &str = "example.com/rollout";
+const STATUS: &str = "example.com/propagation";
+const MEMBERS: [&str; 6] = ["m0", "m1", "m2", "m3", "m4", "m5"];
+
+/// How long the played Deployment controller takes to roll out a new spec
+/// (a failing member fails at once): the scenario's clock, not a wait for
+/// anything.
+const ROLL_TIME: Duration = Duration::from_secs(1);
+
+/// What the played Deployment controller saw: which members are between
+/// a new spec and its availability, the most that ever were at once, and
+/// every spec (by image) each member was given.
+#[derive(Default)]
+struct Timeline {
+    changing: BTreeSet<String>,
+    most: usize,
+    given: Vec<(String, String)>,
+    /// Members whose Deployments fail their rollout.
+    failing: BTreeSet<String>,
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().expect("lock")
+}
+
+impl Timeline {
+    fn given(timeline: &Mutex<Timeline>, member: &str, image: &str) {
+        let mut timeline = lock(timeline);
+        timeline.changing.insert(member.to_string());
+        timeline.most = timeline.most.max(timeline.changing.len());
+        timeline.given.push((member.to_string(), image.to_string()));
+    }
+
+    /// The most members that were changing at once.
+    fn most(timeline: &Mutex<Timeline>) -> usize {
+        lock(timeline).most
+    }
+
+    /// The members given `image`.
+    fn members_given(timeline: &Mutex<Timeline>, image: &str) -> BTreeSet<String> {
+        lock(timeline)
+            .given
+            .iter()
+            .filter(|(_, given)| given == image)
+            .map(|(member, _)| member.clone())
+            .collect()
+    }
+}
+
+fn image(tag: &str) -> String {
+    format!("registry.k8s.io/pause:{tag}")
+}
+
+/// Plays the Deployment controller of every member: a Deployment whose
+/// spec it has not seen is rolled out [`ROLL_TIME`] later, its status
+/// written as the real controller writes it (available, or past its
+/// progress deadline at once for a failing member).
+async fn play_deployment_controller(client: kube::Client, timeline: Arc<Mutex<Timeline>>) {
+    let deployments = Api::<Deployment>::all(client.clone());
+    let mut seen = HashSet::new();
+    let changes = watcher(deployments, watcher::Config::default()).applied_objects();
+    let mut changes = std::pin::pin!(changes);
+    while let Some(change) = changes.next().await {
+        let Ok(deployment) = change else { continue };
+        let namespace = deployment.metadata.namespace.clone().unwrap_or_default();
+        let generation = deployment.metadata.generation.unwrap_or_default();
+        let observed = deployment
+            .status
+            .as_ref()
+            .and_then(|status| status.observed_generation)
+            .unwrap_or_default();
+        if observed >= generation || !seen.insert((namespace.clone(), generation)) {
+            continue;
+        }
+        let given = deployment
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.template.spec.as_ref())
+            .and_then(|pod| pod.containers.first())
+            .and_then(|container| container.image.clone())
+            .unwrap_or_default();
+        Timeline::given(&timeline, &namespace, &given);
+        let (client, timeline) = (client.clone(), timeline.clone());
+        tokio::spawn(async move {
+            let failing = lock(&timeline).failing.contains(&namespace);
+            if !failing {
+                tokio::time::sleep(ROLL_TIME).await;
+            }
+            write_status(&client, &namespace, generation, !failing).await;
+            if !failing {
+                lock(&timeline).changing.remove(&namespace);
+            }
+        });
+    }
+}
+
+/// Writes the status of `member`'s Deployment `web` as the Deployment
+/// controller does once it rolled out generation `generation` (or gave up).
+async fn write_status(client: &kube::Client, member: &str, generation: i64, available: bool) {
+    let progressing = if available {
+        json!({"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable", "message": "ReplicaSet \"web-1\" has successfully progressed."})
+    } else {
+        json!({"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "ReplicaSet \"web-1\" has timed out progressing."})
+    };
+    let replicas = if available { 1 } else { 0 };
+    let status = json!({"status": {
+        "observedGeneration": generation,
+        "replicas": 1,
+        "updatedReplicas": 1,
+        "readyReplicas": replicas,
+        "availableReplicas": replicas,
+        "conditions": [
+            {"type": "Available", "status": if available { "True" } else { "False" }, "reason": "MinimumReplicasAvailable", "message": "Deployment has minimum availability."},
+            progressing,
+        ],
+    }});
+    // The member may be gone by the end of the test.
+    let _ = Api::<Deployment>::namespaced(client.clone(), member)
+        .patch_status("web", &PatchParams::default(), &Patch::Merge(&status))
+        .await;
+}
+
+/// The Deployment a hub ConfigMap wants in `member`: its image from the
+/// hub object's `tag`.
+fn web(hub: &ConfigMap, member: &Cluster) -> Deployment {
+    let tag = hub
+        .data
+        .as_ref()
+        .and_then(|data| data.get("tag"))
+        .cloned()
+        .unwrap_or_default();
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": member.name().as_str()},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "web"}},
+            "template": {
+                "metadata": {"labels": {"app": "web"}},
+                "spec": {"containers": [{"name": "web", "image": image(&tag)}]},
+            },
+        },
+    }))
+    .expect("deployment")
+}
+
+fn labelled(hub: &ConfigMap, value: &str) -> bool {
+    hub.metadata
+        .labels
+        .as_ref()
+        .and_then(|labels| labels.get(LABEL))
+        .is_some_and(|have| have == value)
+}
+
+/// Rolls the `web` Deployment out to the members two at a time.
+fn rolling() -> Propagation<ConfigMap> {
+    Propagation::<ConfigMap>::new("web")
+        .select(|hub| labelled(hub, "web"))
+        .propagates::<Deployment>()
+        .desired(|hub, member| Ok(vec![Desired::new(&web(hub, member))?]))
+        .rollout(Rollout::rolling(MaxUnavailable::Count(2)))
+        .status_annotation(STATUS)
+}
+
+/// A manager on `hub` whose members are the namespaces of `member`, each
+/// a cluster held to its namespace, running `propagation`.
+async fn fleet(
+    hub: &ControlPlane,
+    member: &ControlPlane,
+    propagation: Propagation<ConfigMap>,
+) -> (
+    Manager,
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<Result<(), multicluster_runtime::Error>>,
+) {
+    let provider = TestProvider::default();
+    let client = member.client().await.expect("client");
+    for name in MEMBERS {
+        let cache = Cache::with_options(
+            name,
+            client.clone(),
+            CacheOptions::default().namespace(Some(name.to_string())),
+        );
+        provider
+            .clusters
+            .add(name, Cluster::with_cache(name, client.clone(), cache))
+            .expect("add");
+    }
+    let manager = Manager::builder(Cluster::new("hub", hub.client().await.expect("client")))
+        .provider(Arc::new(provider))
+        .build();
+    manager
+        .add_controller(propagation.build().expect("propagation"))
+        .expect("add");
+    let (stop, task) = run_manager(&manager);
+    (manager, stop, task)
+}
+
+async fn make_namespaces(member: &ControlPlane) {
+    let namespaces = Api::<Namespace>::all(member.client().await.expect("client"));
+    for name in MEMBERS {
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        namespaces
+            .create(&PostParams::default(), &namespace)
+            .await
+            .expect("namespace");
+    }
+}
+
+/// Creates or changes the hub ConfigMap `name` (labelled `value`) with
+/// `data`, and sets or clears its `annotations`.
+async fn hub_object(hub: &ControlPlane, name: &str, value: &str, tag: &str) {
+    let object = json!({
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": "default", "labels": {LABEL: value}},
+        "data": {"tag": tag},
+    });
+    Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
+        .patch(name, &PatchParams::apply("test"), &Patch::Apply(&object))
+        .await
+        .expect("hub object");
+}
+
+/// Sets (or with `None` removes) an annotation of the hub ConfigMap.
+async fn annotate(hub: &ControlPlane, name: &str, key: &str, value: Option<&str>) {
+    Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"annotations": {key: value}}})),
+        )
+        .await
+        .expect("annotate");
+}
+
+/// The images of the members' Deployments, by member.
+async fn images(member: &ControlPlane) -> BTreeMap<String, String> {
+    Api::<Deployment>::all(member.client().await.expect("client"))
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items
+        .into_iter()
+        .filter_map(|deployment| {
+            let image = deployment
+                .spec?
+                .template
+                .spec?
+                .containers
+                .first()?
+                .image
+                .clone()?;
+            Some((deployment.metadata.namespace?, image))
+        })
+        .collect()
+}
+
+/// Whether every member's Deployment has `tag` and is available.
+async fn all_available_with(member: &ControlPlane, tag: &str) -> bool {
+    let deployments = Api::<Deployment>::all(member.client().await.expect("client"))
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items;
+    deployments.len() == MEMBERS.len()
+        && deployments.iter().all(|deployment| {
+            let image_is = deployment
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.template.spec.as_ref())
+                .and_then(|pod| pod.containers.first())
+                .and_then(|container| container.image.as_deref())
+                == Some(image(tag).as_str());
+            let available = deployment.status.as_ref().is_some_and(|status| {
+                status.observed_generation == deployment.metadata.generation
+                    && status.available_replicas == Some(1)
+            });
+            image_is && available
+        })
+}
+
+/// Each member's state and reason, as the hub object's status says.
+async fn member_states(hub: &ControlPlane, name: &str) -> BTreeMap<String, (String, String)> {
+    let status = status_of(hub, name).await;
+    status["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|entry| {
+            (
+                entry["cluster"].as_str().unwrap_or_default().to_string(),
+                (
+                    entry["state"].as_str().unwrap_or_default().to_string(),
+                    entry["reason"].as_str().unwrap_or_default().to_string(),
+                ),
+            )
+        })
+        .collect()
+}
+
+/// The status annotation of the hub ConfigMap `name` (null if none yet).
+async fn status_of(hub: &ControlPlane, name: &str) -> Value {
+    let object = Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
+        .get(name)
+        .await
+        .expect("hub object");
+    object
+        .metadata
+        .annotations
+        .and_then(|annotations| annotations.get(STATUS).cloned())
+        .map(|text| serde_json::from_str(&text).expect("status JSON"))
+        .unwrap_or_default()
+}
+
+/// Waits until every member's Deployment has `tag`, available, and the
+/// rollout says it is done: no member holds a slot (one that did would
+/// carry it into the next revision).
+async fn rolled_out(hub: &ControlPlane, member: &ControlPlane, tag: &str) {
+    eventually(
+        Polled::ApiServer,
+        &format!("every member available with {tag}"),
+        || all_available_with(member, tag),
+    )
+    .await;
+    eventually(Polled::ApiServer, "the rollout to be done", || async {
+        condition_message(hub, "web")
+            .await
+            .contains(&format!("{} updated, 0 updating, 0 to go", MEMBERS.len()))
+    })
+    .await;
+}
+
+/// The hub object's `Propagated` condition message.
+async fn condition_message(hub: &ControlPlane, name: &str) -> String {
+    status_of(hub, name).await["condition"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// Two at a time, never more, through a first rollout, an update, a pause,
+/// a member that fails (the rollout halts, and goes on once it recovers)
+/// and a controller killed mid-rollout and started again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rolling_rollout_never_has_more_than_two_members_changing() {
+    let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, member) = (hub.expect("hub"), member.expect("member"));
+    make_namespaces(&member).await;
+    let timeline = Arc::new(Mutex::new(Timeline::default()));
+    let playing = tokio::spawn(play_deployment_controller(
+        member.client().await.expect("client"),
+        timeline.clone(),
+    ));
+    let (_manager, stop, task) = fleet(&hub, &member, rolling()).await;
+
+    // A new hub object: every member gets it, two at a time.
+    hub_object(&hub, "web", "web", "v1").await;
+    rolled_out(&hub, &member, "v1").await;
+    let most = Timeline::most(&timeline);
+    assert!(most <= 2, "{most} members changing at once");
+
+    // An update: the same.
+    hub_object(&hub, "web", "web", "v2").await;
+    rolled_out(&hub, &member, "v2").await;
+    let most = Timeline::most(&timeline);
+    assert!(most <= 2, "{most} members changing at once");
+
+    // Paused before a change: no member is given it until resumed.
+    annotate(&hub, "web", PAUSE_ANNOTATION, Some("true")).await;
+    hub_object(&hub, "web", "web", "v3").await;
+    eventually(
+        Polled::ApiServer,
+        "every member held, the rollout paused",
+        || async {
+            let states = member_states(&hub, "web").await;
+            states.len() == MEMBERS.len()
+                && states.values().all(|(state, reason)| {
+                    state == "Pending"
+                        && reason.contains("waiting for a slot")
+                        && reason.contains("paused")
+                })
+        },
+    )
+    .await;
+    assert_eq!(
+        Timeline::members_given(&timeline, &image("v3")),
+        BTreeSet::new(),
+        "a member changed while paused"
+    );
+    annotate(&hub, "web", PAUSE_ANNOTATION, None).await;
+    rolled_out(&hub, &member, "v3").await;
+
+    // m1 fails its rollout: with no failure budget the rollout halts,
+    // the hub object says where, and no member after the first two is
+    // given the change.
+    lock(&timeline).failing.insert("m1".into());
+    hub_object(&hub, "web", "web", "v4").await;
+    eventually(
+        Polled::ApiServer,
+        "the hub object to say it halted at m1",
+        || async {
+            let message = condition_message(&hub, "web").await;
+            message.contains("halted") && message.contains("m1: Deployment m1/web")
+        },
+    )
+    .await;
+    assert_eq!(
+        Timeline::members_given(&timeline, &image("v4")),
+        BTreeSet::from(["m0".to_string(), "m1".to_string()]),
+        "a member was given the change past the halt"
+    );
+    // m1 recovers (its controller succeeds after all): the rollout goes on.
+    lock(&timeline).failing.remove("m1");
+    let client = member.client().await.expect("client");
+    let generation = Api::<Deployment>::namespaced(client.clone(), "m1")
+        .get("web")
+        .await
+        .expect("m1's Deployment")
+        .metadata
+        .generation
+        .expect("generation");
+    write_status(&client, "m1", generation, true).await;
+    lock(&timeline).changing.remove("m1");
+    rolled_out(&hub, &member, "v4").await;
+    let most = Timeline::most(&timeline);
+    assert!(most <= 2, "{most} members changing at once");
+
+    // Killed mid-rollout (no clean stop: its task is dropped) and started
+    // again: the new controller reads the slots from the hub object and
+    // never hands out more. (Tasks the dropped manager spawned may run on
+    // for a while: a second writer, which the bound holds against too.)
+    hub_object(&hub, "web", "web", "v5").await;
+    eventually(Polled::ApiServer, "the first members given v5", || async {
+        !Timeline::members_given(&timeline, &image("v5")).is_empty()
+    })
+    .await;
+    task.abort();
+    let _ = task.await;
+    drop(stop);
+    let (_manager, stop, task) = fleet(&hub, &member, rolling()).await;
+    rolled_out(&hub, &member, "v5").await;
+    let most = Timeline::most(&timeline);
+    assert!(most <= 2, "{most} members changing at once");
+    assert_eq!(
+        images(&member).await.values().collect::<BTreeSet<_>>(),
+        BTreeSet::from([&image("v5")])
+    );
+
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+    playing.abort();
+}
+
+/// A staged rollout: the canary first, then the rest once approved for
+/// the revision rolled out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stage_waits_for_its_approval() {
+    let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, member) = (hub.expect("hub"), member.expect("member"));
+    make_namespaces(&member).await;
+    let timeline = Arc::new(Mutex::new(Timeline::default()));
+    let playing = tokio::spawn(play_deployment_controller(
+        member.client().await.expect("client"),
+        timeline.clone(),
+    ));
+    let staged = rolling().rollout(Rollout::staged(
+        [
+            Stage::named("canary", ["m0"]),
+            Stage::named("rest", MEMBERS).needs_approval(),
+        ],
+        MaxUnavailable::Percent(50),
+    ));
+    let (_manager, stop, task) = fleet(&hub, &member, staged).await;
+
+    hub_object(&hub, "web", "web", "v1").await;
+    let message = multicluster_runtime::testing::eventually_some(
+        Polled::ApiServer,
+        "the rest to wait for its approval",
+        || async {
+            let message = condition_message(&hub, "web").await;
+            message
+                .contains("waits for its approval")
+                .then_some(message)
+        },
+    )
+    .await;
+    assert_eq!(
+        Timeline::members_given(&timeline, &image("v1")),
+        BTreeSet::from(["m0".to_string()]),
+        "only the canary before the approval"
+    );
+    // The message names what to write: the annotation and its value.
+    let approval = message
+        .split(&format!("{APPROVAL_ANNOTATION}="))
+        .nth(1)
+        .and_then(|rest| rest.split([',', ';']).next())
+        .expect("the approval to write")
+        .trim()
+        .to_string();
+    assert!(approval.starts_with("rest@"), "{approval}");
+    annotate(&hub, "web", APPROVAL_ANNOTATION, Some(&approval)).await;
+    rolled_out(&hub, &member, "v1").await;
+    let most = Timeline::most(&timeline);
+    assert!(most <= 3, "{most} members changing at once");
+
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+    playing.abort();
+}
