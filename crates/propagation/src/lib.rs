@@ -77,6 +77,7 @@ mod kinds;
 mod member;
 mod paced;
 mod rollout;
+mod schema;
 mod status;
 mod waves;
 
@@ -113,6 +114,7 @@ pub use health::Health;
 pub use rollout::{
     APPROVAL_ANNOTATION, MaxUnavailable, PAUSE_ANNOTATION, REVISION_ANNOTATION, Rollout, Stage,
 };
+pub use schema::{MemberStatus, PropagationStatus, RolloutStatus, UpdatingMember};
 pub use status::{CONDITION_TYPE, MemberState};
 pub use waves::WAVE_ANNOTATION;
 
@@ -686,7 +688,7 @@ struct Shared<K> {
     approve: Option<Approve<K>>,
     /// Each hub object's rollout as this process last wrote or read it:
     /// a member given a slot here goes on before the hub cache shows it.
-    slots: Mutex<HashMap<HubKey, rollout::Record>>,
+    slots: Mutex<HashMap<HubKey, rollout::RolloutStatus>>,
     /// Since when a member has been available with a revision (for the
     /// soak time).
     available_since: Mutex<HashMap<(HubKey, ClusterName), (String, Instant)>>,

@@ -12,7 +12,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::rollout::{self, Look, Member, Record};
+use super::rollout::{self, Look, Member, RolloutStatus as Record};
 use super::status::{MemberState, Outcome};
 use super::{HubKey, REVISION_ANNOTATION, Shared};
 use multicluster_runtime::Cluster;

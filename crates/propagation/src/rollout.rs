@@ -244,46 +244,50 @@ impl Rollout {
     }
 }
 
-/// The rollout's state, as kept on the hub object.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+/// A paced rollout's state, as kept on the hub object (`status.rollout`,
+/// or the annotation `<status annotation>-rollout` as JSON).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct Record {
+#[non_exhaustive]
+pub struct RolloutStatus {
     /// The revision being rolled out (or rolled out).
-    pub(crate) revision: String,
+    pub revision: String,
     /// The members holding a slot.
     #[serde(default)]
-    pub(crate) updating: Vec<Updating>,
+    pub updating: Vec<UpdatingMember>,
     /// How many members have the revision and hold no slot.
     #[serde(default)]
-    pub(crate) updated: usize,
+    pub updated: usize,
     /// How many selected members have not been given the revision yet.
     #[serde(default)]
-    pub(crate) remaining: usize,
+    pub remaining: usize,
     /// The stage under way, if the rollout is staged.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) stage: Option<String>,
+    pub stage: Option<String>,
     /// Why no slot is given: halted by failures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) halted: Option<String>,
+    pub halted: Option<String>,
     /// Why no slot is given otherwise: paused, or a stage waiting for its
     /// approval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) waiting: Option<String>,
+    pub waiting: Option<String>,
 }
 
-/// A member holding a slot.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+/// A member holding a slot in a paced rollout.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
 #[serde(rename_all = "camelCase")]
-pub(crate) struct Updating {
-    pub(crate) cluster: String,
+#[non_exhaustive]
+pub struct UpdatingMember {
+    /// The member's name.
+    pub cluster: String,
     /// When it was given the slot.
-    pub(crate) since: Time,
+    pub since: Time,
     /// Why it counts as failed, if it does.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub(crate) failed: Option<String>,
+    pub failed: Option<String>,
 }
 
-impl Record {
+impl RolloutStatus {
     /// Whether `name` holds a slot.
     pub(crate) fn holds_slot(&self, name: &ClusterName) -> bool {
         self.updating
@@ -343,17 +347,17 @@ pub(crate) struct Look<'a> {
 /// The rollout's next state: slots of members that are done (or gone)
 /// freed, failures noted, and free slots given to the next members of the
 /// stage under way, unless halted, paused or waiting for an approval.
-pub(crate) fn step(look: &Look<'_>, before: Option<&Record>) -> Record {
+pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutStatus {
     let Pace::Paced {
         max_unavailable, ..
     } = &look.rollout.pace
     else {
-        return Record::default();
+        return RolloutStatus::default();
     };
     let member = |name: &str| look.members.iter().find(|m| m.name.as_str() == name);
     // A member keeps its slot across revisions until it is done: it is
     // still changing.
-    let mut updating: Vec<Updating> = before
+    let mut updating: Vec<UpdatingMember> = before
         .map(|record| record.updating.clone())
         .unwrap_or_default();
     updating.retain(|slot| member(&slot.cluster).is_some_and(|m| !m.done));
@@ -369,7 +373,7 @@ pub(crate) fn step(look: &Look<'_>, before: Option<&Record>) -> Record {
             })
         });
     }
-    let failed: Vec<&Updating> = updating
+    let failed: Vec<&UpdatingMember> = updating
         .iter()
         .filter(|slot| slot.failed.is_some())
         .collect();
@@ -383,7 +387,7 @@ pub(crate) fn step(look: &Look<'_>, before: Option<&Record>) -> Record {
             first.failed.as_deref().unwrap_or_default()
         )
     });
-    let holds = |name: &ClusterName, updating: &[Updating]| {
+    let holds = |name: &ClusterName, updating: &[UpdatingMember]| {
         updating.iter().any(|slot| slot.cluster == name.as_str())
     };
     // The stage under way: the first with a member still to change.
@@ -413,12 +417,12 @@ pub(crate) fn step(look: &Look<'_>, before: Option<&Record>) -> Record {
                 let free = max_unavailable
                     .slots(look.members.len())
                     .saturating_sub(updating.len());
-                let next: Vec<Updating> = look
+                let next: Vec<UpdatingMember> = look
                     .members
                     .iter()
                     .filter(|m| m.stage == stage && !m.at_revision && !holds(&m.name, &updating))
                     .take(free)
-                    .map(|m| Updating {
+                    .map(|m| UpdatingMember {
                         cluster: m.name.as_str().to_string(),
                         since: Time(look.now),
                         failed: None,
@@ -438,7 +442,7 @@ pub(crate) fn step(look: &Look<'_>, before: Option<&Record>) -> Record {
         .iter()
         .filter(|m| !m.at_revision && !holds(&m.name, &updating))
         .count();
-    Record {
+    RolloutStatus {
         revision: look.revision.to_string(),
         updating,
         updated,
@@ -532,7 +536,7 @@ mod tests {
         }
     }
 
-    fn holders(record: &Record) -> Vec<&str> {
+    fn holders(record: &RolloutStatus) -> Vec<&str> {
         record
             .updating
             .iter()

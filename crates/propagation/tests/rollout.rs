@@ -18,7 +18,8 @@ use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use multicluster_envtest::ControlPlane;
 use multicluster_propagation::{
-    APPROVAL_ANNOTATION, Desired, MaxUnavailable, PAUSE_ANNOTATION, Propagation, Rollout, Stage,
+    APPROVAL_ANNOTATION, Desired, MaxUnavailable, PAUSE_ANNOTATION, Propagation, PropagationStatus,
+    Rollout, Stage,
 };
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::testing::{Polled, TestProvider, eventually, run_manager};
@@ -535,6 +536,139 @@ async fn a_stage_waits_for_its_approval() {
     assert!(approval.starts_with("rest@"), "{approval}");
     annotate(&hub, "web", APPROVAL_ANNOTATION, Some(&approval)).await;
     rolled_out(&hub, &member, "v1").await;
+    let most = Timeline::most(&timeline);
+    assert!(most <= 3, "{most} members changing at once");
+
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+    playing.abort();
+}
+
+/// A hub custom resource whose status is the shipped [`PropagationStatus`]:
+/// its CRD comes from the derive alone, no schema written by hand.
+#[derive(
+    kube::CustomResource, serde::Serialize, serde::Deserialize, Clone, Debug, schemars::JsonSchema,
+)]
+#[kube(
+    group = "rollout.test.example.com",
+    version = "v1",
+    kind = "Web",
+    namespaced,
+    status = "PropagationStatus"
+)]
+struct WebSpec {
+    /// The image's tag.
+    tag: String,
+}
+
+/// The derived CRD of a hub type with the shipped status is accepted by
+/// the API server, and a rolling rollout's state and the members' status
+/// stay in it (a schema that pruned them would lose the slots).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_shipped_status_type_keeps_what_a_rollout_writes() {
+    use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+    use kube::CustomResourceExt;
+    use kube::runtime::wait::{await_condition, conditions};
+    let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, member) = (hub.expect("hub"), member.expect("member"));
+    make_namespaces(&member).await;
+    let hub_client = hub.client().await.expect("client");
+    let crds = Api::<CustomResourceDefinition>::all(hub_client.clone());
+    crds.create(&PostParams::default(), &Web::crd())
+        .await
+        .expect("the derived CRD");
+    tokio::time::timeout(
+        multicluster_runtime::testing::DEFAULT_DEADLINE,
+        await_condition(
+            crds,
+            "webs.rollout.test.example.com",
+            conditions::is_crd_established(),
+        ),
+    )
+    .await
+    .expect("established in time")
+    .expect("established");
+    let timeline = Arc::new(Mutex::new(Timeline::default()));
+    let playing = tokio::spawn(play_deployment_controller(
+        member.client().await.expect("client"),
+        timeline.clone(),
+    ));
+    let webs = Propagation::<Web>::new("webs")
+        .propagates::<Deployment>()
+        .desired(|hub, member| {
+            let config = ConfigMap {
+                data: Some(BTreeMap::from([("tag".to_string(), hub.spec.tag.clone())])),
+                ..ConfigMap::default()
+            };
+            Ok(vec![Desired::new(&web(&config, member))?])
+        })
+        .rollout(Rollout::rolling(MaxUnavailable::Percent(50)))
+        .status_subresource();
+    let provider = TestProvider::default();
+    let client = member.client().await.expect("client");
+    for name in MEMBERS {
+        let cache = Cache::with_options(
+            name,
+            client.clone(),
+            CacheOptions::default().namespace(Some(name.to_string())),
+        );
+        provider
+            .clusters
+            .add(name, Cluster::with_cache(name, client.clone(), cache))
+            .expect("add");
+    }
+    let manager = Manager::builder(Cluster::new("hub", hub_client.clone()))
+        .provider(Arc::new(provider))
+        .build();
+    manager
+        .add_controller(webs.build().expect("propagation"))
+        .expect("add");
+    let (stop, task) = run_manager(&manager);
+
+    let api = Api::<Web>::namespaced(hub_client, "default");
+    api.create(
+        &PostParams::default(),
+        &Web::new("web", WebSpec { tag: "v1".into() }),
+    )
+    .await
+    .expect("hub object");
+    // Halfway: the rollout's state is in the status, typed.
+    let rollout = multicluster_runtime::testing::eventually_some(
+        Polled::ApiServer,
+        "the rollout's state in the status",
+        || async {
+            let status = api.get("web").await.ok()?.status?;
+            status
+                .rollout
+                .filter(|rollout| !rollout.updating.is_empty())
+        },
+    )
+    .await;
+    assert!(rollout.updating.len() <= 3, "{rollout:?}");
+    assert_eq!(rollout.revision, "1", "the revision is the generation");
+    eventually(Polled::ApiServer, "every member available with v1", || {
+        all_available_with(&member, "v1")
+    })
+    .await;
+    let status = multicluster_runtime::testing::eventually_some(
+        Polled::ApiServer,
+        "the rollout done and every member in sync",
+        || async {
+            let status = api.get("web").await.ok()?.status?;
+            let done = status.rollout.as_ref()?.updating.is_empty()
+                && status.counts.get("InSync") == Some(&(MEMBERS.len() as u64));
+            done.then_some(status)
+        },
+    )
+    .await;
+    assert_eq!(status.members.len(), MEMBERS.len());
+    assert!(
+        status
+            .conditions
+            .iter()
+            .any(|condition| condition.type_ == "Propagated" && condition.status == "True"),
+        "{status:?}"
+    );
     let most = Timeline::most(&timeline);
     assert!(most <= 3, "{most} members changing at once");
 

@@ -1,14 +1,15 @@
 //! A hub custom resource propagated into the members, with each member's
 //! state in its status: a `FleetQuota` on the hub (the cluster
-//! `$KUBECONFIG` points at; its CRD, `config/crd.yaml`, is installed by
-//! this example) becomes a ResourceQuota of the same name in every member
+//! `$KUBECONFIG` points at; its CRD, derived from the types below, is
+//! installed by this example) becomes a ResourceQuota of the same name in every member
 //! (one per kubeconfig Secret), in the namespace it names. Its status lists
 //! every member (`InSync`, `Failed` with the member's reason, ...) and a
 //! `Propagated` condition sums up: `kubectl get fleetquotas` shows it.
 //!
 //! `multicluster_propagation::Propagation` does the work; this is its
 //! policy: a hub type of one's own, the object it wants in a member, and a
-//! status subresource to report in.
+//! status subresource to report in, of the type the propagation ships
+//! (`PropagationStatus`, schema included: no status schema to write).
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,29 +19,30 @@ use clap::Parser;
 use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::CustomResource;
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use kube::runtime::wait::{await_condition, conditions};
+use kube::{CustomResource, CustomResourceExt};
 use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs, PolicyArgs};
-use multicluster_propagation::{Desired, Propagation};
+use multicluster_propagation::{Desired, Propagation, PropagationStatus};
 use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
 use multicluster_runtime::{Cluster, Manager};
 use serde::{Deserialize, Serialize};
 
-/// The hub type's CRD, as applied at start.
-const CRD: &str = include_str!("../config/crd.yaml");
 /// How long the CRD may take to be established.
 const CRD_ESTABLISHED_WITHIN: Duration = Duration::from_secs(30);
 
 /// A ResourceQuota to keep in every member.
-#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default)]
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, schemars::JsonSchema)]
 #[kube(
     group = "fleet.example",
     version = "v1alpha1",
     kind = "FleetQuota",
     namespaced,
-    status = "FleetQuotaStatus",
-    schema = "disabled"
+    status = "PropagationStatus",
+    category = "multicluster",
+    printcolumn = r#"{"name": "Propagated", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Propagated\")].status"}"#,
+    printcolumn = r#"{"name": "Reason", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Propagated\")].reason"}"#,
+    printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
 )]
 pub struct FleetQuotaSpec {
     /// The namespace of the quota in each member.
@@ -52,34 +54,6 @@ pub struct FleetQuotaSpec {
 
 fn default_namespace() -> String {
     "default".into()
-}
-
-/// What the propagation writes, as `config/crd.yaml` describes it.
-#[derive(Serialize, Deserialize, Clone, Debug, Default)]
-pub struct FleetQuotaStatus {
-    /// One entry per member.
-    #[serde(default)]
-    pub members: Vec<MemberEntry>,
-    /// The `Propagated` condition.
-    #[serde(default)]
-    pub conditions: Vec<k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition>,
-}
-
-/// How one member is doing.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq)]
-#[serde(rename_all = "camelCase")]
-pub struct MemberEntry {
-    /// The member's name.
-    pub cluster: String,
-    /// `InSync`, `Failed`, `Pending`, ...
-    pub state: String,
-    /// Why it is not in sync, redacted.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
-    /// The hub object's generation the member was last brought in line
-    /// with.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub applied_generation: Option<i64>,
 }
 
 /// Propagate FleetQuotas to every member cluster.
@@ -115,7 +89,7 @@ fn quota_for(hub: &FleetQuota) -> ResourceQuota {
 
 /// Applies the FleetQuota CRD to the hub and waits until it is served.
 async fn install_crd(hub: &kube::Client) -> Result<(), MainError> {
-    let crd: CustomResourceDefinition = serde_saphyr::from_str(CRD)?;
+    let crd = FleetQuota::crd();
     let name = crd.metadata.name.clone().unwrap_or_default();
     let crds = Api::<CustomResourceDefinition>::all(hub.clone());
     crds.patch(
