@@ -28,6 +28,11 @@
 //!   [`PROPAGATION_LABEL`]`=<name>` and pointing at the hub object with
 //!   [`Request::owner_annotations`].
 //!   An object that is no longer desired is deleted.
+//! - **Letting go**: what a member no longer gets (the hub object deleted,
+//!   the member out of the selection, an object no longer desired) is
+//!   deleted or orphaned ([`DeletionPolicy`]: by
+//!   [`Propagation::when_hub_deleted`], [`Propagation::when_member_leaves`],
+//!   or an object's [`DELETION_POLICY_ANNOTATION`]), the latest wave first.
 //! - **In waves** (see `waves`: Namespaces and definitions, then RBAC,
 //!   then configuration, then the rest; [`WAVE_ANNOTATION`] places an
 //!   object elsewhere): each wave once every object of the one before is
@@ -74,6 +79,7 @@
 mod health;
 mod hub;
 mod kinds;
+mod letting_go;
 mod member;
 mod paced;
 mod rollout;
@@ -111,6 +117,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 pub use health::Health;
+pub use letting_go::{DELETION_POLICY_ANNOTATION, DeletionPolicy};
 pub use rollout::{
     APPROVAL_ANNOTATION, MaxUnavailable, PAUSE_ANNOTATION, REVISION_ANNOTATION, Rollout, Stage,
 };
@@ -315,6 +322,8 @@ pub struct Propagation<K> {
     rollout: Rollout,
     pause: Option<Pause<K>>,
     approve: Option<Approve<K>>,
+    when_hub_deleted: DeletionPolicy,
+    when_member_leaves: DeletionPolicy,
 }
 
 impl<K> Propagation<K>
@@ -343,6 +352,8 @@ where
             rollout: Rollout::default(),
             pause: None,
             approve: None,
+            when_hub_deleted: DeletionPolicy::Delete,
+            when_member_leaves: DeletionPolicy::Delete,
         }
     }
 
@@ -519,6 +530,25 @@ where
         self
     }
 
+    /// What becomes of the members' objects when the hub object is
+    /// deleted or no longer selected (default: deleted). Orphaned objects
+    /// stay, with nothing of the propagation left on them. An object's
+    /// [`DELETION_POLICY_ANNOTATION`] overrides it.
+    #[must_use]
+    pub fn when_hub_deleted(mut self, policy: DeletionPolicy) -> Self {
+        self.when_hub_deleted = policy;
+        self
+    }
+
+    /// What becomes of a member's objects when it leaves the hub object's
+    /// selection, once the removal grace has passed (default: deleted).
+    /// An object's [`DELETION_POLICY_ANNOTATION`] overrides it.
+    #[must_use]
+    pub fn when_member_leaves(mut self, policy: DeletionPolicy) -> Self {
+        self.when_member_leaves = policy;
+        self
+    }
+
     /// How a new revision of a hub object reaches its members (default:
     /// [`Rollout::all_at_once`]). A paced rollout keeps its state on the
     /// hub object, so it needs a status target
@@ -651,6 +681,8 @@ where
             rollout: self.rollout,
             pause: self.pause,
             approve: self.approve,
+            when_hub_deleted: self.when_hub_deleted,
+            when_member_leaves: self.when_member_leaves,
             slots: Mutex::new(HashMap::new()),
             available_since: Mutex::new(HashMap::new()),
             outcomes: Mutex::new(HashMap::new()),
@@ -686,6 +718,8 @@ struct Shared<K> {
     rollout: Rollout,
     pause: Option<Pause<K>>,
     approve: Option<Approve<K>>,
+    when_hub_deleted: DeletionPolicy,
+    when_member_leaves: DeletionPolicy,
     /// Each hub object's rollout as this process last wrote or read it:
     /// a member given a slot here goes on before the hub cache shows it.
     slots: Mutex<HashMap<HubKey, rollout::RolloutStatus>>,

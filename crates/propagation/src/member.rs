@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::letting_go::{DeletionPolicy, LettingGo, api_for};
 use super::status::{MemberState, Outcome};
 use super::{Conflicts, Desired, Drift, Health, HubKey, PROPAGATION_LABEL, Shared};
 use multicluster_runtime::Cluster;
@@ -55,7 +56,10 @@ where
             .filter(|hub| (self.select)(hub) && hub.meta().deletion_timestamp.is_none());
         let Some(hub) = hub else {
             // Gone, being deleted or no longer selected: nothing to wait for.
-            return self.remove(&key, &request.cluster, &member).await;
+            let (action, _) = self
+                .remove(&key, &request.cluster, &member, self.when_hub_deleted)
+                .await?;
+            return Ok(action);
         };
         if !self.members.includes(&hub, &request.cluster, &member) {
             return self.leave(&key, &request.cluster, &member).await;
@@ -105,24 +109,32 @@ where
         if left < self.removal_grace {
             return Ok(Action::requeue(self.removal_grace - left));
         }
-        let action = self.remove(key, name, member).await?;
-        crate::lock(&self.leaving).remove(&(key.clone(), name.clone()));
+        let (action, done) = self
+            .remove(key, name, member, self.when_member_leaves)
+            .await?;
+        if done {
+            crate::lock(&self.leaving).remove(&(key.clone(), name.clone()));
+        }
         Ok(action)
     }
 
-    /// Deletes every object made for `key` in `member`.
+    /// Lets go of every object made for `key` in `member` by `policy`;
+    /// whether it is done.
     async fn remove(
         &self,
         key: &HubKey,
         name: &ClusterName,
         member: &Cluster,
-    ) -> Result<Action, ReconcileError> {
-        match self.delete_unwanted(key, member, &[]).await? {
-            true => {
+        policy: DeletionPolicy,
+    ) -> Result<(Action, bool), ReconcileError> {
+        match self.let_go(key, member, &[], policy).await? {
+            LettingGo::Done => {
                 self.record(key, name, None);
-                Ok(Action::await_change())
+                Ok((Action::await_change(), true))
             }
-            false => Ok(Action::requeue(NOT_LISTED_YET)),
+            LettingGo::Unlisted(_) | LettingGo::Waiting(_) => {
+                Ok((Action::requeue(NOT_LISTED_YET), false))
+            }
         }
     }
 
@@ -134,55 +146,6 @@ where
             kind.find(member, &ours)
                 .is_some_and(|found| found.is_empty())
         })
-    }
-
-    /// The propagated types whose watch in `member` has not listed yet.
-    fn unlisted(&self, member: &Cluster) -> String {
-        let anything = |_: &ObjectMeta| false;
-        let kinds: Vec<&str> = self
-            .kinds
-            .iter()
-            .filter(|kind| kind.find(member, &anything).is_none())
-            .map(|kind| kind.resource.plural.as_str())
-            .collect();
-        kinds.join(", ")
-    }
-
-    /// Deletes the objects made for `key` in `member` that are not in
-    /// `keep` (type, namespace, name). False when a type's watch has not
-    /// listed yet, so not everything could be looked at.
-    async fn delete_unwanted(
-        &self,
-        key: &HubKey,
-        member: &Cluster,
-        keep: &[(ApiResource, Option<String>, String)],
-    ) -> Result<bool, ReconcileError> {
-        let mut complete = true;
-        for kind in &self.kinds {
-            let ours = |meta: &ObjectMeta| self.hub_of(meta).as_ref() == Some(key);
-            let Some(found) = kind.find(member, &ours) else {
-                complete = false;
-                continue;
-            };
-            for meta in found {
-                let Some(name) = meta.name.as_deref() else {
-                    continue;
-                };
-                let kept = keep.iter().any(|(resource, namespace, kept)| {
-                    kind.is(resource) && *namespace == meta.namespace && kept == name
-                });
-                if kept || meta.deletion_timestamp.is_some() {
-                    continue;
-                }
-                let api = api_for(member, &kind.resource, meta.namespace.as_deref());
-                match api.delete(name, &DeleteParams::background()).await {
-                    Ok(_) => {}
-                    Err(kube::Error::Api(status)) if status.code == 404 => {}
-                    Err(err) => return Err(err.into()),
-                }
-            }
-        }
-        Ok(complete)
     }
 
     /// Applies every object `hub` wants in `member`, and deletes those it
@@ -252,15 +215,27 @@ where
             waiting,
         } = applied;
         if worst.is_none() && waiting.is_none() {
-            match self.delete_unwanted(key, member, &keep).await {
-                Ok(true) => {}
+            // What is no longer desired goes as if deleted on purpose,
+            // unless its annotation says to orphan it.
+            match self
+                .let_go(key, member, &keep, DeletionPolicy::Delete)
+                .await
+            {
+                Ok(LettingGo::Done) => {}
                 // What it made before may still be there: not in sync yet.
-                Ok(false) => {
+                Ok(LettingGo::Unlisted(kinds)) => {
                     return Outcome::failed(
                         MemberState::Pending,
                         Some(format!(
-                            "applied; waiting for the member's watch of {} to list before removing what is no longer desired",
-                            self.unlisted(member)
+                            "applied; waiting for the member's watch of {kinds} to list before removing what is no longer desired"
+                        )),
+                    );
+                }
+                Ok(LettingGo::Waiting(going)) => {
+                    return Outcome::failed(
+                        MemberState::Progressing,
+                        Some(format!(
+                            "applied; removing what is no longer desired, the latest wave first: waiting for {going} to go"
                         )),
                     );
                 }
@@ -512,17 +487,5 @@ fn describe(object: &Desired) -> String {
     match object.namespace() {
         Some(namespace) => format!("{} {namespace}/{name}", object.resource.kind),
         None => format!("{} {name}", object.resource.kind),
-    }
-}
-
-/// The API of `resource` in `member`, in `namespace` when given.
-fn api_for(
-    member: &Cluster,
-    resource: &ApiResource,
-    namespace: Option<&str>,
-) -> Api<DynamicObject> {
-    match namespace {
-        Some(namespace) => Api::namespaced_with(member.client(), namespace, resource),
-        None => Api::all_with(member.client(), resource),
     }
 }

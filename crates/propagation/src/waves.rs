@@ -12,7 +12,10 @@
 //!
 //! A desired object with the annotation [`WAVE_ANNOTATION`] (a number)
 //! goes in that wave instead. Within a wave, objects keep the order
-//! `desired` gave them.
+//! `desired` gave them. Letting go goes the other way: the latest wave
+//! first, an earlier one once those after it are gone.
+
+use kube::api::ApiResource;
 
 use crate::Desired;
 
@@ -22,16 +25,30 @@ pub const WAVE_ANNOTATION: &str = "propagation.mcr.sigs.k8s.io/wave";
 
 /// The wave `object` goes in.
 pub(super) fn wave_of(object: &Desired) -> u32 {
-    if let Some(wave) = object
+    let named = object
         .object
         .pointer("/metadata/annotations")
         .and_then(|annotations| annotations.get(WAVE_ANNOTATION))
-        .and_then(serde_json::Value::as_str)
-        .and_then(|wave| wave.trim().parse().ok())
-    {
+        .and_then(serde_json::Value::as_str);
+    wave_named_or_by_kind(named, &object.resource)
+}
+
+/// The wave of an object of `resource` with `annotations` (as a member
+/// holds it: the desired object's annotations are applied with it).
+pub(super) fn wave_for(
+    resource: &ApiResource,
+    annotations: Option<&std::collections::BTreeMap<String, String>>,
+) -> u32 {
+    let named = annotations
+        .and_then(|annotations| annotations.get(WAVE_ANNOTATION))
+        .map(String::as_str);
+    wave_named_or_by_kind(named, resource)
+}
+
+fn wave_named_or_by_kind(named: Option<&str>, resource: &ApiResource) -> u32 {
+    if let Some(wave) = named.and_then(|wave| wave.trim().parse().ok()) {
         return wave;
     }
-    let resource = &object.resource;
     match (resource.group.as_str(), resource.kind.as_str()) {
         ("", "Namespace") | ("apiextensions.k8s.io", "CustomResourceDefinition") => 0,
         ("", "ServiceAccount")

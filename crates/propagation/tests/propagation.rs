@@ -840,7 +840,12 @@ async fn warnings(hub: &ControlPlane, name: &str, reason: &str) -> usize {
 async fn a_definition_a_namespace_and_what_needs_them_reach_a_fresh_member_in_waves() {
     use k8s_openapi::api::core::v1::Namespace;
     use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-    let (hub, a) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    // The member runs kube-controller-manager: a deleted namespace is
+    // finalized by its namespace controller.
+    let (hub, a) = tokio::join!(
+        ControlPlane::start(),
+        ControlPlane::builder().controller_manager(true).start()
+    );
     let (hub, a) = (hub.expect("hub"), a.expect("a"));
     let manager = with_member(&hub, "a", &a).await;
     let tenants = Propagation::<ConfigMap>::new("tenants")
@@ -903,8 +908,78 @@ async fn a_definition_a_namespace_and_what_needs_them_reach_a_fresh_member_in_wa
         0,
         "a wave was applied before the one it needs"
     );
+
+    // The hub object deleted: what was made goes the other way round, the
+    // widget before the quota before its namespace and the definition,
+    // as the member's own watch sees it.
+    let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let member = a.client().await.expect("client");
+    let watching = [
+        watch_goings::<Widget>(&member, &seen, "widget"),
+        watch_goings::<ResourceQuota>(&member, &seen, "quota"),
+        watch_goings::<Namespace>(&member, &seen, "namespace"),
+        watch_goings::<CustomResourceDefinition>(&member, &seen, "definition"),
+    ];
+    Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
+        .delete("tenant-x", &DeleteParams::default())
+        .await
+        .expect("delete");
+    eventually(Polled::ApiServer, "the hub object to be gone", || async {
+        Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
+            .get_opt("tenant-x")
+            .await
+            .is_ok_and(|object| object.is_none())
+    })
+    .await;
+    let order = seen.lock().expect("seen").clone();
+    let at = |what: &str| {
+        order
+            .iter()
+            .position(|seen| seen == what)
+            .unwrap_or_else(|| panic!("{what} never went: {order:?}"))
+    };
+    assert!(at("widget") < at("quota"), "{order:?}");
+    assert!(at("quota") < at("namespace"), "{order:?}");
+    assert!(at("widget") < at("definition"), "{order:?}");
+    for watch in watching {
+        watch.abort();
+    }
     stop.cancel();
     task.await.expect("task").expect("clean stop");
+}
+
+/// Notes `what` in `seen` the first time an object of type `T` in
+/// `member` is being deleted (or is gone), as the member's watch tells.
+fn watch_goings<T>(
+    member: &kube::Client,
+    seen: &Arc<std::sync::Mutex<Vec<String>>>,
+    what: &'static str,
+) -> tokio::task::JoinHandle<()>
+where
+    T: kube::Resource<DynamicType = ()>
+        + Clone
+        + std::fmt::Debug
+        + serde::de::DeserializeOwned
+        + Send
+        + 'static,
+{
+    use futures::StreamExt;
+    use kube::runtime::watcher;
+    let (api, seen) = (Api::<T>::all(member.clone()), seen.clone());
+    tokio::spawn(async move {
+        let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
+        while let Some(event) = events.next().await {
+            let going = match event {
+                Ok(watcher::Event::Delete(_)) => true,
+                Ok(watcher::Event::Apply(object)) => object.meta().deletion_timestamp.is_some(),
+                _ => false,
+            };
+            let mut seen = seen.lock().expect("seen");
+            if going && !seen.iter().any(|known| known == what) {
+                seen.push(what.to_string());
+            }
+        }
+    })
 }
 
 /// A Deployment applied in a member is `Progressing` until its controller
@@ -1022,6 +1097,122 @@ async fn a_member_is_in_sync_only_once_what_it_got_is_available() {
         },
     )
     .await;
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// Whether anything of the propagation `name` is left on `quota`: its
+/// label, the owner or revision annotations, its field manager.
+fn claimed_by(quota: &ResourceQuota, name: &str) -> Vec<String> {
+    let mut left = Vec::new();
+    let meta = &quota.metadata;
+    if meta
+        .labels
+        .as_ref()
+        .is_some_and(|labels| labels.contains_key(PROPAGATION_LABEL))
+    {
+        left.push("label".to_string());
+    }
+    for annotation in [
+        multicluster_runtime::controller::Request::OWNER_ANNOTATION,
+        multicluster_propagation::REVISION_ANNOTATION,
+    ] {
+        if meta
+            .annotations
+            .as_ref()
+            .is_some_and(|annotations| annotations.contains_key(annotation))
+        {
+            left.push(annotation.to_string());
+        }
+    }
+    if meta
+        .managed_fields
+        .iter()
+        .flatten()
+        .any(|entry| entry.manager.as_deref() == Some(name))
+    {
+        left.push("field manager".to_string());
+    }
+    left
+}
+
+/// Orphaned, not deleted: by the propagation's policy when its hub object
+/// is deleted, and by an object's own annotation when it is no longer
+/// wanted. What stays has nothing of the propagation on it, and is no
+/// longer claimed (the hub object's finalizer goes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orphaned_objects_stay_in_the_member_with_nothing_of_ours_on_them() {
+    use multicluster_propagation::{DELETION_POLICY_ANNOTATION, DeletionPolicy};
+    let (hub, a) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, a) = (hub.expect("hub"), a.expect("a"));
+    let keeping = quotas("keeping", "keep").when_hub_deleted(DeletionPolicy::Orphan);
+    let marking = Propagation::<ConfigMap>::new("marking")
+        .select(|hub| labelled(hub, "mark"))
+        .propagates::<ResourceQuota>()
+        .desired(|hub, _member| {
+            let mut quota = quota_for(hub);
+            quota.metadata.annotations = Some(BTreeMap::from([(
+                DELETION_POLICY_ANNOTATION.to_string(),
+                "orphan".to_string(),
+            )]));
+            Ok(vec![Desired::new(&quota)?])
+        })
+        .status_annotation(STATUS);
+    let (_manager, stop, task) = fleet(&hub, &[("a", &a)], vec![keeping, marking]).await;
+    hub_config_map(&hub, "kept", "keep", "4").await;
+    hub_config_map(&hub, "marked", "mark", "5").await;
+    eventually(Polled::ApiServer, "both quotas in the member", || async {
+        pods_in(&a, "kept").await.as_deref() == Some("4")
+            && pods_in(&a, "marked").await.as_deref() == Some("5")
+    })
+    .await;
+
+    // The hub object of the orphaning propagation is deleted; the marked
+    // one is no longer selected (the propagation's policy: delete).
+    let hub_config_maps =
+        Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default");
+    hub_config_maps
+        .delete("kept", &DeleteParams::default())
+        .await
+        .expect("delete");
+    hub_config_maps
+        .patch(
+            "marked",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {LABEL: null}}})),
+        )
+        .await
+        .expect("unlabel");
+    eventually(Polled::ApiServer, "both hub objects let go", || async {
+        let kept_gone = hub_config_maps
+            .get_opt("kept")
+            .await
+            .is_ok_and(|o| o.is_none());
+        let marked_released = hub_config_maps
+            .get_opt("marked")
+            .await
+            .is_ok_and(|o| o.is_some_and(|o| o.metadata.finalizers.unwrap_or_default().is_empty()));
+        kept_gone && marked_released
+    })
+    .await;
+    let quotas = Api::<ResourceQuota>::namespaced(a.client().await.expect("client"), "default");
+    for (name, propagation) in [("kept", "keeping"), ("marked", "marking")] {
+        let quota = quotas
+            .get(name)
+            .await
+            .unwrap_or_else(|err| panic!("{name} was deleted, not orphaned: {err}"));
+        assert_eq!(
+            claimed_by(&quota, propagation),
+            Vec::<String>::new(),
+            "{name}"
+        );
+    }
+    assert_eq!(
+        pods_in(&a, "kept").await.as_deref(),
+        Some("4"),
+        "left as it was"
+    );
+
     stop.cancel();
     task.await.expect("task").expect("clean stop");
 }
