@@ -22,7 +22,11 @@ pub struct ControlPlaneBuilder {
     start_timeout: Duration,
     binaries: Option<Binaries>,
     api_server_args: Vec<String>,
+    audit: bool,
 }
+
+/// The audit log's name in the data directory.
+const AUDIT_LOG: &str = "audit.log";
 
 impl Default for ControlPlaneBuilder {
     fn default() -> Self {
@@ -31,6 +35,7 @@ impl Default for ControlPlaneBuilder {
             start_timeout: Duration::from_secs(60),
             binaries: None,
             api_server_args: Vec::new(),
+            audit: false,
         }
     }
 }
@@ -56,6 +61,15 @@ impl ControlPlaneBuilder {
     #[must_use]
     pub fn binaries(mut self, binaries: Binaries) -> Self {
         self.binaries = Some(binaries);
+        self
+    }
+
+    /// Have the API server write an audit record (at the `Metadata`
+    /// level) of every request it completes: the server's own account of
+    /// what it was asked, read with [`ControlPlane::audit_events`].
+    #[must_use]
+    pub fn audit(mut self, enabled: bool) -> Self {
+        self.audit = enabled;
         self
     }
 
@@ -192,6 +206,21 @@ impl ControlPlane {
             "--enable-priority-and-fairness=false".into(),
             "--storage-backend=etcd3".into(),
         ];
+        if options.audit {
+            write(
+                root,
+                "audit-policy.yaml",
+                "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
+            )?;
+            api_server_args.push(format!(
+                "--audit-policy-file={}",
+                root.join("audit-policy.yaml").display()
+            ));
+            api_server_args.push(format!(
+                "--audit-log-path={}",
+                root.join(AUDIT_LOG).display()
+            ));
+        }
         api_server_args.extend(options.api_server_args.iter().cloned());
         let api_server_command = (binaries.kube_apiserver.clone(), args(api_server_args));
         let api_server = spawn_api_server(&api_server_command, root)?;
@@ -383,6 +412,17 @@ impl ControlPlane {
     /// The directory holding the data, certificates and process logs.
     pub fn data_dir(&self) -> &Path {
         self.dir.path()
+    }
+
+    /// The audit events the API server wrote so far, one per completed
+    /// request (started with [`ControlPlaneBuilder::audit`]; none
+    /// otherwise). A line not yet complete is left out.
+    pub fn audit_events(&self) -> Vec<serde_json::Value> {
+        std::fs::read_to_string(self.dir.path().join(AUDIT_LOG))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|line| serde_json::from_str(line).ok())
+            .collect()
     }
 
     /// Stops the API server, keeping etcd and its data. Clients see

@@ -69,44 +69,23 @@ fn state_of(manager: &Manager, name: &str) -> Option<ClusterState> {
     manager.cluster_state(&name.into())
 }
 
-/// A control plane whose API server writes an audit record of every
-/// request it completes into `log`: the server's own account of what it
-/// was asked.
-async fn audited_control_plane(dir: &std::path::Path) -> (ControlPlane, std::path::PathBuf) {
-    let policy = dir.join("audit-policy.yaml");
-    std::fs::write(
-        &policy,
-        "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n- level: Metadata\n",
-    )
-    .expect("policy");
-    let log = dir.join("audit.log");
-    let cp = ControlPlane::builder()
-        .api_server_arg(format!("--audit-policy-file={}", policy.display()))
-        .api_server_arg(format!("--audit-log-path={}", log.display()))
-        .start()
-        .await
-        .expect("control plane");
-    (cp, log)
-}
-
 /// How many reads of ConfigMaps the API server refused (403), by its audit
 /// log: watches, since a cache fills from a streaming list by default
 /// (a watch is recorded when its response starts and when it completes;
 /// counted once).
 /// When the member's API server answered each watch of ConfigMaps it
 /// refused, in order, from its audit log.
-fn refused_config_map_watches(log: &std::path::Path) -> Vec<jiff::Timestamp> {
-    std::fs::read_to_string(log)
-        .expect("audit log")
-        .lines()
-        .filter(|line| {
-            line.contains("\"verb\":\"watch\"")
-                && line.contains("\"stage\":\"ResponseComplete\"")
-                && line.contains("\"resource\":\"configmaps\"")
-                && line.contains("\"code\":403")
+fn refused_config_map_watches(member: &ControlPlane) -> Vec<jiff::Timestamp> {
+    member
+        .audit_events()
+        .into_iter()
+        .filter(|event| {
+            event["verb"] == "watch"
+                && event["stage"] == "ResponseComplete"
+                && event["objectRef"]["resource"] == "configmaps"
+                && event["responseStatus"]["code"] == 403
         })
-        .map(|line| {
-            let event: serde_json::Value = serde_json::from_str(line).expect("an audit event");
+        .map(|event| {
             event["stageTimestamp"]
                 .as_str()
                 .and_then(|at| at.parse().ok())
@@ -132,10 +111,11 @@ fn metric(manager: &Manager, name: &str) -> Option<String> {
 /// arrives, the member is ready and reconciled without being engaged again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_member_that_may_not_read_a_watched_type_is_degraded_and_asked_rarely() {
-    let audit = tempfile::tempdir().expect("dir");
-    let (member, healthy) =
-        tokio::join!(audited_control_plane(audit.path()), ControlPlane::start());
-    let ((member, audit_log), healthy) = (member, healthy.expect("healthy"));
+    let (member, healthy) = tokio::join!(
+        ControlPlane::builder().audit(true).start(),
+        ControlPlane::start()
+    );
+    let (member, healthy) = (member.expect("member"), healthy.expect("healthy"));
     create_config_map(&member, "waiting", &[]).await;
     create_config_map(&healthy, "seen", &[]).await;
     let provider = TestProvider::default();
@@ -206,10 +186,10 @@ async fn a_member_that_may_not_read_a_watched_type_is_degraded_and_asked_rarely(
         Duration::from_secs(45),
         Polled::OtherProcess,
         "four refused watches in the member's audit log",
-        || async { refused_config_map_watches(&audit_log).len() >= 4 },
+        || async { refused_config_map_watches(&member).len() >= 4 },
     )
     .await;
-    let refused = refused_config_map_watches(&audit_log);
+    let refused = refused_config_map_watches(&member);
     for (step, pair) in refused.windows(2).take(3).enumerate() {
         let gap = pair[1].duration_since(pair[0]);
         let least = jiff::SignedDuration::from_millis(1000 << step);

@@ -46,6 +46,9 @@
 //! - **Drift**: the member watch of each propagated type (metadata only)
 //!   sees a change made in a member; by [`Drift`], the object is applied
 //!   again (taking its fields back) or reported `Drifted` and left alone.
+//! - **Apply modes** ([`ApplyMode`]): applied (the default), created once
+//!   and left alone, or only compared by a server-side dry run (nothing
+//!   written); fields to leave to others ([`Propagation::ignore_fields`]).
 //! - **Conflicts**: an object the propagation did not make, holding a
 //!   field it would set under another field manager, is reported
 //!   `Conflict` or taken over, by [`Conflicts`].
@@ -76,6 +79,7 @@
 //! object that does not exist yet needs `create`) is served fully and never
 //! turned `degraded` by the propagation.
 
+mod apply_modes;
 mod health;
 mod hub;
 mod kinds;
@@ -116,6 +120,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
         .lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+pub use apply_modes::ApplyMode;
 pub use health::Health;
 pub use letting_go::{DELETION_POLICY_ANNOTATION, DeletionPolicy};
 pub use rollout::{
@@ -262,6 +267,11 @@ pub enum Conflicts {
     Report,
     /// Apply with force: the fields become the propagation's.
     TakeOver,
+    /// Take over only an object that applying would not change (a server
+    /// -side dry run says so): an object made by hand as desired is
+    /// adopted, one that differs is reported `Conflict` with the fields
+    /// that differ.
+    TakeOverWhenEqual,
 }
 
 /// Where a hub object's status goes.
@@ -324,6 +334,8 @@ pub struct Propagation<K> {
     approve: Option<Approve<K>>,
     when_hub_deleted: DeletionPolicy,
     when_member_leaves: DeletionPolicy,
+    mode: ApplyMode,
+    ignored_fields: Vec<String>,
 }
 
 impl<K> Propagation<K>
@@ -354,6 +366,8 @@ where
             approve: None,
             when_hub_deleted: DeletionPolicy::Delete,
             when_member_leaves: DeletionPolicy::Delete,
+            mode: ApplyMode::Apply,
+            ignored_fields: Vec::new(),
         }
     }
 
@@ -530,6 +544,25 @@ where
         self
     }
 
+    /// How the desired objects are brought to the members (default:
+    /// [`ApplyMode::Apply`]).
+    #[must_use]
+    pub fn apply_mode(mut self, mode: ApplyMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// Fields the propagation leaves to others, as JSON pointers into the
+    /// desired objects (`/spec/replicas` under an autoscaler): taken out
+    /// of what is applied, so they are neither set nor owned, and a
+    /// change there is no drift.
+    #[must_use]
+    pub fn ignore_fields(mut self, pointers: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.ignored_fields
+            .extend(pointers.into_iter().map(Into::into));
+        self
+    }
+
     /// What becomes of the members' objects when the hub object is
     /// deleted or no longer selected (default: deleted). Orphaned objects
     /// stay, with nothing of the propagation left on them. An object's
@@ -683,6 +716,8 @@ where
             approve: self.approve,
             when_hub_deleted: self.when_hub_deleted,
             when_member_leaves: self.when_member_leaves,
+            mode: self.mode,
+            ignored_fields: self.ignored_fields,
             slots: Mutex::new(HashMap::new()),
             available_since: Mutex::new(HashMap::new()),
             outcomes: Mutex::new(HashMap::new()),
@@ -720,6 +755,9 @@ struct Shared<K> {
     approve: Option<Approve<K>>,
     when_hub_deleted: DeletionPolicy,
     when_member_leaves: DeletionPolicy,
+    mode: ApplyMode,
+    /// JSON pointers taken out of every desired object.
+    ignored_fields: Vec<String>,
     /// Each hub object's rollout as this process last wrote or read it:
     /// a member given a slot here goes on before the hub cache shows it.
     slots: Mutex<HashMap<HubKey, rollout::RolloutStatus>>,

@@ -7,11 +7,12 @@ use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::apply_modes::ApplyMode;
 use super::letting_go::{DeletionPolicy, LettingGo, api_for};
 use super::status::{MemberState, Outcome};
 use super::{Conflicts, Desired, Drift, Health, HubKey, PROPAGATION_LABEL, Shared};
@@ -214,7 +215,7 @@ where
             mut worst,
             waiting,
         } = applied;
-        if worst.is_none() && waiting.is_none() {
+        if worst.is_none() && waiting.is_none() && self.mode != ApplyMode::ReportOnly {
             // What is no longer desired goes as if deleted on purpose,
             // unless its annotation says to orphan it.
             match self
@@ -300,47 +301,77 @@ where
                 return;
             }
         };
+        let resource = object.resource.clone();
+        let content = crate::apply_modes::without_fields(object.object, &self.ignored_fields);
+        match self.mode {
+            ApplyMode::ReportOnly => {
+                return self
+                    .report_only(&api, &name, &resource, &content, described, applied)
+                    .await;
+            }
+            ApplyMode::CreateOnly if ours.is_some() => {
+                // Left as it is; what it is doing is what counts.
+                match api.get_opt(&name).await {
+                    Ok(Some(live)) => self.note_health(&resource, described, &live, applied),
+                    // Gone meanwhile: made on the next look.
+                    Ok(None) => {}
+                    Err(err) => {
+                        applied.worst =
+                            worse(applied.worst.take(), MemberState::Failed, described, &err);
+                    }
+                }
+                return;
+            }
+            _ => {}
+        }
+        if ours == Some(false) && self.conflicts == Conflicts::TakeOverWhenEqual {
+            // Taken over (all its fields ours alone) only if that changes
+            // nothing.
+            match crate::apply_modes::would_change(&api, &self.name, &name, &content).await {
+                Ok(Some(paths)) if paths.is_empty() => {}
+                Ok(Some(paths)) => {
+                    applied.worst = said(
+                        applied.worst.take(),
+                        MemberState::Conflict,
+                        format!(
+                            "{described}: held by another field manager, and taking it over would change {}",
+                            paths.join(", ")
+                        ),
+                    );
+                    return;
+                }
+                // Gone meanwhile: made on the next look.
+                Ok(None) => return,
+                Err(err) => {
+                    applied.worst =
+                        worse(applied.worst.take(), MemberState::Failed, described, &err);
+                    return;
+                }
+            }
+        }
         let force = match ours {
             None => false,
             Some(true) => self.drift == Drift::Repair,
-            Some(false) => self.conflicts == Conflicts::TakeOver,
+            Some(false) => matches!(
+                self.conflicts,
+                Conflicts::TakeOver | Conflicts::TakeOverWhenEqual
+            ),
         };
-        let resource = object.resource.clone();
-        let stamped = self.stamp(object, owner, revision);
+        let stamped = self.stamp(content, owner, revision);
+        if self.mode == ApplyMode::CreateOnly {
+            // Created, never applied: a create refused because the object
+            // exists (the member's cache had not seen it yet) writes
+            // nothing.
+            return self
+                .create_only(&api, &name, &resource, stamped, described, applied)
+                .await;
+        }
         let mut params = PatchParams::apply(&self.name);
         if force {
             params = params.force();
         }
         match api.patch(&name, &params, &Patch::Apply(&stamped)).await {
-            Ok(answer) => {
-                if let Some(value) = self.report.as_ref().and_then(|report| report(&answer)) {
-                    applied.reported.insert(described.clone(), value);
-                }
-                let health =
-                    match self.health.iter().find(|(known, _)| {
-                        known.group == resource.group && known.kind == resource.kind
-                    }) {
-                        Some((_, rule)) => rule(&answer),
-                        None => crate::health::built_in(&resource, &answer),
-                    };
-                let waiting = match health {
-                    Health::Available => None,
-                    Health::Progressing(why) => {
-                        Some((MemberState::Progressing, format!("{described}: {why}")))
-                    }
-                    Health::Degraded(why) => {
-                        Some((MemberState::Degraded, format!("{described}: {why}")))
-                    }
-                };
-                if let Some((state, reason)) = waiting
-                    && applied
-                        .waiting
-                        .as_ref()
-                        .is_none_or(|(worst, _)| state > *worst)
-                {
-                    applied.waiting = Some((state, reason));
-                }
-            }
+            Ok(answer) => self.note_health(&resource, described, &answer, applied),
             Err(err) if matches!(&err, kube::Error::Api(status) if status.code == 409) => {
                 // Our own object changed under another manager is drift;
                 // someone else's object is a conflict.
@@ -354,6 +385,121 @@ where
             Err(err) => {
                 applied.worst = worse(applied.worst.take(), MemberState::Failed, described, &err);
             }
+        }
+    }
+
+    /// Create-only, for an object the member's cache does not show:
+    /// created, or if it exists after all, left as it is.
+    async fn create_only(
+        &self,
+        api: &Api<DynamicObject>,
+        name: &str,
+        resource: &ApiResource,
+        stamped: serde_json::Value,
+        described: String,
+        applied: &mut Applied,
+    ) {
+        let params = kube::api::PostParams {
+            field_manager: Some(self.name.clone()),
+            ..kube::api::PostParams::default()
+        };
+        let created = match serde_json::from_value::<DynamicObject>(stamped) {
+            Ok(object) => api.create(&params, &object).await,
+            Err(err) => {
+                applied.worst = worse(applied.worst.take(), MemberState::Failed, described, &err);
+                return;
+            }
+        };
+        let live = match created {
+            Err(kube::Error::Api(status)) if status.code == 409 => api.get_opt(name).await,
+            other => other.map(Some),
+        };
+        match live {
+            Ok(Some(live)) => self.note_health(resource, described, &live, applied),
+            Ok(None) => {}
+            Err(err) => {
+                applied.worst = worse(applied.worst.take(), MemberState::Failed, described, &err);
+            }
+        }
+    }
+
+    /// Report-only: what applying `content` would change in the member,
+    /// by a server-side dry run; nothing is written.
+    async fn report_only(
+        &self,
+        api: &Api<DynamicObject>,
+        name: &str,
+        resource: &ApiResource,
+        content: &serde_json::Value,
+        described: String,
+        applied: &mut Applied,
+    ) {
+        match crate::apply_modes::would_change(api, &self.name, name, content).await {
+            Ok(None) => {
+                applied.worst = said(
+                    applied.worst.take(),
+                    MemberState::Drifted,
+                    format!("{described}: missing (report only: not created)"),
+                );
+            }
+            Ok(Some(paths)) if paths.is_empty() => match api.get_opt(name).await {
+                Ok(Some(live)) => self.note_health(resource, described, &live, applied),
+                Ok(None) => {}
+                Err(err) => {
+                    applied.worst =
+                        worse(applied.worst.take(), MemberState::Failed, described, &err);
+                }
+            },
+            Ok(Some(paths)) => {
+                applied.worst = said(
+                    applied.worst.take(),
+                    MemberState::Drifted,
+                    format!(
+                        "{described}: applying would change {} (report only: not applied)",
+                        paths.join(", ")
+                    ),
+                );
+            }
+            Err(err) => {
+                applied.worst = worse(applied.worst.take(), MemberState::Failed, described, &err);
+            }
+        }
+    }
+
+    /// Notes in `applied` what `object` (of `resource`, as the member has
+    /// it) reports and how it is doing.
+    fn note_health(
+        &self,
+        resource: &ApiResource,
+        described: String,
+        object: &DynamicObject,
+        applied: &mut Applied,
+    ) {
+        if let Some(value) = self.report.as_ref().and_then(|report| report(object)) {
+            applied.reported.insert(described.clone(), value);
+        }
+        let health = match self
+            .health
+            .iter()
+            .find(|(known, _)| known.group == resource.group && known.kind == resource.kind)
+        {
+            Some((_, rule)) => rule(object),
+            None => crate::health::built_in(resource, object),
+        };
+        let waiting = match health {
+            Health::Available => None,
+            Health::Progressing(why) => {
+                Some((MemberState::Progressing, format!("{described}: {why}")))
+            }
+            Health::Degraded(why) => Some((MemberState::Degraded, format!("{described}: {why}"))),
+        };
+        if let Some((state, reason)) = waiting
+            && applied
+                .waiting
+                .as_ref()
+                .is_none_or(|(worst, _)| state > *worst)
+        {
+            applied.waiting = Some((state, reason));
         }
     }
 
@@ -381,8 +527,12 @@ where
 
     /// `object` labelled as this propagation's, pointing at `owner` and
     /// saying the revision it is applied at.
-    fn stamp(&self, object: Desired, owner: &Request, revision: &str) -> serde_json::Value {
-        let mut value = object.object;
+    fn stamp(
+        &self,
+        mut value: serde_json::Value,
+        owner: &Request,
+        revision: &str,
+    ) -> serde_json::Value {
         let metadata = &mut value["metadata"];
         metadata["labels"][PROPAGATION_LABEL] = self.name.clone().into();
         for (annotation, text) in owner.owner_annotations() {
@@ -466,6 +616,19 @@ fn worse(
     match worst {
         Some((current, _)) if current >= state => worst,
         _ => Some((state, reason)),
+    }
+}
+
+/// The worse of `worst` and `state` with `reason` (the component's own
+/// words, redacted): the first reason of the worst state is kept.
+fn said(
+    worst: Option<(MemberState, String)>,
+    state: MemberState,
+    reason: String,
+) -> Option<(MemberState, String)> {
+    match worst {
+        Some((current, _)) if current >= state => worst,
+        _ => Some((state, Redacted::new(reason).as_str().to_string())),
     }
 }
 

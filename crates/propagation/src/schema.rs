@@ -52,6 +52,10 @@ pub struct MemberStatus {
     /// with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub applied_generation: Option<i64>,
+    /// The hub object's revision the member is in sync with
+    /// ([`REVISION_ANNOTATION`](crate::REVISION_ANNOTATION)).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
     /// What [`Propagation::report`](crate::Propagation::report) took from
     /// each applied object, by object (`<Kind> <namespace>/<name>`).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

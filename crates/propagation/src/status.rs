@@ -140,6 +140,9 @@ pub(super) fn render(
             if let Some(applied) = outcome.applied_generation {
                 entry["appliedGeneration"] = json!(applied);
             }
+            if let Some(revision) = &outcome.revision {
+                entry["revision"] = json!(revision);
+            }
             if !outcome.reported.is_empty() {
                 entry["reported"] = json!(outcome.reported);
             }

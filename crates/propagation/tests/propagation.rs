@@ -16,7 +16,9 @@ use multicluster_envtest::ControlPlane;
 use multicluster_propagation::{Conflicts, Desired, Drift, PROPAGATION_LABEL, Propagation};
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::manager::ClusterState;
-use multicluster_runtime::testing::{TestProvider, eventually, run_manager, wait_until_ready};
+use multicluster_runtime::testing::{
+    TestProvider, eventually, eventually_some, run_manager, wait_until_ready,
+};
 use multicluster_runtime::{Cluster, ClusterName, Manager};
 use serde_json::{Value, json};
 
@@ -1212,6 +1214,178 @@ async fn orphaned_objects_stay_in_the_member_with_nothing_of_ours_on_them() {
         Some("4"),
         "left as it was"
     );
+
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// A quota `name` with `pods` made in `member` by someone else (its own
+/// field manager), before any propagation.
+async fn someone_elses_quota(member: &ControlPlane, name: &str, pods: &str) {
+    let object = json!({
+        "apiVersion": "v1",
+        "kind": "ResourceQuota",
+        "metadata": {"name": name, "namespace": "default"},
+        "spec": {"hard": {"pods": pods}},
+    });
+    Api::<ResourceQuota>::namespaced(member.client().await.expect("client"), "default")
+        .patch(name, &PatchParams::apply("someone"), &Patch::Apply(&object))
+        .await
+        .expect("someone else's quota");
+}
+
+/// The revision the hub object's status says member `a` is in sync with.
+async fn revision_of_a(hub: &ControlPlane, name: &str) -> Option<String> {
+    let object = Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
+        .get_opt(name)
+        .await
+        .expect("get")?;
+    let status: Value = serde_json::from_str(object.metadata.annotations?.get(STATUS)?).ok()?;
+    status["members"]
+        .as_array()?
+        .iter()
+        .find(|member| member["cluster"] == "a")?["revision"]
+        .as_str()
+        .map(str::to_string)
+}
+
+/// Writes `robot` made to the quota `name`, by the member's audit log
+/// (dry runs and refused requests are no writes).
+fn writes_to(member: &ControlPlane, name: &str) -> usize {
+    member
+        .audit_events()
+        .into_iter()
+        .filter(|event| {
+            event["stage"] == "ResponseComplete"
+                && event["user"]["username"] == "robot"
+                && event["objectRef"]["resource"] == "resourcequotas"
+                && event["objectRef"]["name"] == name
+                && ["create", "update", "patch", "delete"]
+                    .iter()
+                    .any(|verb| event["verb"] == *verb)
+                && !event["requestURI"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .contains("dryRun=All")
+                && event["responseStatus"]["code"]
+                    .as_u64()
+                    .is_some_and(|code| (200..300).contains(&code))
+        })
+        .count()
+}
+
+/// Create-only never updates; report-only writes nothing (the member's
+/// audit log) and names the differing fields, never their values; taking
+/// over when equal adopts an identical object for good and leaves a
+/// different one, naming why; ignored fields are neither set nor owned.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apply_modes_create_only_report_only_take_over_when_equal_and_ignored_fields() {
+    use multicluster_propagation::ApplyMode;
+    let (hub, a) = tokio::join!(
+        ControlPlane::start(),
+        ControlPlane::builder().audit(true).start()
+    );
+    let (hub, a) = (hub.expect("hub"), a.expect("a"));
+    someone_elses_quota(&a, "looked", "3").await;
+    someone_elses_quota(&a, "equal", "7").await;
+    someone_elses_quota(&a, "unequal", "2").await;
+    let creating = quotas("creating", "once").apply_mode(ApplyMode::CreateOnly);
+    let reporting = quotas("reporting", "look").apply_mode(ApplyMode::ReportOnly);
+    let adopting = quotas("adopting", "adopt").conflicts(Conflicts::TakeOverWhenEqual);
+    let ignoring = Propagation::<ConfigMap>::new("ignoring")
+        .select(|hub| labelled(hub, "partial"))
+        .propagates::<ResourceQuota>()
+        .desired(|hub, _member| {
+            let mut quota = quota_for(hub);
+            if let Some(hard) = quota.spec.as_mut().and_then(|spec| spec.hard.as_mut()) {
+                hard.insert("cpu".into(), Quantity("1".into()));
+            }
+            Ok(vec![Desired::new(&quota)?])
+        })
+        .ignore_fields(["/spec/hard/cpu"])
+        .status_annotation(STATUS);
+    let (_manager, stop, task) = fleet(
+        &hub,
+        &[("a", &a)],
+        vec![creating, reporting, adopting, ignoring],
+    )
+    .await;
+    hub_config_map(&hub, "once", "once", "4").await;
+    hub_config_map(&hub, "looked", "look", "5").await;
+    hub_config_map(&hub, "equal", "adopt", "7").await;
+    hub_config_map(&hub, "unequal", "adopt", "8").await;
+    hub_config_map(&hub, "partial", "partial", "3").await;
+
+    eventually(Polled::ApiServer, "the created quota in sync", || async {
+        pods_in(&a, "once").await.as_deref() == Some("4")
+            && revision_of_a(&hub, "once").await.is_some()
+    })
+    .await;
+    let looked = eventually_some(Polled::ApiServer, "the difference reported", || async {
+        let states = member_states(&hub, "looked").await;
+        let (state, reason) = states.get("a")?.clone();
+        (state == "Drifted").then_some(reason)
+    })
+    .await;
+    assert!(
+        looked.contains("applying would change spec.hard.pods")
+            && !looked.contains('3')
+            && !looked.contains('5'),
+        "{looked}"
+    );
+    let unequal = eventually_some(
+        Polled::ApiServer,
+        "the unequal quota left alone",
+        || async {
+            let states = member_states(&hub, "unequal").await;
+            let (state, reason) = states.get("a")?.clone();
+            (state == "Conflict").then_some(reason)
+        },
+    )
+    .await;
+    assert!(unequal.contains("would change spec.hard.pods"), "{unequal}");
+    eventually(Polled::ApiServer, "the equal quota adopted", || async {
+        states_are(&member_states(&hub, "equal").await, &[("a", "InSync")])
+    })
+    .await;
+    eventually(Polled::ApiServer, "the partial quota applied", || async {
+        pods_in(&a, "partial").await.as_deref() == Some("3")
+    })
+    .await;
+    let partial = Api::<ResourceQuota>::namespaced(a.client().await.expect("client"), "default")
+        .get("partial")
+        .await
+        .expect("partial");
+    assert_eq!(
+        partial
+            .spec
+            .and_then(|spec| spec.hard)
+            .and_then(|hard| hard.get("cpu").cloned()),
+        None,
+        "an ignored field was set"
+    );
+
+    // Create-only: a new revision is looked at, and never applied.
+    let first = revision_of_a(&hub, "once").await;
+    hub_config_map(&hub, "once", "once", "6").await;
+    eventually(Polled::ApiServer, "the new revision looked at", || async {
+        let now = revision_of_a(&hub, "once").await;
+        now.is_some() && now != first
+    })
+    .await;
+    assert_eq!(pods_in(&a, "once").await.as_deref(), Some("4"), "updated");
+    assert_eq!(writes_to(&a, "once"), 1, "written more than to create it");
+    // Adopted for good: a later change reaches it, where a shared field
+    // would have been a conflict.
+    hub_config_map(&hub, "equal", "adopt", "9").await;
+    eventually(Polled::ApiServer, "the adopted quota to follow", || async {
+        pods_in(&a, "equal").await.as_deref() == Some("9")
+    })
+    .await;
+    assert_eq!(pods_in(&a, "looked").await.as_deref(), Some("3"));
+    assert_eq!(writes_to(&a, "looked"), 0, "report-only wrote");
+    assert_eq!(pods_in(&a, "unequal").await.as_deref(), Some("2"));
+    assert_eq!(writes_to(&a, "unequal"), 0, "a different object was taken");
 
     stop.cancel();
     task.await.expect("task").expect("clean stop");
