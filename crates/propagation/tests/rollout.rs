@@ -375,8 +375,9 @@ async fn condition_message(hub: &ControlPlane, name: &str) -> String {
 }
 
 /// Two at a time, never more, through a first rollout, an update, a pause,
-/// a member that fails (the rollout halts, and goes on once it recovers)
-/// and a controller killed mid-rollout and started again.
+/// a member that fails (the rollout halts, and goes on once it recovers),
+/// a controller killed mid-rollout and started again, and two controllers
+/// at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolling_rollout_never_has_more_than_two_members_changing() {
     let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
@@ -482,6 +483,17 @@ async fn a_rolling_rollout_never_has_more_than_two_members_changing() {
         BTreeSet::from([&image("v5")])
     );
 
+    // Two controllers at once (two replicas, neither leading nor
+    // sharding): each gives slots only through the hub object, so
+    // together they never give more.
+    let (_second, second_stop, second_task) = fleet(&hub, &member, rolling()).await;
+    hub_object(&hub, "web", "web", "v6").await;
+    rolled_out(&hub, &member, "v6").await;
+    let most = Timeline::most(&timeline);
+    assert!(most <= 2, "{most} members changing at once with two controllers");
+
+    second_stop.cancel();
+    second_task.await.expect("task").expect("clean stop");
     stop.cancel();
     task.await.expect("task").expect("clean stop");
     playing.abort();
