@@ -38,6 +38,7 @@ mod crds;
 mod identity;
 mod kubeconfig;
 mod kubectl_proxy;
+pub mod monitoring;
 pub mod panics;
 mod pki;
 pub mod plugins;

@@ -129,7 +129,11 @@ where
                 known.insert(name, Outcome::failed(MemberState::NotEngaged, None));
             }
         }
-        known.clone()
+        let known = known.clone();
+        if let Some(metrics) = self.metrics() {
+            metrics.members_now(&outcomes);
+        }
+        known
     }
 
     /// Writes the members' status to the hub object, unless it says that

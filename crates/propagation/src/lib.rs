@@ -85,6 +85,7 @@ mod hub;
 mod kinds;
 mod letting_go;
 mod member;
+mod metrics;
 mod paced;
 mod rollout;
 mod schema;
@@ -720,6 +721,8 @@ where
             ignored_fields: self.ignored_fields,
             slots: Mutex::new(HashMap::new()),
             available_since: Mutex::new(HashMap::new()),
+            changing_since: Mutex::new(HashMap::new()),
+            metrics: OnceLock::new(),
             outcomes: Mutex::new(HashMap::new()),
             status_written: Mutex::new(HashMap::new()),
             leaving: Mutex::new(HashMap::new()),
@@ -764,6 +767,12 @@ struct Shared<K> {
     /// Since when a member has been available with a revision (for the
     /// soak time).
     available_since: Mutex<HashMap<(HubKey, ClusterName), (String, Instant)>>,
+    /// Since when a member has been on its way to a revision (for the
+    /// time-to-available histogram).
+    changing_since: Mutex<HashMap<(HubKey, ClusterName), (String, Instant)>>,
+    /// Registered in the manager's registry at the first use (see
+    /// [`Shared::metrics`]).
+    metrics: OnceLock<metrics::PropagationMetrics>,
     /// Each hub object's members and how they are doing.
     outcomes: Mutex<HashMap<HubKey, BTreeMap<ClusterName, Outcome>>>,
     /// When each hub object's status was last written.
@@ -828,6 +837,52 @@ where
             .into_iter()
             .map(|member| Request::new(member, key.0.as_deref(), key.1.as_str()))
             .collect()
+    }
+
+    /// The propagation's metrics, in the registry its controller records
+    /// in (the manager's, once added to one: this is asked from
+    /// reconciles only).
+    fn metrics(&self) -> Option<&metrics::PropagationMetrics> {
+        if let Some(metrics) = self.metrics.get() {
+            return Some(metrics);
+        }
+        let controller = self.controller.get()?;
+        Some(self.metrics.get_or_init(|| {
+            metrics::PropagationMetrics::register(&self.name, &controller.metrics())
+        }))
+    }
+
+    /// Notes when `member` of `key` starts on `revision`, and once it is
+    /// available with it (`outcome`), how long that took.
+    fn time_to_available(
+        &self,
+        key: &HubKey,
+        member: &ClusterName,
+        revision: &str,
+        starting: bool,
+        outcome: &status::Outcome,
+    ) {
+        let entry = (key.clone(), member.clone());
+        let mut changing = crate::lock(&self.changing_since);
+        if starting
+            && changing
+                .get(&entry)
+                .is_none_or(|(known, _)| known != revision)
+        {
+            changing.insert(entry.clone(), (revision.to_string(), Instant::now()));
+        }
+        if outcome.state == MemberState::InSync
+            && outcome.revision.as_deref() == Some(revision)
+            && let Some((known, since)) = changing.remove(&entry)
+        {
+            if known == revision {
+                if let Some(metrics) = self.metrics() {
+                    metrics.became_available(since.elapsed());
+                }
+            } else {
+                changing.insert(entry, (known, since));
+            }
+        }
     }
 
     /// Records `outcome` for `member` of `key`, and has the hub object's

@@ -73,7 +73,9 @@ where
             self.record(&key, &request.cluster, Some(waiting));
             return Ok(Action::requeue(crate::paced::SLOT_RECHECK));
         }
+        let starting = !self.at_revision(&key, &member, &revision);
         let outcome = self.apply(&hub, &key, &member, &revision).await;
+        self.time_to_available(&key, &request.cluster, &revision, starting, &outcome);
         let failed = (outcome.state == MemberState::Failed).then(|| outcome.reason.clone());
         let pending = outcome.state == MemberState::Pending;
         self.tell(&hub, &hub_cluster, &key, &request.cluster, &outcome)

@@ -223,7 +223,13 @@ where
             })
             .map(|slot| slot.cluster.clone())
             .collect();
-        crate::lock(&self.slots).insert(key.clone(), record);
+        {
+            let mut slots = crate::lock(&self.slots);
+            slots.insert(key.clone(), record);
+            if let Some(metrics) = self.metrics() {
+                metrics.rollouts_now(&slots);
+            }
+        }
         for member in given {
             controller.enqueue(Request::new(member, key.0.as_deref(), key.1.as_str()));
         }

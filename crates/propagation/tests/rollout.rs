@@ -490,7 +490,10 @@ async fn a_rolling_rollout_never_has_more_than_two_members_changing() {
     hub_object(&hub, "web", "web", "v6").await;
     rolled_out(&hub, &member, "v6").await;
     let most = Timeline::most(&timeline);
-    assert!(most <= 2, "{most} members changing at once with two controllers");
+    assert!(
+        most <= 2,
+        "{most} members changing at once with two controllers"
+    );
 
     second_stop.cancel();
     second_task.await.expect("task").expect("clean stop");
@@ -683,6 +686,15 @@ async fn the_shipped_status_type_keeps_what_a_rollout_writes() {
     );
     let most = Timeline::most(&timeline);
     assert!(most <= 3, "{most} members changing at once");
+    // The propagation's metrics are in the manager's registry.
+    let exported = manager.metrics().encode();
+    for series in [
+        r#"mcr_propagation_members{propagation="webs",state="InSync"} 6"#,
+        r#"mcr_propagation_rollout_members{propagation="webs",phase="updated"} 6"#,
+        r#"mcr_propagation_time_to_available_seconds_count{propagation="webs"} 6"#,
+    ] {
+        assert!(exported.contains(series), "{series} in\n{exported}");
+    }
 
     stop.cancel();
     task.await.expect("task").expect("clean stop");

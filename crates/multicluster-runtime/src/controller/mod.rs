@@ -242,6 +242,14 @@ impl Controller {
         self.inner.work.use_metrics(metrics);
     }
 
+    /// The registry the controller records in: the manager's once it was
+    /// added to one (ask after that, from a reconcile: asked before, it
+    /// keeps a registry of its own). For a component built on a controller
+    /// to add its own metrics next to the controller's.
+    pub fn metrics(&self) -> Metrics {
+        self.inner.work.metrics().clone()
+    }
+
     /// Queues a reconcile of `request` by hand (ignored for clusters that are
     /// not engaged).
     pub fn enqueue(&self, request: Request) {

@@ -259,7 +259,7 @@ impl WorkQueue {
         let _ = self.inner.metrics.set(metrics.clone());
     }
 
-    fn metrics(&self) -> &Metrics {
+    pub(crate) fn metrics(&self) -> &Metrics {
         self.inner.metrics.get_or_init(Metrics::default)
     }
 

@@ -9,7 +9,6 @@
 //! each.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::time::Duration;
 
 use super::{ClusterAge, Metrics};
@@ -49,32 +48,8 @@ fn every_series() -> String {
 
 /// The checker, built on first use.
 fn checker() -> PathBuf {
-    let built = Command::new(repository().join("hack/monitoring/build.sh"))
-        .output()
-        .expect("run hack/monitoring/build.sh");
-    assert!(
-        built.status.success(),
-        "building the monitoring check failed:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    PathBuf::from(String::from_utf8(built.stdout).expect("a path").trim())
-}
-
-/// Runs the checker on `files` against `exported`: its exit status and what
-/// it said.
-fn check(checker: &Path, exported: &Path, files: &[PathBuf]) -> (bool, String) {
-    let output = Command::new(checker)
-        .arg("-exported")
-        .arg(exported)
-        .args(files)
-        .output()
-        .expect("run the monitoring check");
-    let said = format!(
-        "{}{}",
-        String::from_utf8_lossy(&output.stdout),
-        String::from_utf8_lossy(&output.stderr)
-    );
-    (output.status.success(), said)
+    multicluster_envtest::monitoring::checker(&repository().join("hack/monitoring/build.sh"))
+        .unwrap_or_else(|err| panic!("{err}"))
 }
 
 #[test]
@@ -87,7 +62,11 @@ fn the_dashboard_and_alert_rules_name_only_exported_metrics() {
     let dashboard = monitoring.join("dashboard.json");
     let alerts = monitoring.join("alerts.yaml");
 
-    let (passed, said) = check(&checker, &exported, &[dashboard.clone(), alerts.clone()]);
+    let (passed, said) = multicluster_envtest::monitoring::check(
+        &checker,
+        &exported,
+        &[dashboard.clone(), alerts.clone()],
+    );
     assert!(passed, "{said}");
     assert!(said.contains("expressions checked"), "{said}");
 
@@ -104,7 +83,7 @@ fn the_dashboard_and_alert_rules_name_only_exported_metrics() {
         ),
     )
     .expect("write");
-    let (passed, said) = check(&checker, &exported, &[renamed]);
+    let (passed, said) = multicluster_envtest::monitoring::check(&checker, &exported, &[renamed]);
     assert!(!passed, "{said}");
     assert!(
         said.contains("mcr_cluster_most_failed_attempt is not a metric the library exports"),
@@ -115,6 +94,6 @@ fn the_dashboard_and_alert_rules_name_only_exported_metrics() {
     let broken = scratch.path().join("broken.yaml");
     let rules = std::fs::read_to_string(&alerts).expect("alerts");
     std::fs::write(&broken, rules.replacen("> 300", "> > 300", 1)).expect("write");
-    let (passed, said) = check(&checker, &exported, &[broken]);
+    let (passed, said) = multicluster_envtest::monitoring::check(&checker, &exported, &[broken]);
     assert!(!passed, "{said}");
 }
