@@ -4,7 +4,8 @@
 #
 # Sizes come from each benchmark's variable (FLEET_SIZES,
 # KUBECONFIG_FLEET_SIZES, NAMESPACE_COUNTS, FILE_CONTEXTS,
-# FAILOVER_CLUSTERS, SHARDING_CLUSTERS, PROPAGATION_MEMBERS; see
+# FAILOVER_CLUSTERS, SHARDING_CLUSTERS, PROPAGATION_MEMBERS,
+# ROLLOUT_MEMBERS; see
 # BENCHMARKS.md). QUICK=1 (make
 # bench QUICK=1) sets the small sizes nobody set, for a run that only shows
 # everything still works: about 15 minutes on two cores, most of it the
@@ -20,6 +21,7 @@ if [ "${QUICK:-}" = 1 ]; then
   export FAILOVER_CLUSTERS="${FAILOVER_CLUSTERS:-5}"
   export SHARDING_CLUSTERS="${SHARDING_CLUSTERS:-50}"
   export PROPAGATION_MEMBERS="${PROPAGATION_MEMBERS:-20}"
+  export ROLLOUT_MEMBERS="${ROLLOUT_MEMBERS:-20}"
 fi
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)"
 cargo bench --workspace

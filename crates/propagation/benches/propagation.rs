@@ -10,26 +10,22 @@
 //! member in sync, and how many times the hub object was written (the
 //! finalizer and the status) until it settled.
 //!
-//! `cargo bench -p multicluster-runtime --bench propagation`; set
+//! `cargo bench -p multicluster-propagation --bench propagation`; set
 //! `PROPAGATION_MEMBERS=100,1000` to choose N.
+
+mod fleet;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use kube::runtime::watcher;
 use multicluster_envtest::ControlPlane;
 use multicluster_propagation::{Desired, PROPAGATION_LABEL, Propagation};
-use multicluster_runtime::cache::CacheOptions;
-use multicluster_runtime::client::KubeconfigPolicy;
-use multicluster_runtime::manager::ClusterState;
-use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
-use multicluster_runtime::provider::member::MemberOptions;
-use multicluster_runtime::testing::TestProvider;
-use multicluster_runtime::{Cluster, Manager};
+use multicluster_runtime::Manager;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -39,16 +35,6 @@ const STATUS: &str = "bench.example/propagation";
 /// How long the hub object must stay unwritten to count as settled.
 const SETTLED_AFTER: Duration = Duration::from_secs(3);
 
-fn percentile(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[index.min(sorted.len() - 1)]
-}
-
-type Error = Box<dyn std::error::Error>;
-
 /// What the watches saw: each member's copy (value, when first seen) and
 /// the hub object's writes.
 #[derive(Default)]
@@ -57,6 +43,15 @@ struct Seen {
     /// When the hub object was written, and its resourceVersion then.
     hub_writes: Vec<(Instant, String)>,
     hub_in_sync: usize,
+}
+
+/// The `p` percentile of `sorted`.
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        return Duration::ZERO;
+    }
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
 }
 
 fn lock(seen: &Mutex<Seen>) -> std::sync::MutexGuard<'_, Seen> {
@@ -121,14 +116,9 @@ fn watch(admin: &kube::Client, seen: Arc<Mutex<Seen>>, stop: CancellationToken) 
                 .as_ref()
                 .and_then(|annotations| annotations.get(STATUS))
                 .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
-                .and_then(|status| {
-                    status["members"].as_array().map(|members| {
-                        members
-                            .iter()
-                            .filter(|member| member["state"] == "InSync")
-                            .count()
-                    })
-                })
+                // The status names at most 100 members; `counts` has them all.
+                .and_then(|status| status["counts"]["InSync"].as_u64())
+                .and_then(|count| usize::try_from(count).ok())
                 .unwrap_or(0);
             let version = object.metadata.resource_version.clone().unwrap_or_default();
             let mut seen = lock(&hub_seen);
@@ -136,18 +126,6 @@ fn watch(admin: &kube::Client, seen: Arc<Mutex<Seen>>, stop: CancellationToken) 
             seen.hub_in_sync = in_sync;
         }
     });
-}
-
-/// Waits until `done` holds, for at most `within`.
-async fn until(within: Duration, what: &str, mut done: impl FnMut() -> bool) -> Result<(), Error> {
-    let deadline = Instant::now() + within;
-    while !done() {
-        if Instant::now() > deadline {
-            return Err(format!("not within {within:?}: {what}").into());
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    Ok(())
 }
 
 /// Writes the hub object with data `v=value`, then measures until every
@@ -158,7 +136,7 @@ async fn round(
     members: usize,
     value: &str,
     what: &str,
-) -> Result<(), Error> {
+) -> Result<(), fleet::Error> {
     let writes_before = lock(seen).hub_writes.len();
     let hub_object = json!({
         "apiVersion": "v1", "kind": "ConfigMap",
@@ -182,18 +160,18 @@ async fn round(
             .filter(|(have, _)| have == value)
             .count()
     };
-    until(Duration::from_secs(600), "every copy", || {
+    fleet::until(Duration::from_secs(600), "every copy", || {
         current(&lock(seen)) == members
     })
     .await?;
     let applied = started.elapsed();
-    until(Duration::from_secs(600), "the hub status", || {
+    fleet::until(Duration::from_secs(600), "the hub status", || {
         lock(seen).hub_in_sync == members
     })
     .await?;
     let reported = started.elapsed();
     // Settled: no write for a while.
-    until(Duration::from_secs(600), "the hub object to settle", || {
+    fleet::until(Duration::from_secs(600), "the hub object to settle", || {
         lock(seen)
             .hub_writes
             .last()
@@ -222,45 +200,10 @@ async fn round(
     Ok(())
 }
 
-async fn run(cp: &ControlPlane, members: usize) -> Result<(), Error> {
+async fn run(cp: &ControlPlane, members: usize) -> Result<(), fleet::Error> {
     let admin = cp.client().await?;
-    let namespaces = Api::<Namespace>::all(admin.clone());
-    for name in std::iter::once(HUB_NAMESPACE.to_string())
-        .chain((0..members).map(|m| format!("member-{m}")))
-    {
-        let namespace = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name),
-                ..ObjectMeta::default()
-            },
-            ..Namespace::default()
-        };
-        match namespaces.create(&PostParams::default(), &namespace).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(status)) if status.code == 409 => {}
-            Err(err) => return Err(err.into()),
-        }
-    }
     let rss_before = multicluster_runtime::testing::resident_memory_mib();
-    let provider = TestProvider::default();
-    let kubeconfig = multicluster_envtest::to_yaml(cp.kubeconfig())?;
-    for m in 0..members {
-        // Built as the kubeconfig providers build members.
-        let name = format!("member-{m}");
-        let member = KubeconfigCluster {
-            inventory: Default::default(),
-            policy: KubeconfigPolicy::default(),
-            name: name.as_str().into(),
-            text: kubeconfig.clone(),
-            source: format!("bench member {name}"),
-            stable_id: None,
-            member: MemberOptions::default()
-                .cache(CacheOptions::default().namespace(Some(name.clone()))),
-        }
-        .build()
-        .await?;
-        provider.clusters.add(name.as_str(), member)?;
-    }
+    let provider = fleet::members(cp, HUB_NAMESPACE, members).await?;
     let propagation = Propagation::<ConfigMap>::new("bench")
         .select(|hub| hub.metadata.name.as_deref() == Some(HUB_OBJECT))
         .propagates::<ConfigMap>()
@@ -279,26 +222,14 @@ async fn run(cp: &ControlPlane, members: usize) -> Result<(), Error> {
         .status_annotation(STATUS)
         .configure(|controller| controller.max_concurrent_reconciles(8))
         .build()?;
-    let manager = Manager::builder(Cluster::local(cp.client().await?))
-        .provider(Arc::new(provider))
-        .build();
+    let manager = fleet::manager(cp, provider).await?;
     manager.add_controller(propagation)?;
     let shutdown = CancellationToken::new();
     let task = {
         let (manager, shutdown) = (manager.clone(), shutdown.clone());
         tokio::spawn(async move { manager.run(shutdown).await })
     };
-    let ready = || {
-        manager
-            .cluster_states()
-            .iter()
-            .filter(|(name, status)| !name.is_local() && status.state == ClusterState::Ready)
-            .count()
-    };
-    until(Duration::from_secs(600), "every member ready", || {
-        ready() == members
-    })
-    .await?;
+    fleet::all_ready(&manager, members).await?;
 
     let seen = Arc::new(Mutex::new(Seen::default()));
     watch(&admin, seen.clone(), shutdown.clone());
@@ -333,7 +264,7 @@ async fn run(cp: &ControlPlane, members: usize) -> Result<(), Error> {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Error> {
+async fn main() -> Result<(), fleet::Error> {
     let sizes: Vec<usize> = std::env::var("PROPAGATION_MEMBERS")
         .unwrap_or_else(|_| "1000".into())
         .split(',')

@@ -312,7 +312,17 @@ where
         let kept = serde_json::to_value(&answer)
             .ok()
             .and_then(|answer| self.read_record(&answer));
-        if kept.as_ref() != Some(record) {
+        let holders = |record: &Record| {
+            record
+                .updating
+                .iter()
+                .map(|slot| slot.cluster.clone())
+                .collect::<Vec<_>>()
+        };
+        if kept
+            .as_ref()
+            .is_none_or(|kept| kept.revision != record.revision || holders(kept) != holders(record))
+        {
             return Err(WriteError::Failed(
                 format!(
                     "the rollout's state was not kept on {} {}: the hub type's status schema must keep `status.rollout` (x-kubernetes-preserve-unknown-fields, or the schema of `RolloutStatus`)",

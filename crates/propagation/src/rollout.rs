@@ -424,7 +424,13 @@ pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutSt
                     .take(free)
                     .map(|m| UpdatingMember {
                         cluster: m.name.as_str().to_string(),
-                        since: Time(look.now),
+                        // Whole seconds, as the API server keeps a time:
+                        // what is written reads back the same.
+                        since: Time(
+                            look.now
+                                .round(k8s_openapi::jiff::Unit::Second)
+                                .unwrap_or(look.now),
+                        ),
                         failed: None,
                     })
                     .collect();

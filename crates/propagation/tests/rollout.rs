@@ -695,6 +695,15 @@ async fn the_shipped_status_type_keeps_what_a_rollout_writes() {
     ] {
         assert!(exported.contains(series), "{series} in\n{exported}");
     }
+    // No reconcile failed on the way (a rollout's own write refused, say).
+    let errors: f64 = exported
+        .lines()
+        .filter(|line| {
+            line.starts_with(r#"controller_runtime_reconcile_errors_total{controller="webs""#)
+        })
+        .filter_map(|line| line.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum();
+    assert_eq!(errors, 0.0, "{exported}");
 
     stop.cancel();
     task.await.expect("task").expect("clean stop");

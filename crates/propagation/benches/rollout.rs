@@ -1,0 +1,279 @@
+//! Rollout benchmark: one hub object rolled out to N members as a
+//! Deployment, 10 % at a time with a health gate, each member turning
+//! available 1 s after it is given a new spec (the bench plays the
+//! Deployment controller, writing the status as the real one does; the
+//! members run none). Members are built as in the propagation bench.
+//!
+//! Reports, for the hub object's creation and an update: the time until
+//! every member is available with it and the rollout says it is done,
+//! the most members changing at once (bound: 10 %), the hub object's
+//! writes (finalizer, status, rollout state) per member, and memory.
+//!
+//! `ROLLOUT_MEMBERS=100,1000 cargo bench -p multicluster-propagation --bench rollout`
+
+mod fleet;
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use multicluster_envtest::ControlPlane;
+use multicluster_propagation::{Desired, MaxUnavailable, Propagation, Rollout};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+
+const HUB_NAMESPACE: &str = "hub";
+const HUB_OBJECT: &str = "web";
+const STATUS: &str = "bench.example/propagation";
+/// How long the played Deployment controller takes to roll a spec out.
+const ROLL_TIME: Duration = Duration::from_secs(1);
+
+/// What the played Deployment controller saw.
+#[derive(Default)]
+struct Seen {
+    /// Members between a new spec and its availability.
+    changing: BTreeSet<String>,
+    most: usize,
+    /// Members available with each image.
+    available: Vec<(String, String)>,
+    /// Writes of the hub object.
+    hub_writes: usize,
+    /// What the hub object's condition says last.
+    message: String,
+}
+
+fn lock(seen: &Mutex<Seen>) -> std::sync::MutexGuard<'_, Seen> {
+    seen.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn image_of(deployment: &Deployment) -> String {
+    deployment
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.template.spec.as_ref())
+        .and_then(|pod| pod.containers.first())
+        .and_then(|container| container.image.clone())
+        .unwrap_or_default()
+}
+
+/// Plays every member's Deployment controller, and follows the hub object.
+fn play(admin: &kube::Client, seen: Arc<Mutex<Seen>>, stop: CancellationToken) {
+    let deployments = Api::<Deployment>::all(admin.clone());
+    let client = admin.clone();
+    let (played, followed) = (seen.clone(), seen);
+    let stopped = stop.clone();
+    tokio::spawn(async move {
+        let mut known = HashSet::new();
+        let changes = watcher(deployments, watcher::Config::default()).applied_objects();
+        let mut changes = std::pin::pin!(changes);
+        loop {
+            let change = tokio::select! {
+                change = changes.next() => change,
+                () = stopped.cancelled() => return,
+            };
+            let Some(Ok(deployment)) = change else {
+                continue;
+            };
+            let namespace = deployment.metadata.namespace.clone().unwrap_or_default();
+            let generation = deployment.metadata.generation.unwrap_or_default();
+            let observed = deployment
+                .status
+                .as_ref()
+                .and_then(|status| status.observed_generation)
+                .unwrap_or_default();
+            if observed >= generation || !known.insert((namespace.clone(), generation)) {
+                continue;
+            }
+            if std::env::var_os("BENCH_DETAIL").is_some() {
+                println!("{namespace} given {:?}", std::time::SystemTime::now());
+            }
+            {
+                let mut seen = lock(&played);
+                seen.changing.insert(namespace.clone());
+                seen.most = seen.most.max(seen.changing.len());
+            }
+            let image = image_of(&deployment);
+            let (client, played) = (client.clone(), played.clone());
+            tokio::spawn(async move {
+                tokio::time::sleep(ROLL_TIME).await;
+                let status = json!({"status": {
+                    "observedGeneration": generation,
+                    "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1,
+                    "conditions": [
+                        {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable", "message": "Deployment has minimum availability."},
+                        {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable", "message": "ReplicaSet has successfully progressed."},
+                    ],
+                }});
+                let written = Api::<Deployment>::namespaced(client, &namespace)
+                    .patch_status("web", &PatchParams::default(), &Patch::Merge(&status))
+                    .await;
+                if written.is_ok() {
+                    if std::env::var_os("BENCH_DETAIL").is_some() {
+                        println!("{namespace} available {:?}", std::time::SystemTime::now());
+                    }
+                    let mut seen = lock(&played);
+                    seen.changing.remove(&namespace);
+                    seen.available.push((namespace, image));
+                }
+            });
+        }
+    });
+    let hub = watcher(
+        Api::<ConfigMap>::namespaced(admin.clone(), HUB_NAMESPACE),
+        watcher::Config::default().fields(&format!("metadata.name={HUB_OBJECT}")),
+    );
+    tokio::spawn(async move {
+        let mut hub = std::pin::pin!(hub);
+        loop {
+            let event = tokio::select! {
+                event = hub.next() => event,
+                () = stop.cancelled() => return,
+            };
+            let Some(Ok(watcher::Event::Apply(object))) = event else {
+                continue;
+            };
+            let message = object
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|annotations| annotations.get(STATUS))
+                .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
+                .and_then(|status| status["condition"]["message"].as_str().map(str::to_string))
+                .unwrap_or_default();
+            let mut seen = lock(&followed);
+            seen.hub_writes += 1;
+            seen.message = message;
+        }
+    });
+}
+
+/// Rolls `tag` out and measures it.
+async fn round(
+    admin: &kube::Client,
+    seen: &Arc<Mutex<Seen>>,
+    members: usize,
+    tag: &str,
+    what: &str,
+) -> Result<(), fleet::Error> {
+    let image = format!("registry.k8s.io/pause:{tag}");
+    let writes_before = lock(seen).hub_writes;
+    lock(seen).most = 0;
+    let hub_object = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": HUB_OBJECT, "namespace": HUB_NAMESPACE},
+        "data": {"tag": tag},
+    });
+    let started = Instant::now();
+    Api::<ConfigMap>::namespaced(admin.clone(), HUB_NAMESPACE)
+        .patch(
+            HUB_OBJECT,
+            &PatchParams::apply("bench"),
+            &Patch::Apply(&hub_object),
+        )
+        .await?;
+    let available = |seen: &Seen| {
+        seen.available
+            .iter()
+            .filter(|(_, given)| *given == image)
+            .map(|(member, _)| member)
+            .collect::<HashSet<_>>()
+            .len()
+    };
+    fleet::until(Duration::from_secs(900), "every member available", || {
+        available(&lock(seen)) == members
+    })
+    .await?;
+    let every_member = started.elapsed();
+    let done = format!("{members} updated, 0 updating, 0 to go");
+    fleet::until(Duration::from_secs(300), "the rollout done", || {
+        lock(seen).message.contains(&done)
+    })
+    .await?;
+    let rolled_out = started.elapsed();
+    let seen = lock(seen);
+    // The bench's own write aside.
+    let hub_writes = seen.hub_writes - writes_before - 1;
+    println!(
+        "members={members:>5} {what:<7} every member available={:>6.2}s rollout done={:>6.2}s most changing at once={} (bound {}) hub writes={hub_writes} ({:.3} per member)",
+        every_member.as_secs_f64(),
+        rolled_out.as_secs_f64(),
+        seen.most,
+        (members / 10).max(1),
+        hub_writes as f64 / members as f64,
+    );
+    Ok(())
+}
+
+async fn run(cp: &ControlPlane, members: usize) -> Result<(), fleet::Error> {
+    let admin = cp.client().await?;
+    let rss_before = multicluster_runtime::testing::resident_memory_mib();
+    let provider = fleet::members(cp, HUB_NAMESPACE, members).await?;
+    let propagation = Propagation::<ConfigMap>::new("bench")
+        .select(|hub| hub.metadata.name.as_deref() == Some(HUB_OBJECT))
+        .propagates::<Deployment>()
+        .desired(|hub, member| {
+            let tag = hub
+                .data
+                .as_ref()
+                .and_then(|data| data.get("tag"))
+                .cloned()
+                .unwrap_or_default();
+            let deployment: Deployment = serde_json::from_value(json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": "web", "namespace": member.name().as_str()},
+                "spec": {
+                    "replicas": 1,
+                    "selector": {"matchLabels": {"app": "web"}},
+                    "template": {
+                        "metadata": {"labels": {"app": "web"}},
+                        "spec": {"containers": [{"name": "web", "image": format!("registry.k8s.io/pause:{tag}")}]},
+                    },
+                },
+            }))?;
+            Ok(vec![Desired::new(&deployment)?])
+        })
+        .rollout(Rollout::rolling(MaxUnavailable::Percent(10)))
+        .status_annotation(STATUS)
+        .configure(|controller| controller.max_concurrent_reconciles(8))
+        .build()?;
+    let manager = fleet::manager(cp, provider).await?;
+    manager.add_controller(propagation)?;
+    let shutdown = CancellationToken::new();
+    let task = {
+        let (manager, shutdown) = (manager.clone(), shutdown.clone());
+        tokio::spawn(async move { manager.run(shutdown).await })
+    };
+    fleet::all_ready(&manager, members).await?;
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    play(&admin, seen.clone(), shutdown.clone());
+    round(&admin, &seen, members, "v1", "create").await?;
+    round(&admin, &seen, members, "v2", "update").await?;
+    let rss_after = multicluster_runtime::testing::resident_memory_mib();
+    println!(
+        "members={members:>5} rss={rss_after:.1}MiB (+{:.1}MiB for the fleet, its Deployments and the rollout)",
+        rss_after - rss_before
+    );
+    shutdown.cancel();
+    task.await??;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), fleet::Error> {
+    let sizes: Vec<usize> = std::env::var("ROLLOUT_MEMBERS")
+        .unwrap_or_else(|_| "1000".into())
+        .split(',')
+        .filter_map(|n| n.trim().parse().ok())
+        .collect();
+    for members in sizes {
+        let cp = ControlPlane::start().await?;
+        run(&cp, members).await?;
+    }
+    Ok(())
+}
