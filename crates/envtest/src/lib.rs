@@ -41,6 +41,7 @@ mod kubectl_proxy;
 pub mod monitoring;
 pub mod panics;
 mod pki;
+pub mod played;
 pub mod plugins;
 mod process;
 pub mod traps;

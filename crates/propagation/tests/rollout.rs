@@ -7,16 +7,15 @@
 //! saw. The bound is checked on that timeline (what the member API
 //! server served), not on the propagation's own status.
 
-use std::collections::{BTreeMap, BTreeSet, HashSet};
-use std::sync::{Arc, Mutex};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
 use std::time::Duration;
 
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use kube::runtime::{WatchStreamExt, watcher};
 use multicluster_envtest::ControlPlane;
+use multicluster_envtest::played::Deployments;
 use multicluster_propagation::{
     APPROVAL_ANNOTATION, Desired, MaxUnavailable, PAUSE_ANNOTATION, Propagation, PropagationStatus,
     Rollout, Stage,
@@ -35,117 +34,25 @@ const MEMBERS: [&str; 6] = ["m0", "m1", "m2", "m3", "m4", "m5"];
 /// anything.
 const ROLL_TIME: Duration = Duration::from_secs(1);
 
-/// What the played Deployment controller saw: which members are between
-/// a new spec and its availability, the most that ever were at once, and
-/// every spec (by image) each member was given.
-#[derive(Default)]
-struct Timeline {
-    changing: BTreeSet<String>,
-    most: usize,
-    given: Vec<(String, String)>,
-    /// Members whose Deployments fail their rollout.
-    failing: BTreeSet<String>,
-}
-
-fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex.lock().expect("lock")
-}
-
-impl Timeline {
-    fn given(timeline: &Mutex<Timeline>, member: &str, image: &str) {
-        let mut timeline = lock(timeline);
-        timeline.changing.insert(member.to_string());
-        timeline.most = timeline.most.max(timeline.changing.len());
-        timeline.given.push((member.to_string(), image.to_string()));
-    }
-
-    /// The most members that were changing at once.
-    fn most(timeline: &Mutex<Timeline>) -> usize {
-        lock(timeline).most
-    }
-
-    /// The members given `image`.
-    fn members_given(timeline: &Mutex<Timeline>, image: &str) -> BTreeSet<String> {
-        lock(timeline)
-            .given
-            .iter()
-            .filter(|(_, given)| given == image)
-            .map(|(member, _)| member.clone())
-            .collect()
-    }
-}
-
 fn image(tag: &str) -> String {
     format!("registry.k8s.io/pause:{tag}")
 }
 
-/// Plays the Deployment controller of every member: a Deployment whose
-/// spec it has not seen is rolled out [`ROLL_TIME`] later, its status
-/// written as the real controller writes it (available, or past its
-/// progress deadline at once for a failing member).
-async fn play_deployment_controller(client: kube::Client, timeline: Arc<Mutex<Timeline>>) {
-    let deployments = Api::<Deployment>::all(client.clone());
-    let mut seen = HashSet::new();
-    let changes = watcher(deployments, watcher::Config::default()).applied_objects();
-    let mut changes = std::pin::pin!(changes);
-    while let Some(change) = changes.next().await {
-        let Ok(deployment) = change else { continue };
-        let namespace = deployment.metadata.namespace.clone().unwrap_or_default();
-        let generation = deployment.metadata.generation.unwrap_or_default();
-        let observed = deployment
-            .status
-            .as_ref()
-            .and_then(|status| status.observed_generation)
-            .unwrap_or_default();
-        if observed >= generation || !seen.insert((namespace.clone(), generation)) {
-            continue;
-        }
-        let given = deployment
-            .spec
-            .as_ref()
-            .and_then(|spec| spec.template.spec.as_ref())
-            .and_then(|pod| pod.containers.first())
-            .and_then(|container| container.image.clone())
-            .unwrap_or_default();
-        Timeline::given(&timeline, &namespace, &given);
-        let (client, timeline) = (client.clone(), timeline.clone());
-        tokio::spawn(async move {
-            let failing = lock(&timeline).failing.contains(&namespace);
-            if !failing {
-                tokio::time::sleep(ROLL_TIME).await;
-            }
-            write_status(&client, &namespace, generation, !failing).await;
-            if !failing {
-                lock(&timeline).changing.remove(&namespace);
-            }
-        });
-    }
+/// The members (namespaces) the played controller gave `image` to.
+fn given(played: &Deployments, image: &str) -> BTreeSet<String> {
+    played
+        .given(image)
+        .into_iter()
+        .filter_map(|key| key.split('/').nth(1).map(str::to_string))
+        .collect()
 }
 
-/// Writes the status of `member`'s Deployment `web` as the Deployment
-/// controller does once it rolled out generation `generation` (or gave up).
-async fn write_status(client: &kube::Client, member: &str, generation: i64, available: bool) {
-    let progressing = if available {
-        json!({"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable", "message": "ReplicaSet \"web-1\" has successfully progressed."})
-    } else {
-        json!({"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": "ReplicaSet \"web-1\" has timed out progressing."})
-    };
-    let replicas = if available { 1 } else { 0 };
-    let status = json!({"status": {
-        "observedGeneration": generation,
-        "replicas": 1,
-        "updatedReplicas": 1,
-        "readyReplicas": replicas,
-        "availableReplicas": replicas,
-        "conditions": [
-            {"type": "Available", "status": if available { "True" } else { "False" }, "reason": "MinimumReplicasAvailable", "message": "Deployment has minimum availability."},
-            progressing,
-        ],
-    }});
-    // The member may be gone by the end of the test.
-    let _ = Api::<Deployment>::namespaced(client.clone(), member)
-        .patch_status("web", &PatchParams::default(), &Patch::Merge(&status))
-        .await;
+/// Plays the members' Deployment controller, rolling a spec out in
+/// [`ROLL_TIME`].
+async fn play(member: &ControlPlane) -> Deployments {
+    let played = Deployments::default();
+    played.watch("member", member.client().await.expect("client"), ROLL_TIME);
+    played
 }
 
 /// The Deployment a hub ConfigMap wants in `member`: its image from the
@@ -383,23 +290,19 @@ async fn a_rolling_rollout_never_has_more_than_two_members_changing() {
     let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
     let (hub, member) = (hub.expect("hub"), member.expect("member"));
     make_namespaces(&member).await;
-    let timeline = Arc::new(Mutex::new(Timeline::default()));
-    let playing = tokio::spawn(play_deployment_controller(
-        member.client().await.expect("client"),
-        timeline.clone(),
-    ));
+    let played = play(&member).await;
     let (_manager, stop, task) = fleet(&hub, &member, rolling()).await;
 
     // A new hub object: every member gets it, two at a time.
     hub_object(&hub, "web", "web", "v1").await;
     rolled_out(&hub, &member, "v1").await;
-    let most = Timeline::most(&timeline);
+    let most = played.most_changing();
     assert!(most <= 2, "{most} members changing at once");
 
     // An update: the same.
     hub_object(&hub, "web", "web", "v2").await;
     rolled_out(&hub, &member, "v2").await;
-    let most = Timeline::most(&timeline);
+    let most = played.most_changing();
     assert!(most <= 2, "{most} members changing at once");
 
     // Paused before a change: no member is given it until resumed.
@@ -420,7 +323,7 @@ async fn a_rolling_rollout_never_has_more_than_two_members_changing() {
     )
     .await;
     assert_eq!(
-        Timeline::members_given(&timeline, &image("v3")),
+        given(&played, &image("v3")),
         BTreeSet::new(),
         "a member changed while paused"
     );
@@ -430,7 +333,7 @@ async fn a_rolling_rollout_never_has_more_than_two_members_changing() {
     // m1 fails its rollout: with no failure budget the rollout halts,
     // the hub object says where, and no member after the first two is
     // given the change.
-    lock(&timeline).failing.insert("m1".into());
+    played.fail_in("m1", true);
     hub_object(&hub, "web", "web", "v4").await;
     eventually(
         Polled::ApiServer,
@@ -442,24 +345,22 @@ async fn a_rolling_rollout_never_has_more_than_two_members_changing() {
     )
     .await;
     assert_eq!(
-        Timeline::members_given(&timeline, &image("v4")),
+        given(&played, &image("v4")),
         BTreeSet::from(["m0".to_string(), "m1".to_string()]),
         "a member was given the change past the halt"
     );
     // m1 recovers (its controller succeeds after all): the rollout goes on.
-    lock(&timeline).failing.remove("m1");
-    let client = member.client().await.expect("client");
-    let generation = Api::<Deployment>::namespaced(client.clone(), "m1")
-        .get("web")
-        .await
-        .expect("m1's Deployment")
-        .metadata
-        .generation
-        .expect("generation");
-    write_status(&client, "m1", generation, true).await;
-    lock(&timeline).changing.remove("m1");
+    played.fail_in("m1", false);
+    played
+        .roll_out_now(
+            "member",
+            &member.client().await.expect("client"),
+            "m1",
+            "web",
+        )
+        .await;
     rolled_out(&hub, &member, "v4").await;
-    let most = Timeline::most(&timeline);
+    let most = played.most_changing();
     assert!(most <= 2, "{most} members changing at once");
 
     // Killed mid-rollout (no clean stop: its task is dropped) and started
@@ -468,7 +369,7 @@ async fn a_rolling_rollout_never_has_more_than_two_members_changing() {
     // for a while: a second writer, which the bound holds against too.)
     hub_object(&hub, "web", "web", "v5").await;
     eventually(Polled::ApiServer, "the first members given v5", || async {
-        !Timeline::members_given(&timeline, &image("v5")).is_empty()
+        !given(&played, &image("v5")).is_empty()
     })
     .await;
     task.abort();
@@ -476,7 +377,7 @@ async fn a_rolling_rollout_never_has_more_than_two_members_changing() {
     drop(stop);
     let (_manager, stop, task) = fleet(&hub, &member, rolling()).await;
     rolled_out(&hub, &member, "v5").await;
-    let most = Timeline::most(&timeline);
+    let most = played.most_changing();
     assert!(most <= 2, "{most} members changing at once");
     assert_eq!(
         images(&member).await.values().collect::<BTreeSet<_>>(),
@@ -489,7 +390,7 @@ async fn a_rolling_rollout_never_has_more_than_two_members_changing() {
     let (_second, second_stop, second_task) = fleet(&hub, &member, rolling()).await;
     hub_object(&hub, "web", "web", "v6").await;
     rolled_out(&hub, &member, "v6").await;
-    let most = Timeline::most(&timeline);
+    let most = played.most_changing();
     assert!(
         most <= 2,
         "{most} members changing at once with two controllers"
@@ -499,7 +400,6 @@ async fn a_rolling_rollout_never_has_more_than_two_members_changing() {
     second_task.await.expect("task").expect("clean stop");
     stop.cancel();
     task.await.expect("task").expect("clean stop");
-    playing.abort();
 }
 
 /// A staged rollout: the canary first, then the rest once approved for
@@ -509,11 +409,7 @@ async fn a_stage_waits_for_its_approval() {
     let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
     let (hub, member) = (hub.expect("hub"), member.expect("member"));
     make_namespaces(&member).await;
-    let timeline = Arc::new(Mutex::new(Timeline::default()));
-    let playing = tokio::spawn(play_deployment_controller(
-        member.client().await.expect("client"),
-        timeline.clone(),
-    ));
+    let played = play(&member).await;
     let staged = rolling().rollout(Rollout::staged(
         [
             Stage::named("canary", ["m0"]),
@@ -536,7 +432,7 @@ async fn a_stage_waits_for_its_approval() {
     )
     .await;
     assert_eq!(
-        Timeline::members_given(&timeline, &image("v1")),
+        given(&played, &image("v1")),
         BTreeSet::from(["m0".to_string()]),
         "only the canary before the approval"
     );
@@ -551,12 +447,11 @@ async fn a_stage_waits_for_its_approval() {
     assert!(approval.starts_with("rest@"), "{approval}");
     annotate(&hub, "web", APPROVAL_ANNOTATION, Some(&approval)).await;
     rolled_out(&hub, &member, "v1").await;
-    let most = Timeline::most(&timeline);
+    let most = played.most_changing();
     assert!(most <= 3, "{most} members changing at once");
 
     stop.cancel();
     task.await.expect("task").expect("clean stop");
-    playing.abort();
 }
 
 /// A hub custom resource whose status is the shipped [`PropagationStatus`]:
@@ -603,11 +498,7 @@ async fn the_shipped_status_type_keeps_what_a_rollout_writes() {
     .await
     .expect("established in time")
     .expect("established");
-    let timeline = Arc::new(Mutex::new(Timeline::default()));
-    let playing = tokio::spawn(play_deployment_controller(
-        member.client().await.expect("client"),
-        timeline.clone(),
-    ));
+    let played = play(&member).await;
     let webs = Propagation::<Web>::new("webs")
         .propagates::<Deployment>()
         .desired(|hub, member| {
@@ -684,7 +575,7 @@ async fn the_shipped_status_type_keeps_what_a_rollout_writes() {
             .any(|condition| condition.type_ == "Propagated" && condition.status == "True"),
         "{status:?}"
     );
-    let most = Timeline::most(&timeline);
+    let most = played.most_changing();
     assert!(most <= 3, "{most} members changing at once");
     // The propagation's metrics are in the manager's registry.
     let exported = manager.metrics().encode();
@@ -707,5 +598,4 @@ async fn the_shipped_status_type_keeps_what_a_rollout_writes() {
 
     stop.cancel();
     task.await.expect("task").expect("clean stop");
-    playing.abort();
 }

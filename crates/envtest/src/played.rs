@@ -1,0 +1,234 @@
+//! Controllers a test control plane does not run, played as the real ones
+//! write their status, for tests of what waits on it: members have no
+//! kubelet, so no Deployment ever rolls out by itself.
+//!
+//! [`Deployments`] plays the Deployment controller of one or more control
+//! planes: a Deployment whose spec it has not seen is "rolled out" a set
+//! time later (its status written as the real controller writes it:
+//! `observedGeneration`, replicas, `Available` and `Progressing`), or, for
+//! a namespace told to fail, at once past its progress deadline. It keeps
+//! the timeline it saw, from which a test checks how many were between a
+//! new spec and its availability at once.
+
+use std::collections::{BTreeSet, HashSet};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::json;
+
+/// The played Deployment controller of the control planes it watches.
+#[derive(Clone, Default)]
+pub struct Deployments {
+    state: Arc<Mutex<State>>,
+    tasks: Arc<Mutex<Vec<tokio::task::JoinHandle<()>>>>,
+}
+
+#[derive(Default)]
+struct State {
+    /// Deployments (`<cluster>/<namespace>/<name>`) given a new spec and
+    /// not yet available.
+    changing: BTreeSet<String>,
+    most: usize,
+    /// Every spec given, by Deployment and image.
+    given: Vec<(String, String)>,
+    /// Namespaces whose Deployments fail.
+    failing: BTreeSet<String>,
+}
+
+fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
+    state
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Deployments {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        lock(&self.state)
+    }
+
+    /// Plays the Deployment controller of the control plane `client`
+    /// reaches (named `cluster` in the timeline), taking `roll_time` to
+    /// roll a spec out. Stops when this value's last clone is dropped.
+    pub fn watch(&self, cluster: &str, client: kube::Client, roll_time: Duration) {
+        let state = self.state.clone();
+        let cluster = cluster.to_string();
+        let task = tokio::spawn(async move {
+            let mut seen = HashSet::new();
+            let changes = watcher(
+                Api::<Deployment>::all(client.clone()),
+                watcher::Config::default(),
+            )
+            .applied_objects();
+            let mut changes = std::pin::pin!(changes);
+            while let Some(change) = changes.next().await {
+                let Ok(deployment) = change else { continue };
+                let namespace = deployment.metadata.namespace.clone().unwrap_or_default();
+                let name = deployment.metadata.name.clone().unwrap_or_default();
+                let generation = deployment.metadata.generation.unwrap_or_default();
+                let observed = deployment
+                    .status
+                    .as_ref()
+                    .and_then(|status| status.observed_generation)
+                    .unwrap_or_default();
+                if observed >= generation
+                    || !seen.insert((namespace.clone(), name.clone(), generation))
+                {
+                    continue;
+                }
+                let key = format!("{cluster}/{namespace}/{name}");
+                let image = deployment
+                    .spec
+                    .as_ref()
+                    .and_then(|spec| spec.template.spec.as_ref())
+                    .and_then(|pod| pod.containers.first())
+                    .and_then(|container| container.image.clone())
+                    .unwrap_or_default();
+                let replicas = deployment
+                    .spec
+                    .as_ref()
+                    .and_then(|spec| spec.replicas)
+                    .unwrap_or(1);
+                let failing = {
+                    let mut state = lock(&state);
+                    state.changing.insert(key.clone());
+                    state.most = state.most.max(state.changing.len());
+                    state.given.push((key.clone(), image));
+                    state.failing.contains(&namespace)
+                };
+                let (state, client) = (state.clone(), client.clone());
+                tokio::spawn(async move {
+                    if !failing {
+                        // The scenario's clock: how long a rollout takes.
+                        tokio::time::sleep(roll_time).await;
+                    }
+                    let written =
+                        write_status(&client, &namespace, &name, generation, replicas, !failing)
+                            .await;
+                    if written && !failing {
+                        lock(&state).changing.remove(&key);
+                    }
+                });
+            }
+        });
+        self.tasks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(task);
+    }
+
+    /// The most Deployments that were between a new spec and its
+    /// availability at once.
+    pub fn most_changing(&self) -> usize {
+        self.state().most
+    }
+
+    /// Forgets the most so far (for a new round).
+    pub fn reset_most(&self) {
+        let mut state = self.state();
+        state.most = state.changing.len();
+    }
+
+    /// The Deployments (`<cluster>/<namespace>/<name>`) given `image`.
+    pub fn given(&self, image: &str) -> BTreeSet<String> {
+        self.state()
+            .given
+            .iter()
+            .filter(|(_, given)| given == image)
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+
+    /// From now on the Deployments of `namespace` fail (`true`) or roll
+    /// out (`false`).
+    pub fn fail_in(&self, namespace: &str, failing: bool) {
+        let mut state = self.state();
+        if failing {
+            state.failing.insert(namespace.to_string());
+        } else {
+            state.failing.remove(namespace);
+        }
+    }
+
+    /// Rolls out `cluster`'s Deployment `namespace/name` now (a failing
+    /// one that recovers).
+    pub async fn roll_out_now(
+        &self,
+        cluster: &str,
+        client: &kube::Client,
+        namespace: &str,
+        name: &str,
+    ) {
+        let Ok(deployment) = Api::<Deployment>::namespaced(client.clone(), namespace)
+            .get(name)
+            .await
+        else {
+            return;
+        };
+        let generation = deployment.metadata.generation.unwrap_or_default();
+        let replicas = deployment
+            .spec
+            .as_ref()
+            .and_then(|spec| spec.replicas)
+            .unwrap_or(1);
+        if write_status(client, namespace, name, generation, replicas, true).await {
+            self.state()
+                .changing
+                .remove(&format!("{cluster}/{namespace}/{name}"));
+        }
+    }
+}
+
+impl Drop for Deployments {
+    fn drop(&mut self) {
+        // The last clone stops the watches (their tasks hold only the
+        // timeline).
+        if Arc::strong_count(&self.tasks) == 1 {
+            for task in self
+                .tasks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .drain(..)
+            {
+                task.abort();
+            }
+        }
+    }
+}
+
+/// Writes the status of the Deployment `namespace/name` as the Deployment
+/// controller does once it rolled out `generation` (or gave up); whether
+/// it was written.
+async fn write_status(
+    client: &kube::Client,
+    namespace: &str,
+    name: &str,
+    generation: i64,
+    replicas: i32,
+    available: bool,
+) -> bool {
+    let progressing = if available {
+        json!({"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable", "message": format!("ReplicaSet \"{name}-1\" has successfully progressed.")})
+    } else {
+        json!({"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded", "message": format!("ReplicaSet \"{name}-1\" has timed out progressing.")})
+    };
+    let ready = if available { replicas } else { 0 };
+    let status = json!({"status": {
+        "observedGeneration": generation,
+        "replicas": replicas,
+        "updatedReplicas": replicas,
+        "readyReplicas": ready,
+        "availableReplicas": ready,
+        "conditions": [
+            {"type": "Available", "status": if available { "True" } else { "False" }, "reason": "MinimumReplicasAvailable", "message": "Deployment has minimum availability."},
+            progressing,
+        ],
+    }});
+    Api::<Deployment>::namespaced(client.clone(), namespace)
+        .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
+        .await
+        .is_ok()
+}

@@ -1,0 +1,157 @@
+//! A workload rolled out across the fleet, a quarter of the members at a
+//! time: a `FleetDeployment` on the hub (the cluster `$KUBECONFIG` points
+//! at; its CRD, derived from the types below, is installed by this
+//! example) becomes a Deployment of the same name in every member (one per
+//! kubeconfig Secret). A new image reaches a member only once a slot is
+//! free: at most 25 % of the members are between the new spec and its
+//! availability (the Deployment's own report) at once. The annotation
+//! `propagation.mcr.sigs.k8s.io/paused: "true"` pauses it. `kubectl get
+//! fleetdeployments` shows the rollout's revision and progress.
+//!
+//! `multicluster_propagation::Propagation` does the work; this is its
+//! policy: the hub type, the Deployment it wants in a member, and the
+//! pace.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::wait::{await_condition, conditions};
+use kube::{CustomResource, CustomResourceExt};
+use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs, PolicyArgs};
+use multicluster_propagation::{Desired, MaxUnavailable, Propagation, PropagationStatus, Rollout};
+use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
+use multicluster_runtime::{Cluster, Manager};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+/// How long the CRD may take to be established.
+const CRD_ESTABLISHED_WITHIN: Duration = Duration::from_secs(30);
+
+/// A Deployment to run in every member.
+#[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, schemars::JsonSchema)]
+#[kube(
+    group = "fleet.example",
+    version = "v1alpha1",
+    kind = "FleetDeployment",
+    namespaced,
+    status = "PropagationStatus",
+    category = "multicluster",
+    printcolumn = r#"{"name": "Revision", "type": "string", "jsonPath": ".status.rollout.revision"}"#,
+    printcolumn = r#"{"name": "Updated", "type": "integer", "jsonPath": ".status.rollout.updated"}"#,
+    printcolumn = r#"{"name": "To go", "type": "integer", "jsonPath": ".status.rollout.remaining"}"#,
+    printcolumn = r#"{"name": "Halted", "type": "string", "jsonPath": ".status.rollout.halted"}"#,
+    printcolumn = r#"{"name": "Propagated", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Propagated\")].status"}"#,
+    printcolumn = r#"{"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"}"#
+)]
+#[serde(rename_all = "camelCase")]
+pub struct FleetDeploymentSpec {
+    /// The namespace of the Deployment in each member.
+    #[serde(default = "default_namespace")]
+    pub namespace: String,
+    /// The container image.
+    pub image: String,
+    /// Replicas in each member.
+    #[serde(default = "one")]
+    pub replicas: i32,
+}
+
+fn default_namespace() -> String {
+    "default".into()
+}
+
+fn one() -> i32 {
+    1
+}
+
+/// Roll FleetDeployments out to every member cluster, 25 % at a time.
+#[derive(Parser)]
+#[command(version, about)]
+struct Args {
+    /// Namespace of the members' kubeconfig Secrets on the hub; every namespace when unset.
+    #[arg(long, env = "NAMESPACE")]
+    namespace: Option<String>,
+    #[command(flatten)]
+    manager: ManagerArgs,
+    #[command(flatten)]
+    client: ClientArgs,
+    #[command(flatten)]
+    policy: PolicyArgs,
+}
+
+/// The Deployment a FleetDeployment wants in each member.
+fn deployment_for(hub: &FleetDeployment) -> Result<Deployment, serde_json::Error> {
+    let name = hub.metadata.name.clone().unwrap_or_default();
+    serde_json::from_value(json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": hub.spec.namespace},
+        "spec": {
+            "replicas": hub.spec.replicas,
+            "selector": {"matchLabels": {"fleet.example/deployment": name}},
+            "template": {
+                "metadata": {"labels": {"fleet.example/deployment": name}},
+                "spec": {"containers": [{"name": "main", "image": hub.spec.image}]},
+            },
+        },
+    }))
+}
+
+/// Applies the FleetDeployment CRD to the hub and waits until it is served.
+async fn install_crd(hub: &kube::Client) -> Result<(), MainError> {
+    let crd = FleetDeployment::crd();
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    let crds = Api::<CustomResourceDefinition>::all(hub.clone());
+    crds.patch(
+        &name,
+        &PatchParams::apply("fleet-rollout").force(),
+        &Patch::Apply(&crd),
+    )
+    .await?;
+    tokio::time::timeout(
+        CRD_ESTABLISHED_WITHIN,
+        await_condition(crds, &name, conditions::is_crd_established()),
+    )
+    .await
+    .map_err(|_| {
+        format!("the CRD {name} was not established within {CRD_ESTABLISHED_WITHIN:?}")
+    })??;
+    Ok(())
+}
+
+#[tokio::main]
+async fn main() -> Result<(), MainError> {
+    let args = Args::parse();
+    multicluster_example_configmap_sync::init_logging();
+
+    let hub = Cluster::new("hub", kube::Client::try_default().await?);
+    install_crd(&hub.client()).await?;
+    let provider = Arc::new(KubeconfigProvider::new(
+        hub.client(),
+        KubeconfigOptions::default()
+            .namespace(args.namespace)
+            .members(args.client.options())
+            .kubeconfig_policy(args.policy.policy()?),
+    ));
+    let mut manager = Manager::builder(hub.clone())
+        .provider(provider)
+        .options(args.manager.options());
+    if let Some(election) = args.manager.leader_election(&hub)? {
+        manager = manager.coordinator(Arc::new(election));
+    }
+    let manager = manager.build();
+
+    let deployments = Propagation::<FleetDeployment>::new("fleet-rollout")
+        .propagates::<Deployment>()
+        .desired(|hub, _member| Ok(vec![Desired::new(&deployment_for(hub)?)?]))
+        .rollout(Rollout::rolling(MaxUnavailable::Percent(25)))
+        .status_subresource()
+        .build()?;
+    manager.add_controller(deployments)?;
+    tracing::info!("rolling FleetDeployments out, 25 % of the members at a time; Ctrl-C stops");
+    manager.run_until_signal().await?;
+    Ok(())
+}

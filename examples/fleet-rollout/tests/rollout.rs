@@ -1,0 +1,225 @@
+//! The example binary on a hub and two members (kubeconfig Secrets): it
+//! installs its CRD; a FleetDeployment reaches both members one at a time
+//! (25 % of two is less than one: one slot), each only once the other's
+//! Deployment is available (the members run no Deployment controller: the
+//! test plays it, as the real one writes its status); `kubectl get
+//! fleetdeployments` shows the progress; paused, a new image reaches no
+//! member until resumed.
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
+};
+use multicluster_envtest::ControlPlane;
+use multicluster_envtest::played::Deployments;
+use multicluster_example_testing::{GRACE, kubeconfig_secret, terminate};
+use multicluster_runtime::testing::{Polled, eventually, eventually_some};
+use serde_json::{Value, json};
+use tokio::process::Command;
+
+const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-fleet-rollout");
+
+/// How long the played Deployment controller takes to roll a spec out.
+const ROLL_TIME: Duration = Duration::from_secs(1);
+
+fn fleet_deployments() -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk(
+        "fleet.example",
+        "v1alpha1",
+        "FleetDeployment",
+    ))
+}
+
+fn image(tag: &str) -> String {
+    format!("registry.k8s.io/pause:{tag}")
+}
+
+/// The FleetDeployment's status (null until written).
+async fn status(hub: &kube::Client) -> Value {
+    Api::<DynamicObject>::namespaced_with(hub.clone(), "default", &fleet_deployments())
+        .get_opt("web")
+        .await
+        .ok()
+        .flatten()
+        .map(|object| object.data["status"].clone())
+        .unwrap_or_default()
+}
+
+/// Whether `member`'s Deployment runs `tag`, available.
+async fn available_with(member: &ControlPlane, tag: &str) -> bool {
+    let Ok(Some(deployment)) =
+        Api::<Deployment>::namespaced(member.client().await.expect("client"), "default")
+            .get_opt("web")
+            .await
+    else {
+        return false;
+    };
+    let runs = deployment
+        .spec
+        .as_ref()
+        .and_then(|spec| spec.template.spec.as_ref())
+        .and_then(|pod| pod.containers.first())
+        .and_then(|container| container.image.as_deref())
+        == Some(image(tag).as_str());
+    runs && deployment.status.is_some_and(|status| {
+        status.observed_generation == deployment.metadata.generation
+            && status.available_replicas == Some(1)
+    })
+}
+
+/// Waits until both members run `tag`, available, and the status says the
+/// rollout is done.
+async fn rolled_out(hub: &kube::Client, a: &ControlPlane, b: &ControlPlane, tag: &str) {
+    eventually(
+        Polled::ApiServer,
+        &format!("both members available with {tag}, the rollout done"),
+        || async {
+            let status = status(hub).await;
+            available_with(a, tag).await
+                && available_with(b, tag).await
+                && status["rollout"]["updated"] == 2
+                && status["rollout"]["updating"]
+                    .as_array()
+                    .is_none_or(Vec::is_empty)
+        },
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fleet_deployment_rolls_out_one_member_at_a_time_and_pauses() {
+    let (hub_cp, a, b) = tokio::join!(
+        ControlPlane::start(),
+        ControlPlane::start(),
+        ControlPlane::start()
+    );
+    let (hub_cp, a, b) = (hub_cp.expect("hub"), a.expect("a"), b.expect("b"));
+    hub_cp.create_namespace("fleet").await.expect("namespace");
+    let hub = hub_cp.client().await.expect("client");
+    for (name, member) in [("a", &a), ("b", &b)] {
+        Api::<Secret>::namespaced(hub.clone(), "fleet")
+            .create(
+                &PostParams::default(),
+                &kubeconfig_secret(name, member.kubeconfig()),
+            )
+            .await
+            .expect("member Secret");
+    }
+    let played = Deployments::default();
+    played.watch("a", a.client().await.expect("client"), ROLL_TIME);
+    played.watch("b", b.client().await.expect("client"), ROLL_TIME);
+
+    let mut example = Command::new(BINARY)
+        .args(["--namespace", "fleet", "--health-address", "127.0.0.1:0"])
+        .env("KUBECONFIG", hub_cp.kubeconfig_path())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("example");
+
+    let deployments =
+        Api::<DynamicObject>::namespaced_with(hub.clone(), "default", &fleet_deployments());
+    let mut web = DynamicObject::new("web", &fleet_deployments()).within("default");
+    web.data = json!({"spec": {"image": image("v1")}});
+    eventually(
+        Polled::ApiServer,
+        "the example to install its CRD, and the FleetDeployment made",
+        || async {
+            deployments
+                .create(&PostParams::default(), &web)
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    rolled_out(&hub, &a, &b, "v1").await;
+    assert_eq!(played.most_changing(), 1, "one member at a time");
+
+    // `kubectl get` shows the progress, from the CRD's printer columns.
+    let kubectl = multicluster_envtest::binaries::Binaries::locate()
+        .expect("binaries")
+        .kubectl;
+    let shown = Command::new(kubectl)
+        .args(["get", "fleetdeployments", "--namespace", "default"])
+        .env("KUBECONFIG", hub_cp.kubeconfig_path())
+        .output()
+        .await
+        .expect("kubectl");
+    let shown = String::from_utf8_lossy(&shown.stdout).to_string();
+    let header: Vec<&str> = shown
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    let row: Vec<&str> = shown
+        .lines()
+        .nth(1)
+        .unwrap_or_default()
+        .split_whitespace()
+        .collect();
+    assert_eq!(
+        header,
+        [
+            "NAME",
+            "REVISION",
+            "UPDATED",
+            "TO",
+            "GO",
+            "HALTED",
+            "PROPAGATED",
+            "AGE"
+        ],
+        "{shown}"
+    );
+    assert_eq!(&row[..5], ["web", "1", "2", "0", "True"], "{shown}");
+
+    // Paused, then a new image: no member gets it until resumed.
+    let annotate = |paused: Option<&str>| {
+        let patch = json!({"metadata": {"annotations": {multicluster_propagation::PAUSE_ANNOTATION: paused}}});
+        let deployments = deployments.clone();
+        async move {
+            deployments
+                .patch("web", &PatchParams::default(), &Patch::Merge(&patch))
+                .await
+                .expect("annotate");
+        }
+    };
+    annotate(Some("true")).await;
+    deployments
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"image": image("v2")}})),
+        )
+        .await
+        .expect("new image");
+    let waiting = eventually_some(
+        Polled::ApiServer,
+        "the rollout of revision 2 paused",
+        || async {
+            let status = status(&hub).await;
+            let rollout = &status["rollout"];
+            (rollout["revision"] == "2" && rollout["remaining"] == 2)
+                .then(|| rollout["waiting"].as_str().map(str::to_string))
+                .flatten()
+        },
+    )
+    .await;
+    assert!(waiting.starts_with("paused"), "{waiting}");
+    assert!(
+        played.given(&image("v2")).is_empty(),
+        "a member changed while paused"
+    );
+    annotate(None).await;
+    rolled_out(&hub, &a, &b, "v2").await;
+    assert_eq!(played.most_changing(), 1, "one member at a time");
+
+    let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
+    assert!(status.success(), "{status}");
+}
