@@ -37,6 +37,8 @@ struct State {
     given: Vec<(String, String)>,
     /// Namespaces whose Deployments fail.
     failing: BTreeSet<String>,
+    /// Every spec rolled out, by Deployment and image.
+    available: Vec<(String, String)>,
 }
 
 fn lock(state: &Mutex<State>) -> std::sync::MutexGuard<'_, State> {
@@ -96,7 +98,7 @@ impl Deployments {
                     let mut state = lock(&state);
                     state.changing.insert(key.clone());
                     state.most = state.most.max(state.changing.len());
-                    state.given.push((key.clone(), image));
+                    state.given.push((key.clone(), image.clone()));
                     state.failing.contains(&namespace)
                 };
                 let (state, client) = (state.clone(), client.clone());
@@ -109,7 +111,9 @@ impl Deployments {
                         write_status(&client, &namespace, &name, generation, replicas, !failing)
                             .await;
                     if written && !failing {
-                        lock(&state).changing.remove(&key);
+                        let mut state = lock(&state);
+                        state.changing.remove(&key);
+                        state.available.push((key, image));
                     }
                 });
             }
@@ -138,6 +142,17 @@ impl Deployments {
             .given
             .iter()
             .filter(|(_, given)| given == image)
+            .map(|(key, _)| key.clone())
+            .collect()
+    }
+
+    /// The Deployments (`<cluster>/<namespace>/<name>`) rolled out with
+    /// `image`.
+    pub fn available(&self, image: &str) -> BTreeSet<String> {
+        self.state()
+            .available
+            .iter()
+            .filter(|(_, available)| available == image)
             .map(|(key, _)| key.clone())
             .collect()
     }

@@ -1,8 +1,9 @@
 //! Rollout benchmark: one hub object rolled out to N members as a
 //! Deployment, 10 % at a time with a health gate, each member turning
-//! available 1 s after it is given a new spec (the bench plays the
-//! Deployment controller, writing the status as the real one does; the
-//! members run none). Members are built as in the propagation bench.
+//! available 1 s after it is given a new spec (the Deployment controller
+//! is played, `multicluster_envtest::played`, writing the status as the
+//! real one does; the members run none). Members are built as in the
+//! propagation bench.
 //!
 //! Reports, for the hub object's creation and an update: the time until
 //! every member is available with it and the rollout says it is done,
@@ -13,7 +14,6 @@
 
 mod fleet;
 
-use std::collections::{BTreeSet, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -21,8 +21,9 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use multicluster_envtest::ControlPlane;
+use multicluster_envtest::played::Deployments;
 use multicluster_propagation::{Desired, MaxUnavailable, Propagation, Rollout};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -33,97 +34,22 @@ const STATUS: &str = "bench.example/propagation";
 /// How long the played Deployment controller takes to roll a spec out.
 const ROLL_TIME: Duration = Duration::from_secs(1);
 
-/// What the played Deployment controller saw.
+/// What the bench follows of the hub object.
 #[derive(Default)]
-struct Seen {
-    /// Members between a new spec and its availability.
-    changing: BTreeSet<String>,
-    most: usize,
-    /// Members available with each image.
-    available: Vec<(String, String)>,
-    /// Writes of the hub object.
-    hub_writes: usize,
-    /// What the hub object's condition says last.
+struct Hub {
+    /// Its writes.
+    writes: usize,
+    /// What its condition says last.
     message: String,
 }
 
-fn lock(seen: &Mutex<Seen>) -> std::sync::MutexGuard<'_, Seen> {
-    seen.lock()
+fn lock(hub: &Mutex<Hub>) -> std::sync::MutexGuard<'_, Hub> {
+    hub.lock()
         .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-fn image_of(deployment: &Deployment) -> String {
-    deployment
-        .spec
-        .as_ref()
-        .and_then(|spec| spec.template.spec.as_ref())
-        .and_then(|pod| pod.containers.first())
-        .and_then(|container| container.image.clone())
-        .unwrap_or_default()
-}
-
-/// Plays every member's Deployment controller, and follows the hub object.
-fn play(admin: &kube::Client, seen: Arc<Mutex<Seen>>, stop: CancellationToken) {
-    let deployments = Api::<Deployment>::all(admin.clone());
-    let client = admin.clone();
-    let (played, followed) = (seen.clone(), seen);
-    let stopped = stop.clone();
-    tokio::spawn(async move {
-        let mut known = HashSet::new();
-        let changes = watcher(deployments, watcher::Config::default()).applied_objects();
-        let mut changes = std::pin::pin!(changes);
-        loop {
-            let change = tokio::select! {
-                change = changes.next() => change,
-                () = stopped.cancelled() => return,
-            };
-            let Some(Ok(deployment)) = change else {
-                continue;
-            };
-            let namespace = deployment.metadata.namespace.clone().unwrap_or_default();
-            let generation = deployment.metadata.generation.unwrap_or_default();
-            let observed = deployment
-                .status
-                .as_ref()
-                .and_then(|status| status.observed_generation)
-                .unwrap_or_default();
-            if observed >= generation || !known.insert((namespace.clone(), generation)) {
-                continue;
-            }
-            if std::env::var_os("BENCH_DETAIL").is_some() {
-                println!("{namespace} given {:?}", std::time::SystemTime::now());
-            }
-            {
-                let mut seen = lock(&played);
-                seen.changing.insert(namespace.clone());
-                seen.most = seen.most.max(seen.changing.len());
-            }
-            let image = image_of(&deployment);
-            let (client, played) = (client.clone(), played.clone());
-            tokio::spawn(async move {
-                tokio::time::sleep(ROLL_TIME).await;
-                let status = json!({"status": {
-                    "observedGeneration": generation,
-                    "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1, "availableReplicas": 1,
-                    "conditions": [
-                        {"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable", "message": "Deployment has minimum availability."},
-                        {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable", "message": "ReplicaSet has successfully progressed."},
-                    ],
-                }});
-                let written = Api::<Deployment>::namespaced(client, &namespace)
-                    .patch_status("web", &PatchParams::default(), &Patch::Merge(&status))
-                    .await;
-                if written.is_ok() {
-                    if std::env::var_os("BENCH_DETAIL").is_some() {
-                        println!("{namespace} available {:?}", std::time::SystemTime::now());
-                    }
-                    let mut seen = lock(&played);
-                    seen.changing.remove(&namespace);
-                    seen.available.push((namespace, image));
-                }
-            });
-        }
-    });
+/// Follows the hub object's writes and condition.
+fn follow(admin: &kube::Client, seen: Arc<Mutex<Hub>>, stop: CancellationToken) {
     let hub = watcher(
         Api::<ConfigMap>::namespaced(admin.clone(), HUB_NAMESPACE),
         watcher::Config::default().fields(&format!("metadata.name={HUB_OBJECT}")),
@@ -146,8 +72,8 @@ fn play(admin: &kube::Client, seen: Arc<Mutex<Seen>>, stop: CancellationToken) {
                 .and_then(|text| serde_json::from_str::<serde_json::Value>(text).ok())
                 .and_then(|status| status["condition"]["message"].as_str().map(str::to_string))
                 .unwrap_or_default();
-            let mut seen = lock(&followed);
-            seen.hub_writes += 1;
+            let mut seen = lock(&seen);
+            seen.writes += 1;
             seen.message = message;
         }
     });
@@ -156,14 +82,15 @@ fn play(admin: &kube::Client, seen: Arc<Mutex<Seen>>, stop: CancellationToken) {
 /// Rolls `tag` out and measures it.
 async fn round(
     admin: &kube::Client,
-    seen: &Arc<Mutex<Seen>>,
+    played: &Deployments,
+    hub: &Arc<Mutex<Hub>>,
     members: usize,
     tag: &str,
     what: &str,
 ) -> Result<(), fleet::Error> {
     let image = format!("registry.k8s.io/pause:{tag}");
-    let writes_before = lock(seen).hub_writes;
-    lock(seen).most = 0;
+    let writes_before = lock(hub).writes;
+    played.reset_most();
     let hub_object = json!({
         "apiVersion": "v1", "kind": "ConfigMap",
         "metadata": {"name": HUB_OBJECT, "namespace": HUB_NAMESPACE},
@@ -177,33 +104,24 @@ async fn round(
             &Patch::Apply(&hub_object),
         )
         .await?;
-    let available = |seen: &Seen| {
-        seen.available
-            .iter()
-            .filter(|(_, given)| *given == image)
-            .map(|(member, _)| member)
-            .collect::<HashSet<_>>()
-            .len()
-    };
     fleet::until(Duration::from_secs(900), "every member available", || {
-        available(&lock(seen)) == members
+        played.available(&image).len() == members
     })
     .await?;
     let every_member = started.elapsed();
     let done = format!("{members} updated, 0 updating, 0 to go");
     fleet::until(Duration::from_secs(300), "the rollout done", || {
-        lock(seen).message.contains(&done)
+        lock(hub).message.contains(&done)
     })
     .await?;
     let rolled_out = started.elapsed();
-    let seen = lock(seen);
     // The bench's own write aside.
-    let hub_writes = seen.hub_writes - writes_before - 1;
+    let hub_writes = lock(hub).writes - writes_before - 1;
     println!(
         "members={members:>5} {what:<7} every member available={:>6.2}s rollout done={:>6.2}s most changing at once={} (bound {}) hub writes={hub_writes} ({:.3} per member)",
         every_member.as_secs_f64(),
         rolled_out.as_secs_f64(),
-        seen.most,
+        played.most_changing(),
         (members / 10).max(1),
         hub_writes as f64 / members as f64,
     );
@@ -250,10 +168,12 @@ async fn run(cp: &ControlPlane, members: usize) -> Result<(), fleet::Error> {
         tokio::spawn(async move { manager.run(shutdown).await })
     };
     fleet::all_ready(&manager, members).await?;
-    let seen = Arc::new(Mutex::new(Seen::default()));
-    play(&admin, seen.clone(), shutdown.clone());
-    round(&admin, &seen, members, "v1", "create").await?;
-    round(&admin, &seen, members, "v2", "update").await?;
+    let hub = Arc::new(Mutex::new(Hub::default()));
+    follow(&admin, hub.clone(), shutdown.clone());
+    let played = Deployments::default();
+    played.watch("member", admin.clone(), ROLL_TIME);
+    round(&admin, &played, &hub, members, "v1", "create").await?;
+    round(&admin, &played, &hub, members, "v2", "update").await?;
     let rss_after = multicluster_runtime::testing::resident_memory_mib();
     println!(
         "members={members:>5} rss={rss_after:.1}MiB (+{:.1}MiB for the fleet, its Deployments and the rollout)",

@@ -126,6 +126,12 @@ impl Stage {
 
 /// How a new revision of a hub object reaches its members
 /// ([`Propagation::rollout`](crate::Propagation::rollout)).
+///
+/// A paced rollout's slots are given by the hub object's reconcile, from
+/// the members its process works on: with the sharding coordinator, which
+/// gives the hub cluster to one replica, the members of the other replicas
+/// would wait for a slot. Run a paced rollout under leader election (or a
+/// single replica) for now.
 #[derive(Clone, Debug)]
 pub struct Rollout {
     pace: Pace,

@@ -266,6 +266,38 @@ impl std::fmt::Debug for MainError {
     }
 }
 
+/// How long a CRD an example installs may take to be established.
+const CRD_ESTABLISHED_WITHIN: Duration = Duration::from_secs(30);
+
+/// Applies `crd` to the hub (server-side, as `field_manager`) and waits
+/// until it is established, for the examples whose hub type is their own.
+pub async fn install_crd(
+    hub: &kube::Client,
+    crd: &k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    field_manager: &str,
+) -> Result<(), MainError> {
+    use kube::runtime::wait::{await_condition, conditions};
+    let name = crd.metadata.name.clone().unwrap_or_default();
+    let crds = Api::<
+        k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition,
+    >::all(hub.clone());
+    crds.patch(
+        &name,
+        &PatchParams::apply(field_manager).force(),
+        &Patch::Apply(crd),
+    )
+    .await?;
+    tokio::time::timeout(
+        CRD_ESTABLISHED_WITHIN,
+        await_condition(crds, &name, conditions::is_crd_established()),
+    )
+    .await
+    .map_err(|_| {
+        format!("the CRD {name} was not established within {CRD_ESTABLISHED_WITHIN:?}")
+    })??;
+    Ok(())
+}
+
 /// The name of the copy of `source`.
 pub fn copy_name(source: &str) -> String {
     format!("{source}-copy")

@@ -13,23 +13,17 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Parser;
 use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
-use kube::api::{Api, ObjectMeta, Patch, PatchParams};
-use kube::runtime::wait::{await_condition, conditions};
+use kube::api::ObjectMeta;
 use kube::{CustomResource, CustomResourceExt};
 use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs, PolicyArgs};
 use multicluster_propagation::{Desired, Propagation, PropagationStatus};
 use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
 use multicluster_runtime::{Cluster, Manager};
 use serde::{Deserialize, Serialize};
-
-/// How long the CRD may take to be established.
-const CRD_ESTABLISHED_WITHIN: Duration = Duration::from_secs(30);
 
 /// A ResourceQuota to keep in every member.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, schemars::JsonSchema)]
@@ -87,35 +81,18 @@ fn quota_for(hub: &FleetQuota) -> ResourceQuota {
     }
 }
 
-/// Applies the FleetQuota CRD to the hub and waits until it is served.
-async fn install_crd(hub: &kube::Client) -> Result<(), MainError> {
-    let crd = FleetQuota::crd();
-    let name = crd.metadata.name.clone().unwrap_or_default();
-    let crds = Api::<CustomResourceDefinition>::all(hub.clone());
-    crds.patch(
-        &name,
-        &PatchParams::apply("fleet-quota").force(),
-        &Patch::Apply(&crd),
-    )
-    .await?;
-    tokio::time::timeout(
-        CRD_ESTABLISHED_WITHIN,
-        await_condition(crds, &name, conditions::is_crd_established()),
-    )
-    .await
-    .map_err(|_| {
-        format!("the CRD {name} was not established within {CRD_ESTABLISHED_WITHIN:?}")
-    })??;
-    Ok(())
-}
-
 #[tokio::main]
 async fn main() -> Result<(), MainError> {
     let args = Args::parse();
     multicluster_example_configmap_sync::init_logging();
 
     let hub = Cluster::new("hub", kube::Client::try_default().await?);
-    install_crd(&hub.client()).await?;
+    multicluster_example_configmap_sync::install_crd(
+        &hub.client(),
+        &FleetQuota::crd(),
+        "fleet-quota",
+    )
+    .await?;
     let provider = Arc::new(KubeconfigProvider::new(
         hub.client(),
         KubeconfigOptions::default()

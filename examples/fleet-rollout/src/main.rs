@@ -13,13 +13,9 @@
 //! pace.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use clap::Parser;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
-use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::wait::{await_condition, conditions};
 use kube::{CustomResource, CustomResourceExt};
 use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs, PolicyArgs};
 use multicluster_propagation::{Desired, MaxUnavailable, Propagation, PropagationStatus, Rollout};
@@ -27,9 +23,6 @@ use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
 use multicluster_runtime::{Cluster, Manager};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
-
-/// How long the CRD may take to be established.
-const CRD_ESTABLISHED_WITHIN: Duration = Duration::from_secs(30);
 
 /// A Deployment to run in every member.
 #[derive(CustomResource, Serialize, Deserialize, Clone, Debug, Default, schemars::JsonSchema)]
@@ -100,35 +93,18 @@ fn deployment_for(hub: &FleetDeployment) -> Result<Deployment, serde_json::Error
     }))
 }
 
-/// Applies the FleetDeployment CRD to the hub and waits until it is served.
-async fn install_crd(hub: &kube::Client) -> Result<(), MainError> {
-    let crd = FleetDeployment::crd();
-    let name = crd.metadata.name.clone().unwrap_or_default();
-    let crds = Api::<CustomResourceDefinition>::all(hub.clone());
-    crds.patch(
-        &name,
-        &PatchParams::apply("fleet-rollout").force(),
-        &Patch::Apply(&crd),
-    )
-    .await?;
-    tokio::time::timeout(
-        CRD_ESTABLISHED_WITHIN,
-        await_condition(crds, &name, conditions::is_crd_established()),
-    )
-    .await
-    .map_err(|_| {
-        format!("the CRD {name} was not established within {CRD_ESTABLISHED_WITHIN:?}")
-    })??;
-    Ok(())
-}
-
 #[tokio::main]
 async fn main() -> Result<(), MainError> {
     let args = Args::parse();
     multicluster_example_configmap_sync::init_logging();
 
     let hub = Cluster::new("hub", kube::Client::try_default().await?);
-    install_crd(&hub.client()).await?;
+    multicluster_example_configmap_sync::install_crd(
+        &hub.client(),
+        &FleetDeployment::crd(),
+        "fleet-rollout",
+    )
+    .await?;
     let provider = Arc::new(KubeconfigProvider::new(
         hub.client(),
         KubeconfigOptions::default()

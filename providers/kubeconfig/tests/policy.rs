@@ -181,8 +181,11 @@ async fn an_allowlisted_plugin_runs_and_its_cluster_is_engaged() {
     };
 
     let (provider, manager, _, shutdown, task) = run(KubeconfigOptions::default());
-    wait_for_fleet(&manager, "the Secret to be refused", || {
-        !provider.failures().is_empty()
+    // Both Secrets are refused under the default policy, in either order.
+    wait_for_fleet(&manager, "the plugged Secret to be refused", || {
+        provider
+            .failures()
+            .contains_key(&ClusterName::from("fleet/plugged"))
     })
     .await;
     let reason = &provider.failures()[&ClusterName::from("fleet/plugged")];
