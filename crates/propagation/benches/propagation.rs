@@ -265,16 +265,8 @@ async fn run(cp: &ControlPlane, members: usize) -> Result<(), fleet::Error> {
 
 #[tokio::main]
 async fn main() -> Result<(), fleet::Error> {
-    let sizes: Vec<usize> = std::env::var("PROPAGATION_MEMBERS")
-        .unwrap_or_else(|_| "1000".into())
-        .split(',')
-        .filter_map(|n| n.trim().parse().ok())
-        .collect();
-    for members in sizes {
-        // A control plane per size: the previous one's namespaces and
-        // copies would be in the way.
-        let cp = ControlPlane::start().await?;
-        run(&cp, members).await?;
-    }
-    Ok(())
+    fleet::each_size("PROPAGATION_MEMBERS", |cp, members| async move {
+        run(&cp, members).await
+    })
+    .await
 }

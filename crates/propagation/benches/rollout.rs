@@ -186,14 +186,8 @@ async fn run(cp: &ControlPlane, members: usize) -> Result<(), fleet::Error> {
 
 #[tokio::main]
 async fn main() -> Result<(), fleet::Error> {
-    let sizes: Vec<usize> = std::env::var("ROLLOUT_MEMBERS")
-        .unwrap_or_else(|_| "1000".into())
-        .split(',')
-        .filter_map(|n| n.trim().parse().ok())
-        .collect();
-    for members in sizes {
-        let cp = ControlPlane::start().await?;
-        run(&cp, members).await?;
-    }
-    Ok(())
+    fleet::each_size("ROLLOUT_MEMBERS", |cp, members| async move {
+        run(&cp, members).await
+    })
+    .await
 }

@@ -35,10 +35,9 @@ where
             .get::<K>(key.0.as_deref(), &key.1)
             .await?
         else {
-            crate::lock(&self.outcomes).remove(&key);
+            self.change_outcomes(|outcomes| outcomes.forget(&key));
             crate::lock(&self.status_written).remove(&key);
-            crate::lock(&self.slots).remove(&key);
-            crate::lock(&self.available_since).retain(|(hub, _), _| *hub != key);
+            self.rollouts.forget(&key);
             return Ok(Action::await_change());
         };
         let wanted = (self.select)(&hub) && hub.meta().deletion_timestamp.is_none();
@@ -46,7 +45,7 @@ where
             if !self.members_clean(&key) {
                 return Ok(Action::requeue(CLEANUP_RECHECK));
             }
-            crate::lock(&self.outcomes).remove(&key);
+            self.change_outcomes(|outcomes| outcomes.forget(&key));
             finalizer::release(&hub_cluster, &self.finalizer, hub.as_ref()).await?;
             return Ok(Action::await_change());
         }
@@ -114,26 +113,22 @@ where
             Members::Chosen(choose) => choose(hub),
             _ => Vec::new(),
         };
-        let mut outcomes = crate::lock(&self.outcomes);
-        let known = outcomes.entry(key.clone()).or_default();
-        known.retain(|name, _| {
-            engaged.iter().any(|(engaged, _)| engaged == name) || chosen.contains(name)
-        });
-        for (name, cluster) in &engaged {
-            if !known.contains_key(name) && self.members.includes(hub, name, cluster) {
-                known.insert(name.clone(), Outcome::pending());
+        self.change_outcomes(|outcomes| {
+            outcomes.keep_only(key, |name| {
+                engaged.iter().any(|(engaged, _)| engaged == name) || chosen.contains(name)
+            });
+            for (name, cluster) in &engaged {
+                if outcomes.get(key, name).is_none() && self.members.includes(hub, name, cluster) {
+                    outcomes.set(key, name, Outcome::pending());
+                }
             }
-        }
-        for name in chosen {
-            if !engaged.iter().any(|(engaged, _)| *engaged == name) {
-                known.insert(name, Outcome::failed(MemberState::NotEngaged, None));
+            for name in &chosen {
+                if !engaged.iter().any(|(engaged, _)| engaged == name) {
+                    outcomes.set(key, name, Outcome::failed(MemberState::NotEngaged, None));
+                }
             }
-        }
-        let known = known.clone();
-        if let Some(metrics) = self.metrics() {
-            metrics.members_now(&outcomes);
-        }
-        known
+            outcomes.members(key).cloned().unwrap_or_default()
+        })
     }
 
     /// Writes the members' status to the hub object, unless it says that

@@ -66,16 +66,26 @@ where
             return self.leave(&key, &request.cluster, &member).await;
         }
         crate::lock(&self.leaving).remove(&(key.clone(), request.cluster.clone()));
-        let revision = crate::rollout::revision_of(&serde_json::to_value(hub.as_ref())?);
+        let value = serde_json::to_value(hub.as_ref())?;
+        let revision = crate::rollout::revision_of(&value);
+        let at_revision = self.at_revision(&key, &member, &revision);
         if let Some(waiting) =
-            self.wait_for_slot(hub.as_ref(), &key, &request.cluster, &member, &revision)
+            self.wait_for_slot(&value, &key, &request.cluster, &revision, at_revision)
         {
             self.record(&key, &request.cluster, Some(waiting));
             return Ok(Action::requeue(crate::paced::SLOT_RECHECK));
         }
-        let starting = !self.at_revision(&key, &member, &revision);
         let outcome = self.apply(&hub, &key, &member, &revision).await;
-        self.time_to_available(&key, &request.cluster, &revision, starting, &outcome);
+        if let Some(took) = self.rollouts.became_available(
+            &key,
+            &request.cluster,
+            &revision,
+            !at_revision,
+            &outcome,
+        ) && let Some(metrics) = self.metrics()
+        {
+            metrics.became_available(took);
+        }
         let failed = (outcome.state == MemberState::Failed).then(|| outcome.reason.clone());
         let pending = outcome.state == MemberState::Pending;
         self.tell(&hub, &hub_cluster, &key, &request.cluster, &outcome)
@@ -99,9 +109,7 @@ where
     ) -> Result<Action, ReconcileError> {
         // A member that never had anything for the hub object (most, when
         // a decision chooses a few of many) has nothing to wait for.
-        let had_outcome = crate::lock(&self.outcomes)
-            .get(key)
-            .is_some_and(|members| members.contains_key(name));
+        let had_outcome = crate::lock(&self.outcomes).get(key, name).is_some();
         if !had_outcome && self.holds_nothing(key, member) {
             return Ok(Action::await_change());
         }
@@ -561,10 +569,7 @@ where
             MemberState::Degraded => "PropagationDegraded",
             _ => return,
         };
-        let before = crate::lock(&self.outcomes)
-            .get(key)
-            .and_then(|members| members.get(name))
-            .cloned();
+        let before = crate::lock(&self.outcomes).get(key, name).cloned();
         if !self.events || before.as_ref() == Some(outcome) {
             return;
         }

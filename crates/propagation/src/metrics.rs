@@ -4,24 +4,25 @@
 //! available. `config/monitoring/propagation.json` is their dashboard
 //! row.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 use std::time::Duration;
 
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::metrics::histogram::{Histogram, exponential_buckets};
 
-use multicluster_runtime::ClusterName;
 use multicluster_runtime::metrics::Metrics;
 
 use super::HubKey;
+use super::outcomes::STATE_COUNT;
 use super::rollout::RolloutStatus;
-use super::status::{MemberState, Outcome};
+use super::status::MemberState;
 
 type Labels = Vec<(&'static str, String)>;
 
-/// Every state a member can be in, for gauges that go back to zero.
-const STATES: [MemberState; 8] = [
+/// Every state a member can be in, in the order of `MemberState`, for
+/// gauges that go back to zero.
+const STATES: [MemberState; STATE_COUNT] = [
     MemberState::InSync,
     MemberState::Progressing,
     MemberState::Pending,
@@ -36,6 +37,8 @@ const STATES: [MemberState; 8] = [
 pub(super) struct PropagationMetrics {
     name: String,
     members: Family<Labels, Gauge>,
+    /// `members`' series, by `MemberState as usize`.
+    by_state: Vec<Gauge>,
     rollout: Family<Labels, Gauge>,
     halted: Family<Labels, Gauge>,
     to_available: Family<Labels, Histogram>,
@@ -44,9 +47,22 @@ pub(super) struct PropagationMetrics {
 impl PropagationMetrics {
     /// The families of the propagation `name`, registered in `metrics`.
     pub(super) fn register(name: &str, metrics: &Metrics) -> Self {
+        let members = Family::<Labels, Gauge>::default();
+        let by_state = STATES
+            .iter()
+            .map(|state| {
+                members
+                    .get_or_create(&vec![
+                        ("propagation", name.to_string()),
+                        ("state", state.as_str().to_string()),
+                    ])
+                    .clone()
+            })
+            .collect();
         let this = Self {
             name: name.to_string(),
-            members: Family::default(),
+            members,
+            by_state,
             rollout: Family::default(),
             halted: Family::default(),
             to_available: Family::new_with_constructor(
@@ -86,16 +102,11 @@ impl PropagationMetrics {
         labels
     }
 
-    /// Counts the members of every hub object by state.
-    pub(super) fn members_now(&self, outcomes: &HashMap<HubKey, BTreeMap<ClusterName, Outcome>>) {
-        let mut counts: HashMap<MemberState, i64> = HashMap::new();
-        for outcome in outcomes.values().flat_map(BTreeMap::values) {
-            *counts.entry(outcome.state).or_default() += 1;
-        }
-        for state in STATES {
-            self.members
-                .get_or_create(&self.labels(Some(("state", state.as_str()))))
-                .set(counts.get(&state).copied().unwrap_or_default());
+    /// Sets the members of every hub object by state (`counts`, indexed
+    /// by `MemberState as usize`).
+    pub(super) fn members_now(&self, counts: [i64; STATE_COUNT]) {
+        for (gauge, count) in self.by_state.iter().zip(counts) {
+            gauge.set(count);
         }
     }
 
@@ -144,7 +155,10 @@ mod tests {
         let metrics = Metrics::default();
         let exported = PropagationMetrics::register("p", &metrics);
         let key: HubKey = (Some("default".into()), "hub".into());
-        exported.members_now(&HashMap::from([(key.clone(), BTreeMap::new())]));
+        for (index, state) in STATES.iter().enumerate() {
+            assert_eq!(*state as usize, index, "STATES follows MemberState");
+        }
+        exported.members_now([0; STATE_COUNT]);
         exported.rollouts_now(&HashMap::from([(key, RolloutStatus::default())]));
         exported.became_available(Duration::from_secs(3));
         let text = metrics.encode();

@@ -4,6 +4,8 @@
 //! of members that are done, gives free ones to the next) and writes it
 //! on the hub object, with its `resourceVersion` as a precondition.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -14,7 +16,7 @@ use serde_json::{Value, json};
 
 use super::rollout::{self, Look, Member, RolloutStatus as Record};
 use super::status::{MemberState, Outcome};
-use super::{HubKey, REVISION_ANNOTATION, Shared};
+use super::{HubKey, REVISION_ANNOTATION, Rollout, Shared};
 use multicluster_runtime::Cluster;
 use multicluster_runtime::ClusterName;
 use multicluster_runtime::cache::CachedResource;
@@ -29,34 +31,149 @@ pub(super) const SLOT_RECHECK: Duration = Duration::from_secs(5);
 /// hub object since the cache saw it) is tried again.
 const RACE_RETRY: Duration = Duration::from_millis(200);
 
+/// Whether a hub object's rollout is paused.
+pub(super) type Pause<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
+/// Whether a stage (by name) is approved for a revision of a hub object.
+pub(super) type Approve<K> = Arc<dyn Fn(&K, &str, &str) -> bool + Send + Sync>;
+
+/// A propagation's rollout settings and what this process knows of its
+/// hub objects' rollouts.
+pub(super) struct Rollouts<K> {
+    pub(super) rollout: Rollout,
+    pause: Option<Pause<K>>,
+    approve: Option<Approve<K>>,
+    /// Each hub object's rollout as this process last wrote or read it:
+    /// a member given a slot here goes on before the hub cache shows it.
+    slots: Mutex<HashMap<HubKey, Record>>,
+    /// Since when a member has been available with a revision (for the
+    /// soak time).
+    available_since: Mutex<HashMap<(HubKey, ClusterName), (String, Instant)>>,
+    /// Since when a member has been on its way to a revision (for the
+    /// time-to-available histogram).
+    changing_since: Mutex<HashMap<(HubKey, ClusterName), (String, Instant)>>,
+}
+
+impl<K> Rollouts<K> {
+    pub(super) fn new(
+        rollout: Rollout,
+        pause: Option<Pause<K>>,
+        approve: Option<Approve<K>>,
+    ) -> Self {
+        Self {
+            rollout,
+            pause,
+            approve,
+            slots: Mutex::default(),
+            available_since: Mutex::default(),
+            changing_since: Mutex::default(),
+        }
+    }
+
+    /// Whether a new revision reaches members a few at a time.
+    pub(super) fn is_paced(&self) -> bool {
+        self.rollout.is_paced()
+    }
+
+    /// Forgets what is known of `key`'s rollout (the hub object is gone).
+    pub(super) fn forget(&self, key: &HubKey) {
+        crate::lock(&self.slots).remove(key);
+        crate::lock(&self.available_since).retain(|(hub, _), _| hub != key);
+        crate::lock(&self.changing_since).retain(|(hub, _), _| hub != key);
+    }
+
+    /// Notes when `member` of `key` starts on `revision` (`starting`:
+    /// it was not at it before this reconcile), and once `outcome` says
+    /// it is available with it, how long that took.
+    pub(super) fn became_available(
+        &self,
+        key: &HubKey,
+        member: &ClusterName,
+        revision: &str,
+        starting: bool,
+        outcome: &Outcome,
+    ) -> Option<Duration> {
+        let entry = (key.clone(), member.clone());
+        let mut changing = crate::lock(&self.changing_since);
+        if starting
+            && changing
+                .get(&entry)
+                .is_none_or(|(known, _)| known != revision)
+        {
+            changing.insert(entry.clone(), (revision.to_string(), Instant::now()));
+        }
+        let available =
+            outcome.state == MemberState::InSync && outcome.revision.as_deref() == Some(revision);
+        if !available
+            || changing
+                .get(&entry)
+                .is_none_or(|(known, _)| known != revision)
+        {
+            return None;
+        }
+        changing.remove(&entry).map(|(_, since)| since.elapsed())
+    }
+
+    /// For a member `available` with `revision`: how long it still has to
+    /// stay so before its slot is freed (`None`: soaked, or not available).
+    fn soaking(
+        &self,
+        key: &HubKey,
+        name: &ClusterName,
+        revision: &str,
+        available: bool,
+    ) -> Option<Duration> {
+        let mut since = crate::lock(&self.available_since);
+        let entry = (key.clone(), name.clone());
+        if !available {
+            since.remove(&entry);
+            return None;
+        }
+        let at = match since.get(&entry) {
+            Some((known, at)) if known == revision => *at,
+            _ => {
+                let now = Instant::now();
+                since.insert(entry, (revision.to_string(), now));
+                now
+            }
+        };
+        let soak = self.rollout.soak_time();
+        let held = at.elapsed();
+        (held < soak).then(|| soak - held)
+    }
+}
+
 impl<K> Shared<K>
 where
     K: CachedResource + Serialize + DeserializeOwned,
 {
     /// `None` when `name` may apply `revision` now: the rollout is not
-    /// paced, the member has the revision already, or it holds a slot.
-    /// Otherwise what it waits for, as its outcome; the hub object is
-    /// asked to take the rollout a step further.
+    /// paced, the member has the revision already (`at_revision`), or it
+    /// holds a slot. Otherwise what it waits for, as its outcome. `hub` is
+    /// the hub object as JSON.
     pub(super) fn wait_for_slot(
         &self,
-        hub: &K,
+        hub: &Value,
         key: &HubKey,
         name: &ClusterName,
-        member: &Cluster,
         revision: &str,
+        at_revision: bool,
     ) -> Option<Outcome> {
-        if !self.rollout.is_paced() || self.at_revision(key, member, revision) {
+        if !self.rollouts.is_paced() || at_revision {
             return None;
         }
-        let known = crate::lock(&self.slots).get(key).cloned();
-        let written = serde_json::to_value(hub)
-            .ok()
-            .and_then(|hub| self.read_record(&hub));
-        if [&known, &written].iter().any(|record| {
+        let known = crate::lock(&self.rollouts.slots).get(key).cloned();
+        let holds = |record: &Option<Record>| {
             record
                 .as_ref()
                 .is_some_and(|record| record.holds_slot(name))
-        }) {
+        };
+        if holds(&known) {
+            return None;
+        }
+        // The slot may have been given by another controller since this
+        // one last stepped: the hub object says.
+        let written = self.read_record(hub);
+        if holds(&written) {
             return None;
         }
         let mut reason = format!("waiting for a slot in the rollout of revision {revision}");
@@ -108,10 +225,10 @@ where
 
     /// The summary of `hub`'s rollout for its condition, if it is paced.
     pub(super) fn rollout_summary(&self, key: &HubKey, hub: &K) -> Option<String> {
-        if !self.rollout.is_paced() {
+        if !self.rollouts.is_paced() {
             return None;
         }
-        let known = crate::lock(&self.slots).get(key).cloned();
+        let known = crate::lock(&self.rollouts.slots).get(key).cloned();
         known
             .or_else(|| self.read_record(&serde_json::to_value(hub).ok()?))
             .map(|record| record.summary())
@@ -129,7 +246,7 @@ where
         let Some(controller) = self.controller.get() else {
             return Ok(None);
         };
-        if !self.rollout.is_paced() {
+        if !self.rollouts.is_paced() {
             return Ok(None);
         }
         let value = serde_json::to_value(hub)?;
@@ -144,22 +261,19 @@ where
             if !self.members.includes(hub, &name, &cluster) {
                 continue;
             }
-            let (stage, stage_name) = self.rollout.stage_of(&name, &cluster.labels());
+            let (stage, stage_name) = self.rollouts.rollout.stage_of(&name, &cluster.labels());
             if stage_names.len() <= stage {
                 stage_names.resize(stage + 1, None);
             }
             stage_names[stage] = stage_name.map(str::to_string);
             let at_revision = self.at_revision(key, &cluster, &revision);
-            let outcome = crate::lock(&self.outcomes)
-                .get(key)
-                .and_then(|members| members.get(&name))
-                .cloned();
+            let outcome = crate::lock(&self.outcomes).get(key, &name).cloned();
             let available = at_revision
                 && outcome.as_ref().is_some_and(|outcome| {
                     outcome.state == MemberState::InSync
                         && outcome.revision.as_deref() == Some(revision.as_str())
                 });
-            let soaking = self.soaking(key, &name, &revision, available);
+            let soaking = self.rollouts.soaking(key, &name, &revision, available);
             if let Some(left) = soaking {
                 soon = Some(soon.map_or(left, |soon: Duration| soon.min(left)));
             }
@@ -188,15 +302,16 @@ where
             };
             rollout::approved_by_annotation(&value, &name, &revision)
                 || self
+                    .rollouts
                     .approve
                     .as_ref()
                     .is_some_and(|approve| approve(hub, &name, &revision))
         };
         let paused = rollout::paused_by_annotation(&value)
-            || self.pause.as_ref().is_some_and(|pause| pause(hub));
+            || self.rollouts.pause.as_ref().is_some_and(|pause| pause(hub));
         let record = rollout::step(
             &Look {
-                rollout: &self.rollout,
+                rollout: &self.rollouts.rollout,
                 revision: &revision,
                 now: k8s_openapi::jiff::Timestamp::now(),
                 members: &members,
@@ -224,7 +339,7 @@ where
             .map(|slot| slot.cluster.clone())
             .collect();
         {
-            let mut slots = crate::lock(&self.slots);
+            let mut slots = crate::lock(&self.rollouts.slots);
             slots.insert(key.clone(), record);
             if let Some(metrics) = self.metrics() {
                 metrics.rollouts_now(&slots);
@@ -234,34 +349,6 @@ where
             controller.enqueue(Request::new(member, key.0.as_deref(), key.1.as_str()));
         }
         Ok(soon)
-    }
-
-    /// For a member `available` with `revision`: how long it still has to
-    /// stay so before its slot is freed (`None`: soaked, or not available).
-    fn soaking(
-        &self,
-        key: &HubKey,
-        name: &ClusterName,
-        revision: &str,
-        available: bool,
-    ) -> Option<Duration> {
-        let mut since = crate::lock(&self.available_since);
-        let entry = (key.clone(), name.clone());
-        if !available {
-            since.remove(&entry);
-            return None;
-        }
-        let at = match since.get(&entry) {
-            Some((known, at)) if known == revision => *at,
-            _ => {
-                let now = Instant::now();
-                since.insert(entry, (revision.to_string(), now));
-                now
-            }
-        };
-        let soak = self.rollout.soak_time();
-        let held = at.elapsed();
-        (held < soak).then(|| soak - held)
     }
 
     /// Writes `record` on the hub object (`hub`, as the cache has it), if

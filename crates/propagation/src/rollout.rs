@@ -127,11 +127,10 @@ impl Stage {
 /// How a new revision of a hub object reaches its members
 /// ([`Propagation::rollout`](crate::Propagation::rollout)).
 ///
-/// A paced rollout's slots are given by the hub object's reconcile, from
-/// the members its process works on: with the sharding coordinator, which
-/// gives the hub cluster to one replica, the members of the other replicas
-/// would wait for a slot. Run a paced rollout under leader election (or a
-/// single replica) for now.
+/// Its state is kept on the hub object, so a restarted controller, a new
+/// leader or two controllers at once never give out more slots than
+/// allowed. Like the rest of a propagation, it does not work with the
+/// sharding coordinator yet (see [`Propagation`](crate::Propagation)).
 #[derive(Clone, Debug)]
 pub struct Rollout {
     pace: Pace,

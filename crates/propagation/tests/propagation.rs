@@ -4,6 +4,8 @@
 //! A labelled hub ConfigMap becomes a ResourceQuota in each member, kept
 //! as desired; its status is an annotation on the hub object.
 
+mod common;
+
 use multicluster_runtime::testing::Polled;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -21,6 +23,8 @@ use multicluster_runtime::testing::{
 };
 use multicluster_runtime::{Cluster, ClusterName, Manager};
 use serde_json::{Value, json};
+
+use common::{STATUS, member_states};
 
 /// A cluster built from a control plane's admin kubeconfig.
 async fn cluster_for(name: &str, cp: &ControlPlane) -> Cluster {
@@ -51,7 +55,6 @@ fn series(manager: &Manager, series: &str) -> Option<f64> {
 }
 
 const LABEL: &str = "example.com/quota";
-const STATUS: &str = "example.com/propagation";
 
 /// What the member identity may do: ResourceQuotas in `default`.
 fn quota_rules() -> Vec<PolicyRule> {
@@ -158,39 +161,6 @@ async fn pods_in(member: &ControlPlane, name: &str) -> Option<String> {
         .await
         .expect("get")
         .and_then(|quota| quota.spec?.hard?.get("pods").map(|pods| pods.0.clone()))
-}
-
-/// Each member's state as the hub object's status annotation says.
-async fn member_states(hub: &ControlPlane, name: &str) -> BTreeMap<String, (String, String)> {
-    let Some(object) = Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
-        .get_opt(name)
-        .await
-        .expect("get")
-    else {
-        return BTreeMap::new();
-    };
-    let Some(text) = object
-        .metadata
-        .annotations
-        .and_then(|a| a.get(STATUS).cloned())
-    else {
-        return BTreeMap::new();
-    };
-    let status: Value = serde_json::from_str(&text).expect("status JSON");
-    status["members"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|entry| {
-            (
-                entry["cluster"].as_str().unwrap_or_default().to_string(),
-                (
-                    entry["state"].as_str().unwrap_or_default().to_string(),
-                    entry["reason"].as_str().unwrap_or_default().to_string(),
-                ),
-            )
-        })
-        .collect()
 }
 
 fn states_are(states: &BTreeMap<String, (String, String)>, wanted: &[(&str, &str)]) -> bool {

@@ -7,6 +7,8 @@
 //! saw. The bound is checked on that timeline (what the member API
 //! server served), not on the propagation's own status.
 
+mod common;
+
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
@@ -20,13 +22,13 @@ use multicluster_propagation::{
     APPROVAL_ANNOTATION, Desired, MaxUnavailable, PAUSE_ANNOTATION, Propagation, PropagationStatus,
     Rollout, Stage,
 };
-use multicluster_runtime::cache::{Cache, CacheOptions};
-use multicluster_runtime::testing::{Polled, TestProvider, eventually, run_manager};
+use multicluster_runtime::testing::{Polled, eventually, run_manager};
 use multicluster_runtime::{Cluster, Manager};
-use serde_json::{Value, json};
+use serde_json::json;
+
+use common::{STATUS, member_states, namespace_members, status_of};
 
 const LABEL: &str = "example.com/rollout";
-const STATUS: &str = "example.com/propagation";
 const MEMBERS: [&str; 6] = ["m0", "m1", "m2", "m3", "m4", "m5"];
 
 /// How long the played Deployment controller takes to roll out a new spec
@@ -109,19 +111,7 @@ async fn fleet(
     tokio_util::sync::CancellationToken,
     tokio::task::JoinHandle<Result<(), multicluster_runtime::Error>>,
 ) {
-    let provider = TestProvider::default();
-    let client = member.client().await.expect("client");
-    for name in MEMBERS {
-        let cache = Cache::with_options(
-            name,
-            client.clone(),
-            CacheOptions::default().namespace(Some(name.to_string())),
-        );
-        provider
-            .clusters
-            .add(name, Cluster::with_cache(name, client.clone(), cache))
-            .expect("add");
-    }
+    let provider = namespace_members(member, &MEMBERS).await;
     let manager = Manager::builder(Cluster::new("hub", hub.client().await.expect("client")))
         .provider(Arc::new(provider))
         .build();
@@ -220,39 +210,6 @@ async fn all_available_with(member: &ControlPlane, tag: &str) -> bool {
             });
             image_is && available
         })
-}
-
-/// Each member's state and reason, as the hub object's status says.
-async fn member_states(hub: &ControlPlane, name: &str) -> BTreeMap<String, (String, String)> {
-    let status = status_of(hub, name).await;
-    status["members"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|entry| {
-            (
-                entry["cluster"].as_str().unwrap_or_default().to_string(),
-                (
-                    entry["state"].as_str().unwrap_or_default().to_string(),
-                    entry["reason"].as_str().unwrap_or_default().to_string(),
-                ),
-            )
-        })
-        .collect()
-}
-
-/// The status annotation of the hub ConfigMap `name` (null if none yet).
-async fn status_of(hub: &ControlPlane, name: &str) -> Value {
-    let object = Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
-        .get(name)
-        .await
-        .expect("hub object");
-    object
-        .metadata
-        .annotations
-        .and_then(|annotations| annotations.get(STATUS).cloned())
-        .map(|text| serde_json::from_str(&text).expect("status JSON"))
-        .unwrap_or_default()
 }
 
 /// Waits until every member's Deployment has `tag`, available, and the
@@ -510,19 +467,7 @@ async fn the_shipped_status_type_keeps_what_a_rollout_writes() {
         })
         .rollout(Rollout::rolling(MaxUnavailable::Percent(50)))
         .status_subresource();
-    let provider = TestProvider::default();
-    let client = member.client().await.expect("client");
-    for name in MEMBERS {
-        let cache = Cache::with_options(
-            name,
-            client.clone(),
-            CacheOptions::default().namespace(Some(name.to_string())),
-        );
-        provider
-            .clusters
-            .add(name, Cluster::with_cache(name, client.clone(), cache))
-            .expect("add");
-    }
+    let provider = namespace_members(&member, &MEMBERS).await;
     let manager = Manager::builder(Cluster::new("hub", hub_client.clone()))
         .provider(Arc::new(provider))
         .build();

@@ -6,6 +6,7 @@ use k8s_openapi::api::core::v1::ConfigMap;
 use kube::Resource;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use multicluster_coordinator::leader_election::{LeaderElection, LeaderElectionOptions};
+use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
 use multicluster_runtime::client::{
     AllowedPlugin, Allowlist, ExecPolicy, KubeconfigPolicy, Servers,
 };
@@ -116,6 +117,40 @@ impl ManagerArgs {
             .renew_deadline(self.leader_election_renew_deadline)
             .retry_period(self.leader_election_retry_period);
         LeaderElection::new(local.client(), options).map(Some)
+    }
+}
+
+/// The flags of the examples whose members are the kubeconfig Secrets on
+/// their hub (`#[command(flatten)]`).
+#[derive(clap::Args, Debug)]
+pub struct SecretFleetArgs {
+    /// Namespace of the members' kubeconfig Secrets on the hub; every namespace when unset.
+    #[arg(long, env = "NAMESPACE")]
+    pub namespace: Option<String>,
+    /// The manager's flags.
+    #[command(flatten)]
+    pub manager: ManagerArgs,
+    /// How members are reached.
+    #[command(flatten)]
+    pub client: ClientArgs,
+    /// What the members' kubeconfigs may do.
+    #[command(flatten)]
+    pub policy: PolicyArgs,
+}
+
+impl SecretFleetArgs {
+    /// A manager on `hub` whose members are the kubeconfig Secrets there,
+    /// by these flags (with leader election under `--leader-elect`).
+    pub fn manager(&self, hub: Cluster) -> Result<multicluster_runtime::Manager, MainError> {
+        let provider = Arc::new(KubeconfigProvider::new(
+            hub.client(),
+            KubeconfigOptions::default()
+                .namespace(self.namespace.clone())
+                .members(self.client.options())
+                .kubeconfig_policy(self.policy.policy()?),
+        ));
+        let (builder, _identity) = self.manager.builder(hub)?;
+        Ok(builder.provider(provider).build())
     }
 }
 

@@ -10,16 +10,11 @@
 //! only its policy (which hub objects, what they want in a member, where
 //! their status goes).
 
-use std::sync::Arc;
-
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
-use multicluster_example_configmap_sync::{
-    ClientArgs, MainError, ManagerArgs, PolicyArgs, hub_copy,
-};
+use multicluster_example_configmap_sync::{MainError, SecretFleetArgs, hub_copy};
 use multicluster_propagation::{Desired, Propagation};
-use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
-use multicluster_runtime::{Cluster, Manager};
+use multicluster_runtime::Cluster;
 
 /// The label that marks a hub ConfigMap to propagate.
 const PROPAGATE_LABEL: &str = "fleet.example/propagate";
@@ -30,15 +25,8 @@ const STATUS_ANNOTATION: &str = "fleet.example/propagation";
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
-    /// Namespace of the members' kubeconfig Secrets on the hub; every namespace when unset.
-    #[arg(long, env = "NAMESPACE")]
-    namespace: Option<String>,
     #[command(flatten)]
-    manager: ManagerArgs,
-    #[command(flatten)]
-    client: ClientArgs,
-    #[command(flatten)]
-    policy: PolicyArgs,
+    fleet: SecretFleetArgs,
 }
 
 fn propagated(object: &ConfigMap) -> bool {
@@ -58,20 +46,7 @@ async fn main() -> Result<(), MainError> {
     // The hub: where the objects to propagate and the members' Secrets live.
     let hub = Cluster::new("hub", kube::Client::try_default().await?);
     // The members: one per kubeconfig Secret.
-    let provider = Arc::new(KubeconfigProvider::new(
-        hub.client(),
-        KubeconfigOptions::default()
-            .namespace(args.namespace)
-            .members(args.client.options())
-            .kubeconfig_policy(args.policy.policy()?),
-    ));
-    let mut manager = Manager::builder(hub.clone())
-        .provider(provider)
-        .options(args.manager.options());
-    if let Some(election) = args.manager.leader_election(&hub)? {
-        manager = manager.coordinator(Arc::new(election));
-    }
-    let manager = manager.build();
+    let manager = args.fleet.manager(hub.clone())?;
 
     let propagation = Propagation::<ConfigMap>::new("fleet-propagation")
         .select(propagated)

@@ -12,17 +12,15 @@
 //! (`PropagationStatus`, schema included: no status schema to write).
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
 
 use clap::Parser;
 use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::ObjectMeta;
 use kube::{CustomResource, CustomResourceExt};
-use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs, PolicyArgs};
+use multicluster_example_configmap_sync::{MainError, SecretFleetArgs};
 use multicluster_propagation::{Desired, Propagation, PropagationStatus};
-use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
-use multicluster_runtime::{Cluster, Manager};
+use multicluster_runtime::Cluster;
 use serde::{Deserialize, Serialize};
 
 /// A ResourceQuota to keep in every member.
@@ -54,15 +52,8 @@ fn default_namespace() -> String {
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
-    /// Namespace of the members' kubeconfig Secrets on the hub; every namespace when unset.
-    #[arg(long, env = "NAMESPACE")]
-    namespace: Option<String>,
     #[command(flatten)]
-    manager: ManagerArgs,
-    #[command(flatten)]
-    client: ClientArgs,
-    #[command(flatten)]
-    policy: PolicyArgs,
+    fleet: SecretFleetArgs,
 }
 
 /// The quota a FleetQuota wants in each member.
@@ -93,20 +84,7 @@ async fn main() -> Result<(), MainError> {
         "fleet-quota",
     )
     .await?;
-    let provider = Arc::new(KubeconfigProvider::new(
-        hub.client(),
-        KubeconfigOptions::default()
-            .namespace(args.namespace)
-            .members(args.client.options())
-            .kubeconfig_policy(args.policy.policy()?),
-    ));
-    let mut manager = Manager::builder(hub.clone())
-        .provider(provider)
-        .options(args.manager.options());
-    if let Some(election) = args.manager.leader_election(&hub)? {
-        manager = manager.coordinator(Arc::new(election));
-    }
-    let manager = manager.build();
+    let manager = args.fleet.manager(hub.clone())?;
 
     let quotas = Propagation::<FleetQuota>::new("fleet-quota")
         .propagates::<ResourceQuota>()

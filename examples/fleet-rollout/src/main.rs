@@ -12,15 +12,12 @@
 //! policy: the hub type, the Deployment it wants in a member, and the
 //! pace.
 
-use std::sync::Arc;
-
 use clap::Parser;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{CustomResource, CustomResourceExt};
-use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs, PolicyArgs};
+use multicluster_example_configmap_sync::{MainError, SecretFleetArgs};
 use multicluster_propagation::{Desired, MaxUnavailable, Propagation, PropagationStatus, Rollout};
-use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
-use multicluster_runtime::{Cluster, Manager};
+use multicluster_runtime::Cluster;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -64,15 +61,8 @@ fn one() -> i32 {
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
-    /// Namespace of the members' kubeconfig Secrets on the hub; every namespace when unset.
-    #[arg(long, env = "NAMESPACE")]
-    namespace: Option<String>,
     #[command(flatten)]
-    manager: ManagerArgs,
-    #[command(flatten)]
-    client: ClientArgs,
-    #[command(flatten)]
-    policy: PolicyArgs,
+    fleet: SecretFleetArgs,
 }
 
 /// The Deployment a FleetDeployment wants in each member.
@@ -105,20 +95,7 @@ async fn main() -> Result<(), MainError> {
         "fleet-rollout",
     )
     .await?;
-    let provider = Arc::new(KubeconfigProvider::new(
-        hub.client(),
-        KubeconfigOptions::default()
-            .namespace(args.namespace)
-            .members(args.client.options())
-            .kubeconfig_policy(args.policy.policy()?),
-    ));
-    let mut manager = Manager::builder(hub.clone())
-        .provider(provider)
-        .options(args.manager.options());
-    if let Some(election) = args.manager.leader_election(&hub)? {
-        manager = manager.coordinator(Arc::new(election));
-    }
-    let manager = manager.build();
+    let manager = args.fleet.manager(hub.clone())?;
 
     let deployments = Propagation::<FleetDeployment>::new("fleet-rollout")
         .propagates::<Deployment>()

@@ -117,7 +117,8 @@ impl Mirror {
         lock(&self.state).synced
     }
 
-    /// Completes once the watch has listed the Leases once.
+    /// Completes once the watch has listed the Leases once (for tests).
+    #[cfg(any(test, feature = "testing"))]
     pub(crate) async fn until_synced(&self) {
         loop {
             // Registered before the check: a list taken in between wakes it.

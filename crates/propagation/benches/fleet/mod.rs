@@ -105,3 +105,23 @@ pub(crate) async fn manager(cp: &ControlPlane, provider: TestProvider) -> Result
         .provider(std::sync::Arc::new(provider))
         .build())
 }
+
+/// Runs `run` once for each fleet size the environment variable `sizes`
+/// lists (comma-separated; 1,000 members when unset), each on a control
+/// plane of its own: the previous size's namespaces and copies would be
+/// in the way.
+pub(crate) async fn each_size<F, R>(sizes: &str, mut run: F) -> Result<(), Error>
+where
+    F: FnMut(ControlPlane, usize) -> R,
+    R: std::future::Future<Output = Result<(), Error>>,
+{
+    let sizes: Vec<usize> = std::env::var(sizes)
+        .unwrap_or_else(|_| "1000".into())
+        .split(',')
+        .filter_map(|n| n.trim().parse().ok())
+        .collect();
+    for members in sizes {
+        run(ControlPlane::start().await?, members).await?;
+    }
+    Ok(())
+}
