@@ -10,6 +10,7 @@ use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::controller::{Action, ClusterScope, Controller, Watch};
+use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::testing::wait_for_fleet;
 use multicluster_runtime::{ClusterName, Error, Manager, ManagerOptions};
 use tokio::sync::Notify;
@@ -70,6 +71,12 @@ async fn endpoints_report_health_readiness_metrics_and_clusters() {
     recorder.wait_for_more(&req("member", "seen"), 0).await;
 
     assert!(get(address, "/healthz").await.0.contains("200"));
+    // Ready once the local cluster's caches have synced (a reconcile there
+    // may come a moment before its state says so).
+    wait_for_fleet(&manager, "the local cluster synced", || {
+        manager.cluster_state(&ClusterName::local()) == Some(ClusterState::Ready)
+    })
+    .await;
     assert!(get(address, "/readyz").await.0.contains("200"));
     let (status, metrics) = get(address, "/metrics").await;
     assert!(status.contains("200"));
@@ -532,6 +539,51 @@ async fn a_provider_on_the_toolkit_alone_lists_its_unusable_inventory_on_cluster
             .any(|line| line == "mcr_inventory_failures{provider=\"toolkit\"} 1"),
         "{metrics}"
     );
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// `/readyz` says ready only once the local cluster's watches have listed:
+/// with the local API server paused from the start, the manager runs but
+/// is not ready; once the server answers and the caches sync, it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn readyz_waits_until_the_local_cluster_has_synced() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let manager = Manager::builder(cluster_for("local", &cp).await).build();
+    let controller = Controller::builder("readiness")
+        .for_resource(Watch::<ConfigMap>::new().clusters(ClusterScope::Local))
+        .build(|_, _| async { Ok::<_, Never>(Action::await_change()) })
+        .expect("controller");
+    manager.add_controller(controller).expect("add");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    manager.serve_health(listener, shutdown.clone());
+    let local_state = || manager.cluster_state(&ClusterName::local());
+
+    cp.pause_api_server().expect("pause");
+    let (stop, task) = run_manager(&manager);
+    manager.started().await;
+    // Paused: the local cluster cannot have synced.
+    assert_ne!(local_state(), Some(ClusterState::Ready));
+    let (status, body) = get(address, "/readyz").await;
+    assert!(
+        status.contains("503"),
+        "ready while the local cluster is {:?}: {status} {body}",
+        local_state()
+    );
+
+    cp.resume_api_server().expect("resume");
+    wait_for_fleet(&manager, "the local cluster synced", || {
+        local_state() == Some(ClusterState::Ready)
+    })
+    .await;
+    let (status, body) = get(address, "/readyz").await;
+    assert!(status.contains("200"), "{status} {body}");
+
+    stop.cancel();
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }

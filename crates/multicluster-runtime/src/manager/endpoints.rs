@@ -1,5 +1,6 @@
 //! The manager's HTTP endpoints: `/healthz` (the process is serving),
-//! `/readyz` (the manager has started its provider and controllers),
+//! `/readyz` (the manager has started and the local cluster's caches have
+//! synced: [`Manager::is_ready`]),
 //! `/metrics` (Prometheus text format) and `/clusters` (each cluster's
 //! state and history, one per line for people, or JSON for tools).
 
@@ -54,7 +55,12 @@ pub(super) async fn serve(listener: TcpListener, manager: Manager, shutdown: Can
 fn respond(manager: &Manager, request: &http::Request<Incoming>) -> Response<Full<Bytes>> {
     let (status, content_type, body) = match request.uri().path() {
         "/healthz" | "/livez" => (StatusCode::OK, "text/plain", "ok\n".to_string()),
-        "/readyz" if manager.is_started() => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+        "/readyz" if manager.is_ready() => (StatusCode::OK, "text/plain", "ok\n".to_string()),
+        "/readyz" if manager.is_started() => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "text/plain",
+            "the local cluster's caches have not synced yet (see /clusters)\n".to_string(),
+        ),
         "/readyz" => (
             StatusCode::SERVICE_UNAVAILABLE,
             "text/plain",

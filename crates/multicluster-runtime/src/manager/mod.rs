@@ -382,6 +382,20 @@ impl Manager {
         *self.inner.started.borrow()
     }
 
+    /// Whether the process is ready to work, as `/readyz` says: started,
+    /// and the local cluster's watches have listed (its state is ready,
+    /// or degraded: its server answered and refused something, which
+    /// `/clusters` names; a process not ready for that would never be).
+    /// Members do not count: one of them down must not take the process
+    /// out of service.
+    pub fn is_ready(&self) -> bool {
+        self.is_started()
+            && matches!(
+                self.cluster_state(&ClusterName::local()),
+                Some(ClusterState::Ready | ClusterState::Degraded(_))
+            )
+    }
+
     /// Completes once [`Manager::is_started`] holds (at once if it does).
     pub async fn started(&self) {
         let mut started = self.inner.started.subscribe();
