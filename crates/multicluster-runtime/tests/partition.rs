@@ -12,6 +12,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::relay::Relay;
 use common::{TestProvider, cluster_for, run_manager};
 use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_envtest::ControlPlane;
@@ -23,8 +24,6 @@ use multicluster_runtime::provider::member::MemberOptions;
 use multicluster_runtime::testing::wait_for_fleet;
 use multicluster_runtime::testing::{Recorder, recording_controller};
 use multicluster_runtime::{ClusterName, Manager};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::watch;
 
 /// At worst: a ping due 30 s after the last frame, 15 s for its answer,
 /// then the watch's new connection failing at its 10 s connect deadline
@@ -32,76 +31,6 @@ use tokio::sync::watch;
 /// machine; over HTTP/1.1, a liveness probe every 30 s with 15 s to answer.
 /// Over kube-rs's HTTP/1.1 stack without probes it was never reported.
 const PARTITION_REPORTED_WITHIN: Duration = Duration::from_secs(75);
-
-/// A relay on loopback to `upstream` that forwards bytes both ways until
-/// partitioned: then it reads what arrives but forwards nothing, keeping
-/// every connection open, until healed.
-struct Relay {
-    port: u16,
-    partitioned: watch::Sender<bool>,
-    accepting: tokio::task::JoinHandle<()>,
-}
-
-impl Relay {
-    async fn start(upstream: std::net::SocketAddr) -> Self {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let port = listener.local_addr().expect("address").port();
-        let (partitioned, _) = watch::channel(false);
-        let accepting = tokio::spawn({
-            let partitioned = partitioned.clone();
-            async move {
-                while let Ok((client, _)) = listener.accept().await {
-                    let Ok(server) = tokio::net::TcpStream::connect(upstream).await else {
-                        continue;
-                    };
-                    let (client_read, client_write) = client.into_split();
-                    let (server_read, server_write) = server.into_split();
-                    tokio::spawn(forward(client_read, server_write, partitioned.subscribe()));
-                    tokio::spawn(forward(server_read, client_write, partitioned.subscribe()));
-                }
-            }
-        });
-        Self {
-            port,
-            partitioned,
-            accepting,
-        }
-    }
-
-    fn partition(&self, on: bool) {
-        self.partitioned.send_replace(on);
-    }
-}
-
-impl Drop for Relay {
-    fn drop(&mut self) {
-        self.accepting.abort();
-    }
-}
-
-/// Copies `from` to `to`, holding each chunk back while partitioned; the
-/// halves stay open either way.
-async fn forward(
-    mut from: tokio::net::tcp::OwnedReadHalf,
-    mut to: tokio::net::tcp::OwnedWriteHalf,
-    mut partitioned: watch::Receiver<bool>,
-) {
-    let mut buffer = vec![0u8; 64 * 1024];
-    loop {
-        let read = match from.read(&mut buffer).await {
-            Ok(0) | Err(_) => return,
-            Ok(read) => read,
-        };
-        if partitioned.wait_for(|on| !on).await.is_err() {
-            return;
-        }
-        if to.write_all(&buffer[..read]).await.is_err() {
-            return;
-        }
-    }
-}
 
 /// `cp` reached through `relay`, built as providers build members; its
 /// certificate checked for `tls_server_name` when given; over HTTP/1.1

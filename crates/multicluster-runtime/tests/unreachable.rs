@@ -36,6 +36,26 @@ fn recording_controller(recorder: &Recorder) -> Controller {
         .expect("controller")
 }
 
+/// The member `name` built from `kubeconfig` as the kubeconfig providers
+/// build members, with the default options.
+async fn from_kubeconfig(
+    name: &str,
+    kubeconfig: &kube::config::Kubeconfig,
+) -> multicluster_runtime::Cluster {
+    multicluster_runtime::provider::kubeconfig::KubeconfigCluster {
+        inventory: Default::default(),
+        policy: multicluster_runtime::client::KubeconfigPolicy::default(),
+        name: name.into(),
+        text: multicluster_envtest::to_yaml(kubeconfig).expect("yaml"),
+        source: "test kubeconfig".into(),
+        stable_id: None,
+        member: MemberOptions::default(),
+    }
+    .build()
+    .await
+    .expect("cluster")
+}
+
 fn state_of(manager: &Manager, cluster: &str) -> Option<ClusterState> {
     manager.cluster_state(&cluster.into())
 }
@@ -249,18 +269,7 @@ async fn an_unreachable_member_is_named_with_its_address_and_the_cause() {
     if let Some(cluster) = kubeconfig.clusters[0].cluster.as_mut() {
         cluster.server = Some(server.clone());
     }
-    let down = multicluster_runtime::provider::kubeconfig::KubeconfigCluster {
-        inventory: Default::default(),
-        policy: multicluster_runtime::client::KubeconfigPolicy::default(),
-        name: "down".into(),
-        text: multicluster_envtest::to_yaml(&kubeconfig).expect("yaml"),
-        source: "test kubeconfig".into(),
-        stable_id: None,
-        member: MemberOptions::default(),
-    }
-    .build()
-    .await
-    .expect("cluster");
+    let down = from_kubeconfig("down", &kubeconfig).await;
     let provider = TestProvider::default();
     provider.clusters.add("down", down).expect("add");
     let manager = Manager::builder(cluster_for("local", &cp).await)
@@ -295,6 +304,97 @@ async fn an_unreachable_member_is_named_with_its_address_and_the_cause() {
             .lines()
             .any(|line| line.starts_with(&format!("down\tunreachable: {reason}\tsince "))),
         "{clusters}"
+    );
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// A member whose API server stops for good is tried again less and less
+/// often, up to a cap (counted at its front door over a minute, default
+/// options), and `/clusters`' next attempt is when the next one comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_member_is_retried_less_and_less_and_its_next_attempt_is_told() {
+    let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, member) = (hub.expect("hub"), member.expect("member"));
+    let mut kubeconfig = member.kubeconfig().clone();
+    let server = kubeconfig.clusters[0]
+        .cluster
+        .as_ref()
+        .and_then(|cluster| cluster.server.clone())
+        .expect("server");
+    let upstream: std::net::SocketAddr = server
+        .trim_start_matches("https://")
+        .parse()
+        .expect("an address");
+    let front = common::relay::Relay::start(upstream).await;
+    if let Some(cluster) = kubeconfig.clusters[0].cluster.as_mut() {
+        cluster.server = Some(format!("https://127.0.0.1:{}", front.port));
+    }
+    let cluster = from_kubeconfig("member", &kubeconfig).await;
+    let provider = TestProvider::default();
+    provider.clusters.add("member", cluster).expect("add");
+    let manager = Manager::builder(cluster_for("local", &hub).await)
+        .provider(Arc::new(provider))
+        .build();
+    let recorder = Recorder::default();
+    // Its reconciles never call the member: what reaches it are the
+    // watch's attempts and the manager's probes.
+    manager
+        .add_controller(recording_controller(&recorder))
+        .expect("add");
+    let (shutdown, task) = run_manager(&manager);
+    wait_for_fleet(&manager, "the member ready", || {
+        state_of(&manager, "member") == Some(ClusterState::Ready)
+    })
+    .await;
+
+    member.stop_api_server();
+    wait_for_fleet(&manager, "the member unreachable", || {
+        matches!(
+            state_of(&manager, "member"),
+            Some(ClusterState::Unreachable(_))
+        )
+    })
+    .await;
+    let down = Instant::now();
+    let half = Duration::from_secs(30);
+    // Half a minute into the outage (a scenario clock: how long it has
+    // lasted), the next attempt as `/clusters` tells it, against the next
+    // connection that comes.
+    tokio::time::sleep_until((down + half).into()).await;
+    let asked = Instant::now();
+    let next = status_of(&manager, "member")
+        .next_attempt
+        .expect("a next attempt is told");
+    front
+        .connected
+        .wait_until_within(Duration::from_secs(90), "the next attempt", || {
+            !front.connections_since(asked).is_empty()
+        })
+        .await;
+    let came = front.connections_since(asked)[0].1;
+    let off = match came.duration_since(next) {
+        Ok(late) => late.as_secs_f64(),
+        Err(early) => -early.duration().as_secs_f64(),
+    };
+    assert!(
+        (-0.5..=1.5).contains(&off),
+        "the next attempt came {off:.2} s after the one told"
+    );
+
+    // Less and less often: fewer attempts in the second half-minute than
+    // in the first, and in the second no more than a cap of 8 s (16 s with
+    // its random part) allows the watch, besides the probes.
+    tokio::time::sleep_until((down + 2 * half).into()).await;
+    let attempts = front.connections_since(down);
+    let first = attempts.iter().filter(|(at, _)| *at < down + half).count();
+    let second = attempts.len() - first;
+    eprintln!(
+        "attempts: {first} in the first half-minute, {second} in the second; next told {off:+.2} s"
+    );
+    assert!(
+        second < first && second <= 8,
+        "{first} attempts in the first half-minute, {second} in the second"
     );
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");

@@ -470,6 +470,17 @@ impl Cache {
             .min_by_key(|failure| (!failure.unreachable, failure.since))
     }
 
+    /// When the next of its failing watches is tried again, if one is
+    /// waiting to be.
+    pub(crate) fn next_retry(&self) -> Option<tokio::time::Instant> {
+        let now = tokio::time::Instant::now();
+        lock(&self.inner.informers)
+            .iter()
+            .filter_map(|(_, informer)| informer.failure()?.retry_at)
+            .filter(|at| *at > now)
+            .min()
+    }
+
     /// How the cache's watches are doing: see [`crate::health`].
     pub fn health(&self) -> multicluster_core::health::Health {
         self.failure()

@@ -110,8 +110,10 @@ impl CacheOptions {
 ///
 /// - A server that cannot be reached (connection refused or reset, TLS
 ///   failure, no answer in time) is tried again from `initial` (250 ms) up
-///   to `max` (1 s; 2 s with the random part), so a server back from an
-///   outage of any length is seen again within about 2 s.
+///   to `max` (8 s; 16 s with the random part): a blip of a few seconds is
+///   over within about as long again, a member that is gone for good is
+///   tried 4 to 8 times a minute rather than 40, and a server back from an
+///   outage of any length is seen again within 16 s.
 /// - A server that refuses the watch (403 after lost RBAC, 404 for a CRD
 ///   that is not installed) is asked again from `refused_initial` (1 s) up
 ///   to `refused_max` (30 s; 60 s with the random part): at most 8 lists
@@ -146,7 +148,7 @@ impl Default for WatchBackoff {
     fn default() -> Self {
         Self {
             initial: Duration::from_millis(250),
-            max: Duration::from_secs(1),
+            max: Duration::from_secs(8),
             refused_initial: Duration::from_secs(1),
             refused_max: Duration::from_secs(30),
         }

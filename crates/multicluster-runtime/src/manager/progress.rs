@@ -148,10 +148,13 @@ impl Progress {
         let (failed_attempts, next) = match &self.state {
             ClusterState::Unreachable(_) if !self.handed() => (self.checks_failed, self.next_check),
             ClusterState::Degraded(_) | ClusterState::Unreachable(_) => {
-                let failure = cluster.failure();
+                // The failure that decides the state may be a request's,
+                // which is tried again when its caller asks; what is known
+                // ahead is when a watch is retried and when the server is
+                // probed.
+                let attempts = cluster.failure().map_or(0, |failure| failure.attempts);
                 let probe = self.next_probe.map(|(due, _)| due);
-                let attempts = failure.as_ref().map_or(0, |failure| failure.attempts);
-                let retry = failure.and_then(|failure| failure.retry_at);
+                let retry = cluster.cache().next_retry();
                 (attempts, retry.into_iter().chain(probe).min())
             }
             _ => (0, None),
