@@ -28,6 +28,9 @@ pub struct ClusterStatus {
     /// nothing waits for a retry (ready, syncing, unusable: the provider
     /// tries again when the inventory object changes or its retry comes).
     pub next_attempt: Option<SystemTime>,
+    /// While it is syncing, what it waits for, when that is known: its
+    /// client being built (a credential plugin that has not answered yet).
+    pub waiting_for: Option<Redacted>,
 }
 
 /// Where a cluster stands.
@@ -85,6 +88,16 @@ impl ClusterStatus {
             since,
             failed_attempts,
             next_attempt,
+            waiting_for: None,
+        }
+    }
+
+    /// The same status, waiting for `what`: for the runtime's reports.
+    #[doc(hidden)]
+    pub fn waiting_for(self, what: Redacted) -> Self {
+        Self {
+            waiting_for: Some(what),
+            ..self
         }
     }
 }

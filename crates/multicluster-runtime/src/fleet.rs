@@ -95,6 +95,31 @@ impl Duplicate {
     }
 }
 
+/// An inventory object whose cluster is being made: its client is built
+/// (a credential plugin may be running).
+#[derive(Clone, Debug)]
+pub(crate) struct Building {
+    /// The provider that found it.
+    pub(crate) provider: Arc<str>,
+    /// What it waits for.
+    pub(crate) what: Redacted,
+    /// Since when.
+    pub(crate) since: std::time::SystemTime,
+}
+
+impl Building {
+    /// Its status: syncing, waiting for what it waits for.
+    pub(crate) fn status(&self) -> multicluster_core::ClusterStatus {
+        multicluster_core::ClusterStatus::from_parts(
+            multicluster_core::ClusterState::Syncing,
+            self.since,
+            0,
+            None,
+        )
+        .waiting_for(self.what.clone())
+    }
+}
+
 /// The fleet's summary, unusable inventory and duplicates, shared by the
 /// manager and its provider. Cheap to clone.
 #[derive(Clone, Debug)]
@@ -107,6 +132,8 @@ struct Shared {
     unusable: Mutex<BTreeMap<ClusterName, Unusable>>,
     /// What describes a cluster held under another name, by name.
     duplicates: Mutex<BTreeMap<ClusterName, Duplicate>>,
+    /// What is being made into a cluster, by name.
+    building: Mutex<BTreeMap<ClusterName, Building>>,
     /// `mcr_inventory_failures{provider}`.
     gauge: Family<Vec<(&'static str, String)>, Gauge>,
 }
@@ -117,6 +144,7 @@ impl FleetView {
             summary: watch::Sender::new(FleetSummary::default()),
             unusable: Mutex::default(),
             duplicates: Mutex::default(),
+            building: Mutex::default(),
             gauge,
         }))
     }
@@ -236,6 +264,44 @@ impl FleetView {
             .gauge
             .get_or_create(&vec![("provider", provider.to_string())])
             .clone()
+    }
+
+    /// `provider` is making a cluster of `name`, waiting for `what`; `None`:
+    /// it is done (made, failed or given up).
+    pub(crate) fn building(&self, provider: &str, name: &ClusterName, what: Option<Redacted>) {
+        {
+            let mut building = lock(&self.0.building);
+            match what {
+                Some(what) => {
+                    building.insert(
+                        name.clone(),
+                        Building {
+                            provider: provider.into(),
+                            what,
+                            since: std::time::SystemTime::now(),
+                        },
+                    );
+                }
+                None => {
+                    let ours = building
+                        .get(name)
+                        .is_some_and(|known| &*known.provider == provider);
+                    if !ours {
+                        return;
+                    }
+                    building.remove(name);
+                }
+            }
+        }
+        self.0.summary.send_modify(|summary| summary.changes += 1);
+    }
+
+    /// What is being made into a cluster, sorted by name.
+    pub(crate) fn in_building(&self) -> Vec<(ClusterName, Building)> {
+        lock(&self.0.building)
+            .iter()
+            .map(|(name, building)| (name.clone(), building.clone()))
+            .collect()
     }
 
     fn publish(&self, unusable: usize) {

@@ -718,6 +718,25 @@ async fn a_secret_whose_plugin_hangs_holds_up_only_itself() {
         start_provider(&admin, with_test_plugin_allowed());
     recorder.wait_for_more(&req("before", "hello"), 0).await;
     let plugin = plugins::first_call_running(state.path()).await;
+    // Shown from the start, syncing, saying what it waits for, while its
+    // plugin still runs (not only once the plugin's time is up).
+    wait_for_fleet(&manager, "the stuck cluster shown syncing", || {
+        manager.cluster_state(&ClusterName::from("stuck")) == Some(ClusterState::Syncing)
+    })
+    .await;
+    let (_, stuck_status) = manager
+        .cluster_states()
+        .into_iter()
+        .find(|(name, _)| name.as_str() == "stuck")
+        .expect("listed");
+    assert!(
+        stuck_status
+            .waiting_for
+            .as_ref()
+            .is_some_and(|what| what.contains("building its client from")),
+        "{stuck_status:?}"
+    );
+    assert!(plugins::is_running(plugin), "shown while its plugin runs");
 
     secrets
         .create(
@@ -734,6 +753,11 @@ async fn a_secret_whose_plugin_hangs_holds_up_only_itself() {
     wait_until_left(&manager, "before").await;
     assert_eq!(provider.names(), [ClusterName::from("after")]);
     assert!(plugins::is_running(plugin), "still waiting for its login");
+    assert_eq!(
+        manager.cluster_state(&ClusterName::from("stuck")),
+        Some(ClusterState::Syncing),
+        "still shown while it waits"
+    );
     assert_eq!(plugins::pids(state.path()), [plugin], "run once");
 
     shutdown.cancel();

@@ -101,7 +101,10 @@ fn cluster_report(manager: &Manager) -> String {
         .into_iter()
         .map(|(name, status)| {
             let state = match &status.state {
-                ClusterState::Syncing => "syncing".to_string(),
+                ClusterState::Syncing => match &status.waiting_for {
+                    Some(what) => format!("syncing: {what}"),
+                    None => "syncing".to_string(),
+                },
                 ClusterState::Ready => match &working_on {
                     Some(mine) if mine.contains(&name) => "ready, worked on here".to_string(),
                     Some(_) => "ready, left to another replica".to_string(),
@@ -145,6 +148,7 @@ fn cluster_json(manager: &Manager) -> String {
                 ClusterState::Degraded(reason)
                 | ClusterState::Unreachable(reason)
                 | ClusterState::Unusable(reason) => Some(reason.as_str()),
+                ClusterState::Syncing => status.waiting_for.as_ref().map(|what| what.as_str()),
                 _ => None,
             };
             let mut cluster = serde_json::json!({

@@ -321,6 +321,9 @@ impl Manager {
         for (name, duplicate) in self.inner.metrics.fleet().duplicates() {
             states.entry(name).or_insert_with(|| duplicate.status());
         }
+        for (name, building) in self.inner.metrics.fleet().in_building() {
+            states.entry(name).or_insert_with(|| building.status());
+        }
         states.into_iter().collect()
     }
 
@@ -348,6 +351,13 @@ impl Manager {
                     .into_iter()
                     .find(|(duplicate, _)| duplicate == name)
                     .map(|(_, duplicate)| ClusterState::Duplicate(duplicate.of))
+            })
+            .or_else(|| {
+                fleet
+                    .in_building()
+                    .into_iter()
+                    .any(|(building, _)| building == *name)
+                    .then_some(ClusterState::Syncing)
             })
     }
 

@@ -111,6 +111,15 @@ impl Discovered {
             }
             return Ok(Action::await_change());
         }
+        // A cluster not held yet is shown syncing while its client is built
+        // (one held keeps its own state meanwhile), until this returns: by
+        // then its failure or the cluster itself is there instead.
+        let _building = self.clusters.get(&wanted.name).is_err().then(|| {
+            self.failures.building(
+                &wanted.name,
+                format!("building its client from {}", wanted.source),
+            )
+        });
         let built = match wanted.build().await {
             Ok(built) => built,
             Err(err) if self.failures.record_build_error(&wanted.name, &err) => return Err(err),

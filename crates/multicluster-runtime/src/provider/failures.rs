@@ -19,6 +19,24 @@ use multicluster_core::ClusterName;
 use multicluster_core::lock;
 use multicluster_core::redact::Redacted;
 
+/// A cluster shown as being built ([`Failures::building`]) until dropped.
+#[derive(Debug)]
+#[must_use = "the cluster is shown as being built only while this is held"]
+pub struct Building<'a> {
+    failures: &'a Failures,
+    name: ClusterName,
+}
+
+impl Drop for Building<'_> {
+    fn drop(&mut self) {
+        if let Some(metrics) = self.failures.metrics.get() {
+            metrics
+                .fleet()
+                .building(&self.failures.provider, &self.name, None);
+        }
+    }
+}
+
 /// The current failure reason per cluster of one provider.
 #[derive(Debug)]
 pub struct Failures {
@@ -100,6 +118,22 @@ impl Failures {
         };
         self.record(name, err.to_string(), kind);
         retry
+    }
+
+    /// Shows `name` syncing, waiting for `what`, until the guard returned is
+    /// dropped: a cluster whose client takes long to build (a credential
+    /// plugin waiting for a login) is on `/clusters` from the start, not
+    /// only once the build ends.
+    pub fn building(&self, name: &ClusterName, what: impl Into<String>) -> Building<'_> {
+        if let Some(metrics) = self.metrics.get() {
+            metrics
+                .fleet()
+                .building(&self.provider, name, Some(Redacted::new(what.into())));
+        }
+        Building {
+            failures: self,
+            name: name.clone(),
+        }
     }
 
     /// Forgets `name`'s failure: it is engaged, or gone.
