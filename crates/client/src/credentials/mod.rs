@@ -52,6 +52,15 @@ pub(crate) use plugin::{Credential, Plugin};
 /// life, if that is sooner), so requests do not race its expiry.
 const RENEW_MARGIN: Duration = Duration::from_secs(10);
 
+/// After a plugin run that failed, the next waits this long, doubling
+/// while runs keep failing, up to [`PLUGIN_RETRY_MAX`]: requests asked
+/// meanwhile go on with the current credential if it still works, or fail
+/// with the last run's reason, rather than running the plugin each.
+const PLUGIN_RETRY_FIRST: Duration = Duration::from_secs(1);
+
+/// The longest wait between two failing plugin runs.
+const PLUGIN_RETRY_MAX: Duration = Duration::from_secs(60);
+
 /// Builds the client a credential is presented through: without a client
 /// certificate (tokens go into a header), or with one (presented in each
 /// new connection's TLS handshake).
@@ -80,7 +89,7 @@ pub(crate) fn authenticated(
         connect,
         plain,
         current: std::sync::Mutex::new(current),
-        renewing: tokio::sync::Mutex::new(()),
+        renewing: tokio::sync::Mutex::default(),
         requests,
         values,
     };
@@ -102,13 +111,80 @@ struct Credentials {
     /// The client tokens are sent through.
     plain: kube::Client,
     current: std::sync::Mutex<Current>,
-    renewing: tokio::sync::Mutex<()>,
+    /// Held while the plugin runs; holds what its failing runs were.
+    renewing: tokio::sync::Mutex<Failing>,
     /// The client's request record: a renewal that fails counts against
     /// the cluster's health, as a refused request does.
     requests: Requests,
     /// The values the member's error answers are cleared of: each
     /// credential the plugin hands out joins them.
     values: CredentialValues,
+}
+
+/// What the plugin's failing runs were, since its last success: when it
+/// may run again, and what has been told of them.
+#[derive(Default)]
+struct Failing {
+    /// The latest failure's reason, and when the plugin may run again.
+    latest: Option<(String, Instant)>,
+    /// The wait after the next failure.
+    delay: Option<Duration>,
+    repeats: multicluster_core::health::repeats::Repeats,
+}
+
+impl Failing {
+    /// A run failed with `reason`: the next waits longer (but comes before
+    /// `expires_at`, while the current credential works); told once, then
+    /// as a reminder.
+    fn failed(&mut self, reason: &str, expires_at: Option<Instant>) {
+        let now = Instant::now();
+        let delay = self.delay.unwrap_or(PLUGIN_RETRY_FIRST);
+        self.delay = Some((delay * 2).min(PLUGIN_RETRY_MAX));
+        let mut next = now + delay;
+        if let Some(expires_at) = expires_at.filter(|at| *at > now) {
+            next = next.min(expires_at);
+        }
+        self.latest = Some((reason.to_string(), next));
+        let redacted = Redacted::new(reason);
+        match self.repeats.tell(&redacted, now.into_std()) {
+            multicluster_core::health::repeats::Telling::New => tracing::warn!(
+                error = %redacted,
+                retry_in = ?delay,
+                "renewing a credential failed; using the current one until it expires"
+            ),
+            multicluster_core::health::repeats::Telling::Reminder(attempts) => tracing::warn!(
+                error = %redacted,
+                attempts,
+                "renewing a credential still fails"
+            ),
+            multicluster_core::health::repeats::Telling::Repeat(attempts) => tracing::debug!(
+                error = %redacted,
+                attempts,
+                "renewing a credential failed again"
+            ),
+        }
+    }
+
+    /// The latest failure's reason while the plugin is not to run again yet.
+    fn waiting(&self) -> Option<&str> {
+        self.latest
+            .as_ref()
+            .filter(|(_, next)| Instant::now() < *next)
+            .map(|(reason, _)| reason.as_str())
+    }
+
+    /// A run worked.
+    fn succeeded(&mut self) {
+        if let Some(attempts) = self.repeats.succeeded()
+            && attempts > 1
+        {
+            tracing::info!(attempts, "renewing a credential works again");
+        }
+        *self = Self {
+            repeats: std::mem::take(&mut self.repeats),
+            ..Self::default()
+        };
+    }
 }
 
 /// A credential as requests present it.
@@ -188,7 +264,7 @@ impl Credentials {
         if seen.fresh() {
             return Ok(seen);
         }
-        let _renewing = match self.renewing.try_lock() {
+        let mut failing = match self.renewing.try_lock() {
             Ok(guard) => guard,
             // Someone is renewing it; the current one works meanwhile.
             Err(_) if seen.usable() => return Ok(seen),
@@ -198,6 +274,15 @@ impl Credentials {
         let seen = self.current();
         if seen.fresh() {
             return Ok(seen);
+        }
+        // The plugin failed a moment ago: not run again until its wait is
+        // over.
+        if let Some(reason) = failing.waiting() {
+            return if seen.usable() {
+                Ok(seen)
+            } else {
+                Err(auth_error(reason))
+            };
         }
         // A plugin's last stderr line, when shown, may print the token it
         // handed out before.
@@ -212,16 +297,18 @@ impl Credentials {
         });
         match renewed {
             Ok(presented) => {
+                failing.succeeded();
                 let renewed = Current::new(presented, seen.generation + 1);
                 *multicluster_core::lock(&self.current) = renewed.clone();
                 Ok(renewed)
             }
             // Renewing early failed: the old credential still works for now.
             Err(reason) if seen.usable() => {
-                tracing::warn!(error = %reason, "renewing a credential failed; using the current one until it expires");
+                failing.failed(&reason, seen.expires_at);
                 Ok(seen)
             }
             Err(reason) => {
+                failing.failed(&reason, None);
                 self.requests.credential_failed(Redacted::new(&reason));
                 Err(auth_error(&reason))
             }
@@ -328,7 +415,7 @@ mod tests {
                 expires_at: Some(now + Duration::from_secs(600)),
                 refused: false,
             }),
-            renewing: tokio::sync::Mutex::new(()),
+            renewing: tokio::sync::Mutex::default(),
             requests: Requests::default(),
             values: CredentialValues::default(),
         });
@@ -347,6 +434,79 @@ mod tests {
             .expect("a token");
         assert_eq!(presented_token(&current), "current");
         renewal.abort();
+    }
+
+    /// Log lines written while it is held, as text.
+    #[derive(Clone, Default)]
+    struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("log").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A plugin that keeps failing is run again after growing waits, not
+    /// at every request (requests go on with the credential that still
+    /// works), and its failure is warned about once.
+    #[tokio::test]
+    async fn a_failing_plugin_is_run_again_with_backoff_and_told_once() {
+        let scratch = tempfile::tempdir().expect("scratch");
+        let runs = scratch.path().join("runs");
+        let failing = plugin::shell_plugin(&format!(
+            "echo run >> '{}'; echo 'login required' >&2; exit 1",
+            runs.display()
+        ));
+        let now = Instant::now();
+        let credentials = Credentials {
+            plugin: failing,
+            connect: std::sync::Arc::new(|_| Ok(offline())),
+            plain: offline(),
+            current: std::sync::Mutex::new(Current {
+                presented: token("current"),
+                generation: 0,
+                renew_at: Some(now),
+                expires_at: Some(now + Duration::from_secs(600)),
+                refused: false,
+            }),
+            renewing: tokio::sync::Mutex::default(),
+            requests: Requests::default(),
+            values: CredentialValues::default(),
+        };
+        let log = Captured::default();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer({
+                let log = log.clone();
+                move || log.clone()
+            })
+            .with_max_level(tracing::Level::INFO)
+            .with_ansi(false)
+            .finish();
+        let _logging = tracing::subscriber::set_default(subscriber);
+        // Requests for 2.5 s, one every 100 ms (the scenario's clock).
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_millis(2500) {
+            let current = credentials.credential().await.expect("the current one");
+            assert_eq!(presented_token(&current), "current");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let ran = std::fs::read_to_string(&runs)
+            .expect("runs")
+            .lines()
+            .count();
+        // At once, after 1 s, then not before 3 s: two runs, where every
+        // request ran it before (about 25).
+        assert_eq!(ran, 2, "the plugin ran {ran} times");
+        let text = String::from_utf8(log.0.lock().expect("log").clone()).expect("utf-8");
+        let warned = text
+            .lines()
+            .filter(|line| line.contains("WARN") && line.contains("renewing a credential"))
+            .count();
+        assert_eq!(warned, 1, "{text}");
     }
 
     /// A plugin that hands out a certificate after a token (a cluster
@@ -372,7 +532,7 @@ mod tests {
             connect,
             plain: offline(),
             current: std::sync::Mutex::new(Current::new((token("old"), None), 0)),
-            renewing: tokio::sync::Mutex::new(()),
+            renewing: tokio::sync::Mutex::default(),
             requests: Requests::default(),
             values: CredentialValues::default(),
         };
