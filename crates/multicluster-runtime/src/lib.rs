@@ -37,6 +37,20 @@ mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+/// A log filter (`tracing_subscriber::EnvFilter` directives) under which
+/// the runtime's rule for failures that go on holds: `info` for this
+/// library, `warn` for kube-rs, and `error` for kube-runtime's watcher,
+/// which warns at every retry of a refused watch (a 403 every few seconds,
+/// the whole error in `Debug` form) where the runtime tells it once, then
+/// as a reminder every five minutes. Use it as the default when
+/// `RUST_LOG` is unset:
+///
+/// ```ignore
+/// tracing_subscriber::EnvFilter::try_from_default_env()
+///     .unwrap_or_else(|_| multicluster_runtime::LOG_FILTER.into())
+/// ```
+pub const LOG_FILTER: &str = "info,kube=warn,kube_runtime::watcher=error";
+
 pub use cluster::{Cluster, Inventory};
 pub use error::Error;
 pub use manager::{Manager, ManagerBuilder, ManagerOptions};

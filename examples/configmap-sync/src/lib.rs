@@ -268,14 +268,18 @@ impl PolicyArgs {
     }
 }
 
-/// Logs to stderr; `RUST_LOG` overrides the default (`info`, kube quiet).
+/// Logs to stderr; `RUST_LOG` overrides the default
+/// ([`multicluster_runtime::LOG_FILTER`]).
 pub fn init_logging() {
+    use std::io::IsTerminal;
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info,kube=warn".into()),
+                .unwrap_or_else(|_| multicluster_runtime::LOG_FILTER.into()),
         )
         .with_writer(std::io::stderr)
+        // Colours for a terminal only, not in a log file or collector.
+        .with_ansi(std::io::stderr().is_terminal())
         .init();
 }
 

@@ -326,3 +326,54 @@ async fn a_member_that_stays_down_adds_only_a_few_log_lines() {
     let status = terminate_showing_log(&mut example, GRACE, log.path()).await;
     assert!(status.success(), "{status}");
 }
+
+/// A member whose identity may not watch what the example watches: at the
+/// example's default log filter (no `RUST_LOG`), the refusal is told when
+/// it starts (the watch's failure, the cluster's state), and not again
+/// while it goes on (the watch is asked again meanwhile, half a dozen times
+/// in half a minute).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_watch_is_told_once_at_the_default_log_filter() {
+    let (management, member) = management_and_member().await;
+    let nobody = member
+        .service_account_kubeconfig("default", "nobody", Duration::from_secs(3600))
+        .await
+        .expect("a kubeconfig of an identity granted nothing");
+    put_secrets(&management, &[("refused", &nobody)]).await;
+    let address = free_address();
+    let logs = tempfile::tempdir().expect("logs");
+    let log = logs.path().join("example.log");
+    let mut example = example(&management)
+        .arg("--health-address")
+        .arg(address.to_string())
+        .stderr(std::fs::File::create(&log).expect("log"))
+        .spawn()
+        .expect("example");
+    clusters_line(address, "refused\tdegraded").await;
+    // Half a minute of refusals (the scenario's clock).
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    let output = std::fs::read_to_string(&log).expect("log");
+    let told: Vec<&str> = output.lines().filter(|line| line.contains("403")).collect();
+    // The watch's failure, and the cluster's state: one line each, naming
+    // the cluster; nothing from kube-runtime's watcher.
+    let watch = told
+        .iter()
+        .filter(|line| line.contains("watch failed"))
+        .count();
+    let state = told
+        .iter()
+        .filter(|line| line.contains("cluster is not healthy"))
+        .count();
+    assert!(
+        watch == 1 && state == 1 && told.len() == 2,
+        "{}",
+        told.join("\n")
+    );
+    assert!(
+        told.iter().all(|line| line.contains("cluster=refused")),
+        "{}",
+        told.join("\n")
+    );
+    let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
+    assert!(status.success(), "{status}");
+}

@@ -23,6 +23,10 @@ async fn summarise(request: Request, cluster: Cluster) -> Result<Action, Error> 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| multicluster_runtime::LOG_FILTER.into()),
+        )
         .with_writer(std::io::stderr)
         .init();
     // The cluster this process runs against ($KUBECONFIG, in-cluster).

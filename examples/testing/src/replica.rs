@@ -47,7 +47,8 @@ impl Replica {
             // REPLICA_RUST_LOG: another log filter, to look closer.
             .env(
                 "RUST_LOG",
-                std::env::var("REPLICA_RUST_LOG").unwrap_or_else(|_| "info,kube=warn".to_string()),
+                std::env::var("REPLICA_RUST_LOG")
+                    .unwrap_or_else(|_| multicluster_runtime::LOG_FILTER.to_string()),
             )
             .stdout(Stdio::null())
             .stderr(log())
