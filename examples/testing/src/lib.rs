@@ -3,6 +3,7 @@
 //! in `config/` deploy it ([`manifests`]).
 
 pub mod manifests;
+pub mod readme;
 pub mod replica;
 pub mod sharding;
 
