@@ -165,6 +165,12 @@ pub struct ClientArgs {
     /// How long an exec credential plugin may run.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "60s")]
     pub plugin_timeout: std::time::Duration,
+    /// Speak HTTP/1.1 to the members rather than offer HTTP/2 (for a proxy
+    /// or gateway in between that cannot carry it): a connection per open
+    /// watch, and no pings, so the manager probes each member every 30 s
+    /// to find a silent partition as soon.
+    #[arg(long)]
+    pub http1: bool,
 }
 
 impl ClientArgs {
@@ -173,6 +179,7 @@ impl ClientArgs {
         multicluster_runtime::client::ClientOptions::default()
             .request_timeout(Some(self.request_timeout).filter(|timeout| !timeout.is_zero()))
             .plugin_timeout(self.plugin_timeout)
+            .http2(!self.http1)
     }
 }
 

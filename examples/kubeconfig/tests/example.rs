@@ -377,3 +377,82 @@ async fn a_refused_watch_is_told_once_at_the_default_log_filter() {
     let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
     assert!(status.success(), "{status}");
 }
+
+/// What the example's members are offered in their TLS handshakes: a relay
+/// in front of `upstream` that forwards everything and notes, per
+/// connection, whether the ClientHello offered HTTP/2 (ALPN `h2`).
+async fn alpn_relay(
+    upstream: std::net::SocketAddr,
+) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<bool>>>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let port = listener.local_addr().expect("address").port();
+    let offers = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = offers.clone();
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let Ok(mut server) = tokio::net::TcpStream::connect(upstream).await else {
+                    return;
+                };
+                let mut hello = vec![0u8; 16 * 1024];
+                let Ok(read) = client.read(&mut hello).await else {
+                    return;
+                };
+                // An ALPN protocol name is its length, then its bytes.
+                let offered_h2 = hello[..read].windows(3).any(|bytes| bytes == b"\x02h2");
+                seen.lock().expect("offers").push(offered_h2);
+                if server.write_all(&hello[..read]).await.is_ok() {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                }
+            });
+        }
+    });
+    (port, offers)
+}
+
+/// `--http1`: every connection to a member offers HTTP/1.1 only, and the
+/// example works as with HTTP/2 (a copy made); without it, HTTP/2 is
+/// offered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_http1_the_members_are_spoken_to_over_http1_1() {
+    let (management, member) = management_and_member().await;
+    let upstream: std::net::SocketAddr = member
+        .server()
+        .trim_start_matches("https://")
+        .parse()
+        .expect("an address");
+    let (port, offers) = alpn_relay(upstream).await;
+    let mut relayed = member.kubeconfig().clone();
+    if let Some(cluster) = relayed.clusters[0].cluster.as_mut() {
+        cluster.server = Some(format!("https://127.0.0.1:{port}"));
+    }
+    put_secrets(&management, &[("member", &relayed)]).await;
+    let mut running = example(&management)
+        .args(["--health-address", "127.0.0.1:0", "--http1"])
+        .spawn()
+        .expect("example");
+    wait_for_copy(member.client().await.expect("client"), "over-http1").await;
+    let status = terminate(&mut running, GRACE + Duration::from_secs(5)).await;
+    assert!(status.success(), "{status}");
+    let seen = offers.lock().expect("offers").clone();
+    assert!(
+        !seen.is_empty() && seen.iter().all(|h2| !h2),
+        "HTTP/2 offered with --http1: {seen:?}"
+    );
+
+    // The same without the flag: HTTP/2 is offered (the relay can tell).
+    offers.lock().expect("offers").clear();
+    let mut running = example(&management)
+        .args(["--health-address", "127.0.0.1:0"])
+        .spawn()
+        .expect("example");
+    wait_for_copy(member.client().await.expect("client"), "over-http2").await;
+    let status = terminate(&mut running, GRACE + Duration::from_secs(5)).await;
+    assert!(status.success(), "{status}");
+    let seen = offers.lock().expect("offers").clone();
+    assert!(seen.iter().any(|h2| *h2), "HTTP/2 not offered: {seen:?}");
+}
