@@ -70,7 +70,7 @@ use http_body_util::BodyExt;
 use hyper::rt::{Sleep, Timer};
 use hyper_rustls::MaybeHttpsStream;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::client::legacy::connect::proxy::{SocksV5, Tunnel};
+use hyper_util::client::legacy::connect::proxy::SocksV5;
 use hyper_util::client::proxy::matcher::{Intercept, Matcher};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use kube::client::{Body, ClientBuilder, ConfigExt, DynBody};
@@ -80,6 +80,7 @@ use tower::util::{BoxCloneSyncService, BoxService};
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
 use super::resend::Resend;
+use super::tunnel::Tunnelled;
 use super::withhold::CredentialValues;
 
 /// The service a client is built on (kube-rs's `GenericService`).
@@ -239,10 +240,7 @@ fn to_server(
         .as_ref()
         .map_or_else(|| proxy.clone(), |intercept| intercept.uri().clone());
     match proxy.scheme_str() {
-        Some("http") => Ok(boxed(with_basic_auth(
-            Tunnel::new(address, http),
-            intercept.as_ref(),
-        ))),
+        Some("http") => Ok(boxed(Tunnelled::new(address, http, basic_auth(&intercept)))),
         // TLS to the proxy is checked against the kubeconfig's CA, and the
         // kubeconfig's client certificate offered, as Go's transport does
         // with a client's TLS settings; the name checked is the proxy's.
@@ -252,10 +250,7 @@ fn to_server(
                 .https_only()
                 .enable_http1()
                 .wrap_connector(http);
-            Ok(boxed(with_basic_auth(
-                Tunnel::new(address, tls),
-                intercept.as_ref(),
-            )))
+            Ok(boxed(Tunnelled::new(address, tls, basic_auth(&intercept))))
         }
         // Names are resolved by the proxy (Go's transport does the same
         // for both schemes).
@@ -279,13 +274,10 @@ fn to_server(
     }
 }
 
-/// `tunnel` sending the proxy's user and password, if its URL has them,
-/// as `Proxy-Authorization`.
-fn with_basic_auth<C>(tunnel: Tunnel<C>, intercept: Option<&Intercept>) -> Tunnel<C> {
-    match intercept.and_then(Intercept::basic_auth) {
-        Some(auth) => tunnel.with_auth(auth.clone()),
-        None => tunnel,
-    }
+/// The proxy's user and password, if its URL has them, as a
+/// `Proxy-Authorization` value.
+fn basic_auth(intercept: &Option<Intercept>) -> Option<http::HeaderValue> {
+    intercept.as_ref().and_then(Intercept::basic_auth).cloned()
 }
 
 /// The client over `connector`, with kube-rs's layers (see the module

@@ -160,3 +160,39 @@ async fn no_proxy_names_a_member_reached_directly_and_the_other_goes_through_the
     let status = terminate_showing_log(&mut example, GRACE, log.path()).await;
     assert!(status.success(), "{status}");
 }
+
+/// A member the proxy cannot reach (nothing listens where it points): the
+/// proxy answers the `CONNECT` with 502, and `/clusters` says so, where
+/// it read "tunnel error: unsuccessful" before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_proxy_refusing_the_tunnel_is_named_with_its_status() {
+    let (management, member) = management_and_member().await;
+    let proxy = ConnectProxy::start().await;
+    let mut gone = named(&member, "member-gone.proxied.test");
+    let free = common::free_address().port();
+    if let Some(cluster) = gone.clusters[0].cluster.as_mut() {
+        cluster.server = Some(format!("https://member-gone.proxied.test:{free}"));
+    }
+    put_secrets(&management, &[("gone", &gone)]).await;
+    let address = common::free_address();
+    let log = tempfile::NamedTempFile::new().expect("log");
+    let mut example = example(&management)
+        .arg("--health-address")
+        .arg(address.to_string())
+        .env("HTTPS_PROXY", format!("http://127.0.0.1:{}", proxy.port))
+        .stderr(log.reopen().expect("log"))
+        .spawn()
+        .expect("example");
+    let line = common::clusters_line(address, "gone\tunreachable").await;
+    assert!(
+        line.contains("the proxy refused the tunnel: 502 Bad Gateway"),
+        "{line}"
+    );
+    let targets = proxy.targets();
+    assert!(
+        targets.contains(&format!("member-gone.proxied.test:{free}")),
+        "asked through the proxy: {targets:?}"
+    );
+    let status = terminate_showing_log(&mut example, GRACE, log.path()).await;
+    assert!(status.success(), "{status}");
+}
