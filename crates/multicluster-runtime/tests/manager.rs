@@ -395,6 +395,14 @@ async fn leaving_the_fleet_and_stopping_are_told_apart() {
         .await;
     stop.cancel();
     task.await.expect("task").expect("clean stop");
+    // Each engagement's end is told by a task of its own, which may run
+    // after the manager has returned.
+    departures
+        .told
+        .wait_until("every engagement's end to be seen", || {
+            departures.ended.lock().expect("lock").len() == 3
+        })
+        .await;
     let mut ended = departures.ended.lock().expect("lock").clone();
     ended.sort();
     assert_eq!(
