@@ -26,6 +26,20 @@ async fn get(address: std::net::SocketAddr, path: &str) -> (String, String) {
         .expect("health endpoint")
 }
 
+/// Serves `manager`'s endpoints on a free loopback port until the token
+/// returned is cancelled.
+async fn serve_health(
+    manager: &Manager,
+) -> (std::net::SocketAddr, tokio_util::sync::CancellationToken) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    let shutdown = tokio_util::sync::CancellationToken::new();
+    manager.serve_health(listener, shutdown.clone());
+    (address, shutdown)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endpoints_report_health_readiness_metrics_and_clusters() {
     let cp = ControlPlane::start().await.expect("control plane");
@@ -54,12 +68,7 @@ async fn endpoints_report_health_readiness_metrics_and_clusters() {
     };
     manager.add_controller(controller).expect("add");
 
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("address");
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    manager.serve_health(listener, shutdown.clone());
+    let (address, shutdown) = serve_health(&manager).await;
     assert!(
         get(address, "/readyz").await.0.contains("503"),
         "not ready before run"
@@ -563,12 +572,7 @@ async fn readyz_waits_until_the_local_cluster_has_synced() {
         .build(|_, _| async { Ok::<_, Never>(Action::await_change()) })
         .expect("controller");
     manager.add_controller(controller).expect("add");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("address");
-    let shutdown = tokio_util::sync::CancellationToken::new();
-    manager.serve_health(listener, shutdown.clone());
+    let (address, shutdown) = serve_health(&manager).await;
     let local_state = || manager.cluster_state(&ClusterName::local());
 
     cp.pause_api_server().expect("pause");

@@ -397,15 +397,12 @@ mod tests {
         }
     }
 
-    /// A renewal whose plugin hangs holds up no request while the current
-    /// token still works.
-    #[tokio::test]
-    async fn requests_go_on_with_a_working_token_while_it_is_renewed() {
-        let mut hanging = plugin::shell_plugin("exec sleep 1000");
-        hanging.timeout = Duration::from_secs(600);
+    /// Credentials of `plugin` whose token ("current") is due for renewal
+    /// and works for ten more minutes.
+    fn due_for_renewal(plugin: Plugin) -> Credentials {
         let now = Instant::now();
-        let credentials = std::sync::Arc::new(Credentials {
-            plugin: hanging,
+        Credentials {
+            plugin,
             connect: std::sync::Arc::new(|_| Ok(offline())),
             plain: offline(),
             current: std::sync::Mutex::new(Current {
@@ -418,7 +415,16 @@ mod tests {
             renewing: tokio::sync::Mutex::default(),
             requests: Requests::default(),
             values: CredentialValues::default(),
-        });
+        }
+    }
+
+    /// A renewal whose plugin hangs holds up no request while the current
+    /// token still works.
+    #[tokio::test]
+    async fn requests_go_on_with_a_working_token_while_it_is_renewed() {
+        let mut hanging = plugin::shell_plugin("exec sleep 1000");
+        hanging.timeout = Duration::from_secs(600);
+        let credentials = std::sync::Arc::new(due_for_renewal(hanging));
         let renewal = tokio::spawn({
             let credentials = credentials.clone();
             async move { credentials.credential().await.map(|_| ()) }
@@ -461,22 +467,7 @@ mod tests {
             "echo run >> '{}'; echo 'login required' >&2; exit 1",
             runs.display()
         ));
-        let now = Instant::now();
-        let credentials = Credentials {
-            plugin: failing,
-            connect: std::sync::Arc::new(|_| Ok(offline())),
-            plain: offline(),
-            current: std::sync::Mutex::new(Current {
-                presented: token("current"),
-                generation: 0,
-                renew_at: Some(now),
-                expires_at: Some(now + Duration::from_secs(600)),
-                refused: false,
-            }),
-            renewing: tokio::sync::Mutex::default(),
-            requests: Requests::default(),
-            values: CredentialValues::default(),
-        };
+        let credentials = due_for_renewal(failing);
         let log = Captured::default();
         let subscriber = tracing_subscriber::fmt()
             .with_writer({
