@@ -110,10 +110,13 @@ impl CacheOptions {
 ///
 /// - A server that cannot be reached (connection refused or reset, TLS
 ///   failure, no answer in time) is tried again from `initial` (250 ms) up
-///   to `max` (8 s; 16 s with the random part): a blip of a few seconds is
-///   over within about as long again, a member that is gone for good is
-///   tried 4 to 8 times a minute rather than 40, and a server back from an
-///   outage of any length is seen again within 16 s.
+///   to `max` (1 s; 2 s with the random part), so a server back from an
+///   outage of any length is seen again within about 2 s: right for the
+///   local cluster, whose outage stops everything. The members providers
+///   build ([`MemberOptions`](crate::provider::member::MemberOptions)'s
+///   default) go up to [`MEMBER_UNREACHABLE_MAX`] instead: a member gone for
+///   good is then tried about 6 times a minute rather than 40, and one back
+///   is seen within 16 s.
 /// - A server that refuses the watch (403 after lost RBAC, 404 for a CRD
 ///   that is not installed) is asked again from `refused_initial` (1 s) up
 ///   to `refused_max` (30 s; 60 s with the random part): at most 8 lists
@@ -144,11 +147,15 @@ multicluster_core::option_setters!(WatchBackoff {
     refused_max: Duration,
 });
 
+/// The longest delay before a member's watch tries an unreachable server
+/// again, before the random part (see [`WatchBackoff`]).
+pub const MEMBER_UNREACHABLE_MAX: Duration = Duration::from_secs(8);
+
 impl Default for WatchBackoff {
     fn default() -> Self {
         Self {
             initial: Duration::from_millis(250),
-            max: Duration::from_secs(8),
+            max: Duration::from_secs(1),
             refused_initial: Duration::from_secs(1),
             refused_max: Duration::from_secs(30),
         }

@@ -258,10 +258,21 @@ mod tests {
         assert!(within(next(refused_connection()), 250));
         assert!(within(next(refused_connection()), 500));
         assert!(within(next(refused_connection()), 1_000));
-        assert!(within(next(refused_connection()), 2_000));
-        assert!(within(next(refused_connection()), 4_000));
-        assert!(within(next(refused_connection()), 8_000));
-        assert!(within(next(refused_connection()), 8_000), "at most 8 s");
+        assert!(within(next(refused_connection()), 1_000), "at most 1 s");
+        // A member's: up to 8 s.
+        let state = RetryState::default();
+        let member = WatchBackoff::default().max(crate::cache::MEMBER_UNREACHABLE_MAX);
+        let mut retry = WatchRetry::new(member, state.clone());
+        let mut next = |err: watcher::Error| {
+            state.observe::<()>(&Err(err));
+            retry.next().expect("a delay")
+        };
+        for expected in [250, 500, 1_000, 2_000, 4_000, 8_000, 8_000] {
+            assert!(
+                within(next(refused_connection()), expected),
+                "{expected} ms"
+            );
+        }
         assert!(within(next(forbidden()), 1_000), "a refusal starts its own");
         assert!(within(next(forbidden()), 2_000));
     }

@@ -20,8 +20,11 @@ use kube::runtime::watcher;
 use crate::cache::CacheOptions;
 use multicluster_client::ClientOptions;
 
-/// The options a member is built with.
-#[derive(Clone, Debug, Default)]
+/// The options a member is built with. By default its watches back off
+/// up to [`MEMBER_UNREACHABLE_MAX`](crate::cache::MEMBER_UNREACHABLE_MAX)
+/// from a server that cannot be reached (a member may be gone for good;
+/// the local cluster's watches come back within 2 s).
+#[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct MemberOptions {
     /// How its clients reach it (deadlines, HTTP/2, credential plugins,
@@ -30,6 +33,17 @@ pub struct MemberOptions {
     /// How its cache watches (namespace restriction, watcher settings per
     /// type, `managedFields` stripping, watch backoff).
     pub cache: CacheOptions,
+}
+
+impl Default for MemberOptions {
+    fn default() -> Self {
+        let backoff =
+            crate::cache::WatchBackoff::default().max(crate::cache::MEMBER_UNREACHABLE_MAX);
+        Self {
+            client: ClientOptions::default(),
+            cache: CacheOptions::default().backoff(backoff),
+        }
+    }
 }
 
 multicluster_core::option_setters!(MemberOptions {
