@@ -5,12 +5,6 @@
 //! connection per open watch: three watched types on 10,000 clusters would
 //! be 30,000 sockets.
 //!
-//! Clusters that would connect alike (one server, one TLS identity, one
-//! proxy and deadline: see `shared_pool`) share the client underneath
-//! and so its connection, up to 32 clusters per client, as client-go
-//! shares a transport among clients with equal TLS settings. Their own
-//! layers (credentials, deadlines, retries, health) stay their own.
-//!
 //! That connection is kept as long as it is open, however long nothing is
 //! sent over it but pings: hyper-util's pool forgets by default a
 //! connection it has not handed out for 90 s, watches open or not, and the
@@ -86,7 +80,6 @@ use tower::util::{BoxCloneSyncService, BoxService};
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
 use super::resend::Resend;
-use super::shared_pool::{self, TransportKey};
 use super::tunnel::Tunnelled;
 use super::withhold::CredentialValues;
 
@@ -205,16 +198,11 @@ pub(crate) fn builder(
     let tls = tls.enable_http1();
     if http2 {
         let tls = tls.enable_http2().wrap_connector(inner);
-        // Over HTTP/2, clusters that connect alike share a connection; over
-        // HTTP/1.1 each open watch holds a connection anyway, and a shared
-        // pool would only keep fewer idle ones per cluster.
-        let share = Some(TransportKey::of(&config));
-        stack(config, ConnectDeadline::new(tls, deadline), share, values)
+        stack(config, ConnectDeadline::new(tls, deadline), values)
     } else {
         stack(
             config,
             ConnectDeadline::new(tls.wrap_connector(inner), deadline),
-            None,
             values,
         )
     }
@@ -297,13 +285,12 @@ fn basic_auth(intercept: &Option<Intercept>) -> Option<http::HeaderValue> {
 fn stack<C>(
     config: kube::Config,
     connector: C,
-    share: Option<TransportKey>,
     values: CredentialValues,
 ) -> Result<ClientBuilder<Service>, kube::Error>
 where
     C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
 {
-    let make = || -> hyper_util::client::legacy::Client<C, Body> {
+    let client: hyper_util::client::legacy::Client<_, Body> =
         hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .timer(CoalescingTimer)
             .http2_keep_alive_interval(PING_INTERVAL)
@@ -320,12 +307,7 @@ where
             // a server without HTTP/2, a few idle HTTP/1.1 connections are.
             .pool_idle_timeout(None)
             .pool_max_idle_per_host(IDLE_HTTP1_CONNECTIONS)
-            .build(connector)
-    };
-    let client = Pooled(match share {
-        Some(key) => shared_pool::shared(key, make),
-        None => std::sync::Arc::new(make()),
-    });
+            .build(connector);
     let retry = tower::retry::RetryLayer::new(Resend::new(config.default_retry));
     let service =
         ServiceBuilder::new()
@@ -356,36 +338,6 @@ where
         BoxService::new(service),
         config.default_namespace,
     ))
-}
-
-/// A client's pool of connections, maybe shared with other clusters'
-/// clients ([`shared_pool`]).
-struct Pooled<C>(std::sync::Arc<hyper_util::client::legacy::Client<C, Body>>);
-
-impl<C> Clone for Pooled<C> {
-    fn clone(&self) -> Self {
-        Self(self.0.clone())
-    }
-}
-
-impl<C> tower::Service<Request<Body>> for Pooled<C>
-where
-    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
-{
-    type Response = Response<hyper::body::Incoming>;
-    type Error = hyper_util::client::legacy::Error;
-    type Future = hyper_util::client::legacy::ResponseFuture;
-
-    fn poll_ready(
-        &mut self,
-        _: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Result<(), Self::Error>> {
-        std::task::Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, request: Request<Body>) -> Self::Future {
-        self.0.request(request)
-    }
 }
 
 /// Connecting took longer than its deadline.

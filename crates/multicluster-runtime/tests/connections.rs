@@ -1,7 +1,6 @@
 //! Connections to a member: with HTTP/2 (the default for clients built
 //! from kubeconfigs) every list and watch of a cluster shares one
-//! connection; over HTTP/1.1 each open watch holds its own. Clusters on one
-//! server with one TLS identity share connections.
+//! connection; over HTTP/1.1 each open watch holds its own.
 
 mod common;
 
@@ -146,51 +145,4 @@ async fn a_server_without_http2_is_reached_over_http1_and_a_burst_leaves_two_idl
     )
     .await;
     cluster.cache().stop();
-}
-
-/// Clusters with one server and one TLS identity share connections, as
-/// client-go's transports do (a fleet behind a gateway, namespaces of one
-/// server as clusters): 100 clusters listing and watching on one API
-/// server hold four connections (32 clusters at most share one), not 100.
-/// Their caches stopped and the clusters dropped, the connections close.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn clusters_on_one_server_with_one_identity_share_connections() {
-    let cp = ControlPlane::start().await.expect("control plane");
-    let port = port_once_quiet(&cp).await;
-    let mut clusters = Vec::new();
-    for member in 0..100 {
-        let client = client::build(
-            cp.kubeconfig(),
-            None,
-            "the test kubeconfig",
-            &Default::default(),
-            &ClientOptions::default(),
-        )
-        .await
-        .expect("client");
-        client.apiserver_version().await.expect("version");
-        let cluster = Cluster::new(format!("member-{member}"), client);
-        cluster
-            .cache()
-            .list::<ConfigMap>(None)
-            .await
-            .expect("configmaps");
-        clusters.push(cluster);
-    }
-    eventually(
-        Polled::Kernel,
-        "four connections for 100 clusters' lists and watches",
-        || async { connections_to(port) == 4 },
-    )
-    .await;
-    for cluster in &clusters {
-        cluster.cache().stop();
-    }
-    drop(clusters);
-    eventually(
-        Polled::Kernel,
-        "the shared connections to close",
-        || async { connections_to(port) == 0 },
-    )
-    .await;
 }
