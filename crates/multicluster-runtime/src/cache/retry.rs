@@ -248,8 +248,7 @@ mod tests {
     }
 
     #[test]
-    fn an_unreachable_server_is_tried_again_soon_then_less_often_and_kinds_keep_their_own_delays()
-    {
+    fn an_unreachable_server_is_tried_again_soon_then_less_often_and_kinds_keep_their_own_delays() {
         let state = RetryState::default();
         let mut retry = WatchRetry::new(WatchBackoff::default(), state.clone());
         let mut next = |err: watcher::Error| {
