@@ -15,26 +15,18 @@ use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use kube::api::{Api, DeleteParams, PostParams};
 use multicluster_envtest::{ControlPlane, plugins};
 use multicluster_runtime::Cluster;
-use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
-use multicluster_runtime::provider::member::MemberOptions;
 use multicluster_runtime::testing::eventually;
 
 /// A cluster of `cp` built as providers build it, authenticated by the
 /// test plugin with state directory `state`.
 async fn plugged_cluster(cp: &ControlPlane, state: &std::path::Path) -> Cluster {
     let identity = cp.exec_kubeconfig("plugged", plugins::TOKEN, state);
-    KubeconfigCluster {
-        inventory: Default::default(),
-        policy: multicluster_runtime::client::KubeconfigPolicy::trusted(),
-        name: "member".into(),
-        text: multicluster_envtest::to_yaml(&identity).expect("yaml"),
-        source: "test kubeconfig".into(),
-        stable_id: None,
-        member: MemberOptions::default(),
-    }
-    .build()
+    from_kubeconfig(
+        "member",
+        &identity,
+        multicluster_runtime::client::KubeconfigPolicy::trusted(),
+    )
     .await
-    .expect("cluster")
 }
 
 /// Who the API server takes the client for.

@@ -3,7 +3,6 @@
 
 mod common;
 
-use multicluster_runtime::provider::member::MemberOptions;
 use multicluster_runtime::testing::Polled;
 use multicluster_runtime::testing::wait_for_fleet;
 use std::sync::Arc;
@@ -34,26 +33,6 @@ fn recording_controller(recorder: &Recorder) -> Controller {
             }
         })
         .expect("controller")
-}
-
-/// The member `name` built from `kubeconfig` as the kubeconfig providers
-/// build members, with the default options.
-async fn from_kubeconfig(
-    name: &str,
-    kubeconfig: &kube::config::Kubeconfig,
-) -> multicluster_runtime::Cluster {
-    multicluster_runtime::provider::kubeconfig::KubeconfigCluster {
-        inventory: Default::default(),
-        policy: multicluster_runtime::client::KubeconfigPolicy::default(),
-        name: name.into(),
-        text: multicluster_envtest::to_yaml(kubeconfig).expect("yaml"),
-        source: "test kubeconfig".into(),
-        stable_id: None,
-        member: MemberOptions::default(),
-    }
-    .build()
-    .await
-    .expect("cluster")
 }
 
 fn state_of(manager: &Manager, cluster: &str) -> Option<ClusterState> {
@@ -269,7 +248,7 @@ async fn an_unreachable_member_is_named_with_its_address_and_the_cause() {
     if let Some(cluster) = kubeconfig.clusters[0].cluster.as_mut() {
         cluster.server = Some(server.clone());
     }
-    let down = from_kubeconfig("down", &kubeconfig).await;
+    let down = from_kubeconfig("down", &kubeconfig, Default::default()).await;
     let provider = TestProvider::default();
     provider.clusters.add("down", down).expect("add");
     let manager = Manager::builder(cluster_for("local", &cp).await)
@@ -330,7 +309,7 @@ async fn a_dead_member_is_retried_less_and_less_and_its_next_attempt_is_told() {
     if let Some(cluster) = kubeconfig.clusters[0].cluster.as_mut() {
         cluster.server = Some(format!("https://127.0.0.1:{}", front.port));
     }
-    let cluster = from_kubeconfig("member", &kubeconfig).await;
+    let cluster = from_kubeconfig("member", &kubeconfig, Default::default()).await;
     let provider = TestProvider::default();
     provider.clusters.add("member", cluster).expect("add");
     let manager = Manager::builder(cluster_for("local", &hub).await)

@@ -117,3 +117,24 @@ impl Logs {
         String::from_utf8_lossy(&self.0.lock().unwrap_or_else(|p| p.into_inner())).into_owned()
     }
 }
+
+/// The member `name` built from `kubeconfig` as the kubeconfig providers
+/// build members (default member options), under `policy`.
+pub async fn from_kubeconfig(
+    name: &str,
+    kubeconfig: &kube::config::Kubeconfig,
+    policy: multicluster_runtime::client::KubeconfigPolicy,
+) -> Cluster {
+    multicluster_runtime::provider::kubeconfig::KubeconfigCluster {
+        inventory: Default::default(),
+        policy,
+        name: name.into(),
+        text: multicluster_envtest::to_yaml(kubeconfig).expect("yaml"),
+        source: "test kubeconfig".into(),
+        stable_id: None,
+        member: multicluster_runtime::provider::member::MemberOptions::default(),
+    }
+    .build()
+    .await
+    .expect("cluster")
+}
