@@ -266,34 +266,38 @@ impl FleetView {
             .clone()
     }
 
-    /// `provider` is making a cluster of `name`, waiting for `what`; `None`:
-    /// it is done (made, failed or given up).
-    pub(crate) fn building(&self, provider: &str, name: &ClusterName, what: Option<Redacted>) {
+    /// `provider` is making a cluster of `name`, waiting for `what`.
+    pub(crate) fn building(&self, provider: &str, name: &ClusterName, what: Redacted) {
+        lock(&self.0.building).insert(
+            name.clone(),
+            Building {
+                provider: provider.into(),
+                what,
+                since: std::time::SystemTime::now(),
+            },
+        );
+        self.0.summary.send_modify(|summary| summary.changes += 1);
+    }
+
+    /// `provider` is done making a cluster of `name` (made, failed or
+    /// given up).
+    pub(crate) fn built(&self, provider: &str, name: &ClusterName) {
         {
             let mut building = lock(&self.0.building);
-            match what {
-                Some(what) => {
-                    building.insert(
-                        name.clone(),
-                        Building {
-                            provider: provider.into(),
-                            what,
-                            since: std::time::SystemTime::now(),
-                        },
-                    );
-                }
-                None => {
-                    let ours = building
-                        .get(name)
-                        .is_some_and(|known| &*known.provider == provider);
-                    if !ours {
-                        return;
-                    }
-                    building.remove(name);
-                }
+            if building
+                .get(name)
+                .is_none_or(|known| &*known.provider != provider)
+            {
+                return;
             }
+            building.remove(name);
         }
         self.0.summary.send_modify(|summary| summary.changes += 1);
+    }
+
+    /// Whether `name` is being made into a cluster.
+    pub(crate) fn is_building(&self, name: &ClusterName) -> bool {
+        lock(&self.0.building).contains_key(name)
     }
 
     /// What is being made into a cluster, sorted by name.

@@ -352,13 +352,7 @@ impl Manager {
                     .find(|(duplicate, _)| duplicate == name)
                     .map(|(_, duplicate)| ClusterState::Duplicate(duplicate.of))
             })
-            .or_else(|| {
-                fleet
-                    .in_building()
-                    .into_iter()
-                    .any(|(building, _)| building == *name)
-                    .then_some(ClusterState::Syncing)
-            })
+            .or_else(|| fleet.is_building(name).then_some(ClusterState::Syncing))
     }
 
     /// The fleet in numbers, told of every change: how many clusters are

@@ -30,9 +30,7 @@ pub struct Building<'a> {
 impl Drop for Building<'_> {
     fn drop(&mut self) {
         if let Some(metrics) = self.failures.metrics.get() {
-            metrics
-                .fleet()
-                .building(&self.failures.provider, &self.name, None);
+            metrics.fleet().built(&self.failures.provider, &self.name);
         }
     }
 }
@@ -128,7 +126,7 @@ impl Failures {
         if let Some(metrics) = self.metrics.get() {
             metrics
                 .fleet()
-                .building(&self.provider, name, Some(Redacted::new(what.into())));
+                .building(&self.provider, name, Redacted::new(what.into()));
         }
         Building {
             failures: self,
