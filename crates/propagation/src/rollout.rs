@@ -198,7 +198,11 @@ impl Rollout {
     }
 
     /// How long a member may hold a slot without becoming available before
-    /// it counts as failed (default ten minutes).
+    /// it counts as failed (default ten minutes). A member that left the
+    /// fleet (or the selection) while holding a slot keeps it this long
+    /// too, then gives it back without counting as failed: until then it
+    /// may still be changing, and a controller that has just started does
+    /// not see every member at once.
     #[must_use]
     pub fn progress_deadline(mut self, deadline: Duration) -> Self {
         self.progress_deadline = deadline;
@@ -349,8 +353,8 @@ pub(crate) struct Look<'a> {
     pub(crate) approved: &'a dyn Fn(usize) -> bool,
 }
 
-/// The rollout's next state: slots of members that are done (or gone)
-/// freed, failures noted, and free slots given to the next members of the
+/// The rollout's next state: slots of members that are done (or gone past
+/// their progress deadline) freed, failures noted, and free slots given to the next members of the
 /// stage under way, unless halted, paused or waiting for an approval.
 pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutStatus {
     let Pace::Paced {
@@ -360,15 +364,24 @@ pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutSt
         return RolloutStatus::default();
     };
     let member = |name: &str| look.members.iter().find(|m| m.name.as_str() == name);
+    let held = |slot: &UpdatingMember| {
+        Duration::try_from(look.now.duration_since(slot.since.0)).unwrap_or_default()
+    };
     // A member keeps its slot across revisions until it is done: it is
-    // still changing.
+    // still changing. One this look does not see may be changing too: a
+    // controller that has just started has not engaged every member yet,
+    // and freeing their slots then gave them out twice. Only past its
+    // progress deadline is a member not seen taken as gone.
     let mut updating: Vec<UpdatingMember> = before
         .map(|record| record.updating.clone())
         .unwrap_or_default();
-    updating.retain(|slot| member(&slot.cluster).is_some_and(|m| !m.done));
+    updating.retain(|slot| match member(&slot.cluster) {
+        Some(m) => !m.done,
+        None => held(slot) <= look.rollout.progress_deadline,
+    });
     for slot in &mut updating {
         let failing = member(&slot.cluster).and_then(|m| m.failing.clone());
-        let held = Duration::try_from(look.now.duration_since(slot.since.0)).unwrap_or_default();
+        let held = held(slot);
         slot.failed = failing.or_else(|| {
             (held > look.rollout.progress_deadline).then(|| {
                 format!(
@@ -623,6 +636,32 @@ mod tests {
                 .is_some_and(|h| h.contains("progress deadline"))
         );
         assert_eq!(holders(&record), ["a"]);
+    }
+
+    /// A controller that has just started sees only the members engaged
+    /// so far: a slot of one it does not see yet is still taken (that
+    /// member may be changing), and only a member gone past its progress
+    /// deadline gives its slot back, without counting as a failure.
+    #[test]
+    fn a_member_not_seen_keeps_its_slot_until_its_progress_deadline() {
+        let rollout =
+            Rollout::rolling(MaxUnavailable::Count(2)).progress_deadline(Duration::from_secs(60));
+        let then = Timestamp::now();
+        let all = ["a", "b", "c", "d"].map(|name| member(name, 0, false, false));
+        let first = step(&look(&rollout, &all, then, &|_| true), None);
+        assert_eq!(holders(&first), ["a", "b"]);
+        // Restarted: only c and d are engaged yet.
+        let seen = [member("c", 0, false, false), member("d", 0, false, false)];
+        let restarted = step(&look(&rollout, &seen, then, &|_| true), Some(&first));
+        assert_eq!(holders(&restarted), ["a", "b"], "no slot for c or d");
+        assert_eq!(restarted.halted, None);
+        // Gone for good: past the deadline their slots go to c and d.
+        let later = then
+            .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(61))
+            .expect("time");
+        let gone = step(&look(&rollout, &seen, later, &|_| true), Some(&restarted));
+        assert_eq!(holders(&gone), ["c", "d"]);
+        assert_eq!(gone.halted, None);
     }
 
     #[test]

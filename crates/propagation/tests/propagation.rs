@@ -884,7 +884,7 @@ async fn a_definition_a_namespace_and_what_needs_them_reach_a_fresh_member_in_wa
     // The hub object deleted: what was made goes the other way round, the
     // widget before the quota before its namespace and the definition,
     // as the member's own watch sees it.
-    let seen = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let seen = Arc::new(tokio::sync::watch::Sender::new(Vec::<String>::new()));
     let member = a.client().await.expect("client");
     let watching = [
         watch_goings::<Widget>(&member, &seen, "widget"),
@@ -892,6 +892,16 @@ async fn a_definition_a_namespace_and_what_needs_them_reach_a_fresh_member_in_wa
         watch_goings::<Namespace>(&member, &seen, "namespace"),
         watch_goings::<CustomResourceDefinition>(&member, &seen, "definition"),
     ];
+    // Each watch has listed before the deletion: one started after its
+    // objects went would never see them go.
+    let mut watching_now = Vec::new();
+    for (task, listed) in watching {
+        tokio::time::timeout(multicluster_runtime::testing::DEFAULT_DEADLINE, listed)
+            .await
+            .expect("the member's watch to list in time")
+            .expect("the member's watch to list");
+        watching_now.push(task);
+    }
     Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
         .delete("tenant-x", &DeleteParams::default())
         .await
@@ -903,7 +913,14 @@ async fn a_definition_a_namespace_and_what_needs_them_reach_a_fresh_member_in_wa
             .is_ok_and(|object| object.is_none())
     })
     .await;
-    let order = seen.lock().expect("seen").clone();
+    // The test's own watches may tell a little after the hub object went.
+    let order = tokio::time::timeout(
+        multicluster_runtime::testing::DEFAULT_DEADLINE,
+        seen.subscribe().wait_for(|seen| seen.len() == 4),
+    )
+    .await
+    .map(|order| order.expect("seen").clone())
+    .unwrap_or_else(|_| panic!("not all four went: {:?}", *seen.borrow()));
     let at = |what: &str| {
         order
             .iter()
@@ -913,7 +930,7 @@ async fn a_definition_a_namespace_and_what_needs_them_reach_a_fresh_member_in_wa
     assert!(at("widget") < at("quota"), "{order:?}");
     assert!(at("quota") < at("namespace"), "{order:?}");
     assert!(at("widget") < at("definition"), "{order:?}");
-    for watch in watching {
+    for watch in watching_now {
         watch.abort();
     }
     stop.cancel();
@@ -922,11 +939,15 @@ async fn a_definition_a_namespace_and_what_needs_them_reach_a_fresh_member_in_wa
 
 /// Notes `what` in `seen` the first time an object of type `T` in
 /// `member` is being deleted (or is gone), as the member's watch tells.
+/// The receiver is told once the watch has listed.
 fn watch_goings<T>(
     member: &kube::Client,
-    seen: &Arc<std::sync::Mutex<Vec<String>>>,
+    seen: &Arc<tokio::sync::watch::Sender<Vec<String>>>,
     what: &'static str,
-) -> tokio::task::JoinHandle<()>
+) -> (
+    tokio::task::JoinHandle<()>,
+    tokio::sync::oneshot::Receiver<()>,
+)
 where
     T: kube::Resource<DynamicType = ()>
         + Clone
@@ -938,20 +959,31 @@ where
     use futures::StreamExt;
     use kube::runtime::watcher;
     let (api, seen) = (Api::<T>::all(member.clone()), seen.clone());
-    tokio::spawn(async move {
+    let (listed, told) = tokio::sync::oneshot::channel();
+    let mut listed = Some(listed);
+    let task = tokio::spawn(async move {
         let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
         while let Some(event) = events.next().await {
+            if matches!(event, Ok(watcher::Event::InitDone)) {
+                if let Some(listed) = listed.take() {
+                    let _ = listed.send(());
+                }
+            }
             let going = match event {
                 Ok(watcher::Event::Delete(_)) => true,
                 Ok(watcher::Event::Apply(object)) => object.meta().deletion_timestamp.is_some(),
                 _ => false,
             };
-            let mut seen = seen.lock().expect("seen");
-            if going && !seen.iter().any(|known| known == what) {
-                seen.push(what.to_string());
-            }
+            seen.send_if_modified(|seen| {
+                let first = going && !seen.iter().any(|known| known == what);
+                if first {
+                    seen.push(what.to_string());
+                }
+                first
+            });
         }
-    })
+    });
+    (task, told)
 }
 
 /// A Deployment applied in a member is `Progressing` until its controller
