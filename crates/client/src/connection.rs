@@ -5,6 +5,12 @@
 //! connection per open watch: three watched types on 10,000 clusters would
 //! be 30,000 sockets.
 //!
+//! Clusters that would connect alike (one server, one TLS identity, one
+//! proxy and deadline: see `shared_pool`) share the client underneath
+//! and so its connection, up to 32 clusters per client, as client-go
+//! shares a transport among clients with equal TLS settings. Their own
+//! layers (credentials, deadlines, retries, health) stay their own.
+//!
 //! That connection is kept as long as it is open, however long nothing is
 //! sent over it but pings: hyper-util's pool forgets by default a
 //! connection it has not handed out for 90 s, watches open or not, and the
@@ -80,6 +86,7 @@ use tower::util::{BoxCloneSyncService, BoxService};
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
 use super::resend::Resend;
+use super::shared_pool::{self, TransportKey};
 use super::tunnel::Tunnelled;
 use super::withhold::CredentialValues;
 
@@ -99,6 +106,17 @@ const PING_TIMEOUT: Duration = Duration::from_secs(15);
 const TCP_KEEPALIVE_IDLE: Duration = Duration::from_secs(30);
 const TCP_KEEPALIVE_INTERVAL: Duration = Duration::from_secs(10);
 const TCP_KEEPALIVE_PROBES: u32 = 3;
+
+/// How much a server may send on one HTTP/2 stream before this client
+/// reads it (hyper's default, stated beside the next one).
+const STREAM_WINDOW: u32 = 2 * 1024 * 1024;
+/// How much a server may send on one HTTP/2 connection, all streams
+/// together, before this client reads it: 1 GiB, as Go's HTTP/2 transport
+/// (client-go's) allows. A stream nobody reads holds its window of it
+/// until read; at hyper's default of 5 MiB three such streams stalled
+/// every other stream of the connection, and clusters share connections.
+/// Memory stays bounded by the stream window of each unread stream.
+const CONNECTION_WINDOW: u32 = 1024 * 1024 * 1024;
 
 /// How many idle connections a client keeps to a server that speaks only
 /// HTTP/1.1 (one that speaks HTTP/2 needs one connection in all): enough
@@ -198,11 +216,16 @@ pub(crate) fn builder(
     let tls = tls.enable_http1();
     if http2 {
         let tls = tls.enable_http2().wrap_connector(inner);
-        stack(config, ConnectDeadline::new(tls, deadline), values)
+        // Over HTTP/2, clusters that connect alike share a connection; over
+        // HTTP/1.1 each open watch holds a connection anyway, and a shared
+        // pool would only keep fewer idle ones per cluster.
+        let share = Some(TransportKey::of(&config));
+        stack(config, ConnectDeadline::new(tls, deadline), share, values)
     } else {
         stack(
             config,
             ConnectDeadline::new(tls.wrap_connector(inner), deadline),
+            None,
             values,
         )
     }
@@ -285,12 +308,13 @@ fn basic_auth(intercept: &Option<Intercept>) -> Option<http::HeaderValue> {
 fn stack<C>(
     config: kube::Config,
     connector: C,
+    share: Option<TransportKey>,
     values: CredentialValues,
 ) -> Result<ClientBuilder<Service>, kube::Error>
 where
     C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
 {
-    let client: hyper_util::client::legacy::Client<_, Body> =
+    let make = || -> hyper_util::client::legacy::Client<C, Body> {
         hyper_util::client::legacy::Client::builder(TokioExecutor::new())
             .timer(CoalescingTimer)
             .http2_keep_alive_interval(PING_INTERVAL)
@@ -303,11 +327,18 @@ where
             // they were decoded from, for the connection's life: 8 KiB a
             // cluster once its client has sent a hundred requests.
             .http2_header_table_size(0)
+            .http2_initial_stream_window_size(STREAM_WINDOW)
+            .http2_initial_connection_window_size(CONNECTION_WINDOW)
             // Kept while open, however quiet (see above; pings check it). To
             // a server without HTTP/2, a few idle HTTP/1.1 connections are.
             .pool_idle_timeout(None)
             .pool_max_idle_per_host(IDLE_HTTP1_CONNECTIONS)
-            .build(connector);
+            .build(connector)
+    };
+    let client = Pooled(match share {
+        Some(key) => shared_pool::shared(key, make),
+        None => std::sync::Arc::new(make()),
+    });
     let retry = tower::retry::RetryLayer::new(Resend::new(config.default_retry));
     let service =
         ServiceBuilder::new()
@@ -338,6 +369,36 @@ where
         BoxService::new(service),
         config.default_namespace,
     ))
+}
+
+/// A client's pool of connections, maybe shared with other clusters'
+/// clients ([`shared_pool`]).
+struct Pooled<C>(std::sync::Arc<hyper_util::client::legacy::Client<C, Body>>);
+
+impl<C> Clone for Pooled<C> {
+    fn clone(&self) -> Self {
+        Self(self.0.clone())
+    }
+}
+
+impl<C> tower::Service<Request<Body>> for Pooled<C>
+where
+    C: hyper_util::client::legacy::connect::Connect + Clone + Send + Sync + 'static,
+{
+    type Response = Response<hyper::body::Incoming>;
+    type Error = hyper_util::client::legacy::Error;
+    type Future = hyper_util::client::legacy::ResponseFuture;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Self::Error>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        self.0.request(request)
+    }
 }
 
 /// Connecting took longer than its deadline.

@@ -42,6 +42,7 @@ pub(crate) mod policy;
 pub mod process;
 mod proxy;
 mod resend;
+mod shared_pool;
 mod tunnel;
 mod withhold;
 

@@ -1,6 +1,7 @@
 //! Connections to a member: with HTTP/2 (the default for clients built
 //! from kubeconfigs) every list and watch of a cluster shares one
-//! connection; over HTTP/1.1 each open watch holds its own.
+//! connection; over HTTP/1.1 each open watch holds its own. Clusters on one
+//! server with one TLS identity share connections.
 
 mod common;
 
@@ -145,4 +146,172 @@ async fn a_server_without_http2_is_reached_over_http1_and_a_burst_leaves_two_idl
     )
     .await;
     cluster.cache().stop();
+}
+
+/// Clusters with one server and one TLS identity share connections, as
+/// client-go's transports do (a fleet behind a gateway, namespaces of one
+/// server as clusters): 100 clusters listing and watching on one API
+/// server hold four connections (32 clusters at most share one), not 100.
+/// Their caches stopped and the clusters dropped, the connections close.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn clusters_on_one_server_with_one_identity_share_connections() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let port = port_once_quiet(&cp).await;
+    let mut clusters = Vec::new();
+    for member in 0..100 {
+        let client = client::build(
+            cp.kubeconfig(),
+            None,
+            "the test kubeconfig",
+            &Default::default(),
+            &ClientOptions::default(),
+        )
+        .await
+        .expect("client");
+        client.apiserver_version().await.expect("version");
+        let cluster = Cluster::new(format!("member-{member}"), client);
+        cluster
+            .cache()
+            .list::<ConfigMap>(None)
+            .await
+            .expect("configmaps");
+        clusters.push(cluster);
+    }
+    eventually(
+        Polled::Kernel,
+        "four connections for 100 clusters' lists and watches",
+        || async { connections_to(port) == 4 },
+    )
+    .await;
+    for cluster in &clusters {
+        cluster.cache().stop();
+    }
+    drop(clusters);
+    eventually(
+        Polled::Kernel,
+        "the shared connections to close",
+        || async { connections_to(port) == 0 },
+    )
+    .await;
+}
+
+/// Clusters sharing a connection share its HTTP/2 flow-control window: a
+/// cluster that opens watches and stops reading them (a stuck consumer)
+/// must stall only those watches. With hyper's default window (5 MiB for
+/// the connection, 2 MiB a stream) three unread streams took the whole
+/// connection's window, and every other cluster on it waited.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sharing_cluster_that_stops_reading_stalls_only_its_own_watches() {
+    use futures::StreamExt;
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::{Api, ObjectMeta, PostParams, WatchParams};
+    use std::time::Duration;
+    let cp = ControlPlane::start().await.expect("control plane");
+    let port = port_once_quiet(&cp).await;
+    let build = async || {
+        client::build(
+            cp.kubeconfig(),
+            None,
+            "the test kubeconfig",
+            &Default::default(),
+            &ClientOptions::default(),
+        )
+        .await
+    };
+    let stuck = build().await.expect("client");
+    stuck.apiserver_version().await.expect("version");
+    let reading = build().await.expect("client");
+    reading.apiserver_version().await.expect("version");
+    eventually(
+        Polled::Kernel,
+        "the two clusters on one connection",
+        || async { connections_to(port) == 1 },
+    )
+    .await;
+
+    // Writes go through a client of their own (not the shared connection).
+    let admin = cp.client().await.expect("client");
+    for name in ["big", "small"] {
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        Api::<Namespace>::all(admin.clone())
+            .create(&PostParams::default(), &namespace)
+            .await
+            .expect("namespace");
+    }
+    // Four watches opened and never read, each then sent about 7 MiB.
+    let big = Api::<ConfigMap>::namespaced(stuck.clone(), "big");
+    let mut unread = Vec::new();
+    for _ in 0..4 {
+        let events = big
+            .watch(&WatchParams::default(), "0")
+            .await
+            .expect("watch");
+        unread.push(Box::pin(events));
+    }
+    let blob = "x".repeat(900 * 1024);
+    for index in 0..8 {
+        let config_map = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(format!("blob-{index}")),
+                ..ObjectMeta::default()
+            },
+            data: Some([("blob".to_string(), blob.clone())].into()),
+            ..ConfigMap::default()
+        };
+        Api::<ConfigMap>::namespaced(admin.clone(), "big")
+            .create(&PostParams::default(), &config_map)
+            .await
+            .expect("a big ConfigMap");
+    }
+
+    // The other cluster lists and watches over the same connection, and
+    // so does the stuck one for what it still reads.
+    for (who, client) in [("the reading cluster", &reading), ("the stuck one", &stuck)] {
+        let small = Api::<ConfigMap>::namespaced(client.clone(), "small");
+        let listed = tokio::time::timeout(Duration::from_secs(20), small.list(&Default::default()))
+            .await
+            .unwrap_or_else(|_| panic!("{who}'s list waited on the unread watches"));
+        let version = listed
+            .expect("list")
+            .metadata
+            .resource_version
+            .expect("version");
+        let mut events = Box::pin(
+            small
+                .watch(&WatchParams::default(), &version)
+                .await
+                .expect("watch"),
+        );
+        let name = format!("note-{}", who.len());
+        let note = ConfigMap {
+            metadata: ObjectMeta {
+                name: Some(name.clone()),
+                ..ObjectMeta::default()
+            },
+            ..ConfigMap::default()
+        };
+        Api::<ConfigMap>::namespaced(admin.clone(), "small")
+            .create(&PostParams::default(), &note)
+            .await
+            .expect("a small ConfigMap");
+        let seen = tokio::time::timeout(Duration::from_secs(20), async {
+            while let Some(event) = events.next().await {
+                if let Ok(kube::api::WatchEvent::Added(object)) = event {
+                    if object.metadata.name.as_deref() == Some(name.as_str()) {
+                        return true;
+                    }
+                }
+            }
+            false
+        })
+        .await;
+        assert_eq!(seen, Ok(true), "{who}'s watch waited on the unread watches");
+    }
+    drop(unread);
 }
