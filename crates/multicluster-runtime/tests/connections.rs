@@ -302,10 +302,10 @@ async fn a_sharing_cluster_that_stops_reading_stalls_only_its_own_watches() {
             .expect("a small ConfigMap");
         let seen = tokio::time::timeout(Duration::from_secs(20), async {
             while let Some(event) = events.next().await {
-                if let Ok(kube::api::WatchEvent::Added(object)) = event {
-                    if object.metadata.name.as_deref() == Some(name.as_str()) {
-                        return true;
-                    }
+                if let Ok(kube::api::WatchEvent::Added(object)) = event
+                    && object.metadata.name.as_deref() == Some(name.as_str())
+                {
+                    return true;
                 }
             }
             false
