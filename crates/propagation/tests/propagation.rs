@@ -964,10 +964,10 @@ where
     let task = tokio::spawn(async move {
         let mut events = std::pin::pin!(watcher(api, watcher::Config::default()));
         while let Some(event) = events.next().await {
-            if matches!(event, Ok(watcher::Event::InitDone)) {
-                if let Some(listed) = listed.take() {
-                    let _ = listed.send(());
-                }
+            if matches!(event, Ok(watcher::Event::InitDone))
+                && let Some(listed) = listed.take()
+            {
+                let _ = listed.send(());
             }
             let going = match event {
                 Ok(watcher::Event::Delete(_)) => true,
