@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{ApiResource, GroupVersionKind};
 use multicluster_example_configmap_sync::{
     ClientArgs, CopyContext, MainError, ManagerArgs, PolicyArgs, reconcile, sync_filter,
 };
@@ -30,6 +31,12 @@ struct Args {
     /// Data key holding the kubeconfig.
     #[arg(long, default_value = DEFAULT_DATA_KEY)]
     key: String,
+    /// Also watch this resource in every member, as group/version/Kind[/plural] (an empty
+    /// group for the core one; the plural when kube-rs's guess from the Kind is wrong);
+    /// repeatable. A member that does not serve it is degraded, naming it, while the copy
+    /// goes on there; it is ready once it serves it.
+    #[arg(long, value_name = "GROUP/VERSION/KIND", value_parser = resource)]
+    also_watch: Vec<ApiResource>,
     #[command(flatten)]
     manager: ManagerArgs,
     #[command(flatten)]
@@ -64,13 +71,71 @@ async fn run(args: Args) -> Result<(), MainError> {
     let manager = manager.provider(provider).build();
     // The controller: labelled ConfigMaps in every cluster, and the copies
     // they own; `reconcile` (shared by the examples) writes the copies.
-    let controller = Controller::builder("configmap-copy")
+    let mut controller = Controller::builder("configmap-copy")
         .for_resource(Watch::<ConfigMap>::new().filter(sync_filter()))
         .owns(Watch::<ConfigMap>::new())
-        .max_concurrent_reconciles(4)
-        .build_with_context(CopyContext::new(replica.as_deref()), reconcile)?;
+        .max_concurrent_reconciles(4);
+    // Watched for the member's readiness only: nothing is reconciled for
+    // them.
+    for resource in args.also_watch {
+        controller = controller.watches_dynamic(resource, Watch::new(), |_, _| Vec::new());
+    }
+    let controller =
+        controller.build_with_context(CopyContext::new(replica.as_deref()), reconcile)?;
     manager.add_controller(controller)?;
     tracing::info!("running; Ctrl-C stops");
     manager.run_until_signal().await?;
     Ok(())
+}
+
+/// `group/version/Kind[/plural]` as a resource to watch.
+fn resource(text: &str) -> Result<ApiResource, String> {
+    let parts: Vec<&str> = text.split('/').collect();
+    let (group, version, kind, plural) = match parts.as_slice() {
+        [group, version, kind] => (*group, *version, *kind, None),
+        [group, version, kind, plural] => (*group, *version, *kind, Some(*plural)),
+        _ => {
+            return Err(format!(
+                "{text:?} is not group/version/Kind (e.g. example.com/v1/Widget)"
+            ));
+        }
+    };
+    if version.is_empty() || kind.is_empty() || plural.is_some_and(str::is_empty) {
+        return Err(format!("{text:?} lacks a version, a Kind or a plural"));
+    }
+    let gvk = GroupVersionKind::gvk(group, version, kind);
+    Ok(match plural {
+        Some(plural) => ApiResource::from_gvk_with_plural(&gvk, plural),
+        None => ApiResource::from_gvk(&gvk),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::resource;
+
+    #[test]
+    fn also_watch_takes_group_version_kind_and_an_optional_plural() {
+        let widgets = resource("example.com/v1/Widget").expect("a resource");
+        assert_eq!(
+            (widgets.api_version.as_str(), widgets.plural.as_str()),
+            ("example.com/v1", "widgets")
+        );
+        let pods = resource("/v1/Pod").expect("the core group");
+        assert_eq!(
+            (pods.api_version.as_str(), pods.plural.as_str()),
+            ("v1", "pods")
+        );
+        let odd = resource("example.com/v1/Octopus/octopodes").expect("a plural");
+        assert_eq!(odd.plural, "octopodes");
+        for bad in [
+            "Widget",
+            "example.com/Widget",
+            "example.com//Widget",
+            "a/v1/K/",
+        ] {
+            let err = resource(bad).expect_err(bad);
+            assert!(err.contains(bad), "{err}");
+        }
+    }
 }

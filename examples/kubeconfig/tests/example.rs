@@ -456,3 +456,68 @@ async fn with_http1_the_members_are_spoken_to_over_http1_1() {
     let seen = offers.lock().expect("offers").clone();
     assert!(seen.iter().any(|h2| *h2), "HTTP/2 not offered: {seen:?}");
 }
+
+/// A CRD of this test's own, for `--also-watch`.
+const WIDGETS: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.example.com
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {plural: widgets, singular: widget, kind: Widget, listKind: WidgetList}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          x-kubernetes-preserve-unknown-fields: true
+"#;
+
+/// `--also-watch`: a member that does not serve the resource is shown
+/// `degraded`, naming it, while its ConfigMaps are still copied; once it
+/// serves the resource it is `ready`, without being engaged again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_lacking_a_watched_crd_is_degraded_until_it_serves_it() {
+    let (management, member) = management_and_member().await;
+    put_secrets(&management, &[("member", member.kubeconfig())]).await;
+    let address = free_address();
+    let mut running = example(&management)
+        .arg("--health-address")
+        .arg(address.to_string())
+        .args(["--also-watch", "example.com/v1/Widget"])
+        .spawn()
+        .expect("example");
+    let line = clusters_line(address, "member\tdegraded").await;
+    assert!(line.contains("widgets"), "{line}");
+    wait_for_copy(member.client().await.expect("client"), "without-widgets").await;
+
+    member.install_crds(WIDGETS).await.expect("CRD");
+    // The next list of widgets comes within the longest delay after a
+    // refusal (30 s and its random part).
+    multicluster_runtime::testing::eventually_within(
+        Duration::from_secs(90),
+        Polled::OtherProcess,
+        "the member to be ready once it serves widgets",
+        || async {
+            multicluster_runtime::testing::http_get(address, "/clusters")
+                .await
+                .is_ok_and(|(_, body)| body.lines().any(|line| line.starts_with("member\tready")))
+        },
+    )
+    .await;
+    let (_, metrics) = multicluster_runtime::testing::http_get(address, "/metrics")
+        .await
+        .expect("metrics");
+    assert!(
+        metrics
+            .lines()
+            .any(|line| line == "mcr_cluster_disengagements_total 0"),
+        "the member was engaged again"
+    );
+    let status = terminate(&mut running, GRACE + Duration::from_secs(5)).await;
+    assert!(status.success(), "{status}");
+}
