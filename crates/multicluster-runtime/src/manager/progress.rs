@@ -50,8 +50,9 @@ pub(super) struct Progress {
     /// When an unhealthy engaged cluster is probed next, and the delay
     /// after that.
     pub(super) next_probe: Option<(Instant, Duration)>,
-    /// When a healthy one whose connections have no pings is asked next
-    /// whether it answers.
+    /// When it is next looked at, once handed over, for a probe of
+    /// whether it answers (made if its connections have no pings): its
+    /// entry in `Tracked::liveness`.
     pub(super) next_liveness_probe: Option<Instant>,
     /// Not checked yet: neither handed to the coordinator nor found
     /// unreachable (counted in `Tracked::unchecked`).
