@@ -8,6 +8,32 @@ use kube::runtime::wait::{await_condition, conditions};
 
 use crate::{ControlPlane, Error};
 
+/// A CRD of the tests' own, not an upstream type: `widgets.example.com`,
+/// version `v1`, kind `Widget`, namespaced, with an integer `spec.size`.
+/// For a member that serves a resource another lacks.
+pub const WIDGETS_CRD: &str = r#"
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata:
+  name: widgets.example.com
+spec:
+  group: example.com
+  scope: Namespaced
+  names: {plural: widgets, singular: widget, kind: Widget, listKind: WidgetList}
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec:
+              type: object
+              properties:
+                size: {type: integer}
+"#;
+
 /// How long a CRD may take to become established.
 const ESTABLISH_TIMEOUT: Duration = Duration::from_secs(30);
 

@@ -51,6 +51,7 @@ use std::time::Duration;
 
 pub use binaries::Binaries;
 pub use control_plane::{ControlPlane, ControlPlaneBuilder};
+pub use crds::WIDGETS_CRD;
 pub use identity::config_map_rules;
 pub use kubeconfig::{client_for, to_yaml};
 pub use kubectl_proxy::KubectlProxy;

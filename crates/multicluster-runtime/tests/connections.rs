@@ -12,9 +12,11 @@ use multicluster_runtime::client::{self, ClientOptions};
 use multicluster_runtime::testing::Polled;
 use multicluster_runtime::testing::{connections_to, eventually};
 
-/// A cluster over a client built from `cp`'s kubeconfig, with three
-/// informers listed and watching.
-async fn watching_three_types(cp: &ControlPlane, options: &ClientOptions) -> Cluster {
+/// A client built from `cp`'s kubeconfig as a provider builds it, once it
+/// has had an answer. One request first, as the manager's probe does:
+/// requests that race the first connection's TLS handshake cannot know
+/// yet that it will be HTTP/2, and may open connections of their own.
+async fn answered_client(cp: &ControlPlane, options: &ClientOptions) -> kube::Client {
     let client = client::build(
         cp.kubeconfig(),
         None,
@@ -24,10 +26,14 @@ async fn watching_three_types(cp: &ControlPlane, options: &ClientOptions) -> Clu
     )
     .await
     .expect("client");
-    // One request first, as the manager's probe does: requests that race
-    // the first connection's TLS handshake cannot know yet that it will be
-    // HTTP/2, and may open connections of their own.
     client.apiserver_version().await.expect("version");
+    client
+}
+
+/// A cluster over a client built from `cp`'s kubeconfig, with three
+/// informers listed and watching.
+async fn watching_three_types(cp: &ControlPlane, options: &ClientOptions) -> Cluster {
+    let client = answered_client(cp, options).await;
     let cluster = Cluster::new("member", client);
     let cache = cluster.cache();
     cache.list::<ConfigMap>(None).await.expect("configmaps");
@@ -159,16 +165,7 @@ async fn clusters_on_one_server_with_one_identity_share_connections() {
     let port = port_once_quiet(&cp).await;
     let mut clusters = Vec::new();
     for member in 0..100 {
-        let client = client::build(
-            cp.kubeconfig(),
-            None,
-            "the test kubeconfig",
-            &Default::default(),
-            &ClientOptions::default(),
-        )
-        .await
-        .expect("client");
-        client.apiserver_version().await.expect("version");
+        let client = answered_client(&cp, &ClientOptions::default()).await;
         let cluster = Cluster::new(format!("member-{member}"), client);
         cluster
             .cache()
@@ -208,20 +205,8 @@ async fn a_sharing_cluster_that_stops_reading_stalls_only_its_own_watches() {
     use std::time::Duration;
     let cp = ControlPlane::start().await.expect("control plane");
     let port = port_once_quiet(&cp).await;
-    let build = async || {
-        client::build(
-            cp.kubeconfig(),
-            None,
-            "the test kubeconfig",
-            &Default::default(),
-            &ClientOptions::default(),
-        )
-        .await
-    };
-    let stuck = build().await.expect("client");
-    stuck.apiserver_version().await.expect("version");
-    let reading = build().await.expect("client");
-    reading.apiserver_version().await.expect("version");
+    let stuck = answered_client(&cp, &ClientOptions::default()).await;
+    let reading = answered_client(&cp, &ClientOptions::default()).await;
     eventually(
         Polled::Kernel,
         "the two clusters on one connection",

@@ -16,29 +16,8 @@ use multicluster_runtime::controller::{Action, Controller, Watch};
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::testing::wait_for_fleet_within;
 
-/// A CRD of this test's own (not an upstream type).
-const WIDGETS: &str = r#"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: widgets.example.com
-spec:
-  group: example.com
-  scope: Namespaced
-  names: {plural: widgets, singular: widget, kind: Widget, listKind: WidgetList}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema:
-          type: object
-          properties:
-            spec:
-              type: object
-              properties:
-                size: {type: integer}
-"#;
+/// A CRD of the tests' own (not an upstream type).
+const WIDGETS: &str = multicluster_envtest::WIDGETS_CRD;
 
 fn widgets() -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk("example.com", "v1", "Widget"))

@@ -457,25 +457,8 @@ async fn with_http1_the_members_are_spoken_to_over_http1_1() {
     assert!(seen.iter().any(|h2| *h2), "HTTP/2 not offered: {seen:?}");
 }
 
-/// A CRD of this test's own, for `--also-watch`.
-const WIDGETS: &str = r#"
-apiVersion: apiextensions.k8s.io/v1
-kind: CustomResourceDefinition
-metadata:
-  name: widgets.example.com
-spec:
-  group: example.com
-  scope: Namespaced
-  names: {plural: widgets, singular: widget, kind: Widget, listKind: WidgetList}
-  versions:
-    - name: v1
-      served: true
-      storage: true
-      schema:
-        openAPIV3Schema:
-          type: object
-          x-kubernetes-preserve-unknown-fields: true
-"#;
+/// A CRD of the tests' own, for `--also-watch`.
+const WIDGETS: &str = multicluster_envtest::WIDGETS_CRD;
 
 /// `--also-watch`: a member that does not serve the resource is shown
 /// `degraded`, naming it, while its ConfigMaps are still copied; once it
