@@ -37,7 +37,10 @@
 //! deadlines as the others. Connecting as a whole (TCP, the proxy's
 //! `CONNECT` and TLS) has one deadline, [`ClientOptions::connect_timeout`]:
 //! a server or proxy that accepts the TCP connection and then says nothing
-//! fails the attempt instead of holding it. With `http2: false`, or a
+//! fails the attempt instead of holding it. Attempts take turns
+//! process-wide ([`super::pace`]): the deadline runs from an attempt's
+//! turn, so thousands of clusters engaged at once do not time out on our
+//! own queue of TLS handshakes. With `http2: false`, or a
 //! server that does not offer HTTP/2, the same stack speaks HTTP/1.1:
 //! deadlines and retries as above, but no pings, so the manager probes such
 //! clusters instead (every 30 s, 15 s to answer: a silent partition is
@@ -85,6 +88,7 @@ use tokio::net::TcpStream;
 use tower::util::{BoxCloneSyncService, BoxService};
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
+use super::pace::Pace;
 use super::resend::Resend;
 use super::shared_pool::{self, TransportKey};
 use super::tunnel::Tunnelled;
@@ -407,7 +411,8 @@ where
 pub(crate) struct ConnectTimedOut(Duration);
 
 /// A connector whose whole connection attempt has a deadline: hyper-util's
-/// own covers the TCP connection only.
+/// own covers the TCP connection only. Attempts are paced process-wide
+/// ([`Pace`]), the deadline running from an attempt's start.
 #[derive(Clone, Debug)]
 struct ConnectDeadline<C> {
     inner: C,
@@ -422,7 +427,7 @@ impl<C> ConnectDeadline<C> {
 
 impl<C> tower::Service<Uri> for ConnectDeadline<C>
 where
-    C: tower::Service<Uri>,
+    C: tower::Service<Uri> + Clone + Send + 'static,
     C::Future: Send + 'static,
     C::Error: Into<BoxError>,
 {
@@ -438,9 +443,11 @@ where
     }
 
     fn call(&mut self, uri: Uri) -> Self::Future {
-        let connecting = self.inner.call(uri);
+        let inner = self.inner.clone();
         let deadline = self.deadline;
-        Box::pin(async move {
+        // The attempt starts at its turn ([`Pace`]), and its deadline with it.
+        Box::pin(Pace::process().run(move || async move {
+            let connecting = inner.oneshot(uri);
             match deadline {
                 Some(deadline) => match tokio::time::timeout(deadline, connecting).await {
                     Ok(connected) => connected.map_err(Into::into),
@@ -448,7 +455,7 @@ where
                 },
                 None => connecting.await.map_err(Into::into),
             }
-        })
+        }))
     }
 }
 

@@ -38,6 +38,7 @@ pub mod credentials;
 mod error;
 pub mod kubeconfig;
 mod options;
+mod pace;
 pub(crate) mod policy;
 pub mod process;
 mod proxy;
