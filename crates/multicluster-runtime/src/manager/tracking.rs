@@ -343,13 +343,14 @@ impl Manager {
         let mut guard = lock(&self.inner.clusters);
         let tracked = &mut *guard;
         let mut due = Vec::new();
-        while let Some((look, name)) = tracked
+        while tracked
             .liveness
             .first()
-            .filter(|(look, _)| *look <= now)
-            .cloned()
+            .is_some_and(|(look, _)| *look <= now)
         {
-            tracked.liveness.remove(&(look, name.clone()));
+            let Some((look, name)) = tracked.liveness.pop_first() else {
+                break;
+            };
             let Some(held) = tracked.clusters.get_mut(&name) else {
                 continue;
             };
