@@ -246,7 +246,7 @@ impl Manager {
                 return false;
             };
             held.data.hand_over();
-            let look = Instant::now() + LIVENESS_INTERVAL;
+            let look = Instant::now() + first_look(name);
             held.data.next_liveness_probe = Some(look);
             tracked.liveness.insert((look, name.clone()));
             tracked
@@ -331,7 +331,8 @@ impl Manager {
     /// clusters are probed by the health walk already.
     ///
     /// Each cluster is looked at on its own schedule, every
-    /// [`LIVENESS_INTERVAL`] from its hand-over, and probed then if it needs
+    /// [`LIVENESS_INTERVAL`] from a first look within that interval after
+    /// its hand-over ([`first_look`]), and probed then if it needs
     /// it, so a fleet's probes spread over the interval rather than
     /// leaving together, and a tick touches only the clusters due: walking
     /// every cluster every second to find them was a fifth of a quiet
@@ -492,6 +493,22 @@ async fn probe_server(cluster: &Cluster) -> Result<(), Redacted> {
 
 /// [`probe_server`], the request given `deadline` instead of the client's
 /// (for clients whose requests are recorded, the failure is recorded too).
+/// How long after its hand-over a cluster is first looked at for a
+/// liveness probe: somewhere within [`LIVENESS_INTERVAL`], by a hash of its
+/// name under this process's random seed. A fleet is handed over within a
+/// second or two; its first probes (over HTTP/1.1, each opening the
+/// cluster's second connection, the watch holding the first) left
+/// together, 10,000 TLS handshakes at once.
+fn first_look(name: &ClusterName) -> Duration {
+    use std::hash::BuildHasher;
+    static SEED: std::sync::OnceLock<std::collections::hash_map::RandomState> =
+        std::sync::OnceLock::new();
+    let hash = SEED
+        .get_or_init(std::collections::hash_map::RandomState::new)
+        .hash_one(name);
+    LIVENESS_INTERVAL.mul_f64((hash % 1_000 + 1) as f64 / 1_000.0)
+}
+
 async fn probe_server_within(
     cluster: &Cluster,
     deadline: Option<Duration>,
@@ -515,4 +532,40 @@ async fn probe_server_within(
                 .filter(|failure| failure.unreachable)
                 .map_or_else(|| Redacted::kube(&err), |failure| failure.reason)
         })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A fleet handed over together is first looked at spread over the
+    /// interval, each cluster within it.
+    #[test]
+    fn first_looks_spread_over_the_liveness_interval() {
+        let looks: Vec<Duration> = (0..1_000)
+            .map(|index| first_look(&ClusterName::from(format!("member-{index}"))))
+            .collect();
+        assert!(
+            looks
+                .iter()
+                .all(|look| !look.is_zero() && *look <= LIVENESS_INTERVAL)
+        );
+        // In each tenth of the interval, some (about 100 each).
+        for tenth in 0..10 {
+            let (from, to) = (
+                LIVENESS_INTERVAL * tenth / 10,
+                LIVENESS_INTERVAL * (tenth + 1) / 10,
+            );
+            let within = looks
+                .iter()
+                .filter(|look| **look > from && **look <= to)
+                .count();
+            assert!((50..=150).contains(&within), "{within} in tenth {tenth}");
+        }
+        // The same name, the same look (one seed per process).
+        assert_eq!(
+            first_look(&ClusterName::from("member-7")),
+            first_look(&ClusterName::from("member-7"))
+        );
+    }
 }
