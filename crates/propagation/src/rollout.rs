@@ -354,8 +354,9 @@ pub(crate) struct Look<'a> {
 }
 
 /// The rollout's next state: slots of members that are done (or gone past
-/// their progress deadline) freed, failures noted, and free slots given to the next members of the
-/// stage under way, unless halted, paused or waiting for an approval.
+/// their progress deadline) freed, failures noted, and free slots given to
+/// the next members of the stage under way, unless halted, paused or
+/// waiting for an approval.
 pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutStatus {
     let Pace::Paced {
         max_unavailable, ..
