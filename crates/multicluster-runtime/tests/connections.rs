@@ -200,7 +200,6 @@ async fn clusters_on_one_server_with_one_identity_share_connections() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sharing_cluster_that_stops_reading_stalls_only_its_own_watches() {
     use futures::StreamExt;
-    use k8s_openapi::api::core::v1::Namespace;
     use kube::api::{Api, ObjectMeta, PostParams, WatchParams};
     use std::time::Duration;
     let cp = ControlPlane::start().await.expect("control plane");
@@ -217,17 +216,7 @@ async fn a_sharing_cluster_that_stops_reading_stalls_only_its_own_watches() {
     // Writes go through a client of their own (not the shared connection).
     let admin = cp.client().await.expect("client");
     for name in ["big", "small"] {
-        let namespace = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.to_string()),
-                ..ObjectMeta::default()
-            },
-            ..Namespace::default()
-        };
-        Api::<Namespace>::all(admin.clone())
-            .create(&PostParams::default(), &namespace)
-            .await
-            .expect("namespace");
+        cp.create_namespace(name).await.expect("namespace");
     }
     // Four watches opened and never read, each then sent about 7 MiB.
     let big = Api::<ConfigMap>::namespaced(stuck.clone(), "big");
