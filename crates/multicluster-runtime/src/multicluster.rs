@@ -61,6 +61,17 @@ pub trait Aware: Send + Sync {
     fn warm(&self, name: &ClusterName, cluster: &Cluster) {
         let _ = (name, cluster);
     }
+
+    /// Whether this component works on the local cluster on every replica
+    /// of a fleet shared among replicas (a sharded coordinator), rather
+    /// than on the one replica the coordinator gives it to: a component
+    /// whose members' work reads the hub (the local cluster) needs it
+    /// wherever its members are worked on. Such a component must make
+    /// its writes to the local cluster safe for several replicas at once.
+    /// The default is false.
+    fn local_on_every_replica(&self) -> bool {
+        false
+    }
 }
 
 /// Looks up clusters of the fleet by name.

@@ -377,7 +377,8 @@ where
     /// and remove.
     pub fn build(self) -> Result<Controller, Error> {
         let (shared, reselect, configure) = self.into_shared()?;
-        let mut builder = Controller::builder(shared.name.clone());
+        // Every replica sharing a fleet reads the hub for its own members.
+        let mut builder = Controller::builder(shared.name.clone()).local_on_every_replica();
         builder = hub_sources(builder, &shared);
         builder = member_sources(builder, &shared);
         builder = reselect_sources(builder, &shared, reselect);

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use super::status::{self, MemberState, Outcome};
 use super::{HubKey, Members, STATUS_COALESCE, Shared, StatusTarget};
@@ -15,10 +15,17 @@ use multicluster_runtime::Cluster;
 use multicluster_runtime::ClusterName;
 use multicluster_runtime::cache::CachedResource;
 use multicluster_runtime::controller::{Action, ReconcileError, Request, finalizer};
+use multicluster_runtime::coordinator::Replicas;
 
 /// How soon a hub object whose members still hold its objects is looked
 /// at again (their removal also queues it).
 const CLEANUP_RECHECK: Duration = Duration::from_secs(2);
+
+/// Annotation on a hub object being deleted, when replicas share the
+/// fleet: by propagation, the replicas whose members hold nothing made
+/// for it any more (JSON). Its finalizer goes once every live replica is
+/// listed.
+pub const CLEANED_ANNOTATION: &str = "propagation.mcr.sigs.k8s.io/cleaned";
 
 impl<K> Shared<K>
 where
@@ -43,6 +50,13 @@ where
         let wanted = (self.select)(&hub) && hub.meta().deletion_timestamp.is_none();
         if !wanted {
             if !self.members_clean(&key) {
+                return Ok(Action::requeue(CLEANUP_RECHECK));
+            }
+            if hub.meta().deletion_timestamp.is_some()
+                && !self
+                    .every_replica_clean(&hub_cluster, &key, hub.as_ref())
+                    .await?
+            {
                 return Ok(Action::requeue(CLEANUP_RECHECK));
             }
             self.change_outcomes(|outcomes| outcomes.forget(&key));
@@ -96,10 +110,62 @@ where
             .all(|member| self.holds_nothing(key, &member))
     }
 
+    /// Among replicas sharing the fleet, each cleans its own members: the
+    /// hub object being deleted keeps its finalizer until every live
+    /// replica has said so ([`CLEANED_ANNOTATION`]). This replica's
+    /// members are clean; says so if it has not yet, and whether every
+    /// live replica has. True at once for one replica alone.
+    async fn every_replica_clean(
+        &self,
+        hub_cluster: &Cluster,
+        key: &HubKey,
+        hub: &K,
+    ) -> Result<bool, ReconcileError> {
+        let Some(replicas) = self.controller.get().and_then(|c| c.replicas()) else {
+            return Ok(true);
+        };
+        let mut cleaned: BTreeMap<String, Vec<String>> = hub
+            .meta()
+            .annotations
+            .as_ref()
+            .and_then(|annotations| annotations.get(CLEANED_ANNOTATION))
+            .and_then(|text| serde_json::from_str(text).ok())
+            .unwrap_or_default();
+        let ours = cleaned.entry(self.name.clone()).or_default();
+        if ours.contains(&replicas.me) {
+            return Ok(replicas.live.iter().all(|replica| ours.contains(replica)));
+        }
+        ours.push(replicas.me.clone());
+        ours.sort();
+        let resource = ApiResource::erase::<K>(&());
+        let api: Api<DynamicObject> = match &key.0 {
+            Some(namespace) => Api::namespaced_with(hub_cluster.client(), namespace, &resource),
+            None => Api::all_with(hub_cluster.client(), &resource),
+        };
+        // With the resourceVersion the cache saw: another replica saying
+        // so at the same time is not written over.
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": hub.meta().resource_version,
+                "annotations": { CLEANED_ANNOTATION: serde_json::to_string(&cleaned)? },
+            },
+        });
+        written(
+            api.patch(&key.1, &PatchParams::default(), &Patch::Merge(&patch))
+                .await,
+        )?;
+        Ok(false)
+    }
+
     /// The outcome of every member the hub object concerns: those with an
     /// outcome that are still engaged or chosen, engaged selected ones not
     /// yet reconciled (`Pending`), chosen ones not engaged (`NotEngaged`).
-    fn member_outcomes(&self, key: &HubKey, hub: &K) -> BTreeMap<ClusterName, Outcome> {
+    fn member_outcomes(
+        &self,
+        key: &HubKey,
+        hub: &K,
+        replicas: Option<&Replicas>,
+    ) -> BTreeMap<ClusterName, Outcome> {
         let Some(controller) = self.controller.get() else {
             return BTreeMap::new();
         };
@@ -114,8 +180,12 @@ where
             _ => Vec::new(),
         };
         self.change_outcomes(|outcomes| {
+            // Among replicas sharing the fleet, a member engaged elsewhere
+            // is the other replica's to tell about.
+            let elsewhere = |name: &ClusterName| replicas.is_some_and(|r| !r.is_mine(name));
             outcomes.keep_only(key, |name| {
-                engaged.iter().any(|(engaged, _)| engaged == name) || chosen.contains(name)
+                engaged.iter().any(|(engaged, _)| engaged == name)
+                    || (chosen.contains(name) && !elsewhere(name))
             });
             for (name, cluster) in &engaged {
                 if outcomes.get(key, name).is_none() && self.members.includes(hub, name, cluster) {
@@ -123,7 +193,7 @@ where
                 }
             }
             for name in &chosen {
-                if !engaged.iter().any(|(engaged, _)| engaged == name) {
+                if !elsewhere(name) && !engaged.iter().any(|(engaged, _)| engaged == name) {
                     outcomes.set(key, name, Outcome::failed(MemberState::NotEngaged, None));
                 }
             }
@@ -142,34 +212,63 @@ where
         if self.status == StatusTarget::None {
             return Ok(false);
         }
-        let outcomes = self.member_outcomes(key, hub);
+        let replicas = self
+            .controller
+            .get()
+            .and_then(multicluster_runtime::controller::Controller::replicas);
+        let outcomes = self.member_outcomes(key, hub, replicas.as_ref());
+        let value = serde_json::to_value(hub)?;
+        let current = match &self.status {
+            StatusTarget::Annotation(annotation) => value
+                .pointer("/metadata/annotations")
+                .and_then(|annotations| annotations.get(annotation))
+                .and_then(Value::as_str)
+                .and_then(|text| serde_json::from_str::<Value>(text).ok()),
+            _ => value.get("status").cloned(),
+        };
+        let rollout = self.rollout_summary(key, hub);
         let status::Rendered {
             members,
             counts,
             mut condition,
-        } = status::render(
-            &outcomes,
-            hub.meta().generation,
-            self.rollout_summary(key, hub),
-        );
+            by_replica,
+        } = match &replicas {
+            None => status::render(&outcomes, hub.meta().generation, rollout),
+            Some(replicas) => status::render_shared(
+                current.as_ref(),
+                &outcomes,
+                &replicas.me,
+                &replicas.live,
+                &|name| replicas.is_mine(name),
+                hub.meta().generation,
+                rollout,
+            ),
+        };
         let resource = ApiResource::erase::<K>(&());
         let api: Api<DynamicObject> = match &key.0 {
             Some(namespace) => Api::namespaced_with(hub_cluster.client(), namespace, &resource),
             None => Api::all_with(hub_cluster.client(), &resource),
         };
-        let identity = json!({
+        let mut identity = json!({
             "apiVersion": resource.api_version,
             "kind": resource.kind,
             "metadata": { "name": key.1, "namespace": key.0 },
         });
+        if replicas.is_some() {
+            // Several replicas write the whole of it, each its own
+            // members' part: none may write over what another wrote since
+            // its cache saw the object (the other's write is an event, and
+            // this one is tried again).
+            identity["metadata"]["resourceVersion"] = value["metadata"]["resourceVersion"].clone();
+        }
         let params = PatchParams::apply(&self.status_manager).force();
         match &self.status {
             StatusTarget::None => Ok(false),
             StatusTarget::Subresource => {
-                let current = serde_json::to_value(hub)?;
-                let live = current.get("status");
+                let live = current.as_ref();
                 let previous = status::current_condition(live);
                 if live.and_then(|status| status.get("members")) == Some(&members)
+                    && live.and_then(|status| status.get("countsByReplica")) == by_replica.as_ref()
                     && previous.is_some_and(|previous| status::same_condition(previous, &condition))
                 {
                     return Ok(false);
@@ -187,14 +286,21 @@ where
                 let mut patch = identity;
                 patch["status"] =
                     json!({ "members": members, "counts": counts, "conditions": [condition] });
-                api.patch_status(&key.1, &params, &Patch::Apply(&patch))
-                    .await?;
-                Ok(true)
+                if let Some(by_replica) = by_replica {
+                    patch["status"]["countsByReplica"] = by_replica;
+                }
+                written(
+                    api.patch_status(&key.1, &params, &Patch::Apply(&patch))
+                        .await,
+                )
             }
             StatusTarget::Annotation(annotation) => {
-                let text = serde_json::to_string(
-                    &json!({ "members": members, "counts": counts, "condition": condition }),
-                )?;
+                let mut text =
+                    json!({ "members": members, "counts": counts, "condition": condition });
+                if let Some(by_replica) = by_replica {
+                    text["countsByReplica"] = by_replica;
+                }
+                let text = serde_json::to_string(&text)?;
                 let current = hub
                     .meta()
                     .annotations
@@ -205,9 +311,19 @@ where
                 }
                 let mut patch = identity;
                 patch["metadata"]["annotations"] = json!({ annotation.as_str(): text });
-                api.patch(&key.1, &params, &Patch::Apply(&patch)).await?;
-                Ok(true)
+                written(api.patch(&key.1, &params, &Patch::Apply(&patch)).await)
             }
         }
+    }
+}
+
+/// Whether a status write went through: a lost race (another replica
+/// wrote since the cache saw the object) is no failure, its write is an
+/// event that brings this reconcile back.
+fn written(answer: Result<DynamicObject, kube::Error>) -> Result<bool, ReconcileError> {
+    match answer {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(status)) if status.code == 409 => Ok(false),
+        Err(err) => Err(err.into()),
     }
 }

@@ -73,9 +73,13 @@
 //!   second. A member that fails is told in a Warning Event on the hub
 //!   object, where its owner looks, never in the member.
 //!
-//! **Replicas**: one, or several under leader election. Not with the
-//! sharding coordinator yet: it gives the hub cluster's work to one
-//! replica, and members worked on by the others get nothing.
+//! **Replicas**: one, several under leader election, or several sharing
+//! the fleet (a sharded coordinator): every replica then watches the hub
+//! and works on its own members, and the replicas share what the others
+//! need through the hub object (each one's members in the status, with
+//! its counts in `countsByReplica`; each one's rollout facts in the
+//! rollout's record; [`CLEANED_ANNOTATION`] before the finalizer goes),
+//! every write with the object's `resourceVersion` as a precondition.
 //!
 //! Nothing else is watched in the members: in particular not the hub
 //! type, so a member whose RBAC allows only the propagated types (`get`,
@@ -129,11 +133,12 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub use apply_modes::ApplyMode;
 pub use builder::Propagation;
 pub use health::Health;
+pub use hub::CLEANED_ANNOTATION;
 pub use letting_go::{DELETION_POLICY_ANNOTATION, DeletionPolicy};
 pub use rollout::{
     APPROVAL_ANNOTATION, MaxUnavailable, PAUSE_ANNOTATION, REVISION_ANNOTATION, Rollout, Stage,
 };
-pub use schema::{MemberStatus, PropagationStatus, RolloutStatus, UpdatingMember};
+pub use schema::{MemberStatus, PropagationStatus, ReplicaMembers, RolloutStatus, UpdatingMember};
 pub use status::{CONDITION_TYPE, MemberState};
 pub use waves::WAVE_ANNOTATION;
 

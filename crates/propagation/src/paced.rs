@@ -14,7 +14,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
-use super::rollout::{self, Look, Member, RolloutStatus as Record};
+use super::rollout::{self, Elsewhere, Look, Member, RolloutStatus as Record};
 use super::status::{MemberState, Outcome};
 use super::{HubKey, REVISION_ANNOTATION, Rollout, Shared};
 use multicluster_runtime::Cluster;
@@ -309,7 +309,15 @@ where
         };
         let paused = rollout::paused_by_annotation(&value)
             || self.rollouts.pause.as_ref().is_some_and(|pause| pause(hub));
-        let record = rollout::step(
+        // Replicas sharing the fleet each step for their own members, and
+        // tell the others about them in the record.
+        let replicas = controller.replicas();
+        let elsewhere = replicas
+            .as_ref()
+            .map_or_else(Elsewhere::default, |replicas| {
+                Elsewhere::from_record(before.as_ref(), &replicas.me, &replicas.live, &revision)
+            });
+        let mut record = rollout::step(
             &Look {
                 rollout: &self.rollouts.rollout,
                 revision: &revision,
@@ -318,9 +326,22 @@ where
                 stage_names: &stage_names,
                 paused,
                 approved: &approved,
+                elsewhere: &elsewhere,
             },
             before.as_ref(),
         );
+        if let Some(replicas) = &replicas {
+            record.replicas = before
+                .as_ref()
+                .map(|before| before.replicas.clone())
+                .unwrap_or_default();
+            record
+                .replicas
+                .retain(|replica, _| replicas.live.contains(replica));
+            record
+                .replicas
+                .insert(replicas.me.clone(), rollout::own_members(&record, &members));
+        }
         if before.as_ref() != Some(&record) {
             match self.write_record(hub_cluster, key, &value, &record).await {
                 Ok(()) => {}

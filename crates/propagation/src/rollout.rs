@@ -14,7 +14,7 @@
 //! carries the revision it was applied at ([`REVISION_ANNOTATION`]), so a
 //! member that has the new revision is known as such after a restart.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -129,8 +129,9 @@ impl Stage {
 ///
 /// Its state is kept on the hub object, so a restarted controller, a new
 /// leader or two controllers at once never give out more slots than
-/// allowed. Like the rest of a propagation, it does not work with the
-/// sharding coordinator yet (see [`Propagation`](crate::Propagation)).
+/// allowed. Replicas sharing the fleet (a sharded coordinator) each give
+/// slots to their own members, counting the others' from the record
+/// ([`RolloutStatus::replicas`]).
 #[derive(Clone, Debug)]
 pub struct Rollout {
     pace: Pace,
@@ -280,6 +281,30 @@ pub struct RolloutStatus {
     /// approval.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
+    /// When replicas share the fleet (a sharded coordinator), what each
+    /// live replica's last step saw of its own members, by replica ID:
+    /// the others' members count in every replica's step.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub replicas: BTreeMap<String, ReplicaMembers>,
+}
+
+/// One replica's selected members in a rollout, as its last step saw them
+/// ([`RolloutStatus::replicas`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct ReplicaMembers {
+    /// The revision it saw them for.
+    pub revision: String,
+    /// How many there are.
+    pub members: usize,
+    /// How many have the revision and hold no slot.
+    pub updated: usize,
+    /// How many have not been given the revision yet.
+    pub remaining: usize,
+    /// The first stage (by index) with a member still to change, if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stage: Option<usize>,
 }
 
 /// A member holding a slot in a paced rollout.
@@ -351,6 +376,52 @@ pub(crate) struct Look<'a> {
     pub(crate) paused: bool,
     /// Whether the stage at an index is approved for the revision.
     pub(crate) approved: &'a dyn Fn(usize) -> bool,
+    /// The members other replicas work on (replicas sharing the fleet).
+    pub(crate) elsewhere: &'a Elsewhere,
+}
+
+/// What the other replicas sharing a fleet report of their members: added
+/// to what a step sees itself. Their members' slots are in the record.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct Elsewhere {
+    pub(crate) members: usize,
+    pub(crate) updated: usize,
+    pub(crate) remaining: usize,
+    /// The first stage with a member still to change there.
+    pub(crate) stage: Option<usize>,
+    /// A live replica that has not reported for this revision yet: until
+    /// it does, its members' stages are unknown, and no slot is given.
+    pub(crate) unheard: Option<String>,
+}
+
+impl Elsewhere {
+    /// What the live replicas other than `me` reported in `record` for
+    /// `revision`.
+    pub(crate) fn from_record(
+        record: Option<&RolloutStatus>,
+        me: &str,
+        live: &[String],
+        revision: &str,
+    ) -> Self {
+        let mut elsewhere = Self::default();
+        for replica in live.iter().filter(|replica| *replica != me) {
+            let reported = record
+                .and_then(|record| record.replicas.get(replica))
+                .filter(|reported| reported.revision == revision);
+            let Some(reported) = reported else {
+                elsewhere.unheard.get_or_insert_with(|| replica.clone());
+                continue;
+            };
+            elsewhere.members += reported.members;
+            elsewhere.updated += reported.updated;
+            elsewhere.remaining += reported.remaining;
+            elsewhere.stage = match (elsewhere.stage, reported.stage) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            };
+        }
+        elsewhere
+    }
 }
 
 /// The rollout's next state: slots of members that are done (or gone past
@@ -381,7 +452,12 @@ pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutSt
         None => held(slot) <= look.rollout.progress_deadline,
     });
     for slot in &mut updating {
-        let failing = member(&slot.cluster).and_then(|m| m.failing.clone());
+        // A member this step does not see keeps what its own replica
+        // found (replicas sharing the fleet).
+        let failing = match member(&slot.cluster) {
+            Some(m) => m.failing.clone(),
+            None => slot.failed.take(),
+        };
         let held = held(slot);
         slot.failed = failing.or_else(|| {
             (held > look.rollout.progress_deadline).then(|| {
@@ -415,11 +491,16 @@ pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutSt
         .iter()
         .filter(|m| !m.at_revision || holds(&m.name, &updating))
         .map(|m| m.stage)
+        .chain(look.elsewhere.stage)
         .min();
     let mut waiting = None;
     if halted.is_none() {
         if look.paused {
             waiting = Some(format!("paused ({PAUSE_ANNOTATION})"));
+        } else if let Some(replica) = &look.elsewhere.unheard {
+            waiting = Some(format!(
+                "waiting for replica {replica} to report its members"
+            ));
         } else if let Some(stage) = current {
             if look.rollout.needs_approval(stage) && !(look.approved)(stage) {
                 let name = look
@@ -434,7 +515,7 @@ pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutSt
                 ));
             } else {
                 let free = max_unavailable
-                    .slots(look.members.len())
+                    .slots(look.members.len() + look.elsewhere.members)
                     .saturating_sub(updating.len());
                 let next: Vec<UpdatingMember> = look
                     .members
@@ -470,11 +551,35 @@ pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutSt
     RolloutStatus {
         revision: look.revision.to_string(),
         updating,
-        updated,
-        remaining,
+        updated: updated + look.elsewhere.updated,
+        remaining: remaining + look.elsewhere.remaining,
         stage: current.and_then(|stage| look.stage_names.get(stage).cloned().flatten()),
         halted,
         waiting,
+        replicas: BTreeMap::new(),
+    }
+}
+
+/// What `record` (a step's result) says of the step's own `members`, for
+/// the other replicas sharing the fleet.
+pub(crate) fn own_members(record: &RolloutStatus, members: &[Member]) -> ReplicaMembers {
+    let holds = |m: &Member| record.holds_slot(&m.name);
+    ReplicaMembers {
+        revision: record.revision.clone(),
+        members: members.len(),
+        updated: members
+            .iter()
+            .filter(|m| m.at_revision && !holds(m))
+            .count(),
+        remaining: members
+            .iter()
+            .filter(|m| !m.at_revision && !holds(m))
+            .count(),
+        stage: members
+            .iter()
+            .filter(|m| !m.at_revision || holds(m))
+            .map(|m| m.stage)
+            .min(),
     }
 }
 
@@ -558,7 +663,128 @@ mod tests {
             stage_names: &[],
             paused: false,
             approved,
+            elsewhere: &NOWHERE,
         }
+    }
+
+    /// No other replica.
+    static NOWHERE: Elsewhere = Elsewhere {
+        members: 0,
+        updated: 0,
+        remaining: 0,
+        stage: None,
+        unheard: None,
+    };
+
+    #[test]
+    fn the_other_replicas_members_count_in_the_bound_the_base_and_the_stage() {
+        // This replica sees c and d (stage 1); another replica works on
+        // a and b (stage 0), a holding a slot there.
+        let rollout = Rollout::staged(
+            [
+                Stage::named("first", ["a", "b"]),
+                Stage::named("second", ["c", "d"]),
+            ],
+            MaxUnavailable::Percent(50),
+        );
+        let now = Timestamp::now();
+        let members = [member("c", 1, false, false), member("d", 1, false, false)];
+        let before = RolloutStatus {
+            revision: "2".into(),
+            updating: vec![UpdatingMember {
+                cluster: "a".into(),
+                since: Time(now),
+                failed: Some("Deployment a/web: failed".into()),
+            }],
+            ..RolloutStatus::default()
+        };
+        let record = |elsewhere: &Elsewhere| {
+            step(
+                &Look {
+                    elsewhere,
+                    ..look(&rollout, &members, now, &|_| true)
+                },
+                Some(&before),
+            )
+        };
+        // The other replica's first stage is under way: none of c, d yet.
+        let mut elsewhere = Elsewhere {
+            members: 2,
+            updated: 0,
+            remaining: 1,
+            stage: Some(0),
+            unheard: None,
+        };
+        let first = record(&elsewhere);
+        assert_eq!(holders(&first), ["a"]);
+        // Its failure, found by its own replica, stays (halting here too).
+        assert!(first.halted.is_some(), "{first:?}");
+        assert_eq!((first.updated, first.remaining), (0, 3));
+        // Its first stage done (a's slot freed by its replica): half of
+        // the four members is two slots, both for this replica's.
+        elsewhere.stage = None;
+        let freed = RolloutStatus {
+            updating: Vec::new(),
+            ..before.clone()
+        };
+        let second = step(
+            &Look {
+                elsewhere: &elsewhere,
+                ..look(&rollout, &members, now, &|_| true)
+            },
+            Some(&freed),
+        );
+        assert_eq!(holders(&second), ["c", "d"]);
+        // A live replica not heard from for this revision: no slot.
+        elsewhere.unheard = Some("replica-b".into());
+        let third = step(
+            &Look {
+                elsewhere: &elsewhere,
+                ..look(&rollout, &members, now, &|_| true)
+            },
+            Some(&freed),
+        );
+        assert!(third.updating.is_empty());
+        assert!(
+            third
+                .waiting
+                .as_deref()
+                .is_some_and(|w| w.contains("replica-b")),
+            "{third:?}"
+        );
+    }
+
+    #[test]
+    fn what_other_replicas_report_is_summed_for_the_revision_and_live_ones() {
+        let report = |revision: &str, members, stage| ReplicaMembers {
+            revision: revision.into(),
+            members,
+            updated: 1,
+            remaining: members - 1,
+            stage,
+        };
+        let record = RolloutStatus {
+            revision: "2".into(),
+            replicas: BTreeMap::from([
+                ("me".to_string(), report("2", 9, Some(0))),
+                ("b".to_string(), report("2", 3, Some(2))),
+                ("c".to_string(), report("2", 4, Some(1))),
+                ("gone".to_string(), report("2", 5, Some(0))),
+                ("old".to_string(), report("1", 6, Some(0))),
+            ]),
+            ..RolloutStatus::default()
+        };
+        let live = ["b", "c", "me"].map(str::to_string);
+        let elsewhere = Elsewhere::from_record(Some(&record), "me", &live, "2");
+        assert_eq!(
+            (elsewhere.members, elsewhere.updated, elsewhere.remaining),
+            (7, 2, 5)
+        );
+        assert_eq!(elsewhere.stage, Some(1));
+        assert_eq!(elsewhere.unheard, None);
+        let live = ["b", "me", "old"].map(str::to_string);
+        let elsewhere = Elsewhere::from_record(Some(&record), "me", &live, "2");
+        assert_eq!(elsewhere.unheard.as_deref(), Some("old"));
     }
 
     fn holders(record: &RolloutStatus) -> Vec<&str> {

@@ -11,7 +11,7 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use crate::rollout::{RolloutStatus, UpdatingMember};
+pub use crate::rollout::{ReplicaMembers, RolloutStatus, UpdatingMember};
 
 /// What a propagation writes to a hub object's status subresource
 /// ([`Propagation::status_subresource`](crate::Propagation::status_subresource)).
@@ -27,6 +27,10 @@ pub struct PropagationStatus {
     /// How many members are in each state (`InSync`, `Failed`, ...).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub counts: BTreeMap<String, u64>,
+    /// When replicas share the fleet (a sharded coordinator), each live
+    /// replica's `counts`, by replica ID: `counts` is their sum.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub counts_by_replica: BTreeMap<String, BTreeMap<String, u64>>,
     /// The `Propagated` condition ([`CONDITION_TYPE`](crate::CONDITION_TYPE)).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]

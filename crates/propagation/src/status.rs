@@ -120,6 +120,67 @@ pub(super) fn render(
     generation: Option<i64>,
     rollout: Option<String>,
 ) -> Rendered {
+    let members = listed(outcomes);
+    let counts = count(outcomes);
+    let condition = condition(&counts, &members, generation, rollout);
+    Rendered {
+        members: Value::Array(members),
+        counts: Value::Object(counts),
+        condition,
+        by_replica: None,
+    }
+}
+
+/// What one replica of several sharing the fleet knows, merged into the
+/// status `current` (as on the hub object, written by all of them): the
+/// entries of members meant for this replica (`mine`) or in `outcomes`
+/// are this replica's, the others' stay; `countsByReplica` keeps each
+/// live replica's counts, and `counts` and the condition sum them up.
+pub(super) fn render_shared(
+    current: Option<&Value>,
+    outcomes: &BTreeMap<ClusterName, Outcome>,
+    me: &str,
+    live: &[String],
+    mine: &dyn Fn(&ClusterName) -> bool,
+    generation: Option<i64>,
+    rollout: Option<String>,
+) -> Rendered {
+    let theirs = current
+        .and_then(|status| status.get("members"))
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter(|entry| {
+            let name = ClusterName::from(entry["cluster"].as_str().unwrap_or_default());
+            !outcomes.contains_key(&name) && !mine(&name)
+        })
+        .cloned();
+    let mut members: Vec<Value> = theirs.chain(listed(outcomes)).collect();
+    members.sort_by(|a, b| a["cluster"].as_str().cmp(&b["cluster"].as_str()));
+    let mut by_replica: serde_json::Map<String, Value> = current
+        .and_then(|status| status.get("countsByReplica"))
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
+    by_replica.retain(|replica, _| live.iter().any(|live| live == replica));
+    by_replica.insert(me.to_string(), Value::Object(count(outcomes)));
+    let mut counts = serde_json::Map::new();
+    for (state, count) in by_replica.values().filter_map(Value::as_object).flatten() {
+        let sum = counts.entry(state.clone()).or_insert(json!(0));
+        *sum = json!(sum.as_u64().unwrap_or_default() + count.as_u64().unwrap_or_default());
+    }
+    let condition = condition(&counts, &members, generation, rollout);
+    Rendered {
+        members: Value::Array(members),
+        counts: Value::Object(counts),
+        condition,
+        by_replica: Some(Value::Object(by_replica)),
+    }
+}
+
+/// The entries of `outcomes` a status names: every member, or past
+/// [`LISTED_AT_MOST`] the worst ones, by name.
+fn listed(outcomes: &BTreeMap<ClusterName, Outcome>) -> Vec<Value> {
     let mut listed: Vec<(&ClusterName, &Outcome)> = outcomes.iter().collect();
     if listed.len() > LISTED_AT_MOST {
         // The worst first; by name within a state.
@@ -127,7 +188,7 @@ pub(super) fn render(
         listed.truncate(LISTED_AT_MOST);
         listed.sort_by(|a, b| a.0.cmp(b.0));
     }
-    let members: Vec<Value> = listed
+    listed
         .into_iter()
         .map(|(cluster, outcome)| {
             let mut entry = json!({
@@ -148,18 +209,34 @@ pub(super) fn render(
             }
             entry
         })
-        .collect();
-    let worst = outcomes
-        .values()
-        .map(|outcome| outcome.state)
-        .max()
-        .unwrap_or(MemberState::InSync);
-    let in_sync = outcomes
-        .values()
-        .filter(|outcome| outcome.state == MemberState::InSync)
-        .count();
-    let mut message = format!("{in_sync} of {} members in sync", outcomes.len());
-    for state in [
+        .collect()
+}
+
+/// How many of `outcomes` are in each state.
+fn count(outcomes: &BTreeMap<ClusterName, Outcome>) -> serde_json::Map<String, Value> {
+    let mut counts = serde_json::Map::new();
+    for outcome in outcomes.values() {
+        let count = counts.entry(outcome.state.as_str()).or_insert(json!(0));
+        *count = json!(count.as_u64().unwrap_or_default() + 1);
+    }
+    counts
+}
+
+/// The `Propagated` condition for members counted by state as `counts`,
+/// naming a few of each state from the `listed` entries.
+fn condition(
+    counts: &serde_json::Map<String, Value>,
+    listed: &[Value],
+    generation: Option<i64>,
+    rollout: Option<String>,
+) -> Value {
+    let counted = |state: MemberState| {
+        counts
+            .get(state.as_str())
+            .and_then(Value::as_u64)
+            .unwrap_or_default()
+    };
+    let states = [
         MemberState::Failed,
         MemberState::Degraded,
         MemberState::Conflict,
@@ -167,11 +244,23 @@ pub(super) fn render(
         MemberState::NotEngaged,
         MemberState::Pending,
         MemberState::Progressing,
-    ] {
-        let names: Vec<&str> = outcomes
+    ];
+    let worst = states
+        .iter()
+        .copied()
+        .filter(|state| counted(*state) > 0)
+        .max()
+        .unwrap_or(MemberState::InSync);
+    let total: u64 = counts.values().filter_map(Value::as_u64).sum();
+    let mut message = format!(
+        "{} of {total} members in sync",
+        counted(MemberState::InSync)
+    );
+    for state in states {
+        let names: Vec<&str> = listed
             .iter()
-            .filter(|(_, outcome)| outcome.state == state)
-            .map(|(cluster, _)| cluster.as_str())
+            .filter(|entry| entry["state"] == state.as_str())
+            .filter_map(|entry| entry["cluster"].as_str())
             .take(5)
             .collect();
         if !names.is_empty() {
@@ -190,16 +279,7 @@ pub(super) fn render(
     if let Some(generation) = generation {
         condition["observedGeneration"] = json!(generation);
     }
-    let mut counts = serde_json::Map::new();
-    for outcome in outcomes.values() {
-        let count = counts.entry(outcome.state.as_str()).or_insert(json!(0));
-        *count = json!(count.as_u64().unwrap_or_default() + 1);
-    }
-    Rendered {
-        members: Value::Array(members),
-        counts: Value::Object(counts),
-        condition,
-    }
+    condition
 }
 
 /// A hub object's status, rendered.
@@ -207,6 +287,8 @@ pub(super) struct Rendered {
     pub(super) members: Value,
     pub(super) counts: Value,
     pub(super) condition: Value,
+    /// Each live replica's counts, when replicas share the fleet.
+    pub(super) by_replica: Option<Value>,
 }
 
 /// The `Propagated` condition in a hub object's status, if any.
@@ -253,6 +335,7 @@ mod tests {
             members,
             condition,
             counts,
+            ..
         } = render(&outcomes, Some(2), None);
         assert_eq!(members.as_array().map(Vec::len), Some(3));
         assert_eq!(counts, json!({"InSync": 1, "Failed": 1, "Pending": 1}));
@@ -267,6 +350,62 @@ mod tests {
         let condition = render(&all, Some(2), None).condition;
         assert_eq!(condition["status"], "True");
         assert_eq!(condition["reason"], "InSync");
+    }
+
+    #[test]
+    fn replicas_sharing_the_fleet_keep_each_others_members_and_sum_their_counts() {
+        // Written before: "x" by replica b, "a" and "moved" by this one
+        // ("moved" is now meant for it but not engaged yet), and the
+        // counts of b and of a replica that is gone.
+        let current = json!({
+            "members": [
+                {"cluster": "a", "state": "Pending"},
+                {"cluster": "moved", "state": "Failed", "reason": "old"},
+                {"cluster": "x", "state": "Failed", "reason": "403"},
+            ],
+            "countsByReplica": {
+                "b": {"Failed": 1, "InSync": 4},
+                "gone": {"InSync": 7},
+                "me": {"Pending": 2},
+            },
+        });
+        let outcomes = BTreeMap::from([
+            (ClusterName::from("a"), outcome(MemberState::InSync, None)),
+            (ClusterName::from("c"), outcome(MemberState::InSync, None)),
+        ]);
+        let live = ["b".to_string(), "me".to_string()];
+        let rendered = render_shared(
+            Some(&current),
+            &outcomes,
+            "me",
+            &live,
+            &|name| name.as_str() != "x",
+            Some(3),
+            None,
+        );
+        let named: Vec<(&str, &str)> = rendered
+            .members
+            .as_array()
+            .expect("members")
+            .iter()
+            .map(|m| {
+                (
+                    m["cluster"].as_str().unwrap_or_default(),
+                    m["state"].as_str().unwrap_or_default(),
+                )
+            })
+            .collect();
+        assert_eq!(named, [("a", "InSync"), ("c", "InSync"), ("x", "Failed")]);
+        assert_eq!(
+            rendered.by_replica,
+            Some(json!({"b": {"Failed": 1, "InSync": 4}, "me": {"InSync": 2}}))
+        );
+        assert_eq!(rendered.counts, json!({"Failed": 1, "InSync": 6}));
+        assert_eq!(rendered.condition["reason"], "Failed");
+        assert_eq!(
+            rendered.condition["message"],
+            "6 of 7 members in sync; Failed: x"
+        );
     }
 
     #[test]

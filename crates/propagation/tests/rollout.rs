@@ -16,14 +16,15 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use multicluster_coordinator::sharding::{Peer, ShardedCoordinator, ShardingOptions, owner};
 use multicluster_envtest::ControlPlane;
 use multicluster_envtest::played::Deployments;
 use multicluster_propagation::{
-    APPROVAL_ANNOTATION, Desired, MaxUnavailable, PAUSE_ANNOTATION, Propagation, PropagationStatus,
-    Rollout, Stage,
+    APPROVAL_ANNOTATION, CLEANED_ANNOTATION, Desired, MaxUnavailable, PAUSE_ANNOTATION,
+    Propagation, PropagationStatus, Rollout, Stage,
 };
 use multicluster_runtime::testing::{Polled, eventually, run_manager};
-use multicluster_runtime::{Cluster, Manager};
+use multicluster_runtime::{Cluster, ClusterName, Manager};
 use serde_json::json;
 
 use common::{STATUS, member_states, namespace_members, status_of};
@@ -357,6 +358,189 @@ async fn a_rolling_rollout_never_has_more_than_two_members_changing() {
     second_task.await.expect("task").expect("clean stop");
     stop.cancel();
     task.await.expect("task").expect("clean stop");
+}
+
+/// A replica of a sharded fleet: a manager on `hub` whose members are
+/// the namespaces of `member`, sharing them with the other replicas by a
+/// sharded coordinator (its Leases on the hub), running [`rolling`].
+async fn replica(
+    hub: &ControlPlane,
+    member: &ControlPlane,
+    id: &str,
+) -> (
+    Arc<ShardedCoordinator>,
+    tokio_util::sync::CancellationToken,
+    tokio::task::JoinHandle<Result<(), multicluster_runtime::Error>>,
+) {
+    let provider = namespace_members(member, &MEMBERS).await;
+    let client = hub.client().await.expect("client");
+    let coordinator = Arc::new(
+        ShardedCoordinator::new(
+            client.clone(),
+            ShardingOptions::default().peer_id(id.to_string()),
+        )
+        .expect("coordinator"),
+    );
+    let manager = Manager::builder(Cluster::new("hub", client))
+        .provider(Arc::new(provider))
+        .coordinator(coordinator.clone())
+        .build();
+    manager
+        .add_controller(rolling().build().expect("propagation"))
+        .expect("add");
+    let (stop, task) = run_manager(&manager);
+    (coordinator, stop, task)
+}
+
+/// Two replicas sharing the fleet (a sharded coordinator), each working
+/// on its own members: every member is served, two at a time at most
+/// between them, the hub object's status lists every member with the
+/// counts summed, and the hub object goes only once both replicas'
+/// members are clean.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sharded_replicas_serve_every_member_within_one_bound() {
+    let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, member) = (hub.expect("hub"), member.expect("member"));
+    make_namespaces(&member).await;
+    let played = play(&member).await;
+    let (a, a_stop, a_task) = replica(&hub, &member, "replica-a").await;
+    let (b, b_stop, b_task) = replica(&hub, &member, "replica-b").await;
+
+    // Each replica works on the members rendezvous hashing gives it.
+    let peers = ["replica-a", "replica-b"].map(|id| Peer {
+        id: id.to_string(),
+        weight: 1,
+    });
+    let share_of = |id: &str| -> Vec<ClusterName> {
+        MEMBERS
+            .iter()
+            .filter(|name| owner(name, &peers).is_some_and(|peer| peer.id == id))
+            .map(|name| ClusterName::from(*name))
+            .collect()
+    };
+    let (a_share, b_share) = (share_of("replica-a"), share_of("replica-b"));
+    assert!(
+        !a_share.is_empty() && !b_share.is_empty(),
+        "the test needs members on both replicas: {a_share:?} {b_share:?}"
+    );
+    let members = |set: &[ClusterName]| -> Vec<ClusterName> {
+        set.iter()
+            .filter(|name| !name.is_local())
+            .cloned()
+            .collect()
+    };
+    let (mut a_set, mut b_set) = (a.working_set(), b.working_set());
+    let split = async {
+        while members(&a_set.borrow_and_update()) != a_share
+            || members(&b_set.borrow_and_update()) != b_share
+        {
+            tokio::select! {
+                changed = a_set.changed() => changed.expect("a's working set"),
+                changed = b_set.changed() => changed.expect("b's working set"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(60), split)
+        .await
+        .expect("the fleet split between the replicas within a minute");
+
+    // A new hub object, then an update: every member gets each, never
+    // more than two changing at once across both replicas.
+    for tag in ["v1", "v2"] {
+        hub_object(&hub, "web", "web", tag).await;
+        rolled_out(&hub, &member, tag).await;
+        let most = played.most_changing();
+        assert!(most <= 2, "{most} members changing at once with two shards");
+    }
+
+    // The status names every member, each told by its own replica, and
+    // sums both replicas' counts.
+    eventually(
+        Polled::ApiServer,
+        "every member in sync on the hub object",
+        || async {
+            let states = member_states(&hub, "web").await;
+            states.len() == MEMBERS.len() && states.values().all(|(state, _)| state == "InSync")
+        },
+    )
+    .await;
+    let status = status_of(&hub, "web").await;
+    assert_eq!(
+        status["counts"],
+        json!({"InSync": MEMBERS.len()}),
+        "{status}"
+    );
+    assert_eq!(
+        status["countsByReplica"],
+        json!({
+            "replica-a": {"InSync": a_share.len()},
+            "replica-b": {"InSync": b_share.len()},
+        }),
+        "{status}"
+    );
+
+    // Deleted while one of replica b's members cannot let go yet (a
+    // finalizer of someone else's holds its Deployment): replica a says
+    // its members are clean, and the hub object keeps its finalizer until
+    // b's member is clean too.
+    let held = b_share[0].as_str();
+    let deployments = Api::<Deployment>::namespaced(member.client().await.expect("client"), held);
+    let hold = |finalizers: Vec<&str>| json!({"metadata": {"finalizers": finalizers}});
+    deployments
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(hold(vec!["example.com/hold"])),
+        )
+        .await
+        .expect("hold the Deployment");
+    let hub_objects = Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default");
+    hub_objects
+        .delete("web", &Default::default())
+        .await
+        .expect("delete");
+    let cleaned = || async {
+        let object = hub_objects.get_opt("web").await.expect("get");
+        let text = object
+            .and_then(|object| object.metadata.annotations)
+            .and_then(|annotations| annotations.get(CLEANED_ANNOTATION).cloned());
+        text.map(|text| {
+            serde_json::from_str::<serde_json::Value>(&text).expect("JSON")["web"].clone()
+        })
+    };
+    eventually(
+        Polled::ApiServer,
+        "replica a to say its members are clean",
+        || async { cleaned().await == Some(json!(["replica-a"])) },
+    )
+    .await;
+    eventually(Polled::ApiServer, "every other member clean", || async {
+        images(&member).await.into_keys().collect::<Vec<_>>() == [held.to_string()]
+    })
+    .await;
+    assert_eq!(
+        cleaned().await,
+        Some(json!(["replica-a"])),
+        "the hub object went (or b said clean) while b's member held a Deployment"
+    );
+    deployments
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+        )
+        .await
+        .expect("let the Deployment go");
+    eventually(Polled::ApiServer, "the hub object gone", || async {
+        hub_objects.get_opt("web").await.expect("get").is_none()
+    })
+    .await;
+    assert_eq!(images(&member).await, BTreeMap::new());
+
+    for (stop, task) in [(a_stop, a_task), (b_stop, b_task)] {
+        stop.cancel();
+        task.await.expect("task").expect("clean stop");
+    }
 }
 
 /// A staged rollout: the canary first, then the rest once approved for

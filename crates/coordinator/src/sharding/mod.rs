@@ -29,6 +29,11 @@
 //!   writes the fence as that peer's, in the peer's current epoch: one
 //!   write, and the peer, which watches for fences handed to it, starts
 //!   without a request.
+//! - **The local cluster** is fenced like any other, except for
+//!   components that work on it on every replica
+//!   ([`Aware::local_on_every_replica`]: a controller whose member
+//!   reconciles read the hub), which every replica engages with it
+//!   unfenced, for its lifetime.
 //! - **Leaving.** With fences held with the peer Lease, a replica that
 //!   stops says so in its peer Lease (the others stop counting it as an
 //!   owner and wait for its clusters rather than ask for them) and hands
@@ -913,6 +918,17 @@ impl Coordinator for ShardedCoordinator {
         cluster: Cluster,
         components: &[Arc<dyn Aware>],
     ) -> Result<(), Error> {
+        // The hub of components whose members' work reads it: engaged on
+        // every replica, unfenced, for the cluster's lifetime (Go's
+        // multicluster-runtime never shards the local cluster either).
+        let (everywhere, components): (Vec<_>, Vec<_>) = components
+            .iter()
+            .cloned()
+            .partition(|component| name.is_local() && component.local_on_every_replica());
+        if !everywhere.is_empty() {
+            engage_each(&everywhere, &lifetime, &name, &cluster)?;
+        }
+        let components = components.as_slice();
         let start = {
             let mut clusters = lock(&self.inner.working.clusters);
             match clusters.arrival(&name, &cluster, &lifetime) {
@@ -970,6 +986,17 @@ impl Coordinator for ShardedCoordinator {
             .live(name)
             .and_then(|entry| entry.data.held.as_ref())
             .is_some_and(|held| !held.work.is_cancelled())
+    }
+
+    fn replicas(&self) -> Option<multicluster_runtime::coordinator::Replicas> {
+        let peers = self.peers();
+        Some(multicluster_runtime::coordinator::Replicas {
+            me: self.inner.me.id.clone(),
+            live: peers.iter().map(|peer| peer.id.clone()).collect(),
+            owner: Arc::new(move |name: &ClusterName| {
+                owner_of(name.as_str(), &peers).map(|peer| peer.id.clone())
+            }),
+        })
     }
 
     /// The clusters this replica works on now (it holds their fences),

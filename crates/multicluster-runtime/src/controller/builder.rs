@@ -132,6 +132,7 @@ pub struct ControllerBuilder {
     warning_events: Option<Reporter>,
     triggers: super::triggers::Triggers,
     error_policy: Option<ErrorPolicyFn>,
+    local_on_every_replica: bool,
 }
 
 type ErrorPolicyFn = work::PolicyFn;
@@ -155,6 +156,7 @@ impl ControllerBuilder {
             primary_ops: None,
             primary_labels: None,
             warning_events: None,
+            local_on_every_replica: false,
             triggers: super::triggers::Triggers::default(),
             error_policy: None,
         }
@@ -404,6 +406,19 @@ impl ControllerBuilder {
         self
     }
 
+    /// Works on the local cluster on every replica when a sharded
+    /// coordinator shares the fleet among replicas, not only on the one it
+    /// gives the local cluster to ([`Aware::local_on_every_replica`](crate::Aware::local_on_every_replica)):
+    /// for a controller whose member reconciles read the hub. Its
+    /// reconciles of local requests then run on every replica at once, so
+    /// its writes to the local cluster must allow for that (per-replica
+    /// fields, or a `resourceVersion` precondition).
+    #[must_use]
+    pub fn local_on_every_replica(mut self) -> Self {
+        self.local_on_every_replica = true;
+        self
+    }
+
     /// Builds the controller around `reconcile`, which gets each request,
     /// its cluster and `context` (shared state: clients of other clusters,
     /// settings, a recorder), as kube-runtime's `Controller::run` does.
@@ -500,6 +515,8 @@ impl ControllerBuilder {
                 primary: self.primary_ops,
                 primary_labels: self.primary_labels,
                 triggers: Mutex::new(self.triggers),
+                local_on_every_replica: self.local_on_every_replica,
+                coordinator: std::sync::OnceLock::new(),
             }),
         })
     }

@@ -97,6 +97,7 @@ pub use source::{ClusterScope, Filter, MapContext, filters};
 pub use work::{Terminal, WorkQueue, WorkQueueBuilder};
 
 use crate::cluster::Cluster;
+use crate::coordinator::{Coordinator, Replicas};
 use crate::error::Error;
 use crate::metrics::Metrics;
 use crate::multicluster::Aware;
@@ -146,6 +147,10 @@ struct Inner {
     primary_labels: Option<kube::core::Selector>,
     /// Streams asking for reconciles, taken by the first `run`.
     triggers: Mutex<triggers::Triggers>,
+    /// See [`ControllerBuilder::local_on_every_replica`].
+    local_on_every_replica: bool,
+    /// The coordinator of the manager the controller was added to.
+    coordinator: std::sync::OnceLock<Arc<dyn Coordinator>>,
 }
 
 impl Inner {
@@ -234,6 +239,19 @@ impl Controller {
     /// Names of the clusters the controller works on, sorted.
     pub fn engaged_clusters(&self) -> Vec<ClusterName> {
         lock(&self.inner.clusters).names()
+    }
+
+    /// This replica among the replicas sharing the fleet, when the
+    /// manager the controller was added to has a coordinator that shares it
+    /// ([`Coordinator::replicas`]); `None` otherwise.
+    pub fn replicas(&self) -> Option<Replicas> {
+        self.inner.coordinator.get()?.replicas()
+    }
+
+    /// Takes the coordinator of the manager the controller is added to
+    /// (the first one, if added to several).
+    pub(crate) fn use_coordinator(&self, coordinator: Arc<dyn Coordinator>) {
+        let _ = self.inner.coordinator.set(coordinator);
     }
 
     /// Records metrics in `metrics` unless the controller already has a
@@ -327,6 +345,10 @@ impl Controller {
 }
 
 impl Aware for Controller {
+    fn local_on_every_replica(&self) -> bool {
+        self.inner.local_on_every_replica
+    }
+
     fn settled(&self, name: &ClusterName) -> BoxFuture<'static, ()> {
         let inner = self.inner.clone();
         let name = name.clone();

@@ -82,6 +82,46 @@ pub trait Coordinator: Send + Sync {
         self.working_on()
             .is_none_or(|names| names.binary_search(name).is_ok())
     }
+
+    /// For a coordinator that shares the fleet among replicas working at
+    /// once: this replica among them ([`Replicas`]). `None`, the default,
+    /// for one replica working on everything (alone, or leading).
+    fn replicas(&self) -> Option<Replicas> {
+        None
+    }
+}
+
+/// This replica among the replicas sharing a fleet, as its coordinator
+/// sees them now ([`Coordinator::replicas`]): for components that keep
+/// facts per replica on a shared object.
+#[derive(Clone)]
+pub struct Replicas {
+    /// This replica's ID.
+    pub me: String,
+    /// The live replicas' IDs (this one included), sorted.
+    pub live: Vec<String>,
+    /// Which live replica is meant to work on a cluster (it may not hold
+    /// it yet, or still be handing it over).
+    pub owner: OwnerOf,
+}
+
+/// Which replica is meant to work on a cluster ([`Replicas::owner`]).
+pub type OwnerOf = Arc<dyn Fn(&ClusterName) -> Option<String> + Send + Sync>;
+
+impl std::fmt::Debug for Replicas {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replicas")
+            .field("me", &self.me)
+            .field("live", &self.live)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Replicas {
+    /// Whether `name` is meant for this replica.
+    pub fn is_mine(&self, name: &ClusterName) -> bool {
+        (self.owner)(name).is_some_and(|owner| owner == self.me)
+    }
 }
 
 /// Adds to `held` the components of `offered` it does not have yet (a

@@ -285,6 +285,7 @@ impl Manager {
     /// [`Manager::run`] — at once when the manager runs already.
     pub fn add_controller(&self, controller: Controller) -> Result<(), Error> {
         controller.use_metrics(&self.inner.metrics);
+        controller.use_coordinator(self.coordinator());
         if !controller.take_defaults(&self.inner.options.controller_defaults) {
             tracing::debug!(
                 controller = controller.name(),
