@@ -142,6 +142,12 @@ impl SecretFleetArgs {
     /// A manager on `hub` whose members are the kubeconfig Secrets there,
     /// by these flags (with leader election under `--leader-elect`).
     pub fn manager(&self, hub: Cluster) -> Result<multicluster_runtime::Manager, MainError> {
+        Ok(self.builder(hub)?.build())
+    }
+
+    /// The builder of [`SecretFleetArgs::manager`], for an example that
+    /// adds to it (a coordinator of its own).
+    pub fn builder(&self, hub: Cluster) -> Result<multicluster_runtime::ManagerBuilder, MainError> {
         let provider = Arc::new(KubeconfigProvider::new(
             hub.client(),
             KubeconfigOptions::default()
@@ -150,7 +156,7 @@ impl SecretFleetArgs {
                 .kubeconfig_policy(self.policy.policy()?),
         ));
         let (builder, _identity) = self.manager.builder(hub)?;
-        Ok(builder.provider(provider).build())
+        Ok(builder.provider(provider))
     }
 }
 

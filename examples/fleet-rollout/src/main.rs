@@ -10,11 +10,16 @@
 //!
 //! `multicluster_propagation::Propagation` does the work; this is its
 //! policy: the hub type, the Deployment it wants in a member, and the
-//! pace.
+//! pace. Several replicas run with `--shard` share the members (a sharded
+//! coordinator, its Leases on the hub): each rolls out to its own, and the
+//! 25 % hold across all of them.
+
+use std::sync::Arc;
 
 use clap::Parser;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{CustomResource, CustomResourceExt};
+use multicluster_coordinator::sharding::{ShardedCoordinator, ShardingOptions};
 use multicluster_example_configmap_sync::{MainError, SecretFleetArgs};
 use multicluster_propagation::{Desired, MaxUnavailable, Propagation, PropagationStatus, Rollout};
 use multicluster_runtime::Cluster;
@@ -63,6 +68,16 @@ fn one() -> i32 {
 struct Args {
     #[command(flatten)]
     fleet: SecretFleetArgs,
+    /// Share the members with the other replicas run with --shard: each
+    /// works on its own share (the bound holds across all of them).
+    #[arg(long)]
+    shard: bool,
+    /// This replica's ID among them (default: the host name).
+    #[arg(long, env = "PEER_ID")]
+    peer_id: Option<String>,
+    /// Where the replicas' Leases live, on the hub.
+    #[arg(long, default_value = "kube-system")]
+    lease_namespace: String,
 }
 
 /// The Deployment a FleetDeployment wants in each member.
@@ -95,7 +110,17 @@ async fn main() -> Result<(), MainError> {
         "fleet-rollout",
     )
     .await?;
-    let manager = args.fleet.manager(hub.clone())?;
+    let mut builder = args.fleet.builder(hub.clone())?;
+    if args.shard {
+        if args.fleet.manager.leader_elect {
+            return Err("--shard and --leader-elect: choose one (sharded replicas all work, each on its share; under leader election one works)".into());
+        }
+        let sharding = ShardingOptions::default()
+            .peer_id(args.peer_id.clone())
+            .namespace(args.lease_namespace.clone());
+        builder = builder.coordinator(Arc::new(ShardedCoordinator::new(hub.client(), sharding)?));
+    }
+    let manager = builder.build();
 
     let deployments = Propagation::<FleetDeployment>::new("fleet-rollout")
         .propagates::<Deployment>()

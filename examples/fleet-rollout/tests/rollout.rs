@@ -4,7 +4,9 @@
 //! Deployment is available (the members run no Deployment controller: the
 //! test plays it, as the real one writes its status); `kubectl get
 //! fleetdeployments` shows the progress; paused, a new image reaches no
-//! member until resumed.
+//! member until resumed. Two replicas run with `--shard` share the
+//! members, each rolling out to its own, one member at a time between
+//! them.
 
 use std::process::Stdio;
 use std::time::Duration;
@@ -14,6 +16,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
 };
+use multicluster_coordinator::sharding::{Peer, owner};
 use multicluster_envtest::ControlPlane;
 use multicluster_envtest::played::Deployments;
 use multicluster_example_testing::{GRACE, kubeconfig_secret, terminate};
@@ -222,4 +225,115 @@ async fn a_fleet_deployment_rolls_out_one_member_at_a_time_and_pauses() {
 
     let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
     assert!(status.success(), "{status}");
+}
+
+/// The first of `a`, `b`, `c`, ... that rendezvous hashing over the two
+/// replicas gives to `replica`: a member name each replica works on.
+fn member_of(replica: &str) -> String {
+    let peers = ["replica-a", "replica-b"].map(|id| Peer {
+        id: id.to_string(),
+        weight: 1,
+    });
+    ('a'..='z')
+        .map(String::from)
+        .find(|name| owner(name, &peers).is_some_and(|peer| peer.id == replica))
+        .expect("a name for each replica")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_sharded_replicas_roll_out_one_member_at_a_time_between_them() {
+    let (hub_cp, a, b) = tokio::join!(
+        ControlPlane::start(),
+        ControlPlane::start(),
+        ControlPlane::start()
+    );
+    let (hub_cp, a, b) = (hub_cp.expect("hub"), a.expect("a"), b.expect("b"));
+    hub_cp.create_namespace("fleet").await.expect("namespace");
+    let hub = hub_cp.client().await.expect("client");
+    // One member for each replica.
+    let (on_a, on_b) = (member_of("replica-a"), member_of("replica-b"));
+    for (name, member) in [(&on_a, &a), (&on_b, &b)] {
+        Api::<Secret>::namespaced(hub.clone(), "fleet")
+            .create(
+                &PostParams::default(),
+                &kubeconfig_secret(name, member.kubeconfig()),
+            )
+            .await
+            .expect("member Secret");
+    }
+    let played = Deployments::default();
+    played.watch("a", a.client().await.expect("client"), ROLL_TIME);
+    played.watch("b", b.client().await.expect("client"), ROLL_TIME);
+    let replica = |id: &str| {
+        Command::new(BINARY)
+            .args(["--namespace", "fleet", "--health-address", "127.0.0.1:0"])
+            .args(["--shard", "--peer-id", id])
+            .env("KUBECONFIG", hub_cp.kubeconfig_path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("example")
+    };
+    let mut replicas = [replica("replica-a"), replica("replica-b")];
+
+    let deployments =
+        Api::<DynamicObject>::namespaced_with(hub.clone(), "default", &fleet_deployments());
+    let mut web = DynamicObject::new("web", &fleet_deployments()).within("default");
+    web.data = json!({"spec": {"image": image("v1")}});
+    eventually(
+        Polled::ApiServer,
+        "the example to install its CRD, and the FleetDeployment made",
+        || async {
+            deployments
+                .create(&PostParams::default(), &web)
+                .await
+                .is_ok()
+        },
+    )
+    .await;
+    rolled_out(&hub, &a, &b, "v1").await;
+    // Each replica told of its own member, and the status has both.
+    eventually(
+        Polled::ApiServer,
+        "each replica's member in sync on the hub object",
+        || async {
+            let status = status(&hub).await;
+            status["countsByReplica"]
+                == json!({"replica-a": {"InSync": 1}, "replica-b": {"InSync": 1}})
+                && status["counts"] == json!({"InSync": 2})
+        },
+    )
+    .await;
+    let members: Vec<String> = status(&hub).await["members"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|member| member["state"] == "InSync")
+        .filter_map(|member| member["cluster"].as_str().map(str::to_string))
+        .collect();
+    let mut expected = vec![on_a.clone(), on_b.clone()];
+    expected.sort();
+    assert_eq!(members, expected);
+    assert_eq!(played.most_changing(), 1, "one member at a time");
+
+    deployments
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"image": image("v2")}})),
+        )
+        .await
+        .expect("new image");
+    rolled_out(&hub, &a, &b, "v2").await;
+    assert_eq!(
+        played.most_changing(),
+        1,
+        "one member at a time across both replicas"
+    );
+
+    for replica in &mut replicas {
+        let status = terminate(replica, GRACE + Duration::from_secs(5)).await;
+        assert!(status.success(), "{status}");
+    }
 }
