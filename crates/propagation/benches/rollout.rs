@@ -10,7 +10,9 @@
 //! the most members changing at once (bound: 10 %), the hub object's
 //! writes (finalizer, status, rollout state) per member, and memory.
 //!
-//! `ROLLOUT_MEMBERS=100,1000 cargo bench -p multicluster-propagation --bench rollout`
+//! `ROLLOUT_MEMBERS=100,1000 cargo bench -p multicluster-propagation --bench rollout`;
+//! `ROLLOUT_REPLICAS=2` runs two replicas sharing the fleet (a sharded
+//! coordinator each, in this process).
 
 mod fleet;
 
@@ -22,9 +24,11 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::watcher;
+use multicluster_coordinator::sharding::{ShardedCoordinator, ShardingOptions};
 use multicluster_envtest::ControlPlane;
 use multicluster_envtest::played::Deployments;
 use multicluster_propagation::{Desired, MaxUnavailable, Propagation, Rollout};
+use multicluster_runtime::coordinator::Coordinator;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 
@@ -128,11 +132,10 @@ async fn round(
     Ok(())
 }
 
-async fn run(cp: &ControlPlane, members: usize) -> Result<(), fleet::Error> {
-    let admin = cp.client().await?;
-    let rss_before = multicluster_runtime::testing::resident_memory_mib();
-    let provider = fleet::members(cp, HUB_NAMESPACE, members).await?;
-    let propagation = Propagation::<ConfigMap>::new("bench")
+/// The propagation under test: the hub ConfigMap as a Deployment in every
+/// member, 10 % at a time.
+fn propagation() -> Result<multicluster_runtime::controller::Controller, fleet::Error> {
+    Ok(Propagation::<ConfigMap>::new("bench")
         .select(|hub| hub.metadata.name.as_deref() == Some(HUB_OBJECT))
         .propagates::<Deployment>()
         .desired(|hub, member| {
@@ -159,19 +162,78 @@ async fn run(cp: &ControlPlane, members: usize) -> Result<(), fleet::Error> {
         .rollout(Rollout::rolling(MaxUnavailable::Percent(10)))
         .status_annotation(STATUS)
         .configure(|controller| controller.max_concurrent_reconciles(8))
-        .build()?;
-    let manager = fleet::manager(cp, provider).await?;
-    manager.add_controller(propagation)?;
+        .build()?)
+}
+
+/// Starts `replicas` managers over the fleet: one alone, or several
+/// sharing it by a sharded coordinator each (as separate processes
+/// would: every replica builds its own members). Returns once every
+/// member is worked on.
+async fn start(
+    cp: &ControlPlane,
+    members: usize,
+    replicas: usize,
+    shutdown: &CancellationToken,
+) -> Result<Vec<tokio::task::JoinHandle<Result<(), multicluster_runtime::Error>>>, fleet::Error> {
+    let mut tasks = Vec::new();
+    let mut managers = Vec::new();
+    let mut coordinators = Vec::new();
+    for replica in 0..replicas {
+        let provider = fleet::members(cp, HUB_NAMESPACE, members).await?;
+        let manager = if replicas == 1 {
+            fleet::manager(cp, provider).await?
+        } else {
+            let client = cp.client().await?;
+            let coordinator = Arc::new(ShardedCoordinator::new(
+                client.clone(),
+                ShardingOptions::default().peer_id(format!("bench-{replica}")),
+            )?);
+            coordinators.push(coordinator.clone());
+            multicluster_runtime::Manager::builder(multicluster_runtime::Cluster::local(client))
+                .provider(Arc::new(provider))
+                .coordinator(coordinator)
+                .build()
+        };
+        manager.add_controller(propagation()?)?;
+        let (run, stop) = (manager.clone(), shutdown.clone());
+        tasks.push(tokio::spawn(async move { run.run(stop).await }));
+        managers.push(manager);
+    }
+    if replicas == 1 {
+        fleet::all_ready(&managers[0], members).await?;
+    } else {
+        let worked_on = || {
+            coordinators
+                .iter()
+                .map(|c| {
+                    c.working_on()
+                        .unwrap_or_default()
+                        .iter()
+                        .filter(|name| !name.is_local())
+                        .count()
+                })
+                .sum::<usize>()
+        };
+        fleet::until(
+            Duration::from_secs(600),
+            "every member worked on by a replica",
+            || worked_on() == members,
+        )
+        .await?;
+    }
+    Ok(tasks)
+}
+
+async fn run(cp: &ControlPlane, members: usize, replicas: usize) -> Result<(), fleet::Error> {
+    let admin = cp.client().await?;
+    let rss_before = multicluster_runtime::testing::resident_memory_mib();
     let shutdown = CancellationToken::new();
-    let task = {
-        let (manager, shutdown) = (manager.clone(), shutdown.clone());
-        tokio::spawn(async move { manager.run(shutdown).await })
-    };
-    fleet::all_ready(&manager, members).await?;
+    let tasks = start(cp, members, replicas, &shutdown).await?;
     let hub = Arc::new(Mutex::new(Hub::default()));
     follow(&admin, hub.clone(), shutdown.clone());
     let played = Deployments::default();
     played.watch("member", admin.clone(), ROLL_TIME);
+    println!("members={members:>5} replicas={replicas}");
     round(&admin, &played, &hub, members, "v1", "create").await?;
     round(&admin, &played, &hub, members, "v2", "update").await?;
     let rss_after = multicluster_runtime::testing::resident_memory_mib();
@@ -180,14 +242,21 @@ async fn run(cp: &ControlPlane, members: usize) -> Result<(), fleet::Error> {
         rss_after - rss_before
     );
     shutdown.cancel();
-    task.await??;
+    for task in tasks {
+        task.await??;
+    }
     Ok(())
 }
 
 #[tokio::main]
 async fn main() -> Result<(), fleet::Error> {
+    let replicas = std::env::var("ROLLOUT_REPLICAS")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(1_usize)
+        .max(1);
     fleet::each_size("ROLLOUT_MEMBERS", |cp, members| async move {
-        run(&cp, members).await
+        run(&cp, members, replicas).await
     })
     .await
 }
