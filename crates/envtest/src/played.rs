@@ -76,9 +76,10 @@ impl Deployments {
                     .as_ref()
                     .and_then(|status| status.observed_generation)
                     .unwrap_or_default();
-                if observed >= generation
-                    || !seen.insert((namespace.clone(), name.clone(), generation))
-                {
+                // By uid: a Deployment deleted and made again under its
+                // name starts at generation 1 again, and is new.
+                let uid = deployment.metadata.uid.clone().unwrap_or_default();
+                if observed >= generation || !seen.insert((uid, generation)) {
                     continue;
                 }
                 let key = format!("{cluster}/{namespace}/{name}");

@@ -396,7 +396,8 @@ async fn replica(
 /// on its own members: every member is served, two at a time at most
 /// between them, the hub object's status lists every member with the
 /// counts summed, and the hub object goes only once both replicas'
-/// members are clean.
+/// members are clean. One stopping mid-rollout leaves its members to the
+/// other, which finishes within the bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sharded_replicas_serve_every_member_within_one_bound() {
     let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
@@ -537,10 +538,31 @@ async fn two_sharded_replicas_serve_every_member_within_one_bound() {
     .await;
     assert_eq!(images(&member).await, BTreeMap::new());
 
-    for (stop, task) in [(a_stop, a_task), (b_stop, b_task)] {
-        stop.cancel();
-        task.await.expect("task").expect("clean stop");
-    }
+    // Made again, and replica b stops while the rollout is under way:
+    // replica a takes b's members over and finishes, within the bound,
+    // and the status no longer counts b.
+    hub_object(&hub, "web", "web", "v3").await;
+    eventually(Polled::ApiServer, "the first members given v3", || async {
+        !given(&played, &image("v3")).is_empty()
+    })
+    .await;
+    b_stop.cancel();
+    b_task.await.expect("task").expect("clean stop");
+    rolled_out(&hub, &member, "v3").await;
+    let most = played.most_changing();
+    assert!(most <= 2, "{most} members changing at once as b left");
+    eventually(
+        Polled::ApiServer,
+        "replica a counting every member",
+        || async {
+            status_of(&hub, "web").await["countsByReplica"]
+                == json!({"replica-a": {"InSync": MEMBERS.len()}})
+        },
+    )
+    .await;
+
+    a_stop.cancel();
+    a_task.await.expect("task").expect("clean stop");
 }
 
 /// A staged rollout: the canary first, then the rest once approved for
