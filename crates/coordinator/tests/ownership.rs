@@ -13,7 +13,7 @@ use futures::future::BoxFuture;
 use k8s_openapi::api::coordination::v1::Lease;
 use kube::api::Api;
 use multicluster_coordinator::sharding::{
-    FenceHold, Peer, ShardedCoordinator, ShardingOptions, owner,
+    FenceHold, ShardedCoordinator, ShardingOptions, until_split,
 };
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::coordinator::Coordinator;
@@ -98,47 +98,14 @@ async fn a_replica_hands_out_only_the_clusters_it_owns() {
     // (one replica still holding what it is about to hand over), and a
     // member between the two is owned by neither for a moment.
     // The local cluster is sharded like any other; only members count.
-    let members = |set: &[ClusterName]| -> Vec<ClusterName> {
-        set.iter()
-            .filter(|name| !name.is_local())
-            .cloned()
-            .collect()
-    };
-    let peers = ["replica-a", "replica-b"].map(|id| Peer {
-        id: id.to_string(),
-        weight: 1,
-    });
-    let share_of = |id: &str| -> Vec<ClusterName> {
-        MEMBERS
-            .iter()
-            .filter(|name| owner(name, &peers).is_some_and(|peer| peer.id == id))
-            .map(|name| ClusterName::from(*name))
-            .collect()
-    };
-    let (a_share, b_share) = (share_of("replica-a"), share_of("replica-b"));
-    assert_eq!(a_share.len() + b_share.len(), MEMBERS.len());
-    let split = |a_owns: &[ClusterName], b_owns: &[ClusterName]| {
-        a_owns == a_share.as_slice() && b_owns == b_share.as_slice()
-    };
-    let (mut a_set, mut b_set) = (a_coordinator.working_set(), b_coordinator.working_set());
-    let waiting = async {
-        loop {
-            let (a_owns, b_owns) = (
-                members(&a_set.borrow_and_update()),
-                members(&b_set.borrow_and_update()),
-            );
-            if split(&a_owns, &b_owns) {
-                return;
-            }
-            tokio::select! {
-                changed = a_set.changed() => changed.expect("a's working set"),
-                changed = b_set.changed() => changed.expect("b's working set"),
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(60), waiting)
-        .await
-        .expect("the fleet to be split between the replicas within a minute");
+    let shares = until_split(
+        &[&a_coordinator, &b_coordinator],
+        &MEMBERS,
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("the fleet to be split between the replicas within a minute");
+    assert_eq!(shares.concat().len(), MEMBERS.len());
     for name in MEMBERS {
         let cluster = ClusterName::from(name);
         let answers = (answer(&a, name).await, answer(&b, name).await);

@@ -17,7 +17,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::{WatchStreamExt, watcher};
+use kube::runtime::watcher;
 use serde_json::json;
 
 /// The played Deployment controller of the control planes it watches.
@@ -63,11 +63,26 @@ impl Deployments {
             let changes = watcher(
                 Api::<Deployment>::all(client.clone()),
                 watcher::Config::default(),
-            )
-            .applied_objects();
+            );
             let mut changes = std::pin::pin!(changes);
-            while let Some(change) = changes.next().await {
-                let Ok(deployment) = change else { continue };
+            while let Some(event) = changes.next().await {
+                let deployment = match event {
+                    Ok(
+                        watcher::Event::Apply(deployment) | watcher::Event::InitApply(deployment),
+                    ) => deployment,
+                    // Gone (or going): no longer changing, as the real
+                    // controller rolls nothing out for a Deployment being
+                    // deleted.
+                    Ok(watcher::Event::Delete(deployment)) => {
+                        forget(&state, &cluster, &deployment);
+                        continue;
+                    }
+                    _ => continue,
+                };
+                if deployment.metadata.deletion_timestamp.is_some() {
+                    forget(&state, &cluster, &deployment);
+                    continue;
+                }
                 let namespace = deployment.metadata.namespace.clone().unwrap_or_default();
                 let name = deployment.metadata.name.clone().unwrap_or_default();
                 let generation = deployment.metadata.generation.unwrap_or_default();
@@ -247,4 +262,14 @@ async fn write_status(
         .patch_status(name, &PatchParams::default(), &Patch::Merge(&status))
         .await
         .is_ok()
+}
+
+/// Takes `deployment` of `cluster` off the ones changing.
+fn forget(state: &Arc<Mutex<State>>, cluster: &str, deployment: &Deployment) {
+    let key = format!(
+        "{cluster}/{}/{}",
+        deployment.metadata.namespace.as_deref().unwrap_or_default(),
+        deployment.metadata.name.as_deref().unwrap_or_default()
+    );
+    lock(state).changing.remove(&key);
 }

@@ -16,7 +16,7 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
-use multicluster_coordinator::sharding::{Peer, ShardedCoordinator, ShardingOptions, owner};
+use multicluster_coordinator::sharding::{ShardedCoordinator, ShardingOptions, until_split};
 use multicluster_envtest::ControlPlane;
 use multicluster_envtest::played::Deployments;
 use multicluster_propagation::{
@@ -24,7 +24,7 @@ use multicluster_propagation::{
     Propagation, PropagationStatus, Rollout, Stage,
 };
 use multicluster_runtime::testing::{Polled, eventually, run_manager};
-use multicluster_runtime::{Cluster, ClusterName, Manager};
+use multicluster_runtime::{Cluster, Manager};
 use serde_json::json;
 
 use common::{STATUS, member_states, namespace_members, status_of};
@@ -408,42 +408,14 @@ async fn two_sharded_replicas_serve_every_member_within_one_bound() {
     let (b, b_stop, b_task) = replica(&hub, &member, "replica-b").await;
 
     // Each replica works on the members rendezvous hashing gives it.
-    let peers = ["replica-a", "replica-b"].map(|id| Peer {
-        id: id.to_string(),
-        weight: 1,
-    });
-    let share_of = |id: &str| -> Vec<ClusterName> {
-        MEMBERS
-            .iter()
-            .filter(|name| owner(name, &peers).is_some_and(|peer| peer.id == id))
-            .map(|name| ClusterName::from(*name))
-            .collect()
-    };
-    let (a_share, b_share) = (share_of("replica-a"), share_of("replica-b"));
+    let shares = until_split(&[&a, &b], &MEMBERS, Duration::from_secs(60))
+        .await
+        .expect("the fleet split between the replicas");
+    let (a_share, b_share) = (&shares[0], &shares[1]);
     assert!(
         !a_share.is_empty() && !b_share.is_empty(),
         "the test needs members on both replicas: {a_share:?} {b_share:?}"
     );
-    let members = |set: &[ClusterName]| -> Vec<ClusterName> {
-        set.iter()
-            .filter(|name| !name.is_local())
-            .cloned()
-            .collect()
-    };
-    let (mut a_set, mut b_set) = (a.working_set(), b.working_set());
-    let split = async {
-        while members(&a_set.borrow_and_update()) != a_share
-            || members(&b_set.borrow_and_update()) != b_share
-        {
-            tokio::select! {
-                changed = a_set.changed() => changed.expect("a's working set"),
-                changed = b_set.changed() => changed.expect("b's working set"),
-            }
-        }
-    };
-    tokio::time::timeout(Duration::from_secs(60), split)
-        .await
-        .expect("the fleet split between the replicas within a minute");
 
     // A new hub object, then an update: every member gets each, never
     // more than two changing at once across both replicas.

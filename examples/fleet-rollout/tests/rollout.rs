@@ -93,54 +93,98 @@ async fn rolled_out(hub: &kube::Client, a: &ControlPlane, b: &ControlPlane, tag:
     .await;
 }
 
+/// A hub and two member control planes, the members as kubeconfig
+/// Secrets on the hub (named as given), their Deployment controller played.
+struct Fleet {
+    hub_cp: ControlPlane,
+    a: ControlPlane,
+    b: ControlPlane,
+    hub: kube::Client,
+    played: Deployments,
+}
+
+impl Fleet {
+    async fn start(names: [&str; 2]) -> Self {
+        let (hub_cp, a, b) = tokio::join!(
+            ControlPlane::start(),
+            ControlPlane::start(),
+            ControlPlane::start()
+        );
+        let (hub_cp, a, b) = (hub_cp.expect("hub"), a.expect("a"), b.expect("b"));
+        hub_cp.create_namespace("fleet").await.expect("namespace");
+        let hub = hub_cp.client().await.expect("client");
+        for (name, member) in names.into_iter().zip([&a, &b]) {
+            Api::<Secret>::namespaced(hub.clone(), "fleet")
+                .create(
+                    &PostParams::default(),
+                    &kubeconfig_secret(name, member.kubeconfig()),
+                )
+                .await
+                .expect("member Secret");
+        }
+        let played = Deployments::default();
+        played.watch("a", a.client().await.expect("client"), ROLL_TIME);
+        played.watch("b", b.client().await.expect("client"), ROLL_TIME);
+        Self {
+            hub_cp,
+            a,
+            b,
+            hub,
+            played,
+        }
+    }
+
+    /// Runs the example on the hub, with `more` flags.
+    fn example(&self, more: &[&str]) -> tokio::process::Child {
+        Command::new(BINARY)
+            .args(["--namespace", "fleet", "--health-address", "127.0.0.1:0"])
+            .args(more)
+            .env("KUBECONFIG", self.hub_cp.kubeconfig_path())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("example")
+    }
+
+    /// Makes the FleetDeployment `web` with the image `tag` once the
+    /// example has installed its CRD; its API.
+    async fn make_web(&self, tag: &str) -> Api<DynamicObject> {
+        let deployments = Api::<DynamicObject>::namespaced_with(
+            self.hub.clone(),
+            "default",
+            &fleet_deployments(),
+        );
+        let mut web = DynamicObject::new("web", &fleet_deployments()).within("default");
+        web.data = json!({"spec": {"image": image(tag)}});
+        eventually(
+            Polled::ApiServer,
+            "the example to install its CRD, and the FleetDeployment made",
+            || async {
+                deployments
+                    .create(&PostParams::default(), &web)
+                    .await
+                    .is_ok()
+            },
+        )
+        .await;
+        deployments
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_deployment_rolls_out_one_member_at_a_time_and_pauses() {
-    let (hub_cp, a, b) = tokio::join!(
-        ControlPlane::start(),
-        ControlPlane::start(),
-        ControlPlane::start()
-    );
-    let (hub_cp, a, b) = (hub_cp.expect("hub"), a.expect("a"), b.expect("b"));
-    hub_cp.create_namespace("fleet").await.expect("namespace");
-    let hub = hub_cp.client().await.expect("client");
-    for (name, member) in [("a", &a), ("b", &b)] {
-        Api::<Secret>::namespaced(hub.clone(), "fleet")
-            .create(
-                &PostParams::default(),
-                &kubeconfig_secret(name, member.kubeconfig()),
-            )
-            .await
-            .expect("member Secret");
-    }
-    let played = Deployments::default();
-    played.watch("a", a.client().await.expect("client"), ROLL_TIME);
-    played.watch("b", b.client().await.expect("client"), ROLL_TIME);
-
-    let mut example = Command::new(BINARY)
-        .args(["--namespace", "fleet", "--health-address", "127.0.0.1:0"])
-        .env("KUBECONFIG", hub_cp.kubeconfig_path())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("example");
-
-    let deployments =
-        Api::<DynamicObject>::namespaced_with(hub.clone(), "default", &fleet_deployments());
-    let mut web = DynamicObject::new("web", &fleet_deployments()).within("default");
-    web.data = json!({"spec": {"image": image("v1")}});
-    eventually(
-        Polled::ApiServer,
-        "the example to install its CRD, and the FleetDeployment made",
-        || async {
-            deployments
-                .create(&PostParams::default(), &web)
-                .await
-                .is_ok()
-        },
-    )
-    .await;
-    rolled_out(&hub, &a, &b, "v1").await;
+    let fleet = Fleet::start(["a", "b"]).await;
+    let Fleet {
+        hub_cp,
+        a,
+        b,
+        hub,
+        played,
+    } = &fleet;
+    let mut example = fleet.example(&[]);
+    let deployments = fleet.make_web("v1").await;
+    rolled_out(hub, a, b, "v1").await;
     assert_eq!(played.most_changing(), 1, "one member at a time");
 
     // `kubectl get` shows the progress, from the CRD's printer columns.
@@ -206,7 +250,7 @@ async fn a_fleet_deployment_rolls_out_one_member_at_a_time_and_pauses() {
         Polled::ApiServer,
         "the rollout of revision 2 paused",
         || async {
-            let status = status(&hub).await;
+            let status = status(hub).await;
             let rollout = &status["rollout"];
             (rollout["revision"] == "2" && rollout["remaining"] == 2)
                 .then(|| rollout["waiting"].as_str().map(str::to_string))
@@ -220,7 +264,7 @@ async fn a_fleet_deployment_rolls_out_one_member_at_a_time_and_pauses() {
         "a member changed while paused"
     );
     annotate(None).await;
-    rolled_out(&hub, &a, &b, "v2").await;
+    rolled_out(hub, a, b, "v2").await;
     assert_eq!(played.most_changing(), 1, "one member at a time");
 
     let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
@@ -242,70 +286,31 @@ fn member_of(replica: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sharded_replicas_roll_out_one_member_at_a_time_between_them() {
-    let (hub_cp, a, b) = tokio::join!(
-        ControlPlane::start(),
-        ControlPlane::start(),
-        ControlPlane::start()
-    );
-    let (hub_cp, a, b) = (hub_cp.expect("hub"), a.expect("a"), b.expect("b"));
-    hub_cp.create_namespace("fleet").await.expect("namespace");
-    let hub = hub_cp.client().await.expect("client");
     // One member for each replica.
     let (on_a, on_b) = (member_of("replica-a"), member_of("replica-b"));
-    for (name, member) in [(&on_a, &a), (&on_b, &b)] {
-        Api::<Secret>::namespaced(hub.clone(), "fleet")
-            .create(
-                &PostParams::default(),
-                &kubeconfig_secret(name, member.kubeconfig()),
-            )
-            .await
-            .expect("member Secret");
-    }
-    let played = Deployments::default();
-    played.watch("a", a.client().await.expect("client"), ROLL_TIME);
-    played.watch("b", b.client().await.expect("client"), ROLL_TIME);
-    let replica = |id: &str| {
-        Command::new(BINARY)
-            .args(["--namespace", "fleet", "--health-address", "127.0.0.1:0"])
-            .args(["--shard", "--peer-id", id])
-            .env("KUBECONFIG", hub_cp.kubeconfig_path())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .kill_on_drop(true)
-            .spawn()
-            .expect("example")
-    };
-    let mut replicas = [replica("replica-a"), replica("replica-b")];
-
-    let deployments =
-        Api::<DynamicObject>::namespaced_with(hub.clone(), "default", &fleet_deployments());
-    let mut web = DynamicObject::new("web", &fleet_deployments()).within("default");
-    web.data = json!({"spec": {"image": image("v1")}});
-    eventually(
-        Polled::ApiServer,
-        "the example to install its CRD, and the FleetDeployment made",
-        || async {
-            deployments
-                .create(&PostParams::default(), &web)
-                .await
-                .is_ok()
-        },
-    )
-    .await;
-    rolled_out(&hub, &a, &b, "v1").await;
+    let fleet = Fleet::start([&on_a, &on_b]).await;
+    let Fleet {
+        a, b, hub, played, ..
+    } = &fleet;
+    let mut replicas = [
+        fleet.example(&["--shard", "--peer-id", "replica-a"]),
+        fleet.example(&["--shard", "--peer-id", "replica-b"]),
+    ];
+    let deployments = fleet.make_web("v1").await;
+    rolled_out(hub, a, b, "v1").await;
     // Each replica told of its own member, and the status has both.
     eventually(
         Polled::ApiServer,
         "each replica's member in sync on the hub object",
         || async {
-            let status = status(&hub).await;
+            let status = status(hub).await;
             status["countsByReplica"]
                 == json!({"replica-a": {"InSync": 1}, "replica-b": {"InSync": 1}})
                 && status["counts"] == json!({"InSync": 2})
         },
     )
     .await;
-    let members: Vec<String> = status(&hub).await["members"]
+    let members: Vec<String> = status(hub).await["members"]
         .as_array()
         .into_iter()
         .flatten()
@@ -325,7 +330,7 @@ async fn two_sharded_replicas_roll_out_one_member_at_a_time_between_them() {
         )
         .await
         .expect("new image");
-    rolled_out(&hub, &a, &b, "v2").await;
+    rolled_out(hub, a, b, "v2").await;
     assert_eq!(
         played.most_changing(),
         1,
