@@ -25,6 +25,9 @@ use multicluster_runtime::redact::Redacted;
 /// How soon a removal waiting on a member's watch to list looks again.
 const NOT_LISTED_YET: Duration = Duration::from_secs(1);
 
+/// How soon a member kept for the surge looks again at those that joined.
+const SURGE_RECHECK: Duration = Duration::from_secs(1);
+
 /// A failure to apply in one member, the member's reconcile fails with it
 /// (retried with backoff); its outcome is already recorded.
 #[derive(Debug, thiserror::Error)]
@@ -63,7 +66,7 @@ where
             return Ok(action);
         };
         if !self.members.includes(&hub, &request.cluster, &member) {
-            return self.leave(&key, &request.cluster, &member).await;
+            return self.leave(&hub, &key, &request.cluster, &member).await;
         }
         crate::lock(&self.leaving).remove(&(key.clone(), request.cluster.clone()));
         let value = serde_json::to_value(hub.as_ref())?;
@@ -103,6 +106,7 @@ where
     /// has been out for the removal grace, unless it comes back first.
     async fn leave(
         &self,
+        hub: &K,
         key: &HubKey,
         name: &ClusterName,
         member: &Cluster,
@@ -120,6 +124,10 @@ where
         if left < self.removal_grace {
             return Ok(Action::requeue(self.removal_grace - left));
         }
+        if let Some(waiting) = self.surging(hub, key, name, left) {
+            self.record(key, name, Some(waiting));
+            return Ok(Action::requeue(SURGE_RECHECK));
+        }
         let (action, done) = self
             .remove(key, name, member, self.when_member_leaves)
             .await?;
@@ -127,6 +135,92 @@ where
             crate::lock(&self.leaving).remove(&(key.clone(), name.clone()));
         }
         Ok(action)
+    }
+
+    /// For a member out of `key`'s selection for `left`: while it is one
+    /// of the first [`Rollout::max_surge`](crate::Rollout::max_surge)
+    /// members to leave and a selected member is not yet available, it
+    /// keeps the objects, and its outcome says so.
+    fn surging(
+        &self,
+        hub: &K,
+        key: &HubKey,
+        name: &ClusterName,
+        left: Duration,
+    ) -> Option<Outcome> {
+        let rollout = &self.rollouts.rollout;
+        let surge = rollout.surge();
+        if surge == 0 || left > self.removal_grace + rollout.progress_deadline_of() {
+            return None;
+        }
+        let controller = self.controller.get()?;
+        let leaving: Vec<(Instant, ClusterName)> = crate::lock(&self.leaving)
+            .iter()
+            .filter(|((hub, _), _)| hub == key)
+            .map(|((_, member), since)| (*since, member.clone()))
+            .collect();
+        // Those still holding something: one that let go, or never had
+        // anything, takes no place in the surge.
+        let mut leaving: Vec<(Instant, ClusterName)> = leaving
+            .into_iter()
+            .filter(|(_, member)| {
+                member == name
+                    || controller
+                        .cluster(member)
+                        .is_some_and(|cluster| !self.holds_nothing(key, &cluster))
+            })
+            .collect();
+        leaving.sort();
+        if !leaving.iter().take(surge).any(|(_, member)| member == name) {
+            return None;
+        }
+        // The selected members: those with an outcome that are not
+        // leaving, and those a decision names (one that joined may not
+        // have been reconciled yet).
+        let outcomes = crate::lock(&self.outcomes);
+        let known = outcomes.members(key);
+        let mut selected: Vec<ClusterName> = known
+            .into_iter()
+            .flatten()
+            .map(|(member, _)| member.clone())
+            .filter(|member| !leaving.iter().any(|(_, leaving)| leaving == member))
+            .collect();
+        if let super::Members::Chosen(choose) = &self.members {
+            // Only those this replica works on: it knows nothing of the
+            // others (replicas sharing the fleet), nor of members not in
+            // the fleet.
+            selected.extend(
+                choose(hub)
+                    .into_iter()
+                    .filter(|member| controller.cluster(member).is_some()),
+            );
+        }
+        selected.sort();
+        selected.dedup();
+        let joining_unavailable: Vec<ClusterName> = selected
+            .into_iter()
+            .filter(|member| {
+                known
+                    .and_then(|known| known.get(member))
+                    .is_none_or(|outcome| outcome.state != MemberState::InSync)
+            })
+            .take(3)
+            .collect();
+        drop(outcomes);
+        if joining_unavailable.is_empty() {
+            return None;
+        }
+        let names: Vec<&str> = joining_unavailable
+            .iter()
+            .map(ClusterName::as_str)
+            .collect();
+        Some(Outcome::failed(
+            MemberState::Progressing,
+            Some(format!(
+                "out of the selection; keeps its objects until the selected members are available (max surge {surge}): {} not yet",
+                names.join(", ")
+            )),
+        ))
     }
 
     /// Lets go of every object made for `key` in `member` by `policy`;

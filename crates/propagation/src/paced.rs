@@ -253,12 +253,14 @@ where
         let revision = rollout::revision_of(&value);
         let mut soon = None;
         let mut members = Vec::new();
+        let mut unselected = Vec::new();
         let mut stage_names: Vec<Option<String>> = Vec::new();
         for name in controller.engaged_clusters() {
             let Some(cluster) = controller.cluster(&name).filter(|_| !name.is_local()) else {
                 continue;
             };
             if !self.members.includes(hub, &name, &cluster) {
+                unselected.push(name);
                 continue;
             }
             let (stage, stage_name) = self.rollouts.rollout.stage_of(&name, &cluster.labels());
@@ -327,6 +329,7 @@ where
                 paused,
                 approved: &approved,
                 elsewhere: &elsewhere,
+                unselected: &unselected,
             },
             before.as_ref(),
         );

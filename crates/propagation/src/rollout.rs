@@ -138,6 +138,7 @@ pub struct Rollout {
     soak: Duration,
     progress_deadline: Duration,
     failure_budget: usize,
+    surge: usize,
 }
 
 #[derive(Clone, Debug)]
@@ -163,6 +164,7 @@ impl Rollout {
             soak: Duration::ZERO,
             progress_deadline: DEFAULT_PROGRESS_DEADLINE,
             failure_budget: 0,
+            surge: 0,
         }
     }
 
@@ -200,10 +202,11 @@ impl Rollout {
 
     /// How long a member may hold a slot without becoming available before
     /// it counts as failed (default ten minutes). A member that left the
-    /// fleet (or the selection) while holding a slot keeps it this long
-    /// too, then gives it back without counting as failed: until then it
-    /// may still be changing, and a controller that has just started does
-    /// not see every member at once.
+    /// fleet while holding a slot (or that this controller does not see)
+    /// keeps it this long too, then gives it back without counting as
+    /// failed: until then it may still be changing, and a controller that
+    /// has just started does not see every member at once. One seen out of
+    /// the selection gives its slot back at once.
     #[must_use]
     pub fn progress_deadline(mut self, deadline: Duration) -> Self {
         self.progress_deadline = deadline;
@@ -218,6 +221,28 @@ impl Rollout {
     pub fn failure_budget(mut self, failures: usize) -> Self {
         self.failure_budget = failures;
         self
+    }
+
+    /// When the selection moves a hub object (members leave it, others
+    /// join), up to `members` of those leaving keep its objects beyond the
+    /// removal grace, until every selected member is available with them
+    /// (or for at most the progress deadline): the moved workload runs
+    /// somewhere throughout, on at most that many members more than the
+    /// selection. Default 0: members leaving let go once their removal
+    /// grace has passed, whether those joining are available or not.
+    /// Applies with any pace.
+    #[must_use]
+    pub fn max_surge(mut self, members: usize) -> Self {
+        self.surge = members;
+        self
+    }
+
+    pub(crate) fn surge(&self) -> usize {
+        self.surge
+    }
+
+    pub(crate) fn progress_deadline_of(&self) -> Duration {
+        self.progress_deadline
     }
 
     pub(crate) fn is_paced(&self) -> bool {
@@ -378,6 +403,9 @@ pub(crate) struct Look<'a> {
     pub(crate) approved: &'a dyn Fn(usize) -> bool,
     /// The members other replicas work on (replicas sharing the fleet).
     pub(crate) elsewhere: &'a Elsewhere,
+    /// Members this step sees out of the selection: not changing to the
+    /// revision, so a slot they hold is free.
+    pub(crate) unselected: &'a [ClusterName],
 }
 
 /// What the other replicas sharing a fleet report of their members: added
@@ -449,6 +477,13 @@ pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutSt
         .unwrap_or_default();
     updating.retain(|slot| match member(&slot.cluster) {
         Some(m) => !m.done,
+        None if look
+            .unselected
+            .iter()
+            .any(|name| name.as_str() == slot.cluster) =>
+        {
+            false
+        }
         None => held(slot) <= look.rollout.progress_deadline,
     });
     for slot in &mut updating {
@@ -664,7 +699,36 @@ mod tests {
             paused: false,
             approved,
             elsewhere: &NOWHERE,
+            unselected: &[],
         }
+    }
+
+    #[test]
+    fn a_slot_of_a_member_seen_out_of_the_selection_is_freed_at_once() {
+        let rollout = Rollout::rolling(MaxUnavailable::Count(2));
+        let now = Timestamp::now();
+        let members = [member("c", 0, false, false), member("d", 0, false, false)];
+        let before = RolloutStatus {
+            revision: "2".into(),
+            updating: ["a", "b"]
+                .map(|name| UpdatingMember {
+                    cluster: name.into(),
+                    since: Time(now),
+                    failed: None,
+                })
+                .to_vec(),
+            ..RolloutStatus::default()
+        };
+        // a moved out of the selection here; b is not seen at all.
+        let unselected = [ClusterName::from("a")];
+        let record = step(
+            &Look {
+                unselected: &unselected,
+                ..look(&rollout, &members, now, &|_| true)
+            },
+            Some(&before),
+        );
+        assert_eq!(holders(&record), ["b", "c"]);
     }
 
     /// No other replica.

@@ -24,7 +24,7 @@ use multicluster_propagation::{
     Propagation, PropagationStatus, Rollout, Stage,
 };
 use multicluster_runtime::testing::{Polled, eventually, run_manager};
-use multicluster_runtime::{Cluster, Manager};
+use multicluster_runtime::{Cluster, ClusterName, Manager};
 use serde_json::json;
 
 use common::{STATUS, member_states, namespace_members, status_of};
@@ -535,6 +535,83 @@ async fn two_sharded_replicas_serve_every_member_within_one_bound() {
 
     a_stop.cancel();
     a_task.await.expect("task").expect("clean stop");
+}
+
+/// The members a hub ConfigMap names in its `example.com/members`
+/// annotation (a placement decision, as far as the test needs one).
+fn named_members(hub: &ConfigMap) -> Vec<ClusterName> {
+    hub.metadata
+        .annotations
+        .as_ref()
+        .and_then(|annotations| annotations.get("example.com/members"))
+        .map(|names| names.split(',').map(ClusterName::from).collect())
+        .unwrap_or_default()
+}
+
+/// A move with a surge: the Deployment moves from m0 and m1 to m2 and m3;
+/// m0 and m1 keep theirs while m2 is not available (its rollout fails),
+/// and let go once it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn members_moved_out_keep_the_workload_until_those_moved_in_are_available() {
+    let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, member) = (hub.expect("hub"), member.expect("member"));
+    make_namespaces(&member).await;
+    let played = play(&member).await;
+    let propagation = rolling()
+        .members_chosen_by(named_members)
+        .removal_grace(Duration::ZERO)
+        .rollout(Rollout::rolling(MaxUnavailable::Count(2)).max_surge(2));
+    let (_manager, stop, task) = fleet(&hub, &member, propagation).await;
+
+    hub_object(&hub, "web", "web", "v1").await;
+    annotate(&hub, "web", "example.com/members", Some("m0,m1")).await;
+    eventually(Polled::ApiServer, "m0 and m1 available with v1", || async {
+        played.available(&image("v1"))
+            == BTreeSet::from(["member/m0/web".into(), "member/m1/web".into()])
+    })
+    .await;
+
+    // Moved to m2 and m3, m2 failing its rollout: m0 and m1 keep theirs.
+    played.fail_in("m2", true);
+    annotate(&hub, "web", "example.com/members", Some("m2,m3")).await;
+    eventually(
+        Polled::ApiServer,
+        "m0 and m1 kept for the surge while m2 is not available",
+        || async {
+            let states = member_states(&hub, "web").await;
+            ["m0", "m1"].iter().all(|kept| {
+                states.get(*kept).is_some_and(|(state, reason)| {
+                    state == "Progressing"
+                        && reason.contains("max surge 2")
+                        && reason.contains("m2")
+                })
+            }) && played.available(&image("v1")).contains("member/m3/web")
+        },
+    )
+    .await;
+    assert_eq!(
+        images(&member).await.into_keys().collect::<Vec<_>>(),
+        ["m0", "m1", "m2", "m3"],
+        "a member moved out let go before those moved in were available"
+    );
+
+    // m2 recovers: m0 and m1 let go.
+    played.fail_in("m2", false);
+    played
+        .roll_out_now(
+            "member",
+            &member.client().await.expect("client"),
+            "m2",
+            "web",
+        )
+        .await;
+    eventually(Polled::ApiServer, "m0 and m1 to let go", || async {
+        images(&member).await.into_keys().collect::<Vec<_>>() == ["m2", "m3"]
+    })
+    .await;
+
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
 }
 
 /// A staged rollout: the canary first, then the rest once approved for
