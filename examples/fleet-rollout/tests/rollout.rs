@@ -172,6 +172,18 @@ impl Fleet {
     }
 }
 
+/// Gives the FleetDeployment `web` the image `tag`.
+async fn set_image(deployments: &Api<DynamicObject>, tag: &str) {
+    deployments
+        .patch(
+            "web",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"image": image(tag)}})),
+        )
+        .await
+        .expect("new image");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_deployment_rolls_out_one_member_at_a_time_and_pauses() {
     let fleet = Fleet::start(["a", "b"]).await;
@@ -238,14 +250,7 @@ async fn a_fleet_deployment_rolls_out_one_member_at_a_time_and_pauses() {
         }
     };
     annotate(Some("true")).await;
-    deployments
-        .patch(
-            "web",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"image": image("v2")}})),
-        )
-        .await
-        .expect("new image");
+    set_image(&deployments, "v2").await;
     let waiting = eventually_some(
         Polled::ApiServer,
         "the rollout of revision 2 paused",
@@ -322,14 +327,7 @@ async fn two_sharded_replicas_roll_out_one_member_at_a_time_between_them() {
     assert_eq!(members, expected);
     assert_eq!(played.most_changing(), 1, "one member at a time");
 
-    deployments
-        .patch(
-            "web",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"image": image("v2")}})),
-        )
-        .await
-        .expect("new image");
+    set_image(&deployments, "v2").await;
     rolled_out(hub, a, b, "v2").await;
     assert_eq!(
         played.most_changing(),
