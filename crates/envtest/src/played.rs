@@ -17,7 +17,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::watcher;
+use kube::runtime::{WatchStreamExt, watcher};
 use serde_json::json;
 
 /// The played Deployment controller of the control planes it watches.
@@ -60,10 +60,15 @@ impl Deployments {
         let cluster = cluster.to_string();
         let task = tokio::spawn(async move {
             let mut seen = HashSet::new();
+            // With backoff: a control plane gone (a test that failed and
+            // is dropping it) refuses at once, and a watch retried without
+            // a pause never yields, so the test's runtime could not shut
+            // down.
             let changes = watcher(
                 Api::<Deployment>::all(client.clone()),
                 watcher::Config::default(),
-            );
+            )
+            .default_backoff();
             let mut changes = std::pin::pin!(changes);
             while let Some(event) = changes.next().await {
                 let deployment = match event {

@@ -172,6 +172,10 @@ impl Fleet {
     }
 }
 
+/// The tests of this file one at a time: each runs three control planes,
+/// six at once on two cores made their deadlines tight.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// Gives the FleetDeployment `web` the image `tag`.
 async fn set_image(deployments: &Api<DynamicObject>, tag: &str) {
     deployments
@@ -186,6 +190,7 @@ async fn set_image(deployments: &Api<DynamicObject>, tag: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_deployment_rolls_out_one_member_at_a_time_and_pauses() {
+    let _one = ONE_AT_A_TIME.lock().await;
     let fleet = Fleet::start(["a", "b"]).await;
     let Fleet {
         hub_cp,
@@ -291,6 +296,7 @@ fn member_of(replica: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_sharded_replicas_roll_out_one_member_at_a_time_between_them() {
+    let _one = ONE_AT_A_TIME.lock().await;
     // One member for each replica.
     let (on_a, on_b) = (member_of("replica-a"), member_of("replica-b"));
     let fleet = Fleet::start([&on_a, &on_b]).await;
