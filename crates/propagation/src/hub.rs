@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -138,10 +138,7 @@ where
         ours.push(replicas.me.clone());
         ours.sort();
         let resource = ApiResource::erase::<K>(&());
-        let api: Api<DynamicObject> = match &key.0 {
-            Some(namespace) => Api::namespaced_with(hub_cluster.client(), namespace, &resource),
-            None => Api::all_with(hub_cluster.client(), &resource),
-        };
+        let api = super::letting_go::api_for(hub_cluster, &resource, key.0.as_deref());
         // With the resourceVersion the cache saw: another replica saying
         // so at the same time is not written over.
         let patch = json!({
@@ -245,10 +242,7 @@ where
             ),
         };
         let resource = ApiResource::erase::<K>(&());
-        let api: Api<DynamicObject> = match &key.0 {
-            Some(namespace) => Api::namespaced_with(hub_cluster.client(), namespace, &resource),
-            None => Api::all_with(hub_cluster.client(), &resource),
-        };
+        let api = super::letting_go::api_for(hub_cluster, &resource, key.0.as_deref());
         let mut identity = json!({
             "apiVersion": resource.api_version,
             "kind": resource.kind,

@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{ApiResource, Patch, PatchParams};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
@@ -385,10 +385,7 @@ where
         record: &Record,
     ) -> Result<(), WriteError> {
         let resource = ApiResource::erase::<K>(&());
-        let api: Api<DynamicObject> = match &key.0 {
-            Some(namespace) => Api::namespaced_with(hub_cluster.client(), namespace, &resource),
-            None => Api::all_with(hub_cluster.client(), &resource),
-        };
+        let api = super::letting_go::api_for(hub_cluster, &resource, key.0.as_deref());
         let mut patch = json!({
             "apiVersion": resource.api_version,
             "kind": resource.kind,
