@@ -50,7 +50,7 @@ mod withhold;
 pub use error::Error;
 pub use options::ClientOptions;
 pub use policy::{
-    AllowedPlugin, Allowlist, ExecPolicy, KubeconfigPolicy, Refusal, Refused, Servers,
+    AllowedPlugin, Allowlist, BadServer, ExecPolicy, KubeconfigPolicy, Refusal, Refused, Servers,
 };
 
 /// Builds a client for `context` (the current context when `None`),

@@ -25,6 +25,11 @@ struct Args {
     /// Credentials from exec plugins listed in this provider file (KEP-5339 JSON).
     #[arg(long, env = "CLUSTERPROFILE_PROVIDER_FILE")]
     clusterprofile_provider_file: Option<PathBuf>,
+    /// Let this access provider's plugin, which reads what profiles write, run for servers its
+    /// servers do not name one by one (allowUnboundProfileInput): whoever may write a
+    /// ClusterProfile's status can then choose whose credential it mints. Repeatable.
+    #[arg(long, value_name = "PROVIDER")]
+    allow_unbound_profile_input: Vec<String>,
     /// Namespace of the ClusterProfiles in the hub; every namespace when unset.
     #[arg(long, env = "NAMESPACE")]
     namespace: Option<String>,
@@ -48,9 +53,16 @@ async fn main() -> Result<(), MainError> {
 
 async fn run(args: Args) -> Result<(), MainError> {
     let mut options = match (args.consumer, args.clusterprofile_provider_file) {
+        (Some(_), None) if !args.allow_unbound_profile_input.is_empty() => {
+            return Err("--allow-unbound-profile-input names access providers of --clusterprofile-provider-file".into());
+        }
         (Some(consumer), None) => ClusterProfileOptions::with_secrets(consumer),
         (None, Some(path)) => {
-            ClusterProfileOptions::with_access_providers(ProviderFile::from_path(path)?)
+            let mut providers = ProviderFile::from_path(path)?;
+            for name in &args.allow_unbound_profile_input {
+                providers.allow_unbound_profile_input(name)?;
+            }
+            ClusterProfileOptions::with_access_providers(providers)
         }
         _ => {
             return Err("give exactly one of --consumer and --clusterprofile-provider-file".into());

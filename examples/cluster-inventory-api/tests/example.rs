@@ -6,6 +6,7 @@ use multicluster_runtime::testing::Polled;
 use std::process::Stdio;
 use std::time::Duration;
 
+use base64::Engine;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{
     Api, ApiResource, DynamicObject, GroupVersionKind, Patch, PatchParams, PostParams,
@@ -61,6 +62,70 @@ async fn a_bad_provider_file_stops_the_example_with_its_name() {
     assert!(stderr.contains("lists no providers"), "{stderr}");
 }
 
+/// A provider file whose plugin reads what profiles write and names no
+/// server: the example warns at start that its profiles are refused, and
+/// with `--allow-unbound-profile-input` that profile writers may choose
+/// whose credential is minted; a provider the flag names that the file
+/// does not have stops it.
+#[tokio::test]
+async fn the_opt_in_flag_names_a_provider_and_is_told_at_start() {
+    let dir = tempfile::tempdir().expect("dir");
+    let path = dir.path().join("providers.json");
+    let providers = json!({"providers": [{
+        "name": "token",
+        "execConfig": {"command": plugins::TOKEN, "provideClusterInfo": true},
+    }]});
+    std::fs::write(&path, providers.to_string()).expect("write");
+    // A hub nobody answers at: the warnings come before it is asked.
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\nclusters:\n- name: c\n  cluster:\n    server: https://127.0.0.1:1\ncontexts:\n- name: c\n  context:\n    cluster: c\n    user: u\nusers:\n- name: u\n  user:\n    token: t\n",
+    )
+    .expect("kubeconfig");
+    let start = |extra: &[&str]| {
+        Command::new(BINARY)
+            .arg("--clusterprofile-provider-file")
+            .arg(&path)
+            .args(extra)
+            .args(["--health-address", "127.0.0.1:0"])
+            .env("KUBECONFIG", &kubeconfig)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("example")
+    };
+    for (extra, says) in [
+        (&[][..], "profiles choosing it are refused"),
+        (
+            &["--allow-unbound-profile-input", "token"][..],
+            "whoever may write a ClusterProfile's status can choose whose credential it mints",
+        ),
+    ] {
+        let mut example = start(extra);
+        let line = multicluster_example_testing::stderr_line(&mut example, |line| {
+            line.contains("WARN") && line.contains("provider=token")
+        })
+        .await;
+        assert!(line.contains(says), "{line}");
+    }
+    let out = Command::new(BINARY)
+        .arg("--clusterprofile-provider-file")
+        .arg(&path)
+        .args(["--allow-unbound-profile-input", "nope"])
+        .env("KUBECONFIG", &kubeconfig)
+        .output()
+        .await
+        .expect("run");
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("it has no provider \"nope\" (it has \"token\")"),
+        "{stderr}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_example_copies_configmaps_in_a_profiles_cluster() {
     let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
@@ -88,6 +153,12 @@ async fn the_example_copies_configmaps_in_a_profiles_cluster() {
         },
         "profileSourcedEnvVarsPolicy": "Replace",
         "profileSourcedEnvVarNames": ["STATE_DIR"],
+        // The plugin reads what profiles write: its server named with
+        // its CA, as the default asks.
+        "servers": [{
+            "server": member.server(),
+            "certificateAuthorityData": base64::engine::general_purpose::STANDARD.encode(member.ca_pem()),
+        }],
     }]});
     std::fs::write(&provider_file, providers.to_string()).expect("provider file");
 

@@ -116,3 +116,32 @@ pub async fn terminate(
         .unwrap_or_else(|_| panic!("the example did not exit within {within:?} of SIGTERM"))
         .expect("exit status")
 }
+
+/// The first line `example` writes to its stderr (piped) that `wanted`
+/// accepts, waiting at most 30 s; panics with the lines seen otherwise.
+pub async fn stderr_line(
+    example: &mut tokio::process::Child,
+    wanted: impl Fn(&str) -> bool,
+) -> String {
+    use tokio::io::AsyncBufReadExt;
+    let stderr = example.stderr.take().expect("stderr is piped");
+    let mut lines = tokio::io::BufReader::new(stderr).lines();
+    let mut seen = Vec::new();
+    let found = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Ok(Some(line)) = lines.next_line().await {
+            if wanted(&line) {
+                return Some(line);
+            }
+            seen.push(line);
+        }
+        None
+    })
+    .await;
+    match found {
+        Ok(Some(line)) => line,
+        _ => panic!(
+            "no such line on the example's stderr; it wrote:\n{}",
+            seen.join("\n")
+        ),
+    }
+}

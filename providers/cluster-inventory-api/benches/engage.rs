@@ -70,6 +70,9 @@ async fn main() {
                 "command": plugins::TOKEN,
             },
             "profileSourcedEnvVarsPolicy": "AppendIfNotExists",
+            // It reads what profiles write: named with its CA, as the
+            // default asks.
+            "servers": [{"server": member.server(), "certificateAuthorityData": ca}],
         }]})
         .to_string(),
         "bench provider file",

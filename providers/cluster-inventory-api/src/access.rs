@@ -24,7 +24,7 @@ use kube::config::{
 };
 use serde::{Deserialize, Serialize};
 
-use multicluster_runtime::client::{ExecPolicy, Servers};
+use multicluster_runtime::client::{BadServer, ExecPolicy, Servers};
 
 use crate::ApiVersion;
 
@@ -100,41 +100,146 @@ pub struct AccessProvider {
     /// The servers this provider's credentials may be sent to (this
     /// library's field): host patterns and IP networks as
     /// [`Servers::from_patterns`] takes them (`*.eks.amazonaws.com`,
-    /// `api.example.com:6443`, `10.0.0.0/8`). A profile naming another
-    /// server is refused before the plugin runs. Empty, with no
-    /// [`AccessProvider::server_ca_data`] either: bound to no servers (see
-    /// the crate README for what a profile can do then).
+    /// `api.example.com:6443`, `10.0.0.0/8`), and servers named one by one
+    /// with their CA (`{"server": "api.a.example:6443",
+    /// "certificateAuthorityData": "<base64 PEM>"}`). A profile naming
+    /// another server is refused before the plugin runs. A provider whose
+    /// plugin receives what profiles write ([`AccessProvider::profile_input`])
+    /// runs only for servers named one by one
+    /// ([`Servers::names_each_server`]), unless
+    /// [`AccessProvider::allow_unbound_profile_input`] is set.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    pub servers: Vec<String>,
+    pub servers: Vec<BoundServer>,
     /// A CA bundle (base64 of PEM, as a kubeconfig's
     /// `certificate-authority-data`) the servers must chain to; it
-    /// replaces the profile's CA (this library's field).
+    /// replaces the profile's CA (this library's field). A server named
+    /// with its own CA chains to that one.
     #[serde(
         default,
         rename = "serverCAData",
         skip_serializing_if = "Option::is_none"
     )]
     pub server_ca_data: Option<String>,
+    /// Lets the plugin run with what profiles write for servers not named
+    /// one by one (this library's field, default false): whoever may
+    /// write a ClusterProfile's status can then choose whose credential
+    /// the plugin mints and which server it is sent to. Only the steering
+    /// rules (the crate README) stand between them; logged at start.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub allow_unbound_profile_input: bool,
+}
+
+/// One entry of [`AccessProvider::servers`].
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(untagged)]
+pub enum BoundServer {
+    /// A host pattern or an IP network ([`Servers::from_patterns`]).
+    Pattern(String),
+    /// One server (`host:port`, or an `https://` URL naming both) and the
+    /// CA its certificate must chain to ([`Servers::named`]).
+    #[serde(rename_all = "camelCase")]
+    Named {
+        /// The server.
+        server: String,
+        /// Its CA, base64 of PEM as a kubeconfig's
+        /// `certificate-authority-data`.
+        certificate_authority_data: String,
+    },
+}
+
+/// Shows the server, not the CA data.
+impl std::fmt::Debug for BoundServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BoundServer::Pattern(pattern) => write!(f, "{pattern:?}"),
+            BoundServer::Named { server, .. } => write!(f, "{server:?} with its CA"),
+        }
+    }
 }
 
 impl AccessProvider {
     /// The servers this provider is bound to, `None` when it is bound to
-    /// none; an error names what is wrong with the patterns or the CA.
+    /// none; an error names what is wrong with the patterns or a CA.
     pub fn binding(&self) -> Result<Option<Servers>, String> {
         if self.servers.is_empty() && self.server_ca_data.is_none() {
             return Ok(None);
         }
-        let mut servers = Servers::from_patterns(&self.servers).map_err(|err| err.to_string())?;
-        if let Some(data) = &self.server_ca_data {
+        let decode = |data: &str, what: &str| {
             use base64::Engine;
-            let pem = base64::engine::general_purpose::STANDARD
+            base64::engine::general_purpose::STANDARD
                 .decode(data.trim())
-                .map_err(|_| "serverCAData is not base64".to_string())?;
+                .map(|pem| String::from_utf8_lossy(&pem).into_owned())
+                .map_err(|_| format!("{what} is not base64"))
+        };
+        let mut servers = Servers::new();
+        for entry in &self.servers {
+            servers = match entry {
+                BoundServer::Pattern(pattern) => {
+                    servers.pattern(pattern).map_err(|err| err.to_string())?
+                }
+                BoundServer::Named {
+                    server,
+                    certificate_authority_data,
+                } => {
+                    let pem = decode(
+                        certificate_authority_data,
+                        &format!("the certificateAuthorityData of server {server:?}"),
+                    )?;
+                    servers.named(server, pem).map_err(|err| err.to_string())?
+                }
+            };
+        }
+        if let Some(data) = &self.server_ca_data {
             servers = servers
-                .ca_bundle(String::from_utf8_lossy(&pem).into_owned())
+                .ca_bundle(decode(data, "serverCAData")?)
                 .map_err(|err| err.to_string())?;
         }
         Ok(Some(servers))
+    }
+
+    /// What of a profile this provider's plugin receives, as the provider
+    /// file's fields that hand it over: `provideClusterInfo` (the cluster
+    /// entry and its exec extension), an arguments policy that appends,
+    /// an environment policy that reads. Empty: the plugin mints the same
+    /// whatever a profile writes.
+    pub fn profile_input(&self) -> Vec<&'static str> {
+        let mut input = Vec::new();
+        if self.exec_config.provide_cluster_info {
+            input.push("execConfig.provideClusterInfo");
+        }
+        if self.profile_sourced_cli_args_policy != ArgsPolicy::Ignore {
+            input.push("profileSourcedCLIArgsPolicy");
+        }
+        if self.profile_sourced_env_vars_policy != EnvVarsPolicy::Ignore {
+            input.push("profileSourcedEnvVarsPolicy");
+        }
+        input
+    }
+
+    /// Why profiles may not use this provider, if they may not: its
+    /// plugin receives what they write and it is neither bound to servers
+    /// named one by one nor allowed otherwise
+    /// ([`AccessProvider::allow_unbound_profile_input`]).
+    pub fn unbound_profile_input(&self) -> Option<String> {
+        let input = self.profile_input();
+        if input.is_empty() || self.allow_unbound_profile_input {
+            return None;
+        }
+        let binding = self.binding().ok().flatten();
+        if binding.as_ref().is_some_and(Servers::names_each_server) {
+            return None;
+        }
+        let bound = match &binding {
+            None => "is bound to no servers",
+            Some(_) => {
+                "is bound to servers not named one by one (a *. pattern, a network, a host without its port, a server without a CA)"
+            }
+        };
+        Some(format!(
+            "access provider {:?} hands its plugin what profiles write ({}) and {bound}, so a profile could have it mint another member's credential for a server of its choosing; name each server with its CA in the provider's servers, or set allowUnboundProfileInput to allow it",
+            self.name,
+            input.join(", ")
+        ))
     }
 }
 
@@ -167,6 +272,10 @@ impl std::fmt::Debug for AccessProvider {
             )
             .field("servers", &self.servers)
             .field("server_ca_data", &self.server_ca_data.is_some())
+            .field(
+                "allow_unbound_profile_input",
+                &self.allow_unbound_profile_input,
+            )
             .finish_non_exhaustive()
     }
 }
@@ -289,6 +398,51 @@ impl ProviderFile {
         Ok(())
     }
 
+    /// Logs, once for each provider whose plugin receives what profiles
+    /// write, what that allows: a warning for one allowed any server
+    /// (`allowUnboundProfileInput`), and for one whose profiles are
+    /// refused for want of servers named one by one.
+    pub fn warn_about_profile_input(&self) {
+        for provider in &self.providers {
+            let input = provider.profile_input();
+            if input.is_empty() {
+                continue;
+            }
+            if let Some(reason) = provider.unbound_profile_input() {
+                tracing::warn!(provider = %provider.name, "profiles choosing it are refused: {reason}");
+            } else if provider.allow_unbound_profile_input
+                && !provider
+                    .binding()
+                    .ok()
+                    .flatten()
+                    .is_some_and(|servers| servers.names_each_server())
+            {
+                tracing::warn!(
+                    provider = %provider.name,
+                    "allowUnboundProfileInput: its plugin runs with what ClusterProfiles write ({}) for servers nobody named one by one; whoever may write a ClusterProfile's status can choose whose credential it mints and where it is sent",
+                    input.join(", ")
+                );
+            }
+        }
+    }
+
+    /// Sets [`AccessProvider::allow_unbound_profile_input`] on the
+    /// provider `name` (an example's flag); an error when the file has
+    /// no such provider.
+    pub fn allow_unbound_profile_input(&mut self, name: &str) -> Result<(), AccessError> {
+        let known = quoted_list(self.providers.iter().map(|p| p.name.as_str()));
+        let provider = self
+            .providers
+            .iter_mut()
+            .find(|provider| provider.name == name)
+            .ok_or_else(|| AccessError::ProviderFile {
+                path: "the provider file".to_string(),
+                reason: format!("it has no provider {name:?} (it has {known})"),
+            })?;
+        provider.allow_unbound_profile_input = true;
+        Ok(())
+    }
+
     /// The access to `profile`: the first provider in file order that the
     /// profile offers, with its plugin call adjusted for the profile.
     ///
@@ -331,21 +485,25 @@ impl ProviderFile {
         }
         let cluster: Cluster = serde_json::from_value(entry["cluster"].clone())
             .map_err(|_| problem(format!("{at}.cluster is not a kubeconfig cluster entry")))?;
-        if cluster.server.as_deref().is_none_or(str::is_empty) {
-            return Err(problem(format!("{at}.cluster has no server")));
+        if let Err(bad) = BadServer::check(cluster.server.as_deref()) {
+            return Err(refused(format!("{at}.cluster.server {bad}")));
+        }
+        if let Some(reason) = provider.unbound_profile_input() {
+            return Err(refused(reason));
         }
         let binding = provider
             .binding()
             .map_err(|reason| problem(format!("{at}: {reason}")))?;
         let mut cluster = cluster;
         if let Some(servers) = &binding {
-            if !servers.admits(cluster.server.as_deref().unwrap_or_default()) {
+            let server = cluster.server.clone().unwrap_or_default();
+            if !servers.admits(&server) {
                 return Err(refused(format!(
                     "{at}.cluster.server is not among the servers access provider {:?} may send credentials to (its servers in the provider file)",
                     provider.name
                 )));
             }
-            if let Some(ca) = servers.ca_data() {
+            if let Some(ca) = servers.ca_data_for(&server) {
                 cluster.certificate_authority_data = Some(ca);
                 cluster.certificate_authority = None;
                 cluster.insecure_skip_tls_verify = Some(false);
@@ -385,7 +543,6 @@ impl ProviderFile {
         Ok(ProfileAccess {
             provider: provider.name.clone(),
             deprecated_field: field == "credentialProviders",
-            bound: binding.is_some(),
             input: call.profile_input,
             kubeconfig,
         })
@@ -400,14 +557,14 @@ pub struct ProfileAccess {
     /// Whether the profile listed it only in the deprecated
     /// `status.credentialProviders`.
     pub deprecated_field: bool,
-    /// Whether the provider is bound to servers ([`AccessProvider::servers`]).
-    pub bound: bool,
     /// What the profile hands the plugin beyond the provider file's
-    /// settings (the exec extension it is given as `spec.cluster.config`,
-    /// the additional arguments and variables it reads), as canonical
-    /// text with the provider's name; `None` when it hands it nothing, so
-    /// the plugin cannot tell this profile's call from another's but by
-    /// the server.
+    /// settings and the server (the exec extension it is given as
+    /// `spec.cluster.config`, the additional arguments and variables it
+    /// reads), with the provider's name, as text equal for inputs equal in
+    /// meaning: JSON compared as values (keys sorted), and empty lists,
+    /// empty objects and nulls taken as absent. `None` when it hands the
+    /// plugin nothing, so the plugin cannot tell this profile's call from
+    /// another's but by the server.
     pub input: Option<String>,
     /// One context: the profile's cluster entry with the provider's plugin.
     pub kubeconfig: Kubeconfig,
@@ -504,7 +661,16 @@ fn plugin_call(provider: &AccessProvider, cluster: &Cluster) -> Result<PluginCal
     // What the profile hands the plugin: the exec extension (given to it
     // with provideClusterInfo) and what the policies let it add.
     let mut input = BTreeMap::new();
+    let mut seen = std::collections::HashSet::new();
     for extension in cluster.extensions.iter().flatten() {
+        // Two of one name would be read one way here and another by
+        // whoever reads the entry next.
+        if !seen.insert(extension.name.as_str()) {
+            return Err(Refusal::Problem(format!(
+                "cluster.extensions lists {:?} twice",
+                extension.name
+            )));
+        }
         match extension.name.as_str() {
             "client.authentication.k8s.io/exec" if exec.provide_cluster_info => {
                 input.insert("config", extension.extension.clone());
@@ -536,31 +702,87 @@ fn plugin_call(provider: &AccessProvider, cluster: &Cluster) -> Result<PluginCal
                         "extension {ADDITIONAL_ENVS_EXTENSION} sets {name:?}, a variable not named in the provider's profileSourcedEnvVarNames"
                     )));
                 }
-                input.insert("env", serde_json::json!(extra));
+                // The input is what reaches the plugin: a variable the
+                // configured environment keeps is no input of the profile.
+                let mut applied = BTreeMap::new();
                 let env = exec.env.get_or_insert_default();
                 for (name, value) in extra {
                     let existing = env.iter_mut().find(|var| var.get("name") == Some(&name));
                     match (existing, policy) {
                         (Some(var), EnvVarsPolicy::Replace) => {
-                            var.insert("value".into(), value);
+                            var.insert("value".into(), value.clone());
+                            applied.insert(name, value);
                         }
                         (Some(_), _) => {}
-                        (None, _) => env.push(HashMap::from([
-                            ("name".to_string(), name),
-                            ("value".to_string(), value),
-                        ])),
+                        (None, _) => {
+                            env.push(HashMap::from([
+                                ("name".to_string(), name.clone()),
+                                ("value".to_string(), value.clone()),
+                            ]));
+                            applied.insert(name, value);
+                        }
                     }
                 }
+                input.insert("env", serde_json::json!(applied));
             }
             _ => {}
         }
     }
-    let profile_input = (!input.is_empty())
-        .then(|| serde_json::json!({"provider": provider.name, "input": input}).to_string());
+    let input: serde_json::Map<String, serde_json::Value> = input
+        .into_iter()
+        .filter_map(|(key, value)| Some((key.to_string(), meaning(&value)?)))
+        .collect();
+    let profile_input = (!input.is_empty()).then(|| {
+        let input = sorted(serde_json::Value::Object(input));
+        serde_json::json!({"input": input, "provider": provider.name}).to_string()
+    });
     Ok(PluginCall {
         exec,
         profile_input,
     })
+}
+
+/// `value` as the plugin takes it: nulls, empty lists and empty objects
+/// are absent (a plugin reading JSON cannot tell them from a missing
+/// field), inside objects and lists as at the top; `None` when nothing is
+/// left.
+fn meaning(value: &serde_json::Value) -> Option<serde_json::Value> {
+    use serde_json::Value;
+    match value {
+        Value::Null => None,
+        Value::Array(items) => {
+            let items: Vec<Value> = items
+                .iter()
+                .map(|item| meaning(item).unwrap_or(Value::Null))
+                .collect();
+            (!items.is_empty()).then_some(Value::Array(items))
+        }
+        Value::Object(fields) => {
+            let fields: serde_json::Map<String, Value> = fields
+                .iter()
+                .filter_map(|(key, value)| Some((key.clone(), meaning(value)?)))
+                .collect();
+            (!fields.is_empty()).then_some(Value::Object(fields))
+        }
+        other => Some(other.clone()),
+    }
+}
+
+/// `value` with every object's keys in order, so equal values print
+/// equal text whichever map serde_json was built with.
+fn sorted(value: serde_json::Value) -> serde_json::Value {
+    use serde_json::Value;
+    match value {
+        Value::Array(items) => Value::Array(items.into_iter().map(sorted).collect()),
+        Value::Object(fields) => {
+            let fields: BTreeMap<String, Value> = fields
+                .into_iter()
+                .map(|(key, value)| (key, sorted(value)))
+                .collect();
+            Value::Object(fields.into_iter().collect())
+        }
+        other => other,
+    }
 }
 
 fn quoted_list<'a>(names: impl Iterator<Item = &'a str>) -> String {

@@ -47,23 +47,19 @@ pub(crate) fn id(profile: &DynamicObject) -> Option<&str> {
 }
 
 fn profile_name(profile: &DynamicObject) -> ClusterName {
-    ClusterName::from(format!(
-        "{}/{}",
-        profile.metadata.namespace.as_deref().unwrap_or_default(),
-        profile.metadata.name.as_deref().unwrap_or_default()
-    ))
+    ClusterName::from(crate::profile_key(profile))
 }
 
 /// What the profiles of one member call for.
 enum Choice {
     /// No profile carries the id (any more).
     None,
-    /// Engage `wanted`, built from the profile `from`, kept on its server
-    /// once engaged when `pinned` (see `steering`).
+    /// Engage `wanted`, built from the profile `from`, which hands a
+    /// plugin what `steered` says (see `steering`).
     Engage {
         wanted: Box<KubeconfigCluster>,
         from: ClusterName,
-        pinned: bool,
+        steered: crate::Steered,
     },
     /// Ready profiles exist, none with usable credentials: why, per
     /// profile, and the metrics label (a refusal if any profile was
@@ -100,12 +96,15 @@ impl Shared {
         let mut label = crate::NO_CREDENTIALS;
         for profile in profiles {
             match self.wanted(Some(profile), cluster) {
-                Wanted::Engage { mut wanted, pinned } => {
+                Wanted::Engage {
+                    mut wanted,
+                    steered,
+                } => {
                     wanted.source = format!("{} (inventory member {id:?})", wanted.source);
                     return Choice::Engage {
                         wanted,
                         from: profile_name(profile),
-                        pinned,
+                        steered,
                     };
                 }
                 Wanted::NoCredentials { reason, kind } => {
@@ -171,7 +170,7 @@ impl Shared {
             Choice::Engage {
                 wanted,
                 from,
-                pinned,
+                steered,
             } => {
                 let now = || {
                     let profiles = self.member_profiles(id);
@@ -179,11 +178,19 @@ impl Shared {
                         Choice::Engage {
                             wanted, from: now, ..
                         } if now == from => Some(*wanted),
+                        Choice::NoCredentials(reasons, label) => {
+                            // Shown, not dropped: nothing else brings it
+                            // back until a profile changes.
+                            self.fleet
+                                .failures()
+                                .record(&cluster, reasons.join("; "), label);
+                            None
+                        }
                         _ => None,
                     }
                 };
                 let action = self.fleet.engage(*wanted, now).await;
-                self.pin(&cluster, from.as_str(), pinned);
+                self.settle(&cluster, from.as_str(), steered);
                 return action;
             }
         }

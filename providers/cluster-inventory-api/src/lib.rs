@@ -120,8 +120,7 @@ struct Shared {
     /// Engaged clusters kept while their profile is not ready, so that
     /// this is told once, not on every status update of the profile.
     kept_unready: Mutex<std::collections::HashSet<ClusterName>>,
-    /// Where profiles of access providers bound to no servers may send
-    /// the plugin's credentials.
+    /// Which server each plugin input was engaged with (see `steering`).
     steering: steering::Steering,
 }
 
@@ -134,12 +133,11 @@ enum Wanted {
     /// Ready, but without usable credentials: recorded, waiting for a
     /// change; `kind` is the reason's metrics label.
     NoCredentials { reason: String, kind: &'static str },
-    /// Ready with credentials: engage it; `pinned` when an access
-    /// provider bound to no servers keeps the profile on its server once
-    /// engaged (see `steering`).
+    /// Ready with credentials: engage it; once engaged, `steered` is
+    /// what it handed an access provider's plugin, told to `steering`.
     Engage {
         wanted: Box<KubeconfigCluster>,
-        pinned: bool,
+        steered: Steered,
     },
 }
 
@@ -157,9 +155,13 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// What [`Shared::credentials`] finds for a profile: the kubeconfig text,
-/// where it came from, its policy, and whether it is kept on its server
-/// once engaged (an access provider bound to no servers).
-type ProfileCredentials = (String, String, KubeconfigPolicy, bool);
+/// where it came from, its policy, and what it hands a plugin.
+type ProfileCredentials = (String, String, KubeconfigPolicy, Steered);
+
+/// What a profile hands an access provider's plugin (`input`, if
+/// anything) and the server it names, as `steering` records them once the
+/// profile is engaged; `None` for the Secret strategy.
+type Steered = Option<(Option<String>, String)>;
 
 impl ClusterProfileProvider {
     /// Watches profiles (and, for the Secret strategy, credential Secrets)
@@ -181,7 +183,10 @@ impl ClusterProfileProvider {
                 );
                 None
             }
-            Credentials::AccessProviders(providers) => Some(providers.clone()),
+            Credentials::AccessProviders(providers) => {
+                providers.warn_about_profile_input();
+                Some(providers.clone())
+            }
         };
         let cache = Cache::with_options("cluster-profiles", hub.clone(), cache_options);
         for version in [ApiVersion::V1Alpha1, ApiVersion::V1Alpha2] {
@@ -195,6 +200,15 @@ impl ClusterProfileProvider {
                         .collect()
                 },
             ));
+            // Every profile's plugin input, looked at or not, so that
+            // the oldest claims an input after a restart too.
+            if let Some(providers) = providers.clone() {
+                cache.index_field(&FieldIndex::dynamic(
+                    &version.resource(KIND),
+                    steering::INDEX,
+                    move |profile| plugin_input(&providers, profile).into_iter().collect(),
+                ));
+            }
         }
         Self {
             shared: Arc::new(Shared {
@@ -250,8 +264,7 @@ impl Shared {
     }
 
     /// The kubeconfig text for a profile, a description of where it came
-    /// from (for errors), what it may use, and whether it is kept on its
-    /// server once engaged (an access provider bound to no servers); or
+    /// from (for errors), what it may use, and what it hands a plugin; or
     /// why not, with the reason's metrics label.
     fn credentials(
         &self,
@@ -263,7 +276,7 @@ impl Shared {
         let Some(providers) = &self.providers else {
             let (text, source) = secrets::credentials(self.hub.cache(), namespace, name)
                 .map_err(|reason| (reason, NO_CREDENTIALS))?;
-            return Ok((text, source, policy, false));
+            return Ok((text, source, policy, None));
         };
         let key = format!("{namespace}/{name}");
         let access = providers.access_for(profile).map_err(|err| {
@@ -273,13 +286,15 @@ impl Shared {
             };
             (err.to_string(), kind)
         })?;
-        let pinned = !access.bound;
-        if pinned {
+        if let Some(input) = &access.input {
+            let claim = steering::Claim {
+                profile: key.clone(),
+                server: access.server().to_string(),
+                created: profile.metadata.creation_timestamp.clone(),
+            };
             self.steering
-                .check(&key, access.input.as_deref(), access.server())
+                .check(input, &claim, &self.claims(providers, input, &key))
                 .map_err(|reason| (format!("ClusterProfile {key}: {reason}"), REFUSED))?;
-        } else {
-            self.steering.forget(&key);
         }
         let source = format!(
             "ClusterProfile {namespace}/{name} access provider {:?}{}",
@@ -291,12 +306,38 @@ impl Shared {
             }
         );
         // The plugin is the provider file's: the operator's own.
+        let steered = Some((access.input.clone(), access.server().to_string()));
         Ok((
             access.text(),
             source,
             policy.exec(ExecPolicy::AllowAll),
-            pinned,
+            steered,
         ))
+    }
+
+    /// The live profiles other than `key` handing the plugin `input`.
+    fn claims(
+        &self,
+        providers: &access::ProviderFile,
+        input: &str,
+        key: &str,
+    ) -> Vec<steering::Claim> {
+        self.profiles()
+            .by_index(steering::INDEX, input, None)
+            .into_iter()
+            .filter(|other| other.metadata.deletion_timestamp.is_none())
+            .filter_map(|other| {
+                let profile = profile_key(&other);
+                let access = providers.access_for(&other).ok()?;
+                (profile != key && access.input.as_deref() == Some(input)).then(|| {
+                    steering::Claim {
+                        profile,
+                        server: access.server().to_string(),
+                        created: other.metadata.creation_timestamp.clone(),
+                    }
+                })
+            })
+            .collect()
     }
 
     /// What `profile` calls for, engaged as `cluster`.
@@ -308,7 +349,7 @@ impl Shared {
             return Wanted::NotReady;
         }
         match self.credentials(profile) {
-            Ok((text, source, policy, pinned)) => Wanted::Engage {
+            Ok((text, source, policy, steered)) => Wanted::Engage {
                 wanted: Box::new(KubeconfigCluster {
                     name: cluster.clone(),
                     text,
@@ -318,33 +359,48 @@ impl Shared {
                     member: self.options.members.for_member(profile),
                     inventory: inventory(profile),
                 }),
-                pinned,
+                steered,
             },
             Err((reason, kind)) => Wanted::NoCredentials { reason, kind },
         }
     }
 
-    /// After an engagement of `cluster` built from `profile` through an
-    /// access provider bound to no servers (`pinned`): keeps the profile
-    /// on its server, and its input on that server, if the cluster now
-    /// holds it.
-    fn pin(&self, cluster: &ClusterName, profile: &str, pinned: bool) {
+    /// After an engagement of `cluster` built from `profile`: tells
+    /// `steering` what the profile handed a plugin and where its
+    /// credential went, if the cluster now holds it.
+    fn settle(&self, cluster: &ClusterName, profile: &str, steered: Steered) {
         let engaged = self.fleet.clusters().get(cluster).is_ok()
             && !self.fleet.failures().current().contains_key(cluster);
-        if pinned && engaged {
-            self.steering.engaged(profile);
+        if let (Some((input, server)), true) = (steered, engaged) {
+            self.steering.engaged(profile, input.as_deref(), &server);
+        }
+    }
+
+    /// A profile looked at again just before its cluster is engaged (its
+    /// client was being built): what it calls for now, recording why it
+    /// cannot be engaged any more if it cannot, so that it is shown.
+    fn still_wanted(&self, now: Wanted, cluster: &ClusterName) -> Option<KubeconfigCluster> {
+        match now {
+            Wanted::Engage { wanted, .. } => Some(*wanted),
+            Wanted::NoCredentials { reason, kind } => {
+                self.fleet.failures().record(cluster, reason, kind);
+                None
+            }
+            Wanted::Gone | Wanted::NotReady => None,
         }
     }
 
     /// The requests a change of the profile `namespace/name` calls for:
-    /// the profile's own, and those of the inventory members it belongs
-    /// to and belonged to when last seen.
+    /// the profile's own, those of the inventory members it belongs to
+    /// and belonged to when last seen, and those of the profiles handing
+    /// a plugin the input it hands (`input`) or handed before.
     fn requests_for(
         &self,
         context: &MapContext<'_>,
         namespace: &str,
         name: &str,
         member_id: Option<&str>,
+        input: Option<&str>,
     ) -> Vec<Request> {
         let key = (namespace.to_string(), name.to_string());
         let before = {
@@ -358,9 +414,20 @@ impl Shared {
         requests.extend(member_id.map(|id| context.here(None, id)));
         // A change of one may lift the refusal of another handing the
         // plugin the same input (see `steering`).
+        let key = format!("{namespace}/{name}");
+        let mut sharing = std::collections::BTreeSet::new();
+        for input in self.steering.seen(&key, input) {
+            sharing.extend(self.steering.engaged_with(&input));
+            sharing.extend(
+                self.profiles()
+                    .by_index(steering::INDEX, &input, None)
+                    .iter()
+                    .map(|profile| profile_key(profile)),
+            );
+        }
+        sharing.remove(&key);
         requests.extend(
-            self.steering
-                .sharing_input(&format!("{namespace}/{name}"))
+            sharing
                 .iter()
                 .filter_map(|other| other.split_once('/'))
                 .map(|(namespace, name)| context.here(Some(namespace), name)),
@@ -435,21 +502,33 @@ impl Shared {
             Wanted::NoCredentials { reason, kind } => {
                 self.fleet.failures().record(&fleet_name, reason, kind);
             }
-            Wanted::Engage { wanted, pinned } => {
+            Wanted::Engage { wanted, steered } => {
                 let now = || {
                     let profile = self.profiles().get(Some(namespace), &request.name);
-                    match self.wanted(profile.as_deref(), &fleet_name) {
-                        Wanted::Engage { wanted: now, .. } => Some(*now),
-                        _ => None,
-                    }
+                    self.still_wanted(self.wanted(profile.as_deref(), &fleet_name), &fleet_name)
                 };
                 let action = self.fleet.engage(*wanted, now).await;
-                self.pin(&fleet_name, fleet_name.as_str(), pinned);
+                self.settle(&fleet_name, fleet_name.as_str(), steered);
                 return action;
             }
         }
         Ok(Action::await_change())
     }
+}
+
+/// `<namespace>/<name>` of a profile.
+fn profile_key(profile: &DynamicObject) -> String {
+    format!(
+        "{}/{}",
+        profile.metadata.namespace.as_deref().unwrap_or_default(),
+        profile.metadata.name.as_deref().unwrap_or_default()
+    )
+}
+
+/// What `profile` hands its access provider's plugin, if the provider
+/// file lets it use one ([`access::ProfileAccess::input`]).
+fn plugin_input(providers: &access::ProviderFile, profile: &DynamicObject) -> Option<String> {
+    providers.access_for(profile).ok()?.input
 }
 
 /// The value of the `cluster.clusterset.k8s.io` property, if any.
@@ -509,11 +588,16 @@ impl RunnableProvider for ClusterProfileProvider {
                 version.resource(KIND),
                 Watch::new(),
                 move |context, profile| {
+                    let input = mapper
+                        .providers
+                        .as_ref()
+                        .and_then(|providers| plugin_input(providers, profile));
                     mapper.requests_for(
                         context,
                         profile.metadata.namespace.as_deref().unwrap_or_default(),
                         profile.metadata.name.as_deref().unwrap_or_default(),
                         inventory_member::id(profile),
+                        input.as_deref(),
                     )
                 },
             )
@@ -540,6 +624,7 @@ impl RunnableProvider for ClusterProfileProvider {
                     &namespace,
                     &name,
                     profile.as_deref().and_then(inventory_member::id),
+                    None,
                 )
             });
         }

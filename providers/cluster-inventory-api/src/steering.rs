@@ -1,48 +1,66 @@
-//! What a profile may do with an access provider bound to no servers.
+//! One plugin input, one server: the rule that keeps a profile from
+//! having the operator's plugin mint another member's credential for a
+//! server of its choosing.
 //!
-//! The plugin is the operator's and mints what the profile's data asks
-//! for (the exec extension it is handed, the arguments and variables the
-//! provider file lets a profile add), and the token goes to the server
-//! the profile names. Whoever may write ClusterProfile status could then
-//! name a server of theirs beside another member's data, and receive that
-//! member's credential. A provider bound to servers
-//! ([`crate::access::AccessProvider::servers`]) refuses such a profile
-//! before its plugin runs. One bound to none keeps two rules, which hold
-//! wherever a profile's input could steer the plugin:
+//! The plugin mints what the profile's data asks for (the exec extension
+//! it is handed, the arguments and variables the provider file lets a
+//! profile add: [`crate::access::ProfileAccess::input`]), and the
+//! credential goes to the server the profile names. By default a plugin
+//! that receives such data runs only for servers the operator named one
+//! by one ([`crate::access::AccessProvider::unbound_profile_input`]); a
+//! profile naming a server outside them never reaches this module. Among
+//! the servers that remain (all of them the operator's, or any under
+//! `allowUnboundProfileInput`), this rule holds under every binding:
 //!
-//! - **A profile stays on the server it was engaged with.** Its status
-//!   naming another server later is refused (the cluster keeps its
-//!   engaged client), until the profile is deleted and created again or
-//!   the provider is bound to servers that admit the new one.
-//! - **One input, one server.** Profiles that hand the plugin the same
-//!   input ([`crate::access::ProfileAccess::input`]) and name different
-//!   servers are refused, except one that was engaged first with its
-//!   server: a newcomer copying a member's input cannot take its
-//!   credential, nor take the input over when the replica restarts and
-//!   neither is engaged (both are refused then, and shown, until one
-//!   goes).
+//! - **An input goes to one server.** Once a profile was engaged with an
+//!   input and a server in this process, a profile handing the plugin
+//!   the same input (compared by meaning) and naming another server is
+//!   refused, the engaged one itself included (its cluster keeps its
+//!   engaged client), until every profile engaged with it is gone or
+//!   engaged with another input.
+//! - **Before any is engaged, the oldest claims it.** Of the profiles
+//!   handing the plugin an input (the hub cache's index of them, so
+//!   profiles not looked at yet count too: a restart changes nothing),
+//!   the oldest (`creationTimestamp`, then namespace and name) decides
+//!   the server, whether or not it is ready: a copy made later is refused
+//!   while its victim is not ready or not engaged yet, and the victim is
+//!   never refused for it. A profile the provider file refuses (a server
+//!   outside the binding) hands nothing and claims nothing.
 //!
-//! A profile that hands the plugin nothing of its own (its call differs
-//! from another's only by the server) is left alone here: what the plugin
-//! mints for it does not depend on the profile, and only a binding keeps
-//! it from a server the profile names. The crate README says so.
+//! A profile refused here is shown `unusable` with the profile it yields
+//! to; its plugin does not run.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Mutex;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+
+/// The name of the hub cache's index of profiles by the input they hand
+/// their plugin ([`crate::access::ProfileAccess::input`]).
+pub(crate) const INDEX: &str = "access-provider-input";
+
 /// A profile, `<namespace>/<name>`.
 pub(crate) type ProfileKey = String;
 
-/// What a profile handed an unbound provider's plugin and where it sent
-/// the credential.
-#[derive(Clone, Debug, PartialEq, Eq)]
-struct Call {
-    input: Option<String>,
-    server: String,
+/// A profile handing the plugin an input, as the steering rule compares
+/// them.
+#[derive(Clone, Debug)]
+pub(crate) struct Claim {
+    /// `<namespace>/<name>`.
+    pub(crate) profile: ProfileKey,
+    /// The server it names.
+    pub(crate) server: String,
+    /// When it was created.
+    pub(crate) created: Option<Time>,
 }
 
-/// The unbound profiles seen, what each was engaged with, and an index of
-/// both by input.
+impl Claim {
+    fn age(&self) -> (Option<&Time>, &str) {
+        (self.created.as_ref(), self.profile.as_str())
+    }
+}
+
+/// The inputs engaged in this process, and with which server.
 #[derive(Debug, Default)]
 pub(crate) struct Steering {
     state: Mutex<State>,
@@ -50,156 +68,132 @@ pub(crate) struct Steering {
 
 #[derive(Debug, Default)]
 struct State {
-    /// What each profile asks for now.
-    current: HashMap<ProfileKey, Call>,
-    /// What each profile was engaged with: its server, and its input,
-    /// whose credential went to that server.
-    engaged: HashMap<ProfileKey, Call>,
-    /// Per input, the profiles asking for it now or engaged with it.
-    by_input: HashMap<String, BTreeSet<ProfileKey>>,
+    /// Per input, the server it was engaged with and the profiles engaged
+    /// with it there.
+    engaged: HashMap<String, Engaged>,
+    /// The input each profile was engaged with last.
+    by_profile: HashMap<ProfileKey, String>,
+    /// The input each profile handed when last seen, so that those
+    /// sharing one it no longer hands are looked at again.
+    seen: HashMap<ProfileKey, String>,
+}
+
+#[derive(Debug)]
+struct Engaged {
+    server: String,
+    profiles: BTreeSet<ProfileKey>,
 }
 
 impl Steering {
-    /// Looks at `profile` handing `input` (if any) to an unbound provider
-    /// and naming `server`: records it, and says why it is refused, if it
-    /// is.
-    pub(crate) fn check(
-        &self,
-        profile: &str,
-        input: Option<&str>,
-        server: &str,
-    ) -> Result<(), String> {
-        let mut state = crate::lock(&self.state);
-        let call = Call {
-            input: input.map(str::to_string),
-            server: server.to_string(),
-        };
-        state.set_current(profile, call);
-        if let Some(engaged) = state.engaged.get(profile)
-            && engaged.server != server
-        {
-            return Err(
-                "its access provider is bound to no servers and the profile now names a server other than the one it was engaged with; the cluster keeps the engaged one (bind the provider with servers in the provider file, or create the profile again)"
-                    .to_string(),
-            );
-        }
-        let Some(input) = input else {
-            return Ok(());
-        };
-        fn handed<'a>(call: Option<&'a Call>, input: &str) -> Option<&'a str> {
-            call.filter(|call| call.input.as_deref() == Some(input))
-                .map(|call| call.server.as_str())
-        }
-        // The input was engaged with this server (by this profile or
-        // another): only profiles naming another server are refused.
-        let mut established = handed(state.engaged.get(profile), input) == Some(server);
-        let mut waiting = None;
-        for other in state.by_input.get(input).into_iter().flatten() {
-            if other == profile {
-                continue;
+    /// Whether `claim`, handing the plugin `input`, may have it run for
+    /// its server; `others` are the other live profiles handing the same
+    /// input. The reason names the profile it yields to.
+    pub(crate) fn check(&self, input: &str, claim: &Claim, others: &[Claim]) -> Result<(), String> {
+        let state = crate::lock(&self.state);
+        if let Some(engaged) = state.engaged.get(input) {
+            if engaged.server == claim.server {
+                return Ok(());
             }
-            match handed(state.engaged.get(other), input) {
-                Some(at) if at == server => established = true,
-                Some(_) => return Err(sharing(other, true)),
-                None => {}
-            }
-            if handed(state.current.get(other), input).is_some_and(|at| at != server) {
-                waiting = waiting.or(Some(other));
-            }
+            let holder = engaged
+                .profiles
+                .iter()
+                .next()
+                .map(String::as_str)
+                .unwrap_or_default();
+            return Err(if holder == claim.profile {
+                "it names a server other than the one it was engaged with, and hands its access provider's plugin the same input; one input's credentials go to one server (the cluster keeps its engaged client; create the profile again to move it)".to_string()
+            } else {
+                format!(
+                    "it hands its access provider's plugin the same input as ClusterProfile {holder}, which was engaged with another server; one input's credentials go to one server"
+                )
+            });
         }
-        match waiting {
-            Some(other) if !established => Err(sharing(other, false)),
-            _ => Ok(()),
+        let oldest = others
+            .iter()
+            .chain(std::iter::once(claim))
+            .min_by(|a, b| a.age().cmp(&b.age()))
+            .unwrap_or(claim);
+        if oldest.server == claim.server {
+            Ok(())
+        } else {
+            Err(format!(
+                "it hands its access provider's plugin the same input as ClusterProfile {}, which is older and names another server; one input's credentials go to one server (the older one decides until it is engaged or gone)",
+                oldest.profile
+            ))
         }
     }
 
-    /// `profile` was engaged with what it asked for last.
-    pub(crate) fn engaged(&self, profile: &str) {
+    /// `profile` was engaged handing `input` (if any) and naming `server`.
+    pub(crate) fn engaged(&self, profile: &str, input: Option<&str>, server: &str) {
         let mut state = crate::lock(&self.state);
-        let Some(call) = state.current.get(profile).cloned() else {
+        state.release(profile);
+        let Some(input) = input else {
             return;
         };
-        if let Some(before) = state.engaged.insert(profile.to_string(), call.clone()) {
-            state.unindex(profile, before.input.as_deref());
+        let engaged = state
+            .engaged
+            .entry(input.to_string())
+            .or_insert_with(|| Engaged {
+                server: server.to_string(),
+                profiles: BTreeSet::new(),
+            });
+        // Checked before it was built; another profile engaged with the
+        // input meanwhile (for its server) keeps it.
+        if engaged.server == server {
+            engaged.profiles.insert(profile.to_string());
+            state
+                .by_profile
+                .insert(profile.to_string(), input.to_string());
         }
-        state.index(profile, call.input.as_deref());
     }
 
-    /// `profile` is gone, or its provider bound: forgets it.
+    /// `profile` is gone: what it was engaged with is free.
     pub(crate) fn forget(&self, profile: &str) {
         let mut state = crate::lock(&self.state);
-        for call in [state.current.remove(profile), state.engaged.remove(profile)]
-            .into_iter()
-            .flatten()
-        {
-            state.unindex(profile, call.input.as_deref());
-        }
+        state.release(profile);
+        state.seen.remove(profile);
     }
 
-    /// The other profiles asking for, or engaged with, the input `profile`
-    /// asks for or was engaged with: a change of one may lift another's
-    /// refusal.
-    pub(crate) fn sharing_input(&self, profile: &str) -> Vec<ProfileKey> {
+    /// `profile` hands `input` now: returns the inputs it handed before
+    /// or was engaged with, whose other profiles a change of it may
+    /// concern.
+    pub(crate) fn seen(&self, profile: &str, input: Option<&str>) -> Vec<String> {
+        let mut state = crate::lock(&self.state);
+        let before = match input {
+            Some(input) => state.seen.insert(profile.to_string(), input.to_string()),
+            None => state.seen.remove(profile),
+        };
+        let mut inputs: Vec<String> = before
+            .into_iter()
+            .chain(state.by_profile.get(profile).cloned())
+            .chain(input.map(str::to_string))
+            .collect();
+        inputs.sort();
+        inputs.dedup();
+        inputs
+    }
+
+    /// The profiles engaged with `input`.
+    pub(crate) fn engaged_with(&self, input: &str) -> Vec<ProfileKey> {
         let state = crate::lock(&self.state);
-        let inputs = [state.current.get(profile), state.engaged.get(profile)]
-            .into_iter()
-            .flatten()
-            .filter_map(|call| call.input.as_deref());
-        let mut others = BTreeSet::new();
-        for input in inputs {
-            others.extend(
-                state.by_input[input]
-                    .iter()
-                    .filter(|other| other.as_str() != profile)
-                    .cloned(),
-            );
-        }
-        others.into_iter().collect()
+        state
+            .engaged
+            .get(input)
+            .map(|engaged| engaged.profiles.iter().cloned().collect())
+            .unwrap_or_default()
     }
-}
-
-fn sharing(other: &str, engaged: bool) -> String {
-    format!(
-        "it hands its access provider's plugin the same input as ClusterProfile {other}, which {} another server; an access provider bound to no servers sends one input's credentials to one server only (bind it with servers in the provider file)",
-        if engaged { "was engaged with" } else { "names" }
-    )
 }
 
 impl State {
-    fn set_current(&mut self, profile: &str, call: Call) {
-        let input = call.input.clone();
-        if let Some(before) = self.current.insert(profile.to_string(), call) {
-            self.unindex(profile, before.input.as_deref());
-        }
-        self.index(profile, input.as_deref());
-    }
-
-    fn index(&mut self, profile: &str, input: Option<&str>) {
-        if let Some(input) = input {
-            self.by_input
-                .entry(input.to_string())
-                .or_default()
-                .insert(profile.to_string());
-        }
-    }
-
-    /// Drops `profile` from `input`'s profiles unless it still asks for it
-    /// or was engaged with it.
-    fn unindex(&mut self, profile: &str, input: Option<&str>) {
-        let Some(input) = input else {
+    /// Drops `profile` from the input it was engaged with.
+    fn release(&mut self, profile: &str) {
+        let Some(input) = self.by_profile.remove(profile) else {
             return;
         };
-        let still = [self.current.get(profile), self.engaged.get(profile)]
-            .into_iter()
-            .flatten()
-            .any(|call| call.input.as_deref() == Some(input));
-        if still {
-            return;
-        }
-        if let Some(profiles) = self.by_input.get_mut(input) {
-            profiles.remove(profile);
-            if profiles.is_empty() {
-                self.by_input.remove(input);
+        if let Some(engaged) = self.engaged.get_mut(&input) {
+            engaged.profiles.remove(profile);
+            if engaged.profiles.is_empty() {
+                self.engaged.remove(&input);
             }
         }
     }
@@ -209,79 +203,81 @@ impl State {
 mod tests {
     use super::*;
 
+    fn claim(profile: &str, server: &str, created: i64) -> Claim {
+        Claim {
+            profile: profile.to_string(),
+            server: server.to_string(),
+            created: Some(Time(
+                k8s_openapi::jiff::Timestamp::from_second(created).expect("time"),
+            )),
+        }
+    }
+
+    const INPUT: &str = r#"{"input":{"config":{"cluster":"a"}},"provider":"p"}"#;
+
     #[test]
-    fn an_engaged_profile_keeps_its_server() {
+    fn an_engaged_input_keeps_its_server_for_everyone_itself_included() {
         let steering = Steering::default();
-        steering.check("ns/a", None, "https://a").expect("first");
-        steering.engaged("ns/a");
+        let victim = claim("ns/a", "https://a", 1);
+        let thief = claim("ns/thief", "https://stranger", 0);
+        steering.check(INPUT, &victim, &[]).expect("alone");
+        steering.engaged("ns/a", Some(INPUT), "https://a");
+        // Engaged first: even an older copy is refused now.
         let refused = steering
-            .check("ns/a", None, "https://stranger")
-            .expect_err("moved");
+            .check(INPUT, &thief, std::slice::from_ref(&victim))
+            .expect_err("copy");
         assert!(
-            refused.contains("other than the one it was engaged with"),
+            refused.contains("ClusterProfile ns/a, which was engaged"),
             "{refused}"
         );
-        steering.check("ns/a", None, "https://a").expect("back");
-        steering.forget("ns/a");
+        let moved = steering
+            .check(INPUT, &claim("ns/a", "https://stranger", 1), &[])
+            .expect_err("moved");
+        assert!(
+            moved.contains("other than the one it was engaged with"),
+            "{moved}"
+        );
         steering
-            .check("ns/a", None, "https://stranger")
-            .expect("made again");
+            .check(INPUT, &claim("ns/twin", "https://a", 5), &[])
+            .expect("the same server");
+        assert_eq!(steering.engaged_with(INPUT), ["ns/a"]);
+        // Engaged with another input: the first is free.
+        steering.engaged("ns/a", Some("other"), "https://a");
+        steering.check(INPUT, &thief, &[]).expect("free");
+        steering.forget("ns/a");
+        assert!(steering.engaged_with("other").is_empty());
     }
 
     #[test]
-    fn one_input_goes_to_one_server_and_the_engaged_profile_keeps_it() {
+    fn before_any_is_engaged_the_oldest_decides_whether_it_is_looked_at_first_or_not() {
         let steering = Steering::default();
-        let input = Some(r#"{"input":{"config":{"cluster":"a"}},"provider":"p"}"#);
-        steering.check("ns/a", input, "https://a").expect("alone");
-        steering.engaged("ns/a");
-        // A copy of a's input naming another server: refused.
+        let victim = claim("ns/victim", "https://victim", 10);
+        let thief = claim("ns/thief", "https://stranger", 20);
+        // The thief looked at first (a restart), the victim not ready.
         let refused = steering
-            .check("ns/thief", input, "https://stranger")
-            .expect_err("copy");
-        assert!(refused.contains("ClusterProfile ns/a"), "{refused}");
+            .check(INPUT, &thief, std::slice::from_ref(&victim))
+            .expect_err("younger copy");
         assert!(
-            refused.contains("was engaged with another server"),
+            refused.contains("ClusterProfile ns/victim, which is older"),
             "{refused}"
         );
-        // a moved to the thief's server, or handing another input now:
-        // the input stays with the server it was engaged with.
-        assert!(steering.check("ns/a", input, "https://stranger").is_err());
-        assert!(
-            steering
-                .check("ns/thief", input, "https://stranger")
-                .is_err()
-        );
         steering
-            .check("ns/a", Some("other"), "https://a")
-            .expect("a's own change");
-        assert!(
-            steering
-                .check("ns/thief", input, "https://stranger")
-                .is_err()
-        );
-        // a itself stays, and one naming a's server is no threat.
-        steering
-            .check("ns/a", input, "https://a")
-            .expect("the engaged one");
-        steering
-            .check("ns/twin", input, "https://a")
-            .expect("same server");
-        assert_eq!(steering.sharing_input("ns/a"), ["ns/thief", "ns/twin"]);
+            .check(INPUT, &victim, std::slice::from_ref(&thief))
+            .expect("the victim is never refused for its copy");
+        // Same creation second: the name decides, the same way each time.
+        let a = claim("ns/a", "https://a", 10);
+        let b = claim("ns/b", "https://b", 10);
+        assert!(steering.check(INPUT, &a, std::slice::from_ref(&b)).is_ok());
+        assert!(steering.check(INPUT, &b, std::slice::from_ref(&a)).is_err());
+    }
 
-        // Neither engaged (a restart): both refused until one goes.
-        let restarted = Steering::default();
-        restarted
-            .check("ns/a", input, "https://a")
-            .expect("alone yet");
-        assert!(
-            restarted
-                .check("ns/thief", input, "https://stranger")
-                .is_err()
-        );
-        assert!(restarted.check("ns/a", input, "https://a").is_err());
-        restarted.forget("ns/thief");
-        restarted
-            .check("ns/a", input, "https://a")
-            .expect("alone again");
+    #[test]
+    fn what_a_profile_handed_before_is_told_so_that_its_sharers_are_looked_at_again() {
+        let steering = Steering::default();
+        assert_eq!(steering.seen("ns/a", Some(INPUT)), [INPUT]);
+        steering.engaged("ns/a", Some(INPUT), "https://a");
+        assert_eq!(steering.seen("ns/a", Some("new")), ["new", INPUT], "sorted");
+        steering.forget("ns/a");
+        assert_eq!(steering.seen("ns/a", None), Vec::<String>::new());
     }
 }

@@ -12,7 +12,10 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{create_profile, health, profiles, req, set_status, workload};
+use common::{
+    admin_token, base64_pem, call_field, create_profile, health, profiles, req, set_status,
+    state_with_token, workload,
+};
 use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams};
 use multicluster_envtest::ControlPlane;
@@ -30,9 +33,11 @@ use serde_json::json;
 const SECRET: &str = "api-key-that-must-not-leak";
 
 /// `token` hands out `$STATE_DIR/token` and takes profile-sourced args and
-/// env; `refuse` always fails.
-fn provider_file() -> ProviderFile {
-    let file = json!({"providers": [
+/// env; `refuse` always fails. Both read what profiles write, so both are
+/// bound to the servers of `members`, each named with its CA, as the
+/// default asks.
+fn provider_file(members: &[&ControlPlane]) -> ProviderFile {
+    let mut file = json!({"providers": [
         {
             "name": "token",
             "execConfig": {
@@ -57,7 +62,40 @@ fn provider_file() -> ProviderFile {
             "profileSourcedEnvVarNames": ["STATE_DIR", "KEEP"],
         },
     ]});
+    for provider in file["providers"].as_array_mut().expect("providers") {
+        provider["servers"] = named_servers(members);
+    }
     ProviderFile::from_json(&file.to_string(), "test provider file").expect("provider file")
+}
+
+/// `file` and a provider "blind" whose plugin reads nothing of a profile
+/// (its `STATE_DIR` is `state`, from the file): the default lets it run
+/// for any server, and what it mints is the same for every profile.
+fn with_blind_provider(mut file: ProviderFile, state: &Path) -> ProviderFile {
+    let blind = json!({
+        "name": "blind",
+        "execConfig": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": plugins::TOKEN,
+            "env": [{"name": "STATE_DIR", "value": state}],
+        },
+    });
+    file.providers
+        .push(serde_json::from_value(blind).expect("a provider"));
+    file
+}
+
+/// The servers of `members`, each named with its CA.
+fn named_servers(members: &[&ControlPlane]) -> serde_json::Value {
+    members
+        .iter()
+        .map(|member| {
+            json!({
+                "server": member.server(),
+                "certificateAuthorityData": base64_pem(member.ca_pem()),
+            })
+        })
+        .collect()
 }
 
 /// An access-provider entry for `cluster` whose plugin keeps its state in
@@ -77,33 +115,6 @@ fn access(
         "certificate-authority-data": base64_pem(cluster.ca_pem()),
         "extensions": extensions,
     }})
-}
-
-fn base64_pem(pem: &str) -> String {
-    use base64::Engine;
-    base64::engine::general_purpose::STANDARD.encode(pem)
-}
-
-/// A state directory whose plugin hands out a token of a cluster-admin
-/// service account `name` of `cluster`.
-async fn state_with_token(cluster: &ControlPlane, name: &str) -> tempfile::TempDir {
-    let dir = tempfile::tempdir().expect("state dir");
-    plugins::set_token(dir.path(), &admin_token(cluster, name).await).expect("token");
-    dir
-}
-
-async fn admin_token(cluster: &ControlPlane, name: &str) -> String {
-    cluster
-        .cluster_admin_token("robots", name)
-        .await
-        .expect("token")
-}
-
-/// One recorded `token.sh` call, field by field.
-fn call_field<'a>(call: &'a str, field: &str) -> &'a str {
-    call.split('\t')
-        .find_map(|part| part.strip_prefix(&format!("{field}=")))
-        .unwrap_or_else(|| panic!("no {field} in {call}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -169,7 +180,8 @@ async fn profiles_are_engaged_through_the_first_access_provider_in_file_order() 
     )
     .await;
 
-    let mut options = ClusterProfileOptions::with_access_providers(provider_file());
+    let mut options =
+        ClusterProfileOptions::with_access_providers(provider_file(&[&first, &second]));
     options.retry.base = Duration::from_millis(100);
     let provider = Arc::new(ClusterProfileProvider::new(hub.clone(), options));
     let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
@@ -297,7 +309,7 @@ async fn an_expiring_token_is_refreshed_by_running_the_plugin_again() {
 
     let provider = Arc::new(ClusterProfileProvider::new(
         hub.clone(),
-        ClusterProfileOptions::with_access_providers(provider_file()),
+        ClusterProfileOptions::with_access_providers(provider_file(&[&member])),
     ));
     let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
     let (shutdown, task) = run_manager(&manager);
@@ -395,7 +407,7 @@ async fn a_slow_plugin_holds_up_only_its_own_profile() {
 
     let provider = Arc::new(ClusterProfileProvider::new(
         hub.clone(),
-        ClusterProfileOptions::with_access_providers(provider_file()),
+        ClusterProfileOptions::with_access_providers(provider_file(&[&member])),
     ));
     let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
     let (shutdown, task) = run_manager(&manager);
@@ -465,7 +477,7 @@ async fn a_hung_plugin_holds_up_only_its_own_profile_and_stops_with_the_provider
 
     let provider = Arc::new(ClusterProfileProvider::new(
         hub.clone(),
-        ClusterProfileOptions::with_access_providers(provider_file()),
+        ClusterProfileOptions::with_access_providers(provider_file(&[&member])),
     ));
     let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
     let (shutdown, task) = run_manager(&manager);
@@ -509,8 +521,10 @@ async fn status_fields_that_would_read_files_or_dial_are_refused_with_the_defaul
     let hub = common::released_hub(&hub_cp).await;
     let traps = Traps::set().await.expect("traps");
     let ca_file = traps.dir().join("ca.crt").display().to_string();
+    // The cluster entry's fields, through a plugin that reads nothing of
+    // the profile (a binding would replace its CA and verify its server).
     let with_cluster = |extra: serde_json::Value| {
-        let mut entry = access("token", &member, traps.dir(), vec![]);
+        let mut entry = access("blind", &member, traps.dir(), vec![]);
         for (key, value) in extra.as_object().expect("object") {
             entry["cluster"][key] = value.clone();
         }
@@ -554,7 +568,10 @@ async fn status_fields_that_would_read_files_or_dial_are_refused_with_the_defaul
 
     let provider = Arc::new(ClusterProfileProvider::new(
         hub.clone(),
-        ClusterProfileOptions::with_access_providers(provider_file()),
+        ClusterProfileOptions::with_access_providers(with_blind_provider(
+            provider_file(&[&member]),
+            traps.dir(),
+        )),
     ));
     let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
     let (shutdown, task) = run_manager(&manager);
@@ -573,7 +590,7 @@ async fn status_fields_that_would_read_files_or_dial_are_refused_with_the_defaul
         let reason = &reasons[&ClusterName::from(format!("inventory/{name}"))];
         assert!(
             reason.starts_with(&format!(
-                "kubeconfig from ClusterProfile inventory/{name} access provider \"token\" refused"
+                "kubeconfig from ClusterProfile inventory/{name} access provider \"blind\" refused"
             )),
             "{reason}"
         );
@@ -597,155 +614,6 @@ async fn status_fields_that_would_read_files_or_dial_are_refused_with_the_defaul
     );
     traps.assert_untouched().await;
 
-    shutdown.cancel();
-    task.await.expect("task").expect("clean stop");
-}
-
-/// The "token" provider of [`provider_file`], bound to `servers` when
-/// given: its plugin reads what the profile hands it (`STATE_DIR`, the
-/// exec extension), as a real plugin mints by a cluster name.
-fn steering_file(servers: Option<Vec<String>>) -> ProviderFile {
-    let mut token = json!({
-        "name": "token",
-        "execConfig": {
-            "apiVersion": "client.authentication.k8s.io/v1",
-            "command": plugins::TOKEN,
-            "provideClusterInfo": true,
-        },
-        "profileSourcedEnvVarsPolicy": "AppendIfNotExists",
-        "profileSourcedEnvVarNames": ["STATE_DIR", "KEEP"],
-    });
-    if let Some(servers) = servers {
-        token["servers"] = json!(servers);
-    }
-    ProviderFile::from_json(
-        &json!({"providers": [token]}).to_string(),
-        "test provider file",
-    )
-    .expect("provider file")
-}
-
-/// The calls of the plugin that were for `server` (the plugin is given
-/// the cluster entry, server included).
-fn calls_for(state: &Path, server: &str) -> usize {
-    calls(state)
-        .iter()
-        .filter(|call| call_field(call, "info").contains(&format!("\"server\":\"{server}\"")))
-        .count()
-}
-
-/// Whoever may write ClusterProfile status writes the server the plugin's
-/// credential is sent to, and the data the plugin mints it by. A "thief"
-/// profile copies the victim's data (its `STATE_DIR` and exec extension)
-/// and names a listener of its own: with the default provider file
-/// (bound to no servers) it is refused because the victim was engaged with
-/// that input first, and the victim's own status moved to the listener is
-/// refused too (its cluster stays); bound to the victim's server, the
-/// thief is refused before its plugin runs. The plugin never runs for the
-/// listener, and the listener is never reached.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_profile_cannot_have_the_plugin_mint_another_members_credential_for_its_server() {
-    let (hub_cp, victim) = tokio::join!(ControlPlane::start(), workload("in-victim"));
-    let hub_cp = hub_cp.expect("hub");
-    let hub = common::hub(&hub_cp).await;
-    let traps = Traps::set().await.expect("traps");
-    let state = state_with_token(&victim, "victim").await;
-    let status = |server: &str| {
-        let mut entry = access(
-            "token",
-            &victim,
-            state.path(),
-            vec![
-                json!({"name": "client.authentication.k8s.io/exec", "extension": {"cluster": "victim"}}),
-            ],
-        );
-        entry["cluster"]["server"] = json!(server);
-        let mut status = json!({"accessProviders": [entry]});
-        status["conditions"] = health(true)["conditions"].clone();
-        status
-    };
-    let stranger = traps.server();
-    create_profile(&hub, "victim").await;
-    set_status(&hub, "victim", status(victim.server())).await;
-
-    // Bound to no servers (the default).
-    let provider = Arc::new(ClusterProfileProvider::new(
-        hub.clone(),
-        ClusterProfileOptions::with_access_providers(steering_file(None)),
-    ));
-    let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
-    let (shutdown, task) = run_manager(&manager);
-    let address = serve_health(&manager, shutdown.clone()).await;
-    recorder
-        .wait_for_more(&req("inventory/victim", "in-victim"), 0)
-        .await;
-    create_profile(&hub, "thief").await;
-    set_status(&hub, "thief", status(&stranger)).await;
-    let thief = ClusterName::from("inventory/thief");
-    let reasons = wait_until_unusable(&manager, address, std::slice::from_ref(&thief)).await;
-    assert!(
-        reasons[&thief].contains(
-            "same input as ClusterProfile inventory/victim, which was engaged with another server"
-        ),
-        "{}",
-        reasons[&thief]
-    );
-    set_status(&hub, "victim", status(&stranger)).await;
-    wait_for_fleet(&manager, "the victim's move to be refused", || {
-        provider
-            .failures()
-            .get(&ClusterName::from("inventory/victim"))
-            .is_some_and(|reason| reason.contains("other than the one it was engaged with"))
-    })
-    .await;
-    assert_eq!(provider.names(), [ClusterName::from("inventory/victim")]);
-    let metrics = manager.metrics().encode();
-    assert!(
-        metrics.lines().any(|line| line
-            == "mcr_cluster_engagement_failures_total{provider=\"cluster-inventory-api\",reason=\"refused-kubeconfig\"} 2"),
-        "{metrics}"
-    );
-    assert_eq!(
-        calls_for(state.path(), &stranger),
-        0,
-        "minted for the stranger"
-    );
-    shutdown.cancel();
-    task.await.expect("task").expect("clean stop");
-
-    // Bound to the victim's server: the thief is refused by the binding,
-    // whoever came first.
-    set_status(&hub, "victim", status(victim.server())).await;
-    let bound = victim
-        .server()
-        .strip_prefix("https://")
-        .expect("https")
-        .to_string();
-    let provider = Arc::new(ClusterProfileProvider::new(
-        hub.clone(),
-        ClusterProfileOptions::with_access_providers(steering_file(Some(vec![bound]))),
-    ));
-    let (manager, recorder) = common::manager(&hub, &provider, ManagerOptions::default());
-    let (shutdown, task) = run_manager(&manager);
-    let address = serve_health(&manager, shutdown.clone()).await;
-    recorder
-        .wait_for_more(&req("inventory/victim", "in-victim"), 0)
-        .await;
-    let reasons = wait_until_unusable(&manager, address, std::slice::from_ref(&thief)).await;
-    assert!(
-        reasons[&thief]
-            .contains("is not among the servers access provider \"token\" may send credentials to"),
-        "{}",
-        reasons[&thief]
-    );
-    assert!(!reasons[&thief].contains(&stranger), "{}", reasons[&thief]);
-    assert_eq!(
-        calls_for(state.path(), &stranger),
-        0,
-        "minted for the stranger"
-    );
-    assert!(calls_for(state.path(), victim.server()) >= 2);
-    traps.assert_untouched().await;
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }

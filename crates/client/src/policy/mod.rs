@@ -33,6 +33,7 @@
 
 mod exec;
 mod refusal;
+mod server_url;
 mod servers;
 
 use kube::config::{AuthInfo, Kubeconfig};
@@ -42,6 +43,7 @@ pub use exec::{AllowedPlugin, Allowlist, ExecPolicy};
 use exec::{environment_names, resolve};
 pub(crate) use refusal::describe;
 pub use refusal::{Refusal, Refused};
+pub use server_url::BadServer;
 pub use servers::Servers;
 
 /// What a kubeconfig may use beyond a server, inline CA data and inline
@@ -127,6 +129,12 @@ impl KubeconfigPolicy {
                 continue;
             };
             let at = |key: &str| format!("clusters[{:?}].cluster.{key}", named.name);
+            // Whatever the policy: a client on such a server panics or
+            // cannot send a request.
+            if let Err(bad) = BadServer::check(cluster.server.as_deref()) {
+                refused.push(Refusal::new(at("server"), Refused::InvalidServer(bad)));
+                continue;
+            }
             if !self.plain_http
                 && cluster
                     .server
@@ -302,14 +310,14 @@ fn bind(kubeconfig: &mut Kubeconfig, servers: &Servers, refused: &mut Vec<Refusa
         let Some(cluster) = &mut named.cluster else {
             continue;
         };
-        let server = cluster.server.as_deref().unwrap_or_default();
-        if !servers.admits(server) {
+        let server = cluster.server.clone().unwrap_or_default();
+        if !servers.admits(&server) {
             refused.push(Refusal::new(
                 format!("clusters[{:?}].cluster.server", named.name),
                 Refused::ServerNotBound,
             ));
         }
-        if let Some(ca) = servers.ca_data() {
+        if let Some(ca) = servers.ca_data_for(&server) {
             cluster.certificate_authority_data = Some(ca);
             cluster.certificate_authority = None;
             cluster.insecure_skip_tls_verify = Some(false);

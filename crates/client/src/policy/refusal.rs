@@ -46,6 +46,10 @@ pub enum Refused {
     /// Present a credential that cannot be sent in an HTTP header (it
     /// holds a control character: CR, LF, NUL, ...). Nothing allows it.
     InvalidCredential,
+    /// Name a server no request can be made on (no scheme, no host, user
+    /// info, port 0, ...): a client built on it would panic or fail on
+    /// its first request. Nothing allows it.
+    InvalidServer(super::BadServer),
     /// Read a local file.
     LocalFile,
     /// Use an auth provider.
@@ -82,6 +86,9 @@ impl std::fmt::Display for Refused {
                 return f.write_str(
                     "cannot be sent in an HTTP header: it holds a control character (CR, LF, NUL, ...)",
                 );
+            }
+            Refused::InvalidServer(bad) => {
+                return write!(f, "{bad}, so no request can be made on it");
             }
             Refused::Exec => ("runs a command", "exec"),
             Refused::LocalFile => ("names a local file", "local_files"),

@@ -26,9 +26,20 @@
 //!   credential) is sent, and `insecure-skip-tls-verify` and plain `http://`
 //!   are refused under it. A profile cannot name a CA of its own then.
 //!
+//! - a **named server** ([`Servers::named`]) is one exact host and port
+//!   with the CA its certificate must chain to, for that server alone.
+//!
 //! With host patterns or networks, the server must match one of them; with
-//! a CA bundle besides, it must also chain to it. A binding with neither
-//! patterns, networks nor a CA admits nothing.
+//! a CA bundle besides, it must also chain to it (a named server, to its
+//! own CA). A binding with neither patterns, networks nor a CA admits
+//! nothing.
+//!
+//! Patterns, networks and a CA alone admit servers nobody named: a thief
+//! with a name under the domain, an address in the network or a
+//! certificate from the same CA. That is enough for a plugin whose
+//! credential does not depend on the object (it mints the same for every
+//! cluster); a plugin that mints by what the object writes needs every
+//! server named one by one ([`Servers::names_each_server`]).
 
 use std::net::IpAddr;
 
@@ -45,7 +56,7 @@ pub struct Servers {
 }
 
 /// One host pattern: an exact host, or every name below a domain; and a
-/// port, or any.
+/// port, or any; and, for a named server, its own CA.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 struct HostPattern {
     /// Lower-case, without a trailing dot; for `*.example.com`, the
@@ -53,6 +64,8 @@ struct HostPattern {
     host: String,
     wildcard: bool,
     port: Option<u16>,
+    /// The CA (PEM) this server's certificate must chain to.
+    ca: Option<String>,
 }
 
 /// Why a server is outside a binding, said without quoting the server.
@@ -94,31 +107,69 @@ impl Servers {
     /// Servers must prove a certificate chaining to this bundle (PEM,
     /// one or more certificates), which replaces the kubeconfig's own CA.
     pub fn ca_bundle(mut self, pem: impl Into<String>) -> Result<Self, Error> {
-        let pem = pem.into();
-        if !pem.contains("-----BEGIN CERTIFICATE-----") {
-            return Err(invalid(
-                "the CA bundle holds no PEM certificate".to_string(),
-            ));
-        }
-        self.ca_bundle = Some(pem);
+        self.ca_bundle = Some(pem_certificates(pem.into(), "the CA bundle")?);
         Ok(self)
     }
 
-    /// Admits `patterns` each as [`Servers::host`], or, when one holds a
-    /// `/`, as [`Servers::network`]: the form flags and files take.
+    /// Also admits exactly `server` (`host:port`, or an `https://` URL
+    /// naming both; an IPv6 address in brackets), which must prove a
+    /// certificate chaining to `ca_pem` (PEM): one server named with its
+    /// CA, which replaces the kubeconfig's own for it.
+    pub fn named(mut self, server: &str, ca_pem: impl Into<String>) -> Result<Self, Error> {
+        let text = server.trim();
+        let authority = text
+            .strip_prefix("https://")
+            .map(|rest| rest.trim_end_matches('/'))
+            .unwrap_or(text);
+        let mut pattern = HostPattern::parse(authority)?;
+        if pattern.wildcard || pattern.port.is_none() {
+            return Err(invalid(format!(
+                "{server:?} is not one server: name its host and its port (api.example.com:6443)"
+            )));
+        }
+        pattern.ca = Some(pem_certificates(
+            ca_pem.into(),
+            &format!("the CA of {server:?}"),
+        )?);
+        self.hosts.push(pattern);
+        Ok(self)
+    }
+
+    /// Whether every server the binding admits is named one by one: only
+    /// exact hosts with their port, each with a CA (its own or the
+    /// bundle), no `*.` pattern and no network. Nothing else keeps a
+    /// credential minted by what an object writes from a server nobody
+    /// named (see the module notes).
+    pub fn names_each_server(&self) -> bool {
+        self.networks.is_empty()
+            && !self.hosts.is_empty()
+            && self.hosts.iter().all(|pattern| {
+                !pattern.wildcard
+                    && pattern.port.is_some()
+                    && (pattern.ca.is_some() || self.ca_bundle.is_some())
+            })
+    }
+
+    /// Admits `patterns` each as [`Servers::pattern`]: the form flags and
+    /// files take.
     pub fn from_patterns<S: AsRef<str>>(
         patterns: impl IntoIterator<Item = S>,
     ) -> Result<Self, Error> {
         patterns
             .into_iter()
             .try_fold(Self::new(), |servers, pattern| {
-                let pattern = pattern.as_ref();
-                if pattern.contains('/') {
-                    servers.network(pattern)
-                } else {
-                    servers.host(pattern)
-                }
+                servers.pattern(pattern.as_ref())
             })
+    }
+
+    /// Also admits `pattern` as [`Servers::host`], or, when it holds a
+    /// `/`, as [`Servers::network`].
+    pub fn pattern(self, pattern: &str) -> Result<Self, Error> {
+        if pattern.contains('/') {
+            self.network(pattern)
+        } else {
+            self.host(pattern)
+        }
     }
 
     /// The CA bundle, if the binding has one.
@@ -133,51 +184,81 @@ impl Servers {
         self.check(server).is_ok()
     }
 
-    /// [`Servers::admits`], saying why not.
-    fn check(&self, server: &str) -> Result<(), Outside> {
+    /// [`Servers::admits`], saying why not; the CA the server must chain
+    /// to, if the binding has one for it.
+    fn check(&self, server: &str) -> Result<Option<&str>, Outside> {
         let uri: http::Uri = server.trim().parse().map_err(|_| Outside::NoHost)?;
-        let plain = uri.scheme_str() == Some("http");
-        if self.ca_bundle.is_some() && plain {
-            return Err(Outside::PlainHttp);
-        }
+        let plain = uri
+            .scheme_str()
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("http"));
         let Some(host) = uri.host() else {
             return Err(Outside::NoHost);
         };
-        if self.hosts.is_empty() && self.networks.is_empty() {
+        let bundle = self.ca_bundle.as_deref();
+        let ca = if self.hosts.is_empty() && self.networks.is_empty() {
             // A CA alone decides; nothing at all admits nothing.
-            return if self.ca_bundle.is_some() {
-                Ok(())
-            } else {
-                Err(Outside::NotListed)
-            };
-        }
-        let host = host
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .trim_end_matches('.')
-            .to_ascii_lowercase();
-        let port = uri.port_u16().unwrap_or(if plain { 80 } else { 443 });
-        let by_host = self
-            .hosts
-            .iter()
-            .any(|pattern| pattern.matches(&host, port));
-        let by_network = host.parse::<IpAddr>().is_ok_and(|address| {
-            self.networks
-                .iter()
-                .any(|network| network.contains(&address))
-        });
-        if by_host || by_network {
-            Ok(())
+            bundle.ok_or(Outside::NotListed)?
         } else {
-            Err(Outside::NotListed)
+            let host = host
+                .trim_start_matches('[')
+                .trim_end_matches(']')
+                .trim_end_matches('.')
+                .to_ascii_lowercase();
+            let port = uri.port_u16().unwrap_or(if plain { 80 } else { 443 });
+            // A named server's own CA first: it is the one meant for it.
+            let mut matching = self
+                .hosts
+                .iter()
+                .filter(|pattern| pattern.matches(&host, port));
+            let first = matching.next();
+            let own = first
+                .into_iter()
+                .chain(matching)
+                .find_map(|pattern| pattern.ca.as_deref());
+            let by_network = host.parse::<IpAddr>().is_ok_and(|address| {
+                self.networks
+                    .iter()
+                    .any(|network| network.contains(&address))
+            });
+            if first.is_none() && !by_network {
+                return Err(Outside::NotListed);
+            }
+            match own.or(bundle) {
+                Some(ca) => ca,
+                None => return Ok(None),
+            }
+        };
+        if plain {
+            // A CA cannot be checked in the clear.
+            return Err(Outside::PlainHttp);
         }
+        Ok(Some(ca))
     }
 
     /// The bundle as a kubeconfig's `certificate-authority-data`.
     pub fn ca_data(&self) -> Option<String> {
-        self.ca_bundle
-            .as_ref()
-            .map(|pem| base64::engine::general_purpose::STANDARD.encode(pem))
+        self.ca_bundle.as_deref().map(encode)
+    }
+
+    /// The CA `server` must chain to under this binding, as a
+    /// kubeconfig's `certificate-authority-data`: a named server's own,
+    /// else the bundle; `None` when the binding has none for it (or does
+    /// not admit it).
+    pub fn ca_data_for(&self, server: &str) -> Option<String> {
+        self.check(server).ok().flatten().map(encode)
+    }
+}
+
+fn encode(pem: &str) -> String {
+    base64::engine::general_purpose::STANDARD.encode(pem)
+}
+
+/// `pem` if it holds a PEM certificate; `what` names it in the error.
+fn pem_certificates(pem: String, what: &str) -> Result<String, Error> {
+    if pem.contains("-----BEGIN CERTIFICATE-----") {
+        Ok(pem)
+    } else {
+        Err(invalid(format!("{what} holds no PEM certificate")))
     }
 }
 
@@ -215,6 +296,7 @@ impl HostPattern {
             host: if wildcard { format!(".{host}") } else { host },
             wildcard,
             port: authority.port_u16(),
+            ca: None,
         })
     }
 
@@ -255,7 +337,7 @@ mod tests {
             "https://10.1.2.3:6443",
             "https://[fd00::1]:6443",
         ] {
-            assert_eq!(servers.check(admitted), Ok(()), "{admitted}");
+            assert_eq!(servers.check(admitted), Ok(None), "{admitted}");
         }
         for outside in [
             "https://eks.amazonaws.com",
@@ -274,7 +356,10 @@ mod tests {
     fn a_ca_binding_refuses_plain_http_and_alone_admits_any_host() {
         let pem = "-----BEGIN CERTIFICATE-----\nMIIB\n-----END CERTIFICATE-----\n";
         let servers = Servers::new().ca_bundle(pem).expect("pem");
-        assert_eq!(servers.check("https://anything.example:6443"), Ok(()));
+        assert_eq!(
+            servers.check("https://anything.example:6443"),
+            Ok(Some(pem))
+        );
         assert_eq!(
             servers.check("http://anything.example"),
             Err(Outside::PlainHttp)
@@ -283,6 +368,92 @@ mod tests {
         assert_eq!(
             Servers::new().check("https://a.example"),
             Err(Outside::NotListed)
+        );
+    }
+
+    #[test]
+    fn named_servers_are_exact_with_their_own_ca() {
+        let pem = |name: &str| {
+            format!("-----BEGIN CERTIFICATE-----\n{name}\n-----END CERTIFICATE-----\n")
+        };
+        let servers = Servers::new()
+            .named("api.a.example:6443", pem("a"))
+            .and_then(|servers| servers.named("https://10.0.0.2:6443/", pem("b")))
+            .and_then(|servers| servers.named("[fd00::3]:443", pem("c")))
+            .expect("named");
+        assert!(servers.names_each_server());
+        assert_eq!(
+            servers.check("https://API.A.example:6443"),
+            Ok(Some(pem("a").as_str()))
+        );
+        assert_eq!(
+            servers.check("https://10.0.0.2:6443"),
+            Ok(Some(pem("b").as_str()))
+        );
+        assert_eq!(
+            servers.check("https://[fd00::3]"),
+            Ok(Some(pem("c").as_str()))
+        );
+        assert_eq!(
+            servers.ca_data_for("https://10.0.0.2:6443"),
+            Some(encode(&pem("b")))
+        );
+        for outside in [
+            "https://api.a.example",
+            "https://api.a.example:6444",
+            "https://x.api.a.example:6443",
+            "https://10.0.0.3:6443",
+        ] {
+            assert_eq!(servers.check(outside), Err(Outside::NotListed), "{outside}");
+        }
+        assert_eq!(
+            servers.check("http://api.a.example:6443"),
+            Err(Outside::PlainHttp)
+        );
+        // One by one only when nothing admits a server nobody named.
+        for (loose, why) in [
+            (
+                servers.clone().host("*.fleet.example").expect("pattern"),
+                "a wildcard",
+            ),
+            (
+                servers.clone().network("10.0.0.0/8").expect("network"),
+                "a network",
+            ),
+            (
+                servers.clone().host("api.b.example").expect("host"),
+                "any port",
+            ),
+            (
+                servers.clone().host("api.b.example:6443").expect("host"),
+                "no CA",
+            ),
+            (
+                Servers::new().ca_bundle(pem("ca")).expect("pem"),
+                "a CA alone",
+            ),
+            (Servers::new(), "nothing"),
+        ] {
+            assert!(!loose.names_each_server(), "{why}");
+        }
+        let with_bundle = Servers::from_patterns(["api.b.example:6443"])
+            .and_then(|servers| servers.ca_bundle(pem("ca")))
+            .expect("bundle");
+        assert!(
+            with_bundle.names_each_server(),
+            "exact, and the bundle for its CA"
+        );
+        for bad in ["api.a.example", "*.a.example:6443", "10.0.0.0/8"] {
+            let err = Servers::new()
+                .named(bad, pem("a"))
+                .map(|_| ())
+                .expect_err(bad);
+            assert!(err.to_string().contains("server binding"), "{err}");
+        }
+        assert!(
+            Servers::new()
+                .named("api.a.example:6443", "no pem")
+                .is_err()
         );
     }
 

@@ -9,6 +9,9 @@ fn file(json: serde_json::Value) -> ProviderFile {
     ProviderFile::from_json(&json.to_string(), "providers.json").expect("valid provider file")
 }
 
+/// A provider handing its plugin what profiles write, allowed any
+/// server (`allowUnboundProfileInput`): these tests are about the plugin
+/// call; `only_servers_named_one_by_one_...` is about the default.
 fn provider(name: &str, args_policy: &str, envs_policy: &str) -> serde_json::Value {
     json!({
         "name": name,
@@ -22,6 +25,7 @@ fn provider(name: &str, args_policy: &str, envs_policy: &str) -> serde_json::Val
         "profileSourcedCLIArgsPolicy": args_policy,
         "profileSourcedEnvVarsPolicy": envs_policy,
         "profileSourcedEnvVarNames": ["KEEP", "REGION", "A", "B", "C", "D"],
+        "allowUnboundProfileInput": true,
     })
 }
 
@@ -355,7 +359,22 @@ fn profiles_that_cannot_be_accessed_say_why() {
         ),
         (
             json!({"accessProviders": [{"name": "b", "cluster": {"certificate-authority-data": "Q0EK"}}]}),
-            "status.accessProviders[\"b\"].cluster has no server",
+            "status.accessProviders[\"b\"].cluster.server is missing",
+        ),
+        (
+            json!({"accessProviders": [entry("b", "127.0.0.1:6443", json!([]))]}),
+            "status.accessProviders[\"b\"].cluster.server has no scheme (https://)",
+        ),
+        (
+            json!({"accessProviders": [entry("b", "https://VALUE:pw@b:6443", json!([]))]}),
+            "status.accessProviders[\"b\"].cluster.server carries user info",
+        ),
+        (
+            json!({"accessProviders": [entry("b", "https://b:6443", json!([
+                {"name": "client.authentication.k8s.io/exec", "extension": {"cluster": "b"}},
+                {"name": "client.authentication.k8s.io/exec", "extension": {"cluster": "VALUE"}},
+            ]))]}),
+            "cluster.extensions lists \"client.authentication.k8s.io/exec\" twice",
         ),
     ];
     for (status, expected) in cases {
@@ -371,6 +390,7 @@ fn profiles_that_cannot_be_accessed_say_why() {
             message.contains(expected),
             "{message} should say {expected}"
         );
+        assert!(!message.contains("VALUE"), "{message}");
     }
 }
 
@@ -468,7 +488,6 @@ fn a_bound_provider_refuses_other_servers_and_its_ca_replaces_the_profiles() {
         entry("p", "https://api.edge-1.fleet.example:6443", json!([])),
     ]}));
     let access = providers.access_for(&inside).expect("inside the binding");
-    assert!(access.bound);
     let cluster = access.kubeconfig.clusters[0]
         .cluster
         .as_ref()
@@ -527,4 +546,143 @@ fn what_a_profile_hands_the_plugin_is_its_input() {
     assert_eq!(a.input, copy.input, "the server is not part of the input");
     assert_ne!(a.input, b.input);
     assert_eq!(copy.server(), "https://stranger:6443");
+}
+
+fn base64(text: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(text)
+}
+
+fn pem(name: &str) -> String {
+    format!("-----BEGIN CERTIFICATE-----\n{name}\n-----END CERTIFICATE-----\n")
+}
+
+#[test]
+fn only_servers_named_one_by_one_get_a_plugin_that_reads_profiles_by_default() {
+    let reading = |extra: serde_json::Value| {
+        let mut provider = provider("p", "Ignore", "Ignore");
+        provider
+            .as_object_mut()
+            .expect("object")
+            .remove("allowUnboundProfileInput");
+        for (key, value) in extra.as_object().expect("object") {
+            provider[key] = value.clone();
+        }
+        file(json!({"providers": [provider]}))
+    };
+    let at = |server: &str| profile(json!({"accessProviders": [entry("p", server, json!([]))]}));
+    let server = "https://api.edge-1.fleet.example:6443";
+    for (binding, bound) in [
+        (json!({}), "is bound to no servers"),
+        (
+            json!({"servers": ["*.fleet.example"]}),
+            "not named one by one",
+        ),
+        (json!({"servers": ["10.0.0.0/8"]}), "not named one by one"),
+        (
+            json!({"servers": ["api.edge-1.fleet.example:6443"]}),
+            "not named one by one",
+        ),
+        (
+            json!({"serverCAData": base64(&pem("ca"))}),
+            "not named one by one",
+        ),
+    ] {
+        let err = reading(binding.clone())
+            .access_for(&at(server))
+            .expect_err("profile input, servers nobody named");
+        assert!(matches!(err, AccessError::Refused { .. }), "{err}");
+        let message = err.to_string();
+        for says in [
+            "access provider \"p\" hands its plugin what profiles write (execConfig.provideClusterInfo)",
+            bound,
+            "allowUnboundProfileInput",
+        ] {
+            assert!(
+                message.contains(says),
+                "{binding}: {message} should say {says}"
+            );
+        }
+    }
+    // Named with its CA, one by one: runs there, with that CA.
+    let named = reading(json!({"servers": [
+        {"server": "api.edge-1.fleet.example:6443", "certificateAuthorityData": base64(&pem("edge-1"))},
+        {"server": "https://api.edge-2.fleet.example:6443", "certificateAuthorityData": base64(&pem("edge-2"))},
+    ]}));
+    let access = named.access_for(&at(server)).expect("named");
+    let cluster = access.kubeconfig.clusters[0]
+        .cluster
+        .as_ref()
+        .expect("cluster");
+    assert_eq!(
+        cluster.certificate_authority_data.as_deref(),
+        Some(base64(&pem("edge-1")).as_str()),
+        "its own CA, not the profile's"
+    );
+    let err = named
+        .access_for(&at("https://api.edge-3.fleet.example:6443"))
+        .expect_err("not named");
+    assert!(err.to_string().contains("not among the servers"), "{err}");
+    // Exact hosts with ports and one bundle for their CA name them too.
+    reading(
+        json!({"servers": ["api.edge-1.fleet.example:6443"], "serverCAData": base64(&pem("ca"))}),
+    )
+    .access_for(&at(server))
+    .expect("exact, with the bundle");
+    // The opt-in, and a plugin that reads nothing of a profile.
+    reading(json!({"allowUnboundProfileInput": true}))
+        .access_for(&at(server))
+        .expect("allowed");
+    let mut blind = provider("p", "Ignore", "Ignore");
+    blind["execConfig"]["provideClusterInfo"] = json!(false);
+    blind
+        .as_object_mut()
+        .expect("object")
+        .remove("allowUnboundProfileInput");
+    let blind = file(json!({"providers": [blind]}));
+    assert!(blind.providers[0].profile_input().is_empty());
+    blind
+        .access_for(&at(server))
+        .expect("mints the same for every profile");
+}
+
+#[test]
+fn inputs_equal_in_meaning_are_one_input() {
+    let providers = file(json!({"providers": [provider("p", "Append", "AppendIfNotExists")]}));
+    let input = |extensions: serde_json::Value| {
+        providers
+            .access_for(&profile(
+                json!({"accessProviders": [entry("p", "https://a:6443", extensions)]}),
+            ))
+            .expect("access")
+            .input
+    };
+    let exec = |config: serde_json::Value| json!({"name": "client.authentication.k8s.io/exec", "extension": config});
+    let victim = input(json!([exec(json!({"cluster": "a", "region": "eu"}))]));
+    assert!(victim.is_some());
+    for same in [
+        json!([exec(json!({"region": "eu", "cluster": "a"}))]),
+        json!([exec(
+            json!({"cluster": "a", "region": "eu", "tags": [], "labels": {}, "x": null})
+        )]),
+        json!([
+            exec(json!({"cluster": "a", "region": "eu"})),
+            {"name": ADDITIONAL_ARGS_EXTENSION, "extension": {"args": []}},
+            {"name": ADDITIONAL_ENVS_EXTENSION, "extension": {}},
+        ]),
+        // KEEP is configured: AppendIfNotExists leaves the plugin's call as it was.
+        json!([
+            exec(json!({"cluster": "a", "region": "eu"})),
+            {"name": ADDITIONAL_ENVS_EXTENSION, "extension": {"KEEP": "ignored"}},
+        ]),
+    ] {
+        assert_eq!(input(same.clone()), victim, "{same}");
+    }
+    for other in [
+        json!([exec(json!({"cluster": "b", "region": "eu"}))]),
+        json!([exec(json!({"cluster": "a", "region": "eu"})), {"name": ADDITIONAL_ARGS_EXTENSION, "extension": {"args": ["--x"]}}]),
+        json!([exec(json!({"cluster": "a", "region": "eu"})), {"name": ADDITIONAL_ENVS_EXTENSION, "extension": {"REGION": "us"}}]),
+    ] {
+        assert_ne!(input(other.clone()), victim, "{other}");
+    }
 }

@@ -161,3 +161,32 @@ pub(crate) fn credentials_secret(
         ..Secret::default()
     }
 }
+
+/// Base64 of `pem`, as a kubeconfig's `certificate-authority-data`.
+pub(crate) fn base64_pem(pem: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(pem)
+}
+
+/// A state directory whose plugin hands out a token of a cluster-admin
+/// service account `name` of `cluster`.
+pub(crate) async fn state_with_token(cluster: &ControlPlane, name: &str) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("state dir");
+    multicluster_envtest::plugins::set_token(dir.path(), &admin_token(cluster, name).await)
+        .expect("token");
+    dir
+}
+
+pub(crate) async fn admin_token(cluster: &ControlPlane, name: &str) -> String {
+    cluster
+        .cluster_admin_token("robots", name)
+        .await
+        .expect("token")
+}
+
+/// One recorded `token.sh` call, field by field.
+pub(crate) fn call_field<'a>(call: &'a str, field: &str) -> &'a str {
+    call.split('\t')
+        .find_map(|part| part.strip_prefix(&format!("{field}=")))
+        .unwrap_or_else(|| panic!("no {field} in {call}"))
+}
