@@ -47,9 +47,20 @@ pub struct Trap {
     /// The kubeconfig.
     pub kubeconfig: Kubeconfig,
     /// Whether a kubeconfig policy refuses it (and names the policy field
-    /// that would allow it), or nothing could allow it (a credential that
-    /// cannot be sent in an HTTP header).
-    pub by_policy: bool,
+    /// that would allow it), or nothing could allow it, and what the
+    /// refusal says then.
+    pub refused: Why,
+}
+
+/// Why a trap kubeconfig is refused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Why {
+    /// A kubeconfig policy does not allow it; the reason names the
+    /// policy field that would.
+    Policy,
+    /// Nothing allows it (a credential that cannot be sent in a header, a
+    /// server no request can be made on); the reason says this.
+    Never(&'static str),
 }
 
 impl Trap {
@@ -70,14 +81,9 @@ impl Trap {
                 self.name
             );
         }
-        if self.by_policy {
-            assert!(reason.contains("KubeconfigPolicy::"), "{reason}");
-        } else {
-            assert!(
-                reason.contains("cannot be sent in an HTTP header"),
-                "{}: {reason}",
-                self.name
-            );
+        match self.refused {
+            Why::Policy => assert!(reason.contains("KubeconfigPolicy::"), "{reason}"),
+            Why::Never(says) => assert!(reason.contains(says), "{}: {reason}", self.name),
         }
         for value in ["trap-value", "X-Injected"] {
             assert!(!reason.contains(value), "quotes a value: {reason}");
@@ -212,7 +218,7 @@ impl Traps {
                 },
                 user,
             ),
-            by_policy: true,
+            refused: Why::Policy,
         };
         vec![
             trap(
@@ -313,7 +319,7 @@ impl Traps {
                         ..AuthInfo::default()
                     },
                 ),
-                by_policy: true,
+                refused: Why::Policy,
             },
         ]
     }
@@ -336,7 +342,7 @@ impl Traps {
                 },
                 user,
             ),
-            by_policy: false,
+            refused: Why::Never("cannot be sent in an HTTP header"),
         };
         let secret = |value: &str| Some(SecretString::from(value.to_string()));
         vec![
@@ -365,6 +371,41 @@ impl Traps {
                     ..AuthInfo::default()
                 },
             ),
+        ]
+    }
+
+    /// Kubeconfigs whose `server` no request can be made on, which
+    /// kube-rs would take and panic on at the first request (no scheme:
+    /// the listener's address alone, or `//` and it), or fail on (user
+    /// info, port 0): refused whatever the policy. Each has an inline
+    /// token and the inline CA data of `ca_pem`; user info holds
+    /// `trap-value`, which no reason may quote.
+    pub fn broken_servers(&self, ca_pem: &str) -> Vec<Trap> {
+        let broken = |name, server: String| Trap {
+            name,
+            fields: vec![r#"clusters["trap"].cluster.server"#],
+            kubeconfig: single(
+                Cluster {
+                    server: Some(server),
+                    certificate_authority_data: Some(base64(ca_pem)),
+                    ..Cluster::default()
+                },
+                AuthInfo {
+                    token: Some(SecretString::from("inline-token".to_string())),
+                    ..AuthInfo::default()
+                },
+            ),
+            refused: Why::Never("so no request can be made on it"),
+        };
+        let port = self.port;
+        vec![
+            broken("server-no-scheme", format!("127.0.0.1:{port}")),
+            broken("server-scheme-relative", format!("//127.0.0.1:{port}")),
+            broken(
+                "server-user-info",
+                format!("https://trap-value:x@127.0.0.1:{port}"),
+            ),
+            broken("server-port-zero", "https://127.0.0.1:0".to_string()),
         ]
     }
 

@@ -1,19 +1,26 @@
-//! Nothing read from a cluster panics the path from a Secret's bytes to a
-//! built client: the YAML parse, the cut to one context, the kubeconfig
-//! policy, the credentials checked as header values, the proxy, the
-//! client's layers. Run over the seed corpus in `tests/hostile` (each
-//! file a kubeconfig written to break something), then over random
-//! mutations of it and over generated kubeconfigs whose every field is
-//! arbitrary text, with a fixed seed and a bounded number of cases
-//! (`PROPTEST_CASES` raises it). An error never quotes a value: the
-//! corpus marks its values with `VALUE`.
+//! Nothing read from a cluster panics the path from a Secret's bytes to
+//! the first answer of its server: the YAML parse, the cut to one
+//! context, the kubeconfig policy, the server URL and credentials checked,
+//! the proxy, the client's layers, and a first request. Run over the seed
+//! corpus in `tests/hostile` (each file a kubeconfig written to break
+//! something), then over random mutations of it and over generated
+//! kubeconfigs whose every field is arbitrary text, with a fixed seed and
+//! a bounded number of cases (`PROPTEST_CASES` raises it). An error never
+//! quotes a value: the corpus marks its values with `VALUE`.
 //!
-//! Building a client sends no request, so no server is needed; the policy
-//! is the one kubeconfigs from cluster objects get (nothing is run or
-//! read), and the same with everything allowed that needs no I/O at build
-//! time (proxies, skipped verification, plain HTTP).
+//! `LISTENER` in the corpus (and in generated servers) is a listener on
+//! loopback that answers every connection with an HTTP response and
+//! closes it; `LISTENER_PORT` is its port. A client built on a server on
+//! loopback sends it one request; names elsewhere are not dialled (the
+//! machine has no names to resolve). A panic in a task the client spawns
+//! is caught by tokio, so panics are counted
+//! ([`multicluster_envtest::panics`]). The policy is the one kubeconfigs
+//! from cluster objects get (nothing is run or read), and the same with
+//! everything allowed that needs no I/O at build time (proxies, skipped
+//! verification, plain HTTP).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use multicluster_runtime::client::KubeconfigPolicy;
 use multicluster_runtime::provider::kubeconfig::KubeconfigCluster;
@@ -57,13 +64,70 @@ fn policies() -> [KubeconfigPolicy; 2] {
     ]
 }
 
+/// A listener on loopback answering every connection with a response.
+struct Listener {
+    runtime: tokio::runtime::Runtime,
+    address: std::net::SocketAddr,
+    panics: multicluster_envtest::panics::Panics,
+}
+
+impl Listener {
+    fn start() -> Self {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .expect("runtime");
+        let listener = runtime
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .expect("listener");
+        let address = listener.local_addr().expect("address");
+        runtime.spawn(async move {
+            use tokio::io::AsyncWriteExt;
+            while let Ok((mut stream, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let answer = "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}";
+                    let _ = stream.write_all(answer.as_bytes()).await;
+                });
+            }
+        });
+        Self {
+            runtime,
+            address,
+            panics: multicluster_envtest::panics::Panics::count(),
+        }
+    }
+
+    fn placed(&self, text: &str) -> String {
+        text.replace("LISTENER_PORT", &self.address.port().to_string())
+            .replace("LISTENER", &self.address.to_string())
+    }
+}
+
+/// Whether `server` names loopback, where a request may go.
+fn on_loopback(server: &str) -> bool {
+    server
+        .trim()
+        .parse::<http::Uri>()
+        .ok()
+        .and_then(|uri| uri.host().map(str::to_string))
+        .is_some_and(|host| {
+            let host = host.trim_start_matches('[').trim_end_matches(']');
+            host == "localhost"
+                || host
+                    .parse::<std::net::IpAddr>()
+                    .is_ok_and(|address| address.is_loopback())
+        })
+}
+
 /// Secret bytes to a built cluster, as the kubeconfig provider takes
-/// them: whatever the outcome, an error names its source and quotes no
+/// them, and one request when its server is on loopback: whatever the
+/// outcome, nothing panics, and an error names its source and quotes no
 /// value.
-fn build(runtime: &tokio::runtime::Runtime, bytes: &[u8]) -> Result<(), TestCaseError> {
-    let text = String::from_utf8_lossy(bytes).into_owned();
+fn build(listener: &Listener, bytes: &[u8]) -> Result<(), TestCaseError> {
+    let text = listener.placed(&String::from_utf8_lossy(bytes));
     for policy in policies() {
-        let wanted = KubeconfigCluster {
+        let mut wanted = KubeconfigCluster {
             name: "hostile".into(),
             text: text.clone(),
             source: "Secret fleet/hostile key \"kubeconfig\"".to_string(),
@@ -72,20 +136,38 @@ fn build(runtime: &tokio::runtime::Runtime, bytes: &[u8]) -> Result<(), TestCase
             member: MemberOptions::default(),
             inventory: Default::default(),
         };
-        if let Err(err) = runtime.block_on(wanted.build()) {
+        let mut member = MemberOptions::default();
+        member.client.request_timeout = Some(Duration::from_secs(2));
+        member.client.connect_timeout = Some(Duration::from_secs(1));
+        wanted.member = member;
+        let built = listener.runtime.block_on(async {
+            let cluster = wanted.build().await?;
+            let server = multicluster_runtime::client::kubeconfig::parse(&text, "hostile")
+                .ok()
+                .and_then(|parsed| parsed.clusters.first().cloned())
+                .and_then(|named| named.cluster)
+                .and_then(|cluster| cluster.server)
+                .unwrap_or_default();
+            if on_loopback(&server) {
+                let client = cluster.client();
+                let _ =
+                    tokio::time::timeout(Duration::from_secs(5), client.apiserver_version()).await;
+            }
+            Ok::<_, multicluster_runtime::Error>(())
+        });
+        if let Err(err) = built {
             let message = err.to_string();
             prop_assert!(message.contains("Secret fleet/hostile"), "{message}");
             prop_assert!(!message.contains("VALUE"), "quotes a value: {message}");
         }
+        prop_assert_eq!(
+            listener.panics.since(),
+            0,
+            "panicked: {:?}",
+            listener.panics.messages()
+        );
     }
     Ok(())
-}
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("runtime")
 }
 
 fn runner(cases: u32) -> TestRunner {
@@ -107,16 +189,16 @@ fn runner(cases: u32) -> TestRunner {
 }
 
 #[test]
-fn every_kubeconfig_of_the_corpus_is_refused_or_built_without_a_panic() {
-    let runtime = runtime();
+fn every_kubeconfig_of_the_corpus_is_refused_or_answered_without_a_panic() {
+    let listener = Listener::start();
     for (name, bytes) in corpus() {
-        build(&runtime, &bytes).unwrap_or_else(|err| panic!("{name}: {err}"));
+        build(&listener, &bytes).unwrap_or_else(|err| panic!("{name}: {err}"));
     }
 }
 
 #[test]
-fn mutations_of_the_corpus_are_refused_or_built_without_a_panic() {
-    let runtime = runtime();
+fn mutations_of_the_corpus_are_refused_or_answered_without_a_panic() {
+    let listener = Listener::start();
     let corpus = corpus();
     let count = corpus.len();
     let mutated = (
@@ -138,7 +220,7 @@ fn mutations_of_the_corpus_are_refused_or_built_without_a_panic() {
             bytes
         });
     runner(256)
-        .run(&mutated, |bytes| build(&runtime, &bytes))
+        .run(&mutated, |bytes| build(&listener, &bytes))
         .expect("no mutation panics or quotes a value");
 }
 
@@ -156,6 +238,22 @@ fn generated() -> impl Strategy<Value = Vec<u8>> {
         text(),
         text().prop_map(|host| format!("https://{host}")),
         text().prop_map(|rest| format!("http://127.0.0.1:{rest}")),
+        // Around the listener: no scheme, `//`, user info, a path, ...
+        (text(), text()).prop_map(|(before, after)| format!("{before}LISTENER{after}")),
+        prop::sample::select(vec![
+            "LISTENER",
+            "//LISTENER",
+            "https://LISTENER",
+            "http://LISTENER",
+            "https://VALUE:x@LISTENER",
+            "https://:LISTENER_PORT",
+            "https://::1:LISTENER_PORT",
+            "https://[::1]:LISTENER_PORT",
+            "https://127.0.0.1:0",
+            "https://LISTENER/some/path?q=1#f",
+            "HTTPS://LISTENER",
+        ])
+        .prop_map(str::to_string),
     ];
     (
         server,
@@ -201,9 +299,9 @@ fn generated() -> impl Strategy<Value = Vec<u8>> {
 }
 
 #[test]
-fn generated_kubeconfigs_are_refused_or_built_without_a_panic() {
-    let runtime = runtime();
+fn generated_kubeconfigs_are_refused_or_answered_without_a_panic() {
+    let listener = Listener::start();
     runner(256)
-        .run(&generated(), |bytes| build(&runtime, &bytes))
+        .run(&generated(), |bytes| build(&listener, &bytes))
         .expect("no kubeconfig panics or quotes a value");
 }

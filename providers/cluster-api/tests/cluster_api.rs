@@ -751,6 +751,7 @@ async fn kubeconfig_secrets_that_would_run_read_or_dial_are_refused_with_the_def
     let kubeconfigs = [
         traps.kubeconfigs(healthy.ca_pem()),
         traps.broken_credentials(healthy.ca_pem()),
+        traps.broken_servers(healthy.ca_pem()),
     ]
     .concat();
     for trap in &kubeconfigs {

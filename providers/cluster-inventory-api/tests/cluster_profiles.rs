@@ -489,7 +489,9 @@ async fn a_custom_readiness_replaces_control_plane_healthy() {
 /// verification or pick a proxy are refused before any of it happens: no
 /// mark, no file opened, their server (a listener) never reached; each is
 /// shown unusable naming the Secret, the field and the policy field that
-/// would allow it; a healthy profile is engaged.
+/// would allow it. So are credentials no header can carry and servers no
+/// request can be made on (no scheme, user info, port 0), and nothing
+/// panics. A healthy profile is engaged.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn credentials_that_would_run_read_or_dial_are_refused_with_the_default_options() {
     let (hub_cp, healthy) = tokio::join!(ControlPlane::start(), workload("hello"));
@@ -497,7 +499,13 @@ async fn credentials_that_would_run_read_or_dial_are_refused_with_the_default_op
     let hub = common::hub(&hub_cp).await;
     let secrets = Api::<Secret>::namespaced(hub.clone(), NS);
     let traps = Traps::set().await.expect("traps");
-    let kubeconfigs = traps.kubeconfigs(healthy.ca_pem());
+    let panics = multicluster_envtest::panics::Panics::count();
+    let kubeconfigs = [
+        traps.kubeconfigs(healthy.ca_pem()),
+        traps.broken_credentials(healthy.ca_pem()),
+        traps.broken_servers(healthy.ca_pem()),
+    ]
+    .concat();
     for trap in &kubeconfigs {
         create_profile(&hub, trap.name).await;
         set_health(&hub, trap.name, true, None).await;
@@ -540,6 +548,7 @@ async fn credentials_that_would_run_read_or_dial_are_refused_with_the_default_op
     }
     assert_eq!(provider.names(), [ClusterName::from("inventory/healthy")]);
     traps.assert_untouched().await;
+    assert_eq!(panics.since(), 0, "panicked: {:?}", panics.messages());
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");

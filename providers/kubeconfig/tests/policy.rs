@@ -82,6 +82,7 @@ async fn secrets_that_would_run_read_or_dial_are_refused_with_the_default_option
     let kubeconfigs = [
         traps.kubeconfigs(member.ca_pem()),
         traps.broken_credentials(member.ca_pem()),
+        traps.broken_servers(member.ca_pem()),
     ]
     .concat();
     for trap in &kubeconfigs {
