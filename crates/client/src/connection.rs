@@ -92,7 +92,7 @@ use super::pace::Pace;
 use super::resend::Resend;
 use super::shared_pool::{self, TransportKey};
 use super::tunnel::Tunnelled;
-use super::withhold::CredentialValues;
+use super::withhold::{CredentialValues, Withheld};
 
 /// The service a client is built on (kube-rs's `GenericService`).
 pub(crate) type Service = BoxService<Request<Body>, Response<Box<DynBody>>, BoxError>;
@@ -361,14 +361,15 @@ where
             .service(client)
             .map_response(|response| {
                 response.map(|body| Box::new(body.map_err(BoxError::from)) as Box<DynBody>)
-            })
-            // Outside the retries: only the answer kube-rs reads is read
-            // whole, and the server's own words about a failure never
-            // carry a credential this client sent ([`super::withhold`]).
-            .and_then(move |response| {
-                let values = values.clone();
-                async move { values.withhold_from(response).await }
             });
+    // Outside the retries: only the answer kube-rs reads is read whole,
+    // and the server's own words about a failure (an error answer, a
+    // watch's ERROR event) never carry a credential this client sent
+    // ([`super::withhold`]).
+    let service = Withheld {
+        inner: service,
+        values,
+    };
     Ok(ClientBuilder::new(
         BoxService::new(service),
         config.default_namespace,

@@ -14,18 +14,28 @@
 //! the user's own reconcile error) never held the value. Successful
 //! answers are objects and are left as they are.
 //!
+//! A watch is a successful answer whose failures come inside it: an event
+//! of type `ERROR` carries a Status, whose message a server or gateway
+//! may fill with the credential as well, and kube-rs hands it on (its
+//! watcher logs it, at warn for a 403). So the events of a watch are read
+//! line by line as they stream, and an `ERROR` line has the values
+//! withheld too; the other events (the objects) pass untouched, and a
+//! chunk without the bytes `ERROR` in it is not looked into at all.
+//!
 //! Values shorter than [`MIN_LEN`] bytes are not searched for: they would
 //! blank out ordinary words, and no credential worth the name is that
 //! short. Values are also searched for as JSON spells them inside a
 //! string (quotes and backslashes escaped), the form a Status message
 //! takes.
 
+use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 
-use http::Response;
+use http::{Request, Response};
 use http_body_util::BodyExt;
-use hyper::body::Bytes;
-use kube::client::DynBody;
+use hyper::body::{Body as HttpBody, Bytes, Frame};
+use kube::client::{Body, DynBody};
 use secrecy::{ExposeSecret, SecretString};
 use tower::BoxError;
 
@@ -136,6 +146,151 @@ impl CredentialValues {
     }
 }
 
+/// A member's client service with its credential values withheld from
+/// its server's failures: error answers, and `ERROR` events of watches.
+#[derive(Clone)]
+pub(crate) struct Withheld<S> {
+    pub(crate) inner: S,
+    pub(crate) values: CredentialValues,
+}
+
+impl<S> tower::Service<Request<Body>> for Withheld<S>
+where
+    S: tower::Service<Request<Body>, Response = Response<Box<DynBody>>, Error = BoxError>,
+    S::Future: Send + 'static,
+{
+    type Response = Response<Box<DynBody>>;
+    type Error = BoxError;
+    type Future = futures::future::BoxFuture<'static, Result<Self::Response, BoxError>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<Body>) -> Self::Future {
+        let watch = is_watch(request.uri());
+        let values = self.values.clone();
+        let answer = self.inner.call(request);
+        Box::pin(async move {
+            let response = answer.await?;
+            if watch && response.status().is_success() {
+                Ok(response.map(|body| {
+                    Box::new(WatchEvents {
+                        inner: body,
+                        partial: Vec::new(),
+                        values,
+                        done: false,
+                    }) as Box<DynBody>
+                }))
+            } else {
+                values.withhold_from(response).await
+            }
+        })
+    }
+}
+
+/// Whether `uri` asks for a watch (`watch=true` or `watch=1`).
+fn is_watch(uri: &http::Uri) -> bool {
+    uri.query().is_some_and(|query| {
+        query
+            .split('&')
+            .any(|pair| matches!(pair, "watch=true" | "watch=1"))
+    })
+}
+
+/// A watch's body, its `ERROR` events withheld from line by line.
+struct WatchEvents {
+    inner: Box<DynBody>,
+    /// The start of a line whose end has not come yet.
+    partial: Vec<u8>,
+    values: CredentialValues,
+    done: bool,
+}
+
+impl WatchEvents {
+    /// `chunk` with what ends a line before it: the complete lines, each
+    /// `ERROR` event withheld from; what comes after the last newline is
+    /// kept for the next chunk.
+    fn lines(&mut self, chunk: Bytes) -> Option<Bytes> {
+        let Some(last) = memchr::memrchr(b'\n', &chunk) else {
+            self.partial.extend_from_slice(&chunk);
+            return None;
+        };
+        let (complete, rest) = (chunk.slice(..=last), chunk.slice(last + 1..));
+        let complete = if self.partial.is_empty() {
+            complete
+        } else {
+            let mut joined = std::mem::take(&mut self.partial);
+            joined.extend_from_slice(&complete);
+            Bytes::from(joined)
+        };
+        self.partial.extend_from_slice(&rest);
+        Some(self.withheld(complete))
+    }
+
+    /// `lines` with every `ERROR` event's values withheld.
+    fn withheld(&self, lines: Bytes) -> Bytes {
+        if memchr::memmem::find(&lines, b"ERROR").is_none() {
+            return lines;
+        }
+        let mut out = Vec::with_capacity(lines.len());
+        for line in lines.split_inclusive(|byte| *byte == b'\n') {
+            let withheld = is_error_event(line)
+                .then(|| self.values.withhold(line))
+                .flatten();
+            out.extend_from_slice(withheld.as_deref().unwrap_or(line));
+        }
+        Bytes::from(out)
+    }
+}
+
+/// Whether `line` is a watch event of type `ERROR`.
+fn is_error_event(line: &[u8]) -> bool {
+    #[derive(serde::Deserialize)]
+    struct Event<'a> {
+        #[serde(rename = "type", borrow)]
+        kind: std::borrow::Cow<'a, str>,
+    }
+    memchr::memmem::find(line, b"ERROR").is_some()
+        && serde_json::from_slice::<Event<'_>>(line).is_ok_and(|event| event.kind == "ERROR")
+}
+
+impl HttpBody for WatchEvents {
+    type Data = Bytes;
+    type Error = BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
+        loop {
+            if self.done {
+                return Poll::Ready(None);
+            }
+            match Pin::new(&mut self.inner).poll_frame(cx) {
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(chunk) => {
+                        if let Some(lines) = self.lines(chunk) {
+                            return Poll::Ready(Some(Ok(Frame::data(lines))));
+                        }
+                    }
+                    Err(frame) => return Poll::Ready(Some(Ok(frame))),
+                },
+                Poll::Ready(None) => {
+                    // A last line without its newline.
+                    self.done = true;
+                    let rest = Bytes::from(std::mem::take(&mut self.partial));
+                    if rest.is_empty() {
+                        return Poll::Ready(None);
+                    }
+                    return Poll::Ready(Some(Ok(Frame::data(self.withheld(rest)))));
+                }
+                other => return other,
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -170,5 +325,54 @@ mod tests {
         assert!(held <= 2 * KEPT, "{held}");
         assert!(values.withhold(b"token-number-0099").is_some());
         assert!(values.withhold(b"token-number-0000").is_none());
+    }
+
+    #[tokio::test]
+    async fn only_error_events_of_a_watch_are_withheld_from_however_they_are_cut() {
+        let values = CredentialValues::default();
+        let token = "0123456789abcdef0123456789abcdef01234567";
+        values.add(token);
+        let added = format!(
+            r#"{{"type":"ADDED","object":{{"kind":"ConfigMap","data":{{"k":"{token} ERROR"}}}}}}"#
+        );
+        let error = format!(
+            r#"{{"type":"ERROR","object":{{"kind":"Status","message":"echoed {token}"}}}}"#
+        );
+        let stream = format!("{added}\n{error}\n{error}");
+        let expected = format!(
+            "{added}\n{}\n{}",
+            error.replace(token, "[withheld]"),
+            error.replace(token, "[withheld]")
+        );
+        // Cut anywhere, the token itself too: the lines come out whole.
+        for cut in [1, 7, 40, 97, stream.len()] {
+            let chunks: Vec<Result<Frame<Bytes>, BoxError>> = stream
+                .as_bytes()
+                .chunks(cut)
+                .map(|chunk| Ok(Frame::data(Bytes::copy_from_slice(chunk))))
+                .collect();
+            let body = http_body_util::StreamBody::new(futures::stream::iter(chunks));
+            let events = WatchEvents {
+                inner: Box::new(body),
+                partial: Vec::new(),
+                values: values.clone(),
+                done: false,
+            };
+            let out = events.collect().await.expect("body").to_bytes();
+            assert_eq!(String::from_utf8_lossy(&out), expected, "cut every {cut}");
+        }
+        assert!(is_watch(
+            &"/api/v1/configmaps?watch=true&resourceVersion=1"
+                .parse()
+                .expect("uri")
+        ));
+        assert!(is_watch(
+            &"/api/v1/configmaps?allowWatchBookmarks=true&watch=1"
+                .parse()
+                .expect("uri")
+        ));
+        assert!(!is_watch(
+            &"/api/v1/configmaps?limit=500".parse().expect("uri")
+        ));
     }
 }

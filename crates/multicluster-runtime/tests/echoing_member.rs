@@ -2,8 +2,11 @@
 //! credential it was sent in its error answers, with tabs and terminal
 //! escapes besides: neither the member's token (40 hex digits, no shape
 //! to find) nor its basic-auth password reaches `/clusters` (text or
-//! JSON), the metrics or the log, and the text view cannot be given a
-//! column or a colour by what the member said. With the default options,
+//! JSON), the metrics or the log (at debug, kube-runtime's own lines
+//! included), and the text view cannot be given a column or a colour by
+//! what the member said. The same for a member that lists fine and
+//! echoes the credential in a watch's ERROR event (a 403 Status, which
+//! kube-runtime's watcher logs at warn). With the default options,
 //! the kubeconfig the operator's own (plain HTTP allowed, as for a
 //! `kubectl proxy`), the real API server as the local cluster.
 
@@ -29,6 +32,9 @@ use multicluster_runtime::testing::{http_get, recording_controller, wait_for_fle
 const TOKEN: &str = "0123456789abcdef0123456789abcdef01234567";
 const USER: &str = "fleet-admin";
 const PASSWORD: &str = "s3cr3t-Passw0rd!";
+/// The credentials of the members whose watches echo them.
+const WATCH_TOKEN: &str = "fedcba9876543210fedcba9876543210fedcba98";
+const WATCH_PASSWORD: &str = "w4tch-Passw0rd!";
 
 /// Answers every request 500 with a Status whose message quotes the
 /// credential it was sent (the token bare, basic auth decoded) and
@@ -67,6 +73,70 @@ async fn echoing_server() -> SocketAddr {
                 });
                 let mut response = http::Response::new(Full::new(Bytes::from(status.to_string())));
                 *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
+                response.headers_mut().insert(
+                    http::header::CONTENT_TYPE,
+                    http::HeaderValue::from_static("application/json"),
+                );
+                Ok::<_, std::convert::Infallible>(response)
+            });
+            tokio::spawn(
+                hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
+            );
+        }
+    });
+    address
+}
+
+/// Lists (and anything else) answered 200 with nothing in them; every
+/// watch answered with one ERROR event, a 403 Status quoting the
+/// credential it was sent, and ended.
+async fn watch_echoing_server() -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let address = listener.local_addr().expect("address");
+    tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let service = hyper::service::service_fn(|request: http::Request<_>| async move {
+                let watch = request
+                    .uri()
+                    .query()
+                    .is_some_and(|query| query.contains("watch=true") || query.contains("watch=1"));
+                let body = if watch {
+                    let sent = request
+                        .headers()
+                        .get(http::header::AUTHORIZATION)
+                        .and_then(|value| value.to_str().ok())
+                        .unwrap_or_default()
+                        .to_string();
+                    let credential = match sent.split_once(' ') {
+                        Some(("Basic", encoded)) => base64::engine::general_purpose::STANDARD
+                            .decode(encoded)
+                            .map(|decoded| String::from_utf8_lossy(&decoded).replace(':', " with "))
+                            .unwrap_or_default(),
+                        Some((_, token)) => token.to_string(),
+                        None => String::new(),
+                    };
+                    let event = serde_json::json!({"type": "ERROR", "object": {
+                        "kind": "Status",
+                        "apiVersion": "v1",
+                        "status": "Failure",
+                        "reason": "Forbidden",
+                        "code": 403,
+                        "message": format!("watch gateway refused {credential}"),
+                    }});
+                    format!("{event}\n")
+                } else {
+                    serde_json::json!({
+                        "kind": "ConfigMapList",
+                        "apiVersion": "v1",
+                        "metadata": {"resourceVersion": "1"},
+                        "items": [],
+                    })
+                    .to_string()
+                };
+                let mut response = http::Response::new(Full::new(Bytes::from(body)));
                 response.headers_mut().insert(
                     http::header::CONTENT_TYPE,
                     http::HeaderValue::from_static("application/json"),
@@ -142,6 +212,32 @@ async fn an_echoed_credential_and_forged_columns_reach_neither_clusters_nor_the_
             .await,
         )
         .expect("add");
+    let watch_server = watch_echoing_server().await;
+    provider
+        .clusters
+        .add(
+            "watch-token",
+            member(
+                "watch-token",
+                kubeconfig(watch_server, &format!("    token: {WATCH_TOKEN}\n")),
+            )
+            .await,
+        )
+        .expect("add");
+    provider
+        .clusters
+        .add(
+            "watch-basic",
+            member(
+                "watch-basic",
+                kubeconfig(
+                    watch_server,
+                    &format!("    username: {USER}\n    password: {WATCH_PASSWORD}\n"),
+                ),
+            )
+            .await,
+        )
+        .expect("add");
     let manager = Manager::builder(cluster_for("local", &local).await)
         .provider(Arc::new(provider))
         .build();
@@ -165,11 +261,9 @@ async fn an_echoed_credential_and_forged_columns_reach_neither_clusters_nor_the_
                 if reason.contains("gateway refused")
         )
     };
-    wait_for_fleet(
-        &manager,
-        "both members to show the gateway's answer",
-        || failing("token") && failing("basic"),
-    )
+    wait_for_fleet(&manager, "the members to show the gateway's answer", || {
+        failing("token") && failing("basic") && failing("watch-token") && failing("watch-basic")
+    })
     .await;
 
     let (_, text) = http_get(address, "/clusters").await.expect("/clusters");
@@ -187,7 +281,7 @@ async fn an_echoed_credential_and_forged_columns_reach_neither_clusters_nor_the_
         ("/metrics", &metrics),
         ("the log", &logs),
     ] {
-        for secret in [TOKEN, PASSWORD] {
+        for secret in [TOKEN, PASSWORD, WATCH_TOKEN, WATCH_PASSWORD] {
             assert!(!body.contains(secret), "{what} quotes {secret}:\n{body}");
         }
         assert!(!body.contains('\u{1b}'), "{what} holds an escape:\n{body}");
@@ -197,7 +291,10 @@ async fn an_echoed_credential_and_forged_columns_reach_neither_clusters_nor_the_
         text.contains(&format!("gateway refused {USER} with [withheld]")),
         "{text}"
     );
-    for line in text.lines().filter(|line| line.contains("gateway refused")) {
+    for line in text
+        .lines()
+        .filter(|line| line.contains("gateway refused") && !line.contains("watch gateway"))
+    {
         // The member's words stay in the state's column.
         let columns: Vec<&str> = line.split('\t').collect();
         assert!(
@@ -218,5 +315,14 @@ async fn an_echoed_credential_and_forged_columns_reach_neither_clusters_nor_the_
     assert!(
         logs.contains("gateway refused"),
         "the failure is logged:\n{logs}"
+    );
+    assert!(
+        text.contains("watch gateway refused [withheld]")
+            && text.contains(&format!("watch gateway refused {USER} with [withheld]")),
+        "{text}"
+    );
+    assert!(
+        logs.contains("watch gateway refused [withheld]"),
+        "kube-runtime's own line, withheld:\n{logs}"
     );
 }
