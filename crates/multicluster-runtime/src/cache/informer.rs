@@ -19,7 +19,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::index::Indexes;
-use crate::cache::retry::RetryState;
+use crate::cache::retry::{GONE_DEGRADED, RetryState};
 use multicluster_core::ClusterName;
 use multicluster_core::health::repeats::{Repeats, Telling};
 use multicluster_core::health::{FailingFlag, Failure};
@@ -142,6 +142,11 @@ where
     failure: Option<Failure>,
 }
 
+/// Whether a watch error is the server ending the watch with `410 Gone`.
+pub(crate) fn is_gone(err: &watcher::Error) -> bool {
+    matches!(err, watcher::Error::WatchError(status) if status.code == 410)
+}
+
 /// Tells a watch's failures as [`multicluster_core::health::repeats`] says: a member
 /// that stays down is one warning, then a reminder every five minutes, not
 /// one warning per retry. The manager says the cluster's change of state
@@ -225,17 +230,31 @@ where
                 let Some(informer) = weak.upgrade() else {
                     break;
                 };
+                // Watches ended with 410 Gone over and over: only a change
+                // the watch delivers shows it works, not a fresh list.
+                let gone = retries.as_ref().map_or(0, RetryState::gone_in_a_row);
                 match event {
                     Ok(event) => {
                         told.delivered(&cluster, &kind);
-                        if informer.apply(event) {
+                        if informer.apply(event, gone >= GONE_DEGRADED) {
                             ready_tx.send_replace(true);
                         }
                     }
+                    // A few in a row may be compaction: backed off, not shown.
+                    Err(err) if is_gone(&err) && gone < GONE_DEGRADED => {
+                        tracing::debug!(%cluster, kind, in_a_row = gone, "watch ended with 410 Gone again; listing again after a delay");
+                    }
                     Err(err) => {
                         let unreachable = multicluster_core::health::is_unreachable(&err);
+                        let context = if is_gone(&err) {
+                            format!(
+                                "watching {plural}: {gone} watches in a row ended with 410 Gone before delivering a change (listing again with backoff)"
+                            )
+                        } else {
+                            format!("watching {plural}")
+                        };
                         let reason = multicluster_core::redact::Redacted::watcher(&err)
-                            .with_context(&format!("watching {plural}"));
+                            .with_context(&context);
                         let retry_in = retries.as_ref().and_then(RetryState::delay);
                         told.failed(&cluster, &kind, &reason, retry_in);
                         let mut state = informer.lock();
@@ -263,12 +282,20 @@ where
     }
 
     /// Applies one watcher event; returns true when an initial list or relist
-    /// has completed.
-    fn apply(&self, event: watcher::Event<K>) -> bool {
+    /// has completed. `lists_prove_nothing`: the failure stays until the
+    /// watch delivers a change.
+    fn apply(&self, event: watcher::Event<K>, lists_prove_nothing: bool) -> bool {
         let mut state = self.lock();
         // The start of a list says nothing yet: a refused list starts over
         // and over. What it delivers shows that the watch works again.
-        if self.failing.get() && !matches!(event, watcher::Event::Init) {
+        let listed = matches!(
+            event,
+            watcher::Event::InitApply(_) | watcher::Event::InitDone
+        );
+        if self.failing.get()
+            && !matches!(event, watcher::Event::Init)
+            && !(lists_prove_nothing && listed)
+        {
             state.failure = None;
             self.failing.set(false);
         }

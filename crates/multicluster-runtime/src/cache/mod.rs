@@ -546,13 +546,16 @@ where
     let initial_list = InitialList::new(options.streaming_lists, resource);
     let retries = retry::RetryState::default();
     let observed = retries.clone();
+    let counted = retries.clone();
     let events = retry::Restarting::new(move || {
         let (config, streaming) = initial_list.config(&base);
         let initial_list = initial_list.clone();
+        let counted = counted.clone();
         watcher(api.clone(), config)
             // The watcher has already gone back to listing: waiting first
-            // would only delay it.
-            .filter(|event| std::future::ready(!is_gone(event)))
+            // would only delay a normal expiry. From the second in a row
+            // it is an error, and waits (see the `retry` module).
+            .filter(move |event| std::future::ready(!is_gone(event) || counted.gone() >= 2))
             // A refused streaming list ends this start; the next one,
             // at once, lists.
             .take_while(move |event| {
@@ -572,7 +575,7 @@ where
 
 /// Whether the server ended a watch with `410 Gone`.
 fn is_gone<K>(event: &Result<watcher::Event<K>, watcher::Error>) -> bool {
-    let gone = matches!(event, Err(watcher::Error::WatchError(status)) if status.code == 410);
+    let gone = matches!(event, Err(err) if informer::is_gone(err));
     if gone {
         tracing::debug!("watch expired (410 Gone); listing again");
     }

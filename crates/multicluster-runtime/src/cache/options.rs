@@ -106,7 +106,10 @@ impl CacheOptions {
 /// that many clusters do not retry in step, and starts over only once the
 /// watch delivers again (see the `retry` module's notes). A watch that the
 /// server ends with `410 Gone` (its resource version is too old) is listed
-/// again at once, without a delay.
+/// again at once, without a delay; from the second in a row (no change
+/// delivered between them, less than a minute apart) it waits as after a
+/// refusal, and from the third the cluster is degraded naming the 410s
+/// until a watch delivers a change.
 ///
 /// - A server that cannot be reached (connection refused or reset, TLS
 ///   failure, no answer in time) is tried again from `initial` (250 ms) up

@@ -16,11 +16,20 @@
 //!   be seen within seconds); a server that answers with a refusal (403 after
 //!   lost RBAC, 404 for a missing CRD) is asked less and less often, up to
 //!   [`WatchBackoff::refused_max`].
+//! - A watch the server ends with `410 Gone` is listed again at once: its
+//!   resource version was compacted away, a normal event. But a server
+//!   (or a gateway) that ends every watch so would be listed and watched
+//!   again and again without a pause, and a fresh list proves nothing
+//!   then. So 410s count in a row until the watch delivers a change (or
+//!   a minute passes without one): from the second in a row the watch
+//!   backs off as after a refusal, the fresh lists notwithstanding, and
+//!   from the [`GONE_DEGRADED`]th the cluster is shown degraded with the
+//!   reason until a watch delivers.
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures::{Stream, StreamExt};
 use kube::runtime::utils::Backoff;
@@ -83,6 +92,12 @@ enum Kind {
     Refused,
 }
 
+/// From how many `410 Gone` in a row a watch's failure is shown.
+pub(crate) const GONE_DEGRADED: u32 = 3;
+
+/// A 410 longer ago than this starts no run with the next one.
+const GONE_APART: Duration = Duration::from_secs(60);
+
 /// What the watch's stream told the backoff since it last asked.
 #[derive(Debug, Default)]
 pub(crate) struct Outcomes {
@@ -92,6 +107,8 @@ pub(crate) struct Outcomes {
     delivered: bool,
     /// The delay chosen after the latest error.
     delay: Option<Duration>,
+    /// Watches ended with `410 Gone` in a row, and when the last was.
+    gone: (u32, Option<Instant>),
 }
 
 /// What a watch has been through, shared by its stream, its backoff and
@@ -106,6 +123,11 @@ impl RetryState {
         match event {
             // The start of a list is no sign that the list works.
             Ok(watcher::Event::Init) => {}
+            // A change the watch delivered: it works.
+            Ok(watcher::Event::Apply(_) | watcher::Event::Delete(_)) => {
+                outcomes.delivered = true;
+                outcomes.gone = (0, None);
+            }
             Ok(_) => outcomes.delivered = true,
             Err(err) => {
                 outcomes.failed = Some(if multicluster_core::health::is_unreachable(err) {
@@ -120,6 +142,25 @@ impl RetryState {
     /// The delay chosen after the latest error.
     pub(crate) fn delay(&self) -> Option<Duration> {
         lock(&self.0).delay
+    }
+
+    /// The server ended a watch with `410 Gone`: how many in a row now.
+    pub(crate) fn gone(&self) -> u32 {
+        let mut outcomes = lock(&self.0);
+        let now = Instant::now();
+        let (in_a_row, last) = outcomes.gone;
+        let in_a_row = match last {
+            Some(last) if now.duration_since(last) <= GONE_APART => in_a_row.saturating_add(1),
+            _ => 1,
+        };
+        outcomes.gone = (in_a_row, Some(now));
+        in_a_row
+    }
+
+    /// How many watches in a row ended with `410 Gone` before one
+    /// delivered a change.
+    pub(crate) fn gone_in_a_row(&self) -> u32 {
+        lock(&self.0).gone.0
     }
 }
 
@@ -190,6 +231,10 @@ impl Backoff for WatchRetry {
     /// an error; only what the watch delivered counts.
     fn reset(&mut self) {
         let mut outcomes = lock(&self.state.0);
+        // Lists between 410s prove nothing: the delays go on growing.
+        if outcomes.gone.0 >= 2 {
+            return;
+        }
         if std::mem::take(&mut outcomes.delivered) {
             outcomes.failed = None;
             outcomes.delay = None;
@@ -244,6 +289,41 @@ mod tests {
         state.observe::<()>(&Ok(watcher::Event::InitDone));
         retry.reset();
         state.observe::<()>(&Err(forbidden()));
+        assert!(within(retry.next().expect("a delay"), 1_000));
+    }
+
+    fn gone() -> watcher::Error {
+        watcher::Error::WatchError(Box::new(
+            kube::core::Status::failure("too old resource version", "Expired").with_code(410),
+        ))
+    }
+
+    #[test]
+    fn watches_ended_with_gone_in_a_row_back_off_though_each_list_delivers() {
+        let state = RetryState::default();
+        let mut retry = WatchRetry::new(WatchBackoff::default(), state.clone());
+        // The first is a normal expiry: let through at once elsewhere.
+        assert_eq!(state.gone(), 1);
+        let mut delays = Vec::new();
+        for in_a_row in 2..=6 {
+            // Listed again fine, then ended with 410 again.
+            state.observe::<()>(&Ok(watcher::Event::Init));
+            state.observe::<()>(&Ok(watcher::Event::InitDone));
+            retry.reset();
+            assert_eq!(state.gone(), in_a_row);
+            state.observe::<()>(&Err(gone()));
+            delays.push(retry.next().expect("a delay"));
+        }
+        for (delay, base) in delays.iter().zip([1_000, 2_000, 4_000, 8_000, 16_000]) {
+            assert!(within(*delay, base), "{delays:?}");
+        }
+        assert!(state.gone_in_a_row() >= GONE_DEGRADED);
+        // A change the watch delivered ends the run and the delays.
+        state.observe::<()>(&Ok(watcher::Event::Apply(())));
+        retry.reset();
+        assert_eq!(state.gone_in_a_row(), 0);
+        assert_eq!(state.gone(), 1);
+        state.observe::<()>(&Err(gone()));
         assert!(within(retry.next().expect("a delay"), 1_000));
     }
 
