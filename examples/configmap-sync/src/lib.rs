@@ -41,6 +41,38 @@ pub async fn serve(
     Ok(())
 }
 
+/// Which namespaces become clusters, for the examples over a host's
+/// namespaces (`#[command(flatten)]`): by default every one but those
+/// Kubernetes keeps for itself, so the example needs no right to write
+/// there.
+#[derive(clap::Args, Debug)]
+pub struct NamespaceArgs {
+    /// Namespaces that never become clusters (repeatable; by default the system namespaces).
+    #[arg(long = "exclude-namespace", value_name = "NAME", default_values_t = multicluster_provider_namespace::SYSTEM_NAMESPACES.map(String::from))]
+    pub exclude: Vec<String>,
+    /// Only namespaces with this label become clusters (KEY=VALUE, repeatable: all must hold).
+    #[arg(long = "namespace-label", value_name = "KEY=VALUE")]
+    pub labels: Vec<String>,
+}
+
+impl NamespaceArgs {
+    /// The namespace selector the flags ask for.
+    pub fn selector(&self) -> Result<kube::core::Selector, MainError> {
+        let mut selector = multicluster_provider_namespace::without_namespaces(&self.exclude);
+        for label in &self.labels {
+            let Some((key, value)) = label.split_once('=').filter(|(key, _)| !key.is_empty())
+            else {
+                return Err(format!("--namespace-label {label:?} is not KEY=VALUE").into());
+            };
+            selector.extend([kube::core::Expression::Equal(
+                key.to_string(),
+                value.to_string(),
+            )]);
+        }
+        Ok(selector)
+    }
+}
+
 /// The manager flags every example has (`#[command(flatten)]`).
 #[derive(clap::Args, Debug)]
 pub struct ManagerArgs {

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_example_configmap_sync::{
-    CopyContext, MainError, ManagerArgs, reconcile, sync_filter,
+    CopyContext, MainError, ManagerArgs, NamespaceArgs, reconcile, sync_filter,
 };
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
 use multicluster_runtime::controller::{Controller, Watch};
@@ -19,6 +19,8 @@ struct Args {
     /// Only namespaces labelled cluster.x-k8s.io/watch-filter=<value> become clusters.
     #[arg(long, env = "WATCH_FILTER")]
     watch_filter: Option<String>,
+    #[command(flatten)]
+    namespaces: NamespaceArgs,
     #[command(flatten)]
     manager: ManagerArgs,
 }
@@ -34,7 +36,9 @@ async fn run(args: Args) -> Result<(), MainError> {
     // The host cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
     let provider = Arc::new(NamespaceProvider::new(
         kube::Client::try_default().await?,
-        NamespaceOptions::default().watch_filter(args.watch_filter),
+        NamespaceOptions::default()
+            .watch_filter(args.watch_filter)
+            .namespace_selector(args.namespaces.selector()?),
     ));
     // The manager: the local cluster (the host, so both share its cache),
     // the fleet's provider, and (with --leader-elect) the Lease that

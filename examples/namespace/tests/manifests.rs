@@ -1,8 +1,10 @@
 //! `config/namespace`: the manifests render, apply to a real API server,
-//! and their ServiceAccount's cluster-wide RBAC — namespaces read,
-//! ConfigMaps worked on, nothing else — is enough for the example run with
-//! the Deployment's own flags; the two-instance overlay's instances engage
-//! disjoint sets of namespaces.
+//! and their ServiceAccount's RBAC — namespaces and ConfigMaps read
+//! cluster-wide, ConfigMaps written only where the writer role is bound,
+//! nothing in a system namespace, nothing else — is enough for the example
+//! run with the Deployment's own flags; the two-instance overlay's
+//! instances engage disjoint sets of namespaces. The system namespaces
+//! are no clusters.
 
 use std::time::Duration;
 
@@ -10,7 +12,8 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ObjectMeta, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_example_testing::manifests::{
-    apply, can_i, container, containers, render, run_as_deployed, wait_until_engaged,
+    apply, bind_in, can_i, container, containers, engaged, render, run_as_deployed,
+    wait_until_engaged,
 };
 use multicluster_example_testing::{GRACE, terminate, wait_for_copy_in};
 use multicluster_provider_namespace::WATCH_FILTER_LABEL;
@@ -47,10 +50,19 @@ async fn the_manifests_deploy_with_the_least_privilege_and_instances_stay_apart(
     let (yaml, documents) = render(&format!("{CONFIG}/base")).await;
     apply(&cp, &yaml).await;
     let base = container(&documents);
-    let (mut example, _) = run_as_deployed(BINARY, &cp, &base, dir.path()).await;
+    bind_in(&cp, "team-x", "multicluster-namespace-writer", &base).await;
+    let (mut example, address) = run_as_deployed(BINARY, &cp, &base, dir.path()).await;
     wait_for_copy_in(admin.clone(), "team-x", "settings").await;
+    let clusters = engaged(address).await;
+    assert!(clusters.contains(&"team-x".to_string()), "{clusters:?}");
+    for system in ["kube-system", "kube-public", "kube-node-lease"] {
+        assert!(!clusters.contains(&system.to_string()), "{clusters:?}");
+    }
     assert!(can_i(&cp, &base, &["list", "configmaps", "--all-namespaces"]).await);
+    assert!(can_i(&cp, &base, &["patch", "configmaps", "-n", "team-x"]).await);
     for what in [
+        &["patch", "configmaps", "-n", "team-y"][..],
+        &["update", "configmaps", "-n", "team-x"],
         &["get", "secrets", "-n", "team-x"][..],
         &["list", "secrets", "-A"],
         &["create", "namespaces"],
@@ -74,6 +86,12 @@ async fn the_manifests_deploy_with_the_least_privilege_and_instances_stay_apart(
     apply(&cp, &yaml).await;
     let pair = containers(&documents);
     assert_eq!(pair.len(), 2);
+    for (namespace, instance, role) in [
+        ("team-a", &pair[0], "multicluster-namespace-writer-a"),
+        ("team-b", &pair[1], "multicluster-namespace-writer-b"),
+    ] {
+        bind_in(&cp, namespace, role, instance).await;
+    }
     let mut running = Vec::new();
     for instance in &pair {
         running.push(run_as_deployed(BINARY, &cp, instance, dir.path()).await);

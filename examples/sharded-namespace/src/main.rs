@@ -12,7 +12,9 @@ use std::time::Duration;
 
 use clap::Parser;
 use multicluster_coordinator::sharding::{FenceHold, ShardedCoordinator, ShardingOptions};
-use multicluster_example_configmap_sync::{MainError, ManagerArgs, controller_on_replica, serve};
+use multicluster_example_configmap_sync::{
+    MainError, ManagerArgs, NamespaceArgs, controller_on_replica, serve,
+};
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
 use multicluster_runtime::Manager;
 use multicluster_runtime::metrics::Metrics;
@@ -30,6 +32,8 @@ struct Args {
     /// Only namespaces labelled cluster.x-k8s.io/watch-filter=<value> become clusters.
     #[arg(long, env = "WATCH_FILTER")]
     watch_filter: Option<String>,
+    #[command(flatten)]
+    namespaces: NamespaceArgs,
     #[command(flatten)]
     manager: ManagerArgs,
     /// How often ownership is re-examined.
@@ -73,7 +77,9 @@ async fn run(args: Args) -> Result<(), MainError> {
     // The host cluster comes from $KUBECONFIG / ~/.kube/config / in-cluster.
     let provider = Arc::new(NamespaceProvider::new(
         kube::Client::try_default().await?,
-        NamespaceOptions::default().watch_filter(args.watch_filter),
+        NamespaceOptions::default()
+            .watch_filter(args.watch_filter)
+            .namespace_selector(args.namespaces.selector()?),
     ));
     // The host is the local cluster too: the Leases live there.
     let host = provider.host().clone();

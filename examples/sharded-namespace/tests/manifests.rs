@@ -1,6 +1,7 @@
 //! `config/sharded-namespace`: the manifests render, apply to a real API
-//! server, and their RBAC — namespaces read, ConfigMaps worked on
-//! cluster-wide, Leases only in the replicas' namespace — is enough for two
+//! server, and their RBAC — namespaces and ConfigMaps read cluster-wide,
+//! ConfigMaps written only where the writer role is bound, nothing in a
+//! system namespace, Leases only in the replicas' namespace — is enough for two
 //! replicas run with the Deployment's own flags (each its own pod name) to
 //! share the fleet; the second instance, with its own namespace and watch
 //! filter, works only on its clusters and is never the first one's peer.
@@ -13,7 +14,7 @@ use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ObjectMeta, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_example_testing::manifests::{
-    Container, apply, can_i, container, render, run_as_deployed,
+    Container, apply, bind_in, can_i, container, render, run_as_deployed,
 };
 use multicluster_example_testing::{GRACE, terminate, wait_for_copy_in};
 use multicluster_provider_namespace::WATCH_FILTER_LABEL;
@@ -89,6 +90,11 @@ async fn the_manifests_deploy_with_the_least_privilege_and_instances_stay_apart(
     apply(&cp, &second_yaml).await;
     let (a, b) = (container(&base), container(&second));
     assert_ne!(a.namespace, b.namespace);
+    // Each instance writes only where its writer role is bound.
+    for team in teams.iter().chain(&["team-b"]) {
+        bind_in(&cp, team, "multicluster-sharded-writer", &a).await;
+    }
+    bind_in(&cp, "team-b", "multicluster-sharded-writer-b", &b).await;
 
     // Two replicas of the first instance, as two pods.
     let (mut first, first_address) = run_as_deployed(
@@ -156,6 +162,8 @@ async fn the_manifests_deploy_with_the_least_privilege_and_instances_stay_apart(
             &["list", "secrets", "-A"],
             &["update", "leases", "-n", "kube-system"],
             &["update", "leases", "-n", "default"],
+            &["patch", "configmaps", "-n", "default"],
+            &["update", "configmaps", "-n", "team-b"],
             &["create", "namespaces"],
             &["list", "pods", "-A"],
         ] {

@@ -192,13 +192,16 @@ fn expand(arg: &str, env: &[(String, String)]) -> String {
 
 /// Runs the example as the Deployment would, but here: as its
 /// ServiceAccount (a TokenRequest token), with its args and environment,
-/// serving health on a free local port.
+/// serving health on a free local port. First asserts that the
+/// ServiceAccount may write nothing in a system namespace
+/// ([`SYSTEM_NAMESPACES`]).
 pub async fn run_as_deployed(
     binary: &str,
     management: &ControlPlane,
     container: &Container,
     dir: &Path,
 ) -> (tokio::process::Child, std::net::SocketAddr) {
+    writes_nowhere_in_system_namespaces(management, container).await;
     let token = management
         .service_account_token(
             &container.namespace,
@@ -239,6 +242,102 @@ pub async fn run_as_deployed(
         .spawn()
         .expect("example");
     (child, address)
+}
+
+/// The namespaces Kubernetes keeps for itself, where no example may write.
+pub const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
+
+/// Verbs that change something.
+const WRITES: [&str; 9] = [
+    "create",
+    "update",
+    "patch",
+    "delete",
+    "deletecollection",
+    "escalate",
+    "bind",
+    "impersonate",
+    "*",
+];
+
+/// Asserts that the ServiceAccount may write nothing in any of
+/// [`SYSTEM_NAMESPACES`], by every rule `kubectl auth can-i --list` finds
+/// for it there (cluster-wide grants included), but the reviews every
+/// authenticated user may create.
+pub async fn writes_nowhere_in_system_namespaces(management: &ControlPlane, container: &Container) {
+    for namespace in SYSTEM_NAMESPACES {
+        let answer = Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(management.kubeconfig_path())
+            .args(["auth", "can-i", "--list", "--no-headers", "-n", namespace])
+            .arg(format!(
+                "--as=system:serviceaccount:{}:{}",
+                container.namespace, container.service_account
+            ))
+            .output()
+            .await
+            .expect("kubectl");
+        assert!(
+            answer.status.success(),
+            "kubectl auth can-i --list: {answer:?}"
+        );
+        let rules = String::from_utf8_lossy(&answer.stdout);
+        let writes: Vec<&str> = rules
+            .lines()
+            .filter(|rule| {
+                let resource = rule.split_whitespace().next().unwrap_or_default();
+                let reviews = resource.starts_with("selfsubject")
+                    && (resource.ends_with(".authorization.k8s.io")
+                        || resource.ends_with(".authentication.k8s.io"));
+                let verbs = rule
+                    .rsplit_once('[')
+                    .map(|(_, verbs)| verbs.trim_end_matches(']'))
+                    .unwrap_or_default();
+                !reviews && verbs.split_whitespace().any(|verb| WRITES.contains(&verb))
+            })
+            .collect();
+        assert!(
+            writes.is_empty(),
+            "{} may write in {namespace}:\n{}",
+            container.service_account,
+            writes.join("\n")
+        );
+    }
+}
+
+/// Binds the ClusterRole `cluster_role` to the container's
+/// ServiceAccount in `namespace` (a RoleBinding named after the role), as
+/// an operator does when a namespace joins a fleet whose writes are
+/// granted per namespace.
+pub async fn bind_in(
+    management: &ControlPlane,
+    namespace: &str,
+    cluster_role: &str,
+    container: &Container,
+) {
+    use k8s_openapi::api::rbac::v1::{RoleBinding, RoleRef, Subject};
+    let binding = RoleBinding {
+        metadata: kube::api::ObjectMeta {
+            name: Some(cluster_role.to_string()),
+            namespace: Some(namespace.to_string()),
+            ..Default::default()
+        },
+        role_ref: RoleRef {
+            api_group: "rbac.authorization.k8s.io".into(),
+            kind: "ClusterRole".into(),
+            name: cluster_role.into(),
+        },
+        subjects: Some(vec![Subject {
+            kind: "ServiceAccount".into(),
+            name: container.service_account.clone(),
+            namespace: Some(container.namespace.clone()),
+            ..Default::default()
+        }]),
+    };
+    kube::Api::<RoleBinding>::namespaced(management.client().await.expect("client"), namespace)
+        .create(&kube::api::PostParams::default(), &binding)
+        .await
+        .expect("role binding");
 }
 
 /// What `kubectl auth can-i` says for the ServiceAccount.

@@ -13,7 +13,11 @@
 //!
 //! With a watch filter only namespaces labelled
 //! `cluster.x-k8s.io/watch-filter=<value>` become clusters, so several
-//! instances can split one host between them.
+//! instances can split one host between them; a namespace selector
+//! ([`NamespaceOptions::namespace_selector`]) narrows them further, and
+//! [`without_system_namespaces`] keeps out the namespaces Kubernetes
+//! keeps for itself (the examples' default), so a controller over the
+//! fleet needs no right to write in them.
 
 mod client;
 mod rewrite;
@@ -22,6 +26,7 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
+use kube::core::{Expression, Selector, SelectorExt};
 use multicluster_runtime::cache::{Cache, CacheEvent, CacheOptions};
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::provider::watch_filter::WatchFilter;
@@ -35,6 +40,28 @@ pub const VIRTUAL_NAMESPACE: &str = multicluster_runtime::cache::Cache::VIRTUAL_
 /// The label key of the watch-filter convention (`cluster.x-k8s.io/watch-filter`).
 pub const WATCH_FILTER_LABEL: &str = WatchFilter::LABEL;
 
+/// The namespaces Kubernetes keeps for itself.
+pub const SYSTEM_NAMESPACES: [&str; 3] = ["kube-system", "kube-public", "kube-node-lease"];
+
+/// The label the API server sets on every namespace to its name.
+pub const NAMESPACE_NAME_LABEL: &str = "kubernetes.io/metadata.name";
+
+/// A namespace selector keeping out `names` (by the label the API server
+/// sets to every namespace's name, which nobody can change).
+pub fn without_namespaces<S: Into<String>>(names: impl IntoIterator<Item = S>) -> Selector {
+    let mut selector = Selector::default();
+    let names: std::collections::BTreeSet<String> = names.into_iter().map(Into::into).collect();
+    if !names.is_empty() {
+        selector.extend([Expression::NotIn(NAMESPACE_NAME_LABEL.to_string(), names)]);
+    }
+    selector
+}
+
+/// A namespace selector keeping out [`SYSTEM_NAMESPACES`].
+pub fn without_system_namespaces() -> Selector {
+    without_namespaces(SYSTEM_NAMESPACES)
+}
+
 /// Options of the namespace provider.
 #[derive(Clone, Debug, Default)]
 #[non_exhaustive]
@@ -42,6 +69,11 @@ pub struct NamespaceOptions {
     /// Only namespaces whose `cluster.x-k8s.io/watch-filter` label has this
     /// value become clusters; `None` takes every namespace.
     pub watch_filter: Option<String>,
+    /// Only namespaces whose labels match become clusters (besides the
+    /// watch filter); `None` takes every namespace. A namespace relabelled
+    /// out of it leaves the fleet. [`without_system_namespaces`] is the
+    /// examples' default.
+    pub namespace_selector: Option<Selector>,
     /// How the host cache watches (selectors, page size, streaming lists,
     /// per type too; `managedFields` stripping; watch backoff). One host
     /// watch per type serves every virtual cluster, so these are the member
@@ -52,6 +84,7 @@ pub struct NamespaceOptions {
 
 multicluster_runtime::option_setters!(NamespaceOptions {
     watch_filter: impl Into<Option<String>>,
+    namespace_selector: impl Into<Option<Selector>>,
     cache: CacheOptions,
 });
 
@@ -98,8 +131,13 @@ impl NamespaceProvider {
         if namespace.metadata.deletion_timestamp.is_some() {
             return false;
         }
-        WatchFilter::new(self.options.watch_filter.as_deref())
-            .passes(namespace.metadata.labels.as_ref())
+        let labels = namespace.metadata.labels.clone().unwrap_or_default();
+        WatchFilter::new(self.options.watch_filter.as_deref()).passes(Some(&labels))
+            && self
+                .options
+                .namespace_selector
+                .as_ref()
+                .is_none_or(|selector| selector.matches(&labels))
     }
 
     fn virtual_cluster(&self, namespace: &str) -> Cluster {

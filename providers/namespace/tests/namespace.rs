@@ -12,7 +12,10 @@ use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use kube::runtime::{WatchStreamExt, watcher};
 use multicluster_envtest::ControlPlane;
-use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider, WATCH_FILTER_LABEL};
+use multicluster_provider_namespace::{
+    NamespaceOptions, NamespaceProvider, SYSTEM_NAMESPACES, WATCH_FILTER_LABEL,
+    without_system_namespaces,
+};
 use multicluster_runtime::cache::{CacheOptions, FieldIndex};
 use multicluster_runtime::controller::{Action, Controller, Request, Watch};
 use multicluster_runtime::testing::wait_for_fleet;
@@ -403,6 +406,73 @@ async fn a_watch_filter_splits_namespaces_between_instances() {
     everything_shutdown.cancel();
     everything_task.await.expect("task").expect("clean stop");
 
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// A namespace selector narrows the fleet: without the system namespaces
+/// (kube-system, kube-public, kube-node-lease), and with a label of one's
+/// own; a namespace relabelled out of it leaves, one relabelled into it
+/// joins.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_namespace_selector_keeps_out_the_system_namespaces_and_others() {
+    let cp = ControlPlane::start().await.expect("control plane");
+    let admin = cp.client().await.expect("client");
+    create_namespace(&admin, "team-a", &[("fleet", "yes")]).await;
+    create_namespace(&admin, "team-b", &[]).await;
+
+    let host = Cluster::new("host", admin.clone());
+    let mut selector = without_system_namespaces();
+    let provider = Arc::new(NamespaceProvider::new(
+        host.client(),
+        NamespaceOptions::default().namespace_selector(selector.clone()),
+    ));
+    let manager = Manager::builder(host).provider(provider.clone()).build();
+    let (shutdown, task) = run_manager(&manager);
+    wait_for_fleet(&manager, "every namespace but the system ones", || {
+        provider.names()
+            == ["default", "team-a", "team-b"]
+                .map(ClusterName::from)
+                .to_vec()
+    })
+    .await;
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+    for system in SYSTEM_NAMESPACES {
+        assert!(!provider.names().contains(&ClusterName::from(system)));
+    }
+
+    selector.extend([kube::core::Expression::Equal("fleet".into(), "yes".into())]);
+    let host = Cluster::new("host", admin.clone());
+    let labelled = Arc::new(NamespaceProvider::new(
+        host.client(),
+        NamespaceOptions::default().namespace_selector(selector),
+    ));
+    let manager = Manager::builder(host).provider(labelled.clone()).build();
+    let (shutdown, task) = run_manager(&manager);
+    wait_for_fleet(&manager, "the labelled namespace", || {
+        labelled.names() == [ClusterName::from("team-a")]
+    })
+    .await;
+    let relabel = |name: &'static str, value: Option<&'static str>| {
+        let admin = admin.clone();
+        async move {
+            Api::<Namespace>::all(admin)
+                .patch(
+                    name,
+                    &PatchParams::default(),
+                    &Patch::Merge(serde_json::json!({"metadata": {"labels": {"fleet": value}}})),
+                )
+                .await
+                .expect("label");
+        }
+    };
+    relabel("team-a", None).await;
+    relabel("team-b", Some("yes")).await;
+    wait_for_fleet(&manager, "team-a to leave and team-b to join", || {
+        labelled.names() == [ClusterName::from("team-b")]
+    })
+    .await;
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
 }
