@@ -102,6 +102,49 @@ pub async fn wait_until_stopped(pid: u32, what: &str) {
     }
 }
 
+/// The processes (not zombies) of process group `group`. Linux only:
+/// reads `/proc`.
+pub fn group_members(group: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(Result::ok)
+        .filter_map(|entry| entry.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .ok()
+                .and_then(|stat| {
+                    // After the command name: state, ppid, pgrp.
+                    let mut fields = stat.rsplit(')').next()?.split_whitespace();
+                    let state = fields.next()?;
+                    let _ppid = fields.next()?;
+                    let pgrp: u32 = fields.next()?.parse().ok()?;
+                    Some(state != "Z" && pgrp == group)
+                })
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// Waits until no process of group `group` runs (a plugin run by us
+/// leads its own group); panics after `within`, naming `what` and the
+/// processes left.
+pub async fn wait_until_group_stopped(group: u32, within: std::time::Duration, what: &str) {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        let left = group_members(group);
+        if left.is_empty() {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what}: processes {left:?} of group {group} still run after {within:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Whether the process `pid` is running (it exists and is not a zombie
 /// waiting to be reaped). Linux only: reads `/proc`.
 pub fn is_running(pid: u32) -> bool {

@@ -136,8 +136,13 @@ where
     }
 
     /// Takes everything of the propagation off `name`: its label, the
-    /// owner and revision annotations, and its field manager's entry, so
-    /// no later apply (of this propagation or another) finds it claimed.
+    /// owner, revision and deletion-policy annotations, and its field
+    /// manager's entry, so no later apply (of this propagation or another)
+    /// finds it claimed. This is a change of every orphaned object at once,
+    /// and the apps API moves a Deployment's (StatefulSet's, DaemonSet's)
+    /// `metadata.generation` when its annotations change: a watcher sees
+    /// a new generation, though no pod template changed and no pod is
+    /// replaced.
     /// Written with the `resourceVersion` read, so a stale list of
     /// managers is never written back.
     async fn orphan(&self, api: &Api<DynamicObject>, name: &str) -> Result<(), ReconcileError> {
@@ -164,6 +169,7 @@ where
             .into_keys()
             .chain([Request::OWNER_CLUSTER_ANNOTATION.to_string()])
             .chain([REVISION_ANNOTATION.to_string()])
+            .chain([DELETION_POLICY_ANNOTATION.to_string()])
         {
             annotations.insert(key, Value::Null);
         }

@@ -1110,23 +1110,15 @@ async fn a_member_is_in_sync_only_once_what_it_got_is_available() {
 fn claimed_by(quota: &ResourceQuota, name: &str) -> Vec<String> {
     let mut left = Vec::new();
     let meta = &quota.metadata;
-    if meta
-        .labels
-        .as_ref()
-        .is_some_and(|labels| labels.contains_key(PROPAGATION_LABEL))
-    {
-        left.push("label".to_string());
-    }
-    for annotation in [
-        multicluster_runtime::controller::Request::OWNER_ANNOTATION,
-        multicluster_propagation::REVISION_ANNOTATION,
-    ] {
-        if meta
-            .annotations
-            .as_ref()
-            .is_some_and(|annotations| annotations.contains_key(annotation))
+    // Every label and annotation of ours is in our domain.
+    let ours = |key: &String| key.contains("mcr.sigs.k8s.io/");
+    for (what, keys) in [("label", &meta.labels), ("annotation", &meta.annotations)] {
+        for key in keys
+            .iter()
+            .flat_map(|keys| keys.keys())
+            .filter(|key| ours(key))
         {
-            left.push(annotation.to_string());
+            left.push(format!("{what} {key}"));
         }
     }
     if meta

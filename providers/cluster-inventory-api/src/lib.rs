@@ -588,6 +588,19 @@ impl RunnableProvider for ClusterProfileProvider {
                 version.resource(KIND),
                 Watch::new(),
                 move |context, profile| {
+                    let namespace = profile.metadata.namespace.as_deref().unwrap_or_default();
+                    let name = profile.metadata.name.as_deref().unwrap_or_default();
+                    // Gone while its client is built (a plugin waiting for
+                    // a login): the build stops now, the reconcile removes it.
+                    let gone = mapper
+                        .profiles()
+                        .get(Some(namespace), name)
+                        .is_none_or(|now| now.metadata.deletion_timestamp.is_some());
+                    if gone {
+                        mapper
+                            .fleet
+                            .abandon(&ClusterName::from(format!("{namespace}/{name}")));
+                    }
                     let input = mapper
                         .providers
                         .as_ref()

@@ -456,7 +456,8 @@ async fn a_slow_plugin_holds_up_only_its_own_profile() {
 
 /// A plugin that never answers (a login nobody completes) holds up only its
 /// own profile: a profile created after it is engaged, one deleted is
-/// removed, the plugin runs once, and stopping the provider stops it.
+/// removed, the plugin runs once, and stopping the provider stops it; a
+/// hung plugin whose own profile is deleted stops at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_hung_plugin_holds_up_only_its_own_profile_and_stops_with_the_provider() {
     let (hub_cp, member) = tokio::join!(ControlPlane::start(), workload("in-member"));
@@ -499,6 +500,25 @@ async fn a_hung_plugin_holds_up_only_its_own_profile_and_stops_with_the_provider
     assert_eq!(provider.names(), [ClusterName::from("inventory/after")]);
     assert!(plugins::is_running(plugin), "still waiting for its login");
     assert_eq!(plugins::pids(stuck_state.path()), [plugin], "run once");
+
+    // Another hung one whose profile is deleted: its plugin's process
+    // group stops at once, not at the plugin's deadline.
+    let doomed_state = state_with_token(&member, "doomed").await;
+    plugins::hold(doomed_state.path()).expect("hold");
+    create_profile(&hub, "doomed").await;
+    set_status(&hub, "doomed", ready_with(doomed_state.path())).await;
+    let doomed = plugins::first_call_running(doomed_state.path()).await;
+    profiles(&hub)
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .expect("delete");
+    plugins::wait_until_group_stopped(
+        doomed,
+        Duration::from_secs(5),
+        "the deleted profile's plugin",
+    )
+    .await;
+    assert!(plugins::is_running(plugin), "the other still waits");
 
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");

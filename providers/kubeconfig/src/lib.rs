@@ -266,8 +266,28 @@ impl RunnableProvider for KubeconfigProvider {
     async fn start(&self, context: ProviderContext) -> Result<InventoryEngaged, Error> {
         let shared = &self.shared;
         shared.fleet.start(&context)?;
+        let watcher = shared.clone();
         let builder = Controller::builder(format!("{}-provider", self.shared.options.name))
             .for_resource(Watch::<Secret>::new())
+            // A Secret gone (or being deleted) while its client is built
+            // (a plugin waiting for a login): the build stops now, not when
+            // the plugin's deadline comes; the reconcile then removes it.
+            .watches(Watch::<Secret>::new(), move |_, secret| {
+                let request = Request::new(
+                    "",
+                    secret.metadata.namespace.as_deref(),
+                    secret.metadata.name.as_deref().unwrap_or_default(),
+                );
+                let gone = watcher
+                    .secret(&request)
+                    .is_none_or(|secret| secret.metadata.deletion_timestamp.is_some());
+                if gone {
+                    watcher.fleet.abandon(
+                        &watcher.cluster_name(request.namespace.as_deref(), &request.name),
+                    );
+                }
+                Vec::new()
+            })
             .max_concurrent_reconciles(shared.options.max_concurrent_builds)
             .backoff(shared.options.retry);
         let reconciler = shared.clone();

@@ -680,7 +680,8 @@ fn start_provider(
 
 /// A Secret whose credential plugin never answers (it waits for a login,
 /// say) holds up only itself: Secrets created after it are engaged, one
-/// deleted is removed, and stopping the provider stops the plugin.
+/// deleted is removed; deleting its own Secret stops the plugin and its
+/// process group at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secret_whose_plugin_hangs_holds_up_only_itself() {
     let (management, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
@@ -760,9 +761,30 @@ async fn a_secret_whose_plugin_hangs_holds_up_only_itself() {
     );
     assert_eq!(plugins::pids(state.path()), [plugin], "run once");
 
+    // Its Secret deleted: the plugin, and what it started, stop at once
+    // (they ran until the plugin's deadline, 60 s); nothing is engaged.
+    assert!(
+        !plugins::group_members(plugin).is_empty(),
+        "it leads its group"
+    );
+    secrets
+        .delete("stuck", &DeleteParams::default())
+        .await
+        .expect("delete");
+    plugins::wait_until_group_stopped(
+        plugin,
+        Duration::from_secs(5),
+        "the deleted Secret's plugin",
+    )
+    .await;
+    wait_for_fleet(&manager, "the stuck cluster to go from the list", || {
+        manager.cluster_state(&ClusterName::from("stuck")).is_none()
+    })
+    .await;
+    assert_eq!(provider.names(), [ClusterName::from("after")]);
+
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");
-    plugins::wait_until_stopped(plugin, "the plugin").await;
 }
 
 /// The plugin runs once per client build: engaging the cluster, probing it

@@ -30,6 +30,7 @@ use crate::provider::failures::Failures;
 #[cfg(feature = "kubeconfig")]
 use crate::provider::kubeconfig::KubeconfigCluster;
 use multicluster_core::ClusterName;
+use tokio_util::sync::CancellationToken;
 
 /// What a discovering provider keeps: the clusters it engaged, why others
 /// could not be, and how it builds clients.
@@ -37,6 +38,31 @@ use multicluster_core::ClusterName;
 pub struct Discovered {
     clusters: Clusters,
     failures: Failures,
+    /// The client builds under way, by cluster name, each with what stops
+    /// it ([`Discovered::abandon`]).
+    building: std::sync::Mutex<std::collections::HashMap<ClusterName, (u64, CancellationToken)>>,
+}
+
+/// A build's entry in [`Discovered::building`], taken out when it ends.
+#[cfg(feature = "kubeconfig")]
+struct Build<'a> {
+    discovered: &'a Discovered,
+    name: ClusterName,
+    id: u64,
+    stop: CancellationToken,
+}
+
+#[cfg(feature = "kubeconfig")]
+impl Drop for Build<'_> {
+    fn drop(&mut self) {
+        let mut building = multicluster_core::lock(&self.discovered.building);
+        if building
+            .get(&self.name)
+            .is_some_and(|(id, _)| *id == self.id)
+        {
+            building.remove(&self.name);
+        }
+    }
 }
 
 impl Discovered {
@@ -62,6 +88,33 @@ impl Discovered {
         Self {
             clusters: Clusters::new(),
             failures: Failures::new(provider, metrics),
+            building: std::sync::Mutex::default(),
+        }
+    }
+
+    /// Stops the client build under way for `name`, if any, at once: its
+    /// credential plugin (and whatever it started) is stopped, and nothing
+    /// is engaged. For a provider to call when it sees the inventory object
+    /// gone while the object's reconcile still waits on its build (the
+    /// reconcile that removes it comes only after), from the watch of those
+    /// objects.
+    pub fn abandon(&self, name: &ClusterName) {
+        if let Some((_, stop)) = multicluster_core::lock(&self.building).get(name) {
+            stop.cancel();
+        }
+    }
+
+    #[cfg(feature = "kubeconfig")]
+    fn build_started(&self, name: &ClusterName) -> Build<'_> {
+        static IDS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let id = IDS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let stop = CancellationToken::new();
+        multicluster_core::lock(&self.building).insert(name.clone(), (id, stop.clone()));
+        Build {
+            discovered: self,
+            name: name.clone(),
+            id,
+            stop,
         }
     }
 
@@ -120,7 +173,17 @@ impl Discovered {
                 format!("building its client from {}", wanted.source),
             )
         });
-        let built = match wanted.build().await {
+        let build = self.build_started(&wanted.name);
+        let built = tokio::select! {
+            built = wanted.build() => built,
+            () = build.stop.cancelled() => {
+                // Dropping the build stops its plugin's process group.
+                tracing::info!(cluster = %wanted.name, "its inventory object is gone: the build of its client stopped");
+                return Ok(Action::await_change());
+            }
+        };
+        drop(build);
+        let built = match built {
             Ok(built) => built,
             Err(err) if self.failures.record_build_error(&wanted.name, &err) => return Err(err),
             Err(_) => return Ok(Action::await_change()),
