@@ -80,10 +80,12 @@ async fn endpoints_report_health_readiness_metrics_and_clusters() {
     recorder.wait_for_more(&req("member", "seen"), 0).await;
 
     assert!(get(address, "/healthz").await.0.contains("200"));
-    // Ready once the local cluster's caches have synced (a reconcile there
-    // may come a moment before its state says so).
-    wait_for_fleet(&manager, "the local cluster synced", || {
+    // Ready once the clusters' caches have synced (a reconcile in one may
+    // come a moment before its state says so: /clusters read right after
+    // the member's first reconcile said "syncing" once under load).
+    wait_for_fleet(&manager, "the local cluster and the member synced", || {
         manager.cluster_state(&ClusterName::local()) == Some(ClusterState::Ready)
+            && manager.cluster_state(&ClusterName::from("member")) == Some(ClusterState::Ready)
     })
     .await;
     assert!(get(address, "/readyz").await.0.contains("200"));
