@@ -240,7 +240,8 @@ async fn condition_message(hub: &ControlPlane, name: &str) -> String {
 }
 
 /// Two at a time, never more, through a first rollout, an update, a pause,
-/// a member that fails (the rollout halts, and goes on once it recovers),
+/// a member that fails (the rollout halts; a new revision goes to the
+/// failed member first; it goes on once the member recovers),
 /// a controller killed mid-rollout and started again, and two controllers
 /// at once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -307,7 +308,36 @@ async fn a_rolling_rollout_never_has_more_than_two_members_changing() {
         BTreeSet::from(["m0".to_string(), "m1".to_string()]),
         "a member was given the change past the halt"
     );
-    // m1 recovers (its controller succeeds after all): the rollout goes on.
+    // A new revision while halted, once m0 is done with v4 (its slot
+    // freed): the failed member still holds its slot, so it is given the
+    // revision first (the README's order); no other member is, while it
+    // fails.
+    eventually(
+        Polled::ApiServer,
+        "m0 done, m1 alone holding a slot",
+        || async {
+            let message = condition_message(&hub, "web").await;
+            message.contains("1 updated, 1 updating") && message.contains("halted")
+        },
+    )
+    .await;
+    hub_object(&hub, "web", "web", "v4b").await;
+    eventually(Polled::ApiServer, "the failed member given v4b", || async {
+        given(&played, &image("v4b")) == BTreeSet::from(["m1".to_string()])
+    })
+    .await;
+    eventually(Polled::ApiServer, "the halt to stand for v4b", || async {
+        let message = condition_message(&hub, "web").await;
+        message.contains("halted") && message.contains("m1: Deployment m1/web")
+    })
+    .await;
+    assert_eq!(
+        given(&played, &image("v4b")),
+        BTreeSet::from(["m1".to_string()]),
+        "a member was given v4b past the halt"
+    );
+    // m1 recovers (its controller succeeds after all): the rollout goes on,
+    // the others in the order of their names.
     played.fail_in("m1", false);
     played
         .roll_out_now(
@@ -317,7 +347,7 @@ async fn a_rolling_rollout_never_has_more_than_two_members_changing() {
             "web",
         )
         .await;
-    rolled_out(&hub, &member, "v4").await;
+    rolled_out(&hub, &member, "v4b").await;
     let most = played.most_changing();
     assert!(most <= 2, "{most} members changing at once");
 
