@@ -288,11 +288,22 @@ async fn an_unreachable_member_is_named_with_its_address_and_the_cause() {
     task.await.expect("task").expect("clean stop");
 }
 
-/// A member whose API server stops for good is tried again less and less
-/// often, up to a cap (counted at its front door over a minute, default
-/// options), and `/clusters`' next attempt is when the next one comes.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_dead_member_is_retried_less_and_less_and_its_next_attempt_is_told() {
+/// A member behind a counting front door (its connections, when they
+/// came), built with `member_options`, in a manager with
+/// `manager_options` whose reconciles never call it, once it is ready.
+struct Behind {
+    member: ControlPlane,
+    _hub: ControlPlane,
+    front: common::relay::Relay,
+    manager: Manager,
+    shutdown: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<Result<(), multicluster_runtime::Error>>,
+}
+
+async fn behind_a_front_door(
+    member_options: multicluster_runtime::provider::member::MemberOptions,
+    manager_options: ManagerOptions,
+) -> Behind {
     let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
     let (hub, member) = (hub.expect("hub"), member.expect("member"));
     let mut kubeconfig = member.kubeconfig().clone();
@@ -309,10 +320,22 @@ async fn a_dead_member_is_retried_less_and_less_and_its_next_attempt_is_told() {
     if let Some(cluster) = kubeconfig.clusters[0].cluster.as_mut() {
         cluster.server = Some(format!("https://127.0.0.1:{}", front.port));
     }
-    let cluster = from_kubeconfig("member", &kubeconfig, Default::default()).await;
+    let cluster = multicluster_runtime::provider::kubeconfig::KubeconfigCluster {
+        inventory: Default::default(),
+        policy: Default::default(),
+        name: "member".into(),
+        text: multicluster_envtest::to_yaml(&kubeconfig).expect("yaml"),
+        source: "test kubeconfig".into(),
+        stable_id: None,
+        member: member_options,
+    }
+    .build()
+    .await
+    .expect("cluster");
     let provider = TestProvider::default();
     provider.clusters.add("member", cluster).expect("add");
     let manager = Manager::builder(cluster_for("local", &hub).await)
+        .options(manager_options)
         .provider(Arc::new(provider))
         .build();
     let recorder = Recorder::default();
@@ -326,7 +349,55 @@ async fn a_dead_member_is_retried_less_and_less_and_its_next_attempt_is_told() {
         state_of(&manager, "member") == Some(ClusterState::Ready)
     })
     .await;
+    Behind {
+        member,
+        _hub: hub,
+        front,
+        manager,
+        shutdown,
+        task,
+    }
+}
 
+/// Waits for the next connection after `asked` and asserts it came when
+/// `/clusters` said it would (`next`), within a second or so.
+async fn next_attempt_is_true(
+    front: &common::relay::Relay,
+    asked: Instant,
+    next: std::time::SystemTime,
+    within: Duration,
+) -> f64 {
+    front
+        .connected
+        .wait_until_within(within, "the next attempt", || {
+            !front.connections_since(asked).is_empty()
+        })
+        .await;
+    let came = front.connections_since(asked)[0].1;
+    let off = match came.duration_since(next) {
+        Ok(late) => late.as_secs_f64(),
+        Err(early) => -early.duration().as_secs_f64(),
+    };
+    assert!(
+        (-0.5..=1.5).contains(&off),
+        "the next attempt came {off:.2} s after the one told"
+    );
+    off
+}
+
+/// A member whose API server stops for good is tried again less and less
+/// often, up to a cap (counted at its front door over a minute, default
+/// options), and `/clusters`' next attempt is when the next one comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_member_is_retried_less_and_less_and_its_next_attempt_is_told() {
+    let Behind {
+        member,
+        _hub,
+        front,
+        manager,
+        shutdown,
+        task,
+    } = behind_a_front_door(Default::default(), ManagerOptions::default()).await;
     member.stop_api_server();
     wait_for_fleet(&manager, "the member unreachable", || {
         matches!(
@@ -345,21 +416,7 @@ async fn a_dead_member_is_retried_less_and_less_and_its_next_attempt_is_told() {
     let next = status_of(&manager, "member")
         .next_attempt
         .expect("a next attempt is told");
-    front
-        .connected
-        .wait_until_within(Duration::from_secs(90), "the next attempt", || {
-            !front.connections_since(asked).is_empty()
-        })
-        .await;
-    let came = front.connections_since(asked)[0].1;
-    let off = match came.duration_since(next) {
-        Ok(late) => late.as_secs_f64(),
-        Err(early) => -early.duration().as_secs_f64(),
-    };
-    assert!(
-        (-0.5..=1.5).contains(&off),
-        "the next attempt came {off:.2} s after the one told"
-    );
+    let off = next_attempt_is_true(&front, asked, next, Duration::from_secs(90)).await;
 
     // Less and less often: fewer attempts in the second half-minute than
     // in the first, and in the second no more than a cap of 8 s (16 s with
@@ -374,6 +431,79 @@ async fn a_dead_member_is_retried_less_and_less_and_its_next_attempt_is_told() {
     assert!(
         second < first && second <= 8,
         "{first} attempts in the first half-minute, {second} in the second"
+    );
+    shutdown.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// A member down for longer than its long-outage threshold (set to 5 s
+/// here; 10 minutes by default, whose schedule the retry module's unit
+/// test shows on a paused clock) is tried ever more rarely: its watch and
+/// the manager's probes grow past their short-outage caps (2 s and 4 s
+/// here) up to 30 s, so fewer attempts reach its front door from 25 s to
+/// 45 s into the outage than in its first 10 s, and `/clusters`' next
+/// attempt is still when the next one comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_dead_for_long_is_tried_ever_more_rarely() {
+    use multicluster_runtime::cache::{CacheOptions, LongOutage, WatchBackoff};
+    let long = LongOutage::default()
+        .after(Duration::from_secs(5))
+        .max(Duration::from_secs(30));
+    let member_options = multicluster_runtime::provider::member::MemberOptions::default().cache(
+        CacheOptions::default().backoff(
+            WatchBackoff::default()
+                .max(Duration::from_secs(2))
+                .long_outage(long),
+        ),
+    );
+    let manager_options = ManagerOptions::default()
+        .max_retry_delay(Duration::from_secs(4))
+        .long_outage(long);
+    let Behind {
+        member,
+        _hub,
+        front,
+        manager,
+        shutdown,
+        task,
+    } = behind_a_front_door(member_options, manager_options).await;
+
+    member.stop_api_server();
+    wait_for_fleet(&manager, "the member unreachable", || {
+        matches!(
+            state_of(&manager, "member"),
+            Some(ClusterState::Unreachable(_))
+        )
+    })
+    .await;
+    let down = Instant::now();
+    // Scenario clock: how long the outage has lasted.
+    tokio::time::sleep_until((down + Duration::from_secs(25)).into()).await;
+    let asked = Instant::now();
+    let next = status_of(&manager, "member")
+        .next_attempt
+        .expect("a next attempt is told");
+    let off = next_attempt_is_true(&front, asked, next, Duration::from_secs(70)).await;
+    let window_end = (down + Duration::from_secs(45)).max(Instant::now());
+    tokio::time::sleep_until(window_end.into()).await;
+    let attempts = front.connections_since(down);
+    let early = attempts
+        .iter()
+        .filter(|(at, _)| *at < down + Duration::from_secs(10))
+        .count();
+    let late = attempts
+        .iter()
+        .filter(|(at, _)| {
+            *at >= down + Duration::from_secs(25) && *at < down + Duration::from_secs(45)
+        })
+        .count();
+    eprintln!(
+        "attempts: {early} in the first 10 s, {late} from 25 s to 45 s; next told {off:+.2} s"
+    );
+    // Short caps would make at least one attempt every 4 s (10 in 20 s).
+    assert!(
+        late < early && late <= 6,
+        "{early} attempts in the first 10 s, {late} from 25 s to 45 s"
     );
     shutdown.cancel();
     task.await.expect("task").expect("clean stop");

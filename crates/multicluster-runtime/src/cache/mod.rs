@@ -34,7 +34,7 @@ pub use index::FieldIndex;
 pub use informer::{CacheEvent, Informer, Subscription};
 use initial_list::InitialList;
 use options::resource_id;
-pub use options::{CacheOptions, MEMBER_UNREACHABLE_MAX, WatchBackoff};
+pub use options::{CacheOptions, LongOutage, MEMBER_UNREACHABLE_MAX, WatchBackoff};
 pub(crate) use scope::WatchScope;
 
 use crate::error::Error;

@@ -141,6 +141,9 @@ pub struct WatchBackoff {
     pub refused_initial: Duration,
     /// The longest delay after refusals, before the random part.
     pub refused_max: Duration,
+    /// How a server unreachable for long is tried less often (default:
+    /// after 10 minutes, up to every 5, before the random part).
+    pub long_outage: LongOutage,
 }
 
 multicluster_core::option_setters!(WatchBackoff {
@@ -148,7 +151,56 @@ multicluster_core::option_setters!(WatchBackoff {
     max: Duration,
     refused_initial: Duration,
     refused_max: Duration,
+    long_outage: LongOutage,
 });
+
+/// A server unreachable for long is tried less often: once it has been
+/// unreachable for `after` (default 10 min), the delays between attempts
+/// grow on from the short-outage cap, doubling, up to `max` (default 5
+/// min). A member gone for good then costs a request every few minutes
+/// per watch, not six a minute; one back after a short outage is still
+/// seen within seconds, and one back after a long one at its next
+/// attempt, which `/clusters` shows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub struct LongOutage {
+    /// How long a server must have been unreachable.
+    pub after: Duration,
+    /// The longest delay then.
+    pub max: Duration,
+}
+
+multicluster_core::option_setters!(LongOutage {
+    after: Duration,
+    max: Duration,
+});
+
+impl Default for LongOutage {
+    fn default() -> Self {
+        Self {
+            after: Duration::from_secs(600),
+            max: Duration::from_secs(300),
+        }
+    }
+}
+
+impl LongOutage {
+    /// Whether a server unreachable for `unreachable_for` is in a long
+    /// outage.
+    pub fn reached(&self, unreachable_for: Duration) -> bool {
+        unreachable_for >= self.after
+    }
+
+    /// The longest delay for a server unreachable for `unreachable_for`,
+    /// whose short-outage cap is `short`.
+    pub fn cap(&self, unreachable_for: Duration, short: Duration) -> Duration {
+        if self.reached(unreachable_for) {
+            self.max.max(short)
+        } else {
+            short
+        }
+    }
+}
 
 /// The longest delay before a member's watch tries an unreachable server
 /// again, before the random part (see [`WatchBackoff`]).
@@ -161,6 +213,7 @@ impl Default for WatchBackoff {
             max: Duration::from_secs(1),
             refused_initial: Duration::from_secs(1),
             refused_max: Duration::from_secs(30),
+            long_outage: LongOutage::default(),
         }
     }
 }

@@ -169,9 +169,12 @@ impl RetryState {
 pub(crate) struct WatchRetry {
     state: RetryState,
     settings: WatchBackoff,
-    /// The kind of failure the current delays belong to, and their
-    /// sequence.
-    current: Option<(Kind, backon::ExponentialBackoff)>,
+    /// The kind of failure the current delays belong to, whether they are
+    /// a long outage's, and their sequence.
+    current: Option<(Kind, bool, backon::ExponentialBackoff)>,
+    /// Since when the server has been unreachable, without a delivery or
+    /// another kind of failure between.
+    unreachable_since: Option<tokio::time::Instant>,
 }
 
 impl WatchRetry {
@@ -180,16 +183,24 @@ impl WatchRetry {
             state,
             settings,
             current: None,
+            unreachable_since: None,
         }
     }
 
     /// Delays for `kind`, doubling from its first to its longest, each
     /// stretched by up to as much again at random so that many clusters
-    /// that failed at once do not retry in step.
-    fn delays(&self, kind: Kind) -> backon::ExponentialBackoff {
+    /// that failed at once do not retry in step. In a `long` outage they
+    /// go on from the short-outage cap to the long outage's.
+    fn delays(&self, kind: Kind, long: bool) -> backon::ExponentialBackoff {
         use backon::BackoffBuilder;
         let settings = &self.settings;
         let (initial, max) = match kind {
+            Kind::Unreachable if long => (
+                settings.max,
+                settings
+                    .long_outage
+                    .cap(settings.long_outage.after, settings.max),
+            ),
             Kind::Unreachable => (settings.initial, settings.max),
             Kind::Refused => (settings.refused_initial, settings.refused_max),
         };
@@ -208,18 +219,30 @@ impl Iterator for WatchRetry {
 
     fn next(&mut self) -> Option<Duration> {
         let kind = lock(&self.state.0).failed.unwrap_or(Kind::Refused);
-        // A failure of another kind starts its own sequence.
+        let now = tokio::time::Instant::now();
+        let long = match kind {
+            Kind::Unreachable => {
+                let since = *self.unreachable_since.get_or_insert(now);
+                self.settings.long_outage.reached(now - since)
+            }
+            Kind::Refused => {
+                self.unreachable_since = None;
+                false
+            }
+        };
+        // A failure of another kind starts its own sequence, and so does
+        // an outage turning long.
         if self
             .current
             .as_ref()
-            .is_none_or(|(current, _)| *current != kind)
+            .is_none_or(|(current, was_long, _)| (*current, *was_long) != (kind, long))
         {
-            self.current = Some((kind, self.delays(kind)));
+            self.current = Some((kind, long, self.delays(kind, long)));
         }
         let delay = self
             .current
             .as_mut()
-            .and_then(|(_, delays)| delays.next())
+            .and_then(|(_, _, delays)| delays.next())
             .unwrap_or(self.settings.refused_max);
         lock(&self.state.0).delay = Some(delay);
         Some(delay)
@@ -239,6 +262,7 @@ impl Backoff for WatchRetry {
             outcomes.failed = None;
             outcomes.delay = None;
             self.current = None;
+            self.unreachable_since = None;
         }
     }
 }
@@ -325,6 +349,58 @@ mod tests {
         assert_eq!(state.gone(), 1);
         state.observe::<()>(&Err(gone()));
         assert!(within(retry.next().expect("a delay"), 1_000));
+    }
+
+    /// The default schedule of a member gone for good, on a paused clock:
+    /// its short-outage delays for ten minutes, then longer ones up to
+    /// five minutes (before the random part).
+    #[tokio::test(start_paused = true)]
+    async fn a_member_unreachable_for_ten_minutes_is_tried_every_few_minutes() {
+        let state = RetryState::default();
+        let member = WatchBackoff::default().max(crate::cache::MEMBER_UNREACHABLE_MAX);
+        let mut retry = WatchRetry::new(member, state.clone());
+        let start = tokio::time::Instant::now();
+        let mut attempts = Vec::new();
+        while start.elapsed() < Duration::from_secs(3600) {
+            state.observe::<()>(&Err(refused_connection()));
+            let delay = retry.next().expect("a delay");
+            attempts.push((start.elapsed(), delay));
+            tokio::time::advance(delay).await;
+        }
+        let before: Vec<_> = attempts
+            .iter()
+            .filter(|(at, _)| *at < Duration::from_secs(600))
+            .collect();
+        assert!(
+            before
+                .iter()
+                .all(|(_, delay)| *delay <= Duration::from_secs(16)),
+            "the short-outage cap first: {before:?}"
+        );
+        assert!(before.len() > 40, "about six a minute: {}", before.len());
+        let late: Vec<_> = attempts
+            .iter()
+            .filter(|(at, _)| *at >= Duration::from_secs(1200))
+            .collect();
+        assert!(
+            late.iter()
+                .all(|(_, delay)| *delay >= Duration::from_secs(300)
+                    && *delay <= Duration::from_secs(600)),
+            "every 5 to 10 minutes once long: {late:?}"
+        );
+        let in_last_half_hour = attempts
+            .iter()
+            .filter(|(at, _)| *at >= Duration::from_secs(1800))
+            .count();
+        assert!(
+            (3..=7).contains(&in_last_half_hour),
+            "a handful in a half hour: {in_last_half_hour}"
+        );
+        // Back, and down again: short delays from the start.
+        state.observe::<()>(&Ok(watcher::Event::InitDone));
+        retry.reset();
+        state.observe::<()>(&Err(refused_connection()));
+        assert!(within(retry.next().expect("a delay"), 250));
     }
 
     #[test]

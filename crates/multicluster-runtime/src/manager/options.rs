@@ -18,6 +18,11 @@ pub struct ManagerOptions {
     pub retry_delay: Duration,
     /// Longest retry delay (default 60 s).
     pub max_retry_delay: Duration,
+    /// How a cluster unreachable for long is probed less often (default:
+    /// after 10 minutes, up to every 5): its retry delay grows on past
+    /// `max_retry_delay`. Members' watches follow their own
+    /// ([`WatchBackoff::long_outage`](crate::cache::WatchBackoff::long_outage)).
+    pub long_outage: crate::cache::LongOutage,
     /// How long a failure of a ready cluster must last before it is reported
     /// degraded or unreachable (default 3 s), so that one error retried at
     /// once does not make its state flap.
@@ -49,6 +54,7 @@ multicluster_core::option_setters!(ManagerOptions {
     sync_timeout: Duration,
     retry_delay: Duration,
     max_retry_delay: Duration,
+    long_outage: crate::cache::LongOutage,
     unhealthy_after: Duration,
     shutdown_grace: Duration,
     health_address: Option<SocketAddr>,
@@ -62,6 +68,7 @@ impl Default for ManagerOptions {
             sync_timeout: crate::cache::DEFAULT_SYNC_TIMEOUT,
             retry_delay: Duration::from_secs(1),
             max_retry_delay: Duration::from_secs(60),
+            long_outage: crate::cache::LongOutage::default(),
             unhealthy_after: Duration::from_secs(3),
             shutdown_grace: Duration::from_secs(30),
             health_address: None,

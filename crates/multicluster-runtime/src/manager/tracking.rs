@@ -175,6 +175,7 @@ impl Manager {
         let options = self.inner.options.clone();
         let mut delay = options.retry_delay;
         let mut told = Repeats::default();
+        let unreachable_since = Instant::now();
         let (cluster, lifetime) = loop {
             let Some((cluster, lifetime)) = self.tracked(&name, generation) else {
                 return;
@@ -206,7 +207,10 @@ impl Manager {
                 () = lifetime.cancelled() => return,
                 () = tokio::time::sleep(delay) => {}
             }
-            delay = (delay * 2).min(options.max_retry_delay);
+            let cap = options
+                .long_outage
+                .cap(unreachable_since.elapsed(), options.max_retry_delay);
+            delay = (delay * 2).min(cap);
         };
         if !self.hand_over(&name, generation, &cluster, &lifetime) {
             return;
@@ -419,8 +423,15 @@ impl Manager {
                     tokio::spawn(async move {
                         let _ = tokio::time::timeout(timeout, probe_server(&cluster)).await;
                     });
-                    progress.next_probe =
-                        Some((now + delay, (delay * 2).min(options.max_retry_delay)));
+                    // Unreachable for long: probed less and less often.
+                    let unreachable_for = match &progress.state {
+                        ClusterState::Unreachable(_) => progress.time_in_state(now),
+                        _ => Duration::ZERO,
+                    };
+                    let cap = options
+                        .long_outage
+                        .cap(unreachable_for, options.max_retry_delay);
+                    progress.next_probe = Some((now + delay, (delay * 2).min(cap)));
                 }
             } else {
                 progress.next_probe = None;
