@@ -75,8 +75,12 @@ use multicluster_runtime::{
 pub const CONSUMER_LABEL: &str = "x-k8s.io/cluster-inventory-consumer";
 /// The label naming the ClusterProfile a credentials Secret is for.
 pub const PROFILE_LABEL: &str = "x-k8s.io/cluster-profile";
-/// The data key of a credentials Secret.
+/// The data key of a credentials Secret (KEP-4322).
 pub const SECRET_KEY: &str = "Config";
+/// The data key read when a credentials Secret has no [`SECRET_KEY`]: the
+/// one upstream's implementation of the Secret strategy writes
+/// (cluster-inventory-api pull request #18).
+pub const SECRET_KEY_LOWER_CASE: &str = "config";
 /// The property carrying the cluster's stable ID (KEP-2149).
 pub const CLUSTER_ID_PROPERTY: &str = "cluster.clusterset.k8s.io";
 

@@ -3,7 +3,7 @@
 use k8s_openapi::api::core::v1::Secret;
 use multicluster_runtime::cache::Cache;
 
-use crate::{PROFILE_LABEL, SECRET_KEY};
+use crate::{PROFILE_LABEL, SECRET_KEY, SECRET_KEY_LOWER_CASE};
 
 /// The kubeconfig text for `profile` from its credentials Secret in
 /// `secrets` (this consumer's, already label-selected), and where it came
@@ -45,14 +45,24 @@ pub(crate) fn credentials(
             ));
         }
     };
+    // `Config` (the KEP's), else `config` (what upstream's one
+    // implementation writes).
+    let key = match &secret.data {
+        Some(data)
+            if !data.contains_key(SECRET_KEY) && data.contains_key(SECRET_KEY_LOWER_CASE) =>
+        {
+            SECRET_KEY_LOWER_CASE
+        }
+        _ => SECRET_KEY,
+    };
     let source = format!(
-        "Secret {namespace}/{} key {SECRET_KEY:?}",
+        "Secret {namespace}/{} key {key:?}",
         secret.metadata.name.as_deref().unwrap_or_default()
     );
     let text = secret
         .data
         .as_ref()
-        .and_then(|data| data.get(SECRET_KEY))
+        .and_then(|data| data.get(key))
         .and_then(|bytes| String::from_utf8(bytes.0.clone()).ok())
         .filter(|text| !text.trim().is_empty())
         .ok_or_else(|| format!("{source} is missing, empty or not text"))?;

@@ -17,7 +17,7 @@ use multicluster_envtest::ControlPlane;
 use multicluster_envtest::traps::Traps;
 use multicluster_provider_cluster_inventory_api::{
     CLUSTER_ID_PROPERTY, CLUSTER_MANAGER_LABEL, ClusterProfileOptions, ClusterProfileProvider,
-    SECRET_KEY, WATCH_FILTER_LABEL,
+    SECRET_KEY, SECRET_KEY_LOWER_CASE, WATCH_FILTER_LABEL,
 };
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::testing::{
@@ -222,7 +222,8 @@ async fn ready_profiles_are_engaged_with_their_consumers_secret() {
 /// credential plugin that fails keeps only its own profile out, with a
 /// reason naming the Secret and key and quoting nothing; an untrusted server
 /// is engaged and reported unreachable; a healthy profile created last is
-/// engaged regardless.
+/// engaged regardless, and so is one whose Secret has the key upstream's
+/// implementation writes (`config`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_credentials_affect_only_their_own_profile() {
     const TOKEN: &str = "token-that-must-not-leak";
@@ -296,6 +297,22 @@ async fn bad_credentials_affect_only_their_own_profile() {
     recorder
         .wait_for_more(&req("inventory/healthy", "hello"), 0)
         .await;
+    // The key upstream's implementation writes, `config`, is read too.
+    create_profile(&hub, "lower-case").await;
+    set_health(&hub, "lower-case", true, None).await;
+    let mut lower = credentials("lower-case-creds", "lower-case", "me", &healthy);
+    lower.data = lower.data.map(|data| {
+        data.into_values()
+            .map(|value| (SECRET_KEY_LOWER_CASE.to_string(), value))
+            .collect()
+    });
+    secrets
+        .create(&PostParams::default(), &lower)
+        .await
+        .expect("secret");
+    recorder
+        .wait_for_more(&req("inventory/lower-case", "hello"), 0)
+        .await;
 
     // Clients are built concurrently: a failure lands when its build ends.
     let failing: Vec<_> = cases.iter().filter(|case| !case.2.is_empty()).collect();
@@ -320,6 +337,7 @@ async fn bad_credentials_affect_only_their_own_profile() {
         provider.names(),
         [
             ClusterName::from("inventory/healthy"),
+            ClusterName::from("inventory/lower-case"),
             ClusterName::from("inventory/untrusted")
         ]
     );
