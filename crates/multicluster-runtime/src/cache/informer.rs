@@ -6,7 +6,7 @@
 //! under one lock, so a subscriber that joins late first receives the current
 //! contents and then exactly the events that follow them.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::hash::Hash;
 use std::sync::{Arc, Mutex};
@@ -135,9 +135,9 @@ where
     writer: Writer<K>,
     subscribers: Vec<mpsc::UnboundedSender<CacheEvent<K>>>,
     indexes: Indexes<K>,
-    /// Objects listed since the current (re)list began. The store only
-    /// shows them at `InitDone`, so late subscribers get them from here.
-    relisted: Option<HashMap<ObjectRef<K>, Arc<K>>>,
+    /// The objects listed since the current (re)list began: the store
+    /// shows them at `InitDone`, when they are announced.
+    relisted: Option<HashSet<ObjectRef<K>>>,
     /// The watch's failure since its last success, if it is failing.
     failure: Option<Failure>,
 }
@@ -301,9 +301,29 @@ where
         }
         let mut outgoing = Vec::new();
         let mut synced = false;
+        // What the store held before the event, read before it is applied.
+        let before = match &event {
+            watcher::Event::Apply(obj) | watcher::Event::Delete(obj) => {
+                let key = ObjectRef::from_obj_with(obj, self.dyntype.clone());
+                let old = self.store.get(&key);
+                Some((key, old))
+            }
+            _ => None,
+        };
+        let previous: Option<HashMap<ObjectRef<K>, Arc<K>>> =
+            matches!(event, watcher::Event::InitDone).then(|| {
+                self.store
+                    .state()
+                    .into_iter()
+                    .map(|obj| (ObjectRef::from_obj_with(&*obj, self.dyntype.clone()), obj))
+                    .collect()
+            });
+        // The store's copy is the one every subscriber and index shares:
+        // each object is copied out of the event once, by the store.
+        state.writer.apply_watcher_event(&event);
         match &event {
             watcher::Event::Init => {
-                state.relisted = Some(HashMap::new());
+                state.relisted = Some(HashSet::new());
             }
             // Listed objects are announced at InitDone, once the store shows
             // them: a subscriber reading the store on an event must find the
@@ -311,31 +331,31 @@ where
             watcher::Event::InitApply(obj) => {
                 let key = ObjectRef::from_obj_with(obj, self.dyntype.clone());
                 if let Some(listed) = state.relisted.as_mut() {
-                    listed.insert(key, Arc::new(obj.clone()));
+                    listed.insert(key);
                 }
             }
-            watcher::Event::Apply(obj) => {
-                let key = ObjectRef::from_obj_with(obj, self.dyntype.clone());
-                let old = self.store.get(&key);
-                let new = Arc::new(obj.clone());
-                state.indexes.replace(&key, old.as_deref(), Some(&new));
-                outgoing.push(CacheEvent::Applied { old, new });
+            watcher::Event::Apply(_) => {
+                if let Some((key, old)) = before
+                    && let Some(new) = self.store.get(&key)
+                {
+                    state.indexes.replace(&key, old.as_deref(), Some(&new));
+                    outgoing.push(CacheEvent::Applied { old, new });
+                }
             }
             watcher::Event::Delete(obj) => {
-                let key = ObjectRef::from_obj_with(obj, self.dyntype.clone());
-                let old = self.store.get(&key);
-                state.indexes.replace(&key, old.as_deref(), None);
+                if let Some((key, old)) = before {
+                    state.indexes.replace(&key, old.as_deref(), None);
+                }
+                // Its last state, deletion timestamp and all.
                 outgoing.push(CacheEvent::Deleted(Arc::new(obj.clone())));
             }
             watcher::Event::InitDone => {
                 let listed = state.relisted.take().unwrap_or_default();
-                let mut previous: HashMap<ObjectRef<K>, Arc<K>> = self
-                    .store
-                    .state()
-                    .into_iter()
-                    .map(|obj| (ObjectRef::from_obj_with(&*obj, self.dyntype.clone()), obj))
-                    .collect();
-                for (key, new) in listed {
+                let mut previous = previous.unwrap_or_default();
+                for key in listed {
+                    let Some(new) = self.store.get(&key) else {
+                        continue;
+                    };
                     let old = previous.remove(&key);
                     state.indexes.replace(&key, old.as_deref(), Some(&new));
                     outgoing.push(CacheEvent::Applied { old, new });
@@ -348,7 +368,6 @@ where
                 synced = true;
             }
         }
-        state.writer.apply_watcher_event(&event);
         state.subscribers.retain(|subscriber| {
             outgoing
                 .iter()
@@ -473,6 +492,49 @@ mod tests {
         cm
     }
 
+    /// Every subscriber gets the store's own copy of an object: one copy
+    /// per event, shared, not one per subscriber or per step.
+    #[tokio::test]
+    async fn subscribers_share_the_stores_copy_of_each_object() {
+        let (events, stream) = futures::channel::mpsc::unbounded();
+        let informer = Informer::<ConfigMap>::spawn(
+            ClusterName::from("test"),
+            (),
+            stream,
+            Indexes::new(()),
+            CancellationToken::new(),
+            None,
+        );
+        let mut first = informer.subscribe();
+        let mut second = informer.subscribe();
+        for event in [
+            watcher::Event::Init,
+            watcher::Event::InitApply(config_map("listed")),
+            watcher::Event::InitDone,
+            watcher::Event::Apply(config_map("changed")),
+        ] {
+            events.unbounded_send(Ok(event)).expect("send");
+        }
+        for name in ["listed", "changed"] {
+            let key = ObjectRef::new(name).within("default");
+            let mut got = Vec::new();
+            for subscription in [&mut first, &mut second] {
+                let Some(CacheEvent::Applied { new, .. }) =
+                    tokio::time::timeout(Duration::from_secs(10), subscription.next())
+                        .await
+                        .expect("an event")
+                else {
+                    panic!("not an Applied event");
+                };
+                got.push(new);
+            }
+            let stored = informer.store().get(&key).expect("stored");
+            for new in got {
+                assert!(Arc::ptr_eq(&new, &stored), "{name}: a copy of its own");
+            }
+        }
+    }
+
     /// A subscriber that joins after some objects of the first list were
     /// received, but before the list completed, must still get them, and
     /// only once the store shows them.
@@ -498,7 +560,7 @@ mod tests {
             .lock()
             .relisted
             .as_ref()
-            .is_none_or(HashMap::is_empty)
+            .is_none_or(HashSet::is_empty)
         {
             assert!(
                 tokio::time::Instant::now() < deadline,
