@@ -254,6 +254,12 @@ impl Controller {
         let _ = self.inner.coordinator.set(coordinator);
     }
 
+    /// Starts no reconcile once `closed` is raised: the manager's flag,
+    /// raised by its signal handler itself.
+    pub(crate) fn close_on(&self, closed: &Arc<std::sync::atomic::AtomicBool>) {
+        self.inner.work.close_on(closed);
+    }
+
     /// Records metrics in `metrics` unless the controller already has a
     /// registry; the manager calls this with its own.
     pub fn use_metrics(&self, metrics: &Metrics) {

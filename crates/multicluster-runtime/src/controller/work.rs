@@ -13,6 +13,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
@@ -53,6 +54,10 @@ struct Inner {
     /// then a reminder every five minutes ([`multicluster_core::health::repeats`]), not
     /// a warning per retry.
     told: Mutex<HashMap<Request, Repeats>>,
+    /// Set by a manager: a flag its signal handler raises, so that no item
+    /// starts once SIGTERM is received, before the runtime has run
+    /// anything that could cancel `shutdown`.
+    closed: OnceLock<Arc<AtomicBool>>,
 }
 
 /// Builds a [`WorkQueue`].
@@ -182,6 +187,7 @@ impl WorkQueueBuilder {
                 error_policy: self.error_policy,
                 metrics: self.metrics.map(OnceLock::from).unwrap_or_default(),
                 told: Mutex::default(),
+                closed: OnceLock::new(),
             }),
         }
     }
@@ -261,6 +267,12 @@ impl WorkQueue {
 
     pub(crate) fn metrics(&self) -> &Metrics {
         self.inner.metrics.get_or_init(Metrics::default)
+    }
+
+    /// Starts no item once `closed` is raised (the manager's signal flag);
+    /// the first flag given stays.
+    pub(crate) fn close_on(&self, closed: &Arc<AtomicBool>) {
+        let _ = self.inner.closed.set(closed.clone());
     }
 
     /// Runs `work` for each key until `shutdown` fires, then lets running
@@ -376,7 +388,7 @@ impl WorkQueue {
                 },
                 None => None,
             };
-            let Some(key) = next_key(&queue, &shutdown).await else {
+            let Some(key) = next_key(&queue, &shutdown, self.inner.closed.get()).await else {
                 break;
             };
             self.metrics().queue_depth(self.name(), queue.depth());
@@ -395,8 +407,16 @@ impl WorkQueue {
             let this = self.clone();
             let timeout = queue.settings().get().reconcile_timeout;
             let policy = self.inner.error_policy.clone();
+            let closed = self.inner.closed.get().cloned();
             running.spawn(
                 async move {
+                    // A reconcile starts when its task first runs (the
+                    // reconciler is called then): one whose task had not
+                    // run yet when the signal came never starts.
+                    if closed.is_some_and(|closed| closed.load(Ordering::SeqCst)) {
+                        this.inner.queue.done(&key, Outcome::Finished(None));
+                        return;
+                    }
                     let started = tokio::time::Instant::now();
                     let work = AssertUnwindSafe(work).catch_unwind();
                     let result = match timeout {
@@ -426,13 +446,19 @@ fn is_terminal(err: &(dyn std::error::Error + 'static)) -> bool {
     std::iter::successors(Some(err), |err| err.source()).any(|err| err.is::<Terminal>())
 }
 
-/// The next key to run, or `None` once `shutdown` fires.
-async fn next_key(queue: &Queue, shutdown: &CancellationToken) -> Option<Request> {
+/// The next key to run, or `None` once `shutdown` fires or `closed` is
+/// raised.
+async fn next_key(
+    queue: &Queue,
+    shutdown: &CancellationToken,
+    closed: Option<&Arc<AtomicBool>>,
+) -> Option<Request> {
+    let closed = || closed.is_some_and(|closed| closed.load(Ordering::SeqCst));
     loop {
         let changed = queue.changed();
         let next_due = match queue.next() {
             Ok(key) => {
-                if shutdown.is_cancelled() {
+                if shutdown.is_cancelled() || closed() {
                     // Left for the queue to drop with the controller.
                     queue.done(&key, Outcome::Finished(None));
                     return None;

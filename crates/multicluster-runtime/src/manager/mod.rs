@@ -74,6 +74,10 @@ struct Inner {
     /// Cancelled when the manager ends every cluster's lifetime because it
     /// stops: those clusters are released, not gone from the fleet.
     stopping: CancellationToken,
+    /// Raised by the signal handler [`Manager::run_until_signal`] installs,
+    /// in the handler itself: controllers start no reconcile once it is up,
+    /// although the runtime has not yet run the task that stops them.
+    signalled: Arc<std::sync::atomic::AtomicBool>,
 }
 
 /// The controllers added, and while the manager runs, how to start one
@@ -152,6 +156,7 @@ impl ManagerBuilder {
                 clusters: Mutex::new(Tracked::new(metrics)),
                 started: tokio::sync::watch::Sender::new(false),
                 stopping: CancellationToken::new(),
+                signalled: Arc::default(),
             }),
         };
         // Weak: the registry outlives a manager it was given to.
@@ -286,6 +291,7 @@ impl Manager {
     pub fn add_controller(&self, controller: Controller) -> Result<(), Error> {
         controller.use_metrics(&self.inner.metrics);
         controller.use_coordinator(self.coordinator());
+        controller.close_on(&self.inner.signalled);
         if !controller.take_defaults(&self.inner.options.controller_defaults) {
             tracing::debug!(
                 controller = controller.name(),
@@ -464,15 +470,102 @@ impl Manager {
         tokio::spawn(endpoints::serve(listener, self.clone(), shutdown));
     }
 
-    /// [`Manager::run`] until SIGTERM or Ctrl-C.
+    /// [`Manager::run`] until SIGTERM or Ctrl-C (SIGINT). No reconcile
+    /// starts once the signal is received: the signal handler itself closes
+    /// the controllers' queues, before the runtime runs the task that shuts
+    /// the manager down (under a burst of work that can take milliseconds).
     pub async fn run_until_signal(&self) -> Result<(), Error> {
+        let mut signals = Signals::install(&self.inner.signalled);
         let shutdown = CancellationToken::new();
-        let trigger = shutdown.clone();
-        tokio::spawn(async move {
-            wait_for_signal().await;
-            trigger.cancel();
-        });
-        self.run(shutdown).await
+        let run = self.run(shutdown.clone());
+        tokio::pin!(run);
+        tokio::select! {
+            result = &mut run => return result,
+            () = signals.received() => shutdown.cancel(),
+        }
+        run.await
+    }
+}
+
+/// SIGTERM and SIGINT, listened to from the moment [`Signals::install`]
+/// returns (a listener made in a task of its own would miss a signal
+/// received before that task first ran), until dropped.
+struct Signals {
+    #[cfg(unix)]
+    terminate: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    interrupt: Option<tokio::signal::unix::Signal>,
+    /// Unregistered when the listener goes: a signal after the run is no
+    /// longer this manager's.
+    #[cfg(unix)]
+    flags: Vec<signal_hook::SigId>,
+}
+
+impl Signals {
+    /// Listens for the signals, and has their handler raise `flag` (lowered
+    /// first: a manager run again starts open).
+    fn install(flag: &Arc<std::sync::atomic::AtomicBool>) -> Self {
+        flag.store(false, std::sync::atomic::Ordering::SeqCst);
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            let flags = [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT]
+                .into_iter()
+                .filter_map(|signal| match signal_hook::flag::register(signal, flag.clone()) {
+                    Ok(id) => Some(id),
+                    Err(err) => {
+                        tracing::warn!(signal, error = %err, "could not have the signal close the controllers' queues at once; they close when the manager stops");
+                        None
+                    }
+                })
+                .collect();
+            Self {
+                terminate: signal(SignalKind::terminate()).ok(),
+                interrupt: signal(SignalKind::interrupt()).ok(),
+                flags,
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = flag;
+            Self {}
+        }
+    }
+
+    /// Waits for the first of the signals.
+    async fn received(&mut self) {
+        #[cfg(unix)]
+        {
+            async fn next(signal: &mut Option<tokio::signal::unix::Signal>) {
+                match signal {
+                    Some(signal) => {
+                        signal.recv().await;
+                    }
+                    None => std::future::pending().await,
+                }
+            }
+            if self.terminate.is_none() && self.interrupt.is_none() {
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            }
+            tokio::select! {
+                () = next(&mut self.terminate) => {}
+                () = next(&mut self.interrupt) => {}
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}
+
+#[cfg(unix)]
+impl Drop for Signals {
+    fn drop(&mut self) {
+        for id in self.flags.drain(..) {
+            signal_hook::low_level::unregister(id);
+        }
     }
 }
 
@@ -481,25 +574,5 @@ impl std::fmt::Debug for Manager {
         f.debug_struct("Manager")
             .field("clusters", &self.cluster_states())
             .finish_non_exhaustive()
-    }
-}
-
-async fn wait_for_signal() {
-    #[cfg(unix)]
-    {
-        let Ok(mut terminate) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        else {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        };
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
     }
 }
