@@ -9,17 +9,18 @@
 use std::collections::{HashMap, HashSet};
 use std::fmt::Debug;
 use std::hash::Hash;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 
 use futures::{Stream, StreamExt};
 use kube::Resource;
 use kube::runtime::reflector::{ObjectRef, Store, store::Writer};
 use kube::runtime::watcher;
-use tokio::sync::{mpsc, watch};
+use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use crate::cache::index::Indexes;
 use crate::cache::retry::{GONE_DEGRADED, RetryState};
+use crate::cache::subscription::{Relist, Subscriber, Subscription, catch_up, take_held};
 use multicluster_core::ClusterName;
 use multicluster_core::health::repeats::{Repeats, Telling};
 use multicluster_core::health::{FailingFlag, Failure};
@@ -62,56 +63,6 @@ impl<K> Clone for CacheEvent<K> {
     }
 }
 
-/// A stream of [`CacheEvent`]s for one subscriber. Dropping it unsubscribes.
-pub struct Subscription<K> {
-    receiver: mpsc::UnboundedReceiver<CacheEvent<K>>,
-    /// The informer's: whether its first list has completed.
-    ready: watch::Receiver<bool>,
-}
-
-impl<K> Subscription<K> {
-    /// The next event, or `None` once the informer has stopped.
-    pub async fn recv(&mut self) -> Option<CacheEvent<K>> {
-        self.receiver.recv().await
-    }
-
-    /// Whether every event of the informer's first list has been taken
-    /// from this subscription: the list has completed (its events are sent
-    /// before it counts as complete) and none is left waiting.
-    pub(crate) fn caught_up(&self) -> bool {
-        self.is_listed() && self.receiver.is_empty()
-    }
-
-    /// Whether the informer's first list has completed.
-    pub(crate) fn is_listed(&self) -> bool {
-        *self.ready.borrow()
-    }
-
-    /// Completes once the informer's first list has completed.
-    pub(crate) fn listed(&self) -> impl Future<Output = ()> + Send + 'static {
-        let mut ready = self.ready.clone();
-        async move {
-            let _ = ready.wait_for(|ready| *ready).await;
-        }
-    }
-}
-
-impl<K> Stream for Subscription<K> {
-    type Item = CacheEvent<K>;
-
-    fn poll_next(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Self::Item>> {
-        self.receiver.poll_recv(cx)
-    }
-}
-
-/// A subscription without the initial contents.
-pub(crate) struct RawSubscription<K> {
-    pub(crate) receiver: mpsc::UnboundedReceiver<CacheEvent<K>>,
-}
-
 /// A shared watch of one resource type in one cluster.
 pub struct Informer<K>
 where
@@ -125,6 +76,8 @@ where
     /// Whether the state holds a failure (the manager's health walk reads
     /// this every second for every cluster, without the lock).
     failing: FailingFlag,
+    /// Itself, for subscriptions to relist from once they fell behind.
+    me: Weak<Self>,
 }
 
 struct State<K>
@@ -133,7 +86,7 @@ where
     K::DynamicType: Eq + Hash + Clone,
 {
     writer: Writer<K>,
-    subscribers: Vec<mpsc::UnboundedSender<CacheEvent<K>>>,
+    subscribers: Vec<Subscriber<K>>,
     indexes: Indexes<K>,
     /// The objects listed since the current (re)list began: the store
     /// shows them at `InitDone`, when they are announced.
@@ -203,7 +156,7 @@ where
         let kind = K::kind(&dyntype).to_string();
         let plural = K::plural(&dyntype).to_string();
         let (ready_tx, ready) = watch::channel(false);
-        let informer = Arc::new(Self {
+        let informer = Arc::new_cyclic(|me| Self {
             dyntype,
             store: writer.as_reader(),
             state: Mutex::new(State {
@@ -215,6 +168,7 @@ where
             }),
             ready,
             failing: FailingFlag::default(),
+            me: me.clone(),
         });
         let weak = Arc::downgrade(&informer);
         tokio::spawn(async move {
@@ -368,41 +322,52 @@ where
                 synced = true;
             }
         }
-        state.subscribers.retain(|subscriber| {
-            outgoing
-                .iter()
-                .all(|event| subscriber.send(event.clone()).is_ok())
-        });
+        state
+            .subscribers
+            .retain(|subscriber| subscriber.deliver(&outgoing, || self.store.state()));
         synced
     }
 
     /// Subscribes to changes. The current contents arrive first, as
     /// `Applied` events without an old version.
     pub fn subscribe(&self) -> Subscription<K> {
-        let (sender, receiver) = mpsc::unbounded_channel();
         // Under the lock, so no newer event can overtake the contents.
         let mut state = self.lock();
-        for obj in self.store.state() {
-            let _ = sender.send(CacheEvent::Applied {
-                old: None,
-                new: obj,
-            });
-        }
-        state.subscribers.push(sender);
-        Subscription {
-            receiver,
-            ready: self.ready.clone(),
-        }
+        let contents = self
+            .store
+            .state()
+            .into_iter()
+            .map(|new| CacheEvent::Applied { old: None, new })
+            .collect();
+        let (subscriber, subscription) =
+            Subscriber::new(contents, self.ready.clone(), self.relist());
+        state.subscribers.push(subscriber);
+        subscription
     }
 
     /// The current contents and a subscription to every change after them,
     /// taken atomically.
-    pub(crate) fn snapshot_and_subscribe(&self) -> (Vec<Arc<K>>, RawSubscription<K>) {
-        let (sender, receiver) = mpsc::unbounded_channel();
+    pub(crate) fn snapshot_and_subscribe(&self) -> (Vec<Arc<K>>, Subscription<K>) {
         let mut state = self.lock();
         let snapshot = self.store.state();
-        state.subscribers.push(sender);
-        (snapshot, RawSubscription { receiver })
+        let (subscriber, subscription) =
+            Subscriber::new(Vec::new(), self.ready.clone(), self.relist());
+        state.subscribers.push(subscriber);
+        (snapshot, subscription)
+    }
+
+    /// How a subscription that fell behind catches up: with the lock held,
+    /// so that the informer sends it nothing meanwhile.
+    fn relist(&self) -> Relist<K> {
+        let me = self.me.clone();
+        Arc::new(move |held| {
+            let informer = me.upgrade()?;
+            let _state = informer.lock();
+            Some(match take_held(held) {
+                Some(held) => catch_up(held, informer.store.state()),
+                None => Vec::new(),
+            })
+        })
     }
 
     /// The informer's store, for reads.
@@ -593,5 +558,133 @@ mod tests {
         assert_eq!(names, ["early", "later"]);
         informer.wait_ready().await;
         assert_eq!(informer.list(None).len(), 2);
+    }
+
+    fn versioned(name: &str, version: usize) -> ConfigMap {
+        let mut cm = config_map(name);
+        cm.data = Some([("version".to_string(), version.to_string())].into());
+        cm
+    }
+
+    fn version(obj: &ConfigMap) -> Option<&str> {
+        obj.data.as_ref()?.get("version").map(String::as_str)
+    }
+
+    /// A subscriber that stops reading holds at most its buffer and one
+    /// reference per object; read again, it relists: it ends with the
+    /// store's state, deletions included, in fewer events than were made.
+    #[tokio::test]
+    async fn a_subscriber_that_stops_reading_costs_bounded_memory_then_relists() {
+        const OBJECTS: usize = 100;
+        const ROUNDS: usize = 50;
+        let (events, stream) = futures::channel::mpsc::unbounded();
+        let informer = Informer::<ConfigMap>::spawn(
+            ClusterName::from("test"),
+            (),
+            stream,
+            Indexes::new(()),
+            CancellationToken::new(),
+            None,
+        );
+        let mut stalled = informer.subscribe();
+        let mut reading = informer.subscribe();
+        let names: Vec<String> = (0..OBJECTS).map(|i| format!("cm-{i:03}")).collect();
+        let mut list = vec![watcher::Event::Init];
+        list.extend(
+            names
+                .iter()
+                .map(|name| watcher::Event::InitApply(versioned(name, 0))),
+        );
+        list.push(watcher::Event::InitDone);
+        let mut batches = vec![(list, OBJECTS)];
+        for round in 1..=ROUNDS {
+            let changes = names
+                .iter()
+                .map(|name| watcher::Event::Apply(versioned(name, round)));
+            batches.push((changes.collect(), OBJECTS));
+        }
+        let mut last: Vec<_> = names[..10]
+            .iter()
+            .map(|name| watcher::Event::Delete(versioned(name, ROUNDS)))
+            .collect();
+        last.push(watcher::Event::Apply(versioned("created", 1)));
+        batches.push((last, 11));
+        // Fed in batches the reading subscriber reads before the next, so
+        // that it keeps up: it is told each change.
+        let mut made = 0;
+        for (batch, told) in batches {
+            for event in batch {
+                events.unbounded_send(Ok(event)).expect("send");
+            }
+            for _ in 0..told {
+                tokio::time::timeout(Duration::from_secs(10), reading.next())
+                    .await
+                    .expect("the reading subscriber is told everything")
+                    .expect("open");
+            }
+            made += told;
+        }
+        assert_eq!(reading.waiting(), (0, None));
+
+        let (waiting, held) = stalled.waiting();
+        assert!(
+            waiting <= crate::cache::SUBSCRIBER_BUFFER,
+            "{waiting} events wait"
+        );
+        assert!(held.is_some_and(|held| held <= OBJECTS), "held {held:?}");
+
+        let mut seen: HashMap<String, Arc<ConfigMap>> = HashMap::new();
+        let mut told = 0;
+        while !stalled.caught_up() {
+            let event = tokio::time::timeout(Duration::from_secs(10), stalled.next())
+                .await
+                .expect("an event")
+                .expect("open");
+            told += 1;
+            let name = event.object().metadata.name.clone().unwrap_or_default();
+            match event {
+                CacheEvent::Applied { new, .. } => seen.insert(name, new),
+                CacheEvent::Deleted(_) => seen.remove(&name),
+            };
+        }
+        assert!(
+            told < made,
+            "relisted: {told} events where {made} were made"
+        );
+        println!("the stalled subscriber was told {told} events where {made} were made");
+        assert!(told >= OBJECTS, "{told}");
+        let stored: HashMap<String, Arc<ConfigMap>> = informer
+            .list(None)
+            .into_iter()
+            .map(|obj| (obj.metadata.name.clone().unwrap_or_default(), obj))
+            .collect();
+        assert_eq!(stored.len(), OBJECTS - 10 + 1);
+        assert_eq!(
+            seen.keys().collect::<std::collections::BTreeSet<_>>(),
+            stored.keys().collect::<std::collections::BTreeSet<_>>(),
+            "deleted while behind, and created"
+        );
+        for (name, obj) in &stored {
+            assert!(
+                Arc::ptr_eq(&seen[name], obj),
+                "{name}: {:?}",
+                version(&seen[name])
+            );
+        }
+        assert_eq!(stalled.waiting(), (0, None));
+
+        // Caught up, it is sent each change again.
+        events
+            .unbounded_send(Ok(watcher::Event::Apply(versioned("created", 2))))
+            .expect("send");
+        let Some(CacheEvent::Applied { old, new }) =
+            tokio::time::timeout(Duration::from_secs(10), stalled.next())
+                .await
+                .expect("an event")
+        else {
+            panic!("not an Applied event");
+        };
+        assert_eq!(old.as_deref().and_then(version), Some("1"));
+        assert_eq!(version(&new), Some("2"));
     }
 }

@@ -15,6 +15,7 @@ mod options;
 mod retry;
 mod scope;
 mod scoped;
+mod subscription;
 
 use multicluster_core::lock;
 use std::any::{Any, TypeId};
@@ -31,11 +32,12 @@ use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
 pub use index::FieldIndex;
-pub use informer::{CacheEvent, Informer, Subscription};
+pub use informer::{CacheEvent, Informer};
 use initial_list::InitialList;
 use options::resource_id;
 pub use options::{CacheOptions, LongOutage, MEMBER_UNREACHABLE_MAX, WatchBackoff};
 pub(crate) use scope::WatchScope;
+pub use subscription::{SUBSCRIBER_BUFFER, Subscription};
 
 use crate::error::Error;
 use index::Indexes;

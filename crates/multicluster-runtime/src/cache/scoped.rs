@@ -44,7 +44,7 @@ where
             )
             .chain(std::iter::once(watcher::Event::InitDone))
             .collect();
-        let changes = tokio_stream_from(subscription.receiver).filter_map(move |event| {
+        let changes = subscription.filter_map(move |event| {
             let renamed = match &event {
                 CacheEvent::Applied { new, .. } => {
                     rename(&**new, &namespace).map(watcher::Event::Apply)
@@ -66,10 +66,4 @@ fn rename<K: Resource + Clone>(obj: &K, namespace: &str) -> Option<K> {
     let mut renamed = obj.clone();
     renamed.meta_mut().namespace = Some(VIRTUAL_NAMESPACE.to_string());
     Some(renamed)
-}
-
-fn tokio_stream_from<T>(
-    mut receiver: tokio::sync::mpsc::UnboundedReceiver<T>,
-) -> impl Stream<Item = T> {
-    stream::poll_fn(move |cx| receiver.poll_recv(cx))
 }
