@@ -15,10 +15,8 @@ mod common;
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use base64::Engine;
+use common::gateway::{self, Answer};
 use common::*;
-use http_body_util::Full;
-use hyper::body::Bytes;
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::Manager;
 use multicluster_runtime::client::KubeconfigPolicy;
@@ -40,116 +38,41 @@ const WATCH_PASSWORD: &str = "w4tch-Passw0rd!";
 /// credential it was sent (the token bare, basic auth decoded) and
 /// forges a `/clusters` column and a terminal colour.
 async fn echoing_server() -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("address");
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let service = hyper::service::service_fn(|request: http::Request<_>| async move {
-                let sent = request
-                    .headers()
-                    .get(http::header::AUTHORIZATION)
-                    .and_then(|value| value.to_str().ok())
-                    .unwrap_or_default()
-                    .to_string();
-                let credential = match sent.split_once(' ') {
-                    Some(("Basic", encoded)) => base64::engine::general_purpose::STANDARD
-                        .decode(encoded)
-                        .map(|decoded| String::from_utf8_lossy(&decoded).replace(':', " with "))
-                        .unwrap_or_default(),
-                    Some((_, token)) => token.to_string(),
-                    None => String::new(),
-                };
-                let status = serde_json::json!({
-                    "kind": "Status",
-                    "apiVersion": "v1",
-                    "status": "Failure",
-                    "reason": "InternalError",
-                    "code": 500,
-                    "message": format!(
-                        "gateway refused {credential}\tINJECTED\tready\tsince 2026-01-01T00:00:00Z \u{1b}[31mred\u{1b}[0m"
-                    ),
-                });
-                let mut response = http::Response::new(Full::new(Bytes::from(status.to_string())));
-                *response.status_mut() = http::StatusCode::INTERNAL_SERVER_ERROR;
-                response.headers_mut().insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("application/json"),
-                );
-                Ok::<_, std::convert::Infallible>(response)
-            });
-            tokio::spawn(
-                hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
-            );
-        }
-    });
-    address
+    gateway::serve(|asked| {
+        let status = serde_json::json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "reason": "InternalError",
+            "code": 500,
+            "message": format!(
+                "gateway refused {}\tINJECTED\tready\tsince 2026-01-01T00:00:00Z \u{1b}[31mred\u{1b}[0m",
+                asked.credential
+            ),
+        });
+        Answer::failing(http::StatusCode::INTERNAL_SERVER_ERROR, status)
+    })
+    .await
 }
 
 /// Lists (and anything else) answered 200 with nothing in them; every
 /// watch answered with one ERROR event, a 403 Status quoting the
 /// credential it was sent, and ended.
 async fn watch_echoing_server() -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("address");
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let service = hyper::service::service_fn(|request: http::Request<_>| async move {
-                let watch = request
-                    .uri()
-                    .query()
-                    .is_some_and(|query| query.contains("watch=true") || query.contains("watch=1"));
-                let body = if watch {
-                    let sent = request
-                        .headers()
-                        .get(http::header::AUTHORIZATION)
-                        .and_then(|value| value.to_str().ok())
-                        .unwrap_or_default()
-                        .to_string();
-                    let credential = match sent.split_once(' ') {
-                        Some(("Basic", encoded)) => base64::engine::general_purpose::STANDARD
-                            .decode(encoded)
-                            .map(|decoded| String::from_utf8_lossy(&decoded).replace(':', " with "))
-                            .unwrap_or_default(),
-                        Some((_, token)) => token.to_string(),
-                        None => String::new(),
-                    };
-                    let event = serde_json::json!({"type": "ERROR", "object": {
-                        "kind": "Status",
-                        "apiVersion": "v1",
-                        "status": "Failure",
-                        "reason": "Forbidden",
-                        "code": 403,
-                        "message": format!("watch gateway refused {credential}"),
-                    }});
-                    format!("{event}\n")
-                } else {
-                    serde_json::json!({
-                        "kind": "ConfigMapList",
-                        "apiVersion": "v1",
-                        "metadata": {"resourceVersion": "1"},
-                        "items": [],
-                    })
-                    .to_string()
-                };
-                let mut response = http::Response::new(Full::new(Bytes::from(body)));
-                response.headers_mut().insert(
-                    http::header::CONTENT_TYPE,
-                    http::HeaderValue::from_static("application/json"),
-                );
-                Ok::<_, std::convert::Infallible>(response)
-            });
-            tokio::spawn(
-                hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
-            );
+    gateway::serve(|asked| {
+        if !asked.watch {
+            return Answer::empty_list();
         }
-    });
-    address
+        Answer::error_event(serde_json::json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "reason": "Forbidden",
+            "code": 403,
+            "message": format!("watch gateway refused {}", asked.credential),
+        }))
+    })
+    .await
 }
 
 /// A kubeconfig for `server` authenticating with `user` (YAML).

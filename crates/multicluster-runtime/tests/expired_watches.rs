@@ -12,9 +12,8 @@ use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use common::gateway::{self, Answer};
 use common::*;
-use http_body_util::Full;
-use hyper::body::Bytes;
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::Manager;
 use multicluster_runtime::client::KubeconfigPolicy;
@@ -31,55 +30,21 @@ type Watches = Arc<Mutex<Vec<Instant>>>;
 /// Lists answered with an empty ConfigMap list, every watch with one
 /// ERROR event: 410 Expired.
 async fn expiring_server(watches: Watches) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("bind");
-    let address = listener.local_addr().expect("address");
-    tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
-            let watches = watches.clone();
-            let service = hyper::service::service_fn(move |request: http::Request<_>| {
-                let watches = watches.clone();
-                async move {
-                    let watch = request
-                        .uri()
-                        .query()
-                        .is_some_and(|query| query.split('&').any(|pair| pair == "watch=true"));
-                    let body = if watch {
-                        watches.lock().expect("lock").push(Instant::now());
-                        let event = serde_json::json!({"type": "ERROR", "object": {
-                            "kind": "Status",
-                            "apiVersion": "v1",
-                            "status": "Failure",
-                            "message": "too old resource version: 1 (2)",
-                            "reason": "Expired",
-                            "code": 410,
-                        }});
-                        format!("{event}\n")
-                    } else {
-                        serde_json::json!({
-                            "kind": "ConfigMapList",
-                            "apiVersion": "v1",
-                            "metadata": {"resourceVersion": "1"},
-                            "items": [],
-                        })
-                        .to_string()
-                    };
-                    let mut response = http::Response::new(Full::new(Bytes::from(body)));
-                    response.headers_mut().insert(
-                        http::header::CONTENT_TYPE,
-                        http::HeaderValue::from_static("application/json"),
-                    );
-                    Ok::<_, std::convert::Infallible>(response)
-                }
-            });
-            tokio::spawn(
-                hyper::server::conn::http1::Builder::new()
-                    .serve_connection(hyper_util::rt::TokioIo::new(stream), service),
-            );
+    gateway::serve(move |asked| {
+        if !asked.watch {
+            return Answer::empty_list();
         }
-    });
-    address
+        watches.lock().expect("lock").push(Instant::now());
+        Answer::error_event(serde_json::json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "message": "too old resource version: 1 (2)",
+            "reason": "Expired",
+            "code": 410,
+        }))
+    })
+    .await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -15,6 +15,7 @@ use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Provider, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
+pub mod gateway;
 pub mod relay;
 
 pub const DEADLINE: Duration = multicluster_runtime::testing::DEFAULT_DEADLINE;
