@@ -18,50 +18,13 @@ use kube::runtime::watcher;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
+use crate::cache::event::CacheEvent;
 use crate::cache::index::Indexes;
 use crate::cache::retry::{GONE_DEGRADED, RetryState};
 use crate::cache::subscription::{Relist, Subscriber, Subscription, catch_up, take_held};
 use multicluster_core::ClusterName;
 use multicluster_core::health::repeats::{Repeats, Telling};
 use multicluster_core::health::{FailingFlag, Failure};
-
-/// A change seen by an informer.
-#[derive(Debug)]
-pub enum CacheEvent<K> {
-    /// The object was created or changed. `old` is the previous version the
-    /// cache held, if any (a late subscriber's initial contents have none).
-    Applied {
-        /// The version before the change.
-        old: Option<Arc<K>>,
-        /// The current version.
-        new: Arc<K>,
-    },
-    /// The object was deleted (also reported when a relist no longer finds
-    /// an object, i.e. it was deleted while the watch was down).
-    Deleted(Arc<K>),
-}
-
-impl<K> CacheEvent<K> {
-    /// The object the event is about (the new version for `Applied`).
-    pub fn object(&self) -> &Arc<K> {
-        match self {
-            CacheEvent::Applied { new, .. } => new,
-            CacheEvent::Deleted(obj) => obj,
-        }
-    }
-}
-
-impl<K> Clone for CacheEvent<K> {
-    fn clone(&self) -> Self {
-        match self {
-            CacheEvent::Applied { old, new } => CacheEvent::Applied {
-                old: old.clone(),
-                new: new.clone(),
-            },
-            CacheEvent::Deleted(obj) => CacheEvent::Deleted(obj.clone()),
-        }
-    }
-}
 
 /// A shared watch of one resource type in one cluster.
 pub struct Informer<K>

@@ -8,6 +8,7 @@
 //! registered on the cache ([`Cache::index_field`]) reach informers of that
 //! type created before and after.
 
+mod event;
 mod index;
 mod informer;
 mod initial_list;
@@ -31,8 +32,9 @@ use kube::{Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
+pub use event::CacheEvent;
 pub use index::FieldIndex;
-pub use informer::{CacheEvent, Informer};
+pub use informer::Informer;
 use initial_list::InitialList;
 use options::resource_id;
 pub use options::{CacheOptions, LongOutage, MEMBER_UNREACHABLE_MAX, WatchBackoff};

@@ -22,7 +22,7 @@ use kube::Resource;
 use tokio::sync::mpsc::error::TrySendError;
 use tokio::sync::{mpsc, watch};
 
-use super::informer::CacheEvent;
+use super::event::CacheEvent;
 use multicluster_core::lock;
 
 /// Events a subscriber may have waiting before it falls behind and, once it
