@@ -1,7 +1,7 @@
 # multicluster-runtime for Rust. Every target prepares what it needs.
 SHELL := /usr/bin/env bash
 
-.PHONY: all test lint fmt bench demo controlplane tools examples publish-check
+.PHONY: all test lint fmt bench demo controlplane helm tools examples publish-check
 
 all: lint test
 
@@ -9,12 +9,16 @@ all: lint test
 controlplane:
 	@hack/controlplane/build.sh >/dev/null
 
+## helm: build (first run) or reuse the cached helm the chart's tests and lint run
+helm:
+	@hack/helm/build.sh >/dev/null
+
 ## tools: command-line tools the tests call (kubectl)
 tools:
 	@hack/ensure-tools.sh
 
 ## test: the whole test suite against real control planes
-test: controlplane tools
+test: controlplane tools helm
 	hack/test-all.sh
 
 ## lint: formatting and clippy with warnings as errors

@@ -22,5 +22,18 @@ cargo clippy -p multicluster-coordinator --lib --no-default-features -- -D warni
 # No module of a crate imports from another in a circle.
 python3 hack/module-cycles.py
 # The monitoring check's Go source is formatted.
-unformatted=$(gofmt -l hack/monitoring hack/controlplane)
+unformatted=$(gofmt -l hack/monitoring hack/controlplane hack/helm)
 [ -z "$unformatted" ] || { echo "gofmt: $unformatted" >&2; exit 1; }
+# The Helm chart, by the real helm (built from its Go module), with each
+# provider and each way of sharing the work; nothing of the user's Helm
+# configuration is read.
+helm=$(hack/helm/build.sh)
+helm_home=$(mktemp -d)
+trap 'rm -rf "$helm_home"' EXIT
+for provider in kubeconfig cluster-api cluster-inventory-api namespace; do
+    for mode in "mode=leaderElection" "mode=sharding" "mode=single"; do
+        HELM_CONFIG_HOME="$helm_home" HELM_CACHE_HOME="$helm_home" HELM_DATA_HOME="$helm_home" \
+            "$helm" lint --strict --quiet charts/multicluster-controller \
+            --set "provider=$provider,$mode,metrics.serviceMonitor.enabled=true"
+    done
+done

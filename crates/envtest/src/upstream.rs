@@ -45,6 +45,15 @@ pub const CLUSTER_INVENTORY_API: Module = Module {
     version: "v0.1.3",
 };
 
+/// The prometheus-operator, whose `ServiceMonitor` CRD
+/// (`monitoring.coreos.com/v1`, under `example/prometheus-operator-crd/`)
+/// the Helm chart's ServiceMonitor is installed against. v0.85.0 is the
+/// newest version of the root module the module proxy serves.
+pub const PROMETHEUS_OPERATOR: Module = Module {
+    path: "github.com/prometheus-operator/prometheus-operator",
+    version: "v0.85.0",
+};
+
 impl Module {
     /// The directory the module is unpacked in, downloading it first if
     /// needed.

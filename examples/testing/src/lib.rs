@@ -2,6 +2,7 @@
 //! stopping it as a deployment would, and running it the way its manifests
 //! in `config/` deploy it ([`manifests`]).
 
+pub mod chart;
 pub mod manifests;
 pub mod readme;
 pub mod replica;

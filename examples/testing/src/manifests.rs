@@ -35,7 +35,7 @@ pub async fn render(dir: &str) -> (String, Vec<Value>) {
 /// Panics unless every Deployment among `documents` has a NetworkPolicy
 /// in its namespace selecting its pods, through which the port named
 /// `health` is reached only from the sources it names.
-fn assert_health_port_closed(dir: &str, documents: &[Value]) {
+pub(crate) fn assert_health_port_closed(dir: &str, documents: &[Value]) {
     let of_kind = |kind: &'static str| {
         documents
             .iter()
