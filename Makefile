@@ -1,7 +1,7 @@
 # multicluster-runtime for Rust. Every target prepares what it needs.
 SHELL := /usr/bin/env bash
 
-.PHONY: all test lint fmt bench demo controlplane helm tools examples publish-check
+.PHONY: all test lint fmt bench demo controlplane helm kind tools examples publish-check
 
 all: lint test
 
@@ -13,12 +13,16 @@ controlplane:
 helm:
 	@hack/helm/build.sh >/dev/null
 
-## tools: command-line tools the tests call (kubectl)
+## kind: build (first run) or reuse the cached kind CLI the kind provider's tests run
+kind:
+	@hack/kind/build.sh >/dev/null
+
+## tools: command-line tools the tests call (kubectl; podman, runc and busybox for kind nodes)
 tools:
 	@hack/ensure-tools.sh
 
 ## test: the whole test suite against real control planes
-test: controlplane tools helm
+test: controlplane tools helm kind
 	hack/test-all.sh
 
 ## lint: formatting and clippy with warnings as errors

@@ -36,6 +36,7 @@ pub mod binaries;
 mod control_plane;
 mod crds;
 mod identity;
+pub mod kind_nodes;
 mod kubeconfig;
 mod kubectl_proxy;
 pub mod monitoring;
@@ -140,6 +141,9 @@ pub enum Error {
         /// Why it failed.
         reason: String,
     },
+    /// A container could not be made or used (podman's words).
+    #[error("container: {0}")]
+    Container(String),
     /// A file of an upstream Go module could not be had.
     #[error("upstream module: {0}")]
     Upstream(String),

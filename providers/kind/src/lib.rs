@@ -53,6 +53,10 @@ pub struct KindOptions {
     /// How long one `kind` call may take before it is stopped and counts as
     /// failed (default 30 s).
     pub command_timeout: Duration,
+    /// Variables each `kind` call gets besides the process's own (default
+    /// none), e.g. `KIND_EXPERIMENTAL_PROVIDER=podman` for clusters kind
+    /// made with podman, or `DOCKER_HOST`.
+    pub kind_env: Vec<(String, String)>,
     /// How each member's clients and cache are built: the same for every
     /// member, or adjusted per member from its kind cluster name
     /// ([`Members::per_member`]). A `ClientOptions`, `CacheOptions` or
@@ -69,6 +73,7 @@ multicluster_runtime::option_setters!(KindOptions {
     poll_interval: Duration,
     kind_command: impl Into<PathBuf>,
     command_timeout: Duration,
+    kind_env: Vec<(String, String)>,
     members: impl Into<Members<ClusterName>>,
     kubeconfig_policy: KubeconfigPolicy,
 });
@@ -81,6 +86,7 @@ impl Default for KindOptions {
             poll_interval: Duration::from_secs(2),
             kind_command: PathBuf::from("kind"),
             command_timeout: Duration::from_secs(30),
+            kind_env: Vec::new(),
             members: Members::default(),
             kubeconfig_policy: KubeconfigPolicy::trusted(),
         }
@@ -127,7 +133,9 @@ impl Shared {
         let program = &self.options.kind_command;
         let shown = format!("{} {}", program.display(), args.join(" "));
         let mut command = tokio::process::Command::new(program);
-        command.args(args);
+        command
+            .args(args)
+            .envs(self.options.kind_env.iter().cloned());
         let output = process::output(command, self.options.command_timeout)
             .await
             .map_err(|err| match err {
