@@ -37,5 +37,5 @@ pub(crate) fn kube_error(err: &kube::Error) -> String {
 
 /// A watch error as text safe to log.
 pub(crate) fn watcher_error(err: &kube::runtime::watcher::Error) -> String {
-    multicluster_runtime::redact::Redacted::watcher(err).to_string()
+    multicluster_runtime::redact::watcher(err).to_string()
 }

@@ -33,6 +33,7 @@ pub mod metrics;
 pub mod multicluster;
 mod open_files;
 pub mod provider;
+pub mod redact;
 mod sync;
 #[cfg(feature = "testing")]
 pub mod testing;
@@ -59,4 +60,4 @@ pub use multicluster::{Aware, InventoryEngaged, Provider, ProviderContext, Runna
 pub use multicluster_client as client;
 #[cfg(feature = "kubeconfig")]
 pub use multicluster_client::process;
-pub use multicluster_core::{ClusterName, option_setters, redact};
+pub use multicluster_core::{ClusterName, option_setters};

@@ -29,7 +29,6 @@ mod scrub;
 use std::error::Error as StdError;
 
 use kube::client::AuthError;
-use kube::runtime::watcher;
 
 /// Text about a failure that is safe to log and serve: built only here, from
 /// errors this module knows how to describe without credentials, or from
@@ -49,9 +48,13 @@ impl Redacted {
         Self::bounded(said_plainly(err, kube_error(err)))
     }
 
-    /// A watch error, described as [`Redacted::kube`] describes its client error.
-    pub fn watcher(err: &watcher::Error) -> Self {
-        Self::bounded(said_plainly(err, watcher_error(err)))
+    /// `text`, the caller's description of `err` built from this module's
+    /// describers (a wrapper of a client error, say): scrubbed, escaped and
+    /// bounded like every other text, led by what running out of file
+    /// descriptors means where that is the cause.
+    #[doc(hidden)]
+    pub fn described(err: &(dyn StdError + 'static), text: String) -> Self {
+        Self::bounded(said_plainly(err, text))
     }
 
     /// Any error and its causes, each once; client errors as [`Redacted::kube`] describes them.
@@ -288,26 +291,6 @@ pub fn error_chain(err: &(dyn StdError + 'static)) -> String {
     text
 }
 
-/// Describes a watcher error without credentials.
-#[doc(hidden)]
-pub fn watcher_error(err: &watcher::Error) -> String {
-    match err {
-        watcher::Error::InitialListFailed(inner) => {
-            format!(
-                "failed to perform initial object list: {}",
-                kube_error(inner)
-            )
-        }
-        watcher::Error::WatchStartFailed(inner) => {
-            format!("failed to start watching object: {}", kube_error(inner))
-        }
-        watcher::Error::WatchFailed(inner) => {
-            format!("watch stream failed: {}", kube_error(inner))
-        }
-        other => other.to_string(),
-    }
-}
-
 /// Describes a client authentication error without credentials.
 #[doc(hidden)]
 pub fn auth_error(err: &AuthError) -> String {
@@ -403,8 +386,6 @@ mod tests {
         let text = kube_error(&wrapped);
         assert!(text.starts_with("the credential plugin failed"), "{text}");
         assert!(!text.contains(SECRET), "{text}");
-        let watch = watcher::Error::WatchFailed(kube::Error::Auth(failed_run("", "")));
-        assert!(!watcher_error(&watch).contains(SECRET));
     }
 
     #[test]

@@ -170,8 +170,7 @@ where
                         } else {
                             format!("watching {plural}")
                         };
-                        let reason = multicluster_core::redact::Redacted::watcher(&err)
-                            .with_context(&context);
+                        let reason = crate::redact::watcher(&err).with_context(&context);
                         let retry_in = retries.as_ref().and_then(RetryState::delay);
                         told.failed(&cluster, &kind, &reason, retry_in);
                         let mut state = informer.lock();

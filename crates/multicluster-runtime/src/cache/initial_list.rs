@@ -64,7 +64,7 @@ impl InitialList {
             // holds no credential.
             tracing::info!(
                 resource = %self.resource,
-                reason = %multicluster_core::redact::Redacted::watcher(err),
+                reason = %crate::redact::watcher(err),
                 "the API server does not serve streaming lists; listing and watching instead"
             );
         }
