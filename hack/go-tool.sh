@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
 # Builds one command of a Go module pinned in hack/<tool>/go.mod (helm,
-# kind) with the installed Go toolchain from the Go module proxy, into a
-# cache directory outside the repository keyed by the tool and its go.sum;
-# a finished build is reused. Prints the binary's path on stdout.
+# kind, the monitoring check) with the installed Go toolchain from the Go
+# module proxy, into a cache directory outside the repository keyed by the
+# tool, its go.mod, go.sum and Go files; a finished build is reused. Prints
+# the binary's path on stdout.
 #
 #   hack/go-tool.sh <tool> <package> [ldflags]
 #   MCR_CACHE_DIR   cache root (default ${XDG_CACHE_HOME:-~/.cache}/multicluster-runtime)
 set -euo pipefail
 tool=$1 package=$2 ldflags=${3:-}
 here=$(cd "$(dirname "$0")/$tool" && pwd)
-sum=$(cat "$here/go.mod" "$here/go.sum" | sha256sum | cut -c1-12)
+sum=$(cat "$here/go.mod" "$here/go.sum" "$here"/*.go | sha256sum | cut -c1-12)
 cache_root=${MCR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/multicluster-runtime}
 out="$cache_root/$tool/$tool-$sum"
 if [ -x "$out/$tool" ]; then

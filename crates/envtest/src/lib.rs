@@ -45,6 +45,7 @@ mod pki;
 pub mod played;
 pub mod plugins;
 mod process;
+pub mod tools;
 pub mod traps;
 pub mod upstream;
 

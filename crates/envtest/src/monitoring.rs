@@ -10,18 +10,7 @@ use std::process::Command;
 /// Builds the checker with `build_script` (a finished build is reused by
 /// the script) and returns its path; the script's own words on failure.
 pub fn checker(build_script: &Path) -> Result<PathBuf, String> {
-    let built = Command::new(build_script)
-        .output()
-        .map_err(|err| format!("running {}: {err}", build_script.display()))?;
-    if !built.status.success() {
-        return Err(format!(
-            "building the monitoring check failed:\n{}",
-            String::from_utf8_lossy(&built.stderr)
-        ));
-    }
-    Ok(PathBuf::from(
-        String::from_utf8_lossy(&built.stdout).trim().to_string(),
-    ))
+    crate::tools::built_by(build_script)
 }
 
 /// Runs `checker` on `files` against the metrics in `exported` (a file in

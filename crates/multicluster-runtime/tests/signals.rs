@@ -10,7 +10,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use common::*;
 use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_envtest::ControlPlane;
-use multicluster_runtime::Manager;
 use multicluster_runtime::controller::{Action, Controller, Watch};
 
 #[derive(Debug, thiserror::Error)]
@@ -31,14 +30,7 @@ const SIGNAL_AT: usize = 1_000;
 async fn no_reconcile_starts_once_sigterm_is_received() {
     let cp = ControlPlane::start().await.expect("control plane");
     create_config_map(&cp, "seen", &[]).await;
-    let provider = TestProvider::default();
-    provider
-        .clusters
-        .add("member", cluster_for("member", &cp).await)
-        .expect("add");
-    let manager = Manager::builder(cluster_for("local", &cp).await)
-        .provider(Arc::new(provider))
-        .build();
+    let manager = fleet_manager("local", &cp, &[("member", &cp)]).await;
     let started = Arc::new(AtomicUsize::new(0));
     let (reached, signal_now) = std::sync::mpsc::sync_channel(1);
     let recorder = Recorder::default();

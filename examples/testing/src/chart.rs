@@ -20,22 +20,14 @@ const BUILD: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/../../hack/helm/build.
 const HELM_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
 
 /// The `helm` binary, built on first use (a finished build is reused).
-pub async fn helm() -> PathBuf {
-    let built = Command::new(BUILD)
-        .output()
-        .await
-        .unwrap_or_else(|err| panic!("running {BUILD}: {err}"));
-    assert!(
-        built.status.success(),
-        "building helm failed:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&built.stdout).trim())
+pub fn helm() -> PathBuf {
+    multicluster_envtest::tools::built_by(std::path::Path::new(BUILD))
+        .unwrap_or_else(|said| panic!("building helm: {said}"))
 }
 
 /// `helm` with `args`: what it printed, or what it said on failing.
 async fn try_run(args: &[&str]) -> Result<String, String> {
-    let helm = helm().await;
+    let helm = helm();
     let home = std::env::temp_dir().join("mcr-helm-home");
     let mut command = Command::new(&helm);
     command

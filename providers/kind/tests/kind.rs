@@ -5,6 +5,8 @@
 //! its own API server, would not fit beside the rest of `make test`).
 //! `tests/real_kind.rs` runs the real CLI and podman for the rest.
 
+mod common;
+
 use multicluster_runtime::provider::clusters::ClusterSetProvider;
 use multicluster_runtime::testing::Polled;
 use std::path::{Path, PathBuf};
@@ -14,11 +16,8 @@ use std::time::Duration;
 use multicluster_envtest::ControlPlane;
 use multicluster_provider_kind::{KindOptions, KindProvider};
 use multicluster_runtime::controller::Request;
-use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::testing::{eventually, recording_manager, run_manager, wait_until_left};
-use multicluster_runtime::{
-    Aware, Cluster, ClusterName, Manager, ManagerOptions, ProviderContext, RunnableProvider,
-};
+use multicluster_runtime::{Cluster, ClusterName, Manager, ManagerOptions};
 use tokio_util::sync::CancellationToken;
 
 /// A directory standing in for kind's state, and a script reading it:
@@ -101,16 +100,7 @@ fn req(cluster: &str, name: &str) -> Request {
 #[tokio::test]
 async fn a_missing_kind_cli_is_a_clear_error() {
     let provider = KindProvider::new(options(Path::new("/nonexistent/kind"), None));
-    let aware: Arc<dyn Aware> =
-        Arc::new(Manager::builder(multicluster_runtime::testing::offline_cluster("local")).build());
-    let err = provider
-        .start(ProviderContext::new(
-            CancellationToken::new(),
-            aware,
-            Metrics::default(),
-        ))
-        .await
-        .expect_err("start fails");
+    let err = common::start_error(provider).await;
     assert!(err.to_string().contains("kind CLI was not found"), "{err}");
     // The cause travels with it, for callers that look at it.
     let io = std::error::Error::source(&err)

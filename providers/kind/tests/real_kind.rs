@@ -6,6 +6,8 @@
 //! is skipped alone, a rotated `admin.conf` makes a new member, a cluster
 //! removed is disengaged; kind failing (podman missing) is a clear error.
 
+mod common;
+
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -15,30 +17,19 @@ use multicluster_envtest::ControlPlane;
 use multicluster_envtest::kind_nodes::KindNode;
 use multicluster_provider_kind::{KindOptions, KindProvider};
 use multicluster_runtime::controller::Request;
-use multicluster_runtime::metrics::Metrics;
 use multicluster_runtime::provider::clusters::ClusterSetProvider;
 use multicluster_runtime::provider::member::Members;
 use multicluster_runtime::testing::{
     Polled, eventually, recording_manager, run_manager, wait_until_left,
 };
-use multicluster_runtime::{
-    Aware, Cluster, ClusterName, Manager, ManagerOptions, ProviderContext, RunnableProvider,
-};
+use multicluster_runtime::{Cluster, ClusterName, ManagerOptions};
 use std::time::Duration;
-use tokio_util::sync::CancellationToken;
 
 /// The real kind CLI, built on first use.
 fn kind() -> PathBuf {
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../../hack/kind/build.sh");
-    let built = std::process::Command::new(script)
-        .output()
-        .unwrap_or_else(|err| panic!("running {script}: {err}"));
-    assert!(
-        built.status.success(),
-        "building kind failed:\n{}",
-        String::from_utf8_lossy(&built.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&built.stdout).trim())
+    multicluster_envtest::tools::built_by(std::path::Path::new(script))
+        .unwrap_or_else(|said| panic!("building kind: {said}"))
 }
 
 /// Options for the clusters named `prefix…`, as kind made them with podman
@@ -150,16 +141,7 @@ async fn kind_failing_is_a_clear_error_naming_why() {
         .kind_env
         .push(("PATH".to_string(), "/nonexistent".to_string()));
     let provider = KindProvider::new(options);
-    let aware: Arc<dyn Aware> =
-        Arc::new(Manager::builder(multicluster_runtime::testing::offline_cluster("local")).build());
-    let err = provider
-        .start(ProviderContext::new(
-            CancellationToken::new(),
-            aware,
-            Metrics::default(),
-        ))
-        .await
-        .expect_err("start fails");
+    let err = common::start_error(provider).await;
     let text = err.to_string();
     assert!(text.contains("get clusters"), "{text}");
     assert!(text.contains("podman"), "{text}");

@@ -412,6 +412,24 @@ mod tests {
 
     use super::*;
 
+    /// What feeds an informer by hand.
+    type Feed =
+        futures::channel::mpsc::UnboundedSender<Result<watcher::Event<ConfigMap>, watcher::Error>>;
+
+    /// An informer fed by hand, and what feeds it.
+    fn fed() -> (Feed, Arc<Informer<ConfigMap>>) {
+        let (events, stream) = futures::channel::mpsc::unbounded();
+        let informer = Informer::<ConfigMap>::spawn(
+            ClusterName::from("test"),
+            (),
+            stream,
+            Indexes::new(()),
+            CancellationToken::new(),
+            None,
+        );
+        (events, informer)
+    }
+
     fn config_map(name: &str) -> ConfigMap {
         let mut cm = ConfigMap::default();
         cm.metadata.name = Some(name.into());
@@ -423,15 +441,7 @@ mod tests {
     /// per event, shared, not one per subscriber or per step.
     #[tokio::test]
     async fn subscribers_share_the_stores_copy_of_each_object() {
-        let (events, stream) = futures::channel::mpsc::unbounded();
-        let informer = Informer::<ConfigMap>::spawn(
-            ClusterName::from("test"),
-            (),
-            stream,
-            Indexes::new(()),
-            CancellationToken::new(),
-            None,
-        );
+        let (events, informer) = fed();
         let mut first = informer.subscribe();
         let mut second = informer.subscribe();
         for event in [
@@ -467,15 +477,7 @@ mod tests {
     /// only once the store shows them.
     #[tokio::test]
     async fn a_subscriber_joining_mid_list_gets_the_objects_listed_so_far() {
-        let (events, stream) = futures::channel::mpsc::unbounded();
-        let informer = Informer::<ConfigMap>::spawn(
-            ClusterName::from("test"),
-            (),
-            stream,
-            Indexes::new(()),
-            CancellationToken::new(),
-            None,
-        );
+        let (events, informer) = fed();
         events
             .unbounded_send(Ok(watcher::Event::Init))
             .expect("send");
@@ -539,15 +541,7 @@ mod tests {
     async fn a_subscriber_that_stops_reading_costs_bounded_memory_then_relists() {
         const OBJECTS: usize = 100;
         const ROUNDS: usize = 50;
-        let (events, stream) = futures::channel::mpsc::unbounded();
-        let informer = Informer::<ConfigMap>::spawn(
-            ClusterName::from("test"),
-            (),
-            stream,
-            Indexes::new(()),
-            CancellationToken::new(),
-            None,
-        );
+        let (events, informer) = fed();
         let mut stalled = informer.subscribe();
         let mut reading = informer.subscribe();
         let names: Vec<String> = (0..OBJECTS).map(|i| format!("cm-{i:03}")).collect();
