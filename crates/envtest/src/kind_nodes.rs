@@ -264,12 +264,15 @@ fn runc() -> Option<PathBuf> {
     })
 }
 
-/// Imports the node image once per process (the import of the same files
-/// again is harmless).
+/// Imports the node image, unless podman has it from an earlier run (a
+/// new import each time would leave the old one behind, untagged).
 async fn image() -> Result<(), Error> {
     static IMPORTED: OnceCell<()> = OnceCell::const_new();
     IMPORTED
         .get_or_try_init(|| async {
+            if podman(&["image", "exists", IMAGE]).await.is_ok() {
+                return Ok(());
+            }
             let root = tempfile::tempdir().map_err(io("creating the node image's root"))?;
             let bin = root.path().join("bin");
             std::fs::create_dir_all(&bin).map_err(io("creating the node image's bin"))?;
