@@ -26,6 +26,7 @@ mod endpoints;
 mod options;
 mod progress;
 mod run;
+mod signals;
 
 mod tracking;
 
@@ -475,7 +476,7 @@ impl Manager {
     /// the controllers' queues, before the runtime runs the task that shuts
     /// the manager down (under a burst of work that can take milliseconds).
     pub async fn run_until_signal(&self) -> Result<(), Error> {
-        let mut signals = Signals::install(&self.inner.signalled);
+        let mut signals = signals::Signals::install(&self.inner.signalled);
         let shutdown = CancellationToken::new();
         let run = self.run(shutdown.clone());
         tokio::pin!(run);
@@ -484,88 +485,6 @@ impl Manager {
             () = signals.received() => shutdown.cancel(),
         }
         run.await
-    }
-}
-
-/// SIGTERM and SIGINT, listened to from the moment [`Signals::install`]
-/// returns (a listener made in a task of its own would miss a signal
-/// received before that task first ran), until dropped.
-struct Signals {
-    #[cfg(unix)]
-    terminate: Option<tokio::signal::unix::Signal>,
-    #[cfg(unix)]
-    interrupt: Option<tokio::signal::unix::Signal>,
-    /// Unregistered when the listener goes: a signal after the run is no
-    /// longer this manager's.
-    #[cfg(unix)]
-    flags: Vec<signal_hook::SigId>,
-}
-
-impl Signals {
-    /// Listens for the signals, and has their handler raise `flag` (lowered
-    /// first: a manager run again starts open).
-    fn install(flag: &Arc<std::sync::atomic::AtomicBool>) -> Self {
-        flag.store(false, std::sync::atomic::Ordering::SeqCst);
-        #[cfg(unix)]
-        {
-            use tokio::signal::unix::{SignalKind, signal};
-            let flags = [signal_hook::consts::SIGTERM, signal_hook::consts::SIGINT]
-                .into_iter()
-                .filter_map(|signal| match signal_hook::flag::register(signal, flag.clone()) {
-                    Ok(id) => Some(id),
-                    Err(err) => {
-                        tracing::warn!(signal, error = %err, "could not have the signal close the controllers' queues at once; they close when the manager stops");
-                        None
-                    }
-                })
-                .collect();
-            Self {
-                terminate: signal(SignalKind::terminate()).ok(),
-                interrupt: signal(SignalKind::interrupt()).ok(),
-                flags,
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = flag;
-            Self {}
-        }
-    }
-
-    /// Waits for the first of the signals.
-    async fn received(&mut self) {
-        #[cfg(unix)]
-        {
-            async fn next(signal: &mut Option<tokio::signal::unix::Signal>) {
-                match signal {
-                    Some(signal) => {
-                        signal.recv().await;
-                    }
-                    None => std::future::pending().await,
-                }
-            }
-            if self.terminate.is_none() && self.interrupt.is_none() {
-                let _ = tokio::signal::ctrl_c().await;
-                return;
-            }
-            tokio::select! {
-                () = next(&mut self.terminate) => {}
-                () = next(&mut self.interrupt) => {}
-            }
-        }
-        #[cfg(not(unix))]
-        {
-            let _ = tokio::signal::ctrl_c().await;
-        }
-    }
-}
-
-#[cfg(unix)]
-impl Drop for Signals {
-    fn drop(&mut self) {
-        for id in self.flags.drain(..) {
-            signal_hook::low_level::unregister(id);
-        }
     }
 }
 
