@@ -7,7 +7,11 @@
 #       --member-context prod-eu --management-context mgmt \
 #       [--namespace fleet] [--service-account multicluster-runtime] \
 #       [--for configmaps|fleet-quota|webhook] [--cluster-role NAME]
-#       [--duration 8760h]
+#       [--duration 8760h] [--label KEY=VALUE ...]
+#
+# --label adds a label to the Secret besides the provider's own, once per
+# label: a watch filter (cluster.x-k8s.io/watch-filter=instance-b), or what
+# a member selector or rollout stage picks clusters by (tier=canary).
 #
 # By default the service account gets what the examples need in a member and
 # no more, by --for (default configmaps): a ClusterRole
@@ -31,6 +35,7 @@ set -euo pipefail
 name="" member_context="" management_context="" namespace="fleet"
 service_account="multicluster-runtime" cluster_role="" duration="8760h" for="configmaps"
 label="sigs.k8s.io/multicluster-runtime-kubeconfig"
+labels=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --name) name=$2; shift 2 ;;
@@ -41,6 +46,12 @@ while [ $# -gt 0 ]; do
     --cluster-role) cluster_role=$2; shift 2 ;;
     --for) for=$2; shift 2 ;;
     --duration) duration=$2; shift 2 ;;
+    --label)
+      case "$2" in
+        *=*) labels+=("$2") ;;
+        *) echo "--label takes KEY=VALUE, not $2" >&2; exit 2 ;;
+      esac
+      shift 2 ;;
     -h|--help) sed -n '2,32p' "$0"; exit 0 ;;
     *) echo "unknown argument: $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -113,5 +124,5 @@ YAML
 
 management create namespace "$namespace" --dry-run=client -o yaml | management apply -f - >/dev/null
 management -n "$namespace" create secret generic "$name" --from-file=kubeconfig="$kubeconfig" \
-  --dry-run=client -o yaml | management label -f - --local -o yaml "$label=true" | management apply -f - >/dev/null
+  --dry-run=client -o yaml | management label -f - --local -o yaml "$label=true" ${labels[@]+"${labels[@]}"} | management apply -f - >/dev/null
 echo "Secret $namespace/$name created in the management cluster for cluster $cluster ($server)"

@@ -207,6 +207,7 @@ async fn the_secret_script_grants_what_the_example_needs_and_no_more() {
         .args(["--name", "member-quota", "--member-context", "member"])
         .args(["--management-context", "mgmt", "--namespace", "fleet"])
         .args(["--for", "fleet-quota", "--service-account", "quota"])
+        .args(["--label", "tier=canary", "--label", "region=eu-west"])
         .env("KUBECONFIG", &kubeconfig)
         .output()
         .await
@@ -216,6 +217,26 @@ async fn the_secret_script_grants_what_the_example_needs_and_no_more() {
         "{}",
         String::from_utf8_lossy(&output.stderr)
     );
+    // The labels asked for, beside the provider's own.
+    let secret = Api::<k8s_openapi::api::core::v1::Secret>::namespaced(
+        management.client().await.expect("client"),
+        "fleet",
+    )
+    .get("member-quota")
+    .await
+    .expect("the Secret");
+    let labels = secret.metadata.labels.unwrap_or_default();
+    for (key, value) in [
+        ("tier", "canary"),
+        ("region", "eu-west"),
+        (multicluster_provider_kubeconfig::DEFAULT_LABEL, "true"),
+    ] {
+        assert_eq!(
+            labels.get(key).map(String::as_str),
+            Some(value),
+            "{labels:?}"
+        );
+    }
     assert!(can("quota", "patch", "resourcequotas").await);
     assert!(can("quota", "create", "events.events.k8s.io").await);
     assert!(!can("quota", "create", "configmaps").await);
