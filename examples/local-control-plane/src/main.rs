@@ -1,5 +1,6 @@
-//! Starts a local control plane (etcd, kube-apiserver, kube-controller-manager)
-//! with the test control plane crate, writes its admin kubeconfig, and keeps
+//! Starts a local control plane (etcd, kube-apiserver and, unless
+//! `--no-controller-manager`, kube-controller-manager) with the test control
+//! plane crate, writes its admin kubeconfig, and keeps
 //! it running until Ctrl-C or SIGTERM. `make demo` uses it; so can you.
 
 use std::path::PathBuf;
@@ -14,6 +15,11 @@ struct Args {
     /// Where to write the admin kubeconfig.
     #[arg(long, default_value = "local-control-plane.kubeconfig")]
     kubeconfig: PathBuf,
+    /// Run no kube-controller-manager (nothing then makes namespaces'
+    /// default ServiceAccounts or collects garbage), for a test that plays
+    /// controllers itself.
+    #[arg(long)]
+    no_controller_manager: bool,
 }
 
 #[tokio::main]
@@ -23,7 +29,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     let args = Args::parse();
     let control_plane = ControlPlane::builder()
-        .controller_manager(true)
+        .controller_manager(!args.no_controller_manager)
         .start()
         .await?;
     std::fs::write(

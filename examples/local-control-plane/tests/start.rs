@@ -9,12 +9,49 @@ use tokio::process::Command;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-local-control-plane");
 
+/// The control plane's own processes, by name (cut to 15 characters, as
+/// the kernel keeps them).
+fn children(parent: u32) -> Vec<String> {
+    let mut names = Vec::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let stat = std::fs::read_to_string(entry.path().join("stat")).unwrap_or_default();
+        // pid (comm) state ppid ...
+        let Some((name, rest)) = stat
+            .split_once(" (")
+            .and_then(|(_, rest)| rest.rsplit_once(") "))
+        else {
+            continue;
+        };
+        let ppid = rest
+            .split_whitespace()
+            .nth(1)
+            .and_then(|ppid| ppid.parse::<u32>().ok());
+        if ppid == Some(parent) {
+            names.push(name.to_string());
+        }
+    }
+    names.sort();
+    names
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_normal_start_logs_no_error() {
+    start_and_stop(&[], &["etcd", "kube-apiserver", "kube-controller"]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_controller_manager_it_runs_none() {
+    start_and_stop(&["--no-controller-manager"], &["etcd", "kube-apiserver"]).await;
+}
+
+/// Starts the control plane with `args`, checks it started quietly with
+/// exactly the processes `runs`, and stops it with SIGTERM.
+async fn start_and_stop(args: &[&str], runs: &[&str]) {
     let dir = tempfile::tempdir().expect("dir");
     let kubeconfig = dir.path().join("kubeconfig");
     let logs = dir.path().join("stderr");
     let mut control_plane = Command::new(BINARY)
+        .args(args)
         .arg("--kubeconfig")
         .arg(&kubeconfig)
         .env_remove("RUST_LOG")
@@ -43,6 +80,9 @@ async fn a_normal_start_logs_no_error() {
         !printed.contains("ERROR"),
         "errors on a normal start:\n{printed}"
     );
+
+    let running = children(control_plane.id().expect("running"));
+    assert_eq!(running, runs, "{args:?}");
 
     let pid = control_plane.id().expect("running").to_string();
     Command::new("kill")
