@@ -275,6 +275,14 @@ impl WorkQueue {
         let _ = self.inner.closed.set(closed.clone());
     }
 
+    /// Whether the flag given to [`WorkQueue::close_on`] is raised.
+    fn is_closed(&self) -> bool {
+        self.inner
+            .closed
+            .get()
+            .is_some_and(|closed| closed.load(Ordering::SeqCst))
+    }
+
     /// Runs `work` for each key until `shutdown` fires, then lets running
     /// work finish for at most `grace` before dropping it (which stops what
     /// it started: a credential plugin, a CLI). An error backs the key off;
@@ -388,7 +396,7 @@ impl WorkQueue {
                 },
                 None => None,
             };
-            let Some(key) = next_key(&queue, &shutdown, self.inner.closed.get()).await else {
+            let Some(key) = next_key(&queue, &shutdown, || self.is_closed()).await else {
                 break;
             };
             self.metrics().queue_depth(self.name(), queue.depth());
@@ -407,13 +415,12 @@ impl WorkQueue {
             let this = self.clone();
             let timeout = queue.settings().get().reconcile_timeout;
             let policy = self.inner.error_policy.clone();
-            let closed = self.inner.closed.get().cloned();
             running.spawn(
                 async move {
                     // A reconcile starts when its task first runs (the
                     // reconciler is called then): one whose task had not
                     // run yet when the signal came never starts.
-                    if closed.is_some_and(|closed| closed.load(Ordering::SeqCst)) {
+                    if this.is_closed() {
                         this.inner.queue.done(&key, Outcome::Finished(None));
                         return;
                     }
@@ -451,9 +458,8 @@ fn is_terminal(err: &(dyn std::error::Error + 'static)) -> bool {
 async fn next_key(
     queue: &Queue,
     shutdown: &CancellationToken,
-    closed: Option<&Arc<AtomicBool>>,
+    closed: impl Fn() -> bool,
 ) -> Option<Request> {
-    let closed = || closed.is_some_and(|closed| closed.load(Ordering::SeqCst));
     loop {
         let changed = queue.changed();
         let next_due = match queue.next() {

@@ -60,10 +60,6 @@ impl Signals {
                     None => std::future::pending().await,
                 }
             }
-            if self.terminate.is_none() && self.interrupt.is_none() {
-                let _ = tokio::signal::ctrl_c().await;
-                return;
-            }
             tokio::select! {
                 () = next(&mut self.terminate) => {}
                 () = next(&mut self.interrupt) => {}
