@@ -12,9 +12,10 @@ for manifest in crates/*/Cargo.toml providers/*/Cargo.toml; do
     package=$(sed -n 's/^name = "\(.*\)"$/\1/p' "$manifest" | head -1)
     RUSTDOCFLAGS="-D warnings" cargo doc -p "$package" --no-deps --lib --quiet
 done
-# The core's optional parts (features health, testing) each build alone and
-# without the others; the coordinators without sharding.
-for features in "" health kubeconfig testing; do
+# The core's optional parts (features health, kubeconfig, testing,
+# opentelemetry) each build alone and without the others; the coordinators
+# without sharding.
+for features in "" health kubeconfig testing opentelemetry; do
     cargo clippy -p multicluster-runtime --lib \
         --no-default-features --features "$features" -- -D warnings
 done
@@ -22,7 +23,7 @@ cargo clippy -p multicluster-coordinator --lib --no-default-features -- -D warni
 # No module of a crate imports from another in a circle.
 python3 hack/module-cycles.py
 # The monitoring check's Go source is formatted.
-unformatted=$(gofmt -l hack/monitoring hack/controlplane hack/helm hack/kind)
+unformatted=$(gofmt -l hack/monitoring hack/controlplane hack/helm hack/kind hack/jaeger)
 [ -z "$unformatted" ] || { echo "gofmt: $unformatted" >&2; exit 1; }
 # The Helm chart, by the real helm (built from its Go module), with each
 # provider and each way of sharing the work; nothing of the user's Helm

@@ -579,7 +579,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Distinct free loopback ports. Ports handed out earlier in this process
 /// are never handed out again, so parallel tests in one binary cannot clash.
-fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
+pub(crate) fn free_ports<const N: usize>() -> Result<[u16; N], Error> {
     static HANDED_OUT: Mutex<Vec<u16>> = Mutex::new(Vec::new());
     let mut handed_out = lock(&HANDED_OUT);
     let mut ports = [0u16; N];

@@ -36,6 +36,7 @@ pub mod binaries;
 mod control_plane;
 mod crds;
 mod identity;
+pub mod jaeger;
 pub mod kind_nodes;
 mod kubeconfig;
 mod kubectl_proxy;
@@ -145,6 +146,9 @@ pub enum Error {
     /// A container could not be made or used (podman's words).
     #[error("container: {0}")]
     Container(String),
+    /// The trace receiver could not be built, started or read.
+    #[error("trace receiver: {0}")]
+    TraceReceiver(String),
     /// A file of an upstream Go module could not be had.
     #[error("upstream module: {0}")]
     Upstream(String),

@@ -35,6 +35,7 @@ mod open_files;
 pub mod provider;
 pub mod redact;
 mod sync;
+pub mod telemetry;
 #[cfg(feature = "testing")]
 pub mod testing;
 

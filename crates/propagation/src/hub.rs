@@ -8,6 +8,7 @@ use kube::api::{ApiResource, DynamicObject, Patch, PatchParams};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
+use tracing::Instrument;
 
 use super::status::{self, MemberState, Outcome};
 use super::{HubKey, Members, STATUS_COALESCE, Shared, StatusTarget};
@@ -68,7 +69,17 @@ where
                 finalizer::Event::Apply(hub) => {
                     // A paced rollout's step is not coalesced: a freed slot
                     // goes to the next member at once.
-                    let step_due = self.step_rollout(&hub_cluster, &key, hub.as_ref()).await?;
+                    // The members given a slot here are queued from this
+                    // span: their reconciles are its children in a trace.
+                    let step = if self.rollouts.is_paced() {
+                        tracing::info_span!("rollout step")
+                    } else {
+                        tracing::Span::none()
+                    };
+                    let step_due = self
+                        .step_rollout(&hub_cluster, &key, hub.as_ref())
+                        .instrument(step)
+                        .await?;
                     let sooner = |after: Duration| {
                         Action::requeue(step_due.map_or(after, |due| due.min(after)))
                     };
@@ -81,7 +92,11 @@ where
                     if let Some(since) = since.filter(|since| *since < STATUS_COALESCE) {
                         return Ok(sooner(STATUS_COALESCE - since));
                     }
-                    if self.write_status(&hub_cluster, &key, hub.as_ref()).await? {
+                    if self
+                        .write_status(&hub_cluster, &key, hub.as_ref())
+                        .instrument(tracing::info_span!("status write"))
+                        .await?
+                    {
                         crate::lock(&self.status_written).insert(key.clone(), Instant::now());
                     }
                     Ok::<_, ReconcileError>(

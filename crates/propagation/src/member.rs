@@ -11,6 +11,7 @@ use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::runtime::events::{Event, EventType};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tracing::Instrument;
 
 use super::apply_modes::ApplyMode;
 use super::letting_go::{DeletionPolicy, LettingGo, api_for};
@@ -78,7 +79,20 @@ where
             self.record(&key, &request.cluster, Some(waiting));
             return Ok(Action::requeue(crate::paced::SLOT_RECHECK));
         }
-        let outcome = self.apply(&hub, &key, &member, &revision).await;
+        // A paced member's reconcile is queued by the hub step that gave
+        // it its slot, so this span is beneath that hub reconcile in a
+        // trace (`multicluster_runtime::telemetry`).
+        let span = tracing::info_span!(
+            "member apply",
+            cluster = %request.cluster,
+            hub_namespace = key.0.as_deref().unwrap_or(""),
+            hub_name = %key.1,
+            revision = %revision,
+        );
+        let outcome = self
+            .apply(&hub, &key, &member, &revision)
+            .instrument(span)
+            .await;
         if let Some(took) = self.rollouts.became_available(
             &key,
             &request.cluster,

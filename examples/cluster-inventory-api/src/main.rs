@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::{ArgGroup, Parser};
 use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_example_configmap_sync::{
-    ClientArgs, CopyContext, MainError, ManagerArgs, PolicyArgs, reconcile, sync_filter,
+    ClientArgs, CopyContext, MainError, ManagerArgs, PolicyArgs, TraceArgs, reconcile, sync_filter,
 };
 use multicluster_provider_cluster_inventory_api::access::ProviderFile;
 use multicluster_provider_cluster_inventory_api::{ClusterProfileOptions, ClusterProfileProvider};
@@ -19,6 +19,8 @@ use multicluster_runtime::controller::{Controller, Watch};
 #[command(version, about)]
 #[command(group(ArgGroup::new("credentials").required(true).args(["consumer", "clusterprofile_provider_file"])))]
 struct Args {
+    #[command(flatten)]
+    traces: TraceArgs,
     /// Credentials from Secrets labelled x-k8s.io/cluster-inventory-consumer=<CONSUMER>.
     #[arg(long, env = "CONSUMER")]
     consumer: Option<String>,
@@ -47,7 +49,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<(), MainError> {
     let args = Args::parse();
-    multicluster_example_configmap_sync::init_logging();
+    let _traces =
+        multicluster_example_configmap_sync::init_logging(&args.traces, env!("CARGO_PKG_NAME"))?;
     run(args).await
 }
 

@@ -11,6 +11,7 @@ use multicluster_runtime::client::{
     AllowedPlugin, Allowlist, ExecPolicy, KubeconfigPolicy, Servers,
 };
 use multicluster_runtime::controller::{Action, Controller, Filter, Request, Watch, filters};
+use multicluster_runtime::telemetry::OtlpTraces;
 use multicluster_runtime::{Cluster, Error};
 use std::sync::Arc;
 use std::time::Duration;
@@ -313,19 +314,50 @@ impl PolicyArgs {
     }
 }
 
-/// Logs to stderr; `RUST_LOG` overrides the default
-/// ([`multicluster_runtime::LOG_FILTER`]).
-pub fn init_logging() {
+/// Where an example's traces go.
+#[derive(clap::Args, Debug, Default)]
+pub struct TraceArgs {
+    /// Export traces over OTLP/HTTP to this endpoint (its base URL, e.g.
+    /// http://otel-collector.monitoring:4318): a span per reconcile
+    /// (controller, cluster, request), and in propagations per hub step
+    /// and member apply, a member's beneath the hub reconcile that gave it
+    /// its slot.
+    #[arg(long, env = "OTEL_EXPORTER_OTLP_ENDPOINT", value_name = "URL")]
+    pub otlp_endpoint: Option<String>,
+}
+
+/// Logs to stderr (`RUST_LOG` overrides the default,
+/// [`multicluster_runtime::LOG_FILTER`]) and, with `--otlp-endpoint`,
+/// exports traces as `service` (the spans the default lets through,
+/// whatever `RUST_LOG` says: asking for fewer logs keeps the traces). Keep what it
+/// returns until `main` ends: dropping it sends the last spans.
+pub fn init_logging(traces: &TraceArgs, service: &str) -> Result<Option<OtlpTraces>, MainError> {
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| multicluster_runtime::LOG_FILTER.into()),
-        )
+    use tracing_subscriber::prelude::*;
+    let logs = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         // Colours for a terminal only, not in a log file or collector.
         .with_ansi(std::io::stderr().is_terminal())
+        .with_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| multicluster_runtime::LOG_FILTER.into()),
+        );
+    let exported = traces
+        .otlp_endpoint
+        .as_deref()
+        .map(|endpoint| OtlpTraces::start(endpoint, service))
+        .transpose()?;
+    tracing_subscriber::registry()
+        .with(logs)
+        .with(exported.as_ref().map(|exported| {
+            exported
+                .layer()
+                .with_filter(tracing_subscriber::EnvFilter::new(
+                    multicluster_runtime::LOG_FILTER,
+                ))
+        }))
         .init();
+    Ok(exported)
 }
 
 /// What an example's `main` returns on failure: printed as the error's

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_example_configmap_sync::{
-    ClientArgs, CopyContext, MainError, ManagerArgs, reconcile, sync_filter,
+    ClientArgs, CopyContext, MainError, ManagerArgs, TraceArgs, reconcile, sync_filter,
 };
 use multicluster_provider_file::{DEFAULT_SEPARATOR, FileOptions, FileProvider};
 use multicluster_runtime::Cluster;
@@ -17,6 +17,8 @@ use multicluster_runtime::controller::{Controller, Watch};
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
+    #[command(flatten)]
+    traces: TraceArgs,
     /// A kubeconfig file (repeatable).
     #[arg(long = "file")]
     files: Vec<PathBuf>,
@@ -35,7 +37,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<(), MainError> {
     let args = Args::parse();
-    multicluster_example_configmap_sync::init_logging();
+    let _traces =
+        multicluster_example_configmap_sync::init_logging(&args.traces, env!("CARGO_PKG_NAME"))?;
     run(args).await
 }
 

@@ -12,7 +12,7 @@
 
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
-use multicluster_example_configmap_sync::{MainError, SecretFleetArgs, hub_copy};
+use multicluster_example_configmap_sync::{MainError, SecretFleetArgs, TraceArgs, hub_copy};
 use multicluster_propagation::{Desired, Propagation};
 use multicluster_runtime::Cluster;
 
@@ -25,6 +25,8 @@ const STATUS_ANNOTATION: &str = "fleet.example/propagation";
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
+    #[command(flatten)]
+    traces: TraceArgs,
     #[command(flatten)]
     fleet: SecretFleetArgs,
 }
@@ -41,7 +43,8 @@ fn propagated(object: &ConfigMap) -> bool {
 #[tokio::main]
 async fn main() -> Result<(), MainError> {
     let args = Args::parse();
-    multicluster_example_configmap_sync::init_logging();
+    let _traces =
+        multicluster_example_configmap_sync::init_logging(&args.traces, env!("CARGO_PKG_NAME"))?;
 
     // The hub: where the objects to propagate and the members' Secrets live.
     let hub = Cluster::new("hub", kube::Client::try_default().await?);

@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{ResourceQuota, ResourceQuotaSpec};
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use kube::api::ObjectMeta;
 use kube::{CustomResource, CustomResourceExt};
-use multicluster_example_configmap_sync::{MainError, SecretFleetArgs};
+use multicluster_example_configmap_sync::{MainError, SecretFleetArgs, TraceArgs};
 use multicluster_propagation::{Desired, Propagation, PropagationStatus};
 use multicluster_runtime::Cluster;
 use serde::{Deserialize, Serialize};
@@ -53,6 +53,8 @@ fn default_namespace() -> String {
 #[command(version, about)]
 struct Args {
     #[command(flatten)]
+    traces: TraceArgs,
+    #[command(flatten)]
     fleet: SecretFleetArgs,
 }
 
@@ -75,7 +77,8 @@ fn quota_for(hub: &FleetQuota) -> ResourceQuota {
 #[tokio::main]
 async fn main() -> Result<(), MainError> {
     let args = Args::parse();
-    multicluster_example_configmap_sync::init_logging();
+    let _traces =
+        multicluster_example_configmap_sync::init_logging(&args.traces, env!("CARGO_PKG_NAME"))?;
 
     let hub = Cluster::new("hub", kube::Client::try_default().await?);
     multicluster_example_configmap_sync::install_crd(

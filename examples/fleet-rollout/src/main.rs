@@ -20,7 +20,7 @@ use clap::Parser;
 use k8s_openapi::api::apps::v1::Deployment;
 use kube::{CustomResource, CustomResourceExt};
 use multicluster_coordinator::sharding::{ShardedCoordinator, ShardingOptions};
-use multicluster_example_configmap_sync::{MainError, SecretFleetArgs};
+use multicluster_example_configmap_sync::{MainError, SecretFleetArgs, TraceArgs};
 use multicluster_propagation::{Desired, MaxUnavailable, Propagation, PropagationStatus, Rollout};
 use multicluster_runtime::Cluster;
 use serde::{Deserialize, Serialize};
@@ -67,6 +67,8 @@ fn one() -> i32 {
 #[command(version, about)]
 struct Args {
     #[command(flatten)]
+    traces: TraceArgs,
+    #[command(flatten)]
     fleet: SecretFleetArgs,
     /// Share the members with the other replicas run with --shard: each
     /// works on its own share (the bound holds across all of them).
@@ -101,7 +103,8 @@ fn deployment_for(hub: &FleetDeployment) -> Result<Deployment, serde_json::Error
 #[tokio::main]
 async fn main() -> Result<(), MainError> {
     let args = Args::parse();
-    multicluster_example_configmap_sync::init_logging();
+    let _traces =
+        multicluster_example_configmap_sync::init_logging(&args.traces, env!("CARGO_PKG_NAME"))?;
 
     let hub = Cluster::new("hub", kube::Client::try_default().await?);
     multicluster_example_configmap_sync::install_crd(

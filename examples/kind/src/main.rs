@@ -9,7 +9,7 @@ use std::time::Duration;
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_example_configmap_sync::{
-    ClientArgs, CopyContext, MainError, ManagerArgs, reconcile, sync_filter,
+    ClientArgs, CopyContext, MainError, ManagerArgs, TraceArgs, reconcile, sync_filter,
 };
 use multicluster_provider_kind::{KindOptions, KindProvider};
 use multicluster_runtime::Cluster;
@@ -19,6 +19,8 @@ use multicluster_runtime::controller::{Controller, Watch};
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
+    #[command(flatten)]
+    traces: TraceArgs,
     /// Only kind clusters whose name starts with this prefix.
     #[arg(long)]
     prefix: Option<String>,
@@ -37,7 +39,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<(), MainError> {
     let args = Args::parse();
-    multicluster_example_configmap_sync::init_logging();
+    let _traces =
+        multicluster_example_configmap_sync::init_logging(&args.traces, env!("CARGO_PKG_NAME"))?;
     run(args).await
 }
 

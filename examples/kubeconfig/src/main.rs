@@ -7,7 +7,7 @@ use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{ApiResource, GroupVersionKind};
 use multicluster_example_configmap_sync::{
-    ClientArgs, CopyContext, MainError, ManagerArgs, PolicyArgs, reconcile, sync_filter,
+    ClientArgs, CopyContext, MainError, ManagerArgs, PolicyArgs, TraceArgs, reconcile, sync_filter,
 };
 use multicluster_provider_kubeconfig::{
     DEFAULT_DATA_KEY, DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider,
@@ -19,6 +19,8 @@ use multicluster_runtime::controller::{Controller, Watch};
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
+    #[command(flatten)]
+    traces: TraceArgs,
     /// Namespace of the kubeconfig Secrets in the management cluster; every namespace when unset.
     #[arg(long, env = "NAMESPACE")]
     namespace: Option<String>,
@@ -48,7 +50,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<(), MainError> {
     let args = Args::parse();
-    multicluster_example_configmap_sync::init_logging();
+    let _traces =
+        multicluster_example_configmap_sync::init_logging(&args.traces, env!("CARGO_PKG_NAME"))?;
     run(args).await
 }
 

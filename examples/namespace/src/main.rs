@@ -7,7 +7,7 @@ use std::sync::Arc;
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_example_configmap_sync::{
-    CopyContext, MainError, ManagerArgs, NamespaceArgs, reconcile, sync_filter,
+    CopyContext, MainError, ManagerArgs, NamespaceArgs, TraceArgs, reconcile, sync_filter,
 };
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
 use multicluster_runtime::controller::{Controller, Watch};
@@ -16,6 +16,8 @@ use multicluster_runtime::controller::{Controller, Watch};
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
+    #[command(flatten)]
+    traces: TraceArgs,
     /// Only namespaces labelled cluster.x-k8s.io/watch-filter=<value> become clusters.
     #[arg(long, env = "WATCH_FILTER")]
     watch_filter: Option<String>,
@@ -28,7 +30,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<(), MainError> {
     let args = Args::parse();
-    multicluster_example_configmap_sync::init_logging();
+    let _traces =
+        multicluster_example_configmap_sync::init_logging(&args.traces, env!("CARGO_PKG_NAME"))?;
     run(args).await
 }
 

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
 use multicluster_example_configmap_sync::{
-    ClientArgs, MainError, ManagerArgs, PolicyArgs, hub_copy,
+    ClientArgs, MainError, ManagerArgs, PolicyArgs, TraceArgs, hub_copy,
 };
 use multicluster_propagation::{Desired, Propagation};
 use multicluster_provider_cluster_inventory_api::placement::{DecisionKey, Placements};
@@ -35,6 +35,8 @@ const STATUS_ANNOTATION: &str = "fleet.example/placement-status";
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
+    #[command(flatten)]
+    traces: TraceArgs,
     /// Credentials from Secrets labelled x-k8s.io/cluster-inventory-consumer=<CONSUMER>.
     #[arg(long, env = "CONSUMER")]
     consumer: String,
@@ -62,7 +64,8 @@ fn key_of(object: &ConfigMap) -> Option<DecisionKey> {
 #[tokio::main]
 async fn main() -> Result<(), MainError> {
     let args = Args::parse();
-    multicluster_example_configmap_sync::init_logging();
+    let _traces =
+        multicluster_example_configmap_sync::init_logging(&args.traces, env!("CARGO_PKG_NAME"))?;
 
     // The hub: the ClusterProfiles, their Secrets, the PlacementDecisions
     // and the objects to propagate.

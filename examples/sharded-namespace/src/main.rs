@@ -13,7 +13,7 @@ use std::time::Duration;
 use clap::Parser;
 use multicluster_coordinator::sharding::{FenceHold, ShardedCoordinator, ShardingOptions};
 use multicluster_example_configmap_sync::{
-    MainError, ManagerArgs, NamespaceArgs, controller_on_replica, serve,
+    MainError, ManagerArgs, NamespaceArgs, TraceArgs, controller_on_replica, serve,
 };
 use multicluster_provider_namespace::{NamespaceOptions, NamespaceProvider};
 use multicluster_runtime::Manager;
@@ -23,6 +23,8 @@ use multicluster_runtime::metrics::Metrics;
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
+    #[command(flatten)]
+    traces: TraceArgs,
     /// This replica's ID (default: the host name).
     #[arg(long, env = "PEER_ID")]
     peer_id: Option<String>,
@@ -66,7 +68,8 @@ struct Args {
 #[tokio::main]
 async fn main() -> Result<(), MainError> {
     let args = Args::parse();
-    multicluster_example_configmap_sync::init_logging();
+    let _traces =
+        multicluster_example_configmap_sync::init_logging(&args.traces, env!("CARGO_PKG_NAME"))?;
     run(args).await
 }
 

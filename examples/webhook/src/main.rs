@@ -18,7 +18,9 @@ use clap::Parser;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::ResourceExt;
 use kube::core::admission::{AdmissionRequest, AdmissionResponse};
-use multicluster_example_configmap_sync::{ClientArgs, MainError, ManagerArgs, PolicyArgs};
+use multicluster_example_configmap_sync::{
+    ClientArgs, MainError, ManagerArgs, PolicyArgs, TraceArgs,
+};
 use multicluster_provider_kubeconfig::{KubeconfigOptions, KubeconfigProvider};
 use multicluster_runtime::{Cluster, Manager};
 use multicluster_webhook::{
@@ -33,6 +35,8 @@ const OWNER_LABEL: &str = "fleet.example/owner";
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
+    #[command(flatten)]
+    traces: TraceArgs,
     /// Namespace of the members' kubeconfig Secrets on the hub; every namespace when unset.
     #[arg(long, env = "NAMESPACE")]
     namespace: Option<String>,
@@ -95,7 +99,8 @@ async fn owner_label(
 #[tokio::main]
 async fn main() -> Result<(), MainError> {
     let args = Args::parse();
-    multicluster_example_configmap_sync::init_logging();
+    let _traces =
+        multicluster_example_configmap_sync::init_logging(&args.traces, env!("CARGO_PKG_NAME"))?;
 
     let hub = Cluster::local(kube::Client::try_default().await?);
     let provider = Arc::new(KubeconfigProvider::new(

@@ -275,7 +275,8 @@ impl Controller {
     }
 
     /// Queues a reconcile of `request` by hand (ignored for clusters that are
-    /// not engaged).
+    /// not engaged). Queued from a reconcile, its reconcile is that
+    /// reconcile's child in a trace ([`crate::telemetry`]).
     pub fn enqueue(&self, request: Request) {
         self.inner.work.enqueue(request);
     }

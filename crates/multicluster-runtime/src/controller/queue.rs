@@ -22,6 +22,7 @@ use tokio::time::Instant;
 
 use super::Request;
 use super::settings::FixedOnce;
+use crate::telemetry::Cause;
 use multicluster_core::ClusterName;
 
 /// Per-request exponential backoff after errors.
@@ -83,6 +84,10 @@ struct State {
     due: HashMap<Request, Instant>,
     sequence: u64,
     failures: HashMap<Request, u32>,
+    /// What caused requests queued from a reconcile (see
+    /// [`Queue::add_caused`]): the span their reconcile is a child of.
+    /// Empty unless traces are exported.
+    causes: HashMap<Request, Cause>,
 }
 
 pub(crate) struct Queue {
@@ -155,6 +160,7 @@ impl Queue {
         state.dirty.retain(|req| &req.cluster != cluster);
         state.failures.retain(|req, _| &req.cluster != cluster);
         state.due.retain(|req, _| &req.cluster != cluster);
+        state.causes.retain(|req, _| &req.cluster != cluster);
         let delayed = std::mem::take(&mut state.delayed);
         state.delayed = delayed
             .into_iter()
@@ -183,6 +189,29 @@ impl Queue {
         }
         drop(state);
         self.changed.notify_one();
+    }
+
+    /// Adds a request as [`Queue::add`] does, caused by the span this is
+    /// called in: its next reconcile is that span's child in a trace. A
+    /// request already waiting keeps the cause it has.
+    pub(crate) fn add_caused(&self, request: Request) {
+        let cause = Cause::current();
+        if !cause.is_empty() {
+            let mut state = self.lock();
+            if self.takes(&state, &request.cluster) {
+                state.causes.entry(request.clone()).or_insert(cause);
+            }
+        }
+        self.add(request);
+    }
+
+    /// What caused `request`, taken as its reconcile starts.
+    pub(crate) fn take_cause(&self, request: &Request) -> Cause {
+        let mut state = self.lock();
+        if state.causes.is_empty() {
+            return Cause::default();
+        }
+        state.causes.remove(request).unwrap_or_default()
     }
 
     fn enqueue(state: &mut State, request: Request) -> bool {

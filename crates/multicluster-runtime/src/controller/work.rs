@@ -211,9 +211,11 @@ impl WorkQueue {
         &self.inner.name
     }
 
-    /// Queues `key` to run as soon as possible.
+    /// Queues `key` to run as soon as possible. Queued from a reconcile,
+    /// its reconcile is that reconcile's child in a trace
+    /// ([`crate::telemetry`]).
     pub fn enqueue(&self, key: Request) {
-        self.inner.queue.add(key);
+        self.inner.queue.add_caused(key);
     }
 
     /// Queues `key` to run after `delay`.
@@ -412,6 +414,7 @@ impl WorkQueue {
                 namespace = key.namespace.as_deref().unwrap_or(""),
                 name = %key.name,
             );
+            queue.take_cause(&key).adopt(&span);
             let this = self.clone();
             let timeout = queue.settings().get().reconcile_timeout;
             let policy = self.inner.error_policy.clone();
