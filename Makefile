@@ -1,7 +1,7 @@
 # multicluster-runtime for Rust. Every target prepares what it needs.
 SHELL := /usr/bin/env bash
 
-.PHONY: all test lint fmt bench demo controlplane helm kind tools examples publish-check
+.PHONY: all test lint fmt bench demo controlplane helm kind jaeger tools examples publish-check template
 
 all: lint test
 
@@ -17,17 +17,25 @@ helm:
 kind:
 	@hack/kind/build.sh >/dev/null
 
+## jaeger: build (first run) or reuse the cached Jaeger the trace tests export to
+jaeger:
+	@hack/jaeger/build.sh >/dev/null
+
 ## tools: command-line tools the tests call (kubectl; podman, runc and busybox for kind nodes)
 tools:
 	@hack/ensure-tools.sh
 
 ## test: the whole test suite against real control planes
-test: controlplane tools helm kind
+test: controlplane tools helm kind jaeger
 	hack/test-all.sh
 
 ## lint: formatting and clippy with warnings as errors
 lint:
 	hack/lint.sh
+
+## template: generate a project from templates/fleet-controller per provider (real cargo-generate) and run its test
+template: controlplane
+	hack/template/test.sh
 
 ## publish-check: every library crate packages and builds on its own (cargo publish --dry-run)
 publish-check:

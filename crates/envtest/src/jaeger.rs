@@ -43,6 +43,34 @@ pub struct Span {
     pub tags: std::collections::BTreeMap<String, String>,
 }
 
+impl Span {
+    /// The value of the attribute `key`, or "" without it.
+    pub fn tag(&self, key: &str) -> &str {
+        self.tags.get(key).map_or("", String::as_str)
+    }
+
+    /// The spans above this one among `spans` (its trace's), nearest
+    /// first.
+    pub fn ancestors<'a>(&self, spans: &'a [Span]) -> Vec<&'a Span> {
+        let by_id: std::collections::HashMap<&str, &Span> = spans
+            .iter()
+            .map(|span| (span.span_id.as_str(), span))
+            .collect();
+        let mut above = Vec::new();
+        let mut parent = self.parent_id.as_deref();
+        while let Some(id) = parent {
+            // A cycle cannot come from Jaeger; a bound keeps a bad answer
+            // from looping.
+            let Some(next) = by_id.get(id).filter(|_| above.len() < spans.len()) else {
+                break;
+            };
+            above.push(*next);
+            parent = next.parent_id.as_deref();
+        }
+        above
+    }
+}
+
 impl Jaeger {
     /// Builds (first run) Jaeger with `build_script` and starts it on free
     /// loopback ports; returns once its query API answers.

@@ -7,7 +7,6 @@
 
 mod common;
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -46,40 +45,26 @@ fn copy(hub: &ConfigMap, member: &Cluster) -> ConfigMap {
     }
 }
 
-/// The spans above `span` in its trace, nearest first.
-fn ancestors<'a>(span: &Span, by_id: &HashMap<&str, &'a Span>) -> Vec<&'a Span> {
-    let mut above = Vec::new();
-    let mut parent = span.parent_id.as_deref();
-    while let Some(id) = parent {
-        let Some(next) = by_id.get(id) else { break };
-        above.push(*next);
-        parent = next.parent_id.as_deref();
-    }
-    above
-}
-
 /// For each member, the chain above a `member apply` span naming it that
 /// reaches the hub reconcile, if Jaeger holds one.
 fn chains_to_the_hub(spans: &[Span]) -> Result<Vec<String>, String> {
-    let by_id: HashMap<&str, &Span> = spans.iter().map(|s| (s.span_id.as_str(), s)).collect();
-    let tag = |span: &Span, key: &str| span.tags.get(key).cloned().unwrap_or_default();
     let mut chains = Vec::new();
     for member in MEMBERS {
         let applies: Vec<&Span> = spans
             .iter()
-            .filter(|span| span.operation == "member apply" && tag(span, "cluster") == member)
+            .filter(|span| span.operation == "member apply" && span.tag("cluster") == member)
             .collect();
         let chain = applies.iter().find_map(|apply| {
-            let above = ancestors(apply, &by_id);
+            let above = apply.ancestors(spans);
             let hub = above.iter().position(|span| {
-                span.operation == "reconcile" && tag(span, "cluster") == "<local>"
+                span.operation == "reconcile" && span.tag("cluster") == "<local>"
             })?;
             let above = &above[..=hub];
             // Between the apply and the hub: the member's own reconcile,
             // queued from the hub's rollout step.
             above
                 .iter()
-                .any(|span| span.operation == "reconcile" && tag(span, "cluster") == member)
+                .any(|span| span.operation == "reconcile" && span.tag("cluster") == member)
                 .then_some(above)?;
             above
                 .iter()
@@ -90,7 +75,7 @@ fn chains_to_the_hub(spans: &[Span]) -> Result<Vec<String>, String> {
                     .chain(
                         above
                             .iter()
-                            .map(|span| format!("{}({})", span.operation, tag(span, "cluster"))),
+                            .map(|span| format!("{}({})", span.operation, span.tag("cluster"))),
                     )
                     .collect::<Vec<_>>()
                     .join(" < "),

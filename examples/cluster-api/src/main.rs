@@ -21,8 +21,6 @@ enum Version {
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
-    #[command(flatten)]
-    traces: TraceArgs,
     /// Namespace of the Cluster objects in the management cluster; every namespace when unset.
     #[arg(long, env = "NAMESPACE")]
     namespace: Option<String>,
@@ -38,6 +36,8 @@ struct Args {
     client: ClientArgs,
     #[command(flatten)]
     policy: PolicyArgs,
+    #[command(flatten)]
+    traces: TraceArgs,
 }
 
 #[tokio::main]

@@ -19,8 +19,6 @@ use multicluster_runtime::controller::{Controller, Watch};
 #[command(version, about)]
 #[command(group(ArgGroup::new("credentials").required(true).args(["consumer", "clusterprofile_provider_file"])))]
 struct Args {
-    #[command(flatten)]
-    traces: TraceArgs,
     /// Credentials from Secrets labelled x-k8s.io/cluster-inventory-consumer=<CONSUMER>.
     #[arg(long, env = "CONSUMER")]
     consumer: Option<String>,
@@ -44,6 +42,8 @@ struct Args {
     client: ClientArgs,
     #[command(flatten)]
     policy: PolicyArgs,
+    #[command(flatten)]
+    traces: TraceArgs,
 }
 
 #[tokio::main]

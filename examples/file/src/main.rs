@@ -17,8 +17,6 @@ use multicluster_runtime::controller::{Controller, Watch};
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
-    #[command(flatten)]
-    traces: TraceArgs,
     /// A kubeconfig file (repeatable).
     #[arg(long = "file")]
     files: Vec<PathBuf>,
@@ -32,6 +30,8 @@ struct Args {
     manager: ManagerArgs,
     #[command(flatten)]
     client: ClientArgs,
+    #[command(flatten)]
+    traces: TraceArgs,
 }
 
 #[tokio::main]

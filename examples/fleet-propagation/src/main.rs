@@ -26,9 +26,9 @@ const STATUS_ANNOTATION: &str = "fleet.example/propagation";
 #[command(version, about)]
 struct Args {
     #[command(flatten)]
-    traces: TraceArgs,
-    #[command(flatten)]
     fleet: SecretFleetArgs,
+    #[command(flatten)]
+    traces: TraceArgs,
 }
 
 fn propagated(object: &ConfigMap) -> bool {

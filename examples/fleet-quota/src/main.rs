@@ -53,9 +53,9 @@ fn default_namespace() -> String {
 #[command(version, about)]
 struct Args {
     #[command(flatten)]
-    traces: TraceArgs,
-    #[command(flatten)]
     fleet: SecretFleetArgs,
+    #[command(flatten)]
+    traces: TraceArgs,
 }
 
 /// The quota a FleetQuota wants in each member.

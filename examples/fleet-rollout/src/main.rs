@@ -67,8 +67,6 @@ fn one() -> i32 {
 #[command(version, about)]
 struct Args {
     #[command(flatten)]
-    traces: TraceArgs,
-    #[command(flatten)]
     fleet: SecretFleetArgs,
     /// Share the members with the other replicas run with --shard: each
     /// works on its own share (the bound holds across all of them).
@@ -80,6 +78,8 @@ struct Args {
     /// Where the replicas' Leases live, on the hub.
     #[arg(long, default_value = "kube-system")]
     lease_namespace: String,
+    #[command(flatten)]
+    traces: TraceArgs,
 }
 
 /// The Deployment a FleetDeployment wants in each member.

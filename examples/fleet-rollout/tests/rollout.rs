@@ -4,7 +4,9 @@
 //! Deployment is available (the members run no Deployment controller: the
 //! test plays it, as the real one writes its status); `kubectl get
 //! fleetdeployments` shows the progress; paused, a new image reaches no
-//! member until resumed. Two replicas run with `--shard` share the
+//! member until resumed; with `--otlp-endpoint`, its traces reach a real
+//! Jaeger, each member's apply beneath the hub reconcile that gave it its
+//! slot. Two replicas run with `--shard` share the
 //! members, each rolling out to its own, one member at a time between
 //! them.
 
@@ -18,6 +20,7 @@ use kube::api::{
 };
 use multicluster_coordinator::sharding::{Peer, owner};
 use multicluster_envtest::ControlPlane;
+use multicluster_envtest::jaeger::Jaeger;
 use multicluster_envtest::played::Deployments;
 use multicluster_example_testing::{GRACE, kubeconfig_secret, terminate};
 use multicluster_runtime::testing::{Polled, eventually, eventually_some};
@@ -191,6 +194,11 @@ async fn set_image(deployments: &Api<DynamicObject>, tag: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fleet_deployment_rolls_out_one_member_at_a_time_and_pauses() {
     let _one = ONE_AT_A_TIME.lock().await;
+    let jaeger = Jaeger::start(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../hack/jaeger/build.sh"),
+    )
+    .await
+    .expect("Jaeger");
     let fleet = Fleet::start(["a", "b"]).await;
     let Fleet {
         hub_cp,
@@ -199,7 +207,7 @@ async fn a_fleet_deployment_rolls_out_one_member_at_a_time_and_pauses() {
         hub,
         played,
     } = &fleet;
-    let mut example = fleet.example(&[]);
+    let mut example = fleet.example(&["--otlp-endpoint", &jaeger.otlp_endpoint()]);
     let deployments = fleet.make_web("v1").await;
     rolled_out(hub, a, b, "v1").await;
     assert_eq!(played.most_changing(), 1, "one member at a time");
@@ -279,6 +287,29 @@ async fn a_fleet_deployment_rolls_out_one_member_at_a_time_and_pauses() {
 
     let status = terminate(&mut example, GRACE + Duration::from_secs(5)).await;
     assert!(status.success(), "{status}");
+
+    // Its traces (--otlp-endpoint, sent as it stopped): each member's
+    // apply is beneath the hub reconcile that gave it its slot.
+    eventually(
+        Polled::OtherProcess,
+        "each member's apply beneath a hub reconcile, in Jaeger",
+        || async {
+            let spans = jaeger
+                .spans("multicluster-example-fleet-rollout")
+                .await
+                .expect("Jaeger's query API");
+            ["a", "b"].into_iter().all(|member| {
+                spans.iter().any(|span| {
+                    span.operation == "member apply"
+                        && span.tag("cluster") == member
+                        && span.ancestors(&spans).iter().any(|above| {
+                            above.operation == "reconcile" && above.tag("cluster") == "<local>"
+                        })
+                })
+            })
+        },
+    )
+    .await;
 }
 
 /// The first of `a`, `b`, `c`, ... that rendezvous hashing over the two

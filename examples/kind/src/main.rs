@@ -19,8 +19,6 @@ use multicluster_runtime::controller::{Controller, Watch};
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
-    #[command(flatten)]
-    traces: TraceArgs,
     /// Only kind clusters whose name starts with this prefix.
     #[arg(long)]
     prefix: Option<String>,
@@ -34,6 +32,8 @@ struct Args {
     manager: ManagerArgs,
     #[command(flatten)]
     client: ClientArgs,
+    #[command(flatten)]
+    traces: TraceArgs,
 }
 
 #[tokio::main]

@@ -19,8 +19,6 @@ use multicluster_runtime::controller::{Controller, Watch};
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
-    #[command(flatten)]
-    traces: TraceArgs,
     /// Namespace of the kubeconfig Secrets in the management cluster; every namespace when unset.
     #[arg(long, env = "NAMESPACE")]
     namespace: Option<String>,
@@ -45,6 +43,8 @@ struct Args {
     client: ClientArgs,
     #[command(flatten)]
     policy: PolicyArgs,
+    #[command(flatten)]
+    traces: TraceArgs,
 }
 
 #[tokio::main]

@@ -16,8 +16,6 @@ use multicluster_runtime::controller::{Controller, Watch};
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
-    #[command(flatten)]
-    traces: TraceArgs,
     /// Only namespaces labelled cluster.x-k8s.io/watch-filter=<value> become clusters.
     #[arg(long, env = "WATCH_FILTER")]
     watch_filter: Option<String>,
@@ -25,6 +23,8 @@ struct Args {
     namespaces: NamespaceArgs,
     #[command(flatten)]
     manager: ManagerArgs,
+    #[command(flatten)]
+    traces: TraceArgs,
 }
 
 #[tokio::main]

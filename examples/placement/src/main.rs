@@ -35,8 +35,6 @@ const STATUS_ANNOTATION: &str = "fleet.example/placement-status";
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
-    #[command(flatten)]
-    traces: TraceArgs,
     /// Credentials from Secrets labelled x-k8s.io/cluster-inventory-consumer=<CONSUMER>.
     #[arg(long, env = "CONSUMER")]
     consumer: String,
@@ -49,6 +47,8 @@ struct Args {
     client: ClientArgs,
     #[command(flatten)]
     policy: PolicyArgs,
+    #[command(flatten)]
+    traces: TraceArgs,
 }
 
 /// The decision a hub object follows, if it is annotated.

@@ -23,8 +23,6 @@ use multicluster_runtime::metrics::Metrics;
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
-    #[command(flatten)]
-    traces: TraceArgs,
     /// This replica's ID (default: the host name).
     #[arg(long, env = "PEER_ID")]
     peer_id: Option<String>,
@@ -63,6 +61,8 @@ struct Args {
     /// and benchmarks check for clusters worked on twice or by nobody.
     #[arg(long)]
     ownership_ledger: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    traces: TraceArgs,
 }
 
 #[tokio::main]

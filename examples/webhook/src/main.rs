@@ -35,8 +35,6 @@ const OWNER_LABEL: &str = "fleet.example/owner";
 #[derive(Parser)]
 #[command(version, about)]
 struct Args {
-    #[command(flatten)]
-    traces: TraceArgs,
     /// Namespace of the members' kubeconfig Secrets on the hub; every namespace when unset.
     #[arg(long, env = "NAMESPACE")]
     namespace: Option<String>,
@@ -68,6 +66,8 @@ struct Args {
     client: ClientArgs,
     #[command(flatten)]
     policy: PolicyArgs,
+    #[command(flatten)]
+    traces: TraceArgs,
 }
 
 #[derive(Debug, thiserror::Error)]
