@@ -18,7 +18,9 @@ use multicluster_envtest::ControlPlane;
 use multicluster_runtime::ClusterName;
 use multicluster_runtime::coordinator::Coordinator;
 use multicluster_runtime::provider::clusters::{ClusterSetProvider, Clusters};
-use multicluster_runtime::testing::{eventually, run_manager, wait_on, wait_until_ready};
+use multicluster_runtime::testing::{
+    eventually, holds_throughout, run_manager, wait_on, wait_until_ready,
+};
 use multicluster_runtime::{InventoryEngaged, Manager, ProviderContext, RunnableProvider};
 use tokio_util::sync::CancellationToken;
 
@@ -215,12 +217,24 @@ async fn a_replica_is_handed_clusters_only_once_its_inventory_is_engaged() {
     })
     .await;
     assert_eq!(said_ready(&cp, "r1").await, Some(Some("false".to_string())));
-    // Ten looks of r0's: it keeps r1's share, and r1 is handed nothing.
-    for _ in 0..10 {
-        assert_eq!(working_on(&r0).len(), MEMBERS.len(), "r0 handed over early");
-        assert!(working_on(&r1).is_empty(), "r1 worked before it was ready");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    // For two seconds, at every change of either's working set: r0 keeps
+    // r1's share, and r1 is handed nothing.
+    assert_eq!(working_on(&r0).len(), MEMBERS.len(), "r0 handed over early");
+    let (mut r0_set, mut r1_set) = (r0.working_set(), r1.working_set());
+    tokio::join!(
+        holds_throughout(
+            "r0 keeps every member until r1 is ready",
+            &mut r0_set,
+            Duration::from_secs(2),
+            |names| members(names).len() == MEMBERS.len(),
+        ),
+        holds_throughout(
+            "r1 works on nothing before it is ready",
+            &mut r1_set,
+            Duration::from_secs(2),
+            |names| members(names).is_empty(),
+        ),
+    );
 
     said.cancel();
     until_members(&r1, "r1 works on its share, r0 on the rest", |on| {

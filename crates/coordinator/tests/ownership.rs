@@ -17,7 +17,7 @@ use multicluster_coordinator::sharding::{
 };
 use multicluster_envtest::ControlPlane;
 use multicluster_runtime::coordinator::Coordinator;
-use multicluster_runtime::testing::{TestProvider, run_manager, wait_on};
+use multicluster_runtime::testing::{TestProvider, object_holds_throughout, run_manager, wait_on};
 use multicluster_runtime::{Aware, Cluster, ClusterName, Error, Manager, ManagerOptions};
 use tokio_util::sync::CancellationToken;
 
@@ -199,18 +199,14 @@ async fn a_stopping_replica_hands_its_clusters_over_only_once_their_work_settled
     // The work has not settled: the peer Lease (and with it every fence)
     // stays for as long as it does not; two seconds are looked at.
     let leases: Api<Lease> = Api::namespaced(cp.client().await.expect("client"), "kube-system");
-    let watched_until = tokio::time::Instant::now() + Duration::from_secs(2);
-    while tokio::time::Instant::now() < watched_until {
-        assert!(
-            leases
-                .get_opt("mcr-peer-replica-a")
-                .await
-                .expect("peer lease")
-                .is_some(),
-            "the peer Lease went while work on its clusters was still running"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    object_holds_throughout(
+        &leases,
+        "mcr-peer-replica-a",
+        Duration::from_secs(2),
+        "the peer Lease stays while work on its clusters is still running",
+        |lease| lease.is_some(),
+    )
+    .await;
     lingering.let_go.cancel();
     task.await.expect("task").expect("clean stop");
     assert!(
@@ -261,10 +257,13 @@ async fn a_replica_stopped_past_its_deadline_lets_its_peer_lease_lapse() {
         "the peer Lease was deleted with work running"
     );
     // Three renew intervals: a registry still running renews in each.
-    let watched_until = tokio::time::Instant::now() + Duration::from_secs(3);
-    while tokio::time::Instant::now() < watched_until {
-        assert_eq!(renewed().await, last, "the peer Lease is still renewed");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    object_holds_throughout(
+        &leases,
+        "mcr-peer-replica-a",
+        Duration::from_secs(3),
+        "the peer Lease is no longer renewed",
+        |lease| lease.and_then(|lease| lease.spec.as_ref()?.renew_time.clone()) == last,
+    )
+    .await;
     lingering.let_go.cancel();
 }

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::eventually;
+use common::{eventually, until_object};
 
 use futures::{StreamExt, TryStreamExt};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
@@ -244,11 +244,15 @@ async fn a_restarted_api_server_keeps_its_data_and_port() {
 
     cp.start_api_server().await.expect("restart");
     assert_eq!(cp.server(), server);
-    let after = eventually(DEADLINE, "the object after restart", || {
-        let api = api.clone();
-        async move { api.get("durable").await.ok() }
-    })
-    .await;
+    let after = until_object(
+        DEADLINE,
+        &api,
+        "durable",
+        "the object after restart",
+        |durable| durable.is_some(),
+    )
+    .await
+    .expect("the object");
     assert_eq!(
         after.data.and_then(|d| d.get("key").cloned()).as_deref(),
         Some("kept")

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::eventually;
+use common::until_object;
 
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
 use kube::Resource;
@@ -131,10 +131,13 @@ async fn the_controller_manager_finalizes_namespaces_and_collects_garbage() {
         .delete("owner", &DeleteParams::default())
         .await
         .expect("delete owner");
-    eventually(DEADLINE, "the dependent to be collected", || {
-        let config_maps = config_maps.clone();
-        async move { matches!(config_maps.get_opt("dependent").await, Ok(None)).then_some(()) }
-    })
+    until_object(
+        DEADLINE,
+        &config_maps,
+        "dependent",
+        "the dependent to be collected",
+        |dependent| dependent.is_none(),
+    )
     .await;
 
     // Namespace finalization: a deleted namespace with content goes away.
@@ -169,9 +172,12 @@ async fn the_controller_manager_finalizes_namespaces_and_collects_garbage() {
         .delete("doomed", &DeleteParams::default())
         .await
         .expect("delete namespace");
-    eventually(DEADLINE, "the namespace to be finalized", || {
-        let namespaces = namespaces.clone();
-        async move { matches!(namespaces.get_opt("doomed").await, Ok(None)).then_some(()) }
-    })
+    until_object(
+        DEADLINE,
+        &namespaces,
+        "doomed",
+        "the namespace to be finalized",
+        |namespace| namespace.is_none(),
+    )
     .await;
 }

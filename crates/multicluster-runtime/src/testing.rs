@@ -390,16 +390,137 @@ where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
+    let looked = poll_within(within, polled, || {
+        let found = find();
+        async move { found.await.ok_or_else(String::new) }
+    })
+    .await;
+    looked.unwrap_or_else(|_| {
+        panic!("timed out after {within:?} waiting for {what} ({polled:?}, polled)")
+    })
+}
+
+/// Polls `look` every 50 ms until it returns `Ok` (at most `within`), for
+/// state that lives where `polled` says; at the deadline, the last look's
+/// `Err` (what was seen instead), for a caller that reports it or goes on.
+pub async fn poll_within<T, F, Fut>(within: Duration, polled: Polled, look: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
+    poll_every(Duration::from_millis(50), within, polled, look).await
+}
+
+/// Like [`poll_within`], looking every `every`: for a look that costs
+/// (files other processes write, read while a benchmark runs).
+pub async fn poll_every<T, F, Fut>(
+    every: Duration,
+    within: Duration,
+    polled: Polled,
+    mut look: F,
+) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, String>>,
+{
     let deadline = Instant::now() + within;
     loop {
-        if let Some(found) = find().await {
-            return found;
+        let seen = match look().await {
+            Ok(found) => return Ok(found),
+            Err(seen) => seen,
+        };
+        if Instant::now() >= deadline {
+            return Err(format!("{seen} (after {within:?}, {polled:?}, polled)"));
         }
-        assert!(
-            Instant::now() < deadline,
-            "timed out after {within:?} waiting for {what} ({polled:?}, polled)"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(every).await;
+    }
+}
+
+/// Waits until the object `name` of `api` satisfies `that` (`None`: it
+/// does not exist), watching it (kube-runtime's `await_condition`: a
+/// watch of the one object, retried with backoff while its server does
+/// not answer), up to [`DEFAULT_DEADLINE`]; returns the object as it then
+/// was. Panics naming `what` at the deadline.
+pub async fn wait_for_object<K>(
+    api: &kube::Api<K>,
+    name: &str,
+    what: &str,
+    that: impl Fn(Option<&K>) -> bool,
+) -> Option<K>
+where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    let waited = tokio::time::timeout(
+        DEFAULT_DEADLINE,
+        kube::runtime::wait::await_condition(api.clone(), name, that),
+    )
+    .await;
+    match waited {
+        Ok(Ok(object)) => object,
+        Ok(Err(err)) => panic!("waiting for {what}: {err}"),
+        Err(_) => panic!("timed out after {DEFAULT_DEADLINE:?} waiting for {what} (watched)"),
+    }
+}
+
+/// Asserts that the object `name` of `api` satisfies `that` (`None`: it
+/// does not exist) now and at every change for `duration`, watching it:
+/// a change that breaks it fails at once, even one undone before a poll
+/// would have looked.
+pub async fn object_holds_throughout<K>(
+    api: &kube::Api<K>,
+    name: &str,
+    duration: Duration,
+    what: &str,
+    that: impl Fn(Option<&K>) -> bool,
+) where
+    K: kube::Resource + Clone + std::fmt::Debug + serde::de::DeserializeOwned + Send + 'static,
+{
+    use futures::StreamExt;
+    use kube::runtime::watcher::{self, Event};
+    let config = watcher::Config::default().fields(&format!("metadata.name={name}"));
+    let mut events = std::pin::pin!(watcher::watcher(api.clone(), config));
+    // The object as the watch last told it, from its first list on; a
+    // relist's answer replaces it once complete.
+    let mut current: Option<K> = None;
+    let mut listed: Option<K> = None;
+    let watched = tokio::time::timeout(duration, async {
+        while let Some(event) = events.next().await {
+            match event {
+                Ok(Event::Init) => {
+                    listed = None;
+                    continue;
+                }
+                Ok(Event::InitApply(object)) => {
+                    listed = Some(object);
+                    continue;
+                }
+                Ok(Event::InitDone) => current = listed.take(),
+                Ok(Event::Apply(object)) => current = Some(object),
+                Ok(Event::Delete(_)) => current = None,
+                // The watch starts again by itself: only what it tells
+                // counts.
+                Err(_) => continue,
+            }
+            assert!(that(current.as_ref()), "{what}: broken by {current:?}");
+        }
+    })
+    .await;
+    assert!(watched.is_err(), "{what}: the watch ended");
+}
+
+/// Asserts that the value `receiver` follows satisfies `that` now and at
+/// every change for `duration`: a change that breaks it fails at once.
+pub async fn holds_throughout<T: std::fmt::Debug>(
+    what: &str,
+    receiver: &mut tokio::sync::watch::Receiver<T>,
+    duration: Duration,
+    mut that: impl FnMut(&T) -> bool,
+) {
+    let broken = tokio::time::timeout(duration, receiver.wait_for(|value| !that(value))).await;
+    match broken {
+        Err(_) => {}
+        Ok(Ok(value)) => panic!("{what}: broken by {:?}", *value),
+        Ok(Err(_)) => panic!("{what}: nothing tells of it any more"),
     }
 }
 

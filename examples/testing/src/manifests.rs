@@ -7,7 +7,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use multicluster_envtest::ControlPlane;
-use multicluster_runtime::testing::http_get;
+use multicluster_runtime::testing::{Polled, http_get, poll_within};
 use serde_json::Value;
 use tokio::process::Command;
 
@@ -373,32 +373,27 @@ pub async fn engaged(address: std::net::SocketAddr) -> Vec<String> {
 
 /// Waits (60 s at most) until each example at `address` lists exactly its
 /// `expected` clusters on `/clusters`; panics with what they listed last.
-/// Polled, as [`multicluster_runtime::testing::eventually`] does for
-/// [`Polled::OtherProcess`](multicluster_runtime::testing::Polled): the
-/// examples are other processes; what they listed is kept for the panic.
+/// Polled ([`Polled::OtherProcess`]): the examples are other processes.
 pub async fn wait_until_engaged(instances: &[(std::net::SocketAddr, Vec<String>)]) {
-    let mut seen = Vec::new();
-    let apart = tokio::time::timeout(Duration::from_secs(60), async {
-        loop {
-            seen.clear();
-            for (address, _) in instances {
-                seen.push(engaged(*address).await);
-            }
-            if seen
-                .iter()
-                .zip(instances)
-                .all(|(listed, (_, expected))| listed == expected)
-            {
-                return;
-            }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+    let engaged_apart = poll_within(Duration::from_secs(60), Polled::OtherProcess, || async {
+        let mut seen = Vec::new();
+        for (address, _) in instances {
+            seen.push(engaged(*address).await);
+        }
+        let apart = seen
+            .iter()
+            .zip(instances)
+            .all(|(listed, (_, expected))| listed == expected);
+        if apart {
+            Ok(())
+        } else {
+            Err(format!("they listed {seen:?}"))
         }
     })
     .await;
-    assert!(
-        apart.is_ok(),
-        "each instance engages exactly its own clusters; they listed {seen:?}"
-    );
+    if let Err(seen) = engaged_apart {
+        panic!("each instance engages exactly its own clusters; {seen}");
+    }
 }
 
 /// Asserts that the ServiceAccount may do none of `what` (each a

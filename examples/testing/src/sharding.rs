@@ -15,6 +15,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Namespace;
 use kube::api::{Api, ObjectMeta, PostParams};
+use multicluster_runtime::testing::{Polled, poll_every};
 
 /// Creates the namespaces `names` labelled
 /// `cluster.x-k8s.io/watch-filter=<filter>` (each a cluster of the
@@ -253,28 +254,32 @@ pub async fn wait_settled(
         .iter()
         .map(|name| owner_among(name, live).map(|owner| vec![owner]))
         .collect();
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        let ownership = Ownership::read(ledgers)?;
-        let current = ownership.current();
-        let off: Vec<(&String, Option<&Vec<String>>)> = names
-            .iter()
-            .zip(&expected)
-            .filter(|(name, expected)| current.get(*name) != expected.as_ref())
-            .map(|(name, _)| (name, current.get(name)))
-            .collect();
-        if off.is_empty() {
-            return Ok(ownership);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(format!(
-                "{} clusters not worked on by exactly their owner within {limit:?}, e.g. {:?}",
+    // The ledgers are other processes' files, read twice a second (they
+    // grow with the fleet, and benchmarks read them while they measure).
+    poll_every(
+        Duration::from_millis(500),
+        limit,
+        Polled::OtherProcess,
+        || async {
+            let ownership = Ownership::read(ledgers)?;
+            let current = ownership.current();
+            let off: Vec<(&String, Option<&Vec<String>>)> = names
+                .iter()
+                .zip(&expected)
+                .filter(|(name, expected)| current.get(*name) != expected.as_ref())
+                .map(|(name, _)| (name, current.get(name)))
+                .collect();
+            if off.is_empty() {
+                return Ok(ownership);
+            }
+            Err(format!(
+                "{} clusters not worked on by exactly their owner, e.g. {:?}",
                 off.len(),
                 &off[..off.len().min(3)]
-            ));
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+            ))
+        },
+    )
+    .await
 }
 
 fn nanos(n: u128) -> Duration {

@@ -256,13 +256,13 @@ impl Scene {
             .expect("created")
             .0
             .as_second();
-        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-        while k8s_openapi::jiff::Timestamp::now().as_second() <= created {
-            assert!(
-                std::time::Instant::now() < deadline,
-                "the clock stands still"
-            );
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        // What is waited for is the clock itself: until the next second
+        // of the API server's (this machine's) clock begins.
+        let next_second = k8s_openapi::jiff::Timestamp::from_second(created + 1)
+            .expect("a time after the victim's creation");
+        let left = next_second.duration_since(k8s_openapi::jiff::Timestamp::now());
+        if let Ok(left) = std::time::Duration::try_from(left) {
+            tokio::time::sleep(left).await;
         }
     }
 
