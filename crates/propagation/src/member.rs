@@ -297,6 +297,15 @@ where
                     format!("a desired {} has no name", object.resource.kind),
                 );
             };
+            if let Some(owner) = object.owned_in_the_hub(hub.meta()) {
+                return failed(
+                    MemberState::Failed,
+                    format!(
+                        "{}: its ownerReference to {owner} names an object of the hub, which the member does not hold: the member's garbage collector would delete it as soon as it is made; leave that ownerReference out (the propagation's label ties it to its hub object)",
+                        describe(object)
+                    ),
+                );
+            }
             let namespace = object.namespace().map(str::to_string);
             let Some(kind) = self.kinds.iter().find(|kind| kind.is(&object.resource)) else {
                 return failed(

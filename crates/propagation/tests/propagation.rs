@@ -1384,3 +1384,56 @@ async fn apply_modes_create_only_report_only_take_over_when_equal_and_ignored_fi
     stop.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// A desired object whose ownerReference names the hub object (a copy of
+/// its metadata, or an owner set as within one cluster) would be deleted
+/// by the member's garbage collector as soon as it is made, and made
+/// again: it is refused, by name, and not made; the other propagation
+/// goes on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_desired_object_owned_by_the_hub_object_is_refused_not_fed_to_the_garbage_collector() {
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    let (hub, a) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, a) = (hub.expect("hub"), a.expect("a"));
+    let owned = Propagation::<ConfigMap>::new("owned")
+        .select(|hub| labelled(hub, "owned"))
+        .propagates::<ResourceQuota>()
+        .desired(|hub, _member| {
+            let mut quota = quota_for(hub);
+            quota.metadata.owner_references = Some(vec![OwnerReference {
+                api_version: "v1".into(),
+                kind: "ConfigMap".into(),
+                name: hub.metadata.name.clone().unwrap_or_default(),
+                uid: hub.metadata.uid.clone().unwrap_or_default(),
+                ..OwnerReference::default()
+            }]);
+            Ok(vec![Desired::new(&quota)?])
+        })
+        .status_annotation(STATUS);
+    let (_manager, stop, task) =
+        fleet(&hub, &[("a", &a)], vec![owned, quotas("plain", "plain")]).await;
+    hub_config_map(&hub, "owned", "owned", "3").await;
+    hub_config_map(&hub, "plain", "plain", "2").await;
+    let reason = eventually_some(Polled::ApiServer, "the owned quota refused", || async {
+        member_states(&hub, "owned")
+            .await
+            .get("a")
+            .filter(|(state, _)| state == "Failed")
+            .map(|(_, reason)| reason.clone())
+    })
+    .await;
+    assert!(
+        reason.contains("ResourceQuota default/owned")
+            && reason.contains("ownerReference to ConfigMap/owned")
+            && reason.contains("garbage collector"),
+        "{reason}"
+    );
+    eventually(Polled::ApiServer, "the plain quota in sync", || async {
+        states_are(&member_states(&hub, "plain").await, &[("a", "InSync")])
+    })
+    .await;
+    assert_eq!(pods_in(&a, "plain").await.as_deref(), Some("2"));
+    assert_eq!(pods_in(&a, "owned").await, None, "the owned quota was made");
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
