@@ -104,6 +104,24 @@ pub(crate) struct Fence {
     took_over: Option<lease::EndedHold>,
 }
 
+/// A take of a fence held with this replica's peer Lease
+/// ([`Fence::take_with_peer`]).
+#[cfg(feature = "sharding")]
+pub(crate) struct WithPeer<'a> {
+    pub(crate) api: &'a Api<Lease>,
+    /// The fence Lease's name.
+    pub(crate) name: String,
+    /// This replica's peer ID.
+    pub(crate) me: &'a str,
+    /// This replica's peer Lease and epoch, while they live.
+    pub(crate) standing: &'a Standing,
+    pub(crate) timing: Timing,
+    /// What is known of the other peers without a read.
+    pub(crate) known: lease::KnownPeers<'a>,
+    /// What this replica knows of the fence already.
+    pub(crate) prior: lease::Prior,
+}
+
 impl Fence {
     /// Tries to take the Lease `name` for `me`. When a later renewal fails,
     /// [`Fence::lost`] fires and `on_lost` is notified.
@@ -156,15 +174,16 @@ impl Fence {
     /// longer be sure its peer Lease is live for the others). Whether
     /// another holder's peer Lease holds is asked of `known` first; `prior`
     /// is what this replica knows of the fence already.
-    pub(crate) async fn take_with_peer(
-        api: &Api<Lease>,
-        name: String,
-        me: &str,
-        standing: &Standing,
-        timing: Timing,
-        known: lease::KnownPeers<'_>,
-        prior: lease::Prior,
-    ) -> Attempt {
+    pub(crate) async fn take_with_peer(take: WithPeer<'_>) -> Attempt {
+        let WithPeer {
+            api,
+            name,
+            me,
+            standing,
+            timing,
+            known,
+            prior,
+        } = take;
         let Some(lost) = standing.live().cloned() else {
             return Attempt::Failed("this replica's peer Lease is not renewed".to_string());
         };
