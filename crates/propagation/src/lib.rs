@@ -96,6 +96,7 @@ mod letting_go;
 mod member;
 mod metrics;
 mod outcomes;
+mod owners;
 mod paced;
 mod rollout;
 mod schema;
@@ -214,44 +215,6 @@ impl Desired {
             .pointer("/metadata/namespace")?
             .as_str()
             .filter(|ns| !ns.is_empty())
-    }
-
-    /// Its first ownerReference to an object of the hub (`hub` itself, or
-    /// one of `hub`'s own owners, as a copy of its metadata would carry),
-    /// as `Kind/name`: no member holds an object with that uid, so the
-    /// member's garbage collector would delete this one as soon as it is
-    /// made, and the propagation make it again, in a loop.
-    fn owned_in_the_hub(
-        &self,
-        hub: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
-    ) -> Option<String> {
-        let hub_uids: Vec<&str> = hub
-            .uid
-            .iter()
-            .chain(
-                hub.owner_references
-                    .iter()
-                    .flatten()
-                    .map(|owner| &owner.uid),
-            )
-            .map(String::as_str)
-            .collect();
-        self.object
-            .pointer("/metadata/ownerReferences")?
-            .as_array()?
-            .iter()
-            .find(|owner| {
-                owner["uid"]
-                    .as_str()
-                    .is_some_and(|uid| hub_uids.contains(&uid))
-            })
-            .map(|owner| {
-                format!(
-                    "{}/{}",
-                    owner["kind"].as_str().unwrap_or("?"),
-                    owner["name"].as_str().unwrap_or("?")
-                )
-            })
     }
 }
 

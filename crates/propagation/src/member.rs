@@ -297,13 +297,10 @@ where
                     format!("a desired {} has no name", object.resource.kind),
                 );
             };
-            if let Some(owner) = object.owned_in_the_hub(hub.meta()) {
+            if let Some(refused) = crate::owners::refused(object, hub.meta(), member).await {
                 return failed(
                     MemberState::Failed,
-                    format!(
-                        "{}: its ownerReference to {owner} names an object of the hub, which the member does not hold: the member's garbage collector would delete it as soon as it is made; leave that ownerReference out (the propagation's label ties it to its hub object)",
-                        describe(object)
-                    ),
+                    format!("{}: {refused}", describe(object)),
                 );
             }
             let namespace = object.namespace().map(str::to_string);

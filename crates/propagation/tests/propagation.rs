@@ -1386,54 +1386,127 @@ async fn apply_modes_create_only_report_only_take_over_when_equal_and_ignored_fi
 }
 
 /// A desired object whose ownerReference names the hub object (a copy of
-/// its metadata, or an owner set as within one cluster) would be deleted
-/// by the member's garbage collector as soon as it is made, and made
-/// again: it is refused, by name, and not made; the other propagation
-/// goes on.
+/// its metadata, or an owner set as within one cluster), or an object the
+/// member does not hold, would be deleted by the member's garbage
+/// collector as soon as it is made (shown first, with the member's own
+/// kube-controller-manager), and made again: it is refused, by name, and
+/// not made. One owned by an object of the member is applied.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_desired_object_owned_by_the_hub_object_is_refused_not_fed_to_the_garbage_collector() {
+async fn a_desired_object_owned_outside_its_member_is_refused_not_fed_to_the_garbage_collector() {
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-    let (hub, a) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    use multicluster_runtime::testing::wait_for_object;
+    let (hub, a) = tokio::join!(
+        ControlPlane::start(),
+        ControlPlane::builder().controller_manager(true).start()
+    );
     let (hub, a) = (hub.expect("hub"), a.expect("a"));
-    let owned = Propagation::<ConfigMap>::new("owned")
-        .select(|hub| labelled(hub, "owned"))
-        .propagates::<ResourceQuota>()
-        .desired(|hub, _member| {
-            let mut quota = quota_for(hub);
-            quota.metadata.owner_references = Some(vec![OwnerReference {
-                api_version: "v1".into(),
-                kind: "ConfigMap".into(),
-                name: hub.metadata.name.clone().unwrap_or_default(),
-                uid: hub.metadata.uid.clone().unwrap_or_default(),
-                ..OwnerReference::default()
-            }]);
-            Ok(vec![Desired::new(&quota)?])
-        })
-        .status_annotation(STATUS);
-    let (_manager, stop, task) =
-        fleet(&hub, &[("a", &a)], vec![owned, quotas("plain", "plain")]).await;
     hub_config_map(&hub, "owned", "owned", "3").await;
-    hub_config_map(&hub, "plain", "plain", "2").await;
-    let reason = eventually_some(Polled::ApiServer, "the owned quota refused", || async {
-        member_states(&hub, "owned")
-            .await
-            .get("a")
-            .filter(|(state, _)| state == "Failed")
-            .map(|(_, reason)| reason.clone())
-    })
+    let hub_uid = Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
+        .get("owned")
+        .await
+        .expect("hub object")
+        .metadata
+        .uid
+        .expect("uid");
+    let owned_by = |kind: &str, name: &str, uid: &str| OwnerReference {
+        api_version: "v1".into(),
+        kind: kind.into(),
+        name: name.into(),
+        uid: uid.into(),
+        ..OwnerReference::default()
+    };
+
+    // What the propagation must not do: the member's garbage collector
+    // deletes an object owned by the hub object's uid.
+    let quotas_in_a =
+        Api::<ResourceQuota>::namespaced(a.client().await.expect("client"), "default");
+    let mut doomed = quota_for(&ConfigMap::default());
+    doomed.metadata.name = Some("doomed".into());
+    doomed.metadata.owner_references = Some(vec![owned_by("ConfigMap", "owned", &hub_uid)]);
+    quotas_in_a
+        .create(&Default::default(), &doomed)
+        .await
+        .expect("a quota owned by the hub object, made by hand");
+    wait_for_object(
+        &quotas_in_a,
+        "doomed",
+        "the member's garbage collector to delete it",
+        |quota| quota.is_none(),
+    )
     .await;
+
+    // An owner the member holds: another quota there.
+    let mut anchor = quota_for(&ConfigMap::default());
+    anchor.metadata.name = Some("anchor".into());
+    let anchor_uid = quotas_in_a
+        .create(&Default::default(), &anchor)
+        .await
+        .expect("anchor")
+        .metadata
+        .uid
+        .expect("uid");
+    let owned_as = |owner: OwnerReference, label: &'static str| {
+        Propagation::<ConfigMap>::new(label)
+            .select(move |hub| labelled(hub, label))
+            .propagates::<ResourceQuota>()
+            .desired(move |hub, _member| {
+                let mut quota = quota_for(hub);
+                quota.metadata.owner_references = Some(vec![owner.clone()]);
+                Ok(vec![Desired::new(&quota)?])
+            })
+            .status_annotation(STATUS)
+    };
+    let propagations = vec![
+        owned_as(owned_by("ConfigMap", "owned", &hub_uid), "owned"),
+        owned_as(
+            owned_by("ResourceQuota", "nowhere", "0000-nowhere"),
+            "nowhere",
+        ),
+        owned_as(owned_by("ResourceQuota", "anchor", &anchor_uid), "anchored"),
+        quotas("plain", "plain"),
+    ];
+    let (_manager, stop, task) = fleet(&hub, &[("a", &a)], propagations).await;
+    hub_config_map(&hub, "nowhere", "nowhere", "4").await;
+    hub_config_map(&hub, "anchored", "anchored", "5").await;
+    hub_config_map(&hub, "plain", "plain", "2").await;
+    let refused = |name: &'static str| {
+        let hub = &hub;
+        async move {
+            eventually_some(Polled::ApiServer, "the quota refused", || async {
+                member_states(hub, name)
+                    .await
+                    .get("a")
+                    .filter(|(state, _)| state == "Failed")
+                    .map(|(_, reason)| reason.clone())
+            })
+            .await
+        }
+    };
+    let reason = refused("owned").await;
     assert!(
         reason.contains("ResourceQuota default/owned")
-            && reason.contains("ownerReference to ConfigMap/owned")
+            && reason.contains("ownerReference to ConfigMap/owned names an object of the hub")
             && reason.contains("garbage collector"),
         "{reason}"
     );
-    eventually(Polled::ApiServer, "the plain quota in sync", || async {
-        states_are(&member_states(&hub, "plain").await, &[("a", "InSync")])
-    })
-    .await;
+    let reason = refused("nowhere").await;
+    assert!(
+        reason.contains(
+            "ownerReference to ResourceQuota/nowhere names an object this member does not hold"
+        ),
+        "{reason}"
+    );
+    for name in ["anchored", "plain"] {
+        eventually(Polled::ApiServer, "the quota in sync", || async {
+            states_are(&member_states(&hub, name).await, &[("a", "InSync")])
+        })
+        .await;
+    }
+    assert_eq!(pods_in(&a, "anchored").await.as_deref(), Some("5"));
     assert_eq!(pods_in(&a, "plain").await.as_deref(), Some("2"));
-    assert_eq!(pods_in(&a, "owned").await, None, "the owned quota was made");
+    for name in ["owned", "nowhere"] {
+        assert_eq!(pods_in(&a, name).await, None, "{name} was made");
+    }
     stop.cancel();
     task.await.expect("task").expect("clean stop");
 }
