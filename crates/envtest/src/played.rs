@@ -33,6 +33,8 @@ struct State {
     /// not yet available.
     changing: BTreeSet<String>,
     most: usize,
+    /// The most at once per Deployment name (the last part of the key).
+    most_named: std::collections::BTreeMap<String, usize>,
     /// Every spec given, by Deployment and image.
     given: Vec<(String, String)>,
     /// Namespaces whose Deployments fail.
@@ -119,6 +121,14 @@ impl Deployments {
                     let mut state = lock(&state);
                     state.changing.insert(key.clone());
                     state.most = state.most.max(state.changing.len());
+                    let name = key.rsplit('/').next().unwrap_or_default().to_string();
+                    let named = state
+                        .changing
+                        .iter()
+                        .filter(|changing| changing.rsplit('/').next() == Some(name.as_str()))
+                        .count();
+                    let most = state.most_named.entry(name).or_default();
+                    *most = (*most).max(named);
                     state.given.push((key.clone(), image.clone()));
                     state.failing.contains(&namespace)
                 };
@@ -149,6 +159,12 @@ impl Deployments {
     /// availability at once.
     pub fn most_changing(&self) -> usize {
         self.state().most
+    }
+
+    /// The most Deployments named `name` (in any cluster and namespace)
+    /// that were between a new spec and its availability at once.
+    pub fn most_changing_named(&self, name: &str) -> usize {
+        self.state().most_named.get(name).copied().unwrap_or(0)
     }
 
     /// Forgets the most so far (for a new round).

@@ -14,6 +14,7 @@ use serde::de::DeserializeOwned;
 
 use super::kinds::Kind;
 use super::paced::{self, Approve, Pause};
+use super::per_hub::PerHub;
 use super::sources::{hub_sources, member_sources, reconciler, reselect_sources};
 #[allow(unused_imports)] // for the docs
 use super::{
@@ -50,10 +51,10 @@ pub struct Propagation<K> {
     health: Vec<(ApiResource, health::Rule)>,
     reselect: Vec<(ApiResource, Concerns)>,
     configure: Vec<Configure>,
-    rollout: Rollout,
+    rollout: PerHub<K, Rollout>,
     pause: Option<Pause<K>>,
     approve: Option<Approve<K>>,
-    when_hub_deleted: DeletionPolicy,
+    when_hub_deleted: PerHub<K, DeletionPolicy>,
     when_member_leaves: DeletionPolicy,
     mode: ApplyMode,
     ignored_fields: Vec<String>,
@@ -82,10 +83,10 @@ where
             health: Vec::new(),
             reselect: Vec::new(),
             configure: Vec::new(),
-            rollout: Rollout::default(),
+            rollout: PerHub::Fixed(Rollout::default()),
             pause: None,
             approve: None,
-            when_hub_deleted: DeletionPolicy::Delete,
+            when_hub_deleted: PerHub::Fixed(DeletionPolicy::Delete),
             when_member_leaves: DeletionPolicy::Delete,
             mode: ApplyMode::Apply,
             ignored_fields: Vec::new(),
@@ -290,7 +291,20 @@ where
     /// [`DELETION_POLICY_ANNOTATION`] overrides it.
     #[must_use]
     pub fn when_hub_deleted(mut self, policy: DeletionPolicy) -> Self {
-        self.when_hub_deleted = policy;
+        self.when_hub_deleted = PerHub::Fixed(policy);
+        self
+    }
+
+    /// Like [`Propagation::when_hub_deleted`], decided for each hub object
+    /// by `policy` (its `spec` may say: a `keepOnDelete` field). Read from
+    /// the hub object as it is being deleted (its finalizer holds it until
+    /// the members are clean), or no longer selected.
+    #[must_use]
+    pub fn when_hub_deleted_by(
+        mut self,
+        policy: impl Fn(&K) -> DeletionPolicy + Send + Sync + 'static,
+    ) -> Self {
+        self.when_hub_deleted = PerHub::By(Arc::new(policy));
         self
     }
 
@@ -310,7 +324,19 @@ where
     /// [`Propagation::status_annotation`]); see [`Rollout`].
     #[must_use]
     pub fn rollout(mut self, rollout: Rollout) -> Self {
-        self.rollout = rollout;
+        self.rollout = PerHub::Fixed(rollout);
+        self
+    }
+
+    /// Like [`Propagation::rollout`], decided for each hub object by
+    /// `rollout` (its `spec` may say how many members may change at once:
+    /// [`MaxUnavailable::from_int_or_string`](crate::MaxUnavailable::from_int_or_string)
+    /// reads a Deployment-style `maxUnavailable`). Asked at every step of
+    /// the object's rollout, so a change of pace applies from the next
+    /// step; it needs a status target, as a paced rollout does.
+    #[must_use]
+    pub fn rollout_for(mut self, rollout: impl Fn(&K) -> Rollout + Send + Sync + 'static) -> Self {
+        self.rollout = PerHub::By(Arc::new(rollout));
         self
     }
 
@@ -413,9 +439,13 @@ where
         if self.kinds.is_empty() {
             return Err(invalid("it needs at least one `propagates::<T>()`".into()));
         }
-        if self.rollout.is_paced() && self.status == StatusTarget::None {
+        let may_be_paced = match &self.rollout {
+            PerHub::Fixed(rollout) => rollout.is_paced(),
+            PerHub::By(_) => true,
+        };
+        if may_be_paced && self.status == StatusTarget::None {
             return Err(invalid(
-                "a paced rollout keeps its state on the hub object: it needs `status_subresource` or `status_annotation`".into(),
+                "a paced rollout (or `rollout_for`) keeps its state on the hub object: it needs `status_subresource` or `status_annotation`".into(),
             ));
         }
         let shared = Arc::new(Shared {

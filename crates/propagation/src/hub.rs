@@ -71,7 +71,7 @@ where
                     // goes to the next member at once.
                     // The members given a slot here are queued from this
                     // span: their reconciles are its children in a trace.
-                    let step = if self.rollouts.is_paced() {
+                    let step = if self.rollouts.is_paced(hub.as_ref()) {
                         tracing::info_span!("rollout step")
                     } else {
                         tracing::Span::none()

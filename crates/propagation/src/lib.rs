@@ -98,6 +98,7 @@ mod metrics;
 mod outcomes;
 mod owners;
 mod paced;
+mod per_hub;
 mod rollout;
 mod schema;
 mod sources;
@@ -342,7 +343,9 @@ struct Shared<K> {
     health: Vec<(ApiResource, health::Rule)>,
     /// A paced rollout's settings and what this process knows of it.
     rollouts: paced::Rollouts<K>,
-    when_hub_deleted: DeletionPolicy,
+    /// What becomes of the members' objects when the hub object goes
+    /// (`when_hub_deleted`, or per hub object `when_hub_deleted_by`).
+    when_hub_deleted: per_hub::PerHub<K, DeletionPolicy>,
     when_member_leaves: DeletionPolicy,
     mode: ApplyMode,
     /// JSON pointers taken out of every desired object.

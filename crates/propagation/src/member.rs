@@ -54,15 +54,21 @@ where
             // lists them and maps each to every member again.
             return Ok(Action::await_change());
         };
-        let hub = hub_cluster
+        let found = hub_cluster
             .cache()
             .get::<K>(key.0.as_deref(), &key.1)
-            .await?
-            .filter(|hub| (self.select)(hub) && hub.meta().deletion_timestamp.is_none());
+            .await?;
+        // Decided while the hub object is there (a finalizer holds it while
+        // it is deleted); once it is gone, only a fixed policy is known.
+        let when_deleted = match &found {
+            Some(hub) => *self.when_hub_deleted.of(hub),
+            None => self.when_hub_deleted.fixed_or(DeletionPolicy::Delete),
+        };
+        let hub = found.filter(|hub| (self.select)(hub) && hub.meta().deletion_timestamp.is_none());
         let Some(hub) = hub else {
             // Gone, being deleted or no longer selected: nothing to wait for.
             let (action, _) = self
-                .remove(&key, &request.cluster, &member, self.when_hub_deleted)
+                .remove(&key, &request.cluster, &member, when_deleted)
                 .await?;
             return Ok(action);
         };
@@ -73,9 +79,13 @@ where
         let value = serde_json::to_value(hub.as_ref())?;
         let revision = crate::rollout::revision_of(&value);
         let at_revision = self.at_revision(&key, &member, &revision);
-        if let Some(waiting) =
-            self.wait_for_slot(&value, &key, &request.cluster, &revision, at_revision)
-        {
+        if let Some(waiting) = self.wait_for_slot(
+            (&hub, &value),
+            &key,
+            &request.cluster,
+            &revision,
+            at_revision,
+        ) {
             self.record(&key, &request.cluster, Some(waiting));
             return Ok(Action::requeue(crate::paced::SLOT_RECHECK));
         }
@@ -162,7 +172,7 @@ where
         name: &ClusterName,
         left: Duration,
     ) -> Option<Outcome> {
-        let rollout = &self.rollouts.rollout;
+        let rollout = self.rollouts.of(hub);
         let surge = rollout.surge();
         if surge == 0 || left > self.removal_grace + rollout.progress_deadline_of() {
             return None;

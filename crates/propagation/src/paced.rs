@@ -14,6 +14,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use super::per_hub::PerHub;
 use super::rollout::{self, Elsewhere, Look, Member, RolloutStatus as Record};
 use super::status::{MemberState, Outcome};
 use super::{HubKey, REVISION_ANNOTATION, Rollout, Shared};
@@ -39,7 +40,9 @@ pub(super) type Approve<K> = Arc<dyn Fn(&K, &str, &str) -> bool + Send + Sync>;
 /// A propagation's rollout settings and what this process knows of its
 /// hub objects' rollouts.
 pub(super) struct Rollouts<K> {
-    pub(super) rollout: Rollout,
+    /// The propagation's rollout, or each hub object's own
+    /// (`Propagation::rollout_for`).
+    rollout: PerHub<K, Rollout>,
     pause: Option<Pause<K>>,
     approve: Option<Approve<K>>,
     /// Each hub object's rollout as this process last wrote or read it:
@@ -55,7 +58,7 @@ pub(super) struct Rollouts<K> {
 
 impl<K> Rollouts<K> {
     pub(super) fn new(
-        rollout: Rollout,
+        rollout: PerHub<K, Rollout>,
         pause: Option<Pause<K>>,
         approve: Option<Approve<K>>,
     ) -> Self {
@@ -69,9 +72,15 @@ impl<K> Rollouts<K> {
         }
     }
 
-    /// Whether a new revision reaches members a few at a time.
-    pub(super) fn is_paced(&self) -> bool {
-        self.rollout.is_paced()
+    /// How a new revision of `hub` reaches its members: its own rollout
+    /// (`Propagation::rollout_for`), else the propagation's.
+    pub(super) fn of(&self, hub: &K) -> std::borrow::Cow<'_, Rollout> {
+        self.rollout.of(hub)
+    }
+
+    /// Whether a new revision of `hub` reaches members a few at a time.
+    pub(super) fn is_paced(&self, hub: &K) -> bool {
+        self.of(hub).is_paced()
     }
 
     /// Forgets what is known of `key`'s rollout (the hub object is gone).
@@ -117,6 +126,7 @@ impl<K> Rollouts<K> {
     /// stay so before its slot is freed (`None`: soaked, or not available).
     fn soaking(
         &self,
+        rollout: &Rollout,
         key: &HubKey,
         name: &ClusterName,
         revision: &str,
@@ -136,7 +146,7 @@ impl<K> Rollouts<K> {
                 now
             }
         };
-        let soak = self.rollout.soak_time();
+        let soak = rollout.soak_time();
         let held = at.elapsed();
         (held < soak).then(|| soak - held)
     }
@@ -152,13 +162,14 @@ where
     /// the hub object as JSON.
     pub(super) fn wait_for_slot(
         &self,
-        hub: &Value,
+        hub: (&K, &Value),
         key: &HubKey,
         name: &ClusterName,
         revision: &str,
         at_revision: bool,
     ) -> Option<Outcome> {
-        if !self.rollouts.is_paced() || at_revision {
+        let (hub, value) = hub;
+        if !self.rollouts.is_paced(hub) || at_revision {
             return None;
         }
         let known = crate::lock(&self.rollouts.slots).get(key).cloned();
@@ -172,7 +183,7 @@ where
         }
         // The slot may have been given by another controller since this
         // one last stepped: the hub object says.
-        let written = self.read_record(hub);
+        let written = self.read_record(value);
         if holds(&written) {
             return None;
         }
@@ -225,7 +236,7 @@ where
 
     /// The summary of `hub`'s rollout for its condition, if it is paced.
     pub(super) fn rollout_summary(&self, key: &HubKey, hub: &K) -> Option<String> {
-        if !self.rollouts.is_paced() {
+        if !self.rollouts.is_paced(hub) {
             return None;
         }
         let known = crate::lock(&self.rollouts.slots).get(key).cloned();
@@ -246,7 +257,8 @@ where
         let Some(controller) = self.controller.get() else {
             return Ok(None);
         };
-        if !self.rollouts.is_paced() {
+        let rollout = self.rollouts.of(hub);
+        if !rollout.is_paced() {
             return Ok(None);
         }
         let value = serde_json::to_value(hub)?;
@@ -263,7 +275,7 @@ where
                 unselected.push(name);
                 continue;
             }
-            let (stage, stage_name) = self.rollouts.rollout.stage_of(&name, &cluster.labels());
+            let (stage, stage_name) = rollout.stage_of(&name, &cluster.labels());
             if stage_names.len() <= stage {
                 stage_names.resize(stage + 1, None);
             }
@@ -275,7 +287,9 @@ where
                     outcome.state == MemberState::InSync
                         && outcome.revision.as_deref() == Some(revision.as_str())
                 });
-            let soaking = self.rollouts.soaking(key, &name, &revision, available);
+            let soaking = self
+                .rollouts
+                .soaking(&rollout, key, &name, &revision, available);
             if let Some(left) = soaking {
                 soon = Some(soon.map_or(left, |soon: Duration| soon.min(left)));
             }
@@ -321,7 +335,7 @@ where
             });
         let mut record = rollout::step(
             &Look {
-                rollout: &self.rollouts.rollout,
+                rollout: &rollout,
                 revision: &revision,
                 now: k8s_openapi::jiff::Timestamp::now(),
                 members: &members,

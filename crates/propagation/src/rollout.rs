@@ -56,6 +56,31 @@ pub enum MaxUnavailable {
 }
 
 impl MaxUnavailable {
+    /// From a Kubernetes `IntOrString`, as a Deployment's `maxUnavailable`
+    /// is written: a count (`2`) or a percentage of the members (`"25%"`).
+    /// Anything else (a negative count, a string without `%`, a percentage
+    /// over 100) is refused, naming what was given.
+    pub fn from_int_or_string(
+        value: &k8s_openapi::apimachinery::pkg::util::intstr::IntOrString,
+    ) -> Result<Self, String> {
+        use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+        match value {
+            IntOrString::Int(count) => usize::try_from(*count)
+                .map(MaxUnavailable::Count)
+                .map_err(|_| format!("maxUnavailable {count}: a count may not be negative")),
+            IntOrString::String(text) => text
+                .strip_suffix('%')
+                .and_then(|percent| percent.trim().parse::<u8>().ok())
+                .filter(|percent| *percent <= 100)
+                .map(MaxUnavailable::Percent)
+                .ok_or_else(|| {
+                    format!(
+                        "maxUnavailable {text:?}: expected a count or a percentage such as \"25%\""
+                    )
+                }),
+        }
+    }
+
     /// The slots for a rollout over `members` members.
     fn slots(self, members: usize) -> usize {
         let slots = match self {
@@ -673,6 +698,30 @@ pub(crate) fn approved_by_annotation(hub: &Value, stage: &str, revision: &str) -
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn max_unavailable_is_read_as_a_deployment_writes_it() {
+        use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+        let read = |value: IntOrString| MaxUnavailable::from_int_or_string(&value);
+        assert_eq!(read(IntOrString::Int(2)), Ok(MaxUnavailable::Count(2)));
+        assert_eq!(
+            read(IntOrString::String("25%".into())),
+            Ok(MaxUnavailable::Percent(25))
+        );
+        assert_eq!(
+            read(IntOrString::String("100%".into())),
+            Ok(MaxUnavailable::Percent(100))
+        );
+        for (given, named) in [
+            (IntOrString::Int(-1), "-1"),
+            (IntOrString::String("25".into()), "\"25\""),
+            (IntOrString::String("101%".into()), "\"101%\""),
+            (IntOrString::String("a%".into()), "\"a%\""),
+        ] {
+            let err = read(given).unwrap_err();
+            assert!(err.contains(named), "{err}");
+        }
+    }
 
     fn member(name: &str, stage: usize, at_revision: bool, done: bool) -> Member {
         Member {

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
 use multicluster_coordinator::sharding::{ShardedCoordinator, ShardingOptions, until_split};
 use multicluster_envtest::ControlPlane;
 use multicluster_envtest::played::Deployments;
@@ -826,6 +826,164 @@ async fn the_shipped_status_type_keeps_what_a_rollout_writes() {
         .sum();
     assert_eq!(errors, 0.0, "{exported}");
 
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// The Deployment a hub ConfigMap wants in `member`, named after the hub
+/// object, with its image from the hub object's `tag`.
+fn named_web(hub: &ConfigMap, member: &Cluster) -> Deployment {
+    let mut deployment = web(hub, member);
+    deployment.metadata.name = hub.metadata.name.clone();
+    deployment
+}
+
+/// A hub ConfigMap's own pace and deletion policy, from its data: a
+/// Deployment-style `maxUnavailable`, and `keepOnDelete`.
+fn per_hub_object() -> Propagation<ConfigMap> {
+    use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+    use multicluster_propagation::DeletionPolicy;
+    let datum = |hub: &ConfigMap, key: &str| {
+        hub.data
+            .as_ref()
+            .and_then(|data| data.get(key))
+            .cloned()
+            .unwrap_or_default()
+    };
+    Propagation::<ConfigMap>::new("paced-apart")
+        .select(|hub| labelled(hub, "apart"))
+        .propagates::<Deployment>()
+        .desired(|hub, member| Ok(vec![Desired::new(&named_web(hub, member))?]))
+        .rollout_for(move |hub| {
+            let given = datum(hub, "maxUnavailable");
+            let given = given
+                .parse::<i32>()
+                .map_or(IntOrString::String(given), IntOrString::Int);
+            MaxUnavailable::from_int_or_string(&given)
+                .map_or_else(|_| Rollout::all_at_once(), Rollout::rolling)
+        })
+        .when_hub_deleted_by(move |hub| {
+            if datum(hub, "keepOnDelete") == "true" {
+                DeletionPolicy::Orphan
+            } else {
+                DeletionPolicy::Delete
+            }
+        })
+        .status_annotation(STATUS)
+}
+
+/// Whether every member's Deployment `name` has `tag` and is available.
+async fn all_named_available_with(member: &ControlPlane, name: &str, tag: &str) -> bool {
+    let deployments = Api::<Deployment>::all(member.client().await.expect("client"))
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items;
+    let named: Vec<&Deployment> = deployments
+        .iter()
+        .filter(|deployment| deployment.metadata.name.as_deref() == Some(name))
+        .collect();
+    named.len() == MEMBERS.len()
+        && named.iter().all(|deployment| {
+            let image_is = deployment
+                .spec
+                .as_ref()
+                .and_then(|spec| spec.template.spec.as_ref())
+                .and_then(|pod| pod.containers.first())
+                .and_then(|container| container.image.as_deref())
+                == Some(image(tag).as_str());
+            let available = deployment.status.as_ref().is_some_and(|status| {
+                status.observed_generation == deployment.metadata.generation
+                    && status.available_replicas == Some(1)
+            });
+            image_is && available
+        })
+}
+
+/// Two hub objects of one propagation, each with its own pace from its
+/// data (one member at a time; half of them, three, at a time), reach
+/// every member each at its own pace, the bound reached and never passed;
+/// deleted, the one that asks to be kept leaves its Deployments, with
+/// nothing of ours on them, and the other's go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_hub_objects_of_one_propagation_roll_out_at_their_own_paces() {
+    let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, member) = (hub.expect("hub"), member.expect("member"));
+    make_namespaces(&member).await;
+    let played = play(&member).await;
+    let (_manager, stop, task) = fleet(&hub, &member, per_hub_object()).await;
+    let configmaps = Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default");
+    for (name, max_unavailable, keep) in [("slow", "1", "true"), ("fast", "50%", "false")] {
+        let object = json!({
+            "apiVersion": "v1",
+            "kind": "ConfigMap",
+            "metadata": {"name": name, "namespace": "default", "labels": {LABEL: "apart"}},
+            "data": {"tag": "v1", "maxUnavailable": max_unavailable, "keepOnDelete": keep},
+        });
+        configmaps
+            .patch(name, &PatchParams::apply("test"), &Patch::Apply(&object))
+            .await
+            .expect("hub object");
+    }
+    for name in ["slow", "fast"] {
+        eventually(
+            Polled::ApiServer,
+            &format!("every member available with {name} v1"),
+            || all_named_available_with(&member, name, "v1"),
+        )
+        .await;
+    }
+    assert_eq!(played.most_changing_named("slow"), 1, "slow: one at a time");
+    assert_eq!(
+        played.most_changing_named("fast"),
+        3,
+        "fast: three at a time (half of six), reached and never passed"
+    );
+
+    for name in ["slow", "fast"] {
+        configmaps
+            .delete(name, &DeleteParams::default())
+            .await
+            .expect("delete the hub object");
+    }
+    for name in ["slow", "fast"] {
+        multicluster_runtime::testing::wait_for_object(
+            &configmaps,
+            name,
+            "the hub object gone, its finalizer released",
+            |object| object.is_none(),
+        )
+        .await;
+    }
+    let deployments = Api::<Deployment>::all(member.client().await.expect("client"))
+        .list(&Default::default())
+        .await
+        .expect("list")
+        .items;
+    let kept: BTreeSet<String> = deployments
+        .iter()
+        .filter_map(|deployment| deployment.metadata.namespace.clone())
+        .collect();
+    assert_eq!(
+        deployments.len(),
+        MEMBERS.len(),
+        "only the kept hub object's Deployments stay"
+    );
+    assert_eq!(kept.len(), MEMBERS.len(), "one in each member");
+    for deployment in &deployments {
+        assert_eq!(deployment.metadata.name.as_deref(), Some("slow"));
+        let ours = deployment
+            .metadata
+            .labels
+            .iter()
+            .flatten()
+            .any(|(key, _)| key == multicluster_propagation::PROPAGATION_LABEL);
+        assert!(
+            !ours,
+            "a kept Deployment keeps our label: {:?}",
+            deployment.metadata
+        );
+    }
     stop.cancel();
     task.await.expect("task").expect("clean stop");
 }
