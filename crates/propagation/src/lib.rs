@@ -93,6 +93,7 @@ mod health;
 mod hub;
 mod kinds;
 mod letting_go;
+mod maintenance;
 mod member;
 mod metrics;
 mod outcomes;
@@ -137,6 +138,7 @@ pub use builder::Propagation;
 pub use health::Health;
 pub use hub::CLEANED_ANNOTATION;
 pub use letting_go::{DELETION_POLICY_ANNOTATION, DeletionPolicy};
+pub use maintenance::MAINTENANCE_LABEL;
 pub use rollout::{
     APPROVAL_ANNOTATION, MaxUnavailable, PAUSE_ANNOTATION, REVISION_ANNOTATION, Rollout, Stage,
 };

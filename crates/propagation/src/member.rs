@@ -15,6 +15,7 @@ use tracing::Instrument;
 
 use super::apply_modes::ApplyMode;
 use super::letting_go::{DeletionPolicy, LettingGo, api_for};
+use super::maintenance::{MAINTENANCE_LABEL, Maintenance};
 use super::status::{MemberState, Outcome};
 use super::{Conflicts, Desired, Drift, Health, HubKey, PROPAGATION_LABEL, Shared};
 use multicluster_runtime::Cluster;
@@ -76,9 +77,24 @@ where
             return self.leave(&hub, &key, &request.cluster, &member).await;
         }
         crate::lock(&self.leaving).remove(&(key.clone(), request.cluster.clone()));
+        let maintenance = Maintenance::of(&member);
+        if maintenance == Maintenance::Drained {
+            return self.drain(&key, &request.cluster, &member).await;
+        }
         let value = serde_json::to_value(hub.as_ref())?;
         let revision = crate::rollout::revision_of(&value);
         let at_revision = self.at_revision(&key, &member, &revision);
+        if maintenance == Maintenance::Cordoned && !at_revision {
+            let reason = format!(
+                "cordoned ({MAINTENANCE_LABEL}): keeps what it has; gets revision {revision} once uncordoned"
+            );
+            self.record(
+                &key,
+                &request.cluster,
+                Some(Outcome::failed(MemberState::Pending, Some(reason))),
+            );
+            return Ok(Action::await_change());
+        }
         if let Some(waiting) = self.wait_for_slot(
             (&hub, &value),
             &key,
@@ -124,6 +140,31 @@ where
             None if pending => Ok(Action::requeue(NOT_LISTED_YET)),
             None => Ok(Action::await_change()),
         }
+    }
+
+    /// A drained member: what was propagated to it for `key` goes at once
+    /// (by the deletion policy of members leaving, latest wave first), and
+    /// its entry says it is drained.
+    async fn drain(
+        &self,
+        key: &HubKey,
+        name: &ClusterName,
+        member: &Cluster,
+    ) -> Result<Action, ReconcileError> {
+        let (action, done) = self
+            .remove(key, name, member, self.when_member_leaves)
+            .await?;
+        if done {
+            let reason = format!(
+                "drained ({MAINTENANCE_LABEL}): what was propagated is let go; without the label it comes back"
+            );
+            self.record(
+                key,
+                name,
+                Some(Outcome::failed(MemberState::Pending, Some(reason))),
+            );
+        }
+        Ok(action)
     }
 
     /// A member out of the hub object's selection: its objects go once it

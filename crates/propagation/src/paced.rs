@@ -275,6 +275,11 @@ where
                 unselected.push(name);
                 continue;
             }
+            // Taken out for maintenance: it takes no part in the rollout,
+            // holds up nobody and counts against nothing.
+            if crate::maintenance::Maintenance::of(&cluster).is_out() {
+                continue;
+            }
             let (stage, stage_name) = rollout.stage_of(&name, &cluster.labels());
             if stage_names.len() <= stage {
                 stage_names.resize(stage + 1, None);

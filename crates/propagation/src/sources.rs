@@ -7,7 +7,7 @@ use std::sync::Arc;
 use kube::api::ApiResource;
 use serde::Serialize;
 
-use super::{Concerns, HubKey, Members, Shared, StatusTarget, key_of};
+use super::{Concerns, HubKey, Shared, StatusTarget, key_of};
 use multicluster_runtime::Cluster;
 use multicluster_runtime::ClusterName;
 use multicluster_runtime::cache::{CacheEvent, CachedResource};
@@ -62,11 +62,17 @@ where
         )
         .owed_on_engage(map::local_objects::<K>(concerned()))
         .owed_on_disengage(map::local_requests::<K>(concerned()));
-    if matches!(shared.members, Members::Matching(_)) {
-        builder.owed_on_relabel(map::local_objects::<K>(concerned()))
-    } else {
-        builder
-    }
+    // A member's labels decide its selection (`members_labelled`) and
+    // whether it is taken out for maintenance: a change is every hub
+    // object's request in that member, and on the hub (its rollout and
+    // status count the members again).
+    let in_member = map::local_objects::<K>(concerned());
+    let on_hub = map::local_requests::<K>(concerned());
+    builder.owed_on_relabel(move |name, controller| {
+        let mut owed = in_member(name, controller);
+        owed.extend(on_hub(name, controller));
+        owed
+    })
 }
 
 /// The members' sources: each propagated type, watched in members

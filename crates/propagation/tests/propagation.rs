@@ -1510,3 +1510,118 @@ async fn a_desired_object_owned_outside_its_member_is_refused_not_fed_to_the_gar
     stop.cancel();
     task.await.expect("task").expect("clean stop");
 }
+
+/// The maintenance label on a member's cluster, honoured by every
+/// propagation: cordoned, a member keeps what it has while the others
+/// (one at a time, a paced rollout it does not hold up) get a new
+/// revision, and catches up once uncordoned; drained, it loses what was
+/// propagated, and gets it back without the label.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cordoned_member_keeps_a_drained_one_lets_go_and_both_catch_up() {
+    use multicluster_propagation::{MAINTENANCE_LABEL, MaxUnavailable, Rollout};
+    use multicluster_runtime::Inventory;
+    let (hub, a, b) = tokio::join!(
+        ControlPlane::start(),
+        ControlPlane::start(),
+        ControlPlane::start()
+    );
+    let (hub, a, b) = (hub.expect("hub"), a.expect("a"), b.expect("b"));
+    let (member_a, member_b) = (
+        least_privileged("a", &a).await,
+        least_privileged("b", &b).await,
+    );
+    let provider = TestProvider::default();
+    provider.clusters.add("a", member_a.clone()).expect("add");
+    provider.clusters.add("b", member_b.clone()).expect("add");
+    let manager = Manager::builder(cluster_for("hub", &hub).await)
+        .provider(Arc::new(provider))
+        .build();
+    let propagation = quotas("quota", "on").rollout(Rollout::rolling(MaxUnavailable::Count(1)));
+    manager
+        .add_controller(propagation.build().expect("propagation"))
+        .expect("add");
+    let (stop, task) = run_manager(&manager);
+    wait_until_ready(&manager, "a").await;
+    wait_until_ready(&manager, "b").await;
+    let maintenance = |value: Option<&str>| {
+        Inventory::labelled(
+            value
+                .map(|value| BTreeMap::from([(MAINTENANCE_LABEL.to_string(), value.to_string())]))
+                .unwrap_or_default(),
+        )
+    };
+    let pods = |a_pods: Option<&'static str>, b_pods: Option<&'static str>| {
+        let (a, b) = (&a, &b);
+        move || async move {
+            pods_in(a, "team").await.as_deref() == a_pods
+                && pods_in(b, "team").await.as_deref() == b_pods
+        }
+    };
+    hub_config_map(&hub, "team", "on", "4").await;
+    eventually(
+        Polled::ApiServer,
+        "both members with 4",
+        pods(Some("4"), Some("4")),
+    )
+    .await;
+
+    // Cordoned: a keeps 4 while b gets 5, the rollout not held up by a.
+    member_a.set_inventory(maintenance(Some("cordon")));
+    hub_config_map(&hub, "team", "on", "5").await;
+    eventually(
+        Polled::ApiServer,
+        "b with 5, a keeping 4",
+        pods(Some("4"), Some("5")),
+    )
+    .await;
+    let reason = eventually_some(Polled::ApiServer, "a shown cordoned", || async {
+        member_states(&hub, "team")
+            .await
+            .get("a")
+            .filter(|(state, reason)| state == "Pending" && reason.contains("cordoned"))
+            .map(|(_, reason)| reason.clone())
+    })
+    .await;
+    assert!(reason.contains(MAINTENANCE_LABEL), "{reason}");
+    eventually(Polled::ApiServer, "b in sync", || async {
+        member_states(&hub, "team")
+            .await
+            .get("b")
+            .is_some_and(|(state, _)| state == "InSync")
+    })
+    .await;
+    assert_eq!(
+        pods_in(&a, "team").await.as_deref(),
+        Some("4"),
+        "a changed while cordoned"
+    );
+
+    // Uncordoned: a catches up.
+    member_a.set_inventory(maintenance(None));
+    eventually(
+        Polled::ApiServer,
+        "a caught up with 5",
+        pods(Some("5"), Some("5")),
+    )
+    .await;
+
+    // Drained: b loses the quota, a keeps it; without the label it is back.
+    member_b.set_inventory(maintenance(Some("drain")));
+    eventually(Polled::ApiServer, "b drained", pods(Some("5"), None)).await;
+    eventually(Polled::ApiServer, "b shown drained", || async {
+        member_states(&hub, "team")
+            .await
+            .get("b")
+            .is_some_and(|(state, reason)| state == "Pending" && reason.contains("drained"))
+    })
+    .await;
+    member_b.set_inventory(maintenance(None));
+    eventually(
+        Polled::ApiServer,
+        "b back with 5",
+        pods(Some("5"), Some("5")),
+    )
+    .await;
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
