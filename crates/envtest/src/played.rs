@@ -39,6 +39,8 @@ struct State {
     given: Vec<(String, String)>,
     /// Namespaces whose Deployments fail.
     failing: BTreeSet<String>,
+    /// Images whose Deployments fail, wherever they are.
+    failing_images: BTreeSet<String>,
     /// Every spec rolled out, by Deployment and image.
     available: Vec<(String, String)>,
 }
@@ -130,7 +132,7 @@ impl Deployments {
                     let most = state.most_named.entry(name).or_default();
                     *most = (*most).max(named);
                     state.given.push((key.clone(), image.clone()));
-                    state.failing.contains(&namespace)
+                    state.failing.contains(&namespace) || state.failing_images.contains(&image)
                 };
                 let (state, client) = (state.clone(), client.clone());
                 tokio::spawn(async move {
@@ -192,6 +194,17 @@ impl Deployments {
             .filter(|(_, available)| available == image)
             .map(|(key, _)| key.clone())
             .collect()
+    }
+
+    /// From now on a Deployment given `image` fails (`true`), wherever it
+    /// is: a bad release; or rolls out (`false`).
+    pub fn fail_image(&self, image: &str, failing: bool) {
+        let mut state = self.state();
+        if failing {
+            state.failing_images.insert(image.to_string());
+        } else {
+            state.failing_images.remove(image);
+        }
     }
 
     /// From now on the Deployments of `namespace` fail (`true`) or roll

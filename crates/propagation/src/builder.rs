@@ -56,6 +56,7 @@ pub struct Propagation<K> {
     approve: Option<Approve<K>>,
     when_hub_deleted: PerHub<K, DeletionPolicy>,
     when_member_leaves: DeletionPolicy,
+    revision_history: usize,
     mode: ApplyMode,
     ignored_fields: Vec<String>,
 }
@@ -88,6 +89,7 @@ where
             approve: None,
             when_hub_deleted: PerHub::Fixed(DeletionPolicy::Delete),
             when_member_leaves: DeletionPolicy::Delete,
+            revision_history: DEFAULT_REVISION_HISTORY,
             mode: ApplyMode::Apply,
             ignored_fields: Vec::new(),
         }
@@ -340,6 +342,20 @@ where
         self
     }
 
+    /// How many revisions of each hub object a paced rollout keeps, as
+    /// ControllerRevisions in the hub object's namespace owned by it
+    /// (default 10; 0 keeps none, and a roll back is then refused): what
+    /// a roll back ([`OnFailure::RollBack`](crate::OnFailure),
+    /// [`ROLL_BACK_ANNOTATION`](crate::ROLL_BACK_ANNOTATION)) computes the
+    /// members' objects from. The hub identity needs `create`, `list` and
+    /// `delete` on `controllerrevisions` there; without them the rollout
+    /// goes on and roll backs are refused, by name.
+    #[must_use]
+    pub fn revision_history(mut self, revisions: usize) -> Self {
+        self.revision_history = revisions;
+        self
+    }
+
     /// Pauses a hub object's paced rollout while `pause` says so, besides
     /// [`PAUSE_ANNOTATION`]: no member is given a slot; those holding one
     /// go on.
@@ -463,7 +479,12 @@ where
             events: self.events,
             report: self.report,
             health: self.health,
-            rollouts: paced::Rollouts::new(self.rollout, self.pause, self.approve),
+            rollouts: paced::Rollouts::new(
+                self.rollout,
+                self.pause,
+                self.approve,
+                self.revision_history,
+            ),
             when_hub_deleted: self.when_hub_deleted,
             when_member_leaves: self.when_member_leaves,
             mode: self.mode,
@@ -478,6 +499,9 @@ where
         Ok((shared, self.reselect, self.configure))
     }
 }
+
+/// How many revisions of each hub object are kept by default.
+const DEFAULT_REVISION_HISTORY: usize = 10;
 
 /// Whether `name` is a valid label value: 1-63 letters, digits, `-`, `_`
 /// or `.`, starting and ending with a letter or digit.

@@ -90,6 +90,7 @@
 mod apply_modes;
 mod builder;
 mod health;
+mod history;
 mod hub;
 mod kinds;
 mod letting_go;
@@ -100,6 +101,7 @@ mod outcomes;
 mod owners;
 mod paced;
 mod per_hub;
+mod rolling_back;
 mod rollout;
 mod schema;
 mod sources;
@@ -140,9 +142,12 @@ pub use hub::CLEANED_ANNOTATION;
 pub use letting_go::{DELETION_POLICY_ANNOTATION, DeletionPolicy};
 pub use maintenance::MAINTENANCE_LABEL;
 pub use rollout::{
-    APPROVAL_ANNOTATION, MaxUnavailable, PAUSE_ANNOTATION, REVISION_ANNOTATION, Rollout, Stage,
+    APPROVAL_ANNOTATION, MaxUnavailable, OnFailure, PAUSE_ANNOTATION, REVISION_ANNOTATION,
+    ROLL_BACK_ANNOTATION, Rollout, Stage,
 };
-pub use schema::{MemberStatus, PropagationStatus, ReplicaMembers, RolloutStatus, UpdatingMember};
+pub use schema::{
+    MemberStatus, PropagationStatus, ReplicaMembers, RollingBack, RolloutStatus, UpdatingMember,
+};
 pub use status::{CONDITION_TYPE, MemberState};
 pub use waves::WAVE_ANNOTATION;
 

@@ -83,6 +83,14 @@ where
         }
         let value = serde_json::to_value(hub.as_ref())?;
         let revision = crate::rollout::revision_of(&value);
+        // Rolling back: what the hub object wanted at the earlier revision.
+        let (hub, revision) = match self
+            .rolled_back_to(&hub_cluster, &key, &value, &revision)
+            .await
+        {
+            Some(then) => then,
+            None => (hub, revision),
+        };
         let at_revision = self.at_revision(&key, &member, &revision);
         if maintenance == Maintenance::Cordoned && !at_revision {
             let reason = format!(
@@ -754,6 +762,34 @@ where
                 ..ObjectReference::default()
             }),
         };
+        self.publish(hub, hub_cluster, event).await;
+    }
+
+    /// Tells what the rollout of `hub` does (a roll back) in a Normal Event
+    /// on it.
+    pub(super) async fn announce(
+        &self,
+        hub: &K,
+        hub_cluster: &Cluster,
+        reason: &str,
+        note: String,
+    ) {
+        if !self.events {
+            return;
+        }
+        let event = Event {
+            type_: EventType::Normal,
+            reason: reason.into(),
+            note: Some(note.chars().take(1024).collect()),
+            action: "Rollout".into(),
+            secondary: None,
+        };
+        self.publish(hub, hub_cluster, event).await;
+    }
+
+    /// Publishes `event` on `hub`; a hub that refuses Events is warned of
+    /// once.
+    async fn publish(&self, hub: &K, hub_cluster: &Cluster, event: Event) {
         let reference = hub.object_ref(&());
         if let Err(err) = hub_cluster
             .recorder(self.name.clone())

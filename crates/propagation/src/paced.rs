@@ -47,7 +47,9 @@ pub(super) struct Rollouts<K> {
     approve: Option<Approve<K>>,
     /// Each hub object's rollout as this process last wrote or read it:
     /// a member given a slot here goes on before the hub cache shows it.
-    slots: Mutex<HashMap<HubKey, Record>>,
+    pub(super) slots: Mutex<HashMap<HubKey, Record>>,
+    /// Each hub object's revisions, for roll backs.
+    pub(super) history: crate::history::History,
     /// Since when a member has been available with a revision (for the
     /// soak time).
     available_since: Mutex<HashMap<(HubKey, ClusterName), (String, Instant)>>,
@@ -61,9 +63,11 @@ impl<K> Rollouts<K> {
         rollout: PerHub<K, Rollout>,
         pause: Option<Pause<K>>,
         approve: Option<Approve<K>>,
+        history: usize,
     ) -> Self {
         Self {
             rollout,
+            history: crate::history::History::new(history),
             pause,
             approve,
             slots: Mutex::default(),
@@ -86,6 +90,7 @@ impl<K> Rollouts<K> {
     /// Forgets what is known of `key`'s rollout (the hub object is gone).
     pub(super) fn forget(&self, key: &HubKey) {
         crate::lock(&self.slots).remove(key);
+        self.history.forget(key);
         crate::lock(&self.available_since).retain(|(hub, _), _| hub != key);
         crate::lock(&self.changing_since).retain(|(hub, _), _| hub != key);
     }
@@ -222,7 +227,7 @@ where
     }
 
     /// The rollout's state as written on `hub` (JSON), if any.
-    fn read_record(&self, hub: &Value) -> Option<Record> {
+    pub(super) fn read_record(&self, hub: &Value) -> Option<Record> {
         let written = match self.status.rollout_annotation() {
             Some(annotation) => serde_json::from_str(
                 hub.pointer("/metadata/annotations")?
@@ -262,7 +267,28 @@ where
             return Ok(None);
         }
         let value = serde_json::to_value(hub)?;
-        let revision = rollout::revision_of(&value);
+        let current = rollout::revision_of(&value);
+        self.rollouts
+            .history
+            .keep(hub_cluster, &self.name, key, &value, &current)
+            .await;
+        let before = self.read_record(&value);
+        let decided = self
+            .rolling_back(
+                hub_cluster,
+                key,
+                &value,
+                &current,
+                &rollout,
+                before.as_ref(),
+            )
+            .await;
+        // What the members go to: the hub object's revision, or while
+        // rolling back the earlier one.
+        let revision = decided
+            .rolling_back
+            .as_ref()
+            .map_or_else(|| current.clone(), |back| back.to.clone());
         let mut soon = None;
         let mut members = Vec::new();
         let mut unselected = Vec::new();
@@ -298,9 +324,13 @@ where
             if let Some(left) = soaking {
                 soon = Some(soon.map_or(left, |soon: Duration| soon.min(left)));
             }
+            // Rolling back, a failure with the revision left behind is
+            // what the roll back mends, not a failure of the roll back.
             let failing = outcome
                 .filter(|outcome| {
                     matches!(outcome.state, MemberState::Degraded | MemberState::Failed)
+                        && (decided.rolling_back.is_none()
+                            || outcome.revision.as_deref() == Some(revision.as_str()))
                 })
                 .map(|outcome| {
                     outcome
@@ -316,7 +346,6 @@ where
             });
         }
         members.sort_by(|a, b| (a.stage, &a.name).cmp(&(b.stage, &b.name)));
-        let before = self.read_record(&value);
         let approved = |stage: usize| {
             let Some(name) = stage_names.get(stage).cloned().flatten() else {
                 return true;
@@ -349,9 +378,34 @@ where
                 approved: &approved,
                 elsewhere: &elsewhere,
                 unselected: &unselected,
+                rolling_back: decided.rolling_back.is_some(),
             },
             before.as_ref(),
         );
+        record.last_complete = if record.is_complete() && decided.rolling_back.is_none() {
+            Some(revision.clone())
+        } else {
+            before
+                .as_ref()
+                .and_then(|before| before.last_complete.clone())
+        };
+        if record.waiting.is_none() {
+            record.waiting = decided.refused;
+        }
+        let started = decided.rolling_back.clone().filter(|back| {
+            before
+                .as_ref()
+                .and_then(|before| before.rolling_back.as_ref())
+                != Some(back)
+        });
+        record.rolling_back = decided.rolling_back;
+        if let Some(back) = started {
+            let note = format!(
+                "rolling back from revision {} to {}: {}",
+                back.from, back.to, back.reason
+            );
+            self.announce(hub, hub_cluster, "RollingBack", note).await;
+        }
         if let Some(replicas) = &replicas {
             record.replicas = before
                 .as_ref()

@@ -40,6 +40,13 @@ pub const PAUSE_ANNOTATION: &str = "propagation.mcr.sigs.k8s.io/paused";
 /// revision.
 pub const APPROVAL_ANNOTATION: &str = "propagation.mcr.sigs.k8s.io/approved";
 
+/// Annotation on a hub object: the revision (from its history, see
+/// `RolloutStatus::last_complete` and the members' `revision`) its
+/// members are rolled back to, paced as a rollout is, for as long as the
+/// annotation stays. Removed, the hub object's own revision rolls out
+/// again.
+pub const ROLL_BACK_ANNOTATION: &str = "propagation.mcr.sigs.k8s.io/roll-back-to";
+
 /// How long a member may hold a slot without what it got becoming
 /// available, by default (the Deployment controller's own default).
 const DEFAULT_PROGRESS_DEADLINE: Duration = Duration::from_secs(600);
@@ -164,6 +171,24 @@ pub struct Rollout {
     progress_deadline: Duration,
     failure_budget: usize,
     surge: usize,
+    on_failure: OnFailure,
+}
+
+/// What a paced rollout does once more members fail than its failure
+/// budget allows.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum OnFailure {
+    /// Halt: no member is given a slot until enough of them recover or a
+    /// new revision comes (the default).
+    #[default]
+    Halt,
+    /// Roll back: the members that took the failed revision go back to
+    /// the last revision that reached every member (kept in the hub
+    /// object's revision history), paced by the same bound and health
+    /// gate. The hub object keeps the failed revision's spec; a new
+    /// revision rolls out as usual.
+    RollBack,
 }
 
 #[derive(Clone, Debug)]
@@ -190,6 +215,7 @@ impl Rollout {
             progress_deadline: DEFAULT_PROGRESS_DEADLINE,
             failure_budget: 0,
             surge: 0,
+            on_failure: OnFailure::Halt,
         }
     }
 
@@ -246,6 +272,18 @@ impl Rollout {
     pub fn failure_budget(mut self, failures: usize) -> Self {
         self.failure_budget = failures;
         self
+    }
+
+    /// What the rollout does past its failure budget (default
+    /// [`OnFailure::Halt`]).
+    #[must_use]
+    pub fn on_failure(mut self, on_failure: OnFailure) -> Self {
+        self.on_failure = on_failure;
+        self
+    }
+
+    pub(crate) fn rolls_back(&self) -> bool {
+        self.on_failure == OnFailure::RollBack
     }
 
     /// When the selection moves a hub object (members leave it, others
@@ -336,6 +374,32 @@ pub struct RolloutStatus {
     /// the others' members count in every replica's step.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub replicas: BTreeMap<String, ReplicaMembers>,
+    /// A roll back under way (or done, until a new revision comes): the
+    /// members go from the hub object's revision back to an earlier one,
+    /// and `revision` is that earlier one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rolling_back: Option<RollingBack>,
+    /// The last revision that reached every member: where a roll back
+    /// goes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_complete: Option<String>,
+}
+
+/// A roll back ([`RolloutStatus::rolling_back`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct RollingBack {
+    /// The hub object's revision, left.
+    pub from: String,
+    /// The revision gone back to.
+    pub to: String,
+    /// Why: the halt that started it, or the annotation that asked.
+    pub reason: String,
+    /// Asked by [`ROLL_BACK_ANNOTATION`]: it lasts as long as the
+    /// annotation does.
+    #[serde(default)]
+    pub by_annotation: bool,
 }
 
 /// One replica's selected members in a rollout, as its last step saw them
@@ -379,10 +443,22 @@ impl RolloutStatus {
             .any(|updating| updating.cluster == name.as_str())
     }
 
+    /// Whether every member has the revision and none holds a slot.
+    pub(crate) fn is_complete(&self) -> bool {
+        self.updating.is_empty() && self.remaining == 0 && self.halted.is_none()
+    }
+
     /// One line for the hub object's condition.
     pub(crate) fn summary(&self) -> String {
+        let what = match &self.rolling_back {
+            Some(back) => format!(
+                "roll back from revision {} to {} ({})",
+                back.from, back.to, back.reason
+            ),
+            None => "rollout".to_string(),
+        };
         let mut summary = format!(
-            "rollout of revision {}: {} updated, {} updating, {} to go",
+            "{what} of revision {}: {} updated, {} updating, {} to go",
             self.revision,
             self.updated,
             self.updating.len(),
@@ -431,6 +507,8 @@ pub(crate) struct Look<'a> {
     /// Members this step sees out of the selection: not changing to the
     /// revision, so a slot they hold is free.
     pub(crate) unselected: &'a [ClusterName],
+    /// Whether the rollout rolls back (to `revision`).
+    pub(crate) rolling_back: bool,
 }
 
 /// What the other replicas sharing a fleet report of their members: added
@@ -513,10 +591,15 @@ pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutSt
     });
     for slot in &mut updating {
         // A member this step does not see keeps what its own replica
-        // found (replicas sharing the fleet).
+        // found (replicas sharing the fleet). One that failed stays
+        // failed until it is available (its slot then goes): retried, it
+        // is changing again, not recovered, and a halt holds meanwhile.
+        // Rolling back, what failed with the revision left behind is what
+        // the roll back mends.
+        let before = slot.failed.take().filter(|_| !look.rolling_back);
         let failing = match member(&slot.cluster) {
-            Some(m) => m.failing.clone(),
-            None => slot.failed.take(),
+            Some(m) => m.failing.clone().or(before),
+            None => before,
         };
         let held = held(slot);
         slot.failed = failing.or_else(|| {
@@ -617,6 +700,8 @@ pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutSt
         halted,
         waiting,
         replicas: BTreeMap::new(),
+        rolling_back: None,
+        last_complete: None,
     }
 }
 
@@ -666,13 +751,22 @@ pub(crate) fn revision_of(hub: &Value) -> String {
 
 /// FNV-1a, 64 bits: a digest that is the same in every process and
 /// release (std's hasher promises neither), written out as it is six lines.
-fn fnv1a(bytes: &[u8]) -> u64 {
+pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
     let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
     for byte in bytes {
         hash ^= u64::from(*byte);
         hash = hash.wrapping_mul(0x0100_0000_01b3);
     }
     hash
+}
+
+/// The revision `hub`'s annotations ask its members to be rolled back to.
+pub(crate) fn roll_back_asked(hub: &Value) -> Option<String> {
+    hub.pointer("/metadata/annotations")
+        .and_then(|annotations| annotations.get(ROLL_BACK_ANNOTATION))
+        .and_then(Value::as_str)
+        .map(|revision| revision.trim().to_string())
+        .filter(|revision| !revision.is_empty())
 }
 
 /// Whether `hub`'s annotations pause its rollout.
@@ -749,6 +843,7 @@ mod tests {
             approved,
             elsewhere: &NOWHERE,
             unselected: &[],
+            rolling_back: false,
         }
     }
 
@@ -947,10 +1042,22 @@ mod tests {
         assert_eq!(holders(&halted), ["a"], "no slot for c while halted");
         let reason = halted.halted.clone().expect("halted");
         assert!(reason.contains("a: Deployment default/web"), "{reason}");
+        // No longer failing but not available yet (retried, changing
+        // again): still failed, the halt holds.
         members[0].failing = None;
-        let resumed = step(&look(&rollout, &members, now, &|_| true), Some(&halted));
-        assert_eq!(holders(&resumed), ["a", "c"]);
+        let retried = step(&look(&rollout, &members, now, &|_| true), Some(&halted));
+        assert_eq!(
+            holders(&retried),
+            ["a"],
+            "no slot for c while a is not available"
+        );
+        assert!(retried.halted.is_some());
+        // Available: its slot goes, and the rollout resumes.
+        members[0].done = true;
+        let resumed = step(&look(&rollout, &members, now, &|_| true), Some(&retried));
+        assert_eq!(holders(&resumed), ["c"]);
         assert_eq!(resumed.halted, None);
+        members[0].done = false;
         // A budget of one lets one failure pass.
         members[0].failing = Some("degraded".into());
         let tolerant = rollout.clone().failure_budget(1);

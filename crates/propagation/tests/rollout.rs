@@ -23,7 +23,7 @@ use multicluster_propagation::{
     APPROVAL_ANNOTATION, CLEANED_ANNOTATION, Desired, MaxUnavailable, PAUSE_ANNOTATION,
     Propagation, PropagationStatus, Rollout, Stage,
 };
-use multicluster_runtime::testing::{Polled, eventually, run_manager};
+use multicluster_runtime::testing::{Polled, eventually, eventually_some, run_manager};
 use multicluster_runtime::{Cluster, ClusterName, Manager};
 use serde_json::json;
 
@@ -984,6 +984,108 @@ async fn two_hub_objects_of_one_propagation_roll_out_at_their_own_paces() {
             deployment.metadata
         );
     }
+    stop.cancel();
+    task.await.expect("task").expect("clean stop");
+}
+
+/// The rollout record of the hub ConfigMap `name` (the annotation beside
+/// the status one), or null.
+async fn rollout_record(hub: &ControlPlane, name: &str) -> serde_json::Value {
+    Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
+        .get_opt(name)
+        .await
+        .expect("get the hub object")
+        .and_then(|object| object.metadata.annotations)
+        .and_then(|annotations| annotations.get(&format!("{STATUS}-rollout")).cloned())
+        .map(|text| serde_json::from_str(&text).expect("rollout JSON"))
+        .unwrap_or_default()
+}
+
+/// Whether the hub ConfigMap `name` has an Event with `reason`.
+async fn has_event(hub: &ControlPlane, name: &str, reason: &str) -> bool {
+    use k8s_openapi::api::events::v1::Event;
+    Api::<Event>::namespaced(hub.client().await.expect("client"), "default")
+        .list(&Default::default())
+        .await
+        .expect("events")
+        .items
+        .iter()
+        .any(|event| {
+            event.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(name)
+                && event.reason.as_deref() == Some(reason)
+        })
+}
+
+/// A bad release (its image fails wherever it goes) fails at its canary,
+/// the first member given it: past the failure budget the rollout rolls
+/// that member back to the last revision every member had, one member at
+/// a time as before, and no other member is ever given the bad one; the
+/// hub object says so and tells it in an Event. Later, with a good
+/// release out, a roll back asked for by annotation takes every member
+/// back, and removing the annotation brings the release again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_canary_rolls_back_and_a_roll_back_can_be_asked_for() {
+    use multicluster_propagation::{OnFailure, ROLL_BACK_ANNOTATION};
+    let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
+    let (hub, member) = (hub.expect("hub"), member.expect("member"));
+    make_namespaces(&member).await;
+    let played = play(&member).await;
+    let propagation = Propagation::<ConfigMap>::new("web")
+        .select(|hub| labelled(hub, "web"))
+        .propagates::<Deployment>()
+        .desired(|hub, member| Ok(vec![Desired::new(&web(hub, member))?]))
+        .rollout(Rollout::rolling(MaxUnavailable::Count(1)).on_failure(OnFailure::RollBack))
+        .status_annotation(STATUS);
+    let (_manager, stop, task) = fleet(&hub, &member, propagation).await;
+
+    hub_object(&hub, "web", "web", "v1").await;
+    rolled_out(&hub, &member, "v1").await;
+    let v1 = eventually_some(Polled::ApiServer, "v1 complete", || async {
+        rollout_record(&hub, "web").await["lastComplete"]
+            .as_str()
+            .map(str::to_string)
+    })
+    .await;
+    played.reset_most();
+
+    // The bad release: m0 fails with it and goes back to v1.
+    played.fail_image(&image("v2"), true);
+    hub_object(&hub, "web", "web", "v2").await;
+    let back = eventually_some(Polled::ApiServer, "the rollout rolling back", || async {
+        let rollout = rollout_record(&hub, "web").await;
+        (!rollout["rollingBack"].is_null()).then_some(rollout["rollingBack"].clone())
+    })
+    .await;
+    assert_eq!(back["to"], v1.as_str(), "{back}");
+    assert!(
+        back["reason"].as_str().unwrap_or_default().contains("m0"),
+        "{back}"
+    );
+    rolled_out(&hub, &member, "v1").await;
+    assert_eq!(
+        given(&played, &image("v2")),
+        BTreeSet::from(["m0".to_string()]),
+        "only the canary was given the bad release"
+    );
+    assert_eq!(played.most_changing(), 1, "one member at a time");
+    let message = condition_message(&hub, "web").await;
+    assert!(
+        message.contains(&format!("roll back from revision")) && message.contains(&v1),
+        "{message}"
+    );
+    eventually(Polled::ApiServer, "a RollingBack Event", || {
+        has_event(&hub, "web", "RollingBack")
+    })
+    .await;
+
+    // A good release, then a roll back to v1 asked for, then undone.
+    played.fail_image(&image("v2"), false);
+    hub_object(&hub, "web", "web", "v3").await;
+    rolled_out(&hub, &member, "v3").await;
+    annotate(&hub, "web", ROLL_BACK_ANNOTATION, Some(&v1)).await;
+    rolled_out(&hub, &member, "v1").await;
+    annotate(&hub, "web", ROLL_BACK_ANNOTATION, None).await;
+    rolled_out(&hub, &member, "v3").await;
     stop.cancel();
     task.await.expect("task").expect("clean stop");
 }
