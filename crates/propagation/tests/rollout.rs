@@ -1070,7 +1070,7 @@ async fn a_failed_canary_rolls_back_and_a_roll_back_can_be_asked_for() {
     assert_eq!(played.most_changing(), 1, "one member at a time");
     let message = condition_message(&hub, "web").await;
     assert!(
-        message.contains(&format!("roll back from revision")) && message.contains(&v1),
+        message.contains("roll back from revision") && message.contains(&v1),
         "{message}"
     );
     eventually(Polled::ApiServer, "a RollingBack Event", || {
