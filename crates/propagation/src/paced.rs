@@ -399,12 +399,8 @@ where
                 != Some(back)
         });
         record.rolling_back = decided.rolling_back;
-        if let Some(back) = started {
-            let note = format!(
-                "rolling back from revision {} to {}: {}",
-                back.from, back.to, back.reason
-            );
-            self.announce(hub, hub_cluster, "RollingBack", note).await;
+        for (reason, note) in notable(before.as_ref(), &record, started.as_ref()) {
+            self.announce(hub, hub_cluster, reason, note).await;
         }
         if let Some(replicas) = &replicas {
             record.replicas = before
@@ -521,4 +517,52 @@ enum WriteError {
     /// The hub object changed since the cache saw it.
     Race,
     Failed(ReconcileError),
+}
+
+/// What a step changed that its hub object's owner is told of, in Events:
+/// a roll back started, a halt, a wait (paused, an approval), the
+/// rollout of a revision complete. Each once, when it begins.
+fn notable(
+    before: Option<&Record>,
+    after: &Record,
+    started: Option<&rollout::RollingBack>,
+) -> Vec<(&'static str, String)> {
+    let mut told = Vec::new();
+    if let Some(back) = started {
+        told.push((
+            "RollingBack",
+            format!(
+                "rolling back from revision {} to {}: {}",
+                back.from, back.to, back.reason
+            ),
+        ));
+    }
+    let same_revision = before.is_some_and(|before| before.revision == after.revision);
+    if let Some(halted) = &after.halted
+        && !(same_revision && before.is_some_and(|before| before.halted.is_some()))
+    {
+        told.push((
+            "RolloutHalted",
+            format!("rollout of revision {} halted: {halted}", after.revision),
+        ));
+    }
+    if let Some(waiting) = &after.waiting
+        && !(same_revision && before.is_some_and(|before| before.waiting.as_ref() == Some(waiting)))
+    {
+        told.push((
+            "RolloutWaiting",
+            format!("rollout of revision {}: {waiting}", after.revision),
+        ));
+    }
+    if after.is_complete() && !(same_revision && before.is_some_and(Record::is_complete)) {
+        let what = match &after.rolling_back {
+            Some(back) => format!("rolled back from revision {} to {}", back.from, back.to),
+            None => format!("revision {} rolled out", after.revision),
+        };
+        told.push((
+            "RolloutComplete",
+            format!("{what}: {} members updated", after.updated),
+        ));
+    }
+    told
 }

@@ -687,6 +687,11 @@ async fn a_stage_waits_for_its_approval() {
         .trim()
         .to_string();
     assert!(approval.starts_with("rest@"), "{approval}");
+    // Told in a Normal Event too, where the hub object's owner looks.
+    eventually(Polled::ApiServer, "a RolloutWaiting Event", || {
+        has_event(&hub, "web", "RolloutWaiting")
+    })
+    .await;
     annotate(&hub, "web", APPROVAL_ANNOTATION, Some(&approval)).await;
     rolled_out(&hub, &member, "v1").await;
     let most = played.most_changing();
@@ -1073,10 +1078,12 @@ async fn a_failed_canary_rolls_back_and_a_roll_back_can_be_asked_for() {
         message.contains("roll back from revision") && message.contains(&v1),
         "{message}"
     );
-    eventually(Polled::ApiServer, "a RollingBack Event", || {
-        has_event(&hub, "web", "RollingBack")
-    })
-    .await;
+    for reason in ["RolloutComplete", "RolloutHalted", "RollingBack"] {
+        eventually(Polled::ApiServer, &format!("a {reason} Event"), || {
+            has_event(&hub, "web", reason)
+        })
+        .await;
+    }
 
     // A good release, then a roll back to v1 asked for, then undone.
     played.fail_image(&image("v2"), false);
