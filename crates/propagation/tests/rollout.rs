@@ -14,8 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kube::api::{Api, DeleteParams, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use multicluster_coordinator::sharding::{ShardedCoordinator, ShardingOptions, until_split};
 use multicluster_envtest::ControlPlane;
 use multicluster_envtest::played::Deployments;
@@ -124,20 +124,7 @@ async fn fleet(
 }
 
 async fn make_namespaces(member: &ControlPlane) {
-    let namespaces = Api::<Namespace>::all(member.client().await.expect("client"));
-    for name in MEMBERS {
-        let namespace = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..ObjectMeta::default()
-            },
-            ..Namespace::default()
-        };
-        namespaces
-            .create(&PostParams::default(), &namespace)
-            .await
-            .expect("namespace");
-    }
+    common::make_namespaces(member, &MEMBERS).await;
 }
 
 /// Creates or changes the hub ConfigMap `name` (labelled `value`) with
@@ -189,28 +176,9 @@ async fn images(member: &ControlPlane) -> BTreeMap<String, String> {
         .collect()
 }
 
-/// Whether every member's Deployment has `tag` and is available.
+/// Whether every member's Deployment `web` has `tag` and is available.
 async fn all_available_with(member: &ControlPlane, tag: &str) -> bool {
-    let deployments = Api::<Deployment>::all(member.client().await.expect("client"))
-        .list(&Default::default())
-        .await
-        .expect("list")
-        .items;
-    deployments.len() == MEMBERS.len()
-        && deployments.iter().all(|deployment| {
-            let image_is = deployment
-                .spec
-                .as_ref()
-                .and_then(|spec| spec.template.spec.as_ref())
-                .and_then(|pod| pod.containers.first())
-                .and_then(|container| container.image.as_deref())
-                == Some(image(tag).as_str());
-            let available = deployment.status.as_ref().is_some_and(|status| {
-                status.observed_generation == deployment.metadata.generation
-                    && status.available_replicas == Some(1)
-            });
-            image_is && available
-        })
+    all_named_available_with(member, "web", tag).await
 }
 
 /// Waits until every member's Deployment has `tag`, available, and the

@@ -10,8 +10,8 @@ mod common;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace};
-use kube::api::{Api, ObjectMeta, Patch, PatchParams, PostParams};
+use k8s_openapi::api::core::v1::ConfigMap;
+use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_envtest::jaeger::{Jaeger, Span};
 use multicluster_propagation::{Desired, MaxUnavailable, Propagation, Rollout};
@@ -110,20 +110,7 @@ async fn a_hub_reconcile_has_the_member_applies_it_caused_beneath_it() {
 
     let (hub, member) = tokio::join!(ControlPlane::start(), ControlPlane::start());
     let (hub, member) = (hub.expect("hub"), member.expect("member"));
-    let namespaces = Api::<Namespace>::all(member.client().await.expect("client"));
-    for name in MEMBERS {
-        let namespace = Namespace {
-            metadata: ObjectMeta {
-                name: Some(name.into()),
-                ..ObjectMeta::default()
-            },
-            ..Namespace::default()
-        };
-        namespaces
-            .create(&PostParams::default(), &namespace)
-            .await
-            .expect("namespace");
-    }
+    common::make_namespaces(&member, &MEMBERS).await;
     let provider = namespace_members(&member, &MEMBERS).await;
     let manager = Manager::builder(Cluster::new("hub", hub.client().await.expect("client")))
         .provider(Arc::new(provider))

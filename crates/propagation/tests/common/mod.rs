@@ -52,6 +52,26 @@ pub(crate) async fn member_states(
         .collect()
 }
 
+/// Makes the namespaces `names` in `member`.
+pub(crate) async fn make_namespaces(member: &ControlPlane, names: &[&str]) {
+    use k8s_openapi::api::core::v1::Namespace;
+    use kube::api::{ObjectMeta, PostParams};
+    let namespaces = Api::<Namespace>::all(member.client().await.expect("client"));
+    for name in names {
+        let namespace = Namespace {
+            metadata: ObjectMeta {
+                name: Some(name.to_string()),
+                ..ObjectMeta::default()
+            },
+            ..Namespace::default()
+        };
+        namespaces
+            .create(&PostParams::default(), &namespace)
+            .await
+            .expect("namespace");
+    }
+}
+
 /// A provider with a member named after each of `names`: the namespace of
 /// that name in `member`, cached on its own.
 pub(crate) async fn namespace_members(member: &ControlPlane, names: &[&str]) -> TestProvider {
