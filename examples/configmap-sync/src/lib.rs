@@ -317,8 +317,8 @@ impl PolicyArgs {
 /// Where an example's traces go.
 #[derive(clap::Args, Debug, Default)]
 pub struct TraceArgs {
-    /// Export traces over OTLP/HTTP to this endpoint (its base URL, e.g.
-    /// http://otel-collector.monitoring:4318): a span per reconcile
+    /// Export traces over OTLP/HTTP to this endpoint (its base URL, such
+    /// as `http://otel-collector.monitoring:4318`): a span per reconcile
     /// (controller, cluster, request), and in propagations per hub step
     /// and member apply, a member's beneath the hub reconcile that gave it
     /// its slot.

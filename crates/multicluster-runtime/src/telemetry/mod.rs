@@ -9,7 +9,7 @@
 //! member reconciles and applies it caused beneath it, although they run
 //! later, in other tasks and against other clusters.
 //!
-//! With the `opentelemetry` feature, [`OtlpTraces`] exports these spans
+//! With the `opentelemetry` feature, `OtlpTraces` exports these spans
 //! over OTLP/HTTP to a collector, Jaeger or anything else that speaks
 //! OTLP. Without it, a [`Cause`] is empty and costs nothing, so code that
 //! records causes needs no feature of its own.
