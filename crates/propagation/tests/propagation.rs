@@ -24,7 +24,7 @@ use multicluster_runtime::testing::{
 use multicluster_runtime::{Cluster, ClusterName, Manager};
 use serde_json::{Value, json};
 
-use common::{STATUS, member_states};
+use common::{STATUS, member_states, until_states};
 
 /// A cluster built from a control plane's admin kubeconfig.
 async fn cluster_for(name: &str, cp: &ControlPlane) -> Cluster {
@@ -238,15 +238,11 @@ async fn a_hub_object_is_applied_kept_reported_and_removed() {
         labels.get(PROPAGATION_LABEL).map(String::as_str),
         Some("fleet-quota")
     );
-    eventually(
-        Polled::ApiServer,
+    until_states(
+        &hub,
+        "team",
         "the hub object to show both members in sync",
-        || async {
-            states_are(
-                &member_states(&hub, "team").await,
-                &[("a", "InSync"), ("b", "InSync")],
-            )
-        },
+        |states| states_are(states, &[("a", "InSync"), ("b", "InSync")]),
     )
     .await;
 
@@ -308,11 +304,11 @@ async fn a_hub_object_is_applied_kept_reported_and_removed() {
     )
     .await;
     hub_config_map(&hub, "team", "on", "8").await;
-    eventually(
-        Polled::ApiServer,
+    until_states(
+        &hub,
+        "team",
         "b to be reported failed with its 403",
-        || async {
-            let states = member_states(&hub, "team").await;
+        |states| {
             states.get("a").is_some_and(|(state, _)| state == "InSync")
                 && states
                     .get("b")
@@ -413,16 +409,14 @@ async fn drift_and_conflicts_are_reported_or_taken_over_as_chosen() {
 
     hub_config_map(&hub, "theirs", "report", "4").await;
     hub_config_map(&hub, "taken", "take", "4").await;
-    eventually(
-        Polled::ApiServer,
+    until_states(
+        &hub,
+        "theirs",
         "their quota to be reported a conflict, and left alone",
-        || async {
-            member_states(&hub, "theirs")
-                .await
-                .get("a")
-                .is_some_and(|(state, reason)| {
-                    state == "Conflict" && reason.contains("someone-else")
-                })
+        |states| {
+            states.get("a").is_some_and(|(state, reason)| {
+                state == "Conflict" && reason.contains("someone-else")
+            })
         },
     )
     .await;
@@ -448,11 +442,8 @@ async fn drift_and_conflicts_are_reported_or_taken_over_as_chosen() {
         )
         .await
         .expect("edit in the member");
-    eventually(Polled::ApiServer, "the drift to be reported", || async {
-        member_states(&hub, "ours")
-            .await
-            .get("a")
-            .is_some_and(|(state, _)| state == "Drifted")
+    until_states(&hub, "ours", "the drift to be reported", |states| {
+        states.get("a").is_some_and(|(state, _)| state == "Drifted")
     })
     .await;
     assert_eq!(
@@ -577,17 +568,15 @@ async fn chosen_members_join_move_without_deletion_and_leave() {
         Some(before),
         "a's quota was never deleted: its grace began before b's"
     );
-    eventually(
-        Polled::ApiServer,
-        "the hub object to list only a",
-        || async { states_are(&member_states(&hub, "team").await, &[("a", "InSync")]) },
-    )
+    until_states(&hub, "team", "the hub object to list only a", |states| {
+        states_are(states, &[("a", "InSync")])
+    })
     .await;
 
     // a leaves the fleet while chosen.
     provider.clusters.remove(&ClusterName::from("a"));
-    eventually(Polled::ApiServer, "a to be shown not engaged", || async {
-        states_are(&member_states(&hub, "team").await, &[("a", "NotEngaged")])
+    until_states(&hub, "team", "a to be shown not engaged", |states| {
+        states_are(states, &[("a", "NotEngaged")])
     })
     .await;
     stop.cancel();
@@ -733,12 +722,12 @@ async fn a_member_whose_watch_has_not_listed_is_pending_not_in_sync() {
 
     // Pending at first is also what a member not reconciled yet shows (with
     // no reason): wait for the pending that names the watch it waits for.
-    eventually(
-        Polled::ApiServer,
+    until_states(
+        &hub,
+        "limits",
         "a pending on its watch of resourcequotas",
-        || async {
-            let states = member_states(&hub, "limits").await;
-            states_are(&states, &[("a", "Pending")]) && states["a"].1.contains("resourcequotas")
+        |states| {
+            states_are(states, &[("a", "Pending")]) && states["a"].1.contains("resourcequotas")
         },
     )
     .await;
@@ -746,8 +735,8 @@ async fn a_member_whose_watch_has_not_listed_is_pending_not_in_sync() {
     assert_eq!(pods_in(&a, "limits").await.as_deref(), Some("5"));
 
     set_rules(&a, quota_rules()).await;
-    eventually(Polled::ApiServer, "a in sync once it may list", || async {
-        states_are(&member_states(&hub, "limits").await, &[("a", "InSync")])
+    until_states(&hub, "limits", "a in sync once it may list", |states| {
+        states_are(states, &[("a", "InSync")])
     })
     .await;
     stop.cancel();
@@ -1023,11 +1012,11 @@ async fn a_member_is_in_sync_only_once_what_it_got_is_available() {
     let (stop, task) = run_manager(&manager);
     wait_until_ready(&manager, "a").await;
     hub_config_map(&hub, "web", "web", "1").await;
-    eventually(
-        Polled::ApiServer,
+    until_states(
+        &hub,
+        "web",
         "the member progressing with the Deployment named",
-        || async {
-            let states = member_states(&hub, "web").await;
+        |states| {
             states.get("a").is_some_and(|(state, reason)| {
                 state == "Progressing" && reason.contains("Deployment default/web")
             })
@@ -1069,10 +1058,11 @@ async fn a_member_is_in_sync_only_once_what_it_got_is_available() {
         )
         .await
         .expect("status");
-    eventually(
-        Polled::ApiServer,
+    until_states(
+        &hub,
+        "web",
         "the member in sync once the Deployment is available",
-        || async { states_are(&member_states(&hub, "web").await, &[("a", "InSync")]) },
+        |states| states_are(states, &[("a", "InSync")]),
     )
     .await;
     stop.cancel();
@@ -1090,11 +1080,11 @@ async fn a_member_is_in_sync_only_once_what_it_got_is_available() {
         .add_controller(strict.build().expect("propagation"))
         .expect("add");
     let (stop, task) = run_manager(&manager);
-    eventually(
-        Polled::ApiServer,
+    until_states(
+        &hub,
+        "web",
         "the member degraded by the user's rule",
-        || async {
-            let states = member_states(&hub, "web").await;
+        |states| {
             states.get("a").is_some_and(|(state, reason)| {
                 state == "Degraded" && reason.contains("never good enough")
             })
@@ -1338,8 +1328,8 @@ async fn apply_modes_create_only_report_only_take_over_when_equal_and_ignored_fi
     )
     .await;
     assert!(unequal.contains("would change spec.hard.pods"), "{unequal}");
-    eventually(Polled::ApiServer, "the equal quota adopted", || async {
-        states_are(&member_states(&hub, "equal").await, &[("a", "InSync")])
+    until_states(&hub, "equal", "the equal quota adopted", |states| {
+        states_are(states, &[("a", "InSync")])
     })
     .await;
     eventually(Polled::ApiServer, "the partial quota applied", || async {
@@ -1583,11 +1573,8 @@ async fn a_cordoned_member_keeps_a_drained_one_lets_go_and_both_catch_up() {
     })
     .await;
     assert!(reason.contains(MAINTENANCE_LABEL), "{reason}");
-    eventually(Polled::ApiServer, "b in sync", || async {
-        member_states(&hub, "team")
-            .await
-            .get("b")
-            .is_some_and(|(state, _)| state == "InSync")
+    until_states(&hub, "team", "b in sync", |states| {
+        states.get("b").is_some_and(|(state, _)| state == "InSync")
     })
     .await;
     assert_eq!(
@@ -1608,9 +1595,8 @@ async fn a_cordoned_member_keeps_a_drained_one_lets_go_and_both_catch_up() {
     // Drained: b loses the quota, a keeps it; without the label it is back.
     member_b.set_inventory(maintenance(Some("drain")));
     eventually(Polled::ApiServer, "b drained", pods(Some("5"), None)).await;
-    eventually(Polled::ApiServer, "b shown drained", || async {
-        member_states(&hub, "team")
-            .await
+    until_states(&hub, "team", "b shown drained", |states| {
+        states
             .get("b")
             .is_some_and(|(state, reason)| state == "Pending" && reason.contains("drained"))
     })

@@ -27,7 +27,7 @@ use multicluster_runtime::testing::{Polled, eventually, eventually_some, run_man
 use multicluster_runtime::{Cluster, ClusterName, Manager};
 use serde_json::json;
 
-use common::{STATUS, member_states, namespace_members, status_of};
+use common::{STATUS, namespace_members, status_of, until_states, until_status};
 
 const LABEL: &str = "example.com/rollout";
 const MEMBERS: [&str; 6] = ["m0", "m1", "m2", "m3", "m4", "m5"];
@@ -191,10 +191,11 @@ async fn rolled_out(hub: &ControlPlane, member: &ControlPlane, tag: &str) {
         || all_available_with(member, tag),
     )
     .await;
-    eventually(Polled::ApiServer, "the rollout to be done", || async {
-        condition_message(hub, "web")
-            .await
-            .contains(&format!("{} updated, 0 updating, 0 to go", MEMBERS.len()))
+    let done = format!("{} updated, 0 updating, 0 to go", MEMBERS.len());
+    until_status(hub, "web", "the rollout to be done", |status| {
+        status["condition"]["message"]
+            .as_str()
+            .is_some_and(|message| message.contains(&done))
     })
     .await;
 }
@@ -235,11 +236,11 @@ async fn a_rolling_rollout_never_has_more_than_two_members_changing() {
     // Paused before a change: no member is given it until resumed.
     annotate(&hub, "web", PAUSE_ANNOTATION, Some("true")).await;
     hub_object(&hub, "web", "web", "v3").await;
-    eventually(
-        Polled::ApiServer,
+    until_states(
+        &hub,
+        "web",
         "every member held, the rollout paused",
-        || async {
-            let states = member_states(&hub, "web").await;
+        |states| {
             states.len() == MEMBERS.len()
                 && states.values().all(|(state, reason)| {
                     state == "Pending"
@@ -426,11 +427,11 @@ async fn two_sharded_replicas_serve_every_member_within_one_bound() {
 
     // The status names every member, each told by its own replica, and
     // sums both replicas' counts.
-    eventually(
-        Polled::ApiServer,
+    until_states(
+        &hub,
+        "web",
         "every member in sync on the hub object",
-        || async {
-            let states = member_states(&hub, "web").await;
+        |states| {
             states.len() == MEMBERS.len() && states.values().all(|(state, _)| state == "InSync")
         },
     )
@@ -572,11 +573,11 @@ async fn members_moved_out_keep_the_workload_until_those_moved_in_are_available(
     // Moved to m2 and m3, m2 failing its rollout: m0 and m1 keep theirs.
     played.fail_in("m2", true);
     annotate(&hub, "web", "example.com/members", Some("m2,m3")).await;
-    eventually(
-        Polled::ApiServer,
+    until_states(
+        &hub,
+        "web",
         "m0 and m1 kept for the surge while m2 is not available",
-        || async {
-            let states = member_states(&hub, "web").await;
+        |states| {
             ["m0", "m1"].iter().all(|kept| {
                 states.get(*kept).is_some_and(|(state, reason)| {
                     state == "Progressing"

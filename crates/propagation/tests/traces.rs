@@ -16,12 +16,12 @@ use multicluster_envtest::ControlPlane;
 use multicluster_envtest::jaeger::{Jaeger, Span};
 use multicluster_propagation::{Desired, MaxUnavailable, Propagation, Rollout};
 use multicluster_runtime::telemetry::OtlpTraces;
-use multicluster_runtime::testing::{Polled, eventually, eventually_some, run_manager};
+use multicluster_runtime::testing::{Polled, eventually_some, run_manager};
 use multicluster_runtime::{Cluster, Manager};
 use serde_json::json;
 use tracing_subscriber::prelude::*;
 
-use common::{STATUS, member_states, namespace_members};
+use common::{STATUS, namespace_members, until_states};
 
 /// The service name the test's spans are exported under.
 const SERVICE: &str = "propagation-traces-test";
@@ -147,11 +147,11 @@ async fn a_hub_reconcile_has_the_member_applies_it_caused_beneath_it() {
         )
         .await
         .expect("hub object");
-    eventually(
-        Polled::ApiServer,
+    until_states(
+        &hub,
+        "traced",
         "both members in sync, as the hub object's status says",
-        || async {
-            let states = member_states(&hub, "traced").await;
+        |states| {
             MEMBERS.iter().all(|name| {
                 states
                     .get(*name)

@@ -17,27 +17,17 @@ use serde_json::Value;
 /// The annotation the tests' propagations write their status to.
 pub(crate) const STATUS: &str = "example.com/propagation";
 
-/// The status annotation of the hub ConfigMap `name` in `default`
-/// (null if the object or the annotation is not there yet).
-pub(crate) async fn status_of(hub: &ControlPlane, name: &str) -> Value {
-    let object = Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
-        .get_opt(name)
-        .await
-        .expect("get the hub object");
+/// The status annotation of `object` (null without it).
+fn status_in(object: Option<&ConfigMap>) -> Value {
     object
-        .and_then(|object| object.metadata.annotations)
-        .and_then(|annotations| annotations.get(STATUS).cloned())
-        .map(|text| serde_json::from_str(&text).expect("status JSON"))
+        .and_then(|object| object.metadata.annotations.as_ref())
+        .and_then(|annotations| annotations.get(STATUS))
+        .map(|text| serde_json::from_str(text).expect("status JSON"))
         .unwrap_or_default()
 }
 
-/// Each member's state and reason, as the hub ConfigMap `name`'s status
-/// says.
-pub(crate) async fn member_states(
-    hub: &ControlPlane,
-    name: &str,
-) -> BTreeMap<String, (String, String)> {
-    let status = status_of(hub, name).await;
+/// Each member's state and reason, as `status` says.
+fn states_in(status: &Value) -> BTreeMap<String, (String, String)> {
     let field = |entry: &Value, key: &str| entry[key].as_str().unwrap_or_default().to_string();
     status["members"]
         .as_array()
@@ -50,6 +40,51 @@ pub(crate) async fn member_states(
             )
         })
         .collect()
+}
+
+/// The status annotation of the hub ConfigMap `name` in `default`
+/// (null if the object or the annotation is not there yet).
+pub(crate) async fn status_of(hub: &ControlPlane, name: &str) -> Value {
+    let object = Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
+        .get_opt(name)
+        .await
+        .expect("get the hub object");
+    status_in(object.as_ref())
+}
+
+/// Each member's state and reason, as the hub ConfigMap `name`'s status
+/// says.
+pub(crate) async fn member_states(
+    hub: &ControlPlane,
+    name: &str,
+) -> BTreeMap<String, (String, String)> {
+    states_in(&status_of(hub, name).await)
+}
+
+/// Waits, watching the hub ConfigMap `name`, until its status satisfies
+/// `that`.
+pub(crate) async fn until_status(
+    hub: &ControlPlane,
+    name: &str,
+    what: &str,
+    that: impl Fn(&Value) -> bool,
+) {
+    let api = Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default");
+    multicluster_runtime::testing::wait_for_object(&api, name, what, |object| {
+        that(&status_in(object))
+    })
+    .await;
+}
+
+/// Waits, watching the hub ConfigMap `name`, until each member's state
+/// and reason, as its status says, satisfy `that`.
+pub(crate) async fn until_states(
+    hub: &ControlPlane,
+    name: &str,
+    what: &str,
+    that: impl Fn(&BTreeMap<String, (String, String)>) -> bool,
+) {
+    until_status(hub, name, what, |status| that(&states_in(status))).await;
 }
 
 /// Makes the namespaces `names` in `member`.
