@@ -41,6 +41,8 @@ pub(super) struct PropagationMetrics {
     by_state: Vec<Gauge>,
     rollout: Family<Labels, Gauge>,
     halted: Family<Labels, Gauge>,
+    /// Hub objects by their rollout's phase.
+    phases: Family<Labels, Gauge>,
     to_available: Family<Labels, Histogram>,
 }
 
@@ -65,6 +67,7 @@ impl PropagationMetrics {
             by_state,
             rollout: Family::default(),
             halted: Family::default(),
+            phases: Family::default(),
             to_available: Family::new_with_constructor(
                 (|| Histogram::new(exponential_buckets(0.5, 2.0, 14))) as fn() -> Histogram,
             ),
@@ -84,6 +87,11 @@ impl PropagationMetrics {
                 "mcr_propagation_rollouts_halted",
                 "Hub objects whose paced rollout is halted by failures",
                 this.halted.clone(),
+            );
+            registry.register(
+                "mcr_propagation_rollouts",
+                "Hub objects of the propagation's paced rollouts by phase: rolling_out, waiting (paused, an approval), halted, rolling_back, complete",
+                this.phases.clone(),
             );
             registry.register(
                 "mcr_propagation_time_to_available_seconds",
@@ -130,6 +138,15 @@ impl PropagationMetrics {
                 .set(value);
         }
         self.halted.get_or_create(&self.labels(None)).set(halted);
+        let mut phases = [0i64; PHASES.len()];
+        for rollout in rollouts.values() {
+            phases[phase_of(rollout)] += 1;
+        }
+        for (phase, value) in PHASES.iter().zip(phases) {
+            self.phases
+                .get_or_create(&self.labels(Some(("phase", phase))))
+                .set(value);
+        }
     }
 
     /// A member took `took` from starting on a new revision to available.
@@ -137,6 +154,32 @@ impl PropagationMetrics {
         self.to_available
             .get_or_create(&self.labels(None))
             .observe(took.as_secs_f64());
+    }
+}
+
+/// The phases of `mcr_propagation_rollouts`, each hub object in one.
+const PHASES: [&str; 5] = [
+    "rolling_out",
+    "waiting",
+    "halted",
+    "rolling_back",
+    "complete",
+];
+
+/// Where a rollout is, as an index into [`PHASES`]: halted before all,
+/// then waiting, then done (a roll back done is complete), then rolling
+/// back.
+fn phase_of(rollout: &RolloutStatus) -> usize {
+    if rollout.halted.is_some() {
+        2
+    } else if rollout.waiting.is_some() {
+        1
+    } else if rollout.is_complete() {
+        4
+    } else if rollout.rolling_back.is_some() {
+        3
+    } else {
+        0
     }
 }
 
@@ -164,6 +207,11 @@ mod tests {
         let text = metrics.encode();
         assert!(
             text.contains(r#"mcr_propagation_time_to_available_seconds_count{propagation="p"} 1"#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#"mcr_propagation_rollouts{propagation="p",phase="complete"} 1"#)
+                && text.contains(r#"mcr_propagation_rollouts{propagation="p",phase="halted"} 0"#),
             "{text}"
         );
         let repository = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
