@@ -29,7 +29,10 @@ impl Maintenance {
     /// is taken as `cordon`: a label meant to take it out never leaves it
     /// in service by a typo.
     pub(crate) fn of(member: &Cluster) -> Self {
-        Self::from_label(member.labels().get(MAINTENANCE_LABEL).map(String::as_str))
+        // The inventory is shared (an `Arc`): no copy of the labels per
+        // reconcile.
+        let inventory = member.inventory();
+        Self::from_label(inventory.labels.get(MAINTENANCE_LABEL).map(String::as_str))
     }
 
     fn from_label(value: Option<&str>) -> Self {

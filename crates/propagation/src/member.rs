@@ -83,14 +83,15 @@ where
         }
         let value = serde_json::to_value(hub.as_ref())?;
         let revision = crate::rollout::revision_of(&value);
-        // Rolling back: what the hub object wanted at the earlier revision.
-        let (hub, revision) = match self
-            .rolled_back_to(&hub_cluster, &key, &value, &revision)
-            .await
-        {
-            Some(then) => then,
-            None => (hub, revision),
+        // Rolling back (paced rollouts only): what the hub object wanted at
+        // the earlier revision.
+        let rolled_back = if self.rollouts.is_paced(&hub) {
+            self.rolled_back_to(&hub_cluster, &key, &value, &revision)
+                .await
+        } else {
+            None
         };
+        let (hub, revision) = rolled_back.unwrap_or((hub, revision));
         let at_revision = self.at_revision(&key, &member, &revision);
         if maintenance == Maintenance::Cordoned && !at_revision {
             let reason = format!(

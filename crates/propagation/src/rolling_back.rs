@@ -133,11 +133,13 @@ where
         hub: &Value,
         current: &str,
     ) -> Option<(Arc<K>, String)> {
-        let record = crate::lock(&self.rollouts.slots)
+        // Only the roll back is taken from the record, not a copy of it.
+        let known = crate::lock(&self.rollouts.slots)
             .get(key)
-            .cloned()
-            .or_else(|| self.read_record(hub))?;
-        let back = record.rolling_back.filter(|back| back.from == current)?;
+            .map(|record| record.rolling_back.clone());
+        let back = known
+            .unwrap_or_else(|| self.read_record(hub).and_then(|record| record.rolling_back))
+            .filter(|back| back.from == current)?;
         let content = self
             .rollouts
             .history

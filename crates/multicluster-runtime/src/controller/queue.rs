@@ -207,6 +207,10 @@ impl Queue {
 
     /// What caused `request`, taken as its reconcile starts.
     pub(crate) fn take_cause(&self, request: &Request) -> Cause {
+        // Without traces there is never a cause: no lock per reconcile.
+        if !cfg!(feature = "opentelemetry") {
+            return Cause::default();
+        }
         let mut state = self.lock();
         if state.causes.is_empty() {
             return Cause::default();
