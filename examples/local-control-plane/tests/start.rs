@@ -81,8 +81,25 @@ async fn start_and_stop(args: &[&str], runs: &[&str]) {
         "errors on a normal start:\n{printed}"
     );
 
-    let running = children(control_plane.id().expect("running"));
-    assert_eq!(running, runs, "{args:?}");
+    // A child may still be its `setpriv` wrapper for a moment, before it
+    // execs the binary: the processes are looked at until they settle.
+    let parent = control_plane.id().expect("running");
+    let settled = multicluster_runtime::testing::poll_within(
+        Duration::from_secs(30),
+        multicluster_runtime::testing::Polled::OtherProcess,
+        || async {
+            let running = children(parent);
+            if running == runs {
+                Ok(())
+            } else {
+                Err(format!("{running:?}"))
+            }
+        },
+    )
+    .await;
+    if let Err(running) = settled {
+        panic!("{args:?}: the control plane runs {running}, not {runs:?}");
+    }
 
     let pid = control_plane.id().expect("running").to_string();
     Command::new("kill")
