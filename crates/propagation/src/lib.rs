@@ -143,7 +143,7 @@ pub use letting_go::{DELETION_POLICY_ANNOTATION, DeletionPolicy};
 pub use maintenance::MAINTENANCE_LABEL;
 pub use rollout::{
     APPROVAL_ANNOTATION, MaxUnavailable, OnFailure, PAUSE_ANNOTATION, REVISION_ANNOTATION,
-    ROLL_BACK_ANNOTATION, Rollout, Stage,
+    ROLL_BACK_ANNOTATION, Rollout, Stage, revision_of,
 };
 pub use schema::{
     MemberStatus, PropagationStatus, ReplicaMembers, RollingBack, RolloutStatus, UpdatingMember,

@@ -728,10 +728,13 @@ pub(crate) fn own_members(record: &RolloutStatus, members: &[Member]) -> Replica
     }
 }
 
-/// The revision of a hub object: its `metadata.generation`, or for a type
-/// the API server keeps none for (a ConfigMap) a digest of its labels and
-/// of everything outside its metadata and status.
-pub(crate) fn revision_of(hub: &Value) -> String {
+/// The revision of a hub object (as JSON), as its status, its members'
+/// objects ([`REVISION_ANNOTATION`]) and its history name it: its
+/// `metadata.generation`, or for a type the API server keeps none for (a
+/// ConfigMap) a digest of its labels and of everything outside its
+/// metadata and status. Tools that read a rollout (the kubectl plugin)
+/// compare it with `status.rollout.revision`.
+pub fn revision_of(hub: &Value) -> String {
     if let Some(generation) = hub.pointer("/metadata/generation").and_then(Value::as_i64) {
         return generation.to_string();
     }
