@@ -101,11 +101,13 @@ mod outcomes;
 mod owners;
 mod paced;
 mod per_hub;
+mod record;
 mod rolling_back;
 mod rollout;
 mod schema;
 mod sources;
 mod status;
+mod step;
 mod waves;
 
 use std::collections::HashMap;

@@ -15,7 +15,7 @@ use multicluster_runtime::metrics::Metrics;
 
 use super::HubKey;
 use super::outcomes::STATE_COUNT;
-use super::rollout::RolloutStatus;
+use super::record::RolloutStatus;
 use super::status::MemberState;
 
 type Labels = Vec<(&'static str, String)>;
@@ -188,7 +188,7 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::rollout::RolloutStatus;
+    use crate::record::RolloutStatus;
 
     /// The dashboard in `config/monitoring/propagation.json` names only
     /// metrics this module exports, in expressions Prometheus accepts

@@ -15,8 +15,10 @@ use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
 use super::per_hub::PerHub;
-use super::rollout::{self, Elsewhere, Look, Member, RolloutStatus as Record};
+use super::record::{RollingBack, RolloutStatus as Record};
+use super::rollout;
 use super::status::{MemberState, Outcome};
+use super::step::{self, Elsewhere, Look, Member};
 use super::{HubKey, REVISION_ANNOTATION, Rollout, Shared};
 use multicluster_runtime::Cluster;
 use multicluster_runtime::ClusterName;
@@ -367,7 +369,7 @@ where
             .map_or_else(Elsewhere::default, |replicas| {
                 Elsewhere::from_record(before.as_ref(), &replicas.me, &replicas.live, &revision)
             });
-        let mut record = rollout::step(
+        let mut record = step::step(
             &Look {
                 rollout: &rollout,
                 revision: &revision,
@@ -412,7 +414,7 @@ where
                 .retain(|replica, _| replicas.live.contains(replica));
             record
                 .replicas
-                .insert(replicas.me.clone(), rollout::own_members(&record, &members));
+                .insert(replicas.me.clone(), step::own_members(&record, &members));
         }
         if before.as_ref() != Some(&record) {
             match self.write_record(hub_cluster, key, &value, &record).await {
@@ -525,7 +527,7 @@ enum WriteError {
 fn notable(
     before: Option<&Record>,
     after: &Record,
-    started: Option<&rollout::RollingBack>,
+    started: Option<&RollingBack>,
 ) -> Vec<(&'static str, String)> {
     let mut told = Vec::new();
     if let Some(back) = started {

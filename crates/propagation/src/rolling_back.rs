@@ -11,7 +11,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-use super::rollout::{self, ROLL_BACK_ANNOTATION, RollingBack, Rollout, RolloutStatus};
+use super::record::{RollingBack, RolloutStatus};
+use super::rollout::{self, ROLL_BACK_ANNOTATION, Rollout};
 use super::{HubKey, Shared};
 use multicluster_runtime::Cluster;
 use multicluster_runtime::cache::CachedResource;
