@@ -42,8 +42,10 @@ impl Default for ControlPlaneBuilder {
 
 impl ControlPlaneBuilder {
     /// Also run a `kube-controller-manager` with the namespace, garbage
-    /// collector and service-account controllers. Without it a deleted
-    /// namespace stays `Terminating` and owner references never cascade.
+    /// collector, service-account and Job controllers. Without it a
+    /// deleted namespace stays `Terminating` and owner references never
+    /// cascade. No kubelet runs: a Job's pods stay `Pending` until a test
+    /// sets their phase, as a kubelet would.
     #[must_use]
     pub fn controller_manager(mut self, enabled: bool) -> Self {
         self.controller_manager = enabled;
@@ -267,7 +269,7 @@ impl ControlPlane {
             &binaries.kube_controller_manager,
             args([
                 format!("--kubeconfig={}", self.admin_kubeconfig_path.display()),
-                "--controllers=namespace-controller,garbage-collector-controller,serviceaccount-controller,clusterrole-aggregation-controller".into(),
+                "--controllers=namespace-controller,garbage-collector-controller,serviceaccount-controller,clusterrole-aggregation-controller,job-controller".into(),
                 "--leader-elect=false".into(),
                 "--secure-port=0".into(),
                 format!("--service-account-private-key-file={}", root.join("sa.key").display()),

@@ -12,8 +12,9 @@ use kube::core::{Resource, Selector, SelectorExt};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
+use super::gates::GateCheck;
 use super::kinds::Kind;
-use super::paced::{self, Approve, Pause};
+use super::paced::{self, Approve, CheckGate, Pause, RolloutHooks};
 use super::per_hub::PerHub;
 use super::sources::{hub_sources, member_sources, reconciler, reselect_sources};
 #[allow(unused_imports)] // for the docs
@@ -54,6 +55,7 @@ pub struct Propagation<K> {
     rollout: PerHub<K, Rollout>,
     pause: Option<Pause<K>>,
     approve: Option<Approve<K>>,
+    check_gates: Option<CheckGate<K>>,
     when_hub_deleted: PerHub<K, DeletionPolicy>,
     when_member_leaves: DeletionPolicy,
     revision_history: usize,
@@ -86,6 +88,7 @@ where
             configure: Vec::new(),
             rollout: PerHub::Fixed(Rollout::default()),
             pause: None,
+            check_gates: None,
             approve: None,
             when_hub_deleted: PerHub::Fixed(DeletionPolicy::Delete),
             when_member_leaves: DeletionPolicy::Delete,
@@ -377,6 +380,21 @@ where
         self
     }
 
+    /// Decides the stages [gated by](Stage::gated_by) [`Gate::checked`]:
+    /// `check` is asked with the hub object, the stage's name and the
+    /// revision rolled out while the stage is up, every 2 seconds and
+    /// whenever the hub object changes, until it passes or fails. It runs
+    /// on the reconcile's task: a check that must ask elsewhere (a
+    /// monitoring query) keeps its own state and answers from it.
+    #[must_use]
+    pub fn check_gates_with(
+        mut self,
+        check: impl Fn(&K, &str, &str) -> GateCheck + Send + Sync + 'static,
+    ) -> Self {
+        self.check_gates = Some(Arc::new(check));
+        self
+    }
+
     /// Whether a member's failure, conflict or drift is told in a Warning
     /// Event on the hub object (default `true`; one series per member and
     /// reason).
@@ -459,6 +477,14 @@ where
             PerHub::Fixed(rollout) => rollout.is_paced(),
             PerHub::By(_) => true,
         };
+        if let PerHub::Fixed(rollout) = &self.rollout
+            && rollout.has_checked_gate()
+            && self.check_gates.is_none()
+        {
+            return Err(invalid(
+                "a stage is gated by `Gate::checked()`: it needs `check_gates_with`".into(),
+            ));
+        }
         if may_be_paced && self.status == StatusTarget::None {
             return Err(invalid(
                 "a paced rollout (or `rollout_for`) keeps its state on the hub object: it needs `status_subresource` or `status_annotation`".into(),
@@ -481,8 +507,11 @@ where
             health: self.health,
             rollouts: paced::Rollouts::new(
                 self.rollout,
-                self.pause,
-                self.approve,
+                RolloutHooks {
+                    pause: self.pause,
+                    approve: self.approve,
+                    check_gates: self.check_gates,
+                },
                 self.revision_history,
             ),
             when_hub_deleted: self.when_hub_deleted,
@@ -513,4 +542,34 @@ fn is_label_value(name: &str) -> bool {
             .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
         && name.starts_with(|c: char| c.is_ascii_alphanumeric())
         && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Desired, Gate, GateCheck, MaxUnavailable, Stage};
+    use k8s_openapi::api::core::v1::ConfigMap;
+
+    fn checked_stages() -> Propagation<ConfigMap> {
+        Propagation::<ConfigMap>::new("gated")
+            .propagates::<ConfigMap>()
+            .desired(|hub, _| Ok(vec![Desired::new(hub)?]))
+            .status_annotation("example.com/status")
+            .rollout(Rollout::staged(
+                [Stage::named("main", ["a"]).gated_by(Gate::checked())],
+                MaxUnavailable::Count(1),
+            ))
+    }
+
+    #[test]
+    fn a_checked_gate_needs_its_check() {
+        let err = checked_stages().into_shared().err().expect("refused");
+        assert!(err.to_string().contains("check_gates_with"), "{err}");
+        assert!(
+            checked_stages()
+                .check_gates_with(|_, _, _| GateCheck::Passed)
+                .into_shared()
+                .is_ok()
+        );
+    }
 }

@@ -89,6 +89,7 @@
 
 mod apply_modes;
 mod builder;
+mod gates;
 mod health;
 mod history;
 mod hub;
@@ -139,6 +140,7 @@ fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 pub use apply_modes::ApplyMode;
 pub use builder::Propagation;
+pub use gates::{GATE_JOB_ENV, Gate, GateCheck};
 pub use health::Health;
 pub use hub::CLEANED_ANNOTATION;
 pub use letting_go::{DELETION_POLICY_ANNOTATION, DeletionPolicy};
@@ -148,7 +150,8 @@ pub use rollout::{
     ROLL_BACK_ANNOTATION, Rollout, Stage, revision_of,
 };
 pub use schema::{
-    MemberStatus, PropagationStatus, ReplicaMembers, RollingBack, RolloutStatus, UpdatingMember,
+    GateState, GateStatus, MemberStatus, PropagationStatus, ReplicaMembers, RollingBack,
+    RolloutStatus, UpdatingMember,
 };
 pub use status::{CONDITION_TYPE, MemberState};
 pub use waves::WAVE_ANNOTATION;

@@ -14,6 +14,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::{Value, json};
 
+use super::gates::{GATE_RECHECK, GateAt, GateCheck};
 use super::per_hub::PerHub;
 use super::record::{RollingBack, RolloutStatus as Record};
 use super::rollout;
@@ -38,6 +39,16 @@ const RACE_RETRY: Duration = Duration::from_millis(200);
 pub(super) type Pause<K> = Arc<dyn Fn(&K) -> bool + Send + Sync>;
 /// Whether a stage (by name) is approved for a revision of a hub object.
 pub(super) type Approve<K> = Arc<dyn Fn(&K, &str, &str) -> bool + Send + Sync>;
+/// What a checked gate of a stage (by name) says for a revision of a hub
+/// object.
+pub(super) type CheckGate<K> = Arc<dyn Fn(&K, &str, &str) -> GateCheck + Send + Sync>;
+
+/// What the user's closures say of a hub object's rollout.
+pub(super) struct RolloutHooks<K> {
+    pub(super) pause: Option<Pause<K>>,
+    pub(super) approve: Option<Approve<K>>,
+    pub(super) check_gates: Option<CheckGate<K>>,
+}
 
 /// A propagation's rollout settings and what this process knows of its
 /// hub objects' rollouts.
@@ -45,8 +56,7 @@ pub(super) struct Rollouts<K> {
     /// The propagation's rollout, or each hub object's own
     /// (`Propagation::rollout_for`).
     rollout: PerHub<K, Rollout>,
-    pause: Option<Pause<K>>,
-    approve: Option<Approve<K>>,
+    hooks: RolloutHooks<K>,
     /// Each hub object's rollout as this process last wrote or read it:
     /// a member given a slot here goes on before the hub cache shows it.
     pub(super) slots: Mutex<HashMap<HubKey, Record>>,
@@ -61,17 +71,11 @@ pub(super) struct Rollouts<K> {
 }
 
 impl<K> Rollouts<K> {
-    pub(super) fn new(
-        rollout: PerHub<K, Rollout>,
-        pause: Option<Pause<K>>,
-        approve: Option<Approve<K>>,
-        history: usize,
-    ) -> Self {
+    pub(super) fn new(rollout: PerHub<K, Rollout>, hooks: RolloutHooks<K>, history: usize) -> Self {
         Self {
             rollout,
             history: crate::history::History::new(history),
-            pause,
-            approve,
+            hooks,
             slots: Mutex::default(),
             available_since: Mutex::default(),
             changing_since: Mutex::default(),
@@ -355,12 +359,18 @@ where
             rollout::approved_by_annotation(&value, &name, &revision)
                 || self
                     .rollouts
+                    .hooks
                     .approve
                     .as_ref()
                     .is_some_and(|approve| approve(hub, &name, &revision))
         };
         let paused = rollout::paused_by_annotation(&value)
-            || self.rollouts.pause.as_ref().is_some_and(|pause| pause(hub));
+            || self
+                .rollouts
+                .hooks
+                .pause
+                .as_ref()
+                .is_some_and(|pause| pause(hub));
         // Replicas sharing the fleet each step for their own members, and
         // tell the others about them in the record.
         let replicas = controller.replicas();
@@ -369,18 +379,29 @@ where
             .map_or_else(Elsewhere::default, |replicas| {
                 Elsewhere::from_record(before.as_ref(), &replicas.me, &replicas.live, &revision)
             });
+        let look = Look {
+            rollout: &rollout,
+            revision: &revision,
+            now: k8s_openapi::jiff::Timestamp::now(),
+            members: &members,
+            stage_names: &stage_names,
+            paused,
+            approved: &approved,
+            elsewhere: &elsewhere,
+            unselected: &unselected,
+            rolling_back: decided.rolling_back.is_some(),
+            gate: None,
+        };
+        let gate = self
+            .check_gate(hub_cluster, key, hub, &value, &look, before.as_ref())
+            .await;
+        if matches!(gate, Some(GateCheck::Waiting(_))) {
+            soon = Some(soon.map_or(GATE_RECHECK, |soon| soon.min(GATE_RECHECK)));
+        }
         let mut record = step::step(
             &Look {
-                rollout: &rollout,
-                revision: &revision,
-                now: k8s_openapi::jiff::Timestamp::now(),
-                members: &members,
-                stage_names: &stage_names,
-                paused,
-                approved: &approved,
-                elsewhere: &elsewhere,
-                unselected: &unselected,
-                rolling_back: decided.rolling_back.is_some(),
+                gate: gate.as_ref(),
+                ..look
             },
             before.as_ref(),
         );
@@ -444,6 +465,46 @@ where
             controller.enqueue(Request::new(member, key.0.as_deref(), key.1.as_str()));
         }
         Ok(soon)
+    }
+
+    /// What the gate of the stage a step of `look` finds under way says
+    /// now, if it has one still to decide for the revision (rolling back
+    /// or paused, none is looked at).
+    async fn check_gate(
+        &self,
+        hub_cluster: &Cluster,
+        key: &HubKey,
+        hub: &K,
+        value: &Value,
+        look: &Look<'_>,
+        before: Option<&Record>,
+    ) -> Option<GateCheck> {
+        if look.rolling_back || look.paused {
+            return None;
+        }
+        let stage = step::stage_under_way(look, before)?;
+        let gate = look.rollout.gate_of(stage)?;
+        let name = look.stage_names.get(stage).cloned().flatten()?;
+        let decided = before
+            .filter(|before| before.revision == look.revision)
+            .and_then(|before| before.gates.iter().find(|gate| gate.stage == name))
+            .is_some_and(|gate| gate.state != crate::record::GateState::Waiting);
+        if decided {
+            return None;
+        }
+        let at = GateAt {
+            hub_cluster,
+            propagation: &self.name,
+            key,
+            hub: value,
+            stage: &name,
+            revision: look.revision,
+        };
+        let checked = || {
+            let check = self.rollouts.hooks.check_gates.as_ref()?;
+            Some(check(hub, &name, look.revision))
+        };
+        Some(gate.check(&at, checked).await)
     }
 
     /// Writes `record` on the hub object (`hub`, as the cache has it), if

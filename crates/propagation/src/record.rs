@@ -50,6 +50,39 @@ pub struct RolloutStatus {
     /// goes.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_complete: Option<String>,
+    /// The gates of the stages come up for this revision
+    /// ([`Stage::gated_by`](crate::Stage::gated_by)), in the order they came up.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gates: Vec<GateStatus>,
+}
+
+/// Where the gate of a stage stands for the revision rolled out
+/// ([`RolloutStatus::gates`]).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[serde(rename_all = "camelCase")]
+#[non_exhaustive]
+pub struct GateStatus {
+    /// The stage's name.
+    pub stage: String,
+    /// When the stage came up and the gate was first looked at.
+    pub since: Time,
+    /// `Waiting`, `Passed` or `Failed`.
+    pub state: GateState,
+    /// What it waits for, or why it failed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+}
+
+/// Where a gate stands ([`GateStatus::state`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, schemars::JsonSchema)]
+#[non_exhaustive]
+pub enum GateState {
+    /// Not passed yet: the stage does not start.
+    Waiting,
+    /// The stage may start (decided for the revision).
+    Passed,
+    /// Failed or timed out: counts against the failure budget.
+    Failed,
 }
 
 /// A roll back ([`RolloutStatus::rolling_back`]).

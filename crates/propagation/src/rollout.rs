@@ -20,6 +20,7 @@ use std::time::Duration;
 use kube::core::{Selector, SelectorExt};
 use serde_json::Value;
 
+use crate::gates::Gate;
 use multicluster_runtime::ClusterName;
 
 /// Annotation on every object the propagation applies: the revision of the
@@ -102,6 +103,7 @@ pub struct Stage {
     name: String,
     members: StageMembers,
     approval: bool,
+    gate: Option<Gate>,
 }
 
 #[derive(Clone, Debug)]
@@ -117,6 +119,7 @@ impl Stage {
             name: name.into(),
             members: StageMembers::Labelled(selector),
             approval: false,
+            gate: None,
         }
     }
 
@@ -129,6 +132,7 @@ impl Stage {
             name: name.into(),
             members: StageMembers::Named(members.into_iter().map(Into::into).collect()),
             approval: false,
+            gate: None,
         }
     }
 
@@ -138,6 +142,17 @@ impl Stage {
     #[must_use]
     pub fn needs_approval(mut self) -> Self {
         self.approval = true;
+        self
+    }
+
+    /// The stage starts only once `gate` passes for the revision rolled
+    /// out (before its approval, if it needs one): a condition on the hub
+    /// object, the propagation's check or a Job (see [`Gate`]). A gate
+    /// that fails or times out counts against the failure budget. A roll
+    /// back passes no gate: it goes back to what was available.
+    #[must_use]
+    pub fn gated_by(mut self, gate: Gate) -> Self {
+        self.gate = Some(gate);
         self
     }
 
@@ -337,6 +352,24 @@ impl Rollout {
             Some(at) => (at, Some(stages[at].name.as_str())),
             None if stages.is_empty() => (0, None),
             None => (stages.len(), Some("unstaged")),
+        }
+    }
+
+    /// The gate of the stage at `at`, if it has one.
+    pub(crate) fn gate_of(&self, at: usize) -> Option<&Gate> {
+        match &self.pace {
+            Pace::Paced { stages, .. } => stages.get(at).and_then(|stage| stage.gate.as_ref()),
+            Pace::AllAtOnce => None,
+        }
+    }
+
+    /// Whether a stage is gated by the propagation's check.
+    pub(crate) fn has_checked_gate(&self) -> bool {
+        match &self.pace {
+            Pace::Paced { stages, .. } => stages
+                .iter()
+                .any(|stage| stage.gate.as_ref().is_some_and(Gate::is_checked)),
+            Pace::AllAtOnce => false,
         }
     }
 

@@ -11,7 +11,9 @@ use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-pub use crate::record::{ReplicaMembers, RollingBack, RolloutStatus, UpdatingMember};
+pub use crate::record::{
+    GateState, GateStatus, ReplicaMembers, RollingBack, RolloutStatus, UpdatingMember,
+};
 
 /// What a propagation writes to a hub object's status subresource
 /// ([`Propagation::status_subresource`](crate::Propagation::status_subresource)).

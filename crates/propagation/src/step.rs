@@ -10,7 +10,8 @@ use std::time::Duration;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 
-use crate::record::{ReplicaMembers, RolloutStatus, UpdatingMember};
+use crate::gates::GateCheck;
+use crate::record::{GateState, GateStatus, ReplicaMembers, RolloutStatus, UpdatingMember};
 use crate::rollout::{APPROVAL_ANNOTATION, PAUSE_ANNOTATION, Rollout};
 use multicluster_runtime::ClusterName;
 
@@ -39,7 +40,7 @@ pub(crate) struct Look<'a> {
     pub(crate) stage_names: &'a [Option<String>],
     pub(crate) paused: bool,
     /// Whether the stage at an index is approved for the revision.
-    pub(crate) approved: &'a dyn Fn(usize) -> bool,
+    pub(crate) approved: &'a (dyn Fn(usize) -> bool + Sync),
     /// The members other replicas work on (replicas sharing the fleet).
     pub(crate) elsewhere: &'a Elsewhere,
     /// Members this step sees out of the selection: not changing to the
@@ -47,6 +48,9 @@ pub(crate) struct Look<'a> {
     pub(crate) unselected: &'a [ClusterName],
     /// Whether the rollout rolls back (to `revision`).
     pub(crate) rolling_back: bool,
+    /// What the gate of the stage under way says now, if it has one and
+    /// it was looked at ([`stage_under_way`]).
+    pub(crate) gate: Option<&'a GateCheck>,
 }
 
 /// What the other replicas sharing a fleet report of their members: added
@@ -93,14 +97,10 @@ impl Elsewhere {
     }
 }
 
-/// The rollout's next state: slots of members that are done (or gone past
-/// their progress deadline) freed, failures noted, and free slots given to
-/// the next members of the stage under way, unless halted, paused or
-/// waiting for an approval.
-pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutStatus {
-    let Some(max_unavailable) = look.rollout.max_unavailable() else {
-        return RolloutStatus::default();
-    };
+/// The slots kept from `before`: those of members not done yet (and of
+/// members not seen, until their progress deadline), each marked failed
+/// if its member fails or has held it past that deadline.
+fn kept_slots(look: &Look<'_>, before: Option<&RolloutStatus>) -> Vec<UpdatingMember> {
     let member = |name: &str| look.members.iter().find(|m| m.name.as_str() == name);
     let held = |slot: &UpdatingMember| {
         Duration::try_from(look.now.duration_since(slot.since.0)).unwrap_or_default()
@@ -146,31 +146,103 @@ pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutSt
             })
         });
     }
-    let failed: Vec<&UpdatingMember> = updating
+    updating
+}
+
+fn holds(name: &ClusterName, updating: &[UpdatingMember]) -> bool {
+    updating.iter().any(|slot| slot.cluster == name.as_str())
+}
+
+/// The stage under way: the first with a member still to change (here
+/// or, sharing the fleet, at another replica).
+fn under_way(look: &Look<'_>, updating: &[UpdatingMember]) -> Option<usize> {
+    look.members
         .iter()
-        .filter(|slot| slot.failed.is_some())
-        .collect();
-    let halted = (failed.len() > look.rollout.failure_budget_of()).then(|| {
-        let first = failed[0];
-        format!(
-            "{} failed, more than its failure budget of {} ({}: {})",
-            failed.len(),
-            look.rollout.failure_budget_of(),
-            first.cluster,
-            first.failed.as_deref().unwrap_or_default()
-        )
-    });
-    let holds = |name: &ClusterName, updating: &[UpdatingMember]| {
-        updating.iter().any(|slot| slot.cluster == name.as_str())
-    };
-    // The stage under way: the first with a member still to change.
-    let current = look
-        .members
-        .iter()
-        .filter(|m| !m.at_revision || holds(&m.name, &updating))
+        .filter(|m| !m.at_revision || holds(&m.name, updating))
         .map(|m| m.stage)
         .chain(look.elsewhere.stage)
-        .min();
+        .min()
+}
+
+/// The stage a step of `look` after `before` finds under way, for the
+/// reconcile to look at its gate first (a Job's status is read from the
+/// hub).
+pub(crate) fn stage_under_way(look: &Look<'_>, before: Option<&RolloutStatus>) -> Option<usize> {
+    under_way(look, &kept_slots(look, before))
+}
+
+/// The gates decided for the revision after this step: those of
+/// `before` (for the same revision), and the gate of the stage under
+/// way decided again from what it says now (`look.gate`). Paused, none
+/// is decided (no timeout runs out); rolling back, none applies.
+fn gates_after(
+    look: &Look<'_>,
+    before: Option<&RolloutStatus>,
+    current: Option<usize>,
+) -> Vec<GateStatus> {
+    if look.rolling_back {
+        return Vec::new();
+    }
+    let mut gates = before
+        .filter(|before| before.revision == look.revision && before.rolling_back.is_none())
+        .map(|before| before.gates.clone())
+        .unwrap_or_default();
+    let Some((stage, gate)) = current
+        .filter(|_| !look.paused)
+        .and_then(|stage| Some((stage, look.rollout.gate_of(stage)?)))
+    else {
+        return gates;
+    };
+    let name = look
+        .stage_names
+        .get(stage)
+        .cloned()
+        .flatten()
+        .unwrap_or_default();
+    let at = gates.iter().position(|kept| kept.stage == name);
+    let decided = crate::gates::decide(
+        &name,
+        at.map(|at| &gates[at]),
+        look.gate,
+        gate.timeout_of(),
+        look.now,
+    );
+    match at {
+        Some(at) => gates[at] = decided,
+        None => gates.push(decided),
+    }
+    gates
+}
+
+/// The rollout's next state: slots of members that are done (or gone past
+/// their progress deadline) freed, failures noted (members' and gates'),
+/// and free slots given to the next members of the stage under way,
+/// unless halted, paused, or waiting for its gate or approval.
+pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutStatus {
+    let Some(max_unavailable) = look.rollout.max_unavailable() else {
+        return RolloutStatus::default();
+    };
+    let mut updating = kept_slots(look, before);
+    let current = under_way(look, &updating);
+    let gates = gates_after(look, before, current);
+    let failed: Vec<(&str, &str)> = updating
+        .iter()
+        .filter_map(|slot| Some((slot.cluster.as_str(), slot.failed.as_deref()?)))
+        .chain(
+            gates
+                .iter()
+                .filter(|gate| gate.state == GateState::Failed)
+                .map(|gate| ("the gate", gate.reason.as_deref().unwrap_or_default())),
+        )
+        .collect();
+    let halted = (failed.len() > look.rollout.failure_budget_of()).then(|| {
+        let (what, why) = failed[0];
+        format!(
+            "{} failed, more than its failure budget of {} ({what}: {why})",
+            failed.len(),
+            look.rollout.failure_budget_of(),
+        )
+    });
     let mut waiting = None;
     if halted.is_none() {
         if look.paused {
@@ -180,13 +252,22 @@ pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutSt
                 "waiting for replica {replica} to report its members"
             ));
         } else if let Some(stage) = current {
-            if look.rollout.needs_approval(stage) && !(look.approved)(stage) {
-                let name = look
-                    .stage_names
-                    .get(stage)
-                    .cloned()
-                    .flatten()
-                    .unwrap_or_default();
+            let name = look
+                .stage_names
+                .get(stage)
+                .cloned()
+                .flatten()
+                .unwrap_or_default();
+            let gate_waits = gates
+                .iter()
+                .find(|gate| gate.stage == name && look.rollout.gate_of(stage).is_some())
+                .filter(|gate| gate.state == GateState::Waiting);
+            if let Some(gate) = gate_waits {
+                waiting = Some(format!(
+                    "stage {name} waits for its gate: {}",
+                    gate.reason.as_deref().unwrap_or_default()
+                ));
+            } else if look.rollout.needs_approval(stage) && !(look.approved)(stage) {
                 waiting = Some(format!(
                     "stage {name} waits for its approval: {APPROVAL_ANNOTATION}={name}@{}",
                     look.revision
@@ -237,6 +318,7 @@ pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutSt
         replicas: BTreeMap::new(),
         rolling_back: None,
         last_complete: None,
+        gates,
     }
 }
 
@@ -282,7 +364,7 @@ mod tests {
         rollout: &'a Rollout,
         members: &'a [Member],
         now: Timestamp,
-        approved: &'a dyn Fn(usize) -> bool,
+        approved: &'a (dyn Fn(usize) -> bool + Sync),
     ) -> Look<'a> {
         Look {
             rollout,
@@ -295,6 +377,7 @@ mod tests {
             elsewhere: &NOWHERE,
             unselected: &[],
             rolling_back: false,
+            gate: None,
         }
     }
 
@@ -596,6 +679,77 @@ mod tests {
         let mut looked = look(&rollout, &members, now, &|stage| stage == 1);
         looked.stage_names = &names;
         assert_eq!(holders(&step(&looked, Some(&waiting))), ["b", "c"]);
+    }
+
+    #[test]
+    fn a_gated_stage_waits_for_its_gate_and_a_failed_gate_counts_as_a_failure() {
+        use crate::gates::{Gate, GateCheck};
+        let staged = |budget: usize| {
+            Rollout::staged(
+                [
+                    Stage::named("canary", ["a"]),
+                    Stage::named("prod", ["b", "c"]).gated_by(Gate::condition("Smoke")),
+                ],
+                MaxUnavailable::Count(5),
+            )
+            .failure_budget(budget)
+        };
+        let names = [Some("canary".to_string()), Some("prod".to_string())];
+        let now = Timestamp::now();
+        let members = [
+            member("a", 0, true, true),
+            member("b", 1, false, false),
+            member("c", 1, false, false),
+        ];
+        let rollout = staged(0);
+        let stepped = |rollout: &Rollout, gate: &GateCheck, before: Option<&RolloutStatus>| {
+            let mut looked = look(rollout, &members, now, &|_| true);
+            looked.stage_names = &names;
+            looked.gate = Some(gate);
+            assert_eq!(stage_under_way(&looked, before), Some(1));
+            step(&looked, before)
+        };
+        let waiting = stepped(
+            &rollout,
+            &GateCheck::Waiting("condition Smoke not written yet".into()),
+            None,
+        );
+        assert!(holders(&waiting).is_empty(), "prod started before its gate");
+        assert_eq!(
+            waiting.waiting.as_deref(),
+            Some("stage prod waits for its gate: condition Smoke not written yet")
+        );
+        assert_eq!(waiting.gates.len(), 1);
+        // Passed, the stage starts, and stays passed whatever it says later.
+        let passed = stepped(&rollout, &GateCheck::Passed, Some(&waiting));
+        assert_eq!(holders(&passed), ["b", "c"]);
+        let later = stepped(
+            &rollout,
+            &GateCheck::Failed("flapped".into()),
+            Some(&passed),
+        );
+        assert_eq!(
+            (holders(&later), later.halted.as_deref()),
+            (vec!["b", "c"], None)
+        );
+        // Failed, it halts past the budget and is tolerated within it.
+        let failed = GateCheck::Failed("condition Smoke is False".into());
+        let halted = stepped(&rollout, &failed, Some(&waiting));
+        assert!(holders(&halted).is_empty());
+        assert!(
+            halted
+                .halted
+                .as_deref()
+                .is_some_and(|why| why.contains("the gate: condition Smoke is False")),
+            "{:?}",
+            halted.halted
+        );
+        let tolerant = staged(1);
+        let tolerated = stepped(&tolerant, &failed, Some(&waiting));
+        assert_eq!(
+            (holders(&tolerated), tolerated.halted.as_deref()),
+            (vec!["b", "c"], None)
+        );
     }
 
     #[test]
