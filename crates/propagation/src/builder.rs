@@ -380,7 +380,7 @@ where
         self
     }
 
-    /// Decides the stages [gated by](Stage::gated_by) [`Gate::checked`]:
+    /// Decides the stages [gated by](crate::Stage::gated_by) [`Gate::checked`](crate::Gate::checked):
     /// `check` is asked with the hub object, the stage's name and the
     /// revision rolled out while the stage is up, every 2 seconds and
     /// whenever the hub object changes, until it passes or fails. It runs

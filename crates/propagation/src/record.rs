@@ -96,7 +96,7 @@ pub struct RollingBack {
     pub to: String,
     /// Why: the halt that started it, or the annotation that asked.
     pub reason: String,
-    /// Asked by [`ROLL_BACK_ANNOTATION`]: it lasts as long as the
+    /// Asked by [`ROLL_BACK_ANNOTATION`](crate::ROLL_BACK_ANNOTATION): it lasts as long as the
     /// annotation does.
     #[serde(default)]
     pub by_annotation: bool,

@@ -175,7 +175,7 @@ impl Stage {
 /// leader or two controllers at once never give out more slots than
 /// allowed. Replicas sharing the fleet (a sharded coordinator) each give
 /// slots to their own members, counting the others' from the record
-/// ([`RolloutStatus::replicas`]).
+/// ([`RolloutStatus::replicas`](crate::RolloutStatus::replicas)).
 #[derive(Clone, Debug)]
 pub struct Rollout {
     pace: Pace,
