@@ -12,7 +12,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::EnvVar;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{OwnerReference, Time};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use serde_json::Value;
@@ -323,7 +323,7 @@ fn job_for(at: &GateAt<'_>, template: &Job) -> Job {
             (REVISION_ANNOTATION.to_string(), at.revision.to_string()),
             (STAGE_ANNOTATION.to_string(), at.stage.to_string()),
         ]);
-    if owned && let Some(owner) = owner_of(at.hub) {
+    if owned && let Some(owner) = crate::history::owner_of(at.hub) {
         job.metadata.owner_references = Some(vec![owner]);
     }
     let values = [
@@ -377,18 +377,6 @@ fn job_name(propagation: &str, key: &HubKey, stage: &str, revision: &str) -> Str
     }
     let kept: String = named.chars().take(46).collect();
     format!("{}-{digest}", kept.trim_end_matches('-'))
-}
-
-/// The hub object's ownerReference (it goes with its hub object).
-fn owner_of(hub: &Value) -> Option<OwnerReference> {
-    let text = |pointer: &str| hub.pointer(pointer)?.as_str().map(str::to_string);
-    Some(OwnerReference {
-        api_version: text("/apiVersion")?,
-        kind: text("/kind")?,
-        name: text("/metadata/name")?,
-        uid: text("/metadata/uid")?,
-        ..OwnerReference::default()
-    })
 }
 
 #[cfg(test)]

@@ -251,8 +251,9 @@ fn name_for(propagation: &str, key: &HubKey, revision: &str) -> String {
     format!("{}-{digest}", &name[..200])
 }
 
-/// The hub object's ownerReference, for its ControllerRevisions.
-fn owner_of(hub: &Value) -> Option<OwnerReference> {
+/// The hub object's ownerReference, for what goes with it (its
+/// ControllerRevisions, its gates' Jobs).
+pub(crate) fn owner_of(hub: &Value) -> Option<OwnerReference> {
     let text = |pointer: &str| hub.pointer(pointer)?.as_str().map(str::to_string);
     Some(OwnerReference {
         api_version: text("/apiVersion")?,

@@ -109,6 +109,16 @@ async fn settings_of(member: &ControlPlane, name: &str) -> Api<ConfigMap> {
     Api::namespaced(member.client().await.expect("client"), name)
 }
 
+/// The value member `name` holds now.
+async fn value_in(member: &ControlPlane, name: &str) -> Option<String> {
+    let settings = settings_of(member, name)
+        .await
+        .get_opt("settings")
+        .await
+        .expect("get");
+    value_of(settings.as_ref()).map(str::to_string)
+}
+
 async fn until_value(member: &ControlPlane, name: &str, value: &str) {
     wait_for_object(
         &settings_of(member, name).await,
@@ -318,14 +328,7 @@ async fn stages_wait_for_a_validators_condition_and_for_a_job_and_halt_when_eith
         "the Job goes with its hub object"
     );
     assert_eq!(
-        value_of(
-            settings_of(&member, "c")
-                .await
-                .get_opt("settings")
-                .await
-                .expect("get")
-                .as_ref()
-        ),
+        value_in(&member, "c").await.as_deref(),
         None,
         "c changed before the Job completed"
     );
@@ -355,17 +358,7 @@ async fn stages_wait_for_a_validators_condition_and_for_a_job_and_halt_when_eith
         )
     })
     .await;
-    assert_eq!(
-        value_of(
-            settings_of(&member, "b")
-                .await
-                .get_opt("settings")
-                .await
-                .expect("get")
-                .as_ref()
-        ),
-        Some("one")
-    );
+    assert_eq!(value_in(&member, "b").await.as_deref(), Some("one"));
 
     // Revision 3: validated, b takes it; the Job fails and halts it, c
     // keeping one.
@@ -379,17 +372,7 @@ async fn stages_wait_for_a_validators_condition_and_for_a_job_and_halt_when_eith
         says(rollout, "halted", "the gate: Job default/") && says(rollout, "halted", "failed")
     })
     .await;
-    assert_eq!(
-        value_of(
-            settings_of(&member, "c")
-                .await
-                .get_opt("settings")
-                .await
-                .expect("get")
-                .as_ref()
-        ),
-        Some("one")
-    );
+    assert_eq!(value_in(&member, "c").await.as_deref(), Some("one"));
 
     stop.cancel();
     task.await.expect("join").expect("manager");
