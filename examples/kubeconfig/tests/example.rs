@@ -374,7 +374,10 @@ async fn a_refused_watch_is_told_once_at_the_default_log_filter() {
     // Half a minute of refusals (the scenario's clock).
     tokio::time::sleep(Duration::from_secs(30)).await;
     let output = std::fs::read_to_string(&log).expect("log");
-    let told: Vec<&str> = output.lines().filter(|line| line.contains("403")).collect();
+    let told: Vec<&str> = output
+        .lines()
+        .filter(|line| line.contains("403 Forbidden"))
+        .collect();
     // The watch's failure, and the cluster's state: one line each, naming
     // the cluster; nothing from kube-runtime's watcher.
     let watch = told
