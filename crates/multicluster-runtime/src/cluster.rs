@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::sync::Arc;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use tokio::sync::watch;
 
 use crate::cache::Cache;
@@ -40,7 +41,7 @@ struct Inner {
 }
 
 /// What the inventory says of a cluster besides how to reach it: the
-/// labels of the object it came from (a kubeconfig Secret, a Cluster API
+/// labels and annotations of the object it came from (a kubeconfig Secret, a Cluster API
 /// `Cluster`, a `ClusterProfile`, a `Namespace`) and properties the
 /// provider documents (a ClusterProfile's `status.properties`, a Cluster
 /// API cluster's topology class). Sources select clusters by these labels
@@ -53,15 +54,35 @@ struct Inner {
 pub struct Inventory {
     /// The inventory object's labels.
     pub labels: BTreeMap<String, String>,
+    /// The inventory object's annotations, but for
+    /// `kubectl.kubernetes.io/last-applied-configuration` (for a Secret it
+    /// holds the Secret's data, the credentials, and inventories are
+    /// logged): settings too long or too free for a label (a
+    /// propagation's maintenance windows).
+    pub annotations: BTreeMap<String, String>,
     /// Further facts the provider knows, by name.
     pub properties: BTreeMap<String, String>,
 }
 
+/// The annotation `kubectl apply` keeps its last input in.
+const LAST_APPLIED_ANNOTATION: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
 impl Inventory {
-    /// An inventory with these labels and no properties.
+    /// An inventory with these labels and no annotations or properties.
     pub fn labelled(labels: BTreeMap<String, String>) -> Self {
         Self {
             labels,
+            ..Self::default()
+        }
+    }
+
+    /// The labels and annotations of an inventory object (no properties).
+    pub fn of_object(metadata: &ObjectMeta) -> Self {
+        let mut annotations = metadata.annotations.clone().unwrap_or_default();
+        annotations.remove(LAST_APPLIED_ANNOTATION);
+        Self {
+            labels: metadata.labels.clone().unwrap_or_default(),
+            annotations,
             properties: BTreeMap::new(),
         }
     }

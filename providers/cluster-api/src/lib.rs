@@ -351,18 +351,19 @@ impl Shared {
 /// managed topology.
 pub const TOPOLOGY_CLASS_PROPERTY: &str = "topology.class";
 
-/// A Cluster's labels, and its topology class as a property.
+/// A Cluster's labels and annotations, and its topology class as a
+/// property.
 fn inventory(object: &DynamicObject) -> Inventory {
     let topology = &object.data["spec"]["topology"];
     let class = topology["classRef"]["name"]
         .as_str()
         .or_else(|| topology["class"].as_str());
     Inventory {
-        labels: object.metadata.labels.clone().unwrap_or_default(),
         properties: class
             .map(|class| (TOPOLOGY_CLASS_PROPERTY.to_string(), class.to_string()))
             .into_iter()
             .collect(),
+        ..Inventory::of_object(&object.metadata)
     }
 }
 

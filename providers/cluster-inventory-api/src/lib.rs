@@ -545,17 +545,18 @@ fn stable_id(profile: &DynamicObject) -> Option<String> {
         .map(str::to_string)
 }
 
-/// A profile's labels, with [`CLUSTER_MANAGER_LABEL`] taken from
-/// `spec.clusterManager.name` when the cluster manager did not set it, and
-/// its `status.properties` as properties.
+/// A profile's labels and annotations, with [`CLUSTER_MANAGER_LABEL`]
+/// taken from `spec.clusterManager.name` when the cluster manager did not
+/// set it, and its `status.properties` as properties.
 fn inventory(profile: &DynamicObject) -> Inventory {
-    let mut labels = profile.metadata.labels.clone().unwrap_or_default();
+    let mut inventory = Inventory::of_object(&profile.metadata);
     if let Some(manager) = profile.data["spec"]["clusterManager"]["name"].as_str() {
-        labels
+        inventory
+            .labels
             .entry(CLUSTER_MANAGER_LABEL.to_string())
             .or_insert_with(|| manager.to_string());
     }
-    let properties = profile.data["status"]["properties"]
+    inventory.properties = profile.data["status"]["properties"]
         .as_array()
         .into_iter()
         .flatten()
@@ -566,7 +567,7 @@ fn inventory(profile: &DynamicObject) -> Inventory {
             ))
         })
         .collect();
-    Inventory { labels, properties }
+    inventory
 }
 
 impl ClusterSetProvider for ClusterProfileProvider {

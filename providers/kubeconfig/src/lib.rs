@@ -228,7 +228,7 @@ impl Shared {
             policy: self.options.kubeconfig_policy.clone(),
             stable_id: None,
             member: self.options.members.for_member(&secret),
-            inventory: Inventory::labelled(secret.metadata.labels.clone().unwrap_or_default()),
+            inventory: Inventory::of_object(&secret.metadata),
         }))
     }
 

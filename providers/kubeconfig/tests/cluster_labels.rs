@@ -1,7 +1,9 @@
 //! Choosing members by the labels of their kubeconfig Secrets: a hub
 //! ConfigMap is copied only into members labelled `env=production`; a
 //! member relabelled into the selection gets its copy, one relabelled out
-//! of it loses its copy, and neither is built again for it.
+//! of it loses its copy, and neither is built again for it. Its Secret's
+//! annotations reach its inventory too, but for kubectl's last-applied
+//! copy of the Secret (its data).
 
 use multicluster_runtime::testing::Polled;
 use multicluster_runtime::testing::wait_for_fleet;
@@ -244,6 +246,43 @@ async fn members_relabelled_in_and_out_of_a_selector_gain_and_lose_the_copies() 
         member("west").labels().get("env").map(String::as_str),
         Some("production")
     );
+
+    // Its Secret's annotations reach its inventory the same way (a
+    // propagation's maintenance windows are one), but for kubectl's copy
+    // of what it last applied: for a Secret, its data.
+    let last_applied = "kubectl.kubernetes.io/last-applied-configuration";
+    secrets
+        .patch(
+            "west",
+            &PatchParams::default(),
+            &Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                "example.com/windows": "[]",
+                last_applied: "{\"data\":{\"kubeconfig\":\"c2VjcmV0\"}}",
+            }}})),
+        )
+        .await
+        .expect("annotate");
+    let mut inventory = member("west").inventory_changes();
+    tokio::time::timeout(
+        multicluster_runtime::testing::DEFAULT_DEADLINE,
+        inventory.wait_for(|inventory| {
+            inventory
+                .annotations
+                .get("example.com/windows")
+                .is_some_and(|value| value == "[]")
+        }),
+    )
+    .await
+    .expect("west's annotation in its inventory")
+    .expect("west engaged");
+    assert!(
+        !member("west")
+            .inventory()
+            .annotations
+            .contains_key(last_applied),
+        "the Secret's last applied data reached the inventory"
+    );
+    assert!(member("west").same_instance(&west_member));
 
     // East relabelled out: its copy is removed, and a change on the hub
     // reaches west only.

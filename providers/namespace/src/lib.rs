@@ -212,7 +212,7 @@ impl NamespaceProvider {
             return;
         }
         let cluster_name = ClusterName::from(name);
-        let inventory = Inventory::labelled(namespace.metadata.labels.clone().unwrap_or_default());
+        let inventory = Inventory::of_object(&namespace.metadata);
         match self.clusters.get(&cluster_name) {
             Ok(cluster) => {
                 cluster.set_inventory(inventory);
