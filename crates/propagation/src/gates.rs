@@ -370,7 +370,7 @@ fn job_name(propagation: &str, key: &HubKey, stage: &str, revision: &str) -> Str
         .collect();
     let digest = format!(
         "{:016x}",
-        crate::rollout::fnv1a(format!("{:?}/{whole}", key.0).as_bytes())
+        crate::digest::fnv1a(format!("{:?}/{whole}", key.0).as_bytes())
     );
     if named.len() <= 63 && named == whole {
         return named;

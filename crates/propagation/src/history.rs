@@ -235,7 +235,7 @@ fn labels_for(propagation: &str, key: &HubKey) -> BTreeMap<String, String> {
         (PROPAGATION_LABEL.to_string(), propagation.to_string()),
         (
             HUB_LABEL.to_string(),
-            format!("{:016x}", crate::rollout::fnv1a(hub.as_bytes())),
+            format!("{:016x}", crate::digest::fnv1a(hub.as_bytes())),
         ),
     ])
 }
@@ -247,7 +247,7 @@ fn name_for(propagation: &str, key: &HubKey, revision: &str) -> String {
     if name.len() <= 253 {
         return name;
     }
-    let digest = format!("{:016x}", crate::rollout::fnv1a(name.as_bytes()));
+    let digest = format!("{:016x}", crate::digest::fnv1a(name.as_bytes()));
     format!("{}-{digest}", &name[..200])
 }
 

@@ -89,6 +89,7 @@
 
 mod apply_modes;
 mod builder;
+mod digest;
 mod gates;
 mod health;
 mod history;
@@ -110,6 +111,7 @@ mod sources;
 mod status;
 mod step;
 mod waves;
+mod windows;
 
 use std::collections::HashMap;
 use std::sync::atomic::AtomicBool;
@@ -155,6 +157,7 @@ pub use schema::{
 };
 pub use status::{CONDITION_TYPE, MemberState};
 pub use waves::WAVE_ANNOTATION;
+pub use windows::{WINDOWS_ANNOTATION, Window, WindowError};
 
 /// The label on every object a propagation makes: the propagation's name.
 pub const PROPAGATION_LABEL: &str = "mcr.sigs.k8s.io/propagation";

@@ -104,13 +104,38 @@ where
             );
             return Ok(Action::await_change());
         }
-        if let Some(waiting) = self.wait_for_slot(
+        let waiting = self.wait_for_slot(
             (&hub, &value),
             &key,
             &request.cluster,
             &revision,
             at_revision,
-        ) {
+        );
+        // Outside its maintenance windows, a member not holding a slot
+        // (or of a rollout without slots) gets nothing new until they open.
+        if !at_revision
+            && (waiting.is_some() || !self.rollouts.is_paced(&hub))
+            && let Some(closed) = crate::windows::closed(
+                self.rollouts.of(&hub).windows(),
+                &member,
+                k8s_openapi::jiff::Timestamp::now(),
+            )
+        {
+            let reason = format!("{}; gets revision {revision} then", closed.reason);
+            self.record(
+                &key,
+                &request.cluster,
+                Some(Outcome::failed(MemberState::Pending, Some(reason))),
+            );
+            return Ok(match closed.opens {
+                Some(opens) => Action::requeue(
+                    Duration::try_from(opens.duration_since(k8s_openapi::jiff::Timestamp::now()))
+                        .unwrap_or_default(),
+                ),
+                None => Action::await_change(),
+            });
+        }
+        if let Some(waiting) = waiting {
             self.record(&key, &request.cluster, Some(waiting));
             return Ok(Action::requeue(crate::paced::SLOT_RECHECK));
         }

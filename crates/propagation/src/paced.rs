@@ -296,6 +296,7 @@ where
             .as_ref()
             .map_or_else(|| current.clone(), |back| back.to.clone());
         let mut soon = None;
+        let now = k8s_openapi::jiff::Timestamp::now();
         let mut members = Vec::new();
         let mut unselected = Vec::new();
         let mut stage_names: Vec<Option<String>> = Vec::new();
@@ -343,12 +344,20 @@ where
                         .reason
                         .unwrap_or_else(|| outcome.state.as_str().to_string())
                 });
+            let closed = (!at_revision)
+                .then(|| crate::windows::closed(rollout.windows(), &cluster, now))
+                .flatten();
+            if let Some(opens) = closed.as_ref().and_then(|closed| closed.opens) {
+                let left = Duration::try_from(opens.duration_since(now)).unwrap_or_default();
+                soon = Some(soon.map_or(left, |soon: Duration| soon.min(left)));
+            }
             members.push(Member {
                 name,
                 stage,
                 at_revision,
                 done: available && soaking.is_none(),
                 failing,
+                closed: closed.map(|closed| closed.reason),
             });
         }
         members.sort_by(|a, b| (a.stage, &a.name).cmp(&(b.stage, &b.name)));
@@ -382,7 +391,7 @@ where
         let look = Look {
             rollout: &rollout,
             revision: &revision,
-            now: k8s_openapi::jiff::Timestamp::now(),
+            now,
             members: &members,
             stage_names: &stage_names,
             paused,

@@ -21,6 +21,7 @@ use kube::core::{Selector, SelectorExt};
 use serde_json::Value;
 
 use crate::gates::Gate;
+use crate::windows::Window;
 use multicluster_runtime::ClusterName;
 
 /// Annotation on every object the propagation applies: the revision of the
@@ -184,6 +185,7 @@ pub struct Rollout {
     failure_budget: usize,
     surge: usize,
     on_failure: OnFailure,
+    windows: Vec<Window>,
 }
 
 /// What a paced rollout does once more members fail than its failure
@@ -228,6 +230,7 @@ impl Rollout {
             failure_budget: 0,
             surge: 0,
             on_failure: OnFailure::Halt,
+            windows: Vec::new(),
         }
     }
 
@@ -292,6 +295,26 @@ impl Rollout {
     pub fn on_failure(mut self, on_failure: OnFailure) -> Self {
         self.on_failure = on_failure;
         self
+    }
+
+    /// Members change only within `window` (an allow window), or never
+    /// within it (a deny window, a freeze); call again for more. A member
+    /// outside the rollout's windows or its own
+    /// ([`WINDOWS_ANNOTATION`](crate::WINDOWS_ANNOTATION)) is `Pending`
+    /// with the time they open: it takes no slot and counts against no
+    /// budget, and its stage waits for it. A member given its slot within
+    /// them finishes its change if they close meanwhile, as a sync under
+    /// way outlives its window in Argo CD. What a member lets go (it left
+    /// the selection, was drained, the hub object was deleted) goes at any
+    /// time. Applies with any pace.
+    #[must_use]
+    pub fn window(mut self, window: Window) -> Self {
+        self.windows.push(window);
+        self
+    }
+
+    pub(crate) fn windows(&self) -> &[Window] {
+        &self.windows
     }
 
     pub(crate) fn rolls_back(&self) -> bool {
@@ -407,18 +430,10 @@ pub fn revision_of(hub: &Value) -> String {
     }
     // serde_json keeps maps sorted (no `preserve_order`), so the text is
     // the same for the same content in every process.
-    format!("{:016x}", fnv1a(content.to_string().as_bytes()))
-}
-
-/// FNV-1a, 64 bits: a digest that is the same in every process and
-/// release (std's hasher promises neither), written out as it is six lines.
-pub(crate) fn fnv1a(bytes: &[u8]) -> u64 {
-    let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
-    for byte in bytes {
-        hash ^= u64::from(*byte);
-        hash = hash.wrapping_mul(0x0100_0000_01b3);
-    }
-    hash
+    format!(
+        "{:016x}",
+        crate::digest::fnv1a(content.to_string().as_bytes())
+    )
 }
 
 /// The revision `hub`'s annotations ask its members to be rolled back to.

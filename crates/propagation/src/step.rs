@@ -27,6 +27,9 @@ pub(crate) struct Member {
     pub(crate) done: bool,
     /// Why it fails now (degraded or failed), if it does.
     pub(crate) failing: Option<String>,
+    /// Why it may not be given a slot now (outside its maintenance
+    /// windows), if so: its stage waits for it.
+    pub(crate) closed: Option<String>,
 }
 
 /// What one step of a rollout looks at.
@@ -276,10 +279,14 @@ pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutSt
                 let free = max_unavailable
                     .slots(look.members.len() + look.elsewhere.members)
                     .saturating_sub(updating.len());
-                let next: Vec<UpdatingMember> = look
-                    .members
-                    .iter()
-                    .filter(|m| m.stage == stage && !m.at_revision && !holds(&m.name, &updating))
+                let to_change = || {
+                    look.members.iter().filter(|m| {
+                        m.stage == stage && !m.at_revision && !holds(&m.name, &updating)
+                    })
+                };
+                let closed: Vec<&Member> = to_change().filter(|m| m.closed.is_some()).collect();
+                let next: Vec<UpdatingMember> = to_change()
+                    .filter(|m| m.closed.is_none())
                     .take(free)
                     .map(|m| UpdatingMember {
                         cluster: m.name.as_str().to_string(),
@@ -293,6 +300,27 @@ pub(crate) fn step(look: &Look<'_>, before: Option<&RolloutStatus>) -> RolloutSt
                         failed: None,
                     })
                     .collect();
+                // Nothing under way in the stage but members outside
+                // their windows: say so, and when the first opens.
+                if next.is_empty()
+                    && let Some(first) = closed.first()
+                    && !look
+                        .members
+                        .iter()
+                        .any(|m| m.stage == stage && holds(&m.name, &updating))
+                {
+                    let what = if name.is_empty() {
+                        "the rollout".to_string()
+                    } else {
+                        format!("stage {name}")
+                    };
+                    waiting = Some(format!(
+                        "{what} waits for {} member(s) outside their maintenance windows ({}: {})",
+                        closed.len(),
+                        first.name,
+                        first.closed.as_deref().unwrap_or_default()
+                    ));
+                }
                 updating.extend(next);
             }
         }
@@ -357,6 +385,7 @@ mod tests {
             at_revision,
             done,
             failing: None,
+            closed: None,
         }
     }
 
@@ -557,6 +586,64 @@ mod tests {
         let third = step(&look(&rollout, &members, now, &|_| true), Some(&second));
         assert_eq!(holders(&third), ["b", "c"]);
         assert_eq!((third.updated, third.remaining), (1, 1));
+    }
+
+    #[test]
+    fn a_member_outside_its_window_takes_no_slot_and_holds_its_stage() {
+        let stages = [
+            Stage::named("canary", ["a", "b"]),
+            Stage::named("main", ["c"]),
+        ];
+        let rollout = Rollout::staged(stages, MaxUnavailable::Count(1));
+        let names = [Some("canary".to_string()), Some("main".to_string())];
+        let now = Timestamp::now();
+        let mut members = vec![
+            member("a", 0, false, false),
+            member("b", 0, false, false),
+            member("c", 1, false, false),
+        ];
+        members[0].closed = Some("outside its maintenance windows; opens at T".into());
+        // a is closed: b, next in its stage, takes the one slot.
+        let first = step(
+            &Look {
+                stage_names: &names,
+                ..look(&rollout, &members, now, &|_| true)
+            },
+            None,
+        );
+        assert_eq!(holders(&first), ["b"]);
+        assert_eq!(first.waiting, None);
+        // b done: a still closed, so the canary stage waits, and main
+        // with it; the bound and budget are untouched.
+        members[1].at_revision = true;
+        members[1].done = true;
+        let waiting = step(
+            &Look {
+                stage_names: &names,
+                ..look(&rollout, &members, now, &|_| true)
+            },
+            Some(&first),
+        );
+        assert!(holders(&waiting).is_empty());
+        assert_eq!(waiting.stage.as_deref(), Some("canary"));
+        assert_eq!(waiting.halted, None);
+        let why = waiting.waiting.clone().expect("waiting");
+        assert!(
+            why.starts_with(
+                "stage canary waits for 1 member(s) outside their maintenance windows (a: outside"
+            ),
+            "{why}"
+        );
+        // Its window opens: it takes the slot.
+        members[0].closed = None;
+        let opened = step(
+            &Look {
+                stage_names: &names,
+                ..look(&rollout, &members, now, &|_| true)
+            },
+            Some(&waiting),
+        );
+        assert_eq!(holders(&opened), ["a"]);
     }
 
     #[test]

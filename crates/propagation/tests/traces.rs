@@ -21,7 +21,7 @@ use multicluster_runtime::{Cluster, Manager};
 use serde_json::json;
 use tracing_subscriber::prelude::*;
 
-use common::{STATUS, namespace_members, until_states};
+use common::{STATUS, namespace_members};
 
 /// The service name the test's spans are exported under.
 const SERVICE: &str = "propagation-traces-test";
@@ -147,19 +147,7 @@ async fn a_hub_reconcile_has_the_member_applies_it_caused_beneath_it() {
         )
         .await
         .expect("hub object");
-    until_states(
-        &hub,
-        "traced",
-        "both members in sync, as the hub object's status says",
-        |states| {
-            MEMBERS.iter().all(|name| {
-                states
-                    .get(*name)
-                    .is_some_and(|(state, _)| state == "InSync")
-            })
-        },
-    )
-    .await;
+    common::until_in_sync(&hub, "traced", &MEMBERS).await;
     stop.cancel();
     task.await.expect("join").expect("manager");
     // Sends what the batch exporter still holds.

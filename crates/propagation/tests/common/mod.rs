@@ -87,6 +87,19 @@ pub(crate) async fn until_states(
     until_status(hub, name, what, |status| that(&states_in(status))).await;
 }
 
+/// Waits until every one of `members` is `InSync`, as the hub ConfigMap
+/// `name`'s status says.
+pub(crate) async fn until_in_sync(hub: &ControlPlane, name: &str, members: &[&str]) {
+    until_states(hub, name, "every member in sync", |states| {
+        members.iter().all(|member| {
+            states
+                .get(*member)
+                .is_some_and(|(state, _)| state == "InSync")
+        })
+    })
+    .await;
+}
+
 /// Makes the namespaces `names` in `member`.
 pub(crate) async fn make_namespaces(member: &ControlPlane, names: &[&str]) {
     use k8s_openapi::api::core::v1::Namespace;
