@@ -88,8 +88,10 @@
 //! turned `degraded` by the propagation.
 
 mod apply_modes;
+mod applying;
 mod builder;
 mod digest;
+mod events;
 mod gates;
 mod health;
 mod history;

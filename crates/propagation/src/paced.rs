@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 
 use super::gates::{GATE_RECHECK, GateAt, GateCheck};
 use super::per_hub::PerHub;
-use super::record::{RollingBack, RolloutStatus as Record};
+use super::record::RolloutStatus as Record;
 use super::rollout;
 use super::status::{MemberState, Outcome};
 use super::step::{self, Elsewhere, Look, Member};
@@ -431,7 +431,7 @@ where
                 != Some(back)
         });
         record.rolling_back = decided.rolling_back;
-        for (reason, note) in notable(before.as_ref(), &record, started.as_ref()) {
+        for (reason, note) in crate::events::notable(before.as_ref(), &record, started.as_ref()) {
             self.announce(hub, hub_cluster, reason, note).await;
         }
         if let Some(replicas) = &replicas {
@@ -589,52 +589,4 @@ enum WriteError {
     /// The hub object changed since the cache saw it.
     Race,
     Failed(ReconcileError),
-}
-
-/// What a step changed that its hub object's owner is told of, in Events:
-/// a roll back started, a halt, a wait (paused, an approval), the
-/// rollout of a revision complete. Each once, when it begins.
-fn notable(
-    before: Option<&Record>,
-    after: &Record,
-    started: Option<&RollingBack>,
-) -> Vec<(&'static str, String)> {
-    let mut told = Vec::new();
-    if let Some(back) = started {
-        told.push((
-            "RollingBack",
-            format!(
-                "rolling back from revision {} to {}: {}",
-                back.from, back.to, back.reason
-            ),
-        ));
-    }
-    let same_revision = before.is_some_and(|before| before.revision == after.revision);
-    if let Some(halted) = &after.halted
-        && !(same_revision && before.is_some_and(|before| before.halted.is_some()))
-    {
-        told.push((
-            "RolloutHalted",
-            format!("rollout of revision {} halted: {halted}", after.revision),
-        ));
-    }
-    if let Some(waiting) = &after.waiting
-        && !(same_revision && before.is_some_and(|before| before.waiting.as_ref() == Some(waiting)))
-    {
-        told.push((
-            "RolloutWaiting",
-            format!("rollout of revision {}: {waiting}", after.revision),
-        ));
-    }
-    if after.is_complete() && !(same_revision && before.is_some_and(Record::is_complete)) {
-        let what = match &after.rolling_back {
-            Some(back) => format!("rolled back from revision {} to {}", back.from, back.to),
-            None => format!("revision {} rolled out", after.revision),
-        };
-        told.push((
-            "RolloutComplete",
-            format!("{what}: {} members updated", after.updated),
-        ));
-    }
-    told
 }
