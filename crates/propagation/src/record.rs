@@ -32,8 +32,9 @@ pub struct RolloutStatus {
     /// Why no slot is given: halted by failures.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub halted: Option<String>,
-    /// Why no slot is given otherwise: paused, or a stage waiting for its
-    /// approval.
+    /// Why no slot is given otherwise: paused, a replica not heard from,
+    /// or the stage under way waiting for its gate, its approval or its
+    /// members' maintenance windows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub waiting: Option<String>,
     /// When replicas share the fleet (a sharded coordinator), what each
