@@ -196,6 +196,28 @@ impl Deployments {
             .collect()
     }
 
+    /// The Deployments (`<cluster>/<namespace>/<name>`) whose latest spec
+    /// has `image` and is rolled out: what runs now, where [`given`] and
+    /// [`available`] say what ever was.
+    ///
+    /// [`given`]: Self::given
+    /// [`available`]: Self::available
+    pub fn running(&self, image: &str) -> BTreeSet<String> {
+        let state = self.state();
+        let latest = |specs: &[(String, String)]| {
+            specs
+                .iter()
+                .map(|(key, image)| (key.clone(), image.clone()))
+                .collect::<std::collections::BTreeMap<_, _>>()
+        };
+        let (given, available) = (latest(&state.given), latest(&state.available));
+        given
+            .into_iter()
+            .filter(|(key, given)| given == image && available.get(key) == Some(given))
+            .map(|(key, _)| key)
+            .collect()
+    }
+
     /// From now on a Deployment given `image` fails (`true`), wherever it
     /// is: a bad release; or rolls out (`false`).
     pub fn fail_image(&self, image: &str, failing: bool) {

@@ -9,6 +9,8 @@
 //! every member is available with it and the rollout says it is done,
 //! the most members changing at once (bound: 10 %), the hub object's
 //! writes (finalizer, status, rollout state) per member, and memory.
+//! Then a bad release (never available): how many members took it, how
+//! soon the rollout rolls back, and how soon every member is back.
 //!
 //! `ROLLOUT_MEMBERS=100,1000 cargo bench -p multicluster-propagation --bench rollout`;
 //! `ROLLOUT_REPLICAS=2` runs two replicas sharing the fleet (a sharded
@@ -27,7 +29,7 @@ use kube::runtime::watcher;
 use multicluster_coordinator::sharding::{ShardedCoordinator, ShardingOptions};
 use multicluster_envtest::ControlPlane;
 use multicluster_envtest::played::Deployments;
-use multicluster_propagation::{Desired, MaxUnavailable, Propagation, Rollout};
+use multicluster_propagation::{Desired, MaxUnavailable, OnFailure, Propagation, Rollout};
 use multicluster_runtime::coordinator::Coordinator;
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
@@ -132,8 +134,73 @@ async fn round(
     Ok(())
 }
 
+/// Writes `tag`, a release whose Deployments never become available, and
+/// measures the roll back: how many members took it, how soon the rollout
+/// rolls back, and how soon every member is available with `back_to`
+/// again.
+async fn roll_back_round(
+    admin: &kube::Client,
+    played: &Deployments,
+    hub: &Arc<Mutex<Hub>>,
+    members: usize,
+    tag: &str,
+    back_to: &str,
+) -> Result<(), fleet::Error> {
+    let (bad, good) = (
+        format!("registry.k8s.io/pause:{tag}"),
+        format!("registry.k8s.io/pause:{back_to}"),
+    );
+    played.fail_image(&bad, true);
+    let writes_before = lock(hub).writes;
+    played.reset_most();
+    let hub_object = json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": HUB_OBJECT, "namespace": HUB_NAMESPACE},
+        "data": {"tag": tag},
+    });
+    let started = Instant::now();
+    Api::<ConfigMap>::namespaced(admin.clone(), HUB_NAMESPACE)
+        .patch(
+            HUB_OBJECT,
+            &PatchParams::apply("bench"),
+            &Patch::Apply(&hub_object),
+        )
+        .await?;
+    fleet::until(Duration::from_secs(300), "the rollout rolling back", || {
+        lock(hub).message.contains("roll back from revision")
+    })
+    .await?;
+    let rolling_back = started.elapsed();
+    fleet::until(Duration::from_secs(900), "every member back", || {
+        played.running(&good).len() == members
+    })
+    .await?;
+    let every_member = started.elapsed();
+    let done = format!("{members} updated, 0 updating, 0 to go");
+    fleet::until(Duration::from_secs(300), "the roll back done", || {
+        let message = &lock(hub).message;
+        message.contains("roll back from revision") && message.contains(&done)
+    })
+    .await?;
+    let rolled_back = started.elapsed();
+    played.fail_image(&bad, false);
+    // Every spec given is kept: those given the bad release at all.
+    let took_bad = played.given(&bad).len();
+    let hub_writes = lock(hub).writes - writes_before - 1;
+    println!(
+        "members={members:>5} roll back: took the bad release={took_bad} rolling back={:>6.2}s every member back={:>6.2}s roll back done={:>6.2}s most changing at once={} (bound {}) hub writes={hub_writes} ({:.3} per member)",
+        rolling_back.as_secs_f64(),
+        every_member.as_secs_f64(),
+        rolled_back.as_secs_f64(),
+        played.most_changing(),
+        (members / 10).max(1),
+        hub_writes as f64 / members as f64,
+    );
+    Ok(())
+}
+
 /// The propagation under test: the hub ConfigMap as a Deployment in every
-/// member, 10 % at a time.
+/// member, 10 % at a time, rolling back past its failure budget (none).
 fn propagation() -> Result<multicluster_runtime::controller::Controller, fleet::Error> {
     Ok(Propagation::<ConfigMap>::new("bench")
         .select(|hub| hub.metadata.name.as_deref() == Some(HUB_OBJECT))
@@ -159,7 +226,7 @@ fn propagation() -> Result<multicluster_runtime::controller::Controller, fleet::
             }))?;
             Ok(vec![Desired::new(&deployment)?])
         })
-        .rollout(Rollout::rolling(MaxUnavailable::Percent(10)))
+        .rollout(Rollout::rolling(MaxUnavailable::Percent(10)).on_failure(OnFailure::RollBack))
         .status_annotation(STATUS)
         .configure(|controller| controller.max_concurrent_reconciles(8))
         .build()?)
@@ -236,6 +303,7 @@ async fn run(cp: &ControlPlane, members: usize, replicas: usize) -> Result<(), f
     println!("members={members:>5} replicas={replicas}");
     round(&admin, &played, &hub, members, "v1", "create").await?;
     round(&admin, &played, &hub, members, "v2", "update").await?;
+    roll_back_round(&admin, &played, &hub, members, "v3", "v2").await?;
     let rss_after = multicluster_runtime::testing::resident_memory_mib();
     println!(
         "members={members:>5} rss={rss_after:.1}MiB (+{:.1}MiB for the fleet, its Deployments and the rollout)",

@@ -398,10 +398,7 @@ where
         namespace: Option<&str>,
         name: &str,
     ) -> Result<Option<ObjectMeta>, kube::Error> {
-        let this = |meta: &ObjectMeta| {
-            meta.name.as_deref() == Some(name) && meta.namespace.as_deref() == namespace
-        };
-        match kind.find(member, &this) {
+        match kind.find(member, &crate::kinds::Query::Named(namespace, name)) {
             Some(found) => Ok(found.into_iter().next()),
             None => Ok(api
                 .get_metadata_opt(name)

@@ -127,7 +127,7 @@ where
         T: CachedResource,
         PartialObjectMeta<T>: CachedResource,
     {
-        self.kinds.push(Kind::of::<T>());
+        self.kinds.push(Kind::of::<T>(&self.name));
         self
     }
 

@@ -80,11 +80,10 @@ where
         keep: &[(ApiResource, Option<String>, String)],
         policy: DeletionPolicy,
     ) -> Result<LettingGo, ReconcileError> {
-        let ours = |meta: &ObjectMeta| self.hub_of(meta).as_ref() == Some(key);
         let mut unlisted = Vec::new();
         let mut waves: BTreeMap<u32, Vec<(&Kind, ObjectMeta)>> = BTreeMap::new();
         for kind in &self.kinds {
-            let Some(found) = kind.find(member, &ours) else {
+            let Some(found) = kind.find(member, &crate::kinds::Query::MadeFor(key)) else {
                 unlisted.push(kind.resource.plural.as_str());
                 continue;
             };

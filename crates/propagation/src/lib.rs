@@ -391,17 +391,7 @@ where
         &self,
         meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     ) -> Option<HubKey> {
-        let ours = meta
-            .labels
-            .as_ref()
-            .and_then(|labels| labels.get(PROPAGATION_LABEL))
-            .is_some_and(|value| *value == self.name);
-        if !ours {
-            return None;
-        }
-        Request::owner_in(meta)
-            .filter(|owner| owner.cluster.is_local())
-            .map(|owner| (owner.namespace, owner.name))
+        kinds::hub_of(&self.name, meta)
     }
 
     /// Whether `hub` is anything to this propagation: selected, or holding

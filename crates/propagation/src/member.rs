@@ -3,7 +3,6 @@
 
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tracing::Instrument;
@@ -338,9 +337,8 @@ where
     /// Whether `member`'s watches have listed and hold no object made for
     /// `key`.
     pub(super) fn holds_nothing(&self, key: &HubKey, member: &Cluster) -> bool {
-        let ours = |meta: &ObjectMeta| self.hub_of(meta).as_ref() == Some(key);
         self.kinds.iter().all(|kind| {
-            kind.find(member, &ours)
+            kind.find(member, &crate::kinds::Query::MadeFor(key))
                 .is_some_and(|found| found.is_empty())
         })
     }

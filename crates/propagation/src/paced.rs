@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::{ApiResource, Patch, PatchParams};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -212,10 +211,9 @@ where
     /// Whether `member` holds objects made for `key` and every one was
     /// applied at `revision` (as far as its watches have listed).
     pub(super) fn at_revision(&self, key: &HubKey, member: &Cluster, revision: &str) -> bool {
-        let ours = |meta: &ObjectMeta| self.hub_of(meta).as_ref() == Some(key);
         let mut any = false;
         for kind in &self.kinds {
-            let Some(found) = kind.find(member, &ours) else {
+            let Some(found) = kind.find(member, &crate::kinds::Query::MadeFor(key)) else {
                 return false;
             };
             for meta in found {
