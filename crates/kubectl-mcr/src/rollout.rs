@@ -19,11 +19,6 @@ use crate::Error;
 use crate::hub::{Hub, HubObject, Seen};
 use crate::members::table;
 
-/// Where the ControllerRevisions of a cluster-scoped hub object are kept
-/// (the propagation's choice: a namespaced object may have a
-/// cluster-scoped owner).
-const CLUSTER_SCOPED_HISTORY: &str = "default";
-
 #[derive(clap::Subcommand)]
 pub(crate) enum Command {
     /// Show the rollout's progress and wait until it is done (exit 1 if it halts or the timeout passes)
@@ -382,7 +377,7 @@ async fn kept(hub: &Hub, seen: &Seen) -> Result<Vec<Kept>, Error> {
         .value
         .pointer("/metadata/namespace")
         .and_then(serde_json::Value::as_str)
-        .unwrap_or(CLUSTER_SCOPED_HISTORY);
+        .unwrap_or(multicluster_propagation::CLUSTER_SCOPED_HISTORY_NAMESPACE);
     let uid = seen.uid().unwrap_or_default();
     let listed = Api::<ControllerRevision>::namespaced(hub.client.clone(), namespace)
         .list(&ListParams::default().labels(PROPAGATION_LABEL))

@@ -26,8 +26,10 @@ use multicluster_runtime::redact::Redacted;
 /// name 253).
 pub(crate) const HUB_LABEL: &str = "propagation.mcr.sigs.k8s.io/hub";
 
-/// Where cluster-scoped hub objects' revisions are kept.
-const CLUSTER_SCOPED_NAMESPACE: &str = "default";
+/// Where the revisions of cluster-scoped hub objects are kept, as
+/// ControllerRevisions (namespaced objects) owned by the hub object; a
+/// namespaced hub object's are kept in its own namespace.
+pub const CLUSTER_SCOPED_HISTORY_NAMESPACE: &str = "default";
 
 /// One hub object's kept revisions: by revision, its place in the history
 /// (the ControllerRevision's `revision`) and the hub object as it was.
@@ -225,7 +227,7 @@ impl History {
 fn api_for(hub_cluster: &Cluster, key: &HubKey) -> Api<ControllerRevision> {
     Api::namespaced(
         hub_cluster.client(),
-        key.0.as_deref().unwrap_or(CLUSTER_SCOPED_NAMESPACE),
+        key.0.as_deref().unwrap_or(CLUSTER_SCOPED_HISTORY_NAMESPACE),
     )
 }
 

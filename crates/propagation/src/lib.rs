@@ -146,6 +146,7 @@ pub use apply_modes::ApplyMode;
 pub use builder::Propagation;
 pub use gates::{GATE_JOB_ENV, Gate, GateCheck};
 pub use health::Health;
+pub use history::CLUSTER_SCOPED_HISTORY_NAMESPACE;
 pub use hub::CLEANED_ANNOTATION;
 pub use letting_go::{DELETION_POLICY_ANNOTATION, DeletionPolicy};
 pub use maintenance::MAINTENANCE_LABEL;
