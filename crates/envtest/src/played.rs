@@ -211,9 +211,12 @@ impl Deployments {
                 .collect::<std::collections::BTreeMap<_, _>>()
         };
         let (given, available) = (latest(&state.given), latest(&state.available));
+        // Rolled out since its latest spec: no longer changing.
         given
             .into_iter()
-            .filter(|(key, given)| given == image && available.get(key) == Some(given))
+            .filter(|(key, given)| {
+                given == image && available.get(key) == Some(given) && !state.changing.contains(key)
+            })
             .map(|(key, _)| key)
             .collect()
     }

@@ -451,13 +451,21 @@ where
                 Err(WriteError::Failed(err)) => return Err(err),
             }
         }
+        // Told at once: members given a slot, and every slot holder when
+        // the revision they go to changed (a roll back starts, a new
+        // revision comes): a failed member holding its slot is otherwise
+        // waiting out its error backoff.
+        let moved = before
+            .as_ref()
+            .is_none_or(|before| before.revision != record.revision);
         let given: Vec<String> = record
             .updating
             .iter()
             .filter(|slot| {
-                !before.as_ref().is_some_and(|before| {
-                    before.holds_slot(&ClusterName::from(slot.cluster.as_str()))
-                })
+                moved
+                    || !before.as_ref().is_some_and(|before| {
+                        before.holds_slot(&ClusterName::from(slot.cluster.as_str()))
+                    })
             })
             .map(|slot| slot.cluster.clone())
             .collect();

@@ -19,7 +19,7 @@ use multicluster_propagation::{Conflicts, Desired, Drift, PROPAGATION_LABEL, Pro
 use multicluster_runtime::cache::{Cache, CacheOptions};
 use multicluster_runtime::manager::ClusterState;
 use multicluster_runtime::testing::{
-    TestProvider, eventually, eventually_some, run_manager, wait_until_ready,
+    TestProvider, eventually, eventually_some, run_manager, wait_for_object, wait_until_ready,
 };
 use multicluster_runtime::{Cluster, ClusterName, Manager};
 use serde_json::{Value, json};
@@ -154,13 +154,34 @@ async fn hub_config_map(hub: &ControlPlane, name: &str, value: &str, pods: &str)
         .expect("hub object");
 }
 
+fn quotas_in_default(client: kube::Client) -> Api<ResourceQuota> {
+    Api::namespaced(client, "default")
+}
+
+fn pods_of(quota: Option<&ResourceQuota>) -> Option<&str> {
+    quota?
+        .spec
+        .as_ref()?
+        .hard
+        .as_ref()?
+        .get("pods")
+        .map(|pods| pods.0.as_str())
+}
+
 /// The `pods` of the member's quota `name`, if it exists.
 async fn pods_in(member: &ControlPlane, name: &str) -> Option<String> {
-    Api::<ResourceQuota>::namespaced(member.client().await.expect("client"), "default")
+    let quota = quotas_in_default(member.client().await.expect("client"))
         .get_opt(name)
         .await
-        .expect("get")
-        .and_then(|quota| quota.spec?.hard?.get("pods").map(|pods| pods.0.clone()))
+        .expect("get");
+    pods_of(quota.as_ref()).map(str::to_string)
+}
+
+/// Waits, watching it, until the member's quota `name` has `pods` (`None`:
+/// until it is gone).
+async fn until_pods(member: &ControlPlane, name: &str, pods: Option<&str>, what: &str) {
+    let quotas = quotas_in_default(member.client().await.expect("client"));
+    wait_for_object(&quotas, name, what, |quota| pods_of(quota) == pods).await;
 }
 
 fn states_are(states: &BTreeMap<String, (String, String)>, wanted: &[(&str, &str)]) -> bool {
@@ -220,15 +241,8 @@ async fn a_hub_object_is_applied_kept_reported_and_removed() {
     .await;
 
     hub_config_map(&hub, "team", "on", "4").await;
-    eventually(
-        Polled::ApiServer,
-        "both members to get the quota",
-        || async {
-            pods_in(&a, "team").await.as_deref() == Some("4")
-                && pods_in(&b, "team").await.as_deref() == Some("4")
-        },
-    )
-    .await;
+    until_pods(&a, "team", Some("4"), "a to get the quota").await;
+    until_pods(&b, "team", Some("4"), "b to get the quota").await;
     let quota = Api::<ResourceQuota>::namespaced(a.client().await.expect("client"), "default")
         .get("team")
         .await
@@ -262,15 +276,8 @@ async fn a_hub_object_is_applied_kept_reported_and_removed() {
             .expect("config map");
     }
     hub_config_map(&hub, "team", "on", "6").await;
-    eventually(
-        Polled::ApiServer,
-        "both members to follow the update",
-        || async {
-            pods_in(&a, "team").await.as_deref() == Some("6")
-                && pods_in(&b, "team").await.as_deref() == Some("6")
-        },
-    )
-    .await;
+    until_pods(&a, "team", Some("6"), "a to follow the update").await;
+    until_pods(&b, "team", Some("6"), "b to follow the update").await;
     let spent = reconciles() - before;
     eprintln!("{spent} reconciles for 10 unselected hub objects and one update");
     assert!(
@@ -287,10 +294,7 @@ async fn a_hub_object_is_applied_kept_reported_and_removed() {
         )
         .await
         .expect("edit in the member");
-    eventually(Polled::ApiServer, "the drift to be repaired", || async {
-        pods_in(&a, "team").await.as_deref() == Some("6")
-    })
-    .await;
+    until_pods(&a, "team", Some("6"), "the drift to be repaired").await;
 
     // A member that refuses: b's identity loses its rights to write.
     set_rules(
@@ -344,10 +348,7 @@ async fn a_hub_object_is_applied_kept_reported_and_removed() {
         );
     }
     set_rules(&b, quota_rules()).await;
-    eventually(Polled::ApiServer, "b to catch up once allowed", || async {
-        pods_in(&b, "team").await.as_deref() == Some("8")
-    })
-    .await;
+    until_pods(&b, "team", Some("8"), "b to catch up once allowed").await;
 
     // Deleting the hub object removes every copy before the finalizer goes.
     Api::<ConfigMap>::namespaced(hub.client().await.expect("client"), "default")
@@ -430,10 +431,7 @@ async fn drift_and_conflicts_are_reported_or_taken_over_as_chosen() {
     // A quota of the reporting propagation's own, edited in the member:
     // drift is reported and the edit left in place.
     hub_config_map(&hub, "ours", "report", "5").await;
-    eventually(Polled::ApiServer, "our quota to be applied", || async {
-        pods_in(&a, "ours").await.as_deref() == Some("5")
-    })
-    .await;
+    until_pods(&a, "ours", Some("5"), "our quota to be applied").await;
     Api::<ResourceQuota>::namespaced(a.client().await.expect("client"), "default")
         .patch(
             "ours",
@@ -557,10 +555,11 @@ async fn chosen_members_join_move_without_deletion_and_leave() {
     let before = uid_in(&a, "team").await.expect("a's quota");
     choose(&hub, "b").await;
     choose(&hub, "a").await;
-    eventually(
-        Polled::ApiServer,
+    until_pods(
+        &b,
+        "team",
+        None,
         "b's quota to go once its grace has passed",
-        || async { pods_in(&b, "team").await.is_none() },
     )
     .await;
     assert_eq!(
@@ -666,25 +665,22 @@ async fn labelled_members_follow_their_cluster_labels() {
     let (stop, task) = run_manager(&manager);
     wait_until_ready(&manager, "a").await;
     hub_config_map(&hub, "team", "on", "4").await;
-    eventually(
-        Polled::ApiServer,
-        "the prod member to get the quota",
-        || async { pods_in(&a, "team").await.as_deref() == Some("4") },
-    )
-    .await;
+    until_pods(&a, "team", Some("4"), "the prod member to get the quota").await;
 
     member.set_inventory(labelled_as("dev"));
-    eventually(
-        Polled::ApiServer,
+    until_pods(
+        &a,
+        "team",
+        None,
         "the quota to go once the member is no longer prod",
-        || async { pods_in(&a, "team").await.is_none() },
     )
     .await;
     member.set_inventory(labelled_as("prod"));
-    eventually(
-        Polled::ApiServer,
+    until_pods(
+        &a,
+        "team",
+        Some("4"),
         "the quota back once it is prod again",
-        || async { pods_in(&a, "team").await.as_deref() == Some("4") },
     )
     .await;
     stop.cancel();
@@ -1147,11 +1143,8 @@ async fn orphaned_objects_stay_in_the_member_with_nothing_of_ours_on_them() {
     let (_manager, stop, task) = fleet(&hub, &[("a", &a)], vec![keeping, marking]).await;
     hub_config_map(&hub, "kept", "keep", "4").await;
     hub_config_map(&hub, "marked", "mark", "5").await;
-    eventually(Polled::ApiServer, "both quotas in the member", || async {
-        pods_in(&a, "kept").await.as_deref() == Some("4")
-            && pods_in(&a, "marked").await.as_deref() == Some("5")
-    })
-    .await;
+    until_pods(&a, "kept", Some("4"), "the kept quota in the member").await;
+    until_pods(&a, "marked", Some("5"), "the marked quota in the member").await;
 
     // The hub object of the orphaning propagation is deleted; the marked
     // one is no longer selected (the propagation's policy: delete).
@@ -1332,10 +1325,7 @@ async fn apply_modes_create_only_report_only_take_over_when_equal_and_ignored_fi
         states_are(states, &[("a", "InSync")])
     })
     .await;
-    eventually(Polled::ApiServer, "the partial quota applied", || async {
-        pods_in(&a, "partial").await.as_deref() == Some("3")
-    })
-    .await;
+    until_pods(&a, "partial", Some("3"), "the partial quota applied").await;
     let partial = Api::<ResourceQuota>::namespaced(a.client().await.expect("client"), "default")
         .get("partial")
         .await
@@ -1362,10 +1352,7 @@ async fn apply_modes_create_only_report_only_take_over_when_equal_and_ignored_fi
     // Adopted for good: a later change reaches it, where a shared field
     // would have been a conflict.
     hub_config_map(&hub, "equal", "adopt", "9").await;
-    eventually(Polled::ApiServer, "the adopted quota to follow", || async {
-        pods_in(&a, "equal").await.as_deref() == Some("9")
-    })
-    .await;
+    until_pods(&a, "equal", Some("9"), "the adopted quota to follow").await;
     assert_eq!(pods_in(&a, "looked").await.as_deref(), Some("3"));
     assert_eq!(writes_to(&a, "looked"), 0, "report-only wrote");
     assert_eq!(pods_in(&a, "unequal").await.as_deref(), Some("2"));
@@ -1540,30 +1527,14 @@ async fn a_cordoned_member_keeps_a_drained_one_lets_go_and_both_catch_up() {
                 .unwrap_or_default(),
         )
     };
-    let pods = |a_pods: Option<&'static str>, b_pods: Option<&'static str>| {
-        let (a, b) = (&a, &b);
-        move || async move {
-            pods_in(a, "team").await.as_deref() == a_pods
-                && pods_in(b, "team").await.as_deref() == b_pods
-        }
-    };
     hub_config_map(&hub, "team", "on", "4").await;
-    eventually(
-        Polled::ApiServer,
-        "both members with 4",
-        pods(Some("4"), Some("4")),
-    )
-    .await;
+    until_pods(&a, "team", Some("4"), "a with 4").await;
+    until_pods(&b, "team", Some("4"), "b with 4").await;
 
     // Cordoned: a keeps 4 while b gets 5, the rollout not held up by a.
     member_a.set_inventory(maintenance(Some("cordon")));
     hub_config_map(&hub, "team", "on", "5").await;
-    eventually(
-        Polled::ApiServer,
-        "b with 5, a keeping 4",
-        pods(Some("4"), Some("5")),
-    )
-    .await;
+    until_pods(&b, "team", Some("5"), "b with 5").await;
     let reason = eventually_some(Polled::ApiServer, "a shown cordoned", || async {
         member_states(&hub, "team")
             .await
@@ -1585,16 +1556,16 @@ async fn a_cordoned_member_keeps_a_drained_one_lets_go_and_both_catch_up() {
 
     // Uncordoned: a catches up.
     member_a.set_inventory(maintenance(None));
-    eventually(
-        Polled::ApiServer,
-        "a caught up with 5",
-        pods(Some("5"), Some("5")),
-    )
-    .await;
+    until_pods(&a, "team", Some("5"), "a caught up with 5").await;
 
     // Drained: b loses the quota, a keeps it; without the label it is back.
     member_b.set_inventory(maintenance(Some("drain")));
-    eventually(Polled::ApiServer, "b drained", pods(Some("5"), None)).await;
+    until_pods(&b, "team", None, "b drained").await;
+    assert_eq!(
+        pods_in(&a, "team").await.as_deref(),
+        Some("5"),
+        "a drained too"
+    );
     until_states(&hub, "team", "b shown drained", |states| {
         states
             .get("b")
@@ -1602,12 +1573,7 @@ async fn a_cordoned_member_keeps_a_drained_one_lets_go_and_both_catch_up() {
     })
     .await;
     member_b.set_inventory(maintenance(None));
-    eventually(
-        Polled::ApiServer,
-        "b back with 5",
-        pods(Some("5"), Some("5")),
-    )
-    .await;
+    until_pods(&b, "team", Some("5"), "b back with 5").await;
     stop.cancel();
     task.await.expect("task").expect("clean stop");
 }
