@@ -208,6 +208,24 @@ async fn condition_message(hub: &ControlPlane, name: &str) -> String {
         .to_string()
 }
 
+/// Waits, watching the hub ConfigMap `name`, until its condition's
+/// message satisfies `that`; returns the message.
+async fn until_message(
+    hub: &ControlPlane,
+    name: &str,
+    what: &str,
+    that: impl Fn(&str) -> bool,
+) -> String {
+    let said = |status: &serde_json::Value| {
+        status["condition"]["message"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    until_status(hub, name, what, |status| that(&said(status))).await;
+    condition_message(hub, name).await
+}
+
 /// Two at a time, never more, through a first rollout, an update, a pause,
 /// a member that fails (the rollout halts; a new revision goes to the
 /// failed member first; it goes on once the member recovers),
@@ -263,13 +281,11 @@ async fn a_rolling_rollout_never_has_more_than_two_members_changing() {
     // given the change.
     played.fail_in("m1", true);
     hub_object(&hub, "web", "web", "v4").await;
-    eventually(
-        Polled::ApiServer,
+    until_message(
+        &hub,
+        "web",
         "the hub object to say it halted at m1",
-        || async {
-            let message = condition_message(&hub, "web").await;
-            message.contains("halted") && message.contains("m1: Deployment m1/web")
-        },
+        |message| message.contains("halted") && message.contains("m1: Deployment m1/web"),
     )
     .await;
     assert_eq!(
@@ -281,22 +297,16 @@ async fn a_rolling_rollout_never_has_more_than_two_members_changing() {
     // freed): the failed member still holds its slot, so it is given the
     // revision first (the README's order); no other member is, while it
     // fails.
-    eventually(
-        Polled::ApiServer,
-        "m0 done, m1 alone holding a slot",
-        || async {
-            let message = condition_message(&hub, "web").await;
-            message.contains("1 updated, 1 updating") && message.contains("halted")
-        },
-    )
+    until_message(&hub, "web", "m0 done, m1 alone holding a slot", |message| {
+        message.contains("1 updated, 1 updating") && message.contains("halted")
+    })
     .await;
     hub_object(&hub, "web", "web", "v4b").await;
     eventually(Polled::ApiServer, "the failed member given v4b", || async {
         given(&played, &image("v4b")) == BTreeSet::from(["m1".to_string()])
     })
     .await;
-    eventually(Polled::ApiServer, "the halt to stand for v4b", || async {
-        let message = condition_message(&hub, "web").await;
+    until_message(&hub, "web", "the halt to stand for v4b", |message| {
         message.contains("halted") && message.contains("m1: Deployment m1/web")
     })
     .await;
@@ -503,9 +513,12 @@ async fn two_sharded_replicas_serve_every_member_within_one_bound() {
         )
         .await
         .expect("let the Deployment go");
-    eventually(Polled::ApiServer, "the hub object gone", || async {
-        hub_objects.get_opt("web").await.expect("get").is_none()
-    })
+    multicluster_runtime::testing::wait_for_object(
+        &hub_objects,
+        "web",
+        "the hub object gone",
+        |object| object.is_none(),
+    )
     .await;
     assert_eq!(images(&member).await, BTreeMap::new());
 
@@ -522,14 +535,9 @@ async fn two_sharded_replicas_serve_every_member_within_one_bound() {
     rolled_out(&hub, &member, "v3").await;
     let most = played.most_changing();
     assert!(most <= 2, "{most} members changing at once as b left");
-    eventually(
-        Polled::ApiServer,
-        "replica a counting every member",
-        || async {
-            status_of(&hub, "web").await["countsByReplica"]
-                == json!({"replica-a": {"InSync": MEMBERS.len()}})
-        },
-    )
+    until_status(&hub, "web", "replica a counting every member", |status| {
+        status["countsByReplica"] == json!({"replica-a": {"InSync": MEMBERS.len()}})
+    })
     .await;
 
     a_stop.cancel();
@@ -631,15 +639,11 @@ async fn a_stage_waits_for_its_approval() {
     let (_manager, stop, task) = fleet(&hub, &member, staged).await;
 
     hub_object(&hub, "web", "web", "v1").await;
-    let message = multicluster_runtime::testing::eventually_some(
-        Polled::ApiServer,
+    let message = until_message(
+        &hub,
+        "web",
         "the rest to wait for its approval",
-        || async {
-            let message = condition_message(&hub, "web").await;
-            message
-                .contains("waits for its approval")
-                .then_some(message)
-        },
+        |message| message.contains("waits for its approval"),
     )
     .await;
     assert_eq!(
