@@ -5,7 +5,7 @@
 
 mod common;
 
-use multicluster_runtime::testing::{Changes, Polled};
+use multicluster_runtime::testing::Changes;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -51,6 +51,22 @@ fn object(name: &str, finalizers: &[&str]) -> ConfigMap {
 async fn finalizers_of(api: &Api<ConfigMap>, name: &str) -> Option<Vec<String>> {
     let object = api.get_opt(name).await.ok().flatten()?;
     Some(object.metadata.finalizers.unwrap_or_default())
+}
+
+/// Waits, watching it, until the object `name` has `finalizers` (`None`:
+/// until it is gone).
+async fn until_finalizers(
+    api: &Api<ConfigMap>,
+    name: &str,
+    finalizers: Option<&[&str]>,
+    what: &str,
+) {
+    let wanted: Option<Vec<String>> =
+        finalizers.map(|names| names.iter().map(|name| name.to_string()).collect());
+    multicluster_runtime::testing::wait_for_object(api, name, what, |object| {
+        object.map(|object| object.metadata.finalizers.clone().unwrap_or_default()) == wanted
+    })
+    .await;
 }
 
 /// Takes every finalizer off, as their owners would.
@@ -136,13 +152,11 @@ async fn a_finalizer_is_added_before_work_and_removed_only_after_clean_up() {
         .create(&PostParams::default(), &object("held", &[OTHERS]))
         .await
         .expect("create");
-    eventually(
-        Polled::ApiServer,
+    until_finalizers(
+        &in_member,
+        "held",
+        Some(&[OTHERS, FINALIZER]),
         "the finalizer to be added in the member",
-        || async {
-            finalizers_of(&in_member, "held").await
-                == Some(vec![OTHERS.to_string(), FINALIZER.to_string()])
-        },
     )
     .await;
     seen.changes
@@ -179,17 +193,15 @@ async fn a_finalizer_is_added_before_work_and_removed_only_after_clean_up() {
         seen.cleanups_tried.load(Ordering::SeqCst) >= 3,
         "the failed clean-ups were not retried"
     );
-    eventually(
-        Polled::ApiServer,
+    until_finalizers(
+        &in_member,
+        "held",
+        Some(&[OTHERS]),
         "our finalizer to be removed, the other kept",
-        || async { finalizers_of(&in_member, "held").await == Some(vec![OTHERS.to_string()]) },
     )
     .await;
     drop_finalizers(&in_member, "held").await;
-    eventually(Polled::ApiServer, "the object to be gone", || async {
-        finalizers_of(&in_member, "held").await.is_none()
-    })
-    .await;
+    until_finalizers(&in_member, "held", None, "the object to be gone").await;
     assert_eq!(seen.cleanups_done.load(Ordering::SeqCst), 1);
 
     // No longer wanted (label removed): released while it lives.
@@ -197,19 +209,23 @@ async fn a_finalizer_is_added_before_work_and_removed_only_after_clean_up() {
         .create(&PostParams::default(), &object("unwanted", &[]))
         .await
         .expect("create");
-    eventually(Polled::ApiServer, "the finalizer to be added", || async {
-        finalizers_of(&in_member, "unwanted").await == Some(vec![FINALIZER.to_string()])
-    })
+    until_finalizers(
+        &in_member,
+        "unwanted",
+        Some(&[FINALIZER]),
+        "the finalizer to be added",
+    )
     .await;
     let unlabel = json!({"metadata": {"labels": {LABEL: null}}});
     in_member
         .patch("unwanted", &PatchParams::default(), &Patch::Merge(unlabel))
         .await
         .expect("unlabel");
-    eventually(
-        Polled::ApiServer,
+    until_finalizers(
+        &in_member,
+        "unwanted",
+        Some(&[]),
         "the finalizer to be released",
-        || async { finalizers_of(&in_member, "unwanted").await == Some(Vec::new()) },
     )
     .await;
 
@@ -306,22 +322,23 @@ async fn a_hub_object_is_held_until_its_copies_in_every_member_are_gone() {
     hub.create(&PostParams::default(), &object("shared", &[]))
         .await
         .expect("hub object");
-    eventually(Polled::ApiServer, "the hub object to be held", || async {
-        finalizers_of(&hub, "shared").await == Some(vec![FINALIZER.to_string()])
-    })
+    until_finalizers(
+        &hub,
+        "shared",
+        Some(&[FINALIZER]),
+        "the hub object to be held",
+    )
     .await;
 
     hub.delete("shared", &DeleteParams::default())
         .await
         .expect("delete");
-    eventually(Polled::ApiServer, "m2's copy to be deleted", || async {
-        in_m2
-            .get_opt("shared")
-            .await
-            .ok()
-            .flatten()
-            .is_some_and(|copy| copy.metadata.deletion_timestamp.is_some())
-    })
+    multicluster_runtime::testing::wait_for_object(
+        &in_m2,
+        "shared",
+        "m2's copy to be deleted",
+        |copy| copy.is_some_and(|copy| copy.metadata.deletion_timestamp.is_some()),
+    )
     .await;
     refused
         .wait_until("the clean-up to be refused while m2's copy remains", || {
@@ -343,10 +360,7 @@ async fn a_hub_object_is_held_until_its_copies_in_every_member_are_gone() {
 
     // m2's copy goes: the hub object follows.
     drop_finalizers(&in_m2, "shared").await;
-    eventually(Polled::ApiServer, "the hub object to be gone", || async {
-        finalizers_of(&hub, "shared").await.is_none()
-    })
-    .await;
+    until_finalizers(&hub, "shared", None, "the hub object to be gone").await;
     let mine = in_m1.get("shared").await.expect("m1's own object remains");
     assert!(
         mine.metadata.deletion_timestamp.is_none(),
