@@ -7,7 +7,6 @@
 
 mod common;
 
-use multicluster_runtime::testing::Polled;
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 
@@ -157,16 +156,26 @@ async fn copy_data(member: &ControlPlane, name: &str) -> Option<BTreeMap<String,
         .map(|copy| copy.data.unwrap_or_default())
 }
 
-async fn in_sync(hub: &kube::Client, name: &str) -> Option<String> {
-    Api::<ConfigMap>::namespaced(hub.clone(), "default")
-        .get_opt(name)
-        .await
-        .ok()
-        .flatten()?
-        .metadata
-        .annotations?
-        .get(IN_SYNC)
-        .cloned()
+/// Waits, watching it, until the member's copy `name` holds `v` = `value`
+/// (`None`: until it is gone).
+async fn until_copy(member: &ControlPlane, name: &str, value: Option<&str>, what: &str) {
+    let copies = Api::<ConfigMap>::namespaced(member.client().await.expect("client"), "default");
+    let wanted = value.and_then(data);
+    multicluster_runtime::testing::wait_for_object(&copies, name, what, |copy| {
+        copy.map(|copy| copy.data.clone().unwrap_or_default()) == wanted
+    })
+    .await;
+}
+
+/// Waits, watching it, until the hub object `name` counts `members` in sync.
+async fn until_in_sync(hub: &kube::Client, name: &str, members: &str, what: &str) {
+    let objects = Api::<ConfigMap>::namespaced(hub.clone(), "default");
+    multicluster_runtime::testing::wait_for_object(&objects, name, what, |object| {
+        object
+            .and_then(|object| object.metadata.annotations.as_ref()?.get(IN_SYNC))
+            .is_some_and(|counted| counted == members)
+    })
+    .await;
 }
 
 fn data(value: &str) -> Option<BTreeMap<String, String>> {
@@ -210,40 +219,23 @@ async fn a_hub_object_reaches_every_member_including_one_that_joins_later() {
         .await
         .expect("hub object");
 
-    eventually(Polled::ApiServer, "the copy in m1", || async {
-        copy_data(&m1, "shared").await == data("1")
-    })
-    .await;
-    eventually(Polled::ApiServer, "the hub to count m1", || async {
-        in_sync(&hub_client, "shared").await.as_deref() == Some("1")
-    })
-    .await;
+    until_copy(&m1, "shared", Some("1"), "the copy in m1").await;
+    until_in_sync(&hub_client, "shared", "1", "the hub to count m1").await;
 
     let update = json!({"data": {"v": "2"}});
     hub_configmaps
         .patch("shared", &PatchParams::default(), &Patch::Merge(update))
         .await
         .expect("update");
-    eventually(Polled::ApiServer, "m1 to follow the update", || async {
-        copy_data(&m1, "shared").await == data("2")
-    })
-    .await;
+    until_copy(&m1, "shared", Some("2"), "m1 to follow the update").await;
 
     // m2 joins; nothing changes on the hub.
     provider
         .clusters
         .add("m2", cluster_for("m2", &m2).await)
         .expect("add");
-    eventually(Polled::ApiServer, "the copy in m2", || async {
-        copy_data(&m2, "shared").await == data("2")
-    })
-    .await;
-    eventually(
-        Polled::ApiServer,
-        "the hub to count both members",
-        || async { in_sync(&hub_client, "shared").await.as_deref() == Some("2") },
-    )
-    .await;
+    until_copy(&m2, "shared", Some("2"), "the copy in m2").await;
+    until_in_sync(&hub_client, "shared", "2", "the hub to count both members").await;
     assert_eq!(
         copy_data(&m2, "private").await,
         None,
@@ -255,22 +247,15 @@ async fn a_hub_object_reaches_every_member_including_one_that_joins_later() {
         .delete("shared", &DeleteParams::default())
         .await
         .expect("delete copy");
-    eventually(
-        Polled::ApiServer,
-        "the copy in m1 to be restored",
-        || async { copy_data(&m1, "shared").await == data("2") },
-    )
-    .await;
+    until_copy(&m1, "shared", Some("2"), "the copy in m1 to be restored").await;
 
     // Deleted on the hub: gone from every member.
     hub_configmaps
         .delete("shared", &DeleteParams::default())
         .await
         .expect("delete");
-    eventually(Polled::ApiServer, "the copies to be removed", || async {
-        copy_data(&m1, "shared").await.is_none() && copy_data(&m2, "shared").await.is_none()
-    })
-    .await;
+    until_copy(&m1, "shared", None, "m1's copy to be removed").await;
+    until_copy(&m2, "shared", None, "m2's copy to be removed").await;
 
     stop.cancel();
     task.await.expect("task").expect("clean stop");
