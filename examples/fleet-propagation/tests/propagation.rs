@@ -6,7 +6,6 @@
 //! the hub (whose finalizer then lets it go) or no longer labelled (the
 //! finalizer is let go at once).
 
-use multicluster_runtime::testing::Polled;
 use std::collections::BTreeMap;
 use std::process::Stdio;
 use std::time::Duration;
@@ -15,7 +14,6 @@ use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use multicluster_envtest::ControlPlane;
 use multicluster_example_testing::{GRACE, kubeconfig_secret, terminate};
-use multicluster_runtime::testing::eventually;
 use tokio::process::Command;
 
 const BINARY: &str = env!("CARGO_BIN_EXE_multicluster-example-fleet-propagation");
@@ -32,17 +30,33 @@ async fn join(hub: &kube::Client, name: &str, member: &ControlPlane) {
         .expect("member Secret");
 }
 
-async fn copy_of(member: &ControlPlane) -> Option<BTreeMap<String, String>> {
-    copy_named(member, "shared").await
+/// Waits, watching it, until `api`'s object `name` satisfies `that`.
+async fn until(
+    api: &Api<ConfigMap>,
+    name: &str,
+    what: &str,
+    that: impl Fn(Option<&ConfigMap>) -> bool,
+) {
+    multicluster_runtime::testing::wait_for_object(api, name, what, that).await;
 }
 
-async fn copy_named(member: &ControlPlane, name: &str) -> Option<BTreeMap<String, String>> {
-    Api::<ConfigMap>::namespaced(member.client().await.ok()?, "default")
-        .get_opt(name)
-        .await
-        .ok()
-        .flatten()
-        .map(|copy| copy.data.unwrap_or_default())
+/// Waits until the member's copy `name` holds `v` = `value` (`None`: gone).
+async fn until_copy(member: &ControlPlane, name: &str, value: Option<&str>, what: &str) {
+    let copies = Api::<ConfigMap>::namespaced(member.client().await.expect("client"), "default");
+    let wanted = value.and_then(data);
+    until(&copies, name, what, |copy| {
+        copy.map(|copy| copy.data.clone().unwrap_or_default()) == wanted
+    })
+    .await;
+}
+
+/// Waits until the hub object's status counts `(in sync, listed)`.
+async fn until_counted(hub: &kube::Client, wanted: (usize, usize), what: &str) {
+    let objects = Api::<ConfigMap>::namespaced(hub.clone(), "default");
+    until(&objects, "shared", what, |object| {
+        counted_in(object) == Some(wanted)
+    })
+    .await;
 }
 
 fn data(value: &str) -> Option<BTreeMap<String, String>> {
@@ -59,14 +73,9 @@ async fn hub_object(hub: &kube::Client) -> Option<ConfigMap> {
 
 /// The members the hub object's status annotation lists, and how many of
 /// them are in sync: `(in sync, listed)`.
-async fn counted(hub: &kube::Client) -> Option<(usize, usize)> {
-    let text = hub_object(hub)
-        .await?
-        .metadata
-        .annotations?
-        .get(STATUS)
-        .cloned()?;
-    let status: serde_json::Value = serde_json::from_str(&text).ok()?;
+fn counted_in(object: Option<&ConfigMap>) -> Option<(usize, usize)> {
+    let text = object?.metadata.annotations.as_ref()?.get(STATUS)?;
+    let status: serde_json::Value = serde_json::from_str(text).ok()?;
     let members = status["members"].as_array()?;
     let in_sync = members
         .iter()
@@ -114,16 +123,9 @@ async fn hub_objects_are_propagated_counted_and_cleaned_up_as_members_come_and_g
         .await
         .expect("hub object");
 
-    eventually(Polled::ApiServer, "copies in m1 and m2", || async {
-        copy_of(&m1).await == data("1") && copy_of(&m2).await == data("1")
-    })
-    .await;
-    eventually(
-        Polled::ApiServer,
-        "the hub object to show two members in sync",
-        || async { counted(&hub).await == Some((2, 2)) },
-    )
-    .await;
+    until_copy(&m1, "shared", Some("1"), "the copy in m1").await;
+    until_copy(&m2, "shared", Some("1"), "the copy in m2").await;
+    until_counted(&hub, (2, 2), "the hub object to show two members in sync").await;
     let finalizers = hub_object(&hub).await.and_then(|o| o.metadata.finalizers);
     assert_eq!(
         finalizers,
@@ -140,35 +142,20 @@ async fn hub_objects_are_propagated_counted_and_cleaned_up_as_members_come_and_g
         )
         .await
         .expect("update");
-    eventually(Polled::ApiServer, "the copies to follow", || async {
-        copy_of(&m1).await == data("2") && copy_of(&m2).await == data("2")
-    })
-    .await;
+    until_copy(&m1, "shared", Some("2"), "m1's copy to follow").await;
+    until_copy(&m2, "shared", Some("2"), "m2's copy to follow").await;
 
     // A member joins: it gets the copy without any change on the hub.
     join(&hub, "m3", &m3).await;
-    eventually(Polled::ApiServer, "the copy in m3", || async {
-        copy_of(&m3).await == data("2")
-    })
-    .await;
-    eventually(
-        Polled::ApiServer,
-        "the hub object to show three members in sync",
-        || async { counted(&hub).await == Some((3, 3)) },
-    )
-    .await;
+    until_copy(&m3, "shared", Some("2"), "the copy in m3").await;
+    until_counted(&hub, (3, 3), "the hub object to show three members in sync").await;
 
     // A member leaves (its Secret is deleted): it is no longer counted.
     Api::<Secret>::namespaced(hub.clone(), "fleet")
         .delete("m2", &DeleteParams::default())
         .await
         .expect("delete Secret");
-    eventually(
-        Polled::ApiServer,
-        "the hub object to show two members again",
-        || async { counted(&hub).await == Some((2, 2)) },
-    )
-    .await;
+    until_counted(&hub, (2, 2), "the hub object to show two members again").await;
 
     // No longer labelled: its copies go and its finalizer is let go while
     // it lives.
@@ -178,10 +165,12 @@ async fn hub_objects_are_propagated_counted_and_cleaned_up_as_members_come_and_g
         .create(&PostParams::default(), &other)
         .await
         .expect("second hub object");
-    eventually(
-        Polled::ApiServer,
+    let in_m3 = Api::<ConfigMap>::namespaced(m3.client().await.expect("client"), "default");
+    until(
+        &in_m3,
+        "unlabelled-later",
         "the second object's copy in m3",
-        || async { copy_named(&m3, "unlabelled-later").await.is_some() },
+        |copy| copy.is_some(),
     )
     .await;
     configmaps
@@ -192,18 +181,20 @@ async fn hub_objects_are_propagated_counted_and_cleaned_up_as_members_come_and_g
         )
         .await
         .expect("unlabel");
-    eventually(
-        Polled::ApiServer,
-        "its copies gone and its finalizer released",
-        || async {
-            copy_named(&m1, "unlabelled-later").await.is_none()
-                && copy_named(&m3, "unlabelled-later").await.is_none()
-                && configmaps
-                    .get_opt("unlabelled-later")
-                    .await
-                    .ok()
-                    .flatten()
-                    .is_some_and(|o| o.metadata.finalizers.unwrap_or_default().is_empty())
+    until_copy(&m1, "unlabelled-later", None, "its copy in m1 gone").await;
+    until_copy(&m3, "unlabelled-later", None, "its copy in m3 gone").await;
+    until(
+        &configmaps,
+        "unlabelled-later",
+        "its finalizer released",
+        |object| {
+            object.is_some_and(|object| {
+                object
+                    .metadata
+                    .finalizers
+                    .as_ref()
+                    .is_none_or(Vec::is_empty)
+            })
         },
     )
     .await;
@@ -214,14 +205,13 @@ async fn hub_objects_are_propagated_counted_and_cleaned_up_as_members_come_and_g
         .delete("shared", &DeleteParams::default())
         .await
         .expect("delete");
-    eventually(
-        Polled::ApiServer,
-        "the copies and then the hub object to go",
-        || async {
-            copy_of(&m1).await.is_none()
-                && copy_of(&m3).await.is_none()
-                && hub_object(&hub).await.is_none()
-        },
+    until_copy(&m1, "shared", None, "m1's copy to go").await;
+    until_copy(&m3, "shared", None, "m3's copy to go").await;
+    until(
+        &configmaps,
+        "shared",
+        "then the hub object to go",
+        |object| object.is_none(),
     )
     .await;
     assert!(
