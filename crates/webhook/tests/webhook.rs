@@ -129,6 +129,27 @@ async fn registered(client: &kube::Client) -> bool {
         .is_some()
 }
 
+/// Waits, watching it, until the member's webhook configuration
+/// satisfies `that` (`None`: it is not there).
+async fn until_configuration(
+    client: &kube::Client,
+    what: &str,
+    that: impl Fn(Option<&ValidatingWebhookConfiguration>) -> bool,
+) {
+    let configurations = Api::<ValidatingWebhookConfiguration>::all(client.clone());
+    multicluster_runtime::testing::wait_for_object(&configurations, CONFIGURATION, what, that)
+        .await;
+}
+
+/// Waits until the member has the webhook configuration (`true`) or has
+/// none (`false`).
+async fn until_registered(client: &kube::Client, registered: bool, what: &str) {
+    until_configuration(client, what, |configuration| {
+        configuration.is_some() == registered
+    })
+    .await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_server_answers_every_member_with_its_own_cluster() {
     let (hub, a, b, c) = tokio::join!(
@@ -180,16 +201,9 @@ async fn one_server_answers_every_member_with_its_own_cluster() {
     // Registered in both members; a refused in a with the handler's
     // message; an owned one admitted and stamped with its cluster.
     let hub_client = hub.client().await.expect("hub");
-    eventually(
-        Polled::ApiServer,
-        "registration in a, b and the hub",
-        || async {
-            registered(&a_client).await
-                && registered(&b_client).await
-                && registered(&hub_client).await
-        },
-    )
-    .await;
+    until_registered(&a_client, true, "registration in a").await;
+    until_registered(&b_client, true, "registration in b").await;
+    until_registered(&hub_client, true, "registration in the hub").await;
     let refused = try_create(&hub_client, &config_map("plain", None))
         .await
         .expect_err("an unowned ConfigMap on the hub");
@@ -249,10 +263,7 @@ async fn one_server_answers_every_member_with_its_own_cluster() {
         .clusters
         .add("c", cluster_for("c", &c).await)
         .expect("add c");
-    eventually(Polled::ApiServer, "registration in c", || {
-        registered(&c_client)
-    })
-    .await;
+    until_registered(&c_client, true, "registration in c").await;
     let refused = try_create(&c_client, &config_map("plain", None))
         .await
         .expect_err("an unowned ConfigMap in c");
@@ -261,10 +272,7 @@ async fn one_server_answers_every_member_with_its_own_cluster() {
         "{refused}"
     );
     provider.clusters.remove(&ClusterName::from("c"));
-    eventually(Polled::ApiServer, "no registration in c", || async {
-        !registered(&c_client).await
-    })
-    .await;
+    until_registered(&c_client, false, "no registration in c").await;
     // The API server follows webhook configurations through a watch of
     // its own: it may call the webhook for a moment after the removal
     // (and our server, no longer serving c, answers 404 meanwhile).
@@ -282,20 +290,16 @@ async fn one_server_answers_every_member_with_its_own_cluster() {
     ServingFiles::generate(certificates.path()).expect("new certificates");
     let new_ca = std::fs::read(&files.ca).expect("CA");
     assert_ne!(old_ca, new_ca);
-    eventually(Polled::ApiServer, "the new CA registered in a", || async {
-        Api::<ValidatingWebhookConfiguration>::all(a_client.clone())
-            .get(CONFIGURATION)
-            .await
-            .expect("configuration")
-            .webhooks
-            .into_iter()
-            .flatten()
-            .all(|webhook| {
+    until_configuration(&a_client, "the new CA registered in a", |configuration| {
+        configuration.is_some_and(|configuration| {
+            configuration.webhooks.iter().flatten().all(|webhook| {
                 webhook
                     .client_config
                     .ca_bundle
+                    .as_ref()
                     .is_some_and(|ca| ca.0 == new_ca)
             })
+        })
     })
     .await;
     eventually(
@@ -587,10 +591,7 @@ async fn a_member_held_to_a_namespace_is_registered_for_it_and_cleaned_up_on_req
     })
     .await;
 
-    eventually(Polled::ApiServer, "registration in the member", || {
-        registered(&admin)
-    })
-    .await;
+    until_registered(&admin, true, "registration in the member").await;
     let configuration = Api::<ValidatingWebhookConfiguration>::all(admin.clone())
         .get(CONFIGURATION)
         .await
