@@ -5,7 +5,6 @@
 //! annotations reach its inventory too, but for kubectl's last-applied
 //! copy of the Secret (its data).
 
-use multicluster_runtime::testing::Polled;
 use multicluster_runtime::testing::wait_for_fleet;
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -18,7 +17,7 @@ use multicluster_envtest::ControlPlane;
 use multicluster_provider_kubeconfig::{DEFAULT_LABEL, KubeconfigOptions, KubeconfigProvider};
 use multicluster_runtime::controller::{Action, ClusterScope, Controller, Watch, map};
 use multicluster_runtime::provider::clusters::ClusterSetProvider;
-use multicluster_runtime::testing::{eventually, run_manager};
+use multicluster_runtime::testing::run_manager;
 use multicluster_runtime::{Cluster, ClusterName, Manager};
 
 const FLEET: &str = "fleet";
@@ -140,6 +139,18 @@ async fn value_in(client: &kube::Client, name: &str) -> Option<String> {
         .and_then(|cm| cm.data?.remove("value"))
 }
 
+/// Waits, watching it, until the member's copy `name` holds `value`
+/// (`None`: until it is gone).
+async fn until_value(client: &kube::Client, name: &str, value: Option<&str>, what: &str) {
+    let copies = Api::<ConfigMap>::namespaced(client.clone(), SOURCE);
+    multicluster_runtime::testing::wait_for_object(&copies, name, what, |copy| {
+        copy.and_then(|copy| copy.data.as_ref()?.get("value"))
+            .map(String::as_str)
+            == value
+    })
+    .await;
+}
+
 async fn relabel(secrets: &Api<Secret>, name: &str, env: &str) {
     secrets
         .patch(
@@ -216,10 +227,7 @@ async fn members_relabelled_in_and_out_of_a_selector_gain_and_lose_the_copies() 
     };
 
     // Only the production member gets the copy.
-    eventually(Polled::ApiServer, "the copy in east", || async {
-        value_in(&east_client, "settings").await.as_deref() == Some("one")
-    })
-    .await;
+    until_value(&east_client, "settings", Some("one"), "the copy in east").await;
     wait_for_fleet(&manager, "both members engaged", || {
         provider.names().len() == 2
     })
@@ -234,10 +242,7 @@ async fn members_relabelled_in_and_out_of_a_selector_gain_and_lose_the_copies() 
     // West relabelled into production: its copy is made (it is owed the
     // hub's objects), with its client and cache as they were.
     relabel(&secrets, "west", "production").await;
-    eventually(Polled::ApiServer, "the copy in west", || async {
-        value_in(&west_client, "settings").await.as_deref() == Some("one")
-    })
-    .await;
+    until_value(&west_client, "settings", Some("one"), "the copy in west").await;
     assert!(
         member("west").same_instance(&west_member),
         "a change of labels alone rebuilt the cluster"
@@ -287,10 +292,7 @@ async fn members_relabelled_in_and_out_of_a_selector_gain_and_lose_the_copies() 
     // East relabelled out: its copy is removed, and a change on the hub
     // reaches west only.
     relabel(&secrets, "east", "staging").await;
-    eventually(Polled::ApiServer, "the copy in east removed", || async {
-        value_in(&east_client, "settings").await.is_none()
-    })
-    .await;
+    until_value(&east_client, "settings", None, "the copy in east removed").await;
     assert!(member("east").same_instance(&east_member));
     hub_config_maps
         .patch(
@@ -300,10 +302,7 @@ async fn members_relabelled_in_and_out_of_a_selector_gain_and_lose_the_copies() 
         )
         .await
         .expect("hub update");
-    eventually(Polled::ApiServer, "the update in west", || async {
-        value_in(&west_client, "settings").await.as_deref() == Some("two")
-    })
-    .await;
+    until_value(&west_client, "settings", Some("two"), "the update in west").await;
     assert_eq!(value_in(&east_client, "settings").await, None);
 
     shutdown.cancel();
