@@ -85,16 +85,14 @@ fn follow(admin: &kube::Client, seen: Arc<Mutex<Hub>>, stop: CancellationToken) 
     });
 }
 
-/// Rolls `tag` out and measures it.
-async fn round(
+/// Writes `tag` to the hub object, for a new round; returns the hub
+/// object's writes before it and when it was written.
+async fn write_tag(
     admin: &kube::Client,
     played: &Deployments,
     hub: &Arc<Mutex<Hub>>,
-    members: usize,
     tag: &str,
-    what: &str,
-) -> Result<(), fleet::Error> {
-    let image = format!("registry.k8s.io/pause:{tag}");
+) -> Result<(usize, Instant), fleet::Error> {
     let writes_before = lock(hub).writes;
     played.reset_most();
     let hub_object = json!({
@@ -110,6 +108,20 @@ async fn round(
             &Patch::Apply(&hub_object),
         )
         .await?;
+    Ok((writes_before, started))
+}
+
+/// Rolls `tag` out and measures it.
+async fn round(
+    admin: &kube::Client,
+    played: &Deployments,
+    hub: &Arc<Mutex<Hub>>,
+    members: usize,
+    tag: &str,
+    what: &str,
+) -> Result<(), fleet::Error> {
+    let image = format!("registry.k8s.io/pause:{tag}");
+    let (writes_before, started) = write_tag(admin, played, hub, tag).await?;
     fleet::until(Duration::from_secs(900), "every member available", || {
         played.available(&image).len() == members
     })
@@ -151,21 +163,7 @@ async fn roll_back_round(
         format!("registry.k8s.io/pause:{back_to}"),
     );
     played.fail_image(&bad, true);
-    let writes_before = lock(hub).writes;
-    played.reset_most();
-    let hub_object = json!({
-        "apiVersion": "v1", "kind": "ConfigMap",
-        "metadata": {"name": HUB_OBJECT, "namespace": HUB_NAMESPACE},
-        "data": {"tag": tag},
-    });
-    let started = Instant::now();
-    Api::<ConfigMap>::namespaced(admin.clone(), HUB_NAMESPACE)
-        .patch(
-            HUB_OBJECT,
-            &PatchParams::apply("bench"),
-            &Patch::Apply(&hub_object),
-        )
-        .await?;
+    let (writes_before, started) = write_tag(admin, played, hub, tag).await?;
     fleet::until(Duration::from_secs(300), "the rollout rolling back", || {
         lock(hub).message.contains("roll back from revision")
     })
