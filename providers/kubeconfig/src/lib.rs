@@ -8,10 +8,9 @@
 //! - cluster name: the Secret name; when watching every namespace (Go cannot)
 //!   `<namespace>/<name>`, so equal names in two namespaces stay distinct;
 //! - data changed → the cluster is replaced (credential rotation); labels or
-//!   annotations changed → its [`Inventory`](multicluster_runtime::Inventory)
-//!   follows in place (client, cache and engagement kept; kubectl's
-//!   last-applied annotation, which holds the data, is left out); other
-//!   metadata → nothing happens;
+//!   annotations changed → its [`Inventory`] follows in place (client, cache
+//!   and engagement kept; kubectl's last-applied annotation, which holds the
+//!   data, is left out); other metadata → nothing happens;
 //! - Secret deleted or being deleted, or its key emptied → cluster removed;
 //! - key missing or empty, kubeconfig unusable → logged (naming the Secret
 //!   and key, never quoting the data), counted in
