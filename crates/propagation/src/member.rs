@@ -105,13 +105,11 @@ where
         );
         // Outside its maintenance windows, a member not holding a slot
         // (or of a rollout without slots) gets nothing new until they open.
+        let now = k8s_openapi::jiff::Timestamp::now();
         if !at_revision
             && (waiting.is_some() || !self.rollouts.is_paced(&hub))
-            && let Some(closed) = crate::windows::closed(
-                self.rollouts.of(&hub).windows(),
-                &member,
-                k8s_openapi::jiff::Timestamp::now(),
-            )
+            && let Some(closed) =
+                crate::windows::closed(self.rollouts.of(&hub).windows(), &member, now)
         {
             let reason = format!("{}; gets revision {revision} then", closed.reason);
             self.record(
@@ -121,8 +119,7 @@ where
             );
             return Ok(match closed.opens {
                 Some(opens) => Action::requeue(
-                    Duration::try_from(opens.duration_since(k8s_openapi::jiff::Timestamp::now()))
-                        .unwrap_or_default(),
+                    Duration::try_from(opens.duration_since(now)).unwrap_or_default(),
                 ),
                 None => Action::await_change(),
             });

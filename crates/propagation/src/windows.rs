@@ -88,6 +88,19 @@ impl Window {
     /// image without one refuses every zone but UTC, unless the binary
     /// enables jiff's `tzdb-bundle-always`.
     pub fn in_zone(mut self, zone: &str) -> Result<Self, WindowError> {
+        // A name only, never a path: the name may come from a cluster
+        // object (a member's annotation), and must not reach a file
+        // outside the zone database.
+        let is_name = !zone.is_empty()
+            && zone
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '/' | '_' | '-' | '+'))
+            && zone.split('/').all(|part| !part.is_empty());
+        if !is_name {
+            return Err(WindowError(format!(
+                "time zone {zone:?}: expected an IANA name such as \"Europe/Berlin\""
+            )));
+        }
         self.zone = TimeZone::get(zone)
             .map_err(|error| WindowError(format!("time zone {zone:?}: {error}")))?;
         Ok(self)
@@ -108,17 +121,12 @@ impl Window {
         (at < end).then_some(end)
     }
 
-    /// The first instant after `at` at which it may open or close.
-    fn next_change_after(&self, at: Timestamp) -> Option<Timestamp> {
-        let start = self
-            .schedule
+    /// Its first start after `at`.
+    fn next_start_after(&self, at: Timestamp) -> Option<Timestamp> {
+        self.schedule
             .find_next_occurrence(&at.to_zoned(self.zone.clone()), false)
             .ok()
-            .map(|start| start.timestamp());
-        match (start, self.open_until(at)) {
-            (Some(start), Some(end)) => Some(start.min(end)),
-            (start, end) => start.or(end),
-        }
+            .map(|start| start.timestamp())
     }
 }
 
@@ -145,28 +153,48 @@ pub(crate) enum Opening {
     NotWithinAYear,
 }
 
-/// When every list of `lists` allows a change, from `now` on: the first of
-/// the instants at which some window opens or closes where all allow it.
-pub(crate) fn opening(lists: &[&[Window]], now: Timestamp) -> Opening {
-    let all_allow = |at| lists.iter().all(|windows| allows(windows, at));
-    if all_allow(now) {
-        return Opening::Now;
-    }
-    let mut at = now;
-    // Every turn moves to the next instant something opens or closes:
-    // bounded by the horizon, and by a count for schedules that change
-    // every second.
-    for _ in 0..100_000 {
-        let next = lists
+/// The earliest instant after `at` at which `windows`, which allow no
+/// change at `at`, may allow one: when the last of the deny windows open
+/// at `at` ends, or with none open, the next start of an allow window.
+/// Nothing before it can allow a change, so nothing is stepped through.
+fn earliest_allowing(windows: &[Window], at: Timestamp) -> Option<Timestamp> {
+    let denied_until = windows
+        .iter()
+        .filter(|window| !window.allows)
+        .filter_map(|window| window.open_until(at))
+        .max();
+    denied_until.or_else(|| {
+        windows
             .iter()
-            .flat_map(|windows| windows.iter())
-            .filter_map(|window| window.next_change_after(at))
-            .min();
-        let Some(next) = next.filter(|next| next.duration_since(now) <= HORIZON) else {
-            break;
+            .filter(|window| window.allows)
+            .filter_map(|window| window.next_start_after(at))
+            .min()
+    })
+}
+
+/// When every list of `lists` allows a change, from `now` on. Each turn
+/// jumps to the earliest instant every list that does not allow yet may
+/// allow, so a schedule starting every second under a freeze of months
+/// costs a few turns, not one per start.
+pub(crate) fn opening(lists: &[&[Window]], now: Timestamp) -> Opening {
+    let mut at = now;
+    for _ in 0..1_000 {
+        let mut next = None;
+        for windows in lists.iter().filter(|windows| !allows(windows, at)) {
+            let Some(earliest) = earliest_allowing(windows, at) else {
+                return Opening::NotWithinAYear;
+            };
+            next = next.max(Some(earliest));
+        }
+        let Some(next) = next else {
+            return if at == now {
+                Opening::Now
+            } else {
+                Opening::At(at)
+            };
         };
-        if all_allow(next) {
-            return Opening::At(next);
+        if next.duration_since(now) > HORIZON {
+            break;
         }
         at = next;
     }
@@ -365,6 +393,38 @@ mod tests {
             opening(&[&every_twenty], at("2026-12-03T10:00:24.5Z")),
             Opening::Now
         );
+    }
+
+    #[test]
+    fn a_window_every_second_under_a_long_freeze_opens_when_the_freeze_ends() {
+        // Nine months frozen from 2026-01-01, with an allow window starting
+        // every second: the opening is found without stepping through them.
+        let windows = [
+            Window::allow("* * * * * *", Duration::from_secs(1)).unwrap(),
+            Window::deny("0 0 0 1 1 *", hours(270 * 24)).unwrap(),
+        ];
+        assert_eq!(
+            opening(&[&windows], at("2026-02-01T00:00:00Z")),
+            Opening::At(at("2026-09-28T00:00:00Z"))
+        );
+    }
+
+    #[test]
+    fn a_zone_is_a_name_never_a_path() {
+        for zone in [
+            "../../etc/passwd",
+            "/etc/localtime",
+            "Europe/../UTC",
+            "",
+            "Europe//Berlin",
+        ] {
+            let error = Window::allow("0 2 * * *", hours(1))
+                .unwrap()
+                .in_zone(zone)
+                .unwrap_err()
+                .to_string();
+            assert!(error.contains("expected an IANA name"), "{zone:?}: {error}");
+        }
     }
 
     #[test]
