@@ -23,5 +23,8 @@ if [ "${QUICK:-}" = 1 ]; then
   export PROPAGATION_MEMBERS="${PROPAGATION_MEMBERS:-20}"
   export ROLLOUT_MEMBERS="${ROLLOUT_MEMBERS:-20}"
 fi
+# The Go side of the kubeconfig fleet's request round (client-go).
+KUBECONFIG_FLEET_CLIENT_GO="${KUBECONFIG_FLEET_CLIENT_GO:-$(hack/client-go-requests/build.sh)}"
+export KUBECONFIG_FLEET_CLIENT_GO
 echo "machine: $(nproc) cores, $(free -g | awk '/Mem:/ {print $2}') GiB, $(uname -sr)"
 cargo bench --workspace

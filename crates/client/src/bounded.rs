@@ -33,12 +33,13 @@ fn is_long_running<B>(request: &Request<B>) -> bool {
     let long_query = query
         .split('&')
         .any(|pair| matches!(pair, "watch=true" | "watch=1" | "follow=true" | "follow=1"));
-    let path = request.uri().path();
     long_query
         || request.headers().contains_key(http::header::UPGRADE)
-        || ["/exec", "/attach", "/portforward", "/proxy"]
-            .iter()
-            .any(|end| path.ends_with(end) || path.contains(&format!("{end}/")))
+        || request
+            .uri()
+            .path()
+            .split('/')
+            .any(|part| matches!(part, "exec" | "attach" | "portforward" | "proxy"))
 }
 
 /// The layer of [`Bounded`].
@@ -93,7 +94,9 @@ where
             Some(RequestDeadline(own)) => Some(*own),
             None => self.timeout.filter(|_| !is_long_running(&request)),
         };
-        let kind = RequestKind::of(&request);
+        // What the request asked is worked out only for an answer that
+        // changes the record: most answers of a healthy client do not.
+        let asked = (request.method().clone(), request.uri().clone());
         let call = self.inner.call(request);
         let (requests, server) = (self.requests.clone(), self.server.clone());
         Box::pin(async move {
@@ -107,7 +110,10 @@ where
             match &result {
                 Ok(response) => {
                     requests.answered_over(response.version());
-                    requests.answered(&kind, response.status());
+                    if requests.would_record(response.status()) {
+                        let (method, uri) = &asked;
+                        requests.answered(&RequestKind::asked(method, uri), response.status());
+                    }
                 }
                 Err(err) if is_unreachable(err.as_ref()) => {
                     requests.unreachable(Redacted::unreachable(&server, err.as_ref()));

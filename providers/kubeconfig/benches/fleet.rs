@@ -22,7 +22,13 @@
 //! instead of a streaming list, `KUBECONFIG_FLEET_IDLE_SECS` sets the idle
 //! window (default 30; 330 holds every watch's renewal) and
 //! `KUBECONFIG_FLEET_REQUESTS` the requests per cluster before the last
-//! reading of memory (default 100, 0 for none).
+//! reading of memory (default 100, 0 for none). The request round's CPU
+//! is printed too, and with `KUBECONFIG_FLEET_CLIENT_GO` naming the binary
+//! of `hack/client-go-requests` (`make bench` builds it) the same round
+//! runs through client-go afterwards, for the cost per request of each.
+//! `KUBECONFIG_FLEET_IDENTITIES=1` gives every cluster a client
+//! certificate of its own, so that clusters share no connection (here or
+//! in client-go), as members on servers of their own do.
 //!
 //! `KUBECONFIG_FLEET_OWNED=none` measures instead what a sharded replica
 //! pays for the clusters other replicas own: every replica runs the
@@ -77,6 +83,18 @@ struct Seen {
 /// `KUBECONFIG_FLEET_HTTP1=1`, over HTTP/1.1.
 fn http2() -> bool {
     std::env::var("KUBECONFIG_FLEET_HTTP1").map_or(true, |value| value != "1")
+}
+
+/// Where each cluster's own kubeconfig is written when every cluster has
+/// an identity of its own (`KUBECONFIG_FLEET_IDENTITIES=1`): a client
+/// certificate each, so that no two clusters share a connection, here or
+/// in client-go, as clusters on servers of their own do. `None` (the
+/// default): every cluster uses the admin's kubeconfig, and clusters share
+/// connections as clients that connect alike do.
+fn identities_dir() -> Option<std::path::PathBuf> {
+    std::env::var("KUBECONFIG_FLEET_IDENTITIES")
+        .is_ok_and(|value| value == "1")
+        .then(|| std::env::temp_dir().join(format!("fleet-identities-{}", std::process::id())))
 }
 
 /// Whether caches fill from streaming lists (the default) or, with
@@ -220,10 +238,24 @@ async fn create_secrets(
     from: usize,
     to: usize,
 ) -> Outcome {
-    let text = multicluster_envtest::to_yaml(cp.kubeconfig())?;
+    let shared = multicluster_envtest::to_yaml(cp.kubeconfig())?;
+    let identities = identities_dir();
+    let mut texts = Vec::with_capacity(to - from);
+    for i in from..to {
+        let Some(dir) = &identities else {
+            texts.push(shared.clone());
+            continue;
+        };
+        let own = cp.user_kubeconfig(&format!("member-{i:05}"), Some("system:masters"))?;
+        let text = multicluster_envtest::to_yaml(&own)?;
+        std::fs::create_dir_all(dir)?;
+        std::fs::write(dir.join(format!("member-{i:05}.yaml")), &text)?;
+        texts.push(text);
+    }
     let secrets = Api::<Secret>::namespaced(admin.clone(), NAMESPACE);
     let results: Vec<Result<Secret, kube::Error>> = futures::stream::iter(from..to)
-        .map(|i| {
+        .zip(futures::stream::iter(texts))
+        .map(|(i, text)| {
             let secrets = secrets.clone();
             let secret = Secret {
                 metadata: ObjectMeta {
@@ -233,7 +265,7 @@ async fn create_secrets(
                 },
                 data: Some(BTreeMap::from([(
                     DEFAULT_DATA_KEY.to_string(),
-                    ByteString(text.clone().into_bytes()),
+                    ByteString(text.into_bytes()),
                 )])),
                 ..Secret::default()
             };
@@ -423,23 +455,65 @@ async fn run(
     );
     let uses = requests_per_cluster();
     if uses > 0 {
-        let sent = Instant::now();
+        let (sent, cpu_before) = (Instant::now(), cpu_seconds());
         let failures = use_every_client(&manager, uses).await;
+        let (wall, cpu) = (sent.elapsed().as_secs_f64(), cpu_seconds() - cpu_before);
         let rss_used = resident_memory_mib();
         println!(
-            "clusters={clusters:>5} after {uses} requests each ({:.1}s, {failures} failed): rss={rss_used:>7.1}MiB (+{:.1}MiB, {:.0}KiB/cluster)",
-            sent.elapsed().as_secs_f64(),
+            "clusters={clusters:>5} after {uses} requests each ({wall:.2}s, {failures} failed, cpu={cpu:.2}s, {:.1}us/request): rss={rss_used:>7.1}MiB (+{:.1}MiB, {:.0}KiB/cluster)",
+            cpu * 1e6 / (clusters * uses) as f64,
             rss_used - rss_before,
             (rss_used - rss_before) * 1024.0 / clusters as f64,
         );
     }
     shutdown.cancel();
     task.await??;
+    if uses > 0 {
+        same_round_through_client_go(cp, clusters, uses).await?;
+    }
+    Ok(())
+}
+
+/// The request round again, through client-go
+/// (`hack/client-go-requests`), once this process's fleet has stopped:
+/// the binary `KUBECONFIG_FLEET_CLIENT_GO` names (`make bench` builds it),
+/// against the same API server with the same kubeconfigs. Skipped when
+/// the variable is unset or empty.
+async fn same_round_through_client_go(cp: &ControlPlane, clusters: usize, uses: usize) -> Outcome {
+    let Some(binary) =
+        std::env::var_os("KUBECONFIG_FLEET_CLIENT_GO").filter(|binary| !binary.is_empty())
+    else {
+        return Ok(());
+    };
+    let mut command = tokio::process::Command::new(&binary);
+    match identities_dir() {
+        Some(dir) => command.arg("-kubeconfigs").arg(dir),
+        None => command.arg("-kubeconfig").arg(cp.kubeconfig_path()),
+    };
+    command
+        .arg(format!("-clusters={clusters}"))
+        .arg(format!("-requests={uses}"))
+        .arg("-parallel=64")
+        .kill_on_drop(true);
+    let output = tokio::time::timeout(Duration::from_secs(600), command.output())
+        .await
+        .map_err(|_| format!("{} took more than 10 minutes", binary.to_string_lossy()))??;
+    if !output.status.success() {
+        return Err(format!(
+            "{} failed ({}): {}",
+            binary.to_string_lossy(),
+            output.status,
+            String::from_utf8_lossy(&output.stderr)
+        )
+        .into());
+    }
+    print!("{}", String::from_utf8_lossy(&output.stdout));
     Ok(())
 }
 
 /// Sends `uses` requests (`/version`) through every engaged cluster's
-/// client, one after another per cluster, 64 clusters at once; returns how
+/// client, one after another per cluster, 64 clusters at once, each
+/// cluster's in a task of its own; returns how
 /// many failed. A controller at work sends its clusters requests all the
 /// time, and what a cluster costs once its client has carried some is what
 /// a long run holds (channels keep the blocks they grew into, for one).
@@ -454,16 +528,24 @@ async fn use_every_client(manager: &Manager, uses: usize) -> usize {
             let Ok(cluster) = manager.get_cluster(&name).await else {
                 return uses;
             };
-            let mut failed = 0;
-            for _ in 0..uses {
-                let request = http::Request::get("/version")
-                    .body(Vec::new())
-                    .expect("request");
-                if cluster.client().request_text(request).await.is_err() {
-                    failed += 1;
+            // On the runtime's workers, as a controller's reconciles run:
+            // polled by `main`'s `block_on` instead, every answer would wake
+            // a thread outside the runtime.
+            let client = cluster.client();
+            tokio::spawn(async move {
+                let mut failed = 0;
+                for _ in 0..uses {
+                    let request = http::Request::get("/version")
+                        .body(Vec::new())
+                        .expect("request");
+                    if client.request_text(request).await.is_err() {
+                        failed += 1;
+                    }
                 }
-            }
-            failed
+                failed
+            })
+            .await
+            .unwrap_or(uses)
         })
         .buffer_unordered(64)
         .fold(0, |total, failed| async move { total + failed })
@@ -528,6 +610,9 @@ async fn main() -> Outcome {
         } else {
             run(&cp, &admin, port, clusters, &mut created).await?;
         }
+    }
+    if let Some(dir) = identities_dir() {
+        std::fs::remove_dir_all(dir)?;
     }
     Ok(())
 }

@@ -84,13 +84,20 @@ impl Requests {
         found
     }
 
-    /// The server answered `what` with `status`.
-    pub fn answered(&self, what: &RequestKind, status: http::StatusCode) {
-        let refused = matches!(
+    /// Whether an answer with `status` changes the record: a refusal
+    /// does, any answer does while something is failing. A healthy client's
+    /// successful answer (nearly all of them) does not, so its layer need
+    /// not work out what the request asked ([`RequestKind`]).
+    pub fn would_record(&self, status: http::StatusCode) -> bool {
+        matches!(
             status,
             http::StatusCode::UNAUTHORIZED | http::StatusCode::FORBIDDEN
-        );
-        if !refused && !self.0.failing.get() {
+        ) || self.0.failing.get()
+    }
+
+    /// The server answered `what` with `status`.
+    pub fn answered(&self, what: &RequestKind, status: http::StatusCode) {
+        if !self.would_record(status) {
             return;
         }
         let mut failures = lock(&self.0.failures);
@@ -165,7 +172,12 @@ pub struct RequestKind {
 impl RequestKind {
     /// The kind of `request`: its verb, resource and namespace.
     pub fn of<B>(request: &Request<B>) -> Self {
-        let path = request.uri().path();
+        Self::asked(request.method(), request.uri())
+    }
+
+    /// The kind of a request for `method` on `uri`.
+    pub fn asked(method: &http::Method, uri: &http::Uri) -> Self {
+        let path = uri.path();
         let parts: Vec<&str> = path.split('/').filter(|part| !part.is_empty()).collect();
         // `/api/v1/...` or `/apis/<group>/<version>/...`.
         let (group, rest) = match parts.as_slice() {
@@ -181,7 +193,7 @@ impl RequestKind {
             _ => (None, rest),
         };
         let named = rest.len() >= 2;
-        let verb = match *request.method() {
+        let verb = match *method {
             http::Method::GET | http::Method::HEAD if named => "get",
             http::Method::GET | http::Method::HEAD => "list",
             http::Method::POST => "create",
@@ -260,6 +272,25 @@ mod tests {
         let version = RequestKind::of(&request("/version"));
         requests.answered(&version, http::StatusCode::NOT_FOUND);
         assert!(requests.failure().is_none(), "any answer means reachable");
+    }
+
+    #[test]
+    fn only_refusals_and_answers_while_failing_change_the_record() {
+        use http::StatusCode;
+        let requests = Requests::default();
+        assert!(!requests.would_record(StatusCode::OK));
+        assert!(!requests.would_record(StatusCode::NOT_FOUND));
+        assert!(requests.would_record(StatusCode::FORBIDDEN));
+        assert!(requests.would_record(StatusCode::UNAUTHORIZED));
+        let get = kind(http::Method::GET, "/api/v1/namespaces/a/configmaps/c");
+        requests.answered(&get, StatusCode::FORBIDDEN);
+        assert!(
+            requests.would_record(StatusCode::OK),
+            "a success may clear the refusal"
+        );
+        requests.answered(&get, StatusCode::OK);
+        assert!(requests.failure().is_none());
+        assert!(!requests.would_record(StatusCode::OK));
     }
 
     fn kind(method: http::Method, uri: &str) -> RequestKind {
