@@ -25,7 +25,7 @@ cargo clippy -p multicluster-coordinator --lib --no-default-features -- -D warni
 # No module of a crate imports from another in a circle.
 python3 hack/module-cycles.py
 # The monitoring check's Go source is formatted.
-unformatted=$(gofmt -l hack/monitoring hack/controlplane hack/helm hack/kind hack/jaeger hack/krew)
+unformatted=$(gofmt -l hack/monitoring hack/controlplane hack/helm hack/kind hack/jaeger hack/krew hack/client-go-requests)
 [ -z "$unformatted" ] || { echo "gofmt: $unformatted" >&2; exit 1; }
 # The Helm chart, by the real helm (built from its Go module), with each
 # provider and each way of sharing the work; nothing of the user's Helm
