@@ -20,9 +20,7 @@ use http_body_util::Either;
 use kube::client::Body;
 use tower_http::timeout::TimeoutBody;
 
-use multicluster_core::health::{
-    RequestDeadline, RequestKind, RequestTimedOut, Requests, is_unreachable,
-};
+use multicluster_core::health::{RequestDeadline, RequestTimedOut, Requests, is_unreachable};
 use multicluster_core::redact::Redacted;
 
 /// Whether a request runs for as long as its caller wants: a watch, a
@@ -94,8 +92,6 @@ where
             Some(RequestDeadline(own)) => Some(*own),
             None => self.timeout.filter(|_| !is_long_running(&request)),
         };
-        // What the request asked is worked out only for an answer that
-        // changes the record: most answers of a healthy client do not.
         let asked = (request.method().clone(), request.uri().clone());
         let call = self.inner.call(request);
         let (requests, server) = (self.requests.clone(), self.server.clone());
@@ -110,10 +106,8 @@ where
             match &result {
                 Ok(response) => {
                     requests.answered_over(response.version());
-                    if requests.would_record(response.status()) {
-                        let (method, uri) = &asked;
-                        requests.answered(&RequestKind::asked(method, uri), response.status());
-                    }
+                    let (method, uri) = &asked;
+                    requests.answered_to(method, uri, response.status());
                 }
                 Err(err) if is_unreachable(err.as_ref()) => {
                     requests.unreachable(Redacted::unreachable(&server, err.as_ref()));

@@ -85,16 +85,17 @@ fn http2() -> bool {
     std::env::var("KUBECONFIG_FLEET_HTTP1").map_or(true, |value| value != "1")
 }
 
-/// Where each cluster's own kubeconfig is written when every cluster has
+/// Where each cluster's own kubeconfig is written (in the control plane's
+/// directory, removed with it) when every cluster has
 /// an identity of its own (`KUBECONFIG_FLEET_IDENTITIES=1`): a client
 /// certificate each, so that no two clusters share a connection, here or
 /// in client-go, as clusters on servers of their own do. `None` (the
 /// default): every cluster uses the admin's kubeconfig, and clusters share
 /// connections as clients that connect alike do.
-fn identities_dir() -> Option<std::path::PathBuf> {
+fn identities_dir(cp: &ControlPlane) -> Option<std::path::PathBuf> {
     std::env::var("KUBECONFIG_FLEET_IDENTITIES")
         .is_ok_and(|value| value == "1")
-        .then(|| std::env::temp_dir().join(format!("fleet-identities-{}", std::process::id())))
+        .then(|| cp.data_dir().join("fleet-identities"))
 }
 
 /// Whether caches fill from streaming lists (the default) or, with
@@ -239,7 +240,10 @@ async fn create_secrets(
     to: usize,
 ) -> Outcome {
     let shared = multicluster_envtest::to_yaml(cp.kubeconfig())?;
-    let identities = identities_dir();
+    let identities = identities_dir(cp);
+    if let Some(dir) = &identities {
+        std::fs::create_dir_all(dir)?;
+    }
     let mut texts = Vec::with_capacity(to - from);
     for i in from..to {
         let Some(dir) = &identities else {
@@ -248,7 +252,6 @@ async fn create_secrets(
         };
         let own = cp.user_kubeconfig(&format!("member-{i:05}"), Some("system:masters"))?;
         let text = multicluster_envtest::to_yaml(&own)?;
-        std::fs::create_dir_all(dir)?;
         std::fs::write(dir.join(format!("member-{i:05}.yaml")), &text)?;
         texts.push(text);
     }
@@ -486,7 +489,7 @@ async fn same_round_through_client_go(cp: &ControlPlane, clusters: usize, uses: 
         return Ok(());
     };
     let mut command = tokio::process::Command::new(&binary);
-    match identities_dir() {
+    match identities_dir(cp) {
         Some(dir) => command.arg("-kubeconfigs").arg(dir),
         None => command.arg("-kubeconfig").arg(cp.kubeconfig_path()),
     };
@@ -610,9 +613,6 @@ async fn main() -> Outcome {
         } else {
             run(&cp, &admin, port, clusters, &mut created).await?;
         }
-    }
-    if let Some(dir) = identities_dir() {
-        std::fs::remove_dir_all(dir)?;
     }
     Ok(())
 }

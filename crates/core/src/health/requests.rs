@@ -86,13 +86,22 @@ impl Requests {
 
     /// Whether an answer with `status` changes the record: a refusal
     /// does, any answer does while something is failing. A healthy client's
-    /// successful answer (nearly all of them) does not, so its layer need
-    /// not work out what the request asked ([`RequestKind`]).
-    pub fn would_record(&self, status: http::StatusCode) -> bool {
+    /// successful answer (nearly all of them) does not.
+    fn would_record(&self, status: http::StatusCode) -> bool {
         matches!(
             status,
             http::StatusCode::UNAUTHORIZED | http::StatusCode::FORBIDDEN
         ) || self.0.failing.get()
+    }
+
+    /// The server answered a request for `method` on `uri` with
+    /// `status`. What the request asked ([`RequestKind`]) is worked out
+    /// only when the answer changes the record, which on a client's hot
+    /// path is seldom.
+    pub fn answered_to(&self, method: &http::Method, uri: &http::Uri, status: http::StatusCode) {
+        if self.would_record(status) {
+            self.answered(&RequestKind::asked(method, uri), status);
+        }
     }
 
     /// The server answered `what` with `status`.
@@ -291,6 +300,13 @@ mod tests {
         requests.answered(&get, StatusCode::OK);
         assert!(requests.failure().is_none());
         assert!(!requests.would_record(StatusCode::OK));
+        let uri: http::Uri = "/api/v1/namespaces/a/configmaps/c".parse().expect("uri");
+        requests.answered_to(&http::Method::PATCH, &uri, StatusCode::FORBIDDEN);
+        let refusal = requests.failure().expect("refused");
+        assert_eq!(
+            refusal.reason.as_str(),
+            "403 Forbidden: cannot patch configmaps in namespace \"a\""
+        );
     }
 
     fn kind(method: http::Method, uri: &str) -> RequestKind {
