@@ -70,6 +70,11 @@ impl Standing {
         }
     }
 
+    /// What a fence held with it in its epoch says it is held with.
+    pub(crate) fn held_with(&self) -> String {
+        lease::held_with(&self.peer_lease, &self.epoch)
+    }
+
     /// The token fences held with it stop on, while it is live.
     pub(crate) fn live(&self) -> Option<&CancellationToken> {
         self.live.as_ref().filter(|token| !token.is_cancelled())
@@ -187,7 +192,7 @@ impl Fence {
         let Some(lost) = standing.live().cloned() else {
             return Attempt::Failed("this replica's peer Lease is not renewed".to_string());
         };
-        let held_with = format!("{}/{}", standing.peer_lease, standing.epoch);
+        let held_with = standing.held_with();
         let taking = lease::Taking {
             api,
             name: &name,

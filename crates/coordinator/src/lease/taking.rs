@@ -229,6 +229,12 @@ pub(super) async fn take_over_ended(
         .await
 }
 
+/// What a fence held with `peer_lease` in `epoch` says it is held with
+/// (its annotation; the label is a hash of it).
+pub(crate) fn held_with(peer_lease: &str, epoch: &str) -> String {
+    format!("{peer_lease}/{epoch}")
+}
+
 /// The peer Lease and epoch a fence is held with, if it is.
 pub(crate) fn held_with_of(lease: &Lease) -> Option<&str> {
     lease

@@ -37,64 +37,21 @@ impl Coordinator for ShardedCoordinator {
         if !everywhere.is_empty() {
             engage_each(&everywhere, &lifetime, &name, &cluster)?;
         }
-        let components = components.as_slice();
-        let start = {
-            let mut clusters = lock(&self.inner.working.clusters);
-            match clusters.arrival(&name, &cluster, &lifetime) {
-                Arrival::Stale => return Ok(()),
-                Arrival::Again => {
-                    // More components for a cluster already here.
-                    let entry = clusters
-                        .get_mut(&name)
-                        .expect("an engagement seen again is held");
-                    let share = &mut entry.data;
-                    let new = add_components(&mut share.components, components);
-                    share
-                        .held
-                        .as_ref()
-                        .filter(|held| !held.work.is_cancelled())
-                        .map(|held| (held.work.clone(), cluster.clone(), new))
-                }
-                Arrival::New => {
-                    // A new cluster, or a new instance under the same name
-                    // (rotated credentials): the old engagement's work ends,
-                    // a fence held for it stays, and the work restarts on
-                    // the new instance.
-                    let share = Share {
-                        components: components.to_vec(),
-                        held: None,
-                        retry_at: None,
-                        busy: 0,
-                        last_written: None,
-                    };
-                    let (entry, replaced) =
-                        clusters.insert(name.clone(), cluster.clone(), &lifetime, share);
-                    let wake = self.inner.working.wake.clone();
-                    when_ended(&entry.lifetime, move || wake.notify_one());
-                    let kept = replaced
-                        .and_then(|old| old.data.held)
-                        .filter(|held| !held.is_lost());
-                    kept.map(|held| {
-                        let held = Held::new(held.fence, &entry.lifetime);
-                        let work = held.work.clone();
-                        entry.data.held = Some(held);
-                        (work, cluster.clone(), components.to_vec())
-                    })
-                }
-            }
-        };
+        // A new cluster, or a new instance under the same name (rotated
+        // credentials): the old engagement's work ends, a fence held for it
+        // stays, and the work restarts on the new instance.
+        let start = self
+            .inner
+            .working
+            .engage(&name, &cluster, &lifetime, &components);
         if let Some((work, cluster, components)) = start {
             engage_or_hand_back(&components, &work, &name, &cluster);
         }
-        self.inner.working.wake.notify_one();
         Ok(())
     }
 
     fn owns(&self, name: &ClusterName) -> bool {
-        lock(&self.inner.working.clusters)
-            .live(name)
-            .and_then(|entry| entry.data.held.as_ref())
-            .is_some_and(|held| !held.work.is_cancelled())
+        self.inner.working.works_on(name)
     }
 
     fn replicas(&self) -> Option<multicluster_runtime::coordinator::Replicas> {

@@ -155,7 +155,7 @@ impl Epochs {
     /// ended at `now`.
     pub(crate) fn depart(&mut self, peer_lease: &str, epoch: &str, peer: Peer, now: Timestamp) {
         self.end(peer_lease, epoch);
-        let held_with = format!("{peer_lease}/{epoch}");
+        let held_with = lease::held_with(peer_lease, epoch);
         if self.departed.iter().any(|d| d.held_with == held_with) {
             return;
         }

@@ -35,7 +35,7 @@ use crate::lock;
 use crate::wire;
 use multicluster_runtime::ClusterName;
 
-use super::{ShardedCoordinator, engage_or_hand_back, hold, owner_but};
+use super::{ShardedCoordinator, Starting, engage_or_hand_back, owner_but};
 
 pub(crate) use lease::label_for;
 
@@ -122,7 +122,7 @@ impl ShardedCoordinator {
             return;
         };
         let standing = self.inner.standing.borrow().clone();
-        let held_with = format!("{}/{}", standing.peer_lease, standing.epoch);
+        let held_with = standing.held_with();
         // Handed in an epoch that has ended since: free for anyone already.
         let Some(live) = standing
             .live()
@@ -162,28 +162,22 @@ impl ShardedCoordinator {
             self.give_back(fence_name, handed, next).await;
             return;
         }
-        let start = {
-            let mut clusters = lock(&self.inner.working.clusters);
-            match clusters.get_mut(&name) {
-                // Taken up already (a take read it first).
-                Some(entry) if entry.is_live() && entry.data.held.is_some() => return,
-                // Handing everything back: what was collected to hand back
-                // would not include it (it goes with the peer Lease).
-                Some(_) if self.inner.lifecycle.reached(Phase::Stopping) => return,
-                Some(entry) if entry.is_live() => {
-                    let fence = fence::Fence::handed(fence_name.clone(), live, handed);
-                    Ok(hold(entry, fence))
-                }
-                _ => Err(handed),
-            }
-        };
-        match start {
-            Ok((work, cluster, components)) => {
+        let fence = fence::Fence::handed(fence_name.clone(), live, handed);
+        match self.inner.working.start(&name, None, fence, None) {
+            Starting::Started((work, cluster, components)) => {
                 tracing::info!(cluster = %name, peer = %self.inner.me.id, lease = %fence_name, "working on the cluster (handed over)");
                 engage_or_hand_back(&components, &work, &name, &cluster);
                 self.inner.working.show();
             }
-            Err(handed) => self.inner.handed.arrive(fence_name, handed),
+            // Taken up already (a take read it first), or everything is
+            // being handed back (it goes with the peer Lease).
+            Starting::AlreadyHeld | Starting::HandingBack(_) => {}
+            // For a cluster not known (yet): the looks clear it.
+            Starting::Unheld(mut fence) => {
+                if let Some(handed) = fence.take_written() {
+                    self.inner.handed.arrive(fence_name, handed);
+                }
+            }
         }
     }
 }
@@ -202,7 +196,7 @@ pub(super) async fn watch(
     loop {
         let held_with = {
             let standing = standing.borrow_and_update();
-            format!("{}/{}", standing.peer_lease, standing.epoch)
+            standing.held_with()
         };
         handed.clear();
         let selector = format!("{}={}", wire::HANDED_TO_LABEL, label_for(&held_with));
@@ -217,7 +211,7 @@ pub(super) async fn watch(
                         return std::future::pending().await;
                     }
                     let now = standing.borrow();
-                    if format!("{}/{}", now.peer_lease, now.epoch) != held_with {
+                    if now.held_with() != held_with {
                         break;
                     }
                 }

@@ -49,7 +49,7 @@ use serde::{Deserialize, Serialize};
 
 use super::hrw::{self, Peer};
 use super::lifecycle::Phase;
-use super::{ShardedCoordinator, engage_or_hand_back, hold};
+use super::{ShardedCoordinator, Starting, engage_or_hand_back};
 use crate::fence;
 use crate::lease::{self, Heir, Hold};
 use crate::lock;
@@ -227,7 +227,7 @@ impl Known {
         cluster: &str,
         now: Timestamp,
     ) -> Option<Hold> {
-        let record = self.records.get(&format!("{peer_lease}/{epoch}"))?;
+        let record = self.records.get(&lease::held_with(peer_lease, epoch))?;
         if !record.followed_at(now) {
             return None;
         }
@@ -342,7 +342,7 @@ impl ShardedCoordinator {
     pub(super) async fn keep_inheriting(self) {
         loop {
             tokio::select! {
-                () = self.inner.inheritance.news.notified() => {}
+                () = self.inner.inheritance.until_news() => {}
                 () = tokio::time::sleep(self.inner.options.probe_interval) => {}
             }
             if !self.inner.lifecycle.reached(Phase::SaidLeaving) {
@@ -358,10 +358,10 @@ impl ShardedCoordinator {
         if standing.live().is_none() {
             return false;
         }
-        let mine = format!("{}/{}", standing.peer_lease, standing.epoch);
+        let mine = standing.held_with();
         let lately = SignedDuration::try_from(self.inner.options.peer_renew_interval)
             .unwrap_or(SignedDuration::ZERO);
-        lock(&self.inner.view.epochs)
+        lock(self.inner.view.epochs())
             .heirs
             .awaits_listing(&mine, Timestamp::now(), lately)
     }
@@ -377,11 +377,11 @@ impl ShardedCoordinator {
         standing: &fence::Standing,
     ) -> Option<(fence::Fence, Timestamp)> {
         let live = standing.live()?;
-        let mine = format!("{}/{}", standing.peer_lease, standing.epoch);
+        let mine = standing.held_with();
         let held_with = lease::held_with_of(last)?;
         let now = Timestamp::now();
         let (heir, until) =
-            lock(&self.inner.view.epochs)
+            lock(self.inner.view.epochs())
                 .heirs
                 .chain(held_with, name.as_str(), now)?;
         if heir.held_with != mine || now >= until {
@@ -402,24 +402,25 @@ impl ShardedCoordinator {
         let Some(live) = standing.live().cloned() else {
             return;
         };
-        let mine = format!("{}/{}", standing.peer_lease, standing.epoch);
-        let records = lock(&self.inner.view.epochs)
+        let mine = standing.held_with();
+        let records = lock(self.inner.view.epochs())
             .heirs
             .unlisted_for(&mine, Timestamp::now());
         if records.is_empty() {
             return;
         }
-        let names: std::collections::HashMap<String, ClusterName> =
-            lock(&self.inner.working.clusters)
-                .names()
-                .into_iter()
-                .map(|name| (self.fence_name(&name), name))
-                .collect();
+        let names: std::collections::HashMap<String, ClusterName> = self
+            .inner
+            .working
+            .names()
+            .into_iter()
+            .map(|name| (self.fence_name(&name), name))
+            .collect();
         // Every epoch whose fences may have come to this replica, listed at
         // once: one after another they took seconds each at 100,000
         // clusters while two restarted replicas started up.
         let sources: Vec<(String, Vec<String>)> = {
-            let epochs = lock(&self.inner.view.epochs);
+            let epochs = lock(self.inner.view.epochs());
             records
                 .iter()
                 .map(|(key, _)| (key.clone(), epochs.heirs.sources_of(key)))
@@ -441,7 +442,7 @@ impl ShardedCoordinator {
         }
         for (key, of) in &sources {
             if !of.iter().any(|source| failed.contains(source)) {
-                lock(&self.inner.view.epochs).heirs.listed(key);
+                lock(self.inner.view.epochs()).heirs.listed(key);
             }
         }
         let from: Vec<&str> = records
@@ -455,7 +456,7 @@ impl ShardedCoordinator {
             "inherited the clusters of replicas that are gone"
         );
         // The looks took nothing while this listed: the rest is theirs now.
-        self.inner.working.wake.notify_one();
+        self.inner.working.wake();
     }
 
     /// The fences held with each of `epochs` (ended, with records of
@@ -468,20 +469,12 @@ impl ShardedCoordinator {
         epochs: &[&'a String],
     ) -> (Vec<(&'a String, Option<Vec<Lease>>)>, usize) {
         let patience = self.inner.options.probe_interval;
-        if let Some(shown) = self
-            .inner
-            .inheritance
-            .mirror
-            .wait_for(epochs, patience)
-            .await
-        {
+        let mirror = self.inner.inheritance.mirror();
+        if let Some(shown) = mirror.wait_for(epochs, patience).await {
             let fences = epochs.iter().copied().zip(shown.into_iter().map(Some));
             return (fences.collect(), 0);
         }
-        self.inner
-            .inheritance
-            .lists
-            .fetch_add(epochs.len(), std::sync::atomic::Ordering::Relaxed);
+        self.inner.inheritance.listing(epochs.len());
         let lists =
             futures::future::join_all(epochs.iter().map(|held_with| async move {
                 (*held_with, self.list_held_with(held_with).await)
@@ -504,7 +497,7 @@ impl ShardedCoordinator {
         let reason = match tokio::time::timeout(self.inner.options.peer_lease_duration, call).await
         {
             Ok(Ok(list)) => {
-                if let Some(failures) = lock(&self.inner.inheritance.list_failures).succeeded() {
+                if let Some(failures) = self.inner.inheritance.listed() {
                     tracing::info!(failures, "listed the fences inherited again");
                 }
                 return Some(list.items);
@@ -514,7 +507,7 @@ impl ShardedCoordinator {
         };
         // Tried again every look while a record names this replica: told
         // once, not at each try.
-        match lock(&self.inner.inheritance.list_failures).tell(&reason, std::time::Instant::now()) {
+        match self.inner.inheritance.list_failed(&reason) {
             Telling::New => {
                 tracing::warn!(error = %reason, "could not list the fences inherited from a replica that is gone; trying again");
             }
@@ -553,27 +546,18 @@ impl ShardedCoordinator {
             let Some(name) = names.get(&fence_name) else {
                 continue;
             };
-            let chain = lock(&self.inner.view.epochs)
+            let chain = lock(self.inner.view.epochs())
                 .heirs
                 .chain(held_with, name.as_str(), now);
             let Some((heir, until)) = chain.filter(|(heir, _)| heir.held_with == mine) else {
                 continue;
             };
-            let start = {
-                let mut clusters = lock(&self.inner.working.clusters);
-                match clusters.get_mut(name) {
-                    Some(entry) if entry.is_live() && entry.data.held.is_none() => {
-                        let held = fence::Fence::handed(fence_name.clone(), live, fence);
-                        let start = hold(entry, held);
-                        if let Some(held) = entry.data.held.as_mut() {
-                            held.inherited_until = Some(until);
-                        }
-                        Some(start)
-                    }
-                    _ => None,
-                }
-            };
-            if let Some((work, cluster, components)) = start {
+            let held = fence::Fence::handed(fence_name.clone(), live, fence);
+            // Held or gone already, or handed back: it was never this
+            // replica's to release.
+            if let Starting::Started((work, cluster, components)) =
+                self.inner.working.start(name, None, held, Some(until))
+            {
                 tracing::info!(cluster = %name, peer = %heir.id, lease = %fence_name, "working on the cluster (inherited)");
                 engage_or_hand_back(&components, &work, name, &cluster);
                 inherited += 1;

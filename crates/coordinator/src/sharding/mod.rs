@@ -99,7 +99,7 @@ mod working_set;
 use coordinating::engage_or_hand_back;
 use look::{Look, Step, owner_but};
 
-use working_set::{HandedBack, Held, Share, hold};
+use working_set::{HandedBack, Starting};
 
 use std::sync::Arc;
 
@@ -117,8 +117,7 @@ use multicluster_runtime::Aware;
 use multicluster_runtime::Cluster;
 use multicluster_runtime::ClusterName;
 use multicluster_runtime::Error;
-use multicluster_runtime::coordinator::{Coordinator, add_components, engage_each};
-use multicluster_runtime::engagements::{Arrival, when_ended};
+use multicluster_runtime::coordinator::{Coordinator, engage_each};
 
 pub use hrw::Peer;
 pub(crate) use hrw::owner as owner_of;
@@ -179,7 +178,7 @@ impl ShardedCoordinator {
     /// replica's share has settled): for tests (feature `testing`).
     #[cfg(feature = "testing")]
     pub fn follows_fences(&self) -> bool {
-        self.inner.inheritance.mirror.synced()
+        self.inner.inheritance.mirror().synced()
     }
 
     /// Completes once this replica follows the fences with a watch that
@@ -187,17 +186,14 @@ impl ShardedCoordinator {
     /// (feature `testing`).
     #[cfg(feature = "testing")]
     pub async fn until_following_fences(&self) {
-        self.inner.inheritance.mirror.until_synced().await;
+        self.inner.inheritance.mirror().until_synced().await;
     }
 
     /// How many lists of inherited fences this replica needed, rather than
     /// finding them in what it follows: for tests (feature `testing`).
     #[cfg(feature = "testing")]
     pub fn inheritance_lists(&self) -> usize {
-        self.inner
-            .inheritance
-            .lists
-            .load(std::sync::atomic::Ordering::Relaxed)
+        self.inner.inheritance.lists()
     }
 
     /// A coordinator keeping its Leases through `client` (the cluster the
@@ -240,7 +236,7 @@ impl ShardedCoordinator {
 
     /// The live peers as last read, this replica included, sorted by ID.
     pub fn peers(&self) -> Vec<Peer> {
-        self.inner.view.peers.borrow().clone()
+        self.inner.view.peers()
     }
 
     /// Follows the clusters this replica works on, sorted (what
@@ -254,7 +250,7 @@ impl ShardedCoordinator {
     /// Follows the live peers as the reads find them, this replica
     /// included, sorted by ID ([`ShardedCoordinator::peers`]).
     pub fn peer_set(&self) -> watch::Receiver<Vec<Peer>> {
-        self.inner.view.peers.subscribe()
+        self.inner.view.follow()
     }
 
     /// The fence Lease name for a cluster.

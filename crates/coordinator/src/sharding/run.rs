@@ -46,11 +46,11 @@ impl ShardedCoordinator {
             view: self.inner.view.clone(),
             known: CancellationToken::new(),
             standing: self.inner.standing.clone(),
-            wake: self.inner.working.wake.clone(),
+            wake: self.inner.working.waker(),
             lifecycle: self.inner.lifecycle.clone(),
             with_heirs: options.fence_hold == FenceHold::WithPeer,
-            left_behind: self.inner.inheritance.left_behind.clone(),
-            heirs_news: self.inner.inheritance.news.clone(),
+            left_behind: self.inner.inheritance.left_behind(),
+            heirs_news: self.inner.inheritance.news(),
             stood_since: std::sync::Mutex::default(),
             written: std::sync::Mutex::default(),
         }
@@ -68,13 +68,10 @@ impl ShardedCoordinator {
         let handed = handover::watch(self.clone(), self.inner.standing.subscribe());
         let inheriting = self.clone().keep_inheriting();
         let (mirror, api) = (
-            self.inner.inheritance.mirror.clone(),
+            self.inner.inheritance.mirror().clone(),
             self.inner.leases.clone(),
         );
-        let (lifecycle, settled) = (
-            self.inner.lifecycle.clone(),
-            self.inner.working.settled.clone(),
-        );
+        let (lifecycle, settled) = (self.inner.lifecycle.clone(), self.inner.working.settled());
         // Only ready replicas are named heirs, and until the mirror has
         // listed an heir lists instead. Following every fence while the
         // fleet's fences are written (a cold start: 100,000 writes, each
@@ -111,7 +108,7 @@ impl ShardedCoordinator {
     /// While leaving, looks again at once until a whole look found nothing
     /// more to hand over.
     pub(super) async fn look_until(&self, stop: &CancellationToken, known: &CancellationToken) {
-        let mut peers = self.inner.view.peers.subscribe();
+        let mut peers = self.inner.view.follow();
         tokio::select! {
             () = stop.cancelled() => {}
             () = known.cancelled() => {}
@@ -127,7 +124,7 @@ impl ShardedCoordinator {
             let next = self.next_look();
             tokio::select! {
                 () = stop.cancelled() => break,
-                () = self.inner.working.wake.notified() => {}
+                () = self.inner.working.woken() => {}
                 _ = peers.changed() => {}
                 () = tokio::time::sleep_until(next) => {}
             }

@@ -15,7 +15,7 @@ impl ShardedCoordinator {
                     fence_name.clone(),
                     &self.inner.me.id,
                     self.timing(),
-                    self.inner.working.wake.clone(),
+                    self.inner.working.waker(),
                 )
                 .await
             }
@@ -27,14 +27,12 @@ impl ShardedCoordinator {
                     self.retry_later(name, generation);
                     return;
                 }
-                let epochs = &self.inner.view.epochs;
+                let epochs = self.inner.view.epochs();
                 let known = epochs::TakeKnowledge {
                     epochs,
                     cluster: name.as_str(),
                 };
-                let last = lock(&self.inner.working.clusters)
-                    .current_mut(name, generation)
-                    .and_then(|entry| entry.data.last_written.take());
+                let last = self.inner.working.take_last_written(name, generation);
                 // Inherited and not written yet when its work stopped (the
                 // peer Lease went unrenewed a while, in the same epoch):
                 // still this replica's by the records, and nobody took it
@@ -43,7 +41,7 @@ impl ShardedCoordinator {
                     .as_ref()
                     .and_then(|last| self.still_inherited(last, name, &standing))
                 {
-                    self.start(name, generation, resumed, &fence_name, Some(until))
+                    self.start(name, Some(generation), resumed, Some(until))
                         .await;
                     return;
                 }
@@ -72,7 +70,7 @@ impl ShardedCoordinator {
                         .iter()
                         .find(|peer| peer.id == found.holder)
                         .map_or(1, |peer| peer.weight);
-                    lock(&self.inner.view.epochs).learn(&found, weight, Timestamp::now());
+                    lock(self.inner.view.epochs()).learn(&found, weight, Timestamp::now());
                 }
                 fence
             }
@@ -87,53 +85,39 @@ impl ShardedCoordinator {
                 return;
             }
         };
-        self.start(name, generation, fence, &fence_name, None).await;
+        self.start(name, Some(generation), fence, None).await;
     }
 
-    /// Starts the work on `name` under `fence`, just taken; hands the
-    /// fence back if the cluster was replaced or left meanwhile.
+    /// Starts the work on `name` (the engagement of `generation`, or
+    /// whichever is live) under `fence`, just taken or inherited; hands
+    /// the fence back if the cluster was replaced or left meanwhile.
     pub(super) async fn start(
         &self,
         name: &ClusterName,
-        generation: u64,
+        generation: Option<u64>,
         fence: fence::Fence,
-        fence_name: &str,
         inherited_until: Option<Timestamp>,
     ) {
-        let start = {
-            let mut clusters = lock(&self.inner.working.clusters);
-            match clusters.current_mut(name, generation) {
-                Some(entry) if entry.data.held.is_none() && entry.is_live() => {
-                    let start = hold(entry, fence);
-                    if let Some(held) = entry.data.held.as_mut() {
-                        held.inherited_until = inherited_until;
-                    }
-                    Ok(start)
-                }
-                // Handed to this replica and taken up meanwhile: the
-                // same hold, nothing to give back.
-                Some(entry)
-                    if entry
-                        .data
-                        .held
-                        .as_ref()
-                        .is_some_and(|held| held.fence.name == fence.name) =>
-                {
-                    return;
-                }
-                // Replaced or gone while the fence was taken: the next
-                // look starts over.
-                _ => Err(fence),
-            }
-        };
-        match start {
-            Ok((work, cluster, components)) => {
-                tracing::info!(cluster = %name, peer = %self.inner.me.id, lease = %fence_name, "working on the cluster");
+        let fence_name = fence.name.clone();
+        match self
+            .inner
+            .working
+            .start(name, generation, fence, inherited_until)
+        {
+            Starting::Started((work, cluster, components)) => {
+                let how = if inherited_until.is_some() {
+                    " (inherited)"
+                } else {
+                    ""
+                };
+                tracing::info!(cluster = %name, peer = %self.inner.me.id, lease = %fence_name, "working on the cluster{how}");
                 engage_or_hand_back(&components, &work, name, &cluster);
             }
-            Err(fence) => {
+            Starting::AlreadyHeld => {}
+            // The next look starts over.
+            Starting::Unheld(fence) | Starting::HandingBack(fence) => {
                 self.release(fence, None).await;
-                self.inner.working.wake.notify_one();
+                self.inner.working.wake();
             }
         }
     }
@@ -147,7 +131,7 @@ impl ShardedCoordinator {
         if standing.live().is_none() {
             return;
         }
-        let held_with = format!("{}/{}", standing.peer_lease, standing.epoch);
+        let held_with = standing.held_with();
         let options = &self.inner.options;
         let call = lease::inherit(
             &self.inner.leases,
@@ -158,31 +142,19 @@ impl ShardedCoordinator {
         );
         let outcome = tokio::time::timeout(options.fence_renew_interval, call).await;
         let fence_name = self.fence_name(name);
-        let mut clusters = lock(&self.inner.working.clusters);
-        let Some(entry) = clusters.current_mut(name, generation) else {
-            return;
-        };
-        let share = &mut entry.data;
-        let still_inherited = share
-            .held
-            .as_ref()
-            .is_some_and(|held| held.fence.name == fence_name && held.inherited_until.is_some());
-        if !still_inherited {
-            return;
-        }
         match outcome {
-            Ok(Ok(Some(written))) => {
-                if let Some(held) = share.held.as_mut() {
-                    held.fence.set_written(written);
-                    held.inherited_until = None;
+            Ok(Ok(written)) => {
+                let delay = options.fence_retry_delay;
+                let stopped = self.inner.working.inherited_written(
+                    name,
+                    generation,
+                    &fence_name,
+                    written,
+                    delay,
+                );
+                if stopped {
+                    tracing::warn!(cluster = %name, lease = %fence_name, "an inherited fence was written by another replica; stopped working on the cluster");
                 }
-            }
-            Ok(Ok(None)) => {
-                if let Some(held) = share.held.take() {
-                    held.work.cancel();
-                }
-                share.retry_at = Some(Instant::now() + options.fence_retry_delay);
-                tracing::warn!(cluster = %name, lease = %fence_name, "an inherited fence was written by another replica; stopped working on the cluster");
             }
             Ok(Err(err)) => {
                 tracing::debug!(cluster = %name, lease = %fence_name, error = %crate::kube_error(&err), "could not write an inherited fence as this replica's own; trying again");
@@ -201,7 +173,7 @@ impl ShardedCoordinator {
             .release(&self.inner.leases, &self.inner.me.id, timeout, next)
             .await
         {
-            lock(&self.inner.working.unreleased).push(unreleased);
+            self.inner.working.keep_unreleased(unreleased);
         }
     }
 
@@ -212,25 +184,16 @@ impl ShardedCoordinator {
     /// in it, so none is taken while this looks (a fence handed over is
     /// one another replica held, never one of these).
     pub(super) async fn release_again(&self) {
-        let unreleased = std::mem::take(&mut *lock(&self.inner.working.unreleased));
-        for fence in unreleased {
-            let taken_again = lock(&self.inner.working.clusters).values().any(|entry| {
-                entry
-                    .data
-                    .held
-                    .as_ref()
-                    .is_some_and(|held| held.fence.name == fence.name)
-            });
-            if !taken_again {
+        for fence in self.inner.working.take_unreleased() {
+            if !self.inner.working.holds(&fence.name) {
                 self.release(fence, None).await;
             }
         }
     }
 
     pub(super) fn retry_later(&self, name: &ClusterName, generation: u64) {
-        if let Some(entry) = lock(&self.inner.working.clusters).current_mut(name, generation) {
-            entry.data.retry_at = Some(Instant::now() + self.inner.options.fence_retry_delay);
-        }
+        let delay = self.inner.options.fence_retry_delay;
+        self.inner.working.retry_later(name, generation, delay);
     }
 
     /// A fence found held by another replica (which hands it over once it
@@ -241,26 +204,17 @@ impl ShardedCoordinator {
     /// retry delay would load the API server the releases go through.
     pub(super) fn retry_busy_later(&self, name: &ClusterName, generation: u64) {
         let options = &self.inner.options;
-        if let Some(entry) = lock(&self.inner.working.clusters).current_mut(name, generation) {
-            let share = &mut entry.data;
-            let delay = options
-                .fence_retry_delay
-                .saturating_mul(1 << share.busy.min(16))
-                .min(options.probe_interval.max(options.fence_retry_delay));
-            share.busy = share.busy.saturating_add(1);
-            share.retry_at = Some(Instant::now() + delay);
-        }
+        let cap = options.probe_interval.max(options.fence_retry_delay);
+        self.inner
+            .working
+            .retry_busy_later(name, generation, options.fence_retry_delay, cap);
     }
 
     /// When the next look is due: the probe interval, or sooner when a busy
     /// fence may be tried again.
     pub(super) fn next_look(&self) -> Instant {
         let probe = Instant::now() + self.inner.options.probe_interval;
-        lock(&self.inner.working.clusters)
-            .values()
-            .filter(|entry| entry.data.held.is_none())
-            .filter_map(|entry| entry.data.retry_at)
-            .fold(probe, Instant::min)
+        self.inner.working.next_retry(probe)
     }
 
     /// Stops all work and hands every fence back once it has stopped (as a
@@ -270,19 +224,9 @@ impl ShardedCoordinator {
     /// request (or, should that fail, when the Lease lapses, as after a
     /// crash).
     pub(super) async fn release_all(&self) {
-        let held: Vec<HandedBack> = lock(&self.inner.working.clusters)
-            .iter_mut()
-            .filter_map(|(name, entry)| {
-                let held = entry.data.held.take()?;
-                Some((name.clone(), held, entry.data.components.clone()))
-            })
-            .collect();
-        self.inner.working.show();
+        let held: Vec<HandedBack> = self.inner.working.hand_back_all();
         let count = held.len();
-        self.inner
-            .inheritance
-            .left_behind
-            .store(count, std::sync::atomic::Ordering::Relaxed);
+        self.inner.inheritance.leave_behind(count);
         tracing::info!(clusters = count, peer = %self.inner.me.id, "shutting down: handing every cluster back");
         let with_peer = self.inner.options.fence_hold == FenceHold::WithPeer;
         let mut renewed = Vec::new();
@@ -306,7 +250,7 @@ impl ShardedCoordinator {
             );
         }
         let timeout = self.inner.options.fence_renew_interval;
-        let unreleased = std::mem::take(&mut *lock(&self.inner.working.unreleased));
+        let unreleased = self.inner.working.take_unreleased();
         // What a release leaves unreleased is freed when the peer Lease goes.
         futures::stream::iter(renewed.into_iter().chain(unreleased))
             .for_each_concurrent(CONCURRENT_STEPS, |fence| async move {

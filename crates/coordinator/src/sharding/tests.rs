@@ -42,7 +42,7 @@ fn standing_replica() -> (ShardedCoordinator, CancellationToken, String) {
     });
     let held_with = {
         let standing = coordinator.inner.standing.borrow();
-        format!("{}/{}", standing.peer_lease, standing.epoch)
+        standing.held_with()
     };
     (coordinator, live, held_with)
 }
@@ -149,10 +149,11 @@ async fn a_retry_left_on_a_cluster_owned_by_another_does_not_hurry_the_next_look
         .expect("engage");
     // A take that failed while this replica still thought it owned the
     // cluster (before it knew its peers, say).
-    let generation = lock(&coordinator.inner.working.clusters)
-        .get(&name)
-        .expect("held")
-        .generation;
+    let generation = coordinator
+        .inner
+        .working
+        .generation_of(&name)
+        .expect("held");
     coordinator.retry_later(&name, generation);
     tokio::time::sleep(coordinator.inner.options.fence_retry_delay).await;
     // The peers are known now, and another owns the cluster.
@@ -178,12 +179,13 @@ async fn a_retry_left_on_a_cluster_owned_by_another_does_not_hurry_the_next_look
         Some("other")
     );
     assert!(matches!(
-        coordinator.decide(
+        coordinator.inner.working.decide(
             &name,
             &Look {
                 peers: peers.to_vec(),
                 ..Look::default()
-            }
+            },
+            &coordinator.rules()
         ),
         Step::Nothing
     ));
@@ -206,16 +208,14 @@ async fn a_fence_found_busy_again_and_again_is_tried_less_often() {
             &[],
         )
         .expect("engage");
-    let generation = lock(&coordinator.inner.working.clusters)
-        .get(&name)
-        .expect("held")
-        .generation;
+    let generation = coordinator
+        .inner
+        .working
+        .generation_of(&name)
+        .expect("held");
     let delay = |coordinator: &ShardedCoordinator| {
         coordinator.retry_busy_later(&name, generation);
-        let retry_at = lock(&coordinator.inner.working.clusters)
-            .get(&name)
-            .and_then(|entry| entry.data.retry_at)
-            .expect("a retry");
+        let retry_at = coordinator.inner.working.retry_at(&name).expect("a retry");
         (retry_at - Instant::now()).as_millis()
     };
     let delays: Vec<u128> = (0..6).map(|_| delay(&coordinator)).collect();
@@ -228,12 +228,13 @@ async fn a_fence_found_busy_again_and_again_is_tried_less_often() {
     };
     let peers = [coordinator.inner.me.clone(), other];
     assert!(matches!(
-        coordinator.decide(
+        coordinator.inner.working.decide(
             &name,
             &Look {
                 peers: peers.to_vec(),
                 ..Look::default()
-            }
+            },
+            &coordinator.rules()
         ),
         Step::Nothing
     ));
@@ -262,18 +263,18 @@ async fn a_fence_taken_again_is_not_released_by_an_earlier_failed_release() {
     // taken again since and is worked on here.
     for name in [&again, &other] {
         let fence = fence::Fence::held_with_peer(&coordinator.fence_name(name), &standing);
-        lock(&coordinator.inner.working.unreleased).push(fence);
+        coordinator.inner.working.keep_unreleased(fence);
     }
-    {
-        let mut clusters = lock(&coordinator.inner.working.clusters);
-        let entry = clusters.get_mut(&again).expect("held");
-        let fence = fence::Fence::held_with_peer(&coordinator.fence_name(&again), &standing);
-        entry.data.held = Some(Held::new(fence, &entry.lifetime));
-    }
+    let fence = fence::Fence::held_with_peer(&coordinator.fence_name(&again), &standing);
+    let started = coordinator.inner.working.start(&again, None, fence, None);
+    assert!(matches!(started, working_set::Starting::Started(_)));
     coordinator.release_again().await;
     // The API server is unreachable, so a release that is tried fails
     // and comes back; the one taken again must not have been tried.
-    let left: Vec<String> = lock(&coordinator.inner.working.unreleased)
+    let left: Vec<String> = coordinator
+        .inner
+        .working
+        .take_unreleased()
         .iter()
         .map(|fence| fence.name.clone())
         .collect();
@@ -311,7 +312,7 @@ async fn inheritance() -> Inheritance {
     });
     let mine = {
         let standing = coordinator.inner.standing.borrow();
-        format!("{}/{}", standing.peer_lease, standing.epoch)
+        standing.held_with()
     };
     let api = coordinator.inner.leases.clone();
     let clusters: Vec<String> = (0..12).map(|i| format!("shard-{i}")).collect();
@@ -381,11 +382,7 @@ async fn inheritance() -> Inheritance {
 
 /// How many lists of inherited fences `coordinator` needed.
 fn lists(coordinator: &ShardedCoordinator) -> usize {
-    coordinator
-        .inner
-        .inheritance
-        .lists
-        .load(std::sync::atomic::Ordering::Relaxed)
+    coordinator.inner.inheritance.lists()
 }
 
 fn working_on(coordinator: &ShardedCoordinator) -> Vec<String> {
@@ -410,7 +407,7 @@ async fn an_heir_works_on_what_it_inherits_before_writing_it_and_writes_it_later
         mine_to_inherit,
         gone,
     } = inheritance().await;
-    assert!(lock(&coordinator.inner.view.epochs).record(&[gone], Timestamp::now()));
+    assert!(lock(coordinator.inner.view.epochs()).record(&[gone], Timestamp::now()));
 
     let holder_of = |cluster: &str| {
         let (api, fence) = (
@@ -490,7 +487,7 @@ async fn an_heir_works_on_what_it_inherits_before_writing_it_and_writes_it_later
 async fn an_heir_finds_what_it_inherits_in_its_watch_of_the_leases_without_a_list() {
     let inheritance = inheritance().await;
     let (coordinator, api) = (&inheritance.coordinator, &inheritance.api);
-    let mirror = coordinator.inner.inheritance.mirror.clone();
+    let mirror = coordinator.inner.inheritance.mirror().clone();
     let following = tokio::spawn({
         let (mirror, api) = (mirror.clone(), api.clone());
         async move { mirror.follow(api).await }
@@ -504,7 +501,7 @@ async fn an_heir_finds_what_it_inherits_in_its_watch_of_the_leases_without_a_lis
         .create(&kube::api::PostParams::default(), &inheritance.gone)
         .await
         .expect("the end of gone's epoch");
-    assert!(lock(&coordinator.inner.view.epochs).record(&[gone], Timestamp::now()));
+    assert!(lock(coordinator.inner.view.epochs()).record(&[gone], Timestamp::now()));
 
     coordinator.inherit().await;
     assert_eq!(lists(coordinator), 0);
@@ -532,12 +529,9 @@ async fn a_look_under_way_at_the_stop_leaves_every_cluster_to_the_hand_back() {
             &[],
         )
         .expect("engage");
-    {
-        let mut clusters = lock(&coordinator.inner.working.clusters);
-        let entry = clusters.get_mut(&one).expect("engaged");
-        let fence = fence::Fence::held_with_peer(&coordinator.fence_name(&one), &live);
-        drop(hold(entry, fence));
-    }
+    let fence = fence::Fence::held_with_peer(&coordinator.fence_name(&one), &live);
+    let started = coordinator.inner.working.start(&one, None, fence, None);
+    assert!(matches!(started, working_set::Starting::Started(_)));
     // The manager stops: the clusters' lifetimes end with it.
     let stop = CancellationToken::new();
     stop.cancel();
@@ -546,9 +540,7 @@ async fn a_look_under_way_at_the_stop_leaves_every_cluster_to_the_hand_back() {
         .balance_one(&one, &Look::default(), &|| false, &stop)
         .await;
     assert!(!handed);
-    let held = lock(&coordinator.inner.working.clusters)
-        .get_mut(&one)
-        .is_some_and(|entry| entry.data.held.is_some());
+    let held = coordinator.inner.working.is_held(&one);
     assert!(
         held,
         "the fence was let go of one by one, not left to the hand-back"
@@ -584,11 +576,7 @@ fn owned_by(id: &str, peers: &[Peer]) -> String {
 async fn a_fence_handed_by_its_owner_is_taken_up_but_one_handed_to_a_leaving_replica_goes_on() {
     let (coordinator, _live, held_with) = standing_replica();
     // As far as this replica has read, "x" is a peer like any other.
-    coordinator
-        .inner
-        .view
-        .peers
-        .send_replace(vec![peer("me"), peer("x")]);
+    coordinator.inner.view.read_as(vec![peer("me"), peer("x")]);
     let of_x = owned_by("x", &[peer("me"), peer("x")]);
     let handed_by_x = |cluster: &str| handed_fence(&held_with, cluster, Some("x"));
     engage_offline(&coordinator, &of_x);

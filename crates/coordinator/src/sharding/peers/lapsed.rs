@@ -88,11 +88,11 @@ impl Registry {
                 let held_with = if peer.id == self.me.id {
                     let standing = self.standing.borrow();
                     standing.live().filter(|_| self.lifecycle.may_inherit())?;
-                    format!("{}/{}", standing.peer_lease, standing.epoch)
+                    standing.held_with()
                 } else {
                     let peer_lease = lease_name(&self.prefix, &peer.id);
                     let epoch = epochs.live_epoch(&peer_lease, &peer.id, now)?;
-                    format!("{peer_lease}/{epoch}")
+                    lease::held_with(&peer_lease, epoch)
                 };
                 Some(HeirPeer {
                     id: peer.id.clone(),

@@ -39,16 +39,16 @@ const LAPSE_MARGIN: Duration = Duration::from_millis(100);
 #[derive(Clone)]
 pub(crate) struct PeersView {
     /// The live peers, this replica included, sorted by ID.
-    pub(crate) peers: watch::Sender<Vec<Peer>>,
+    peers: watch::Sender<Vec<Peer>>,
     /// The other peers whose Leases say they are not ready yet: a cluster
     /// one of them owns stays with the replica working on it until it is.
-    pub(crate) joining: watch::Sender<std::collections::BTreeSet<String>>,
+    joining: watch::Sender<std::collections::BTreeSet<String>>,
     /// The other peers whose Leases say they are leaving (live ones only):
     /// they hand their clusters over, so their next owners wait for that
     /// rather than ask.
-    pub(crate) leaving: watch::Sender<Vec<Peer>>,
+    leaving: watch::Sender<Vec<Peer>>,
     /// What the reads tell of the peers' epochs.
-    pub(crate) epochs: Arc<Mutex<Epochs>>,
+    epochs: Arc<Mutex<Epochs>>,
 }
 
 impl PeersView {
@@ -60,6 +60,67 @@ impl PeersView {
             leaving: watch::Sender::default(),
             epochs: Arc::default(),
         }
+    }
+
+    /// The live peers as last read, this replica included, sorted by ID.
+    pub(crate) fn peers(&self) -> Vec<Peer> {
+        self.peers.borrow().clone()
+    }
+
+    /// Follows the live peers as the reads find them.
+    pub(crate) fn follow(&self) -> watch::Receiver<Vec<Peer>> {
+        self.peers.subscribe()
+    }
+
+    /// The other peers whose Leases say they are not ready yet.
+    pub(crate) fn joining(&self) -> std::collections::BTreeSet<String> {
+        self.joining.borrow().clone()
+    }
+
+    /// The other live peers whose Leases say they are leaving.
+    pub(crate) fn leaving(&self) -> Vec<Peer> {
+        self.leaving.borrow().clone()
+    }
+
+    /// Says the reads found `peers` live, for tests.
+    #[cfg(test)]
+    pub(crate) fn read_as(&self, peers: Vec<Peer>) {
+        self.peers.send_replace(peers);
+    }
+
+    /// What the reads tell of the peers' epochs.
+    pub(crate) fn epochs(&self) -> &Mutex<Epochs> {
+        &self.epochs
+    }
+
+    /// Tells whether the peers, the joining or the leaving change from
+    /// now on.
+    pub(crate) fn changes(&self) -> Changes {
+        Changes {
+            peers: self.peers.subscribe(),
+            joining: self.joining.subscribe(),
+            leaving: self.leaving.subscribe(),
+        }
+    }
+}
+
+/// Whether the view changed since [`PeersView::changes`].
+pub(crate) struct Changes {
+    peers: watch::Receiver<Vec<Peer>>,
+    joining: watch::Receiver<std::collections::BTreeSet<String>>,
+    leaving: watch::Receiver<Vec<Peer>>,
+}
+
+impl Changes {
+    /// Whether any of the live, joining or leaving peers changed.
+    pub(crate) fn any(&self) -> bool {
+        [
+            self.peers.has_changed(),
+            self.joining.has_changed(),
+            self.leaving.has_changed(),
+        ]
+        .into_iter()
+        .any(|changed| changed.unwrap_or(false))
     }
 }
 
