@@ -678,3 +678,39 @@ fn invalid_options_are_named() {
         assert!(err.contains(message), "{err} does not contain {message}");
     }
 }
+
+#[tokio::test]
+async fn once_the_fences_are_collected_to_hand_back_no_fence_is_held_again() {
+    let (coordinator, live, _) = standing_replica();
+    let names: Vec<ClusterName> = ["taken", "handed", "inherited"]
+        .into_iter()
+        .map(ClusterName::from)
+        .collect();
+    for name in &names {
+        let cluster = Cluster::new(name.clone(), offline_client());
+        coordinator
+            .engage(CancellationToken::new(), name.clone(), cluster, &[])
+            .expect("engage");
+    }
+    let working = &coordinator.inner.working;
+    assert!(working.hand_back_all().is_empty());
+    // What a take, a fence handed over and an inheritance found at that
+    // moment would hold: none of it would be handed back.
+    let generation = working.generation_of(&names[0]).expect("engaged");
+    let until = Timestamp::now() + std::time::Duration::from_secs(60);
+    let attempts = [
+        (&names[0], Some(generation), None),
+        (&names[1], None, None),
+        (&names[2], None, Some(until)),
+    ];
+    for (name, generation, inherited_until) in attempts {
+        let fence = fence::Fence::held_with_peer(&coordinator.fence_name(name), &live);
+        let started = working.start(name, generation, fence, inherited_until);
+        assert!(
+            matches!(started, working_set::Starting::HandingBack(_)),
+            "{name} was held after the hand-back collected the fences"
+        );
+        assert!(!working.is_held(name));
+    }
+    assert!(working.working_on().is_empty());
+}
