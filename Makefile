@@ -1,7 +1,7 @@
 # multicluster-runtime for Rust. Every target prepares what it needs.
 SHELL := /usr/bin/env bash
 
-.PHONY: all test lint fmt bench demo controlplane helm kind jaeger tools examples publish-check template
+.PHONY: all test test-tools test-build nextest lint fmt bench demo controlplane helm kind jaeger tools examples publish-check template
 
 all: lint test
 
@@ -26,8 +26,23 @@ tools:
 	@hack/ensure-tools.sh
 
 ## test: the whole test suite against real control planes
-test: controlplane tools helm kind jaeger
+test:
+	@$(MAKE) --no-print-directory -j2 test-tools test-build
 	hack/test-all.sh
+
+## nextest: build (first run) or reuse the cached cargo-nextest the tests run under
+nextest:
+	@hack/nextest/build.sh >/dev/null
+
+# What the tests need, in two lanes that do not wait for each other: the
+# tools built with Go (and Debian's packages), one after another, beside
+# the one cargo build at a time (nextest, then the workspace's tests). On a
+# fresh machine the two take about as long each.
+test-tools:
+	@MAKEFLAGS= $(MAKE) --no-print-directory controlplane tools helm kind jaeger
+
+test-build: nextest
+	cargo test --workspace --no-run --lib --bins --tests --examples --quiet
 
 ## lint: formatting and clippy with warnings as errors
 lint:

@@ -16,9 +16,12 @@ leftovers() {
   done
 }
 status=0
+# cargo-nextest runs tests of several binaries at once (.config/nextest.toml
+# says how many), each in a process of its own; `make test` builds it.
+nextest=${NEXTEST:-$(hack/nextest/build.sh)}
 # Benches are left to `make bench`: --all-targets would run them here too.
-cargo test --workspace --no-fail-fast --lib --bins --tests --examples || status=$?
-# Doc tests are not part of --all-targets.
+"$nextest" nextest run --workspace --lib --bins --tests --examples || status=$?
+# Doc tests: nextest does not run them.
 cargo test --workspace --no-fail-fast --doc || status=$?
 left=$(leftovers)
 if [ -n "$left" ]; then
