@@ -231,6 +231,7 @@ pub(super) async fn take_over_ended(
 
 /// What a fence held with `peer_lease` in `epoch` says it is held with
 /// (its annotation; the label is a hash of it).
+#[cfg(feature = "sharding")]
 pub(crate) fn held_with(peer_lease: &str, epoch: &str) -> String {
     format!("{peer_lease}/{epoch}")
 }
