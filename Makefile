@@ -32,7 +32,7 @@ test:
 
 ## nextest: build (first run) or reuse the cached cargo-nextest the tests run under
 nextest:
-	@hack/nextest/build.sh >/dev/null
+	@hack/nextest.sh >/dev/null
 
 # What the tests need, in two lanes that do not wait for each other: the
 # tools built with Go (and Debian's packages), one after another, beside

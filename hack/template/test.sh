@@ -10,26 +10,14 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 version=0.23.7
-cache_root=${MCR_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/multicluster-runtime}
-tool="$cache_root/cargo-generate/cargo-generate-$version"
-if [ ! -x "$tool/bin/cargo-generate" ]; then
-  echo "building cargo-generate $version into $tool (first run only)" >&2
-  # Without its default features: no git (the template is a local path
-  # here), so no HTTP client or git stack to build.
-  mkdir -p "$(dirname "$tool")"
-  partial=$(mktemp -d "$tool.partial.XXXXXX")
-  trap 'rm -rf "$partial"' EXIT
-  cargo install cargo-generate --version "$version" --locked --no-default-features \
-    --root "$partial" --quiet
-  rm -rf "$tool"
-  mv "$partial" "$tool"
-  trap - EXIT
-fi
+# Without its default features: no git (the template is a local path
+# here), so no HTTP client or git stack to build.
+generate=$("$root/hack/cargo-tool.sh" cargo-generate "$version" --no-default-features)
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 for provider in kubeconfig namespace; do
   name="fleet-$provider"
-  "$tool/bin/cargo-generate" generate --path "$root/templates/fleet-controller" \
+  "$generate" generate --path "$root/templates/fleet-controller" \
     --name "$name" --destination "$scratch" --vcs none --silent \
     --define "provider=$provider" --define "mcr_path=$root"
   echo "template: testing $name (provider $provider)" >&2

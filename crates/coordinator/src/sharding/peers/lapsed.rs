@@ -56,7 +56,7 @@ impl Registry {
                         id: holder.to_string(),
                         weight: wire::weight(peer),
                     };
-                    let mut epochs = lock(&self.view.epochs);
+                    let mut epochs = lock(self.view.epochs());
                     heirs_named |= epochs.ended_with(now_lease.as_deref(), now);
                     epochs.depart(name, epoch, departed, now);
                 }
@@ -81,7 +81,7 @@ impl Registry {
         gone: &str,
         now: Timestamp,
     ) -> Vec<HeirPeer> {
-        let epochs = lock(&self.view.epochs);
+        let epochs = lock(self.view.epochs());
         peers
             .filter(|peer| peer.id != gone)
             .filter_map(|peer| {
@@ -111,7 +111,7 @@ impl Registry {
     /// end keep the Lease).
     pub(super) async fn end_own_epoch(&self, epoch: &str) {
         let now = Timestamp::now();
-        let peers = self.view.peers.borrow().clone();
+        let peers = self.view.peers();
         let heirs = self.heirs(peers.iter(), &self.me.id, now);
         let last = lock(&self.written).clone();
         let left_behind = self.left_behind.load(std::sync::atomic::Ordering::Relaxed) > 0;

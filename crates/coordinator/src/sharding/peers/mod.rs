@@ -16,7 +16,6 @@ use tokio_util::sync::CancellationToken;
 use futures::StreamExt;
 use kube::runtime::{WatchStreamExt, watcher};
 
-use super::epochs::Epochs;
 use super::heirs::{self, HeirPeer, Record};
 use super::hrw::Peer;
 use super::lifecycle::{LeaseSays, Lifecycle, Phase};
@@ -27,102 +26,14 @@ use crate::lock;
 use crate::wire;
 
 mod lapsed;
+mod view;
 
 use lapsed::lapsed_in;
+pub(crate) use view::PeersView;
 
 /// How long after a peer's Lease lapses by its own times it is read again:
 /// Lease times are in milliseconds here, so the lapse has surely passed.
 const LAPSE_MARGIN: Duration = Duration::from_millis(100);
-
-/// What the reads of the peer Leases tell, as the registry last wrote it:
-/// what the looks decide by.
-#[derive(Clone)]
-pub(crate) struct PeersView {
-    /// The live peers, this replica included, sorted by ID.
-    peers: watch::Sender<Vec<Peer>>,
-    /// The other peers whose Leases say they are not ready yet: a cluster
-    /// one of them owns stays with the replica working on it until it is.
-    joining: watch::Sender<std::collections::BTreeSet<String>>,
-    /// The other peers whose Leases say they are leaving (live ones only):
-    /// they hand their clusters over, so their next owners wait for that
-    /// rather than ask.
-    leaving: watch::Sender<Vec<Peer>>,
-    /// What the reads tell of the peers' epochs.
-    epochs: Arc<Mutex<Epochs>>,
-}
-
-impl PeersView {
-    /// What a replica knows before its first read: itself.
-    pub(crate) fn new(me: Peer) -> Self {
-        Self {
-            peers: watch::Sender::new(vec![me]),
-            joining: watch::Sender::default(),
-            leaving: watch::Sender::default(),
-            epochs: Arc::default(),
-        }
-    }
-
-    /// The live peers as last read, this replica included, sorted by ID.
-    pub(crate) fn peers(&self) -> Vec<Peer> {
-        self.peers.borrow().clone()
-    }
-
-    /// Follows the live peers as the reads find them.
-    pub(crate) fn follow(&self) -> watch::Receiver<Vec<Peer>> {
-        self.peers.subscribe()
-    }
-
-    /// The other peers whose Leases say they are not ready yet.
-    pub(crate) fn joining(&self) -> std::collections::BTreeSet<String> {
-        self.joining.borrow().clone()
-    }
-
-    /// The other live peers whose Leases say they are leaving.
-    pub(crate) fn leaving(&self) -> Vec<Peer> {
-        self.leaving.borrow().clone()
-    }
-
-    /// Says the reads found `peers` live, for tests.
-    #[cfg(test)]
-    pub(crate) fn read_as(&self, peers: Vec<Peer>) {
-        self.peers.send_replace(peers);
-    }
-
-    /// What the reads tell of the peers' epochs.
-    pub(crate) fn epochs(&self) -> &Mutex<Epochs> {
-        &self.epochs
-    }
-
-    /// Tells whether the peers, the joining or the leaving change from
-    /// now on.
-    pub(crate) fn changes(&self) -> Changes {
-        Changes {
-            peers: self.peers.subscribe(),
-            joining: self.joining.subscribe(),
-            leaving: self.leaving.subscribe(),
-        }
-    }
-}
-
-/// Whether the view changed since [`PeersView::changes`].
-pub(crate) struct Changes {
-    peers: watch::Receiver<Vec<Peer>>,
-    joining: watch::Receiver<std::collections::BTreeSet<String>>,
-    leaving: watch::Receiver<Vec<Peer>>,
-}
-
-impl Changes {
-    /// Whether any of the live, joining or leaving peers changed.
-    pub(crate) fn any(&self) -> bool {
-        [
-            self.peers.has_changed(),
-            self.joining.has_changed(),
-            self.leaving.has_changed(),
-        ]
-        .into_iter()
-        .any(|changed| changed.unwrap_or(false))
-    }
-}
 
 pub(crate) struct Registry {
     /// What its reads tell, for the looks.
@@ -397,12 +308,12 @@ impl Registry {
             .boxed();
         while let Some(event) = changes.next().await {
             let is_news = match &event {
-                Ok(watcher::Event::Apply(lease)) => lock(&self.view.epochs).is_news(lease),
+                Ok(watcher::Event::Apply(lease)) => lock(self.view.epochs()).is_news(lease),
                 Ok(watcher::Event::Delete(lease)) => lease
                     .metadata
                     .name
                     .as_deref()
-                    .is_some_and(|name| lock(&self.view.epochs).has_seen(name)),
+                    .is_some_and(|name| lock(self.view.epochs()).has_seen(name)),
                 // A (re)list: the rounds read the same soon enough.
                 Ok(_) => false,
                 Err(err) => {
@@ -447,7 +358,7 @@ impl Registry {
             }
         };
         let now = Timestamp::now();
-        let mut heirs_named = lock(&self.view.epochs).record(&list.items, now);
+        let mut heirs_named = lock(self.view.epochs()).record(&list.items, now);
         let first_lapse = list
             .items
             .iter()
@@ -476,7 +387,7 @@ impl Registry {
         let keep_until = self.keep_lapsed_until(Instant::now());
         let mut next_look = first_lapse;
         if let Some(until) = keep_until {
-            for known in self.view.peers.borrow().iter() {
+            for known in &self.view.peers() {
                 if !peers.contains_key(&known.id) && lapsed_in(&list.items, &known.id, now) {
                     peers.insert(known.id.clone(), known.clone());
                     next_look = Some(next_look.map_or(until, |at| at.min(until)));
@@ -493,30 +404,14 @@ impl Registry {
             .filter(|id| *id != self.me.id)
             .map(str::to_string)
             .collect();
-        if self.view.joining.send_if_modified(|known| {
-            let modified = *known != joining;
-            *known = joining;
-            modified
-        }) {
+        if self.view.read_joining(joining) {
             self.wake.notify_one();
         }
-        if self.view.leaving.send_if_modified(|known| {
-            let modified = *known != leaving;
-            *known = leaving;
-            modified
-        }) {
+        if self.view.read_leaving(leaving) {
             self.wake.notify_one();
         }
-        let peers: Vec<Peer> = peers.into_values().collect();
         self.known.cancel();
-        self.view.peers.send_if_modified(|known| {
-            if *known == peers {
-                return false;
-            }
-            tracing::info!(peers = ?peers.iter().map(|p| p.id.as_str()).collect::<Vec<_>>(), "peers changed");
-            *known = peers;
-            true
-        });
+        self.view.read_live(peers.into_values().collect());
         // Heirs named: the coordinator takes up what it inherits, once the
         // peers it looks with no longer count the replica that is gone (a
         // look woken with it still counted handed the inherited clusters
@@ -708,13 +603,7 @@ mod tests {
             "the lapsed epoch was not ended"
         );
         assert_eq!(holder("mcr-peer-live").await.as_deref(), Some("live"));
-        let ids: Vec<String> = registry
-            .view
-            .peers
-            .borrow()
-            .iter()
-            .map(|p| p.id.clone())
-            .collect();
+        let ids: Vec<String> = registry.view.peers().iter().map(|p| p.id.clone()).collect();
         assert_eq!(ids, ["live", "me"]);
         // The write that ended it named its heirs: the live, ready peers
         // (not this replica, which has not said it is ready). Its fences
@@ -733,8 +622,13 @@ mod tests {
             })
             .collect();
         assert_eq!(named, [("e1", "live", "mcr-peer-live/f1")]);
-        let known =
-            lock(&registry.view.epochs).holds("mcr-peer-gone", "e1", "gone", "c", Timestamp::now());
+        let known = lock(registry.view.epochs()).holds(
+            "mcr-peer-gone",
+            "e1",
+            "gone",
+            "c",
+            Timestamp::now(),
+        );
         assert_eq!(
             known,
             Some(lease::Hold::Inherited(lease::Heir {
