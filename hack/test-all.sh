@@ -18,7 +18,7 @@ leftovers() {
 status=0
 # cargo-nextest runs tests of several binaries at once (.config/nextest.toml
 # says how many), each in a process of its own; `make test` builds it.
-nextest=${NEXTEST:-$(hack/nextest.sh)}
+nextest=$(hack/nextest.sh)
 # Benches are left to `make bench`: --all-targets would run them here too.
 "$nextest" nextest run --workspace --lib --bins --tests --examples || status=$?
 # Doc tests: nextest does not run them.

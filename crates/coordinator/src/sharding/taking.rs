@@ -41,8 +41,7 @@ impl ShardedCoordinator {
                     .as_ref()
                     .and_then(|last| self.still_inherited(last, name, &standing))
                 {
-                    self.start(name, Some(generation), resumed, Some(until))
-                        .await;
+                    self.start(name, generation, resumed, Some(until)).await;
                     return;
                 }
                 // This replica's own earlier epoch too, once a take found it
@@ -85,16 +84,17 @@ impl ShardedCoordinator {
                 return;
             }
         };
-        self.start(name, Some(generation), fence, None).await;
+        self.start(name, generation, fence, None).await;
     }
 
-    /// Starts the work on `name` (the engagement of `generation`, or
-    /// whichever is live) under `fence`, just taken or inherited; hands
-    /// the fence back if the cluster was replaced or left meanwhile.
+    /// Starts the work on `name` (the engagement of `generation`) under
+    /// `fence`, just taken (or resumed as inherited until
+    /// `inherited_until`); hands the fence back if the cluster was
+    /// replaced or left meanwhile.
     pub(super) async fn start(
         &self,
         name: &ClusterName,
-        generation: Option<u64>,
+        generation: u64,
         fence: fence::Fence,
         inherited_until: Option<Timestamp>,
     ) {
@@ -102,15 +102,11 @@ impl ShardedCoordinator {
         match self
             .inner
             .working
-            .start(name, generation, fence, inherited_until)
+            .start(name, Some(generation), fence, inherited_until)
         {
             Starting::Started((work, cluster, components)) => {
-                let how = if inherited_until.is_some() {
-                    " (inherited)"
-                } else {
-                    ""
-                };
-                tracing::info!(cluster = %name, peer = %self.inner.me.id, lease = %fence_name, "working on the cluster{how}");
+                let resumed = inherited_until.is_some();
+                tracing::info!(cluster = %name, peer = %self.inner.me.id, lease = %fence_name, resumed, "working on the cluster");
                 engage_or_hand_back(&components, &work, name, &cluster);
             }
             Starting::AlreadyHeld => {}
