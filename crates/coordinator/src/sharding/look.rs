@@ -1,36 +1,10 @@
 //! What one look at the fleet sees of the peers, worked out once for all
-//! its clusters, and what it decides for each cluster.
-
-use k8s_openapi::api::coordination::v1::Lease;
+//! its clusters (what it decides for each cluster is `working_set::decide`).
 
 use super::Peer;
 use super::owner_of;
-use super::working_set::Held;
 use crate::lease;
-use multicluster_runtime::Aware;
 use multicluster_runtime::ClusterName;
-use std::sync::Arc;
-
-/// What one look at a cluster decided.
-pub(super) enum Step {
-    Nothing,
-    Take {
-        generation: u64,
-    },
-    Release {
-        held: Held,
-        why: String,
-        /// Components whose running work must end before the fence goes.
-        settle: Vec<Arc<dyn Aware>>,
-        /// The next owner, to hand the fence to straight away.
-        next: Option<Box<lease::Next>>,
-    },
-    /// Write an inherited fence, as listed, as this replica's own.
-    Rewrite {
-        generation: u64,
-        inherited: Box<Lease>,
-    },
-}
 
 /// The peers as one look at the fleet sees them, worked out once for all
 /// its clusters.

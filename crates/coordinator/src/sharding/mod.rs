@@ -97,9 +97,9 @@ mod tests;
 mod working_set;
 
 use coordinating::engage_or_hand_back;
-use look::{Look, Step, owner_but};
+use look::{Look, owner_but};
 
-use working_set::{HandedBack, Starting};
+use working_set::{HandedBack, Starting, Step};
 
 use std::sync::Arc;
 

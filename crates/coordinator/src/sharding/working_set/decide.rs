@@ -6,12 +6,37 @@ use std::time::Duration;
 use k8s_openapi::jiff::Timestamp;
 use tokio::time::Instant;
 
+use super::Held;
 use super::WorkingSet;
+use crate::lease;
 use crate::lock;
 use crate::sharding::heirs;
-use crate::sharding::look::{Look, Step};
+use crate::sharding::look::Look;
 use crate::sharding::owner_of;
-use multicluster_runtime::ClusterName;
+use k8s_openapi::api::coordination::v1::Lease;
+use multicluster_runtime::{Aware, ClusterName};
+use std::sync::Arc;
+
+/// What one look at a cluster decided.
+pub(in crate::sharding) enum Step {
+    Nothing,
+    Take {
+        generation: u64,
+    },
+    Release {
+        held: Held,
+        why: String,
+        /// Components whose running work must end before the fence goes.
+        settle: Vec<Arc<dyn Aware>>,
+        /// The next owner, to hand the fence to straight away.
+        next: Option<Box<lease::Next>>,
+    },
+    /// Write an inherited fence, as listed, as this replica's own.
+    Rewrite {
+        generation: u64,
+        inherited: Box<Lease>,
+    },
+}
 
 /// What a look's decisions depend on besides the look itself.
 pub(in crate::sharding) struct Rules<'a> {

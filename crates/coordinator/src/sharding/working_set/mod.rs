@@ -5,7 +5,7 @@
 
 mod decide;
 
-pub(super) use decide::Rules;
+pub(super) use decide::{Rules, Step};
 
 use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
