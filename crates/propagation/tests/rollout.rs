@@ -23,7 +23,9 @@ use multicluster_propagation::{
     APPROVAL_ANNOTATION, CLEANED_ANNOTATION, Desired, MaxUnavailable, PAUSE_ANNOTATION,
     Propagation, PropagationStatus, Rollout, Stage,
 };
-use multicluster_runtime::testing::{Polled, eventually, eventually_some, run_manager};
+use multicluster_runtime::testing::{
+    DEFAULT_DEADLINE, Polled, eventually, eventually_some, poll_within, run_manager,
+};
 use multicluster_runtime::{Cluster, ClusterName, Manager};
 use serde_json::json;
 
@@ -185,12 +187,24 @@ async fn all_available_with(member: &ControlPlane, tag: &str) -> bool {
 /// rollout says it is done: no member holds a slot (one that did would
 /// carry it into the next revision).
 async fn rolled_out(hub: &ControlPlane, member: &ControlPlane, tag: &str) {
-    eventually(
-        Polled::ApiServer,
-        &format!("every member available with {tag}"),
-        || all_available_with(member, tag),
-    )
+    // At the deadline the failure says where the rollout stood: the
+    // members' images and the hub object's status (its slots and message).
+    let seen = poll_within(DEFAULT_DEADLINE, Polled::ApiServer, || async {
+        if all_available_with(member, tag).await {
+            return Ok(());
+        }
+        Err(format!(
+            "members' images {:?}; hub status {}",
+            images(member).await,
+            status_of(hub, "web").await
+        ))
+    })
     .await;
+    if let Err(seen) = seen {
+        panic!(
+            "timed out after {DEFAULT_DEADLINE:?} waiting for every member available with {tag}: {seen}"
+        );
+    }
     let done = format!("{} updated, 0 updating, 0 to go", MEMBERS.len());
     until_status(hub, "web", "the rollout to be done", |status| {
         status["condition"]["message"]
